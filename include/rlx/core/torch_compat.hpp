@@ -1,0 +1,50 @@
+// The one place where LibTorch version differences live (Debian's 1.13 on CPU,
+// the 2.x inside PyTorch on CUDA machines). Code elsewhere calls these.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <fmt/ostream.h>
+#include <torch/version.h>
+
+#include <optional>
+#include <string_view>
+
+#define RLX_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+namespace rlx::compat {
+
+// Float8 dtypes arrived in LibTorch 2.1.
+inline constexpr bool kHasFloat8 = RLX_TORCH_AT_LEAST(2, 1);
+// Unsigned 16/32/64-bit dtypes arrived in 2.3.
+inline constexpr bool kHasWideUnsigned = RLX_TORCH_AT_LEAST(2, 3);
+
+// The ScalarType for a safetensors dtype name, when this LibTorch has it.
+inline std::optional<at::ScalarType> scalar_type_for(std::string_view st) {
+  if (st == "F64") return at::kDouble;
+  if (st == "F32") return at::kFloat;
+  if (st == "F16") return at::kHalf;
+  if (st == "BF16") return at::kBFloat16;
+  if (st == "I64") return at::kLong;
+  if (st == "I32") return at::kInt;
+  if (st == "I16") return at::kShort;
+  if (st == "I8") return at::kChar;
+  if (st == "U8") return at::kByte;
+  if (st == "BOOL") return at::kBool;
+#if RLX_TORCH_AT_LEAST(2, 1)
+  if (st == "F8_E4M3") return at::kFloat8_e4m3fn;
+  if (st == "F8_E5M2") return at::kFloat8_e5m2;
+#endif
+#if RLX_TORCH_AT_LEAST(2, 3)
+  if (st == "U16") return at::kUInt16;
+  if (st == "U32") return at::kUInt32;
+  if (st == "U64") return at::kUInt64;
+#endif
+  return std::nullopt;
+}
+
+}  // namespace rlx::compat
+
+// Shapes in messages: fmt::format("{}", t.sizes()) prints [2, 3].
+template <class T>
+struct fmt::formatter<c10::ArrayRef<T>> : fmt::ostream_formatter {};

@@ -1,0 +1,83 @@
+// The KV-cache interface the transformer's incremental path talks to, the
+// attention both paths share, and DenseKVCache (one contiguous buffer per layer).
+//
+// The model hands each layer's new keys/values to the cache and asks it for the
+// attention output, so a cache decides both where K/V live and how attention
+// reads them: the rollout engine's paged cache implements the same interface.
+//
+//   rlx::DenseKVCache cache(cfg, /*batch=*/2, /*capacity=*/256, at::kFloat, at::kCPU);
+//   auto logits = model->forward({.tokens = prompt}, &cache);       // prefill
+//   logits = model->forward({.tokens = next_token}, &cache);        // one decode step
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "rlx/model/config.hpp"
+
+namespace rlx {
+
+// One forward call's input.
+struct ForwardInput {
+  at::Tensor tokens;     // [B, T] int64
+  at::Tensor positions;  // [B, T] int64 RoPE positions; undefined: derived (per segment, or after the cache)
+  at::Tensor segments;   // [B, T] integer; undefined: all 1. 0 marks padding. A token attends only to
+                         // earlier tokens of its own segment, so several sequences can be packed in a row.
+};
+
+// Scaled dot-product attention with grouped-query heads.
+// q [B, Tq, Hq, D]; k, v [B, Tk, Hkv, D]; allowed [B, Tq, Tk] bool (every row must allow at
+// least one key). Scores and softmax in fp32; returns [B, Tq, Hq, D] in q's dtype.
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed,
+                     double scale);
+
+// The mask of the full-sequence path: causal, within a segment, padding masked
+// (a padding query sees only itself, so no row is empty).
+at::Tensor segment_causal_mask(const at::Tensor& segments);
+// Positions that restart at 0 at each segment boundary.
+at::Tensor segment_positions(const at::Tensor& segments);
+
+class KVCache {
+ public:
+  virtual ~KVCache() = default;
+  // Before the layers run: the step's tokens and segments (0 = padding; in a cache
+  // step the valid tokens of a row come first). Returns the RoPE positions the step
+  // uses when the input gives none.
+  virtual at::Tensor begin(const ForwardInput& in) = 0;
+  // Stores `layer`'s new keys/values ([B, T, Hkv, D], after RoPE) and returns the
+  // attention output [B, T, Hq, D] over everything the row has cached.
+  virtual at::Tensor attend(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            double scale) = 0;
+  // After the last layer: the step's tokens become part of the cache.
+  virtual void end() = 0;
+};
+
+// A [batch, capacity] cache per layer; row b holds one sequence.
+class DenseKVCache final : public KVCache {
+ public:
+  DenseKVCache(const ModelConfig& cfg, int64_t batch, int64_t capacity, at::ScalarType dtype, at::Device device);
+
+  int64_t batch() const { return batch_; }
+  int64_t capacity() const { return capacity_; }
+  // Tokens cached in row b.
+  int64_t length(int64_t row) const { return lengths_.at(static_cast<size_t>(row)); }
+  void reset();
+
+  at::Tensor begin(const ForwardInput& in) override;
+  at::Tensor attend(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    double scale) override;
+  void end() override;
+
+ private:
+  int64_t batch_, capacity_;
+  std::vector<at::Tensor> keys_, values_;  // per layer [B, C, Hkv, D]
+  std::vector<int64_t> lengths_;
+  // Per step:
+  std::vector<int64_t> new_tokens_;
+  at::Tensor write_rows_, write_slots_, write_mask_, allowed_;
+  int64_t span_ = 0;  // slots the step's attention reads
+};
+
+}  // namespace rlx

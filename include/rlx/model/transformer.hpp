@@ -1,0 +1,73 @@
+// Decoder-only transformer of the Llama / Qwen2 family: RMSNorm, rotary embeddings
+// (with linear and llama3 scaling), grouped-query attention, SwiGLU MLP, optional
+// q/k/v, output and MLP biases, tied or untied embeddings; fp32, bf16 or fp16.
+//
+// Two paths share the weights and the code: the full-sequence forward (training;
+// padding and packing through ForwardInput::segments) and the incremental forward
+// through a KVCache (generation). Parameter names are HF's
+// ("model.layers.0.self_attn.q_proj.weight"), so checkpoints map one to one.
+//
+//   auto model = std::make_shared<rlx::Transformer>(rlx::model_preset("tiny"));
+//   model->init_weights(/*seed=*/0);
+//   at::Tensor logits = model->forward({.tokens = ids});     // [B, T, vocab]
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "rlx/model/config.hpp"
+#include "rlx/model/kv_cache.hpp"
+
+namespace rlx {
+
+at::ScalarType to_scalar_type(DType dtype);
+DType dtype_from_scalar_type(at::ScalarType t);
+
+// cos and sin tables for RoPE at the given positions: [B, T, head_dim] in fp32.
+std::pair<at::Tensor, at::Tensor> rope_tables(const ModelConfig& cfg, const at::Tensor& inv_freq,
+                                              const at::Tensor& positions);
+// The (scaled) inverse frequencies [head_dim / 2] in fp32.
+at::Tensor rope_inv_freq(const ModelConfig& cfg);
+
+namespace detail {
+struct Body;
+struct Projection;
+}  // namespace detail
+
+class Transformer : public torch::nn::Module {
+ public:
+  // Parameters are allocated uninitialised; call init_weights() or load weights.
+  explicit Transformer(const ModelConfig& cfg, at::ScalarType dtype = at::kFloat, at::Device device = at::kCPU);
+
+  const ModelConfig& config() const { return cfg_; }
+  at::ScalarType dtype() const { return dtype_; }
+  at::Device device() const { return device_; }
+
+  // Hidden states after the final norm: [B, T, hidden_size].
+  at::Tensor forward_hidden(const ForwardInput& in, KVCache* cache = nullptr);
+  // LM-head logits for hidden states [..., hidden_size] -> [..., vocab_size], in the model's dtype.
+  at::Tensor logits(const at::Tensor& hidden);
+  at::Tensor forward(const ForwardInput& in, KVCache* cache = nullptr) { return logits(forward_hidden(in, cache)); }
+
+  // HF's initialisation (weights ~ N(0, initializer_range), norms 1, biases 0), drawn from
+  // rlx's counter-based generator per parameter name: the same seed gives the same
+  // weights on every machine, device and LibTorch version.
+  void init_weights(uint64_t seed);
+
+  // Parameters by HF name, in a stable order (the tied LM head is not listed).
+  std::vector<std::pair<std::string, at::Tensor>> hf_parameters() const;
+
+ private:
+  ModelConfig cfg_;
+  at::ScalarType dtype_;
+  at::Device device_;
+  std::shared_ptr<detail::Body> body_;
+  std::shared_ptr<detail::Projection> lm_head_;  // null when tied
+  at::Tensor inv_freq_;                          // fp32 [head_dim / 2], a buffer
+};
+
+}  // namespace rlx

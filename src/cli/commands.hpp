@@ -1,0 +1,26 @@
+// The `rlx` command line: each file registers one command group on CLI11.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace rlx::cli {
+
+// A subcommand's action; returns the process exit code.
+using Action = std::function<int()>;
+
+// Exit codes: 0 ok, 1 runtime failure, 2 bad usage or config.
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitUsage = 2;
+
+void add_config_commands(CLI::App& app, Action& action);
+void add_model_commands(CLI::App& app, Action& action);
+void add_inspect_commands(CLI::App& app, Action& action);
+void add_tokenize_command(CLI::App& app, Action& action);
+void add_bench_commands(CLI::App& app, Action& action);
+
+// Sets LibTorch's intra-op threads (0: all cores) and returns the count in use.
+int set_threads(int threads);
+
+}  // namespace rlx::cli

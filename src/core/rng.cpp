@@ -1,0 +1,114 @@
+#include "rlx/core/rng.hpp"
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <cmath>
+#include <numbers>
+#include <sstream>
+
+#include "rlx/core/error.hpp"
+
+namespace rlx {
+
+namespace {
+constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
+constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
+
+inline uint32_t mulhilo(uint32_t a, uint32_t b, uint32_t& hi) {
+  uint64_t p = static_cast<uint64_t>(a) * b;
+  hi = static_cast<uint32_t>(p >> 32);
+  return static_cast<uint32_t>(p);
+}
+
+inline double to_unit(uint64_t bits) { return static_cast<double>(bits >> 11) * 0x1.0p-53; }
+
+// Word `i` of the stream: block i/4 of the counter space (block, stream).
+inline uint32_t word_at(const RngStream::State& s, uint64_t i) {
+  uint64_t block = i >> 2;
+  PhiloxCounter c = {static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
+                     static_cast<uint32_t>(s.stream), static_cast<uint32_t>(s.stream >> 32)};
+  PhiloxKey k = {static_cast<uint32_t>(s.seed), static_cast<uint32_t>(s.seed >> 32)};
+  return philox4x32(c, k)[i & 3];
+}
+}  // namespace
+
+PhiloxCounter philox4x32(PhiloxCounter c, PhiloxKey k) {
+  for (int round = 0; round < 10; ++round) {
+    uint32_t hi0, hi1;
+    uint32_t lo0 = mulhilo(kMul0, c[0], hi0);
+    uint32_t lo1 = mulhilo(kMul1, c[2], hi1);
+    c = {hi1 ^ c[1] ^ k[0], lo1, hi0 ^ c[3] ^ k[1], lo0};
+    k[0] += kWeyl0;
+    k[1] += kWeyl1;
+  }
+  return c;
+}
+
+double philox_uniform(uint64_t key, uint64_t a, uint64_t b, uint64_t c) {
+  // a and b fill the counter; c is folded into the key so all three words matter.
+  uint64_t k = key ^ (c * 0x9E3779B97F4A7C15ull);
+  PhiloxCounter out = philox4x32({static_cast<uint32_t>(a), static_cast<uint32_t>(a >> 32),
+                                  static_cast<uint32_t>(b), static_cast<uint32_t>(b >> 32)},
+                                 {static_cast<uint32_t>(k), static_cast<uint32_t>(k >> 32)});
+  return to_unit((static_cast<uint64_t>(out[0]) << 32) | out[1]);
+}
+
+uint64_t hash_name(std::string_view name, uint64_t seed) { return XXH64(name.data(), name.size(), seed); }
+
+uint32_t RngStream::next_u32() { return word_at(state_, state_.counter++); }
+
+uint64_t RngStream::next_u64() {
+  uint64_t hi = next_u32();
+  return (hi << 32) | next_u32();
+}
+
+double RngStream::uniform() { return to_unit(next_u64()); }
+
+int64_t RngStream::uniform_int(int64_t lo, int64_t hi) {
+  RLX_CHECK(lo <= hi, "uniform_int: empty range [{}, {}]", lo, hi);
+  uint64_t span = static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo) + 1;  // 0 means the full 2^64
+  if (span == 0) return static_cast<int64_t>(next_u64());
+  uint64_t limit = UINT64_MAX - (UINT64_MAX % span);  // reject the biased tail
+  uint64_t x;
+  do x = next_u64();
+  while (x >= limit);
+  return static_cast<int64_t>(static_cast<uint64_t>(lo) + x % span);
+}
+
+double RngStream::normal() {
+  double u1 = uniform(), u2 = uniform();
+  return std::sqrt(-2.0 * std::log1p(-u1)) * std::cos(2.0 * std::numbers::pi * u2);
+}
+
+void RngStream::fill_normal(float* out, size_t n, float mean, float std) {
+  for (size_t i = 0; i < n; ++i) {
+    // 32-bit uniforms are plenty for weight initialisation and twice as cheap.
+    double u1 = (static_cast<double>(next_u32()) + 0.5) * 0x1.0p-32;
+    double u2 = static_cast<double>(next_u32()) * 0x1.0p-32;
+    out[i] = mean + std * static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
+  }
+}
+
+RngStream RngStream::fork(std::string_view name) const {
+  return RngStream(state_.seed, hash_name(name, state_.stream ^ 0x5DEECE66Dull));
+}
+
+std::string RngStream::serialize() const {
+  return fmt::format("{} {} {}", state_.seed, state_.stream, state_.counter);
+}
+
+RngStream RngStream::deserialize(std::string_view text) {
+  std::istringstream in{std::string(text)};
+  State s;
+  in >> s.seed >> s.stream >> s.counter;
+  RLX_CHECK(!in.fail(), "invalid RNG state '{}': expected 'seed stream counter'", text);
+  std::string rest;
+  in >> rest;
+  RLX_CHECK(rest.empty(), "invalid RNG state '{}': trailing text '{}'", text, rest);
+  RngStream r;
+  r.restore(s);
+  return r;
+}
+
+}  // namespace rlx

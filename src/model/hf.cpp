@@ -1,0 +1,263 @@
+#include "rlx/model/hf.hpp"
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "rlx/core/error.hpp"
+#include "rlx/core/torch_compat.hpp"
+#include "rlx/model/safetensors.hpp"
+
+namespace rlx {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  if (!in) throw Error(fmt::format("cannot read {}", p.string()));
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("{}: invalid JSON: {}", p.string(), e.what()));
+  }
+}
+
+void write_json(const fs::path& p, const json& j) {
+  std::ofstream out(p);
+  out << j.dump(2) << "\n";
+  if (!out) throw Error(fmt::format("cannot write {}", p.string()));
+}
+
+std::string dtype_name_hf(at::ScalarType t) {
+  switch (t) {
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    default: return "float32";
+  }
+}
+}  // namespace
+
+ModelConfig model_config_from_hf(const json& j, std::string_view source) {
+  auto where = [&](std::string_view key) { return fmt::format("{}: {}", source, key); };
+  RLX_CHECK(j.is_object(), "{}: config.json is not a JSON object", source);
+  auto get = [&]<class T>(const char* key, T fallback, bool required) -> T {
+    if (!j.contains(key) || j[key].is_null()) {
+      RLX_CHECK(!required, "{}: required field missing", where(key));
+      return fallback;
+    }
+    try {
+      return j[key].get<T>();
+    } catch (const json::exception&) {
+      throw Error(fmt::format("{}: has the wrong type ({})", where(key), j[key].dump()));
+    }
+  };
+  ModelConfig c;
+  const std::string type = get.operator()<std::string>("model_type", "", true);
+  if (type == "llama") c.arch = Arch::llama;
+  else if (type == "qwen2") c.arch = Arch::qwen2;
+  else throw Error(fmt::format("{}: model_type '{}' is not supported (llama, qwen2)", where("model_type"), type));
+  c.vocab_size = get.operator()<int64_t>("vocab_size", 0, true);
+  c.hidden_size = get.operator()<int64_t>("hidden_size", 0, true);
+  c.intermediate_size = get.operator()<int64_t>("intermediate_size", 0, true);
+  c.num_layers = get.operator()<int64_t>("num_hidden_layers", 0, true);
+  c.num_heads = get.operator()<int64_t>("num_attention_heads", 0, true);
+  c.num_kv_heads = get.operator()<int64_t>("num_key_value_heads", c.num_heads, false);
+  RLX_CHECK(c.num_heads > 0, "{}: must be positive", where("num_attention_heads"));
+  c.head_dim = get.operator()<int64_t>("head_dim", c.hidden_size / c.num_heads, false);
+  c.max_position_embeddings = get.operator()<int64_t>("max_position_embeddings", 2048, false);
+  c.rms_norm_eps = get.operator()<double>("rms_norm_eps", 1e-6, false);
+  c.initializer_range = get.operator()<double>("initializer_range", 0.02, false);
+  c.tie_word_embeddings = get.operator()<bool>("tie_word_embeddings", false, false);
+  const std::string act = get.operator()<std::string>("hidden_act", "silu", false);
+  RLX_CHECK(act == "silu", "{}: activation '{}' is not supported (silu)", where("hidden_act"), act);
+  if (c.arch == Arch::qwen2) {
+    c.qkv_bias = true;
+    RLX_CHECK(!get.operator()<bool>("use_sliding_window", false, false),
+              "{}: sliding-window attention is not supported", where("use_sliding_window"));
+  } else {
+    c.qkv_bias = c.o_bias = get.operator()<bool>("attention_bias", false, false);
+    c.mlp_bias = get.operator()<bool>("mlp_bias", false, false);
+  }
+  // transformers >= 5 moves RoPE settings into `rope_parameters`.
+  json rope = j.contains("rope_parameters") && j["rope_parameters"].is_object() ? j["rope_parameters"]
+              : j.contains("rope_scaling") ? j["rope_scaling"] : json();
+  c.rope_theta = get.operator()<double>("rope_theta", 10000.0, false);
+  if (rope.is_object() && rope.contains("rope_theta")) c.rope_theta = rope["rope_theta"].get<double>();
+  if (rope.is_object()) {
+    std::string rt = rope.value("rope_type", rope.value("type", std::string("default")));
+    auto num = [&](const char* k, double fallback) { return rope.contains(k) ? rope[k].get<double>() : fallback; };
+    if (rt == "default") {
+      c.rope_scaling.type = RopeType::none;
+    } else if (rt == "linear") {
+      c.rope_scaling.type = RopeType::linear;
+      c.rope_scaling.factor = num("factor", 1.0);
+    } else if (rt == "llama3") {
+      c.rope_scaling.type = RopeType::llama3;
+      c.rope_scaling.factor = num("factor", 8.0);
+      c.rope_scaling.low_freq_factor = num("low_freq_factor", 1.0);
+      c.rope_scaling.high_freq_factor = num("high_freq_factor", 4.0);
+      c.rope_scaling.original_max_position_embeddings =
+          static_cast<int64_t>(num("original_max_position_embeddings", 8192));
+    } else {
+      throw Error(fmt::format("{}: rope type '{}' is not supported (default, linear, llama3)", where("rope_scaling"), rt));
+    }
+  }
+  auto token_id = [&](const char* key) -> int64_t {
+    if (!j.contains(key) || j[key].is_null()) return -1;
+    if (j[key].is_array()) return j[key].empty() ? -1 : j[key][0].get<int64_t>();  // several eos ids: the first
+    return j[key].get<int64_t>();
+  };
+  c.bos_token_id = token_id("bos_token_id");
+  c.eos_token_id = token_id("eos_token_id");
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: {}", source, e.what()));
+  }
+  return c;
+}
+
+json model_config_to_hf(const ModelConfig& c, at::ScalarType dtype) {
+  json j;
+  const bool qwen = c.arch == Arch::qwen2;
+  j["architectures"] = {qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+  j["model_type"] = qwen ? "qwen2" : "llama";
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["num_hidden_layers"] = c.num_layers;
+  j["num_attention_heads"] = c.num_heads;
+  j["num_key_value_heads"] = c.num_kv_heads;
+  j["head_dim"] = c.head_dim;
+  j["hidden_act"] = "silu";
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["rope_theta"] = c.rope_theta;
+  j["initializer_range"] = c.initializer_range;
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["attention_dropout"] = 0.0;
+  j["use_cache"] = true;
+  j["torch_dtype"] = dtype_name_hf(dtype);
+  j["bos_token_id"] = c.bos_token_id >= 0 ? json(c.bos_token_id) : json();
+  j["eos_token_id"] = c.eos_token_id >= 0 ? json(c.eos_token_id) : json();
+  switch (c.rope_scaling.type) {
+    case RopeType::none: j["rope_scaling"] = nullptr; break;
+    case RopeType::linear: j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope_scaling.factor}}; break;
+    case RopeType::llama3:
+      j["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", c.rope_scaling.factor},
+                           {"low_freq_factor", c.rope_scaling.low_freq_factor},
+                           {"high_freq_factor", c.rope_scaling.high_freq_factor},
+                           {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+      break;
+  }
+  if (qwen) {
+    RLX_CHECK(c.qkv_bias && !c.o_bias && !c.mlp_bias,
+              "a qwen2 model has q/k/v biases and no output or MLP biases; this config cannot be saved as qwen2");
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = c.max_position_embeddings;
+    j["max_window_layers"] = c.num_layers;
+  } else {
+    RLX_CHECK(c.qkv_bias == c.o_bias, "llama's attention_bias covers q/k/v and o together; qkv_bias={} o_bias={}",
+              c.qkv_bias, c.o_bias);
+    j["attention_bias"] = c.qkv_bias;
+    j["mlp_bias"] = c.mlp_bias;
+    j["pretraining_tp"] = 1;
+  }
+  return j;
+}
+
+ModelConfig read_hf_config(const fs::path& dir) {
+  auto p = dir / "config.json";
+  return model_config_from_hf(read_json(p), p.string());
+}
+
+std::shared_ptr<Transformer> load_hf(const fs::path& dir, HfLoadOptions options) {
+  ModelConfig cfg = read_hf_config(dir);
+  // name -> file holding it
+  std::map<std::string, fs::path> where;
+  std::map<fs::path, SafetensorsFile> files;
+  if (fs::exists(dir / "model.safetensors.index.json")) {
+    auto index_path = dir / "model.safetensors.index.json";
+    json index = read_json(index_path);
+    RLX_CHECK(index.contains("weight_map") && index["weight_map"].is_object(), "{}: no 'weight_map' object",
+              index_path.string());
+    for (auto& [name, file] : index["weight_map"].items()) {
+      RLX_CHECK(file.is_string(), "{}: weight_map['{}'] is not a file name", index_path.string(), name);
+      fs::path f = file.get<std::string>();
+      RLX_CHECK(f.filename() == f, "{}: weight_map['{}'] = '{}' is not a plain file name", index_path.string(), name,
+                f.string());
+      where[name] = dir / f;
+    }
+  } else {
+    RLX_CHECK(fs::exists(dir / "model.safetensors"), "{}: neither model.safetensors nor model.safetensors.index.json",
+              dir.string());
+    auto f = SafetensorsFile::open(dir / "model.safetensors");
+    for (const auto& e : f.header().entries) where[e.name] = dir / "model.safetensors";
+    files.emplace(dir / "model.safetensors", std::move(f));
+  }
+
+  auto model = std::make_shared<Transformer>(cfg, options.dtype, options.device);
+  at::NoGradGuard no_grad;
+  std::set<std::string> used;
+  for (auto& [name, p] : model->hf_parameters()) {
+    auto it = where.find(name);
+    RLX_CHECK(it != where.end(), "{}: missing tensor '{}'", dir.string(), name);
+    auto fit = files.find(it->second);
+    if (fit == files.end()) fit = files.emplace(it->second, SafetensorsFile::open(it->second)).first;
+    at::Tensor t = fit->second.tensor(name);
+    RLX_CHECK(t.sizes() == p.sizes(), "{}: tensor '{}' has shape {}, the config needs {}", it->second.string(), name,
+              t.sizes(), p.sizes());
+    p.copy_(t);
+    used.insert(name);
+  }
+  for (const auto& [name, file] : where) {
+    if (used.count(name)) continue;
+    // A tied head stored anyway is harmless; RoPE buffers some exporters write are recomputed.
+    if (name == "lm_head.weight" && cfg.tie_word_embeddings) continue;
+    if (name.find("rotary_emb.inv_freq") != std::string::npos) continue;
+    throw Error(fmt::format("{}: unexpected tensor '{}' (not part of a {} model with this config)", file.string(), name,
+                            config::enum_to_string(cfg.arch)));
+  }
+  return model;
+}
+
+void save_hf(const Transformer& model, const fs::path& dir, HfSaveOptions options) {
+  fs::create_directories(dir);
+  write_json(dir / "config.json", model_config_to_hf(model.config(), model.dtype()));
+  auto params = model.hf_parameters();
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> shards(1);
+  uint64_t size = 0, total = 0;
+  for (auto& [name, t] : params) {
+    const uint64_t bytes = static_cast<uint64_t>(t.nbytes());
+    if (size > 0 && size + bytes > options.max_shard_bytes) {
+      shards.emplace_back();
+      size = 0;
+    }
+    shards.back().emplace_back(name, t);
+    size += bytes;
+    total += bytes;
+  }
+  const std::map<std::string, std::string> meta = {{"format", "pt"}};  // transformers requires it
+  if (shards.size() == 1) {
+    save_safetensors(dir / "model.safetensors", shards[0], meta);
+    fs::remove(dir / "model.safetensors.index.json");
+    return;
+  }
+  json index;
+  index["metadata"] = {{"total_size", total}};
+  index["weight_map"] = json::object();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    std::string file = fmt::format("model-{:05}-of-{:05}.safetensors", i + 1, shards.size());
+    save_safetensors(dir / file, shards[i], meta);
+    for (auto& [name, _] : shards[i]) index["weight_map"][name] = file;
+  }
+  write_json(dir / "model.safetensors.index.json", index);
+  fs::remove(dir / "model.safetensors");
+}
+
+}  // namespace rlx

@@ -1,0 +1,254 @@
+#include "rlx/model/transformer.hpp"
+
+#include <ATen/Parallel.h>
+#include <torch/nn/modules/container/modulelist.h>
+
+#include <cmath>
+#include <numbers>
+
+#include "rlx/core/error.hpp"
+#include "rlx/core/torch_compat.hpp"
+#include "rlx/core/rng.hpp"
+
+namespace rlx {
+
+at::ScalarType to_scalar_type(DType dtype) {
+  switch (dtype) {
+    case DType::float32: return at::kFloat;
+    case DType::bfloat16: return at::kBFloat16;
+    case DType::float16: return at::kHalf;
+  }
+  RLX_ASSERT(false, "unknown DType");
+  return at::kFloat;
+}
+
+DType dtype_from_scalar_type(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return DType::float32;
+    case at::kBFloat16: return DType::bfloat16;
+    case at::kHalf: return DType::float16;
+    default: throw Error(fmt::format("unsupported model dtype {}", c10::toString(t)));
+  }
+}
+
+at::Tensor rope_inv_freq(const ModelConfig& cfg) {
+  // As HF computes it: 1 / theta^(2i/d) in fp32.
+  auto idx = at::arange(0, cfg.head_dim, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat);
+  auto inv = 1.0 / at::pow(cfg.rope_theta, idx / static_cast<double>(cfg.head_dim));
+  const auto& rs = cfg.rope_scaling;
+  if (rs.type == RopeType::linear) {
+    inv = inv / rs.factor;
+  } else if (rs.type == RopeType::llama3) {
+    const double old_ctx = static_cast<double>(rs.original_max_position_embeddings);
+    const double low_wavelen = old_ctx / rs.low_freq_factor, high_wavelen = old_ctx / rs.high_freq_factor;
+    auto wavelen = 2 * std::numbers::pi / inv;
+    auto scaled = at::where(wavelen > low_wavelen, inv / rs.factor, inv);
+    auto smooth = (old_ctx / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+    auto smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled;
+    auto medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
+    inv = at::where(medium, smoothed, scaled);
+  }
+  return inv.contiguous();
+}
+
+std::pair<at::Tensor, at::Tensor> rope_tables(const ModelConfig& cfg, const at::Tensor& inv_freq,
+                                              const at::Tensor& positions) {
+  auto freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq.to(positions.device());  // [B, T, D/2]
+  auto emb = at::cat({freqs, freqs}, -1);
+  return {emb.cos(), emb.sin()};
+}
+
+namespace detail {
+
+struct Projection : torch::nn::Module {
+  at::Tensor weight, bias;
+  Projection(int64_t in, int64_t out, bool with_bias, const at::TensorOptions& o) {
+    weight = register_parameter("weight", at::empty({out, in}, o));
+    if (with_bias) bias = register_parameter("bias", at::empty({out}, o));
+  }
+  at::Tensor operator()(const at::Tensor& x) const { return at::linear(x, weight, bias); }
+};
+
+struct RmsNorm : torch::nn::Module {
+  at::Tensor weight;
+  double eps;
+  RmsNorm(int64_t dim, double eps, const at::TensorOptions& o) : eps(eps) {
+    weight = register_parameter("weight", at::empty({dim}, o));
+  }
+  at::Tensor operator()(const at::Tensor& x) const {
+    // HF: normalise in fp32, cast back, then scale.
+    auto xf = x.to(at::kFloat);
+    auto normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+    return weight * normed.to(x.scalar_type());
+  }
+};
+
+struct Attention : torch::nn::Module {
+  std::shared_ptr<Projection> q_proj, k_proj, v_proj, o_proj;
+  Attention(const ModelConfig& c, const at::TensorOptions& o) {
+    q_proj = register_module("q_proj", std::make_shared<Projection>(c.hidden_size, c.num_heads * c.head_dim, c.qkv_bias, o));
+    k_proj = register_module("k_proj", std::make_shared<Projection>(c.hidden_size, c.num_kv_heads * c.head_dim, c.qkv_bias, o));
+    v_proj = register_module("v_proj", std::make_shared<Projection>(c.hidden_size, c.num_kv_heads * c.head_dim, c.qkv_bias, o));
+    o_proj = register_module("o_proj", std::make_shared<Projection>(c.num_heads * c.head_dim, c.hidden_size, c.o_bias, o));
+  }
+};
+
+struct Mlp : torch::nn::Module {
+  std::shared_ptr<Projection> gate_proj, up_proj, down_proj;
+  Mlp(const ModelConfig& c, const at::TensorOptions& o) {
+    gate_proj = register_module("gate_proj", std::make_shared<Projection>(c.hidden_size, c.intermediate_size, c.mlp_bias, o));
+    up_proj = register_module("up_proj", std::make_shared<Projection>(c.hidden_size, c.intermediate_size, c.mlp_bias, o));
+    down_proj = register_module("down_proj", std::make_shared<Projection>(c.intermediate_size, c.hidden_size, c.mlp_bias, o));
+  }
+  at::Tensor operator()(const at::Tensor& x) const { return (*down_proj)(at::silu((*gate_proj)(x)) * (*up_proj)(x)); }
+};
+
+struct Block : torch::nn::Module {
+  std::shared_ptr<Attention> self_attn;
+  std::shared_ptr<Mlp> mlp;
+  std::shared_ptr<RmsNorm> input_layernorm, post_attention_layernorm;
+  Block(const ModelConfig& c, const at::TensorOptions& o) {
+    self_attn = register_module("self_attn", std::make_shared<Attention>(c, o));
+    mlp = register_module("mlp", std::make_shared<Mlp>(c, o));
+    input_layernorm = register_module("input_layernorm", std::make_shared<RmsNorm>(c.hidden_size, c.rms_norm_eps, o));
+    post_attention_layernorm =
+        register_module("post_attention_layernorm", std::make_shared<RmsNorm>(c.hidden_size, c.rms_norm_eps, o));
+  }
+};
+
+struct Embedding : torch::nn::Module {
+  at::Tensor weight;
+  Embedding(int64_t n, int64_t dim, const at::TensorOptions& o) { weight = register_parameter("weight", at::empty({n, dim}, o)); }
+};
+
+struct Body : torch::nn::Module {
+  std::shared_ptr<Embedding> embed_tokens;
+  torch::nn::ModuleList layers;
+  std::vector<std::shared_ptr<Block>> blocks;
+  std::shared_ptr<RmsNorm> norm;
+  Body(const ModelConfig& c, const at::TensorOptions& o) {
+    embed_tokens = register_module("embed_tokens", std::make_shared<Embedding>(c.vocab_size, c.hidden_size, o));
+    layers = register_module("layers", torch::nn::ModuleList());
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      blocks.push_back(std::make_shared<Block>(c, o));
+      layers->push_back(blocks.back());
+    }
+    norm = register_module("norm", std::make_shared<RmsNorm>(c.hidden_size, c.rms_norm_eps, o));
+  }
+};
+
+}  // namespace detail
+
+namespace {
+at::Tensor rotate_half(const at::Tensor& x) {
+  auto halves = x.chunk(2, -1);
+  return at::cat({-halves[1], halves[0]}, -1);
+}
+// x [B, T, H, D]; cos/sin [B, T, D] already in x's dtype.
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return x * cos.unsqueeze(2) + rotate_half(x) * sin.unsqueeze(2);
+}
+}  // namespace
+
+Transformer::Transformer(const ModelConfig& cfg, at::ScalarType dtype, at::Device device)
+    : cfg_(cfg), dtype_(dtype), device_(device) {
+  cfg_.validate();
+  dtype_from_scalar_type(dtype);  // rejects non-float dtypes
+  auto o = at::TensorOptions().dtype(dtype).device(device);
+  body_ = register_module("model", std::make_shared<detail::Body>(cfg_, o));
+  if (!cfg_.tie_word_embeddings)
+    lm_head_ = register_module("lm_head", std::make_shared<detail::Projection>(cfg_.hidden_size, cfg_.vocab_size, false, o));
+  inv_freq_ = register_buffer("inv_freq", rope_inv_freq(cfg_).to(device));
+}
+
+at::Tensor Transformer::forward_hidden(const ForwardInput& in, KVCache* cache) {
+  RLX_CHECK(in.tokens.defined() && in.tokens.dim() == 2, "forward: tokens must be a [batch, time] tensor");
+  const int64_t B = in.tokens.size(0), T = in.tokens.size(1);
+  auto tokens = in.tokens.to(device_, at::kLong);
+  if (in.segments.defined())
+    RLX_CHECK(in.segments.sizes() == in.tokens.sizes(), "forward: segments shape {} differs from tokens shape {}",
+              in.segments.sizes(), in.tokens.sizes());
+  if (in.positions.defined())
+    RLX_CHECK(in.positions.sizes() == in.tokens.sizes(), "forward: positions shape {} differs from tokens shape {}",
+              in.positions.sizes(), in.tokens.sizes());
+  if (in.tokens.is_cpu()) {
+    // A token id outside the vocabulary would index out of bounds in the embedding. (Inputs
+    // already on a device are the engine's own and skip this host sync.)
+    auto lo = tokens.numel() ? tokens.min().item<int64_t>() : 0, hi = tokens.numel() ? tokens.max().item<int64_t>() : 0;
+    RLX_CHECK(lo >= 0 && hi < cfg_.vocab_size, "forward: token ids must be in [0, {}), got range [{}, {}]",
+              cfg_.vocab_size, lo, hi);
+  }
+
+  at::Tensor positions, mask;
+  if (cache) {
+    positions = cache->begin(in);
+  } else {
+    auto segments = in.segments.defined() ? in.segments.to(device_) : at::ones({B, T}, tokens.options());
+    positions = segment_positions(segments);
+    mask = segment_causal_mask(segments);
+  }
+  if (in.positions.defined()) positions = in.positions.to(device_, at::kLong);
+  auto [cos, sin] = rope_tables(cfg_, inv_freq_, positions);
+  cos = cos.to(dtype_);
+  sin = sin.to(dtype_);
+
+  const int64_t Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  auto h = at::embedding(body_->embed_tokens->weight, tokens);
+  for (size_t l = 0; l < body_->blocks.size(); ++l) {
+    const auto& blk = *body_->blocks[l];
+    const auto& att = *blk.self_attn;
+    auto x = (*blk.input_layernorm)(h);
+    auto q = apply_rope((*att.q_proj)(x).view({B, T, Hq, D}), cos, sin);
+    auto k = apply_rope((*att.k_proj)(x).view({B, T, Hkv, D}), cos, sin);
+    auto v = (*att.v_proj)(x).view({B, T, Hkv, D});
+    auto a = cache ? cache->attend(static_cast<int64_t>(l), q, k, v, scale) : attention(q, k, v, mask, scale);
+    h = h + (*att.o_proj)(a.reshape({B, T, Hq * D}));
+    h = h + (*blk.mlp)((*blk.post_attention_layernorm)(h));
+  }
+  if (cache) cache->end();
+  return (*body_->norm)(h);
+}
+
+at::Tensor Transformer::logits(const at::Tensor& hidden) {
+  return lm_head_ ? (*lm_head_)(hidden) : at::linear(hidden, body_->embed_tokens->weight);
+}
+
+void Transformer::init_weights(uint64_t seed) {
+  at::NoGradGuard no_grad;
+  for (auto& [name, p] : hf_parameters()) {
+    const bool is_norm = name.find("norm.weight") != std::string::npos;
+    const bool is_bias = name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+    if (is_norm) {
+      p.fill_(1.0);
+      continue;
+    }
+    if (is_bias) {
+      p.zero_();
+      continue;
+    }
+    auto host = at::empty({p.numel()}, at::TensorOptions().dtype(at::kFloat));
+    float* data = host.data_ptr<float>();
+    // Fixed-size chunks, each with its own stream: the values do not depend on the thread count.
+    constexpr int64_t kChunk = 1 << 16;
+    const uint64_t base = hash_name(name);
+    const int64_t n = p.numel(), chunks = (n + kChunk - 1) / kChunk;
+    const float std = static_cast<float>(cfg_.initializer_range);
+    at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        RngStream stream(seed, base + static_cast<uint64_t>(c));
+        const int64_t lo = c * kChunk, len = std::min(kChunk, n - lo);
+        stream.fill_normal(data + lo, static_cast<size_t>(len), 0.0f, std);
+      }
+    });
+    p.copy_(host.view(p.sizes()));
+  }
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Transformer::hf_parameters() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : named_parameters(/*recurse=*/true)) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+}  // namespace rlx
