@@ -9,7 +9,7 @@
 namespace rlx::config {
 
 std::string describe(const Bounds& b) {
-  auto num = [](double v) { return Writer::format_number(v); };
+  auto num = [](double v) { return fmt::format("{}", v); };
   if (b.min && b.max)
     return fmt::format("in {}{}, {}{}", b.min_exclusive ? "(" : "[", num(*b.min), num(*b.max), b.max_exclusive ? ")" : "]");
   if (b.min) return fmt::format("{} {}", b.min_exclusive ? ">" : ">=", num(*b.min));
@@ -41,7 +41,7 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 
 std::string closest(std::string_view key, std::span<const std::string> candidates) {
   std::string best;
-  size_t best_d = std::max<size_t>(2, key.size() / 3) + 1;  // beyond this a guess is noise
+  size_t best_d = std::max<size_t>(3, key.size() / 3) + 1;  // beyond this a guess is noise
   for (const auto& c : candidates) {
     size_t d = edit_distance(key, c);
     if (d < best_d) best_d = d, best = c;
