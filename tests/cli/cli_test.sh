@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The rlx CLI as a user runs it: outputs and exit codes.
+#   cli_test.sh RLX_BINARY SOURCE_DIR WORK_DIR
+set -uo pipefail
+rlx=$1 src=$2 work=$3
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+failures=0 checks=0
+
+# expect NAME EXIT_CODE PATTERN -- CMD...   (PATTERN is an extended regex over stdout+stderr)
+expect() {
+  local name=$1 code=$2 pattern=$3; shift 4
+  local out rc
+  out=$("$@" 2>&1); rc=$?
+  checks=$((checks + 1))
+  if [ "$rc" != "$code" ] || ! grep -qE -- "$pattern" <<<"$out"; then
+    failures=$((failures + 1))
+    echo "FAIL: $name: exit $rc (want $code), output:"; echo "$out" | head -20; echo "  (wanted /$pattern/)"
+  else
+    echo "ok: $name"
+  fi
+}
+
+expect "version" 0 '^rlx [0-9]+\.[0-9]+\.[0-9]+' -- "$rlx" --version
+expect "no subcommand is a usage error" 2 'subcommand' -- "$rlx"
+
+cat > good.yaml <<'Y'
+run:
+  name: demo
+  seed: 3
+model:
+  preset: small
+Y
+expect "config show resolves defaults" 0 'preset: small' -- "$rlx" config show good.yaml
+expect "config show applies overrides" 0 'seed: 9' -- "$rlx" config show good.yaml run.seed=9
+expect "config show prints every section" 0 'tokenizer:' -- "$rlx" config show good.yaml
+
+printf 'run:\n  name: demo\nmodel:\n  preest: small\n' > unknown.yaml
+expect "unknown key: exit 2, path, line, suggestion" 2 "model.preest \(unknown.yaml:4\): unknown key; did you mean 'model.preset'" -- "$rlx" config show unknown.yaml
+printf 'run:\n  seed: many\n' > type.yaml
+expect "wrong type: exit 2, path, line" 2 "run.seed \(type.yaml:2\): expected an integer, got 'many'" -- "$rlx" config show type.yaml
+printf 'run:\n  threads: -4\n' > range.yaml
+expect "out of range: exit 2" 2 "run.threads \(range.yaml:2\): -4 is out of range: must be in \[0, 1024\]" -- "$rlx" config show range.yaml
+expect "bad override: exit 2, command line" 2 "model.dtyp \(command line\): unknown key; did you mean 'model.dtype'" -- "$rlx" config show good.yaml model.dtyp=bfloat16
+expect "missing file: exit 2" 2 "cannot read config file nope.yaml" -- "$rlx" config show nope.yaml
+printf 'run: [1, 2\n' > syntax.yaml
+expect "YAML syntax error: exit 2, line" 2 "syntax.yaml:[0-9]+:[0-9]+: invalid YAML" -- "$rlx" config show syntax.yaml
+
+printf '{"type": "char", "alphabet": "0123456789+=", "special_tokens": ["<pad>", "<bos>", "<eos>", "<unk>"]}\n' > char.json
+expect "model init writes an HF directory" 0 'wrote tiny \(qwen2 float32, [0-9]+ parameters, with tokenizer\)' -- \
+  "$rlx" model init --arch qwen2 --preset tiny --out tiny --seed 5 --tokenizer char.json
+expect "config.json names the architecture" 0 '"Qwen2ForCausalLM"' -- cat tiny/config.json
+expect "vocab size follows the tokenizer" 0 '"vocab_size": 16' -- cat tiny/config.json
+expect "inspect a valid file" 0 'tensors, [0-9]+ elements, [0-9]+ data bytes, header [0-9]+ bytes: valid' -- "$rlx" inspect safetensors tiny/model.safetensors
+expect "inspect lists q/k/v biases for qwen2" 0 'model.layers.0.self_attn.q_proj.bias' -- "$rlx" inspect safetensors tiny/model.safetensors
+"$rlx" model init --arch qwen2 --preset tiny --out tiny2 --seed 5 --tokenizer char.json >/dev/null
+expect "same seed, same bytes" 0 '' -- cmp tiny/model.safetensors tiny2/model.safetensors
+head -c 100 tiny/model.safetensors > truncated.safetensors
+expect "inspect a truncated file: exit 1 with the reason" 1 'truncated.safetensors: invalid safetensors: header length [0-9]+ exceeds the 92 bytes after it' -- "$rlx" inspect safetensors truncated.safetensors
+printf 'garbage' > short.safetensors
+expect "inspect a 7-byte file" 1 'shorter than the 8-byte header length' -- "$rlx" inspect safetensors short.safetensors
+expect "unknown preset" 1 "unknown model preset 'tinny'.*did you mean 'tiny'" -- "$rlx" model init --preset tinny --out x
+
+expect "tokenize" 0 '^5 6 14 7 15 9$' -- "$rlx" tokenize --tokenizer char.json "12+3=5"
+expect "tokenize --decode" 0 '^12\+3=5$' -- "$rlx" tokenize --tokenizer char.json --decode "5 6 14 7 15 9"
+expect "tokenize --decode rejects junk" 1 "'x' is not a token id" -- "$rlx" tokenize --tokenizer char.json --decode "5 x"
+expect "tokenize --decode rejects unknown ids" 1 'outside the vocabulary' -- "$rlx" tokenize --tokenizer char.json --decode "999"
+expect "bench model prints JSON last" 0 '^\{"arch":"llama".*"forward_tokens_per_s"' -- \
+  bash -c "'$rlx' bench model --preset tiny --batch 2 --seq 16 --iters 1 --decode-steps 2 --threads 1 | tail -n 1"
+
+echo "$((checks - failures)) passed, $failures failed"
+[ "$failures" = 0 ]

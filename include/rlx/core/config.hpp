@@ -34,6 +34,7 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <utility>
 #include <vector>
 
 #include "rlx/core/error.hpp"
@@ -218,10 +219,9 @@ class Reader {
     } else if constexpr (std::is_integral_v<T>) {
       long long v;
       if (!YAML::convert<long long>::decode(n, v)) return fail(n, path, fmt::format("expected an integer, got '{}'", text));
-      if (v < static_cast<long long>(std::numeric_limits<T>::min()) ||
-          static_cast<unsigned long long>(v) > static_cast<unsigned long long>(std::numeric_limits<T>::max()))
+      if (!within(static_cast<double>(v), bounds)) return check_bounds(n, path, static_cast<double>(v), bounds);
+      if (!std::in_range<T>(v))
         return fail(n, path, fmt::format("{} does not fit in this field's integer type", text));
-      check_bounds(n, path, static_cast<double>(v), bounds);
       value = static_cast<T>(v);
     } else if constexpr (std::is_floating_point_v<T>) {
       double v;

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Configures and builds rlx (Release) into BUILD_DIR (default build/release), with
+# ccache and precompiled headers. Used by test.sh and quickstart.sh.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build/release}
+# ccache must ignore what changes between identical PCH builds.
+export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
+jobs=${RLX_JOBS:-$(nproc)}
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release ${RLX_CMAKE_ARGS:-} > "$build.configure.log" 2>&1 \
+  || { cat "$build.configure.log"; exit 1; }
+cmake --build "$build" -j"$jobs"

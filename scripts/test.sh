@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The test command: installs missing dependencies, builds, fetches the tokenizer
+# parity fixtures (cached under the build directory), and runs every test with ctest.
+#
+#   scripts/test.sh                 # everything in the default suite
+#   scripts/test.sh -R tokenizer    # extra arguments go to ctest
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${RLX_BUILD_DIR:-$root/build/release}
+"$root/scripts/install-deps.sh"
+mkdir -p "$(dirname "$build")"
+"$root/scripts/build.sh" "$build"
+"$root/scripts/make_tokenizer_fixtures.sh" "$build/fixtures"
+cd "$build"
+ctest --output-on-failure -j"${RLX_JOBS:-$(nproc)}" --timeout 900 "$@"
