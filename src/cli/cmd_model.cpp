@@ -2,8 +2,11 @@
 //                [--vocab-size N] [--tokenizer FILE]
 // Writes an HF-format directory (config.json, model.safetensors, tokenizer) with
 // random weights that `transformers` can load.
+// rlx model logits --model DIR --tokens '[[1, 2, 3]]' [--dtype D] [--device DEV]
+// Prints the full-forward logits as one JSON line (for parity checks against peers).
 #include <filesystem>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "commands.hpp"
 #include "rlx/core/log.hpp"
@@ -55,6 +58,51 @@ void add_model_commands(CLI::App& app, Action& action) {
                                           std::filesystem::copy_options::overwrite_existing);
       std::cout << fmt::format("wrote {} ({} {}, {} parameters, {}) to {}\n", a->preset, a->arch, a->dtype,
                                cfg.num_parameters(), tok ? "with tokenizer" : "no tokenizer", a->out);
+      return 0;
+    };
+  });
+
+  struct LogitsArgs {
+    std::string model, tokens, dtype = "float32", device = "cpu";
+  };
+  auto l = std::make_shared<LogitsArgs>();
+  auto* logits = model->add_subcommand("logits", "Print the logits of a token batch as JSON (last line)");
+  logits->add_option("--model", l->model, "HF model directory")->required();
+  logits->add_option("--tokens", l->tokens, "token ids as a JSON list of equal-length lists")->required();
+  logits->add_option("--dtype", l->dtype, "float32, bfloat16 or float16")->check(CLI::IsMember({"float32", "bfloat16", "float16"}));
+  logits->add_option("--device", l->device, "cpu or cuda[:N]");
+  logits->callback([l, &action] {
+    action = [l] {
+      nlohmann::json ids;
+      try {
+        ids = nlohmann::json::parse(l->tokens);
+      } catch (const nlohmann::json::exception& e) {
+        throw Error(fmt::format("--tokens is not JSON: {}", e.what()));
+      }
+      RLX_CHECK(ids.is_array() && !ids.empty() && ids[0].is_array() && !ids[0].empty(),
+                "--tokens must be a non-empty list of non-empty lists of ids");
+      std::vector<int64_t> flat;
+      for (const auto& row : ids) {
+        RLX_CHECK(row.is_array() && row.size() == ids[0].size(), "--tokens rows must have equal lengths");
+        for (const auto& t : row) {
+          RLX_CHECK(t.is_number_integer(), "--tokens: {} is not an integer id", t.dump());
+          flat.push_back(t.get<int64_t>());
+        }
+      }
+      const int64_t B = static_cast<int64_t>(ids.size()), T = static_cast<int64_t>(ids[0].size());
+      auto m = load_hf(l->model, {.dtype = to_scalar_type(*config::enum_from_string<DType>(l->dtype)),
+                                  .device = at::Device(l->device)});
+      at::NoGradGuard g;
+      auto out = m->forward({.tokens = at::tensor(flat).view({B, T})}).to(at::kFloat).cpu().contiguous();
+      nlohmann::json rows = nlohmann::json::array();
+      const float* p = out.data_ptr<float>();
+      const int64_t V = out.size(2);
+      for (int64_t b = 0; b < B; ++b) {
+        nlohmann::json seq = nlohmann::json::array();
+        for (int64_t t = 0; t < T; ++t) seq.push_back(std::vector<float>(p + (b * T + t) * V, p + (b * T + t + 1) * V));
+        rows.push_back(std::move(seq));
+      }
+      std::cout << nlohmann::json{{"shape", {B, T, V}}, {"logits", rows}}.dump() << std::endl;
       return 0;
     };
   });

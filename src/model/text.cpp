@@ -3,7 +3,6 @@
 #include <unicode/normalizer2.h>
 
 #include <fstream>
-#include <map>
 #include <nlohmann/json.hpp>
 
 #include "rlx/core/error.hpp"
@@ -72,7 +71,7 @@ std::string default_char_alphabet() {
 
 CharTokenizer::CharTokenizer(std::string_view alphabet, std::vector<std::string> special_tokens)
     : specials_(std::move(special_tokens)) {
-  std::map<std::string, int> seen;
+  std::unordered_map<std::string, int> seen;
   for (const auto& s : specials_) {
     RLX_CHECK(!s.empty() && seen.emplace(s, 1).second, "char tokenizer: special token '{}' is empty or repeated", s);
     tokens_.push_back(s);
@@ -89,6 +88,7 @@ CharTokenizer::CharTokenizer(std::string_view alphabet, std::vector<std::string>
     tokens_.push_back(ch);
     i += n;
   }
+  for (size_t k = 0; k < tokens_.size(); ++k) ids_.emplace(tokens_[k], static_cast<TokenId>(k));
 }
 
 std::vector<TokenId> CharTokenizer::encode(std::string_view s, const EncodeOptions& options) const {
@@ -130,9 +130,9 @@ std::string CharTokenizer::decode(std::span<const TokenId> ids, bool skip_specia
 }
 
 std::optional<TokenId> CharTokenizer::token_to_id(std::string_view token) const {
-  for (size_t i = 0; i < tokens_.size(); ++i)
-    if (tokens_[i] == token) return static_cast<TokenId>(i);
-  return std::nullopt;
+  auto it = ids_.find(std::string(token));
+  if (it == ids_.end()) return std::nullopt;
+  return it->second;
 }
 
 std::string CharTokenizer::id_to_token(TokenId id) const {

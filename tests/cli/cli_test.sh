@@ -60,6 +60,9 @@ printf 'garbage' > short.safetensors
 expect "inspect a 7-byte file" 1 'shorter than the 8-byte header length' -- "$rlx" inspect safetensors short.safetensors
 expect "unknown preset" 1 "unknown model preset 'tinny'.*did you mean 'tiny'" -- "$rlx" model init --preset tinny --out x
 
+expect "model logits prints JSON of the right shape" 0 '"shape":\[2,3,16\]' -- "$rlx" model logits --model tiny --tokens '[[1,2,3],[4,5,6]]'
+expect "model logits rejects ragged input" 1 'equal lengths' -- "$rlx" model logits --model tiny --tokens '[[1,2,3],[4]]'
+expect "model logits rejects out-of-vocabulary ids" 1 'token ids must be in \[0, 16\)' -- "$rlx" model logits --model tiny --tokens '[[1,99]]'
 expect "tokenize" 0 '^5 6 14 7 15 9$' -- "$rlx" tokenize --tokenizer char.json "12+3=5"
 expect "tokenize --decode" 0 '^12\+3=5$' -- "$rlx" tokenize --tokenizer char.json --decode "5 6 14 7 15 9"
 expect "tokenize --decode rejects junk" 1 "'x' is not a token id" -- "$rlx" tokenize --tokenizer char.json --decode "5 x"

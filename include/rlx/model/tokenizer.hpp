@@ -20,6 +20,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace rlx {
@@ -71,6 +72,7 @@ class CharTokenizer final : public Tokenizer {
  private:
   std::vector<std::string> specials_;
   std::vector<std::string> tokens_;  // specials, then one UTF-8 character each
+  std::unordered_map<std::string, TokenId> ids_;
   std::optional<TokenId> unk_;
 };
 
