@@ -5,12 +5,11 @@
 //   ./rlx_example_generate /tmp/tiny "12+34=" 32
 //   // prompt: "12+34="
 //   // continuation (32 tokens, seed 0): ... (random weights give random text)
-#include <ATen/Parallel.h>
-
 #include <iostream>
 #include <string>
 
 #include "rlx/core/rng.hpp"
+#include "rlx/core/threads.hpp"
 #include "rlx/model/hf.hpp"
 #include "rlx/model/tokenizer.hpp"
 
@@ -20,7 +19,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    at::set_num_threads(1);
+    rlx::set_compute_threads(0);
     const std::string dir = argv[1], prompt = argv[2];
     const int64_t new_tokens = argc > 3 ? std::stoll(argv[3]) : 32;
     const double temperature = argc > 4 ? std::stod(argv[4]) : 1.0;

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "rlx/core/threads.hpp"
 #include "rlx/model/transformer.hpp"
 
 namespace rlx::cli {
@@ -44,7 +45,8 @@ void add_bench_commands(CLI::App& app, Action& action) {
   model->add_option("--threads", a->threads, "intra-op threads (0: all cores)")->check(CLI::Range(0, 1024));
   model->callback([a, &action] {
     action = [a] {
-      const int threads = set_threads(a->threads);
+      const auto plan = set_compute_threads(a->threads);
+      const int threads = std::max(plan.blas_threads, plan.intra_op_threads);
       ModelConfig cfg = model_preset(a->preset, *config::enum_from_string<Arch>(a->arch));
       const auto dtype = to_scalar_type(*config::enum_from_string<DType>(a->dtype));
       const at::Device device(a->device);
@@ -89,6 +91,7 @@ void add_bench_commands(CLI::App& app, Action& action) {
                           {"dtype", a->dtype},
                           {"device", a->device},
                           {"threads", threads},
+                          {"thread_plan", plan.describe()},
                           {"parameters", cfg.num_parameters()},
                           {"batch", a->batch},
                           {"seq", a->seq},
@@ -96,8 +99,8 @@ void add_bench_commands(CLI::App& app, Action& action) {
                           {"forward_ms", fwd_s * 1e3},
                           {"train_tokens_per_s", n / train_s},
                           {"train_step_ms", train_s * 1e3}};
-      std::cout << fmt::format("{} ({} params) batch {} x seq {} on {} ({} threads)\n", a->preset, cfg.num_parameters(),
-                               a->batch, a->seq, a->device, threads);
+      std::cout << fmt::format("{} ({} params) batch {} x seq {} on {} ({})\n", a->preset, cfg.num_parameters(),
+                               a->batch, a->seq, a->device, plan.describe());
       std::cout << fmt::format("  forward:          {:>10.0f} tokens/s ({:.1f} ms)\n", n / fwd_s, fwd_s * 1e3);
       std::cout << fmt::format("  forward+backward: {:>10.0f} tokens/s ({:.1f} ms)\n", n / train_s, train_s * 1e3);
       if (a->decode_steps > 0) {

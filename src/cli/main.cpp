@@ -1,18 +1,16 @@
 // rlx: the command-line entry point.
-#include <ATen/Parallel.h>
-
 #include <iostream>
-#include <thread>
+#include <algorithm>
 
 #include "commands.hpp"
 #include "rlx/core/error.hpp"
+#include "rlx/core/threads.hpp"
 #include "rlx/version.hpp"
 
 namespace rlx::cli {
 int set_threads(int threads) {
-  int n = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  at::set_num_threads(n);
-  return n;
+  auto plan = set_compute_threads(threads);
+  return std::max(plan.blas_threads, plan.intra_op_threads);
 }
 }  // namespace rlx::cli
 

@@ -71,3 +71,17 @@ TEST_CASE("errors: RLX_CHECK throws rlx::Error, RLX_ASSERT says it is a bug", "[
   CHECK_THROWS_AS(g(), rlx::InternalError);
   CHECK_THROWS_WITH(g(), Contains("this is a bug in rlx"));
 }
+
+#include <ATen/Parallel.h>
+
+#include "rlx/core/threads.hpp"
+
+TEST_CASE("threads: one threading layer gets the cores", "[threads]") {
+  auto plan = rlx::set_compute_threads(2);
+  CHECK(at::get_num_threads() == plan.intra_op_threads);
+  // Either OpenBLAS has the 2 threads and LibTorch's pool 1, or LibTorch has them.
+  CHECK(((plan.blas_threads == 2 && plan.intra_op_threads == 1) || (plan.blas_threads == 0 && plan.intra_op_threads == 2)));
+  CHECK_THAT(plan.describe(), Contains("2"));
+  rlx::set_compute_threads(1);
+  CHECK(at::get_num_threads() == 1);
+}
