@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
       input = at::full({1, 1}, next, at::kLong);
     }
     std::cout << "prompt: \"" << prompt << "\"\n";
-    std::cout << "continuation (" << out.size() << " tokens, seed 0): " << tok->decode(out) << "\n";
+    std::cout << "continuation (" << out.size() << " tokens, seed 0): " << tok->decode(out, /*skip_special=*/true) << "\n";
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
