@@ -42,11 +42,10 @@ void add_bench_commands(CLI::App& app, Action& action) {
   model->add_option("--seq", a->seq, "tokens per sequence")->check(CLI::Range(1, 1 << 20));
   model->add_option("--decode-steps", a->decode_steps, "KV-cache decode steps after a prefill of --seq")->check(CLI::Range(0, 1 << 16));
   model->add_option("--iters", a->iters, "timed iterations")->check(CLI::Range(1, 10000));
-  model->add_option("--threads", a->threads, "intra-op threads (0: all cores)")->check(CLI::Range(0, 1024));
+  model->add_option("--threads", a->threads, "compute threads (0: all cores); see rlx/core/threads.hpp")->check(CLI::Range(0, 1024));
   model->callback([a, &action] {
     action = [a] {
       const auto plan = set_compute_threads(a->threads);
-      const int threads = std::max(plan.blas_threads, plan.intra_op_threads);
       ModelConfig cfg = model_preset(a->preset, *config::enum_from_string<Arch>(a->arch));
       const auto dtype = to_scalar_type(*config::enum_from_string<DType>(a->dtype));
       const at::Device device(a->device);
@@ -90,7 +89,7 @@ void add_bench_commands(CLI::App& app, Action& action) {
                           {"arch", a->arch},
                           {"dtype", a->dtype},
                           {"device", a->device},
-                          {"threads", threads},
+                          {"threads", plan.threads()},
                           {"thread_plan", plan.describe()},
                           {"parameters", cfg.num_parameters()},
                           {"batch", a->batch},

@@ -20,7 +20,4 @@ void add_inspect_commands(CLI::App& app, Action& action);
 void add_tokenize_command(CLI::App& app, Action& action);
 void add_bench_commands(CLI::App& app, Action& action);
 
-// Applies rlx::set_compute_threads (0: all cores) and returns the threads in use.
-int set_threads(int threads);
-
 }  // namespace rlx::cli

@@ -1,18 +1,9 @@
 // rlx: the command-line entry point.
 #include <iostream>
-#include <algorithm>
 
 #include "commands.hpp"
 #include "rlx/core/error.hpp"
-#include "rlx/core/threads.hpp"
 #include "rlx/version.hpp"
-
-namespace rlx::cli {
-int set_threads(int threads) {
-  auto plan = set_compute_threads(threads);
-  return std::max(plan.blas_threads, plan.intra_op_threads);
-}
-}  // namespace rlx::cli
 
 int main(int argc, char** argv) {
   CLI::App app{"rlx: reinforcement-learning post-training of language models, natively", "rlx"};

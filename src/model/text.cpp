@@ -71,9 +71,9 @@ std::string default_char_alphabet() {
 
 CharTokenizer::CharTokenizer(std::string_view alphabet, std::vector<std::string> special_tokens)
     : specials_(std::move(special_tokens)) {
-  std::unordered_map<std::string, int> seen;
   for (const auto& s : specials_) {
-    RLX_CHECK(!s.empty() && seen.emplace(s, 1).second, "char tokenizer: special token '{}' is empty or repeated", s);
+    RLX_CHECK(!s.empty() && ids_.emplace(s, static_cast<TokenId>(tokens_.size())).second,
+              "char tokenizer: special token '{}' is empty or repeated", s);
     tokens_.push_back(s);
     if (s == "<unk>") unk_ = static_cast<TokenId>(tokens_.size() - 1);
     if (s == "<bos>") bos_id = static_cast<TokenId>(tokens_.size() - 1);
@@ -84,11 +84,11 @@ CharTokenizer::CharTokenizer(std::string_view alphabet, std::vector<std::string>
     size_t n = text::utf8_sequence_length(alphabet, i);
     RLX_CHECK(n > 0, "char tokenizer: alphabet is not valid UTF-8 at byte {}", i);
     std::string ch(alphabet.substr(i, n));
-    RLX_CHECK(seen.emplace(ch, 1).second, "char tokenizer: character '{}' repeated in the alphabet (byte {})", ch, i);
+    RLX_CHECK(ids_.emplace(ch, static_cast<TokenId>(tokens_.size())).second,
+              "char tokenizer: character '{}' repeated in the alphabet (byte {})", ch, i);
     tokens_.push_back(ch);
     i += n;
   }
-  for (size_t k = 0; k < tokens_.size(); ++k) ids_.emplace(tokens_[k], static_cast<TokenId>(k));
 }
 
 std::vector<TokenId> CharTokenizer::encode(std::string_view s, const EncodeOptions& options) const {

@@ -34,7 +34,6 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
-#include <utility>
 #include <vector>
 
 #include "rlx/core/error.hpp"

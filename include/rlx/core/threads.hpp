@@ -14,6 +14,8 @@ namespace rlx {
 struct ThreadPlan {
   int blas_threads = 0;      // 0: BLAS is not separately threaded
   int intra_op_threads = 1;  // at::set_num_threads
+  // Threads doing the work: the larger of the two.
+  int threads() const { return blas_threads > intra_op_threads ? blas_threads : intra_op_threads; }
   std::string describe() const;
 };
 

@@ -81,6 +81,7 @@ TEST_CASE("threads: one threading layer gets the cores", "[threads]") {
   CHECK(at::get_num_threads() == plan.intra_op_threads);
   // Either OpenBLAS has the 2 threads and LibTorch's pool 1, or LibTorch has them.
   CHECK(((plan.blas_threads == 2 && plan.intra_op_threads == 1) || (plan.blas_threads == 0 && plan.intra_op_threads == 2)));
+  CHECK(plan.threads() == 2);
   CHECK_THAT(plan.describe(), Contains("2"));
   rlx::set_compute_threads(1);
   CHECK(at::get_num_threads() == 1);
