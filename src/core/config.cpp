@@ -8,6 +8,10 @@
 
 namespace rlx::config {
 
+void BoundsChecker::fail(std::string_view key, const std::string& value, const Bounds& bounds) const {
+  throw Error(fmt::format("{}: {}{} = {} is not {}", who_, prefix_, key, value, describe(bounds)));
+}
+
 std::string describe(const Bounds& b) {
   auto num = [](double v) { return fmt::format("{}", v); };
   if (b.min && b.max)

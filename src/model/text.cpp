@@ -32,6 +32,15 @@ size_t utf8_sequence_length(std::string_view s, size_t i) {
   return n;
 }
 
+bool is_valid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = utf8_sequence_length(s, i);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
 std::string nfc(std::string_view s) {
   bool ascii = true;
   for (char c : s) ascii &= static_cast<unsigned char>(c) < 0x80;

@@ -377,6 +377,34 @@ std::vector<FieldDoc> document(const T& value = T{}) {
   return out;
 }
 
+// Checks the numeric fields of a struct built in code (not read from YAML) against
+// their declared bounds; throws rlx::Error "<who>: <key> = <value> is not <bounds>"
+// for the first one outside.
+class BoundsChecker {
+ public:
+  BoundsChecker(std::string_view who, std::string prefix = "") : who_(who), prefix_(std::move(prefix)) {}
+  template <class T>
+  void operator()(std::string_view key, T& value, std::string_view, Bounds bounds = {}) {
+    if constexpr (Section<T>) {
+      BoundsChecker inner(who_, prefix_ + std::string(key) + ".");
+      value.visit(inner);
+    } else if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+      if (!within(static_cast<double>(value), bounds)) fail(key, fmt::format("{}", value), bounds);
+    }
+  }
+
+ private:
+  [[noreturn]] void fail(std::string_view key, const std::string& value, const Bounds& bounds) const;
+  std::string_view who_;
+  std::string prefix_;
+};
+
+template <Section T>
+void check_bounds(const T& value, std::string_view who) {
+  BoundsChecker c(who);
+  const_cast<T&>(value).visit(c);
+}
+
 // A markdown table of `document()`'s rows.
 std::string to_markdown(const std::vector<FieldDoc>& fields);
 

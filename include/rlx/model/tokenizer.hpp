@@ -84,6 +84,7 @@ namespace text {
 // Length of the valid UTF-8 sequence starting at s[i], or 0 if the byte there
 // does not start one (overlong forms, surrogates and > U+10FFFF are invalid).
 size_t utf8_sequence_length(std::string_view s, size_t i);
+bool is_valid_utf8(std::string_view s);
 // NFC normalisation of valid UTF-8 runs; invalid bytes are kept as they are.
 std::string nfc(std::string_view s);
 }  // namespace text

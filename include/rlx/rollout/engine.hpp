@@ -1,0 +1,222 @@
+// The rollout engine: continuous batching over a paged KV cache with prefix
+// sharing, exact log-probs, and atomic weight updates.
+//
+// Requests arrive at any time (add(), from any thread); each step() admits
+// waiting requests as running ones finish, packs prefill chunks and decode tokens
+// into one forward bounded by `max_batch_tokens`, samples, and returns the
+// requests that finished. The KV cache bounds the batch: when a running sequence
+// needs a block and none is free, the most recently admitted sequence is
+// preempted and recomputed later, never failed.
+//
+// The n samples of a request (a GRPO group) prefill their prompt once and share
+// its blocks; the first write into a shared block copies it. Full blocks are also
+// cached by the hash of their token prefix (per weight version), so any request
+// with a known prefix reuses them.
+//
+// Every sampled token records its log-prob (log_softmax(logits / T), before
+// truncation) and the weight version that produced it.
+//
+//   rlx::Engine engine(model, {.kv_cache_mb = 64}, tokenizer);
+//   auto results = engine.generate({{.id = "q1", .prompt = ids, .params = {.n = 8, .max_new_tokens = 64}}});
+//   for (auto& s : results[0].samples) use(s.tokens, s.logprobs, s.versions, s.finish);
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "rlx/core/config.hpp"
+#include "rlx/model/tokenizer.hpp"
+#include "rlx/model/transformer.hpp"
+#include "rlx/rollout/block_allocator.hpp"
+#include "rlx/rollout/paged_kv_cache.hpp"
+#include "rlx/rollout/sampling.hpp"
+
+namespace rlx {
+
+// What happens to requests in flight when new weights arrive.
+enum class UpdatePolicy {
+  finish_old,  // in-flight requests finish on the old weights; new ones wait, then run on the new
+  abort,       // in-flight requests end now (finish reason abort) with what they have
+  continue_,   // partial rollout: in-flight requests go on with the new weights (their cache is recomputed)
+};
+constexpr std::array<std::pair<UpdatePolicy, std::string_view>, 3> enum_names(UpdatePolicy) {
+  return {{{UpdatePolicy::finish_old, "finish_old"}, {UpdatePolicy::abort, "abort"}, {UpdatePolicy::continue_, "continue"}}};
+}
+
+enum class FinishReason { stop, length, abort };
+constexpr std::array<std::pair<FinishReason, std::string_view>, 3> enum_names(FinishReason) {
+  return {{{FinishReason::stop, "stop"}, {FinishReason::length, "length"}, {FinishReason::abort, "abort"}}};
+}
+std::string_view to_string(FinishReason r);
+
+struct EngineConfig {
+  int32_t block_size = 16;         // tokens per KV block
+  int64_t kv_cache_blocks = 0;     // blocks in the pool; 0: from kv_cache_mb
+  double kv_cache_mb = 256;        // pool size when kv_cache_blocks is 0
+  int64_t max_batch_tokens = 2048; // tokens per forward (prefill chunks + decode tokens)
+  int64_t max_running = 256;       // sequences in the running batch
+  int64_t max_model_len = 0;       // prompt + generated; 0: the model's max_position_embeddings
+  int64_t max_queued = 65536;      // requests accepted and not yet returned
+  bool prefix_caching = true;      // reuse full blocks across requests by their token prefix
+  UpdatePolicy update_policy = UpdatePolicy::finish_old;
+
+  template <class V>
+  void visit(V& v) {
+    v("block_size", block_size, "tokens per KV-cache block", config::in_range(1, 1024));
+    v("kv_cache_blocks", kv_cache_blocks, "KV-cache blocks; 0 sizes the pool from kv_cache_mb", config::at_least(0));
+    v("kv_cache_mb", kv_cache_mb, "KV-cache pool size in MiB when kv_cache_blocks is 0", config::greater_than(0));
+    v("max_batch_tokens", max_batch_tokens, "tokens per forward pass (prefill chunks plus decode tokens)",
+      config::at_least(1));
+    v("max_running", max_running, "sequences decoding at once", config::at_least(1));
+    v("max_model_len", max_model_len, "context length, prompt plus generated; 0: the model's", config::at_least(0));
+    v("max_queued", max_queued, "requests accepted but not yet finished", config::at_least(1));
+    v("prefix_caching", prefix_caching, "reuse computed KV blocks of identical token prefixes across requests");
+    v("update_policy", update_policy, "requests in flight at a weight update: finish on old weights, abort, or continue");
+  }
+};
+
+struct GenerationRequest {
+  std::string id;               // unique among requests in flight
+  std::vector<TokenId> prompt;  // non-empty
+  SamplingParams params;
+  uint64_t seed = 0;            // with id, sample index and position: the sampling randomness
+};
+
+struct SampleOutput {
+  std::vector<TokenId> tokens;    // generated tokens (the stop token or string's last token included)
+  std::vector<float> logprobs;    // per token: log_softmax(logits / T)[token]
+  std::vector<int64_t> versions;  // per token: the weight version that sampled it
+  FinishReason finish = FinishReason::length;
+  std::string stop_string;        // the stop string that ended the sample, if any
+};
+
+struct GenerationResult {
+  std::string id;
+  std::vector<TokenId> prompt;
+  std::vector<SampleOutput> samples;  // params.n of them, in sample order
+  // Smallest and largest weight version over every generated token (-1 if none).
+  std::pair<int64_t, int64_t> version_range() const;
+};
+
+struct EngineStats {
+  int64_t steps = 0, forward_tokens = 0, prefill_tokens = 0, generated_tokens = 0;
+  int64_t preemptions = 0, prefix_hit_tokens = 0, shared_prefill_tokens = 0, cow_copies = 0;
+  int64_t running = 0, waiting = 0, queued = 0;
+  int32_t free_blocks = 0, total_blocks = 0;
+  int64_t weight_version = 0;
+};
+
+class Engine {
+ public:
+  Engine(std::shared_ptr<Transformer> model, EngineConfig cfg = {}, std::shared_ptr<const Tokenizer> tokenizer = nullptr,
+         int64_t weight_version = 0);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues a request (any thread). Throws rlx::Error naming the request and the field for
+  // bad input; nothing else is affected.
+  void add(GenerationRequest request);
+  // Ends a queued or running request at the next step (finish reason abort; partial samples
+  // are returned). False if no such request is in flight.
+  bool abort(const std::string& id);
+
+  // One scheduling iteration and forward pass; returns the requests that finished.
+  std::vector<GenerationResult> step();
+  // Steps until nothing is in flight (or the engine is paused); returns everything finished.
+  std::vector<GenerationResult> run();
+  // Adds the requests, runs them to completion and returns them in the given order.
+  std::vector<GenerationResult> generate(std::vector<GenerationRequest> requests);
+  bool has_work() const;
+
+  // Stages a complete set of weights (HF names and shapes, as Transformer::hf_parameters)
+  // as `version` (> every earlier version). Validated and copied now; applied at a step
+  // boundary, all at once, following `policy` (default: the config's).
+  void update_weights(int64_t version, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                      std::optional<UpdatePolicy> policy = std::nullopt);
+  int64_t weight_version() const;
+
+  // While paused, step() does nothing but accept aborts; add() still queues.
+  void pause();
+  void resume();
+  bool paused() const;
+
+  EngineStats stats() const;
+  const EngineConfig& config() const { return cfg_; }
+  int64_t max_model_len() const { return max_model_len_; }
+  const BlockAllocator& blocks() const { return blocks_; }
+
+ private:
+  struct Seq;
+  struct RequestState;
+  struct PendingUpdate {
+    int64_t version;
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    UpdatePolicy policy;
+  };
+
+  void take_inbox(std::vector<GenerationResult>& finished);
+  bool maybe_apply_update();
+  void schedule();
+  bool reserve(Seq& s, int64_t n);
+  void match_prefix(Seq& s);
+  // Makes s's full blocks up to token `upto` findable by prefix. Done when a step is planned:
+  // every write of a forward lands before any attention read in the same layer, so a
+  // sequence admitted later in the same step can already share them.
+  void publish_full_blocks(Seq& s, int64_t upto);
+  void preempt(Seq& s);
+  void release_blocks(Seq& s);
+  void forward_and_sample();
+  void append_token(Seq& s, TokenId token, float logprob);
+  void finish(Seq& s, FinishReason reason, std::string stop = {});
+  void abort_request(RequestState& r);
+  void collect(std::vector<GenerationResult>& finished);
+  bool in_flight(const Seq& s) const;
+
+  std::shared_ptr<Transformer> model_;
+  EngineConfig cfg_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  int64_t max_model_len_;
+  BlockAllocator blocks_;
+  PagedKVCache cache_;
+  int64_t version_;
+  uint64_t prefix_root_;
+  uint64_t next_order_ = 0;
+  size_t max_stop_bytes_ = 0;
+
+  std::unordered_map<std::string, std::unique_ptr<RequestState>> requests_;
+  std::deque<Seq*> waiting_;  // leaders; preempted sequences go to the front
+  std::vector<Seq*> running_; // in admission order
+  std::optional<PendingUpdate> update_;
+  EngineStats stats_;
+
+  // The step being built.
+  struct Planned {
+    Seq* seq;
+    int64_t n;
+  };
+  std::vector<Planned> plan_;
+  std::vector<std::pair<BlockId, BlockId>> copies_;
+  std::vector<GenerationResult> unclaimed_;  // finished during generate() for other callers
+
+  // Shared with other threads.
+  mutable std::mutex inbox_mu_;
+  std::vector<GenerationRequest> inbox_;
+  std::vector<std::string> abort_inbox_;
+  std::optional<PendingUpdate> update_inbox_;
+  std::unordered_set<std::string> live_ids_;
+  int64_t latest_version_;  // newest version accepted by update_weights
+  bool paused_ = false;
+};
+
+}  // namespace rlx

@@ -1,0 +1,67 @@
+// The rollout engine's KV cache: one pool of fixed-size blocks per layer, read and
+// written through per-sequence block tables (BlockAllocator does the bookkeeping).
+//
+// A step packs the new tokens of every scheduled sequence into one row
+// ([1, total_new_tokens]: prefill chunks and single decode tokens side by side),
+// so the projections and MLPs run on exactly the tokens that need them. Only
+// attention unpacks them, per sequence, against that sequence's cached context.
+//
+//   rlx::PagedKVCache cache(model->config(), /*num_blocks=*/256, /*block_size=*/16, at::kFloat, at::kCPU);
+//   cache.plan({{.blocks = table_a, .cached = 0, .new_tokens = 5}, {.blocks = table_b, .cached = 9, .new_tokens = 1}});
+//   auto hidden = model->forward_hidden({.tokens = packed}, &cache);   // packed: [1, 6]
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "rlx/model/kv_cache.hpp"
+#include "rlx/rollout/block_allocator.hpp"
+
+namespace rlx {
+
+class PagedKVCache final : public KVCache {
+ public:
+  PagedKVCache(const ModelConfig& cfg, int32_t num_blocks, int32_t block_size, at::ScalarType dtype,
+               at::Device device);
+
+  // Bytes one block takes across all layers (keys and values).
+  static int64_t block_bytes(const ModelConfig& cfg, int32_t block_size, at::ScalarType dtype);
+
+  int32_t num_blocks() const { return num_blocks_; }
+  int32_t block_size() const { return block_size_; }
+
+  // One scheduled sequence of the next forward, in packed order.
+  struct Entry {
+    std::span<const BlockId> blocks;  // covers cached + new_tokens slots
+    int64_t cached = 0;               // tokens already in the cache
+    int64_t new_tokens = 0;           // tokens this step computes (>= 1)
+  };
+  // Sets the next forward's layout; the input must be [1, sum of new_tokens].
+  void plan(std::span<const Entry> entries);
+  // Copies whole blocks (all layers): dst[i] <- src[i]. For copy-on-write.
+  void copy_blocks(std::span<const std::pair<BlockId, BlockId>> src_dst);
+
+  at::Tensor begin(const ForwardInput& in) override;
+  at::Tensor attend(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    double scale) override;
+  void end() override {}
+
+ private:
+  int32_t num_blocks_, block_size_;
+  std::vector<at::Tensor> keys_, values_;  // per layer [num_blocks * block_size, Hkv, D]
+  // The planned step:
+  int64_t packed_ = 0, seqs_ = 0, max_new_ = 0;
+  at::Tensor positions_;   // [1, packed]
+  at::Tensor write_slots_; // [packed] pool slot of each new token
+  at::Tensor ctx_slots_;   // [seqs * max_ctx] pool slot of each context position (0 where past the end)
+  int64_t max_ctx_ = 0;
+  at::Tensor q_index_;     // [seqs * max_new] packed index of each (sequence, new token), 0 for padding
+  at::Tensor out_index_;   // [packed] row of each packed token in the [seqs * max_new] layout
+  at::Tensor allowed_;     // [seqs, max_new, max_ctx]
+};
+
+}  // namespace rlx

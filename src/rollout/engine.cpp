@@ -1,0 +1,537 @@
+#include "rlx/rollout/engine.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+
+#include "rlx/core/error.hpp"
+#include "rlx/core/torch_compat.hpp"
+#include "rlx/core/rng.hpp"
+
+namespace rlx {
+
+std::string_view to_string(FinishReason r) {
+  for (const auto& [v, name] : enum_names(r))
+    if (v == r) return name;
+  return "?";
+}
+
+std::pair<int64_t, int64_t> GenerationResult::version_range() const {
+  int64_t lo = std::numeric_limits<int64_t>::max(), hi = -1;
+  for (const auto& s : samples)
+    for (int64_t v : s.versions) lo = std::min(lo, v), hi = std::max(hi, v);
+  return hi < 0 ? std::pair<int64_t, int64_t>{-1, -1} : std::pair{lo, hi};
+}
+
+struct Engine::Seq {
+  RequestState* req = nullptr;
+  int64_t sample = 0;
+  std::vector<TokenId> tokens;   // prompt, then generated
+  int64_t computed = 0;          // leading tokens whose keys/values are in `blocks`
+  std::vector<BlockId> blocks;
+  std::vector<uint64_t> hashes;  // prefix hashes of the leading full blocks
+  std::vector<Seq*> followers;   // samples forked from this one once its prompt is computed
+  bool running = false, done = false;
+  SampleOutput out;
+  int64_t generated() const { return static_cast<int64_t>(out.tokens.size()); }
+};
+
+struct Engine::RequestState {
+  GenerationRequest req;
+  std::vector<std::unique_ptr<Seq>> seqs;
+  int64_t remaining = 0;
+};
+
+namespace {
+int64_t blocks_for(const ModelConfig& mc, const EngineConfig& c, at::ScalarType dtype) {
+  if (c.kv_cache_blocks > 0) return c.kv_cache_blocks;
+  const int64_t n = static_cast<int64_t>(c.kv_cache_mb * 1024 * 1024) / PagedKVCache::block_bytes(mc, c.block_size, dtype);
+  RLX_CHECK(n >= 1, "engine: kv_cache_mb = {} holds no block of {} tokens ({} bytes each)", c.kv_cache_mb, c.block_size,
+            PagedKVCache::block_bytes(mc, c.block_size, dtype));
+  RLX_CHECK(n <= std::numeric_limits<int32_t>::max(), "engine: kv_cache_mb = {} is too many blocks", c.kv_cache_mb);
+  return n;
+}
+uint64_t prefix_root(int64_t version) { return hash_name("rlx.prefix", static_cast<uint64_t>(version)); }
+}  // namespace
+
+Engine::Engine(std::shared_ptr<Transformer> model, EngineConfig cfg, std::shared_ptr<const Tokenizer> tokenizer,
+               int64_t weight_version)
+    : model_(std::move(model)),
+      cfg_((config::check_bounds(cfg, "engine config"), cfg)),
+      tokenizer_(std::move(tokenizer)),
+      max_model_len_(cfg_.max_model_len > 0 ? cfg_.max_model_len : model_->config().max_position_embeddings),
+      blocks_(static_cast<int32_t>(blocks_for(model_->config(), cfg_, model_->dtype())), cfg_.block_size),
+      cache_(model_->config(), blocks_.num_blocks(), cfg_.block_size, model_->dtype(), model_->device()),
+      version_(weight_version),
+      prefix_root_(prefix_root(weight_version)),
+      latest_version_(weight_version) {}
+
+Engine::~Engine() = default;
+
+// --- requests -------------------------------------------------------------------------
+
+void Engine::add(GenerationRequest r) {
+  RLX_CHECK(!r.id.empty() && r.id.size() <= 256, "request id must be 1 to 256 bytes, got {} bytes", r.id.size());
+  const std::string who = fmt::format("request '{}'", r.id);
+  RLX_CHECK(!r.prompt.empty(), "{}: prompt is empty", who);
+  const int64_t vocab = model_->config().vocab_size;
+  for (size_t i = 0; i < r.prompt.size(); ++i)
+    RLX_CHECK(r.prompt[i] >= 0 && r.prompt[i] < vocab, "{}: prompt[{}] = {} is outside the vocabulary [0, {})", who, i,
+              r.prompt[i], vocab);
+  const int64_t len = static_cast<int64_t>(r.prompt.size());
+  RLX_CHECK(len < max_model_len_, "{}: prompt has {} tokens; the context (max_model_len) is {}, leaving no room to generate",
+            who, len, max_model_len_);
+  r.params.validate(who, vocab, tokenizer_ != nullptr);
+  const int64_t longest = std::min(len + r.params.max_new_tokens, max_model_len_);
+  const int64_t need = (longest + cfg_.block_size - 1) / cfg_.block_size;
+  RLX_CHECK(need <= blocks_.num_blocks(), "{}: up to {} tokens need {} KV blocks; the cache has {} (raise kv_cache_mb)",
+            who, longest, need, blocks_.num_blocks());
+  std::lock_guard lock(inbox_mu_);
+  RLX_CHECK(!live_ids_.contains(r.id), "{}: duplicate request id (a request with this id is in flight)", who);
+  RLX_CHECK(static_cast<int64_t>(live_ids_.size()) < cfg_.max_queued, "{}: {} requests are in flight (max_queued)", who,
+            live_ids_.size());
+  live_ids_.insert(r.id);
+  inbox_.push_back(std::move(r));
+}
+
+bool Engine::abort(const std::string& id) {
+  std::lock_guard lock(inbox_mu_);
+  if (!live_ids_.contains(id)) return false;
+  abort_inbox_.push_back(id);
+  return true;
+}
+
+bool Engine::has_work() const {
+  std::lock_guard lock(inbox_mu_);
+  return !live_ids_.empty();
+}
+
+void Engine::pause() {
+  std::lock_guard lock(inbox_mu_);
+  paused_ = true;
+}
+void Engine::resume() {
+  std::lock_guard lock(inbox_mu_);
+  paused_ = false;
+}
+bool Engine::paused() const {
+  std::lock_guard lock(inbox_mu_);
+  return paused_;
+}
+
+int64_t Engine::weight_version() const {
+  std::lock_guard lock(inbox_mu_);
+  return version_;
+}
+
+void Engine::update_weights(int64_t version, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                            std::optional<UpdatePolicy> policy) {
+  const std::string who = fmt::format("update_weights(version {})", version);
+  {
+    std::lock_guard lock(inbox_mu_);
+    RLX_CHECK(version > latest_version_, "{}: versions must increase; the latest is {}", who, latest_version_);
+  }
+  std::map<std::string, at::Tensor> params;
+  for (auto& [name, p] : model_->hf_parameters()) params.emplace(name, p);
+  std::map<std::string, size_t> seen;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& [name, t] = tensors[i];
+    auto it = params.find(name);
+    RLX_CHECK(it != params.end(), "{}: '{}' is not a parameter of the model", who, name);
+    RLX_CHECK(seen.emplace(name, i).second, "{}: '{}' is given twice", who, name);
+    RLX_CHECK(t.defined() && t.sizes() == it->second.sizes(), "{}: '{}' has shape {}, the model's is {}", who, name,
+              t.defined() ? t.sizes() : c10::IntArrayRef{}, it->second.sizes());
+    RLX_CHECK(t.is_floating_point(), "{}: '{}' is {}, not a floating-point tensor", who, name, c10::toString(t.scalar_type()));
+  }
+  for (const auto& [name, p] : params) RLX_CHECK(seen.contains(name), "{}: '{}' is missing; a full set is required", who, name);
+  PendingUpdate u{version, {}, policy.value_or(cfg_.update_policy)};
+  u.tensors.reserve(tensors.size());
+  for (const auto& [name, t] : tensors)
+    u.tensors.emplace_back(name, t.detach().to(model_->device(), model_->dtype(), /*non_blocking=*/false, /*copy=*/true));
+  std::lock_guard lock(inbox_mu_);
+  RLX_CHECK(version > latest_version_, "{}: versions must increase; the latest is {}", who, latest_version_);
+  latest_version_ = version;
+  update_inbox_ = std::move(u);  // a newer version staged before the older was applied replaces it
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s = stats_;
+  s.running = static_cast<int64_t>(running_.size());
+  s.waiting = static_cast<int64_t>(waiting_.size());
+  s.free_blocks = blocks_.num_free();
+  s.total_blocks = blocks_.num_blocks();
+  std::lock_guard lock(inbox_mu_);
+  s.queued = static_cast<int64_t>(live_ids_.size());
+  s.weight_version = version_;
+  return s;
+}
+
+// --- stepping --------------------------------------------------------------------------
+
+std::vector<GenerationResult> Engine::step() {
+  std::vector<GenerationResult> finished = std::move(unclaimed_);
+  unclaimed_.clear();
+  take_inbox(finished);
+  bool paused;
+  {
+    std::lock_guard lock(inbox_mu_);
+    paused = paused_;
+  }
+  if (!paused) {
+    maybe_apply_update();
+    schedule();
+    if (!plan_.empty()) forward_and_sample();
+    ++stats_.steps;
+  }
+  collect(finished);
+  return finished;
+}
+
+std::vector<GenerationResult> Engine::run() {
+  std::vector<GenerationResult> out;
+  while (has_work() && !paused())
+    for (auto& r : step()) out.push_back(std::move(r));
+  return out;
+}
+
+std::vector<GenerationResult> Engine::generate(std::vector<GenerationRequest> requests) {
+  std::vector<std::string> ids;
+  for (const auto& r : requests) ids.push_back(r.id);
+  for (auto& r : requests) add(std::move(r));
+  std::unordered_map<std::string, GenerationResult> done;
+  std::vector<GenerationResult> others;
+  while (done.size() < ids.size()) {
+    RLX_CHECK(!paused(), "generate: the engine is paused with {} requests unfinished", ids.size() - done.size());
+    for (auto& r : step()) {
+      if (std::find(ids.begin(), ids.end(), r.id) != ids.end()) done.emplace(r.id, std::move(r));
+      else others.push_back(std::move(r));
+    }
+  }
+  // Requests other callers added are handed out by the next step().
+  for (auto& r : others) unclaimed_.push_back(std::move(r));
+  std::vector<GenerationResult> out;
+  for (const auto& id : ids) out.push_back(std::move(done.at(id)));
+  return out;
+}
+
+void Engine::take_inbox(std::vector<GenerationResult>& finished) {
+  std::vector<GenerationRequest> incoming;
+  std::vector<std::string> aborts;
+  {
+    std::lock_guard lock(inbox_mu_);
+    incoming.swap(inbox_);
+    aborts.swap(abort_inbox_);
+    if (update_inbox_) {
+      update_ = std::move(update_inbox_);
+      update_inbox_.reset();
+    }
+  }
+  for (auto& r : incoming) {
+    auto state = std::make_unique<RequestState>();
+    state->remaining = r.params.n;
+    for (int64_t i = 0; i < r.params.n; ++i) {
+      auto s = std::make_unique<Seq>();
+      s->req = state.get();
+      s->sample = i;
+      s->tokens = r.prompt;
+      state->seqs.push_back(std::move(s));
+    }
+    Seq* leader = state->seqs.front().get();
+    for (size_t i = 1; i < state->seqs.size(); ++i) leader->followers.push_back(state->seqs[i].get());
+    waiting_.push_back(leader);
+    state->req = std::move(r);
+    requests_.emplace(state->req.id, std::move(state));
+  }
+  for (const auto& id : aborts) {
+    auto it = requests_.find(id);
+    if (it != requests_.end()) abort_request(*it->second);
+  }
+}
+
+bool Engine::in_flight(const Seq& s) const { return s.running || s.generated() > 0; }
+
+bool Engine::maybe_apply_update() {
+  if (!update_) return false;
+  switch (update_->policy) {
+    case UpdatePolicy::finish_old:
+      if (!running_.empty()) return false;
+      for (const Seq* s : waiting_)
+        if (in_flight(*s)) return false;
+      break;
+    case UpdatePolicy::abort:
+      for (auto& [id, r] : requests_) {
+        bool started = false;
+        for (const auto& s : r->seqs) started |= !s->done && in_flight(*s);
+        if (started) abort_request(*r);
+      }
+      break;
+    case UpdatePolicy::continue_:
+      // Their cached keys/values come from the old weights: recompute them with the new.
+      while (!running_.empty()) preempt(*running_.back());
+      break;
+  }
+  {
+    at::NoGradGuard no_grad;
+    std::map<std::string, at::Tensor> params;
+    for (auto& [name, p] : model_->hf_parameters()) params.emplace(name, p);
+    for (const auto& [name, t] : update_->tensors) params.at(name).copy_(t);
+  }
+  blocks_.clear_cache();
+  prefix_root_ = prefix_root(update_->version);
+  {
+    std::lock_guard lock(inbox_mu_);
+    version_ = update_->version;
+  }
+  update_.reset();
+  return true;
+}
+
+void Engine::release_blocks(Seq& s) {
+  for (BlockId b : s.blocks) blocks_.release(b);
+  s.blocks.clear();
+  s.hashes.clear();
+  s.computed = 0;
+}
+
+void Engine::preempt(Seq& s) {
+  release_blocks(s);
+  s.running = false;
+  running_.erase(std::find(running_.begin(), running_.end(), &s));
+  waiting_.push_front(&s);
+  ++stats_.preemptions;
+}
+
+void Engine::match_prefix(Seq& s) {
+  const int64_t bs = cfg_.block_size;
+  // At least the last token is computed: its logits sample the next token.
+  const int64_t usable = (static_cast<int64_t>(s.tokens.size()) - 1) / bs;
+  uint64_t h = prefix_root_;
+  for (int64_t j = 0; j < usable; ++j) {
+    h = BlockAllocator::chain_hash(h, std::span<const TokenId>(s.tokens.data() + j * bs, static_cast<size_t>(bs)));
+    auto b = blocks_.lookup(h);
+    if (!b) break;
+    s.blocks.push_back(*b);
+    s.hashes.push_back(h);
+    s.computed += bs;
+  }
+  stats_.prefix_hit_tokens += s.computed;
+}
+
+void Engine::publish_full_blocks(Seq& s, int64_t upto) {
+  if (!cfg_.prefix_caching) return;
+  const int64_t bs = cfg_.block_size, full = upto / bs;
+  uint64_t h = s.hashes.empty() ? prefix_root_ : s.hashes.back();
+  for (auto j = static_cast<int64_t>(s.hashes.size()); j < full; ++j) {
+    h = BlockAllocator::chain_hash(h, std::span<const TokenId>(s.tokens.data() + j * bs, static_cast<size_t>(bs)));
+    blocks_.publish(s.blocks[static_cast<size_t>(j)], h);
+    s.hashes.push_back(h);
+  }
+}
+
+bool Engine::reserve(Seq& s, int64_t n) {
+  const int64_t bs = cfg_.block_size;
+  const auto need = static_cast<size_t>((s.computed + n + bs - 1) / bs);
+  const int64_t add = std::max<int64_t>(0, static_cast<int64_t>(need) - static_cast<int64_t>(s.blocks.size()));
+  const auto first = static_cast<size_t>(s.computed / bs);  // the block the first write goes to
+  const bool cow = first < s.blocks.size() && blocks_.ref_count(s.blocks[first]) > 1;
+  if (blocks_.num_free() < add + (cow ? 1 : 0)) return false;
+  if (cow) {
+    const BlockId copy = *blocks_.allocate();
+    copies_.emplace_back(s.blocks[first], copy);
+    blocks_.release(s.blocks[first]);
+    s.blocks[first] = copy;
+    ++stats_.cow_copies;
+  }
+  for (int64_t i = 0; i < add; ++i) s.blocks.push_back(*blocks_.allocate());
+  return true;
+}
+
+void Engine::schedule() {
+  plan_.clear();
+  copies_.clear();
+  int64_t budget = cfg_.max_batch_tokens;
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    Seq* s = running_[i];
+    const int64_t n = std::min(static_cast<int64_t>(s->tokens.size()) - s->computed, budget);
+    RLX_ASSERT(n > 0, "running sequence with nothing to compute");
+    bool fits = true;
+    while (!reserve(*s, n)) {
+      // Out of blocks: the most recently admitted sequence gives its blocks back.
+      Seq* victim = running_.back();
+      preempt(*victim);
+      if (victim == s) {
+        fits = false;
+        break;
+      }
+    }
+    if (!fits) break;
+    plan_.push_back({s, n});
+    publish_full_blocks(*s, s->computed + n);
+    budget -= n;
+  }
+  // New work only when the running batch has room. While old weights drain, only
+  // sequences already in flight (preempted ones) start.
+  const bool draining = update_ && update_->policy == UpdatePolicy::finish_old;
+  while (budget > 0 && !waiting_.empty()) {
+    Seq* s = waiting_.front();
+    if (draining && !in_flight(*s)) break;
+    const auto group = static_cast<int64_t>(1 + s->followers.size());
+    if (!running_.empty() && static_cast<int64_t>(running_.size()) + group > cfg_.max_running) break;
+    if (cfg_.prefix_caching && s->computed == 0) match_prefix(*s);
+    const int64_t n = std::min(static_cast<int64_t>(s->tokens.size()) - s->computed, budget);
+    if (!reserve(*s, n)) {
+      release_blocks(*s);
+      break;
+    }
+    waiting_.pop_front();
+    s->running = true;
+    running_.push_back(s);
+    plan_.push_back({s, n});
+    publish_full_blocks(*s, s->computed + n);
+    budget -= n;
+  }
+}
+
+void Engine::forward_and_sample() {
+  std::vector<PagedKVCache::Entry> entries;
+  std::vector<int64_t> packed, last_rows;
+  std::vector<Seq*> completing;  // sequences whose known tokens are all computed after this step
+  for (const auto& [s, n] : plan_) {
+    entries.push_back({s->blocks, s->computed, n});
+    packed.insert(packed.end(), s->tokens.begin() + s->computed, s->tokens.begin() + s->computed + n);
+    if (s->computed + n == static_cast<int64_t>(s->tokens.size())) {
+      last_rows.push_back(static_cast<int64_t>(packed.size()) - 1);
+      completing.push_back(s);
+    }
+    const bool decode = n == 1 && s->generated() > 0 && s->computed + 1 == static_cast<int64_t>(s->tokens.size());
+    if (!decode) stats_.prefill_tokens += n;
+  }
+  const auto device = model_->device();
+  auto long_opts = at::TensorOptions().dtype(at::kLong);
+  at::NoGradGuard no_grad;
+  cache_.copy_blocks(copies_);
+  cache_.plan(entries);
+  auto tokens = at::tensor(packed, long_opts).to(device).view({1, static_cast<int64_t>(packed.size())});
+  at::Tensor hidden;
+  try {
+    hidden = model_->forward_hidden({.tokens = tokens}, &cache_);
+  } catch (...) {
+    blocks_.clear_cache();  // blocks published for this step were never computed
+    throw;
+  }
+  stats_.forward_tokens += static_cast<int64_t>(packed.size());
+  for (const auto& [s, n] : plan_) s->computed += n;
+  if (completing.empty()) return;
+
+  // Followers fork here: they share every block of their leader's computed prompt and
+  // sample their first token from the same logits row.
+  std::vector<Seq*> samplers;
+  std::vector<int64_t> rows;
+  for (size_t i = 0; i < completing.size(); ++i) {
+    Seq* s = completing[i];
+    samplers.push_back(s);
+    rows.push_back(static_cast<int64_t>(i));
+    for (Seq* f : s->followers) {
+      f->blocks = s->blocks;
+      for (BlockId b : f->blocks) blocks_.retain(b);
+      f->hashes = s->hashes;
+      f->computed = s->computed;
+      f->running = true;
+      running_.push_back(f);
+      samplers.push_back(f);
+      rows.push_back(static_cast<int64_t>(i));
+      stats_.shared_prefill_tokens += s->computed;
+    }
+    s->followers.clear();
+  }
+  auto logits = model_->logits(hidden.select(0, 0).index_select(0, at::tensor(last_rows, long_opts).to(device)));
+  if (samplers.size() != completing.size()) logits = logits.index_select(0, at::tensor(rows, long_opts).to(device));
+  SamplingBatch batch;
+  for (Seq* s : samplers) {
+    const auto& r = s->req->req;
+    batch.add(r.params, sampling_uniform(r.seed, r.id, s->sample, static_cast<int64_t>(s->tokens.size())));
+  }
+  auto sampled = sample(logits, batch);
+  auto toks = sampled.tokens.to(at::kCPU), lps = sampled.logprobs.to(at::kCPU);
+  auto tok_a = toks.accessor<int64_t, 1>();
+  auto lp_a = lps.accessor<float, 1>();
+  for (size_t i = 0; i < samplers.size(); ++i)
+    append_token(*samplers[i], static_cast<TokenId>(tok_a[static_cast<int64_t>(i)]), lp_a[static_cast<int64_t>(i)]);
+  std::erase_if(running_, [](const Seq* s) { return s->done; });
+}
+
+void Engine::append_token(Seq& s, TokenId token, float logprob) {
+  const auto& params = s.req->req.params;
+  s.tokens.push_back(token);
+  s.out.tokens.push_back(token);
+  s.out.logprobs.push_back(logprob);
+  s.out.versions.push_back(version_);
+  ++stats_.generated_tokens;
+  if (std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), token) != params.stop_token_ids.end())
+    return finish(s, FinishReason::stop);
+  if (!params.ignore_eos) {
+    const int64_t eos = tokenizer_ && tokenizer_->eos_id ? *tokenizer_->eos_id : model_->config().eos_token_id;
+    if (eos >= 0 && token == eos) return finish(s, FinishReason::stop);
+  }
+  if (!params.stop_strings.empty()) {
+    // A new occurrence ends inside the last token's bytes, so a window of as many tokens
+    // as the longest stop string has bytes covers it (every token has at least one byte).
+    size_t longest = 0;
+    for (const auto& stop : params.stop_strings) longest = std::max(longest, stop.size());
+    const size_t w = std::min(s.out.tokens.size(), longest + 1);
+    std::vector<TokenId> window;
+    for (size_t i = s.out.tokens.size() - w; i < s.out.tokens.size(); ++i)
+      if (s.out.tokens[i] < tokenizer_->vocab_size()) window.push_back(s.out.tokens[i]);  // padded vocab rows decode to nothing
+    const std::string text = tokenizer_->decode(window);
+    const size_t before = window.empty() || window.back() != token
+                              ? text.size()
+                              : tokenizer_->decode(std::span<const TokenId>(window).first(window.size() - 1)).size();
+    for (const auto& stop : params.stop_strings) {
+      const size_t from = before >= stop.size() ? before - stop.size() + 1 : 0;
+      if (text.find(stop, from) != std::string::npos) return finish(s, FinishReason::stop, stop);
+    }
+  }
+  if (s.generated() >= params.max_new_tokens || static_cast<int64_t>(s.tokens.size()) >= max_model_len_)
+    finish(s, FinishReason::length);
+}
+
+void Engine::finish(Seq& s, FinishReason reason, std::string stop) {
+  RLX_ASSERT(!s.done, "sequence finished twice");
+  s.done = true;
+  s.running = false;
+  s.out.finish = reason;
+  s.out.stop_string = std::move(stop);
+  release_blocks(s);
+  --s.req->remaining;
+}
+
+void Engine::abort_request(RequestState& r) {
+  for (auto& s : r.seqs) {
+    if (s->done) continue;
+    s->followers.clear();
+    finish(*s, FinishReason::abort);
+  }
+  std::erase_if(running_, [](const Seq* s) { return s->done; });
+  std::erase_if(waiting_, [](const Seq* s) { return s->done; });
+}
+
+void Engine::collect(std::vector<GenerationResult>& finished) {
+  std::vector<std::string> ids;
+  for (auto it = requests_.begin(); it != requests_.end();) {
+    auto& r = *it->second;
+    if (r.remaining > 0) {
+      ++it;
+      continue;
+    }
+    GenerationResult out{r.req.id, std::move(r.req.prompt), {}};
+    for (auto& s : r.seqs) out.samples.push_back(std::move(s->out));
+    ids.push_back(out.id);
+    finished.push_back(std::move(out));
+    it = requests_.erase(it);
+  }
+  if (ids.empty()) return;
+  std::lock_guard lock(inbox_mu_);
+  for (const auto& id : ids) live_ids_.erase(id);
+}
+
+}  // namespace rlx

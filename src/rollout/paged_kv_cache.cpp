@@ -1,0 +1,126 @@
+#include "rlx/rollout/paged_kv_cache.hpp"
+
+#include <algorithm>
+
+#include "rlx/core/error.hpp"
+#include "rlx/core/torch_compat.hpp"
+
+namespace rlx {
+
+PagedKVCache::PagedKVCache(const ModelConfig& cfg, int32_t num_blocks, int32_t block_size, at::ScalarType dtype,
+                           at::Device device)
+    : num_blocks_(num_blocks), block_size_(block_size) {
+  RLX_CHECK(num_blocks >= 1 && block_size >= 1, "PagedKVCache: num_blocks ({}) and block_size ({}) must be >= 1",
+            num_blocks, block_size);
+  auto opts = at::TensorOptions().dtype(dtype).device(device);
+  const int64_t slots = int64_t{num_blocks} * block_size;
+  for (int64_t l = 0; l < cfg.num_layers; ++l) {
+    // Zero-filled: padded context positions read slot 0, which must never hold NaN.
+    keys_.push_back(at::zeros({slots, cfg.num_kv_heads, cfg.head_dim}, opts));
+    values_.push_back(at::zeros({slots, cfg.num_kv_heads, cfg.head_dim}, opts));
+  }
+}
+
+int64_t PagedKVCache::block_bytes(const ModelConfig& cfg, int32_t block_size, at::ScalarType dtype) {
+  return 2 * cfg.num_layers * int64_t{block_size} * cfg.num_kv_heads * cfg.head_dim *
+         static_cast<int64_t>(c10::elementSize(dtype));
+}
+
+void PagedKVCache::plan(std::span<const Entry> entries) {
+  RLX_ASSERT(!entries.empty(), "PagedKVCache::plan: no sequences");
+  const auto device = keys_.front().device();
+  const int64_t S = static_cast<int64_t>(entries.size()), bs = block_size_;
+  int64_t packed = 0, max_new = 0, max_ctx = 0, max_blocks = 0;
+  for (const auto& e : entries) {
+    RLX_ASSERT(e.new_tokens >= 1 && e.cached >= 0, "PagedKVCache::plan: bad entry");
+    const int64_t ctx = e.cached + e.new_tokens;
+    RLX_ASSERT(static_cast<int64_t>(e.blocks.size()) * bs >= ctx, "PagedKVCache::plan: {} blocks for {} tokens",
+               e.blocks.size(), ctx);
+    packed += e.new_tokens;
+    max_new = std::max(max_new, e.new_tokens);
+    max_ctx = std::max(max_ctx, ctx);
+    max_blocks = std::max(max_blocks, (ctx + bs - 1) / bs);
+  }
+  // Host-side index vectors: O(packed + seqs * max_new + seqs * max_blocks).
+  std::vector<int64_t> positions, write_slots, q_index(static_cast<size_t>(S * max_new), 0), out_index,
+      query_pos(static_cast<size_t>(S * max_new), -1), table(static_cast<size_t>(S * max_blocks), 0),
+      ctx_len(static_cast<size_t>(S));
+  positions.reserve(static_cast<size_t>(packed));
+  write_slots.reserve(static_cast<size_t>(packed));
+  out_index.reserve(static_cast<size_t>(packed));
+  int64_t p = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    const auto& e = entries[static_cast<size_t>(s)];
+    for (int64_t t = 0; t < e.new_tokens; ++t, ++p) {
+      const int64_t pos = e.cached + t;
+      positions.push_back(pos);
+      write_slots.push_back(int64_t{e.blocks[static_cast<size_t>(pos / bs)]} * bs + pos % bs);
+      q_index[static_cast<size_t>(s * max_new + t)] = p;
+      query_pos[static_cast<size_t>(s * max_new + t)] = pos;
+      out_index.push_back(s * max_new + t);
+    }
+    const int64_t ctx = e.cached + e.new_tokens;
+    ctx_len[static_cast<size_t>(s)] = ctx;
+    for (int64_t b = 0; b < (ctx + bs - 1) / bs; ++b) table[static_cast<size_t>(s * max_blocks + b)] = e.blocks[static_cast<size_t>(b)];
+  }
+  auto longs = [&](const std::vector<int64_t>& v) {
+    return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(device, /*non_blocking=*/false);
+  };
+  packed_ = packed;
+  seqs_ = S;
+  max_new_ = max_new;
+  max_ctx_ = max_ctx;
+  positions_ = longs(positions).view({1, packed});
+  write_slots_ = longs(write_slots);
+  q_index_ = longs(q_index);
+  out_index_ = longs(out_index);
+  // Context slots and the mask are expanded on the device from the small tables.
+  auto lopts = at::TensorOptions().dtype(at::kLong).device(device);
+  auto c = at::arange(max_ctx, lopts);                                              // [C]
+  auto blocks = longs(table).view({S, max_blocks}).index_select(1, c.div(bs, "floor"));  // [S, C]
+  auto in_ctx = c.unsqueeze(0) < longs(ctx_len).unsqueeze(1);                        // [S, C]
+  ctx_slots_ = at::where(in_ctx, blocks * bs + c.remainder(bs).unsqueeze(0), at::zeros_like(blocks)).reshape({-1});
+  auto qpos = longs(query_pos).view({S, max_new, 1});
+  // A query sees the context up to its own position; a padding query (qpos -1) sees slot 0 only.
+  allowed_ = (c.view({1, 1, max_ctx}) <= qpos) | ((qpos < 0) & (c.view({1, 1, max_ctx}) == 0));
+}
+
+void PagedKVCache::copy_blocks(std::span<const std::pair<BlockId, BlockId>> src_dst) {
+  if (src_dst.empty()) return;
+  std::vector<int64_t> src, dst;
+  for (auto [s, d] : src_dst) {
+    RLX_ASSERT(s >= 0 && s < num_blocks_ && d >= 0 && d < num_blocks_ && s != d, "copy_blocks: bad pair {} -> {}", s, d);
+    src.push_back(s);
+    dst.push_back(d);
+  }
+  const auto device = keys_.front().device();
+  auto src_t = at::tensor(src, at::TensorOptions().dtype(at::kLong)).to(device);
+  auto dst_t = at::tensor(dst, at::TensorOptions().dtype(at::kLong)).to(device);
+  for (auto* pools : {&keys_, &values_})
+    for (auto& pool : *pools) {
+      auto blocks = pool.view({num_blocks_, -1});
+      blocks.index_copy_(0, dst_t, blocks.index_select(0, src_t));
+    }
+}
+
+at::Tensor PagedKVCache::begin(const ForwardInput& in) {
+  RLX_CHECK(in.tokens.size(0) == 1 && in.tokens.size(1) == packed_,
+            "PagedKVCache: the step was planned for [1, {}] tokens, got {}", packed_, in.tokens.sizes());
+  return positions_;
+}
+
+at::Tensor PagedKVCache::attend(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                double scale) {
+  auto& kp = keys_.at(static_cast<size_t>(layer));
+  auto& vp = values_.at(static_cast<size_t>(layer));
+  const int64_t Hq = q.size(2), Hkv = k.size(2), D = k.size(3);
+  kp.index_copy_(0, write_slots_, k.reshape({packed_, Hkv, D}).to(kp.scalar_type()));
+  vp.index_copy_(0, write_slots_, v.reshape({packed_, Hkv, D}).to(vp.scalar_type()));
+  auto kc = kp.index_select(0, ctx_slots_).view({seqs_, max_ctx_, Hkv, D});
+  auto vc = vp.index_select(0, ctx_slots_).view({seqs_, max_ctx_, Hkv, D});
+  auto qs = q.reshape({packed_, Hq, D}).index_select(0, q_index_).view({seqs_, max_new_, Hq, D});
+  auto out = attention(qs, kc.to(q.scalar_type()), vc.to(q.scalar_type()), allowed_, scale);
+  return out.reshape({seqs_ * max_new_, Hq, D}).index_select(0, out_index_).view({1, packed_, Hq, D});
+}
+
+}  // namespace rlx

@@ -1,0 +1,390 @@
+#include "rlx/rollout/engine.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "../helpers.hpp"
+#include "rlx/core/rng.hpp"
+
+using Catch::Matchers::Contains;
+using rlx::Engine;
+using rlx::EngineConfig;
+using rlx::FinishReason;
+using rlx::GenerationRequest;
+using rlx::GenerationResult;
+using rlx::SamplingParams;
+using rlx::TokenId;
+using rlx::test::error_of;
+
+namespace {
+
+std::shared_ptr<rlx::Transformer> make_model(uint64_t seed, int64_t vocab = 512) {
+  auto c = rlx::model_preset("tiny", rlx::Arch::qwen2);
+  c.vocab_size = vocab;
+  // Wider weights than HF's init: peaked logits, so greedy choices are not near-ties.
+  c.initializer_range = 0.08;
+  auto m = std::make_shared<rlx::Transformer>(c);
+  m->init_weights(seed);
+  return m;
+}
+
+std::vector<TokenId> random_prompt(uint64_t seed, int64_t len, int64_t vocab = 512) {
+  rlx::RngStream rng(seed, 99);
+  std::vector<TokenId> out;
+  for (int64_t i = 0; i < len; ++i) out.push_back(static_cast<TokenId>(rng.uniform_int(0, vocab - 1)));
+  return out;
+}
+
+at::Tensor ids_tensor(const std::vector<TokenId>& ids) {
+  return at::tensor(std::vector<int64_t>(ids.begin(), ids.end()), at::TensorOptions().dtype(at::kLong)).unsqueeze(0);
+}
+
+// Greedy decoding with the full forward (no cache): the reference.
+std::vector<TokenId> greedy_reference(rlx::Transformer& m, std::vector<TokenId> tokens, int64_t new_tokens) {
+  at::NoGradGuard g;
+  std::vector<TokenId> out;
+  for (int64_t i = 0; i < new_tokens; ++i) {
+    auto logits = m.forward({.tokens = ids_tensor(tokens)})[0][-1];
+    out.push_back(static_cast<TokenId>(logits.argmax().item<int64_t>()));
+    tokens.push_back(out.back());
+  }
+  return out;
+}
+
+// log_softmax(logits / T) of each generated token under the full forward.
+std::vector<float> full_logprobs(rlx::Transformer& m, const std::vector<TokenId>& prompt,
+                                 const std::vector<TokenId>& gen, double temperature) {
+  at::NoGradGuard g;
+  auto all = prompt;
+  all.insert(all.end(), gen.begin(), gen.end());
+  auto logp = at::log_softmax(m.forward({.tokens = ids_tensor(all)})[0] / temperature, -1);
+  std::vector<float> out;
+  for (size_t i = 0; i < gen.size(); ++i)
+    out.push_back(logp[static_cast<int64_t>(prompt.size() + i) - 1][gen[i]].item<float>());
+  return out;
+}
+
+double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::abs(static_cast<double>(a[i]) - b[i]));
+  return d;
+}
+
+struct Setup {
+  const char* name;
+  EngineConfig cfg;
+};
+
+const std::vector<Setup>& setups() {
+  static const std::vector<Setup> s = {
+      {"default", {}},
+      {"chunked prefill", {.max_batch_tokens = 7}},
+      {"tiny cache (preemption)", {.block_size = 4, .kv_cache_blocks = 24}},
+      {"no prefix caching, block 1", {.block_size = 1, .kv_cache_blocks = 4096, .prefix_caching = false}},
+  };
+  return s;
+}
+
+std::vector<GenerationRequest> mixed_requests(SamplingParams p, int64_t n_per = 1) {
+  // Mixed lengths, a shared 20-token prefix on some, and groups of n_per samples.
+  std::vector<GenerationRequest> reqs;
+  const auto common = random_prompt(1000, 20);
+  const int64_t lengths[] = {3, 17, 33, 8, 1, 40};
+  for (int i = 0; i < 6; ++i) {
+    auto prompt = random_prompt(static_cast<uint64_t>(i), lengths[i]);
+    if (i % 2 == 0) prompt.insert(prompt.begin(), common.begin(), common.end());
+    p.n = n_per;
+    reqs.push_back({.id = "r" + std::to_string(i), .prompt = prompt, .params = p, .seed = 5});
+  }
+  return reqs;
+}
+
+}  // namespace
+
+TEST_CASE("engine: greedy output equals greedy full-forward decoding, token for token", "[rollout][engine]") {
+  auto model = make_model(1);
+  for (const auto& setup : setups()) {
+    for (int64_t n : {1, 3}) {
+      INFO(setup.name << ", n = " << n);
+      Engine engine(model, setup.cfg);
+      auto reqs = mixed_requests({.temperature = 0, .max_new_tokens = 20}, n);
+      auto results = engine.generate(reqs);
+      REQUIRE(results.size() == reqs.size());
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        auto expect = greedy_reference(*model, reqs[i].prompt, 20);
+        REQUIRE(results[i].samples.size() == static_cast<size_t>(n));
+        for (const auto& s : results[i].samples) {
+          CHECK(s.tokens == expect);
+          CHECK(s.finish == FinishReason::length);
+          CHECK(max_diff(s.logprobs, full_logprobs(*model, reqs[i].prompt, s.tokens, 1.0)) <= 1e-5);
+        }
+      }
+      const auto st = engine.stats();
+      if (std::string(setup.name).starts_with("tiny")) CHECK(st.preemptions > 0);
+      if (n > 1) CHECK(st.shared_prefill_tokens > 0);
+      if (setup.cfg.prefix_caching && setup.cfg.block_size > 1) CHECK(st.prefix_hit_tokens > 0);
+      CHECK(engine.blocks().num_free() == engine.blocks().num_blocks());
+    }
+  }
+}
+
+TEST_CASE("engine: sampled log-probs equal the full forward's log_softmax(logits / T) within 1e-5", "[rollout][engine]") {
+  auto model = make_model(2);
+  for (const auto& setup : setups()) {
+    INFO(setup.name);
+    Engine engine(model, setup.cfg);
+    auto reqs = mixed_requests({.temperature = 0.8, .top_k = 40, .top_p = 0.9, .max_new_tokens = 24}, 4);
+    auto results = engine.generate(reqs);
+    for (size_t i = 0; i < reqs.size(); ++i)
+      for (const auto& s : results[i].samples) {
+        REQUIRE(s.tokens.size() == 24);
+        CHECK(max_diff(s.logprobs, full_logprobs(*model, reqs[i].prompt, s.tokens, 0.8)) <= 1e-5);
+      }
+    // The 4 samples of a group are different draws, not copies.
+    CHECK(results[0].samples[0].tokens != results[0].samples[1].tokens);
+  }
+}
+
+TEST_CASE("engine: the same seed gives the same tokens whatever the batch, its order and the cache", "[rollout][engine]") {
+  auto model = make_model(3);
+  GenerationRequest target{.id = "target", .prompt = random_prompt(77, 12), .params = {.max_new_tokens = 30, .n = 2}, .seed = 9};
+  Engine alone(model);
+  auto a = alone.generate({target})[0];
+  auto others = mixed_requests({.temperature = 1.2, .max_new_tokens = 25}, 2);
+  for (const auto& setup : setups()) {
+    for (bool target_first : {true, false}) {
+      INFO(setup.name << (target_first ? ", target first" : ", target last"));
+      Engine engine(model, setup.cfg);
+      auto reqs = others;
+      if (target_first) reqs.insert(reqs.begin(), target);
+      else reqs.push_back(target);
+      auto results = engine.generate(reqs);
+      const auto& b = target_first ? results.front() : results.back();
+      REQUIRE(b.samples.size() == 2);
+      CHECK(b.samples[0].tokens == a.samples[0].tokens);
+      CHECK(b.samples[1].tokens == a.samples[1].tokens);
+      CHECK(max_diff(b.samples[0].logprobs, a.samples[0].logprobs) <= 1e-5);
+    }
+  }
+  // A different seed draws differently.
+  auto t2 = target;
+  t2.seed = 10;
+  CHECK(alone.generate({t2})[0].samples[0].tokens != a.samples[0].tokens);
+}
+
+TEST_CASE("engine: after finished, aborted and preempted requests every block is free", "[rollout][engine]") {
+  auto model = make_model(4);
+  Engine engine(model, {.block_size = 4, .kv_cache_blocks = 40, .max_batch_tokens = 64});
+  auto reqs = mixed_requests({.temperature = 1.0, .max_new_tokens = 30}, 3);
+  reqs[1].params.stop_token_ids = {7, 8, 9, 10, 11, 12};
+  for (auto& r : reqs) engine.add(r);
+  std::vector<GenerationResult> done;
+  for (int i = 0; i < 6; ++i)
+    for (auto& r : engine.step()) done.push_back(std::move(r));
+  CHECK(engine.abort("r2"));
+  CHECK(engine.abort("r5"));
+  CHECK_FALSE(engine.abort("nope"));
+  for (auto& r : engine.run()) done.push_back(std::move(r));
+  REQUIRE(done.size() == reqs.size());
+  int aborted = 0;
+  for (const auto& r : done)
+    for (const auto& s : r.samples) aborted += s.finish == FinishReason::abort;
+  CHECK(aborted == 6);
+  CHECK(engine.stats().preemptions > 0);
+  CHECK(engine.blocks().num_free() == engine.blocks().num_blocks());
+  for (rlx::BlockId b = 0; b < engine.blocks().num_blocks(); ++b) CHECK(engine.blocks().ref_count(b) == 0);
+  CHECK_FALSE(engine.has_work());
+  CHECK(engine.stats().running == 0);
+  CHECK(engine.stats().waiting == 0);
+}
+
+TEST_CASE("engine: a weight update mid-flight is applied atomically and recorded per token", "[rollout][engine]") {
+  auto model_a = make_model(5), model_b = make_model(6);
+  auto engine_model = make_model(5);
+  std::vector<std::pair<std::string, at::Tensor>> weights_b;
+  for (auto& [name, p] : model_b->hf_parameters()) weights_b.emplace_back(name, p);
+  auto prompt = random_prompt(3, 10);
+  SamplingParams params{.temperature = 1.0, .max_new_tokens = 30, .n = 2};
+
+  SECTION("continue: partial rollout, later tokens on the new weights with exact log-probs") {
+    Engine engine(engine_model, {.update_policy = rlx::UpdatePolicy::continue_});
+    engine.add({.id = "a", .prompt = prompt, .params = params});
+    for (int i = 0; i < 8; ++i) REQUIRE(engine.step().empty());
+    engine.update_weights(1, weights_b);
+    CHECK(engine.weight_version() == 0);  // staged, not applied until the next step
+    auto r = engine.run().at(0);
+    CHECK(engine.weight_version() == 1);
+    CHECK(r.version_range() == std::pair<int64_t, int64_t>{0, 1});
+    for (const auto& s : r.samples) {
+      REQUIRE(s.tokens.size() == 30);
+      const auto first_new = std::find(s.versions.begin(), s.versions.end(), 1) - s.versions.begin();
+      CHECK(first_new == 8);
+      CHECK(std::all_of(s.versions.begin() + first_new, s.versions.end(), [](int64_t v) { return v == 1; }));
+      // Each token's log-prob is that of the weights that sampled it.
+      auto lp_a = full_logprobs(*model_a, prompt, s.tokens, 1.0), lp_b = full_logprobs(*model_b, prompt, s.tokens, 1.0);
+      for (size_t t = 0; t < s.tokens.size(); ++t)
+        CHECK(std::abs(s.logprobs[t] - (s.versions[t] == 0 ? lp_a[t] : lp_b[t])) <= 1e-5);
+    }
+  }
+  SECTION("finish_old: in-flight requests finish on the old weights, new ones wait for the new") {
+    Engine engine(engine_model, {.update_policy = rlx::UpdatePolicy::finish_old});
+    engine.add({.id = "old", .prompt = prompt, .params = params});
+    for (int i = 0; i < 5; ++i) engine.step();
+    engine.update_weights(1, weights_b);
+    engine.add({.id = "new", .prompt = prompt, .params = params});
+    auto results = engine.run();
+    REQUIRE(results.size() == 2);
+    for (const auto& r : results) {
+      INFO(r.id);
+      const int64_t v = r.id == "old" ? 0 : 1;
+      CHECK(r.version_range() == std::pair<int64_t, int64_t>{v, v});
+      auto& m = v == 0 ? *model_a : *model_b;
+      for (const auto& s : r.samples) CHECK(max_diff(s.logprobs, full_logprobs(m, prompt, s.tokens, 1.0)) <= 1e-5);
+    }
+  }
+  SECTION("abort: in-flight requests end at once") {
+    Engine engine(engine_model, {.update_policy = rlx::UpdatePolicy::abort});
+    engine.add({.id = "a", .prompt = prompt, .params = params});
+    for (int i = 0; i < 5; ++i) engine.step();
+    engine.update_weights(1, weights_b);
+    auto r = engine.step().at(0);
+    for (const auto& s : r.samples) {
+      CHECK(s.finish == FinishReason::abort);
+      CHECK(s.tokens.size() == 5);
+    }
+    CHECK(engine.weight_version() == 1);
+    CHECK(engine.blocks().num_free() == engine.blocks().num_blocks());
+  }
+  SECTION("bad updates are rejected whole, naming the tensor; nothing is applied") {
+    Engine engine(engine_model);
+    auto bad = weights_b;
+    bad[3].second = at::zeros({2, 2});
+    CHECK_THAT(error_of([&] { engine.update_weights(1, bad); }), Contains(bad[3].first) && Contains("shape [2, 2]"));
+    auto missing = weights_b;
+    missing.pop_back();
+    CHECK_THAT(error_of([&] { engine.update_weights(1, missing); }), Contains("is missing"));
+    auto extra = weights_b;
+    extra.emplace_back("model.layers.9.mlp.up_proj.weight", at::zeros({1}));
+    CHECK_THAT(error_of([&] { engine.update_weights(1, extra); }), Contains("not a parameter"));
+    engine.update_weights(2, weights_b);
+    CHECK_THAT(error_of([&] { engine.update_weights(2, weights_b); }), Contains("versions must increase"));
+    auto r = engine.generate({{.id = "x", .prompt = prompt, .params = {.temperature = 0, .max_new_tokens = 6}}})[0];
+    CHECK(r.version_range() == std::pair<int64_t, int64_t>{2, 2});
+    CHECK(r.samples[0].tokens == greedy_reference(*model_b, prompt, 6));
+  }
+}
+
+TEST_CASE("engine: bad requests are rejected naming the request and the field; others are unaffected", "[rollout][engine]") {
+  auto model = make_model(7);
+  Engine engine(model, {.max_model_len = 64});
+  const auto prompt = random_prompt(1, 5);
+  engine.add({.id = "good", .prompt = prompt, .params = {.temperature = 0, .max_new_tokens = 12}});
+  engine.step();
+  auto err = [&](GenerationRequest r) { return error_of([&] { engine.add(std::move(r)); }); };
+  CHECK_THAT(err({.id = "e1", .prompt = {}}), Contains("request 'e1'") && Contains("prompt is empty"));
+  CHECK_THAT(err({.id = "e2", .prompt = random_prompt(2, 64)}), Contains("request 'e2'") && Contains("prompt has 64 tokens"));
+  CHECK_THAT(err({.id = "e3", .prompt = prompt, .params = {.max_new_tokens = 0}}), Contains("request 'e3'") && Contains("max_new_tokens"));
+  CHECK_THAT(err({.id = "e4", .prompt = prompt, .params = {.max_new_tokens = -5}}), Contains("max_new_tokens = -5"));
+  CHECK_THAT(err({.id = "e5", .prompt = prompt, .params = {.top_p = 1.5}}), Contains("request 'e5'") && Contains("top_p = 1.5"));
+  CHECK_THAT(err({.id = "e6", .prompt = prompt, .params = {.stop_strings = {"x"}}}), Contains("request 'e6'") && Contains("tokenizer"));
+  CHECK_THAT(err({.id = "good", .prompt = prompt}), Contains("request 'good'") && Contains("duplicate request id"));
+  CHECK_THAT(err({.id = "e7", .prompt = {1, 512}}), Contains("prompt[1] = 512"));
+  CHECK_THAT(err({.id = "", .prompt = prompt}), Contains("request id"));
+  auto results = engine.run();
+  REQUIRE(results.size() == 1);
+  CHECK(results[0].samples[0].tokens == greedy_reference(*model, prompt, 12));
+  // The id is free again once its request is returned.
+  engine.add({.id = "good", .prompt = prompt, .params = {.max_new_tokens = 2}});
+  CHECK(engine.run().size() == 1);
+}
+
+TEST_CASE("engine: a cache too small for a request is an error at add, not a hang", "[rollout][engine]") {
+  auto model = make_model(7);
+  Engine engine(model, {.block_size = 4, .kv_cache_blocks = 4});
+  CHECK_THAT(error_of([&] { engine.add({.id = "big", .prompt = random_prompt(1, 10), .params = {.max_new_tokens = 10}}); }),
+             Contains("request 'big'") && Contains("5 KV blocks"));
+}
+
+TEST_CASE("engine: context length ends a sample with reason length", "[rollout][engine]") {
+  auto model = make_model(8);
+  Engine engine(model, {.max_model_len = 20});
+  auto r = engine.generate({{.id = "a", .prompt = random_prompt(1, 15), .params = {.max_new_tokens = 100}}})[0];
+  CHECK(r.samples[0].tokens.size() == 5);
+  CHECK(r.samples[0].finish == FinishReason::length);
+}
+
+TEST_CASE("engine: stop token ids and stop strings end a sample with the completing token", "[rollout][engine]") {
+  auto tok = std::make_shared<rlx::CharTokenizer>(rlx::default_char_alphabet());
+  auto model = make_model(9, tok->vocab_size());
+  Engine engine(model, {}, tok);
+  const auto prompt = tok->encode("12+34=");
+  auto ref = greedy_reference(*model, prompt, 40);
+  const std::string text = tok->decode(ref);
+  // A stop string taken from the middle of the greedy text; the sample ends with the token
+  // that first completes it.
+  const std::string stop = text.substr(10, 3);
+  size_t k = 1;
+  while (tok->decode(std::span<const TokenId>(ref).first(k)).find(stop) == std::string::npos) ++k;
+  auto r = engine.generate({{.id = "s",
+                             .prompt = prompt,
+                             .params = {.temperature = 0, .max_new_tokens = 40, .stop_strings = {"\x01never", stop}, .ignore_eos = true}}})[0];
+  CHECK(r.samples[0].tokens == std::vector<TokenId>(ref.begin(), ref.begin() + static_cast<int64_t>(k)));
+  CHECK(r.samples[0].finish == FinishReason::stop);
+  CHECK(r.samples[0].stop_string == stop);
+
+  const TokenId stop_id = ref[6];
+  const auto first = std::find(ref.begin(), ref.end(), stop_id) - ref.begin();
+  r = engine.generate({{.id = "t", .prompt = prompt, .params = {.temperature = 0, .max_new_tokens = 40, .stop_token_ids = {stop_id}, .ignore_eos = true}}})[0];
+  CHECK(r.samples[0].tokens == std::vector<TokenId>(ref.begin(), ref.begin() + first + 1));
+  CHECK(r.samples[0].finish == FinishReason::stop);
+}
+
+TEST_CASE("engine: abort returns partial samples; pause stops progress until resume", "[rollout][engine]") {
+  auto model = make_model(10);
+  Engine engine(model);
+  engine.add({.id = "a", .prompt = random_prompt(1, 6), .params = {.max_new_tokens = 50, .n = 2}});
+  engine.add({.id = "b", .prompt = random_prompt(2, 6), .params = {.max_new_tokens = 20}});
+  for (int i = 0; i < 4; ++i) REQUIRE(engine.step().empty());
+  engine.abort("a");
+  auto out = engine.step();
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].id == "a");
+  for (const auto& s : out[0].samples) {
+    CHECK(s.finish == FinishReason::abort);
+    CHECK(s.tokens.size() == 4);
+    CHECK(s.logprobs.size() == 4);
+  }
+  engine.pause();
+  const auto before = engine.stats().generated_tokens;
+  for (int i = 0; i < 3; ++i) CHECK(engine.step().empty());
+  CHECK(engine.stats().generated_tokens == before);
+  CHECK(engine.run().empty());  // run() returns while paused
+  engine.resume();
+  auto rest = engine.run();
+  REQUIRE(rest.size() == 1);
+  CHECK(rest[0].samples[0].tokens.size() == 20);
+}
+
+TEST_CASE("engine: requests added from another thread while stepping all complete", "[rollout][engine]") {
+  auto model = make_model(11);
+  Engine engine(model, {.max_running = 4});
+  std::atomic<int> added{0};
+  std::thread producer([&] {
+    for (int i = 0; i < 16; ++i) {
+      engine.add({.id = "t" + std::to_string(i), .prompt = random_prompt(static_cast<uint64_t>(i), 4 + i),
+                  .params = {.max_new_tokens = 8 + i}});
+      added.fetch_add(1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  std::map<std::string, GenerationResult> done;
+  while (done.size() < 16) {
+    for (auto& r : engine.step()) done.emplace(r.id, std::move(r));
+    if (!engine.has_work()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  producer.join();
+  for (int i = 0; i < 16; ++i) CHECK(done.at("t" + std::to_string(i)).samples[0].tokens.size() == static_cast<size_t>(8 + i));
+  CHECK(engine.blocks().num_free() == engine.blocks().num_blocks());
+}
