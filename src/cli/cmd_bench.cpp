@@ -1,7 +1,13 @@
 // rlx bench model --preset NAME [--batch B] [--seq T] [--iters N] [--threads K] [--dtype D]
 // Forward tokens/s (no grad), forward+backward tokens/s and KV-cache decode tokens/s
 // of a randomly initialised model. The last line is JSON.
+//
+// rlx bench sampler --preset NAME [--batch B] [--prompt P] [--new N] [--n G] [--naive]
+// The rollout engine generating B requests (x G samples) of P prompt tokens and N new
+// tokens: output tokens/s, ms per decode step, prefill tokens/s, peak memory; with
+// --naive the same generation by full recompute (no KV cache) and the ratio.
 #include <ATen/Parallel.h>
+#include <sys/resource.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -9,8 +15,10 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "rlx/core/rng.hpp"
 #include "rlx/core/threads.hpp"
 #include "rlx/model/transformer.hpp"
+#include "rlx/rollout/engine.hpp"
 
 namespace rlx::cli {
 
@@ -21,6 +29,125 @@ double seconds_per_call(int iters, F&& f) {
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < iters; ++i) f();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double peak_rss_mb() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // KiB on Linux
+}
+
+struct SamplerArgs {
+  std::string preset = "tiny", arch = "llama", dtype = "float32", device = "cpu";
+  int64_t batch = 32, prompt = 16, new_tokens = 64, n = 1, block_size = 16, max_batch_tokens = 4096;
+  double temperature = 1.0, kv_cache_mb = 64;
+  int iters = 3, threads = 0;
+  bool naive = false;
+};
+
+int bench_sampler(const SamplerArgs& a) {
+  const auto plan = set_compute_threads(a.threads);
+  ModelConfig cfg = model_preset(a.preset, *config::enum_from_string<Arch>(a.arch));
+  const auto dtype = to_scalar_type(*config::enum_from_string<DType>(a.dtype));
+  const at::Device device(a.device);
+  auto model = std::make_shared<Transformer>(cfg, dtype, device);
+  model->init_weights(0);
+  const SamplingParams params{.temperature = a.temperature, .max_new_tokens = a.new_tokens, .n = a.n, .ignore_eos = true};
+  std::vector<GenerationRequest> requests;
+  RngStream rng(0, hash_name("bench.prompts"));
+  for (int64_t i = 0; i < a.batch; ++i) {
+    GenerationRequest r{.id = fmt::format("b{}", i), .params = params, .seed = 1};
+    for (int64_t t = 0; t < a.prompt; ++t) r.prompt.push_back(static_cast<TokenId>(rng.uniform_int(0, cfg.vocab_size - 1)));
+    requests.push_back(std::move(r));
+  }
+  Engine engine(model, {.block_size = static_cast<int32_t>(a.block_size),
+                        .kv_cache_mb = a.kv_cache_mb,
+                        .max_batch_tokens = a.max_batch_tokens,
+                        .max_running = std::max<int64_t>(256, a.batch * a.n)});
+  engine.generate({requests.front()});  // warm-up
+
+  // Each iteration: every request from an empty engine; steps are timed one by one and
+  // split into decode-only steps and steps that prefill.
+  double total_s = 0, decode_s = 0, prefill_s = 0;
+  int64_t decode_steps = 0, prefill_tokens = 0, out_tokens = 0, peak_blocks = 0;
+  for (int it = 0; it < a.iters; ++it) {
+    for (const auto& r : requests) engine.add(r);
+    const auto t_all = std::chrono::steady_clock::now();
+    while (engine.has_work()) {
+      const auto before = engine.stats();
+      const auto t0 = std::chrono::steady_clock::now();
+      engine.step();
+      const double dt = seconds_since(t0);
+      const auto after = engine.stats();
+      peak_blocks = std::max<int64_t>(peak_blocks, after.total_blocks - after.free_blocks);
+      if (after.prefill_tokens == before.prefill_tokens) {
+        decode_s += dt;
+        ++decode_steps;
+      } else {
+        prefill_s += dt;
+        prefill_tokens += after.prefill_tokens - before.prefill_tokens;
+      }
+    }
+    total_s += seconds_since(t_all);
+    out_tokens += a.batch * a.n * a.new_tokens;
+  }
+  const double tokens_per_s = static_cast<double>(out_tokens) / total_s;
+  const auto st = engine.stats();
+  nlohmann::json r = {{"bench", "sampler"},
+                      {"preset", a.preset},
+                      {"arch", a.arch},
+                      {"dtype", a.dtype},
+                      {"device", a.device},
+                      {"threads", plan.threads()},
+                      {"thread_plan", plan.describe()},
+                      {"batch", a.batch},
+                      {"n", a.n},
+                      {"prompt", a.prompt},
+                      {"new_tokens", a.new_tokens},
+                      {"output_tokens_per_s", tokens_per_s},
+                      {"decode_step_ms", decode_steps ? decode_s * 1e3 / static_cast<double>(decode_steps) : 0.0},
+                      {"prefill_tokens_per_s", prefill_s > 0 ? static_cast<double>(prefill_tokens) / prefill_s : 0.0},
+                      {"kv_block_bytes", PagedKVCache::block_bytes(cfg, static_cast<int32_t>(a.block_size), dtype)},
+                      {"kv_blocks_peak", peak_blocks},
+                      {"kv_peak_mb", static_cast<double>(peak_blocks * PagedKVCache::block_bytes(cfg, static_cast<int32_t>(a.block_size), dtype)) / (1 << 20)},
+                      {"preemptions", st.preemptions},
+                      {"peak_rss_mb", peak_rss_mb()}};
+  std::cout << fmt::format("{} ({} params) on {} ({}): {} requests x {} samples, prompt {}, {} new tokens\n", a.preset,
+                           cfg.num_parameters(), a.device, plan.describe(), a.batch, a.n, a.prompt, a.new_tokens);
+  std::cout << fmt::format("  engine: {:>10.0f} output tokens/s, {:.2f} ms per decode step, {:.0f} prefill tokens/s\n",
+                           tokens_per_s, r["decode_step_ms"].get<double>(), r["prefill_tokens_per_s"].get<double>());
+  if (a.naive) {
+    // The same generation without a KV cache: every step recomputes the whole sequence.
+    at::NoGradGuard g;
+    const int64_t rows = a.batch * a.n;
+    auto tokens = at::empty({rows, a.prompt}, at::TensorOptions().dtype(at::kLong));
+    for (int64_t i = 0; i < rows; ++i) {
+      const auto& p = requests[static_cast<size_t>(i / a.n)].prompt;
+      for (int64_t t = 0; t < a.prompt; ++t) tokens[i][t] = p[static_cast<size_t>(t)];
+    }
+    tokens = tokens.to(device);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t step = 0; step < a.new_tokens; ++step) {
+      auto logits = model->forward({.tokens = tokens}).select(1, tokens.size(1) - 1);
+      SamplingBatch b;
+      for (int64_t i = 0; i < rows; ++i)
+        b.add(params, sampling_uniform(1, requests[static_cast<size_t>(i / a.n)].id, i % a.n, tokens.size(1)));
+      tokens = at::cat({tokens, sample(logits, b).tokens.unsqueeze(1)}, 1);
+    }
+    tokens.cpu();
+    const double naive_s = seconds_since(t0);
+    const double naive_tps = static_cast<double>(rows * a.new_tokens) / naive_s;
+    r["naive_output_tokens_per_s"] = naive_tps;
+    r["speedup_vs_naive"] = tokens_per_s / naive_tps;
+    std::cout << fmt::format("  naive (full recompute, no KV cache): {:>10.0f} output tokens/s -> engine is {:.1f}x\n",
+                             naive_tps, tokens_per_s / naive_tps);
+  }
+  std::cout << r.dump() << std::endl;
+  return 0;
 }
 }  // namespace
 
@@ -114,6 +241,25 @@ void add_bench_commands(CLI::App& app, Action& action) {
       return 0;
     };
   });
+
+  auto s = std::make_shared<SamplerArgs>();
+  auto* sampler = bench->add_subcommand("sampler", "Rollout engine generation throughput (vs naive full recompute)");
+  sampler->add_option("--preset", s->preset, "model shape");
+  sampler->add_option("--arch", s->arch, "llama or qwen2")->check(CLI::IsMember({"llama", "qwen2"}));
+  sampler->add_option("--dtype", s->dtype, "float32, bfloat16 or float16")->check(CLI::IsMember({"float32", "bfloat16", "float16"}));
+  sampler->add_option("--device", s->device, "cpu or cuda[:N]");
+  sampler->add_option("--batch", s->batch, "requests")->check(CLI::Range(1, 65536));
+  sampler->add_option("--n", s->n, "samples per request (they share the prompt's KV blocks)")->check(CLI::Range(1, 4096));
+  sampler->add_option("--prompt", s->prompt, "prompt tokens")->check(CLI::Range(1, 1 << 20));
+  sampler->add_option("--new", s->new_tokens, "new tokens per sample")->check(CLI::Range(1, 1 << 20));
+  sampler->add_option("--temperature", s->temperature, "sampling temperature (0: greedy)")->check(CLI::Range(0.0, 100.0));
+  sampler->add_option("--block-size", s->block_size, "KV block size")->check(CLI::Range(1, 1024));
+  sampler->add_option("--kv-cache-mb", s->kv_cache_mb, "KV-cache pool (MiB)");
+  sampler->add_option("--max-batch-tokens", s->max_batch_tokens, "tokens per forward")->check(CLI::Range(1, 1 << 24));
+  sampler->add_option("--iters", s->iters, "timed repetitions")->check(CLI::Range(1, 1000));
+  sampler->add_option("--threads", s->threads, "compute threads (0: all cores)")->check(CLI::Range(0, 1024));
+  sampler->add_flag("--naive", s->naive, "also time full recompute without a KV cache");
+  sampler->callback([s, &action] { action = [s] { return bench_sampler(*s); }; });
 }
 
 }  // namespace rlx::cli

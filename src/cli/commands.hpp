@@ -19,5 +19,6 @@ void add_model_commands(CLI::App& app, Action& action);
 void add_inspect_commands(CLI::App& app, Action& action);
 void add_tokenize_command(CLI::App& app, Action& action);
 void add_bench_commands(CLI::App& app, Action& action);
+void add_generate_command(CLI::App& app, Action& action);
 
 }  // namespace rlx::cli

@@ -70,5 +70,14 @@ expect "tokenize --decode rejects unknown ids" 1 'outside the vocabulary' -- "$r
 expect "bench model prints JSON last" 0 '^\{"arch":"llama".*"forward_tokens_per_s"' -- \
   bash -c "'$rlx' bench model --preset tiny --batch 2 --seq 16 --iters 1 --decode-steps 2 --threads 1 | tail -n 1"
 
+expect "generate samples n continuations" 0 'sample 2 \(' -- "$rlx" generate --model tiny --prompt "12+3=" --n 3 --max-tokens 5 --threads 1
+expect "generate --json: greedy samples agree" 0 '"tokens":\[([0-9,]+)\].*"tokens":\[\1\]' -- \
+  "$rlx" generate --model tiny --prompt "12+3=" --n 2 --max-tokens 6 --temperature 0 --json --threads 1
+expect "generate: same seed, same text" 0 '^ok$' -- bash -c "a=\$('$rlx' generate --model tiny --prompt 1 --seed 4 --json); b=\$('$rlx' generate --model tiny --prompt 1 --seed 4 --json); [ \"\$a\" = \"\$b\" ] && echo ok"
+expect "generate rejects top-p outside (0, 1]" 1 "request 'prompt': top_p = 1.5 is not in \(0, 1\]" -- "$rlx" generate --model tiny --prompt 1 --top-p 1.5
+expect "generate rejects an empty prompt" 1 "prompt is empty" -- "$rlx" generate --model tiny --prompt ""
+expect "generate rejects max tokens 0" 1 "max_new_tokens = 0" -- "$rlx" generate --model tiny --prompt 1 --max-tokens 0
+expect "bench sampler prints JSON last" 0 '^\{.*"bench":"sampler".*"speedup_vs_naive"' -- \
+  bash -c "'$rlx' bench sampler --batch 4 --prompt 4 --new 4 --iters 1 --naive --threads 1 | tail -n 1"
 echo "$((checks - failures)) passed, $failures failed"
 [ "$failures" = 0 ]
