@@ -17,6 +17,8 @@
 #include "commands.hpp"
 #include "rlx/core/rng.hpp"
 #include "rlx/core/threads.hpp"
+#include "rlx/core/torch_compat.hpp"
+#include "rlx/model/hf.hpp"
 #include "rlx/model/transformer.hpp"
 #include "rlx/rollout/engine.hpp"
 
@@ -42,7 +44,7 @@ double peak_rss_mb() {
 }
 
 struct SamplerArgs {
-  std::string preset = "tiny", arch = "llama", dtype = "float32", device = "cpu";
+  std::string model_dir, preset = "tiny", arch = "llama", dtype = "float32", device = "cpu";
   int64_t batch = 32, prompt = 16, new_tokens = 64, n = 1, block_size = 16, max_batch_tokens = 4096;
   double temperature = 1.0, kv_cache_mb = 64;
   int iters = 3, threads = 0;
@@ -51,11 +53,17 @@ struct SamplerArgs {
 
 int bench_sampler(const SamplerArgs& a) {
   const auto plan = set_compute_threads(a.threads);
-  ModelConfig cfg = model_preset(a.preset, *config::enum_from_string<Arch>(a.arch));
   const auto dtype = to_scalar_type(*config::enum_from_string<DType>(a.dtype));
   const at::Device device(a.device);
-  auto model = std::make_shared<Transformer>(cfg, dtype, device);
-  model->init_weights(0);
+  std::shared_ptr<Transformer> model;
+  if (a.model_dir.empty()) {
+    model = std::make_shared<Transformer>(model_preset(a.preset, *config::enum_from_string<Arch>(a.arch)), dtype, device);
+    model->init_weights(0);
+  } else {
+    model = load_hf(a.model_dir, {.dtype = dtype, .device = device});
+  }
+  const ModelConfig& cfg = model->config();
+  const std::string name = a.model_dir.empty() ? a.preset : a.model_dir;
   const SamplingParams params{.temperature = a.temperature, .max_new_tokens = a.new_tokens, .n = a.n, .ignore_eos = true};
   std::vector<GenerationRequest> requests;
   RngStream rng(0, hash_name("bench.prompts"));
@@ -98,7 +106,7 @@ int bench_sampler(const SamplerArgs& a) {
   const double tokens_per_s = static_cast<double>(out_tokens) / total_s;
   const auto st = engine.stats();
   nlohmann::json r = {{"bench", "sampler"},
-                      {"preset", a.preset},
+                      {"model", name},
                       {"arch", a.arch},
                       {"dtype", a.dtype},
                       {"device", a.device},
@@ -116,7 +124,9 @@ int bench_sampler(const SamplerArgs& a) {
                       {"kv_peak_mb", static_cast<double>(peak_blocks * PagedKVCache::block_bytes(cfg, static_cast<int32_t>(a.block_size), dtype)) / (1 << 20)},
                       {"preemptions", st.preemptions},
                       {"peak_rss_mb", peak_rss_mb()}};
-  std::cout << fmt::format("{} ({} params) on {} ({}): {} requests x {} samples, prompt {}, {} new tokens\n", a.preset,
+  const int64_t device_peak = compat::device_peak_bytes(device);
+  if (device_peak >= 0) r["device_peak_mb"] = static_cast<double>(device_peak) / (1 << 20);
+  std::cout << fmt::format("{} ({} params) on {} ({}): {} requests x {} samples, prompt {}, {} new tokens\n", name,
                            cfg.num_parameters(), a.device, plan.describe(), a.batch, a.n, a.prompt, a.new_tokens);
   std::cout << fmt::format("  engine: {:>10.0f} output tokens/s, {:.2f} ms per decode step, {:.0f} prefill tokens/s\n",
                            tokens_per_s, r["decode_step_ms"].get<double>(), r["prefill_tokens_per_s"].get<double>());
@@ -244,6 +254,7 @@ void add_bench_commands(CLI::App& app, Action& action) {
 
   auto s = std::make_shared<SamplerArgs>();
   auto* sampler = bench->add_subcommand("sampler", "Rollout engine generation throughput (vs naive full recompute)");
+  sampler->add_option("--model", s->model_dir, "HF model directory (default: --preset with random weights)");
   sampler->add_option("--preset", s->preset, "model shape");
   sampler->add_option("--arch", s->arch, "llama or qwen2")->check(CLI::IsMember({"llama", "qwen2"}));
   sampler->add_option("--dtype", s->dtype, "float32, bfloat16 or float16")->check(CLI::IsMember({"float32", "bfloat16", "float16"}));

@@ -6,8 +6,13 @@
 #include <fmt/ostream.h>
 #include <torch/version.h>
 
+#include <cstdint>
 #include <optional>
 #include <string_view>
+
+#if RLX_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 #define RLX_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
@@ -41,6 +46,18 @@ inline std::optional<at::ScalarType> scalar_type_for(std::string_view st) {
   if (st == "U64") return at::kUInt64;
 #endif
   return std::nullopt;
+}
+
+// Peak bytes LibTorch's caching allocator has handed out on a CUDA device since the
+// process started; -1 on a CPU build or device. (Index 0 of the stat arrays is the
+// aggregate over pool types in every LibTorch version rlx supports; the enum naming it
+// moved between namespaces.)
+inline int64_t device_peak_bytes([[maybe_unused]] at::Device device) {
+#if RLX_WITH_CUDA
+  if (device.is_cuda())
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(device.has_index() ? device.index() : 0).allocated_bytes[0].peak;
+#endif
+  return -1;
 }
 
 }  // namespace rlx::compat
