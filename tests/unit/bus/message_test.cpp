@@ -1,0 +1,133 @@
+#include "rlx/bus/message.hpp"
+
+#include "../helpers.hpp"
+#include "rlx/core/rng.hpp"
+
+using Catch::Matchers::Contains;
+using namespace rlx::bus;
+
+namespace {
+TrajectoryGroup sample_group() {
+  TrajectoryGroup g{.lease_id = 42, .prompt_index = 7, .epoch = 1, .worker = "w0"};
+  for (int s = 0; s < 3; ++s) {
+    Trajectory t{.tokens = {1, 2, 3, 4, 5}, .loss_mask = {0, 0, 1, 1, 1}, .logprobs = {0, 0, -0.5f, -1.25f, -2},
+                 .versions = {-1, -1, 3, 3, 4}, .prompt_len = 2, .reward = 0.5f * s, .finish = "stop",
+                 .metadata = R"({"turns": 1})"};
+    g.samples.push_back(t);
+  }
+  return g;
+}
+
+Reject reason_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const FrameError& e) {
+    return e.reason();
+  }
+  FAIL("no FrameError");
+  return Reject::malformed;
+}
+
+// A frame with a valid header around an arbitrary payload.
+std::string frame_with_payload(MsgType t, const std::string& payload) { return encode_frame(t, 1, payload); }
+
+template <class T>
+std::string raw(T v) {
+  return std::string(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+}  // namespace
+
+TEST_CASE("bus messages: every type round-trips through a frame", "[bus]") {
+  const Limits limits;
+  auto g = sample_group();
+  auto f = decode_frame(pack(g, 9), limits);
+  CHECK(f.type == MsgType::trajectory_group);
+  CHECK(f.seq == 9);
+  CHECK(unpack<TrajectoryGroup>(f, limits) == g);
+  CHECK(g.version_range() == std::pair<int64_t, int64_t>{3, 4});
+  CHECK(g.num_tokens() == 15);
+
+  LeaseGrant grant{.leases = {{.lease_id = 1, .task = R"({"prompt":"1+1"})"}, {.lease_id = 2, .attempt = 3}}};
+  auto got = unpack<LeaseGrant>(decode_frame(pack(grant), limits), limits);
+  CHECK((got.leases == grant.leases));
+  CHECK(unpack<Hello>(decode_frame(pack(Hello{.who = "w", .role = "worker", .incarnation = 5}), limits), limits).incarnation == 5);
+  CHECK(unpack<Ack>(decode_frame(pack(Ack{.seq = 3, .credits = 8, .duplicate = true}), limits), limits).duplicate);
+  CHECK(unpack<ErrorRecord>(decode_frame(pack(ErrorRecord{1, "data", "bad task"}), limits), limits).reason == "bad task");
+  Stats st{.values = {{"a", 1.5}, {"b", -2}}};
+  CHECK((unpack<Stats>(decode_frame(pack(st), limits), limits).values == st.values));
+  Batch b{.groups = {g, g}};
+  CHECK(unpack<Batch>(decode_frame(pack(b), limits), limits).groups.size() == 2);
+}
+
+TEST_CASE("bus messages: malformed frames are rejected with a reason", "[bus]") {
+  const Limits limits{.max_frame_bytes = 1 << 20, .max_elements = 1 << 20};
+  const std::string good = pack(sample_group(), 1);
+
+  CHECK(reason_of([&] { decode_frame(good.substr(0, 10), limits); }) == Reject::truncated);
+  CHECK(reason_of([&] { decode_frame(good.substr(0, good.size() - 1), limits); }) == Reject::length_mismatch);
+  CHECK(reason_of([&] { decode_frame(good + "x", limits); }) == Reject::length_mismatch);
+  auto bad = good;
+  bad[0] = 'X';
+  CHECK(reason_of([&] { decode_frame(bad, limits); }) == Reject::bad_magic);
+  bad = good;
+  bad[4] = 2;  // protocol version 2
+  CHECK_THAT(rlx::test::error_of([&] { decode_frame(bad, limits); }), Contains("protocol version 2"));
+  CHECK(reason_of([&] { decode_frame(bad, limits); }) == Reject::bad_version);
+  bad = good;
+  bad[6] = 99;
+  CHECK(reason_of([&] { decode_frame(bad, limits); }) == Reject::unknown_type);
+  bad = good;
+  bad[kHeaderBytes + 3] ^= 1;
+  CHECK(reason_of([&] { decode_frame(bad, limits); }) == Reject::checksum);
+  const std::string big = frame_with_payload(MsgType::heartbeat, std::string((1 << 20) + 1, 'a'));
+  CHECK(reason_of([&] { decode_frame(big, limits); }) == Reject::oversize);
+
+  // Valid frames whose payloads lie.
+  auto f = [&](const std::string& payload) { return decode_frame(frame_with_payload(MsgType::trajectory_group, payload), limits); };
+  // lease_id, prompt_index, epoch, worker "", then samples claiming 2^62 elements.
+  const std::string head = raw<uint64_t>(1) + raw<uint64_t>(2) + raw<uint64_t>(3) + raw<uint64_t>(0);
+  CHECK_THAT(rlx::test::error_of([&] { unpack<TrajectoryGroup>(f(head + raw<uint64_t>(uint64_t{1} << 62)), limits); }),
+             Contains("claims 4611686018427387904 elements"));
+  // One sample whose tokens claim 2^62 int32s.
+  CHECK(reason_of([&] { unpack<TrajectoryGroup>(f(head + raw<uint64_t>(1) + raw<uint64_t>(uint64_t{1} << 62)), limits); }) ==
+        Reject::malformed);
+  // A string longer than what remains.
+  CHECK(reason_of([&] { unpack<Heartbeat>(decode_frame(frame_with_payload(MsgType::heartbeat, raw<uint64_t>(100) + "abc"), limits), limits); }) ==
+        Reject::malformed);
+  // Truncated mid-field, trailing bytes, wrong type.
+  const std::string payload = good.substr(kHeaderBytes);
+  CHECK(reason_of([&] { unpack<TrajectoryGroup>(f(payload.substr(0, payload.size() - 3)), limits); }) == Reject::malformed);
+  CHECK_THAT(rlx::test::error_of([&] { unpack<TrajectoryGroup>(f(payload + "zz"), limits); }), Contains("2 trailing bytes"));
+  CHECK_THAT(rlx::test::error_of([&] { unpack<Ack>(decode_frame(good, limits), limits); }),
+             Contains("expected a ack message, got trajectory_group"));
+}
+
+TEST_CASE("bus messages: random bytes never crash the decoder", "[bus]") {
+  const Limits limits{.max_frame_bytes = 1 << 16, .max_elements = 1 << 16};
+  rlx::RngStream rng(3);
+  const std::string good = pack(sample_group(), 1);
+  int rejected = 0, accepted = 0;
+  for (int i = 0; i < 20000; ++i) {
+    std::string bytes;
+    if (i % 2 == 0) {
+      bytes.resize(static_cast<size_t>(rng.uniform_int(0, 200)));
+      for (auto& c : bytes) c = static_cast<char>(rng.uniform_int(0, 255));
+    } else {
+      // A valid frame with a few payload bytes flipped and the checksum fixed: exercises unpack.
+      std::string payload = good.substr(kHeaderBytes);
+      for (int k = 0; k < 3; ++k)
+        payload[static_cast<size_t>(rng.uniform_int(0, static_cast<int64_t>(payload.size()) - 1))] =
+            static_cast<char>(rng.uniform_int(0, 255));
+      bytes = frame_with_payload(MsgType::trajectory_group, payload);
+    }
+    try {
+      auto fr = decode_frame(bytes, limits);
+      if (fr.type == MsgType::trajectory_group) unpack<TrajectoryGroup>(fr, limits);
+      ++accepted;
+    } catch (const FrameError&) {
+      ++rejected;
+    }
+  }
+  CHECK(rejected > 10000);  // all random ones, most of the flipped ones
+  CHECK(accepted + rejected == 20000);
+}
