@@ -18,6 +18,7 @@ packages=(
   libpcre2-dev libicu-dev                 # tokenizer pre-tokenization regexes and NFC
   libcli11-dev catch2                     # command line, tests
   libseccomp-dev                          # sandbox
+  clang-14 libclang-rt-14-dev             # libFuzzer + sanitizers for the bus decoder's fuzz test
   python3
 )
 # node + npm make the tokenizer parity fixtures (scripts/make_tokenizer_fixtures.sh);

@@ -68,7 +68,7 @@ std::string encode_frame(MsgType type, uint64_t seq, std::string_view payload) {
   put<uint64_t>(out, 20, payload.size());
   put<uint64_t>(out, 28, XXH64(payload.data(), payload.size(), static_cast<uint16_t>(type)));
   put<uint32_t>(out, 36, 0);
-  std::memcpy(out.data() + kHeaderBytes, payload.data(), payload.size());
+  if (!payload.empty()) std::memcpy(out.data() + kHeaderBytes, payload.data(), payload.size());
   return out;
 }
 

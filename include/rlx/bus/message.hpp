@@ -94,6 +94,7 @@ class BoundedInputArchive : public cereal::InputArchive<BoundedInputArchive, cer
     if (n > remaining())
       throw FrameError(Reject::malformed, "payload ends early: " + std::to_string(n) + " bytes wanted, " +
                                               std::to_string(remaining()) + " left");
+    if (n == 0) return;  // an empty container's data() may be null
     std::memcpy(out, data_.data() + pos_, n);
     pos_ += n;
   }
