@@ -1,0 +1,147 @@
+// The hub's bookkeeping, without sockets: the prompt source and its cursor, the lease
+// table, and the replay buffer. The hub process (a ZeroMQ event loop) drives these;
+// keeping them free of I/O makes exactly-once testable on its own.
+//
+//   rlx::bus::PromptSource src(rlx::bus::load_jsonl("train.jsonl"), {.seed = 1, .epochs = 2});
+//   rlx::bus::LeaseTable leases(src, {.group_size = 8, .timeout_s = 60});
+//   auto lease = leases.issue("worker-0", now, /*min_version=*/3);   // or nothing
+//   if (leases.complete(lease->lease_id)) buffer.push(group, current_version);
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rlx/bus/message.hpp"
+#include "rlx/core/config.hpp"
+
+namespace rlx::bus {
+
+// A JSONL dataset: one JSON object per line with at least "prompt". Throws rlx::Error
+// naming the file and line of the first bad record; an empty file is an error.
+std::vector<std::string> load_jsonl(const std::filesystem::path& file, size_t max_records = size_t{1} << 26);
+
+struct PromptSourceOptions {
+  uint64_t seed = 0;
+  uint64_t epochs = 1;  // 0: endless
+  bool shuffle = true;
+};
+
+// Walks the records epoch by epoch in a seeded permutation per epoch. The cursor is
+// (epoch, position); the same seed gives the same order on every machine.
+class PromptSource {
+ public:
+  PromptSource(std::vector<std::string> records, PromptSourceOptions options);
+  struct Item {
+    uint64_t epoch, position, index;  // index: the record's line in the dataset
+    const std::string* task;
+  };
+  // The next record, or nothing once the last epoch is done.
+  std::optional<Item> next();
+  bool exhausted() const;
+  size_t size() const { return records_.size(); }
+  struct Cursor {
+    uint64_t epoch = 0, position = 0;
+    bool operator==(const Cursor&) const = default;
+  };
+  Cursor cursor() const { return cursor_; }
+  void restore(Cursor c);
+  const std::string& record(uint64_t index) const { return records_.at(index); }
+
+ private:
+  void shuffle_epoch();
+  std::vector<std::string> records_;
+  PromptSourceOptions options_;
+  Cursor cursor_;
+  std::vector<uint64_t> order_;  // permutation of the current epoch
+};
+
+struct LeaseOptions {
+  uint32_t group_size = 1;
+  double timeout_s = 600;      // a lease not returned in time is re-issued
+  uint32_t max_attempts = 3;   // infra failures before the lease ends as an error record
+};
+
+// Every lease ends exactly once: completed (its group accepted), or an error record.
+class LeaseTable {
+ public:
+  LeaseTable(PromptSource& source, LeaseOptions options) : source_(source), options_(options) {}
+
+  // The next lease for `worker`: a re-issued one first, else a new one from the source.
+  std::optional<Lease> issue(const std::string& worker, double now, int64_t min_version);
+  // A result arrived for the lease: true the first time (accept it), false for a late
+  // duplicate or an unknown lease (drop it).
+  bool complete(uint64_t lease_id);
+  // The lease failed. "infra" failures are re-issued until max_attempts; "data" failures
+  // end the lease at once. Returns the error record when the lease ended.
+  std::optional<ErrorRecord> fail(uint64_t lease_id, const std::string& kind, const std::string& reason);
+  // Leases past their deadline, and every lease of a worker known dead, are re-issued.
+  std::vector<ErrorRecord> expire(double now);
+  std::vector<ErrorRecord> worker_lost(const std::string& worker);
+
+  size_t outstanding() const { return active_.size(); }
+  size_t pending_reissue() const { return reissue_.size(); }
+  uint64_t completed() const { return completed_count_; }
+  const std::vector<ErrorRecord>& errors() const { return errors_; }
+  bool done() const { return active_.empty() && reissue_.empty() && source_.exhausted(); }
+
+ private:
+  struct Active {
+    Lease lease;
+    std::string worker;
+    double deadline;
+  };
+  std::optional<ErrorRecord> retire(uint64_t lease_id, const std::string& kind, const std::string& reason);
+
+  PromptSource& source_;
+  LeaseOptions options_;
+  uint64_t next_id_ = 1;
+  std::map<uint64_t, Active> active_;
+  std::deque<Lease> reissue_;
+  std::map<uint64_t, bool> ended_;  // lease id -> completed (true) or errored (false)
+  uint64_t completed_count_ = 0;
+  std::vector<ErrorRecord> errors_;
+};
+
+struct ReplayOptions {
+  size_t capacity_groups = 1024;        // the buffer never holds more (producers get no credit)
+  int64_t max_staleness = 1;            // accept groups whose oldest token version >= current - this
+  bool drop_uniform_rewards = false;    // DAPO dynamic sampling: drop groups whose rewards are all equal
+  template <class V>
+  void visit(V& v) {
+    v("capacity_groups", capacity_groups, "trajectory groups the replay buffer holds at most", config::at_least(1));
+    v("max_staleness", max_staleness, "accepted weight-version lag of a group's oldest token", config::at_least(0));
+    v("drop_uniform_rewards", drop_uniform_rewards, "drop groups whose rewards are all equal (DAPO dynamic sampling)");
+  }
+};
+
+// FIFO of trajectory groups with a staleness bound applied per group.
+class ReplayBuffer {
+ public:
+  explicit ReplayBuffer(ReplayOptions options) : options_(options) {}
+  enum class Verdict { accepted, stale, filtered, full };
+  Verdict push(TrajectoryGroup group, int64_t current_version);
+  // Drops groups that became too stale while waiting; returns how many.
+  size_t evict_stale(int64_t current_version);
+  // Up to max_groups groups (0: no limit) and max_tokens tokens (0: no limit), oldest first;
+  // always at least one group when any is buffered.
+  std::vector<TrajectoryGroup> pop(size_t max_groups, uint64_t max_tokens);
+  size_t size() const { return groups_.size(); }
+  size_t free_slots() const { return options_.capacity_groups - groups_.size(); }
+  const std::deque<TrajectoryGroup>& contents() const { return groups_; }
+  struct Counts {
+    uint64_t accepted = 0, stale = 0, filtered = 0, full = 0, evicted_stale = 0;
+  };
+  const Counts& counts() const { return counts_; }
+
+ private:
+  ReplayOptions options_;
+  std::deque<TrajectoryGroup> groups_;
+  Counts counts_;
+};
+
+}  // namespace rlx::bus

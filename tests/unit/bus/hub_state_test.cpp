@@ -1,0 +1,138 @@
+#include "rlx/bus/hub_state.hpp"
+
+#include <set>
+
+#include "../helpers.hpp"
+
+using Catch::Matchers::Contains;
+using namespace rlx::bus;
+using rlx::test::error_of;
+
+namespace {
+std::vector<std::string> records(int n) {
+  std::vector<std::string> r;
+  for (int i = 0; i < n; ++i) r.push_back(R"({"prompt":")" + std::to_string(i) + R"("})");
+  return r;
+}
+TrajectoryGroup group(uint64_t lease, std::vector<float> rewards, int64_t version, int tokens = 4) {
+  TrajectoryGroup g{.lease_id = lease};
+  for (float r : rewards) {
+    Trajectory t{.reward = r};
+    t.tokens.assign(static_cast<size_t>(tokens), 1);
+    t.versions.assign(static_cast<size_t>(tokens), version);
+    g.samples.push_back(t);
+  }
+  return g;
+}
+}  // namespace
+
+TEST_CASE("hub: JSONL datasets are validated with file and line", "[bus]") {
+  rlx::test::TempDir dir;
+  rlx::test::write_file(dir / "ok.jsonl", "{\"prompt\": \"1+1\", \"answer\": 2}\n\n{\"prompt\": \"2+2\"}\n");
+  CHECK(load_jsonl(dir / "ok.jsonl").size() == 2);
+  rlx::test::write_file(dir / "bad.jsonl", "{\"prompt\": \"a\"}\n{\"prompt\": \n");
+  CHECK_THAT(error_of([&] { load_jsonl(dir / "bad.jsonl"); }), Contains("bad.jsonl:2: not valid JSON"));
+  rlx::test::write_file(dir / "noprompt.jsonl", "{\"question\": \"a\"}\n");
+  CHECK_THAT(error_of([&] { load_jsonl(dir / "noprompt.jsonl"); }), Contains("noprompt.jsonl:1") && Contains("\"prompt\""));
+  rlx::test::write_file(dir / "empty.jsonl", "\n");
+  CHECK_THAT(error_of([&] { load_jsonl(dir / "empty.jsonl"); }), Contains("no records"));
+}
+
+TEST_CASE("hub: the prompt source is a seeded permutation per epoch, restorable from its cursor", "[bus]") {
+  PromptSource a(records(10), {.seed = 4, .epochs = 2}), b(records(10), {.seed = 4, .epochs = 2});
+  std::vector<uint64_t> seen;
+  while (auto item = a.next()) {
+    CHECK(item->index == b.next()->index);
+    seen.push_back(item->index);
+  }
+  CHECK(a.exhausted());
+  REQUIRE(seen.size() == 20);
+  for (int e = 0; e < 2; ++e) {
+    std::set<uint64_t> epoch(seen.begin() + e * 10, seen.begin() + (e + 1) * 10);
+    CHECK(epoch.size() == 10);  // every record once per epoch
+  }
+  CHECK(std::vector<uint64_t>(seen.begin(), seen.begin() + 10) != std::vector<uint64_t>(seen.begin() + 10, seen.end()));
+  PromptSource c(records(10), {.seed = 4, .epochs = 2});
+  c.restore({.epoch = 1, .position = 3});
+  CHECK(c.next()->index == seen[13]);
+}
+
+TEST_CASE("hub: every lease ends exactly once across lost workers, timeouts and late duplicates", "[bus]") {
+  PromptSource src(records(30), {.seed = 1, .epochs = 1});
+  LeaseTable table(src, {.group_size = 4, .timeout_s = 10, .max_attempts = 5});
+  std::multiset<uint64_t> completed_prompts;
+  std::map<uint64_t, uint64_t> prompt_of;
+  double now = 0;
+  int round = 0;
+  std::vector<Lease> held_by_dead;
+  while (!table.done()) {
+    ++round;
+    now += 1;
+    // Three workers take a lease each; w2 goes silent every third round, w1 dies on round 5.
+    for (const std::string w : {"w0", "w1", "w2"}) {
+      auto lease = table.issue(w, now, 0);
+      if (!lease) continue;
+      prompt_of[lease->lease_id] = lease->prompt_index;
+      if (w == "w1" && round == 5) {
+        held_by_dead.push_back(*lease);
+        continue;
+      }
+      if (w == "w2" && round % 3 == 0) continue;  // never answers: times out
+      if (table.complete(lease->lease_id)) completed_prompts.insert(lease->prompt_index);
+    }
+    if (round == 5) table.worker_lost("w1");
+    table.expire(now);
+    REQUIRE(round < 1000);
+  }
+  // The dead worker's results arrive late: dropped.
+  for (const auto& l : held_by_dead) CHECK_FALSE(table.complete(l.lease_id));
+  CHECK(table.errors().empty());
+  CHECK(completed_prompts.size() == 30);
+  CHECK(std::set<uint64_t>(completed_prompts.begin(), completed_prompts.end()).size() == 30);  // no duplicate, no hole
+  CHECK(table.completed() == 30);
+}
+
+TEST_CASE("hub: infra failures are retried up to max_attempts, data failures end at once", "[bus]") {
+  PromptSource src(records(2), {.epochs = 1});
+  LeaseTable table(src, {.max_attempts = 2});
+  auto a = *table.issue("w", 0, 0);
+  CHECK_FALSE(table.fail(a.lease_id, "infra", "sandbox crashed"));
+  auto again = *table.issue("w", 0, 0);
+  CHECK(again.lease_id == a.lease_id);
+  CHECK(again.attempt == 1);
+  auto rec = table.fail(a.lease_id, "infra", "sandbox crashed");
+  REQUIRE(rec);
+  CHECK_THAT(rec->reason, Contains("after 2 attempts"));
+  auto b = *table.issue("w", 0, 0);
+  auto data = table.fail(b.lease_id, "data", "task has no answer");
+  REQUIRE(data);
+  CHECK(data->kind == "data");
+  CHECK(table.done());
+  CHECK(table.errors().size() == 2);
+  CHECK_FALSE(table.complete(b.lease_id));
+  CHECK_THAT(error_of([&] { table.fail(1, "other", "x"); }), Contains("infra or data"));
+}
+
+TEST_CASE("hub: the replay buffer bounds staleness and size, filters, and batches by groups or tokens", "[bus]") {
+  ReplayBuffer buf({.capacity_groups = 3, .max_staleness = 1, .drop_uniform_rewards = true});
+  CHECK(buf.push(group(1, {0, 1}, 5), 6) == ReplayBuffer::Verdict::accepted);
+  CHECK(buf.push(group(2, {0, 1}, 4), 6) == ReplayBuffer::Verdict::stale);
+  CHECK(buf.push(group(3, {1, 1}, 6), 6) == ReplayBuffer::Verdict::filtered);
+  CHECK(buf.push(group(4, {0, 1}, 6, 10), 6) == ReplayBuffer::Verdict::accepted);
+  CHECK(buf.push(group(5, {0, 1}, 6), 6) == ReplayBuffer::Verdict::accepted);
+  CHECK(buf.push(group(6, {0, 1}, 6), 6) == ReplayBuffer::Verdict::full);
+  CHECK(buf.counts().stale == 1);
+  CHECK(buf.counts().filtered == 1);
+  // Version 7 makes group 1 (version 5) too stale.
+  CHECK(buf.evict_stale(7) == 1);
+  CHECK(buf.size() == 2);
+  // Token budget: group 4 has 20 tokens, group 5 has 8; a 25-token batch takes group 4 only.
+  auto batch = buf.pop(0, 25);
+  REQUIRE(batch.size() == 1);
+  CHECK(batch[0].lease_id == 4);
+  // A group larger than the budget still comes out alone.
+  batch = buf.pop(0, 1);
+  REQUIRE(batch.size() == 1);
+  CHECK(batch[0].lease_id == 5);
+  CHECK(buf.pop(4, 0).empty());
+}
