@@ -151,6 +151,7 @@ class Engine {
   void resume();
   bool paused() const;
 
+  // Counters and queue sizes; call from the thread that calls step().
   EngineStats stats() const;
   const EngineConfig& config() const { return cfg_; }
   int64_t max_model_len() const { return max_model_len_; }
