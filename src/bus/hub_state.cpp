@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -88,12 +89,49 @@ std::optional<Lease> LeaseTable::issue(const std::string& worker, double now, in
 }
 
 bool LeaseTable::complete(uint64_t lease_id) {
-  auto it = active_.find(lease_id);
-  if (it == active_.end()) return false;  // late duplicate, or a lease that already ended
-  active_.erase(it);
+  if (auto it = active_.find(lease_id); it != active_.end()) {
+    active_.erase(it);
+  } else {
+    auto r = std::find_if(reissue_.begin(), reissue_.end(), [&](const Lease& l) { return l.lease_id == lease_id; });
+    if (r == reissue_.end()) return false;  // late duplicate, or a lease that already ended
+    reissue_.erase(r);
+  }
   ended_.emplace(lease_id, true);
   ++completed_count_;
   return true;
+}
+
+const Lease* LeaseTable::find(uint64_t lease_id) const {
+  if (auto it = active_.find(lease_id); it != active_.end()) return &it->second.lease;
+  for (const auto& l : reissue_)
+    if (l.lease_id == lease_id) return &l;
+  return nullptr;
+}
+
+bool LeaseTable::is_open(uint64_t lease_id) const {
+  return active_.contains(lease_id) ||
+         std::any_of(reissue_.begin(), reissue_.end(), [&](const Lease& l) { return l.lease_id == lease_id; });
+}
+
+LeaseTableState LeaseTable::state(double now) const {
+  LeaseTableState st{.next_id = next_id_, .completed = completed_count_, .errors = errors_};
+  for (const auto& [id, a] : active_) st.active.push_back({a.lease, a.worker, std::max(0.0, a.deadline - now)});
+  st.reissue.assign(reissue_.begin(), reissue_.end());
+  st.ended.assign(ended_.begin(), ended_.end());
+  return st;
+}
+
+void LeaseTable::restore(const LeaseTableState& st, double now) {
+  next_id_ = st.next_id;
+  active_.clear();
+  for (const auto& a : st.active) {
+    RLX_CHECK(a.lease.lease_id < next_id_, "saved lease table: lease {} is not below next id {}", a.lease.lease_id, next_id_);
+    active_.emplace(a.lease.lease_id, Active{a.lease, a.worker, now + a.remaining_s});
+  }
+  reissue_.assign(st.reissue.begin(), st.reissue.end());
+  ended_ = std::map<uint64_t, bool>(st.ended.begin(), st.ended.end());
+  completed_count_ = st.completed;
+  errors_ = st.errors;
 }
 
 std::optional<ErrorRecord> LeaseTable::retire(uint64_t lease_id, const std::string& kind, const std::string& reason) {
@@ -112,7 +150,8 @@ std::optional<ErrorRecord> LeaseTable::retire(uint64_t lease_id, const std::stri
 }
 
 std::optional<ErrorRecord> LeaseTable::fail(uint64_t lease_id, const std::string& kind, const std::string& reason) {
-  RLX_CHECK(kind == "infra" || kind == "data", "lease {}: failure kind must be infra or data, got '{}'", lease_id, kind);
+  RLX_CHECK(kind == "infra" || kind == "data" || kind == "filtered",
+            "lease {}: failure kind must be infra, data or filtered, got '{}'", lease_id, kind);
   return retire(lease_id, kind, reason);
 }
 
@@ -137,6 +176,23 @@ std::vector<ErrorRecord> LeaseTable::worker_lost(const std::string& worker) {
 }
 
 ReplayBuffer::Verdict ReplayBuffer::push(TrajectoryGroup group, int64_t current_version) {
+  const Verdict v = admit(group, current_version);
+  if (v == Verdict::accepted) push_accepted(std::move(group));
+  return v;
+}
+
+void ReplayBuffer::push_accepted(TrajectoryGroup group) {
+  groups_.push_back(std::move(group));
+  ++counts_.accepted;
+}
+
+uint64_t ReplayBuffer::tokens() const {
+  uint64_t n = 0;
+  for (const auto& g : groups_) n += static_cast<uint64_t>(g.num_tokens());
+  return n;
+}
+
+ReplayBuffer::Verdict ReplayBuffer::admit(const TrajectoryGroup& group, int64_t current_version) {
   const auto [oldest, newest] = group.version_range();
   if (oldest >= 0 && oldest < current_version - options_.max_staleness) {
     ++counts_.stale;
@@ -154,8 +210,6 @@ ReplayBuffer::Verdict ReplayBuffer::push(TrajectoryGroup group, int64_t current_
     ++counts_.full;
     return Verdict::full;
   }
-  groups_.push_back(std::move(group));
-  ++counts_.accepted;
   return Verdict::accepted;
 }
 
@@ -167,6 +221,31 @@ size_t ReplayBuffer::evict_stale(int64_t current_version) {
   });
   counts_.evicted_stale += before - groups_.size();
   return before - groups_.size();
+}
+
+void ReplayBuffer::requeue_front(std::vector<TrajectoryGroup> groups) {
+  for (auto it = groups.rbegin(); it != groups.rend(); ++it) groups_.push_front(std::move(*it));
+}
+
+void ReplayBuffer::restore(std::deque<TrajectoryGroup> groups, Counts counts) {
+  groups_ = std::move(groups);
+  counts_ = counts;
+}
+
+std::vector<uint32_t> assign_ranks(const std::vector<TrajectoryGroup>& groups, uint32_t num_ranks) {
+  RLX_CHECK(num_ranks >= 1, "assign_ranks: num_ranks must be at least 1");
+  std::vector<size_t> order(groups.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return groups[a].num_tokens() > groups[b].num_tokens(); });
+  std::vector<int64_t> load(num_ranks, 0);
+  std::vector<uint32_t> rank(groups.size(), 0);
+  for (size_t i : order) {
+    const auto r = static_cast<uint32_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    rank[i] = r;
+    load[r] += groups[i].num_tokens();
+  }
+  return rank;
 }
 
 std::vector<TrajectoryGroup> ReplayBuffer::pop(size_t max_groups, uint64_t max_tokens) {

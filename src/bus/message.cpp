@@ -23,11 +23,14 @@ std::string_view to_string(MsgType t) {
     case MsgType::error_record: return "error_record";
     case MsgType::batch_request: return "batch_request";
     case MsgType::batch: return "batch";
+    case MsgType::version_update: return "version_update";
+    case MsgType::control: return "control";
+    case MsgType::hub_state: return "hub_state";
   }
   return "unknown";
 }
 
-bool is_known(uint16_t type) { return type >= 1 && type <= static_cast<uint16_t>(MsgType::batch); }
+bool is_known(uint16_t type) { return type >= 1 && type <= static_cast<uint16_t>(MsgType::hub_state); }
 
 std::string_view to_string(Reject r) {
   switch (r) {
@@ -58,17 +61,23 @@ T get(std::string_view in, size_t at) {
 }
 }  // namespace
 
+void seal_frame(std::string& frame, MsgType type, uint64_t seq) {
+  RLX_ASSERT(frame.size() >= kHeaderBytes, "frame shorter than its header");
+  const size_t n = frame.size() - kHeaderBytes;
+  put<uint32_t>(frame, 0, kMagic);
+  put<uint16_t>(frame, 4, kProtocolVersion);
+  put<uint16_t>(frame, 6, static_cast<uint16_t>(type));
+  put<uint32_t>(frame, 8, 0);
+  put<uint64_t>(frame, 12, seq);
+  put<uint64_t>(frame, 20, n);
+  put<uint64_t>(frame, 28, XXH64(frame.data() + kHeaderBytes, n, static_cast<uint16_t>(type)));
+  put<uint32_t>(frame, 36, 0);
+}
+
 std::string encode_frame(MsgType type, uint64_t seq, std::string_view payload) {
-  std::string out(kHeaderBytes + payload.size(), '\0');
-  put<uint32_t>(out, 0, kMagic);
-  put<uint16_t>(out, 4, kProtocolVersion);
-  put<uint16_t>(out, 6, static_cast<uint16_t>(type));
-  put<uint32_t>(out, 8, 0);
-  put<uint64_t>(out, 12, seq);
-  put<uint64_t>(out, 20, payload.size());
-  put<uint64_t>(out, 28, XXH64(payload.data(), payload.size(), static_cast<uint16_t>(type)));
-  put<uint32_t>(out, 36, 0);
-  if (!payload.empty()) std::memcpy(out.data() + kHeaderBytes, payload.data(), payload.size());
+  std::string out(kHeaderBytes, '\0');
+  out.append(payload);
+  seal_frame(out, type, seq);
   return out;
 }
 

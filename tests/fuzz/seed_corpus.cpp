@@ -22,7 +22,9 @@ int main(int argc, char** argv) {
       {"stats", pack(Stats{{{"x", 1.0}}})},
       {"error", pack(ErrorRecord{1, "infra", "timeout"})},
       {"batch_request", pack(BatchRequest{4, 0})},
-      {"batch", pack(Batch{{g}})},
+      {"batch", pack(Batch{.batch_id = 1, .groups = {g}, .ranks = {0}})},
+      {"version", pack(VersionUpdate{3})},
+      {"control", pack(Control{"save"})},
   };
   for (const auto& [name, bytes] : frames) std::ofstream(dir + "/" + name, std::ios::binary) << bytes;
   return 0;

@@ -66,18 +66,44 @@ struct LeaseOptions {
   uint32_t max_attempts = 3;   // infra failures before the lease ends as an error record
 };
 
+// A lease table's contents, for the hub's saved state. Deadlines are kept as time left,
+// so a restored table gives every active lease the time it had when it was saved.
+struct LeaseTableState {
+  struct Active {
+    Lease lease;
+    std::string worker;
+    double remaining_s = 0;
+    template <class Ar> void serialize(Ar& ar) { ar(lease, worker, remaining_s); }
+    bool operator==(const Active&) const = default;
+  };
+  uint64_t next_id = 1;
+  std::vector<Active> active;
+  std::vector<Lease> reissue;
+  std::vector<std::pair<uint64_t, bool>> ended;
+  uint64_t completed = 0;
+  std::vector<ErrorRecord> errors;
+  template <class Ar> void serialize(Ar& ar) { ar(next_id, active, reissue, ended, completed, errors); }
+  bool operator==(const LeaseTableState&) const = default;
+};
+
 // Every lease ends exactly once: completed (its group accepted), or an error record.
 class LeaseTable {
  public:
   LeaseTable(PromptSource& source, LeaseOptions options) : source_(source), options_(options) {}
 
+  // The lease if it is open (active or waiting to be re-issued).
+  const Lease* find(uint64_t lease_id) const;
   // The next lease for `worker`: a re-issued one first, else a new one from the source.
   std::optional<Lease> issue(const std::string& worker, double now, int64_t min_version);
   // A result arrived for the lease: true the first time (accept it), false for a late
-  // duplicate or an unknown lease (drop it).
+  // duplicate or an unknown lease (drop it). A result for a lease waiting to be re-issued
+  // (its worker was presumed lost, then answered) is accepted: the work is not wasted.
   bool complete(uint64_t lease_id);
+  // Whether the lease is still open (active or waiting to be re-issued).
+  bool is_open(uint64_t lease_id) const;
   // The lease failed. "infra" failures are re-issued until max_attempts; "data" failures
-  // end the lease at once. Returns the error record when the lease ended.
+  // (the task itself is bad) and "filtered" groups (dropped by a replay filter) end the
+  // lease at once. Returns the error record when the lease ended.
   std::optional<ErrorRecord> fail(uint64_t lease_id, const std::string& kind, const std::string& reason);
   // Leases past their deadline, and every lease of a worker known dead, are re-issued.
   std::vector<ErrorRecord> expire(double now);
@@ -88,6 +114,11 @@ class LeaseTable {
   uint64_t completed() const { return completed_count_; }
   const std::vector<ErrorRecord>& errors() const { return errors_; }
   bool done() const { return active_.empty() && reissue_.empty() && source_.exhausted(); }
+  // Nothing to hand out now, and nothing ever will be unless a lease comes back.
+  bool nothing_to_issue() const { return reissue_.empty() && source_.exhausted(); }
+
+  LeaseTableState state(double now) const;
+  void restore(const LeaseTableState& state, double now);
 
  private:
   struct Active {
@@ -125,6 +156,10 @@ class ReplayBuffer {
   explicit ReplayBuffer(ReplayOptions options) : options_(options) {}
   enum class Verdict { accepted, stale, filtered, full };
   Verdict push(TrajectoryGroup group, int64_t current_version);
+  // The verdict push() would give, counting a rejection; push_accepted() then adds it.
+  Verdict admit(const TrajectoryGroup& group, int64_t current_version);
+  void push_accepted(TrajectoryGroup group);
+  uint64_t tokens() const;  // tokens of the buffered groups
   // Drops groups that became too stale while waiting; returns how many.
   size_t evict_stale(int64_t current_version);
   // Up to max_groups groups (0: no limit) and max_tokens tokens (0: no limit), oldest first;
@@ -133,15 +168,25 @@ class ReplayBuffer {
   size_t size() const { return groups_.size(); }
   size_t free_slots() const { return options_.capacity_groups - groups_.size(); }
   const std::deque<TrajectoryGroup>& contents() const { return groups_; }
+  // Groups handed to a learner that did not confirm them go back to the front, in order.
+  void requeue_front(std::vector<TrajectoryGroup> groups);
   struct Counts {
     uint64_t accepted = 0, stale = 0, filtered = 0, full = 0, evicted_stale = 0;
+    template <class Ar> void serialize(Ar& ar) { ar(accepted, stale, filtered, full, evicted_stale); }
+    bool operator==(const Counts&) const = default;
   };
   const Counts& counts() const { return counts_; }
+  // Restores saved contents and counters (the hub's saved state).
+  void restore(std::deque<TrajectoryGroup> groups, Counts counts);
 
  private:
   ReplayOptions options_;
   std::deque<TrajectoryGroup> groups_;
   Counts counts_;
 };
+
+// Assigns each group to one of `num_ranks` learner ranks so that token counts are balanced
+// (largest group first to the rank with the fewest tokens; ties to the lower rank).
+std::vector<uint32_t> assign_ranks(const std::vector<TrajectoryGroup>& groups, uint32_t num_ranks);
 
 }  // namespace rlx::bus

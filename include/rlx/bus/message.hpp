@@ -25,7 +25,8 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
-#include <sstream>
+#include <ostream>
+#include <streambuf>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -52,6 +53,9 @@ enum class MsgType : uint16_t {
   error_record = 9,
   batch_request = 10,
   batch = 11,
+  version_update = 12,
+  control = 13,
+  hub_state = 14,  // the hub's saved state (a file, never on the wire)
 };
 std::string_view to_string(MsgType t);
 bool is_known(uint16_t type);
@@ -169,12 +173,15 @@ struct Hello {
 };
 
 // The hub's answer to Hello: credits to send trajectory groups with, and settings.
+// `rehello`: the hub does not know the sender (it restarted, or declared the sender lost);
+// the sender must say Hello again and resend what was not acknowledged.
 struct Welcome {
   static constexpr MsgType kType = MsgType::welcome;
   uint64_t credits = 0;
   double heartbeat_s = 1.0;
   double lease_timeout_s = 60.0;
-  template <class Ar> void serialize(Ar& ar) { ar(credits, heartbeat_s, lease_timeout_s); }
+  bool rehello = false;
+  template <class Ar> void serialize(Ar& ar) { ar(credits, heartbeat_s, lease_timeout_s, rehello); }
 };
 
 struct LeaseRequest {
@@ -232,13 +239,16 @@ struct TrajectoryGroup {
   int64_t num_tokens() const;
 };
 
-// The hub's receipt for a frame `seq` of the sender, with the sender's credits now.
+// The hub's receipt for the sender's frame `seq`, and the credits the sender holds once
+// that frame is processed (trajectory groups it may send without an ack). The hub also
+// sends an Ack for the last processed seq when it grants credits later (a top-up).
 struct Ack {
   static constexpr MsgType kType = MsgType::ack;
   uint64_t seq = 0;
   uint64_t credits = 0;
   bool duplicate = false;  // the lease had already ended; nothing was added
-  template <class Ar> void serialize(Ar& ar) { ar(seq, credits, duplicate); }
+  std::string verdict;     // for a group: accepted, stale, filtered, duplicate, full, unknown_lease
+  template <class Ar> void serialize(Ar& ar) { ar(seq, credits, duplicate, verdict); }
 };
 
 struct Heartbeat {
@@ -263,31 +273,82 @@ struct Stats {
   template <class Ar> void serialize(Ar& ar) { ar(values); }
 };
 
-// A learner asks for the next batch: up to `max_groups` groups (0: no limit) or
-// `max_tokens` tokens (0: no limit), waiting at most `wait_s` for enough to arrive.
+// A learner asks for the next batch: `max_groups` groups (0: no limit) and at most
+// `max_tokens` tokens (0: no limit), split across `num_ranks` learner ranks.
+// `ack_batch_id` confirms the previous batch: until then the hub keeps it and sends it
+// again to this learner after a reconnect, or returns it to the buffer if the learner
+// restarts (a new incarnation), so no batch is lost or trained twice.
+// The hub answers when it has `max_groups` groups (or `max_tokens` tokens), or when the
+// run's data is finished (Batch::end).
 struct BatchRequest {
   static constexpr MsgType kType = MsgType::batch_request;
   uint32_t max_groups = 0;
   uint64_t max_tokens = 0;
-  template <class Ar> void serialize(Ar& ar) { ar(max_groups, max_tokens); }
+  uint32_t num_ranks = 1;
+  uint64_t ack_batch_id = 0;
+  template <class Ar> void serialize(Ar& ar) { ar(max_groups, max_tokens, num_ranks, ack_batch_id); }
 };
 
 struct Batch {
   static constexpr MsgType kType = MsgType::batch;
+  uint64_t batch_id = 0;
   std::vector<TrajectoryGroup> groups;
-  template <class Ar> void serialize(Ar& ar) { ar(groups); }
+  std::vector<uint32_t> ranks;  // per group: the learner rank that trains it (balanced by tokens)
+  bool end = false;             // every lease has ended and the buffer is drained
+  template <class Ar> void serialize(Ar& ar) { ar(batch_id, groups, ranks, end); }
+};
+
+// A learner published new weights: groups older than the staleness bound are evicted.
+struct VersionUpdate {
+  static constexpr MsgType kType = MsgType::version_update;
+  int64_t version = 0;
+  template <class Ar> void serialize(Ar& ar) { ar(version); }
+};
+
+// An operator's request to the hub: "save" (state to its state file), "stop".
+struct Control {
+  static constexpr MsgType kType = MsgType::control;
+  std::string command;
+  template <class Ar> void serialize(Ar& ar) { ar(command); }
 };
 
 // --- pack / unpack -------------------------------------------------------------------------
 
+// Fills the header of `frame`, whose payload follows its first kHeaderBytes bytes.
+void seal_frame(std::string& frame, MsgType type, uint64_t seq);
+
+namespace detail {
+// An ostream buffer appending to a string (cereal writes the payload in place).
+class StringAppendBuf : public std::streambuf {
+ public:
+  explicit StringAppendBuf(std::string& out) : out_(out) {}
+
+ protected:
+  std::streamsize xsputn(const char* s, std::streamsize n) override {
+    out_.append(s, static_cast<size_t>(n));
+    return n;
+  }
+  int_type overflow(int_type c) override {
+    if (c != traits_type::eof()) out_.push_back(static_cast<char>(c));
+    return c;
+  }
+
+ private:
+  std::string& out_;
+};
+}  // namespace detail
+
 template <class T>
 std::string pack(const T& msg, uint64_t seq = 0) {
-  std::ostringstream os(std::ios::binary);
+  std::string frame(kHeaderBytes, '\0');
   {
+    detail::StringAppendBuf buf(frame);
+    std::ostream os(&buf);
     cereal::BinaryOutputArchive ar(os);
     ar(msg);
   }
-  return encode_frame(T::kType, seq, os.view());
+  seal_frame(frame, T::kType, seq);
+  return frame;
 }
 
 template <class T>
@@ -302,6 +363,29 @@ T unpack(const Frame& frame, const Limits& limits) {
     throw FrameError(Reject::malformed, std::to_string(ar.remaining()) + " trailing bytes after a " +
                                             std::string(to_string(T::kType)) + " message");
   return msg;
+}
+
+// Unpacks the frame as the type its header names and calls f(message). A hub_state frame
+// is a file, not a message: FrameError.
+template <class F>
+void dispatch(const Frame& frame, const Limits& limits, F&& f) {
+  switch (frame.type) {
+    case MsgType::hello: return f(unpack<Hello>(frame, limits));
+    case MsgType::welcome: return f(unpack<Welcome>(frame, limits));
+    case MsgType::lease_request: return f(unpack<LeaseRequest>(frame, limits));
+    case MsgType::lease_grant: return f(unpack<LeaseGrant>(frame, limits));
+    case MsgType::trajectory_group: return f(unpack<TrajectoryGroup>(frame, limits));
+    case MsgType::ack: return f(unpack<Ack>(frame, limits));
+    case MsgType::heartbeat: return f(unpack<Heartbeat>(frame, limits));
+    case MsgType::stats: return f(unpack<Stats>(frame, limits));
+    case MsgType::error_record: return f(unpack<ErrorRecord>(frame, limits));
+    case MsgType::batch_request: return f(unpack<BatchRequest>(frame, limits));
+    case MsgType::batch: return f(unpack<Batch>(frame, limits));
+    case MsgType::version_update: return f(unpack<VersionUpdate>(frame, limits));
+    case MsgType::control: return f(unpack<Control>(frame, limits));
+    case MsgType::hub_state: break;
+  }
+  throw FrameError(Reject::unknown_type, "a " + std::string(to_string(frame.type)) + " frame is not a message");
 }
 
 }  // namespace rlx::bus

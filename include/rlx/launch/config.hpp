@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "rlx/bus/hub.hpp"
 #include "rlx/core/config.hpp"
 #include "rlx/core/log.hpp"
 #include "rlx/model/config.hpp"
@@ -80,6 +81,7 @@ struct RunConfig {
   TraceSection trace;
   ModelSection model;
   TokenizerSection tokenizer;
+  bus::HubOptions hub;
 
   template <class V>
   void visit(V& v) {
@@ -88,6 +90,7 @@ struct RunConfig {
     v("trace", trace, "trace events");
     v("model", model, "policy model");
     v("tokenizer", tokenizer, "tokenizer");
+    v("hub", hub, "replay hub: prompts, leases, replay buffer, trajectory store");
   }
 };
 

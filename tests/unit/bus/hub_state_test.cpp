@@ -110,7 +110,7 @@ TEST_CASE("hub: infra failures are retried up to max_attempts, data failures end
   CHECK(table.done());
   CHECK(table.errors().size() == 2);
   CHECK_FALSE(table.complete(b.lease_id));
-  CHECK_THAT(error_of([&] { table.fail(1, "other", "x"); }), Contains("infra or data"));
+  CHECK_THAT(error_of([&] { table.fail(1, "other", "x"); }), Contains("infra, data or filtered"));
 }
 
 TEST_CASE("hub: the replay buffer bounds staleness and size, filters, and batches by groups or tokens", "[bus]") {

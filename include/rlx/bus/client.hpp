@@ -1,0 +1,97 @@
+// A rollout worker's or learner's connection to the hub (a DEALER socket driven by a
+// background I/O thread, so heartbeats flow while the caller generates or trains).
+//
+// Every frame carries a sequence number. The hub acknowledges trajectory groups and
+// error records and answers requests; anything not acknowledged is sent again after a
+// reconnect (the hub stopped answering for hub_timeout_s) or when the hub asks for a
+// new Hello (it restarted, or had declared this peer lost). Trajectory groups are sent
+// only while the hub has granted credit; submit() blocks, at most credit_wait_s, when
+// none is left.
+//
+//   rlx::bus::Client c({.address = "ipc:///tmp/rlx-hub.sock", .who = "worker-0"});
+//   for (;;) {
+//     auto grant = c.request_leases(4);
+//     if (grant.exhausted) break;
+//     for (auto& lease : grant.leases) c.submit(generate(lease));
+//   }
+//   c.flush(60);
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "rlx/bus/channel.hpp"
+#include "rlx/bus/message.hpp"
+
+namespace rlx::bus {
+
+struct ClientOptions {
+  std::string address = "ipc:///tmp/rlx-hub.sock";
+  std::string who;                 // unique name of this worker or learner
+  std::string role = "worker";     // worker, learner or monitor
+  uint64_t incarnation = 0;        // changes when the process restarts (0: derived from pid and time)
+  double heartbeat_s = 1.0;
+  double hub_timeout_s = 10.0;     // no frame from the hub this long: reconnect
+  double request_timeout_s = 60.0; // a request unanswered this long fails
+  double credit_wait_s = 60.0;     // submit() waits at most this long for credit
+  uint64_t max_frame_mb = 256;
+  int queue_depth = 1000;
+  CurveOptions curve;
+
+  template <class V>
+  void visit(V& v) {
+    v("address", address, "the hub's endpoint");
+    v("who", who, "unique name of this peer");
+    v("role", role, "worker, learner or monitor");
+    v("incarnation", incarnation, "changes on every restart (0: derived from pid and time)");
+    v("heartbeat_s", heartbeat_s, "heartbeat interval", config::greater_than(0));
+    v("hub_timeout_s", hub_timeout_s, "reconnect after hearing nothing from the hub this long", config::greater_than(0));
+    v("request_timeout_s", request_timeout_s, "a request unanswered this long fails", config::greater_than(0));
+    v("credit_wait_s", credit_wait_s, "submit() waits at most this long for credit", config::greater_than(0));
+    v("max_frame_mb", max_frame_mb, "largest frame accepted, in MiB", config::in_range(1, 4096));
+    v("queue_depth", queue_depth, "ZeroMQ high-water mark, in messages", config::in_range(1, 1000000));
+    v("curve", curve, "CURVE keys (tcp://)");
+  }
+};
+
+class Client {
+ public:
+  explicit Client(ClientOptions options);
+  ~Client();  // waits (bounded by request_timeout_s) for unacknowledged groups, then closes
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Workers.
+  LeaseGrant request_leases(uint32_t max_leases);
+  // Queues the group; returns once it is sent or queued behind credit. Throws rlx::Error
+  // if no credit came within credit_wait_s (the group is then not sent).
+  void submit(TrajectoryGroup group);
+  void report_error(uint64_t lease_id, const std::string& kind, const std::string& reason);
+  // Waits until every group and error record is acknowledged; false on timeout.
+  bool flush(double timeout_s);
+
+  // Learners: the next batch (confirming the previous one). Throws on timeout.
+  Batch next_batch(BatchRequest request, double timeout_s);
+  void publish_version(int64_t version);
+
+  // Anyone: the hub's counters; a control command ("save", "stop").
+  std::vector<std::pair<std::string, double>> hub_stats();
+  void control(const std::string& command);
+
+  struct Counters {
+    uint64_t groups_sent = 0, groups_acked = 0, resent = 0, reconnects = 0, rehellos = 0, credit_waits = 0;
+    double credit_wait_s = 0;             // total time submit() waited for credit
+    std::map<std::string, uint64_t> verdicts;  // the hub's verdict per acknowledged group
+  };
+  Counters counters() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rlx::bus

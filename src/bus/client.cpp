@@ -1,0 +1,351 @@
+#include "rlx/bus/client.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "rlx/core/error.hpp"
+#include "rlx/core/log.hpp"
+#include "transport.hpp"
+
+namespace rlx::bus {
+
+using detail::seconds_now;
+
+struct Client::Impl {
+  // One frame to send, and its answer once it comes.
+  struct Item {
+    MsgType type;
+    std::string frame;  // packed; the seq in its header is stamped at each send
+    std::optional<std::string> reply;
+    bool failed = false;
+  };
+  using ItemPtr = std::shared_ptr<Item>;
+
+  ClientOptions o;
+  Limits limits;
+  zmq::context_t& context;
+  zmq::socket_t dealer, bell_in, bell_out;  // bell: wakes the I/O thread
+  std::string bell_address;
+
+  mutable std::mutex m;
+  std::condition_variable cv;
+  std::deque<ItemPtr> outbox;       // not yet handed to ZeroMQ
+  std::map<uint64_t, ItemPtr> sent;  // by seq: sent, not yet answered
+  uint64_t next_seq = 0, hello_seq = 0;
+  uint64_t hub_credits = 0, credit_base = 0;
+  uint64_t last_batch_id = 0;
+  double last_heard = 0, last_beat = 0, last_connect = 0;
+  Counters counters;
+  std::atomic<bool> stop{false};
+  std::thread io;
+
+  explicit Impl(ClientOptions options)
+      : o(std::move(options)),
+        limits{.max_frame_bytes = o.max_frame_mb << 20},
+        context(detail::shared_context()),
+        bell_in(context, zmq::socket_type::pair),
+        bell_out(context, zmq::socket_type::pair) {
+    config::check_bounds(o, "client");
+    RLX_CHECK(!o.who.empty(), "client: `who` (a unique peer name) is required");
+    RLX_CHECK(o.role == "worker" || o.role == "learner" || o.role == "monitor",
+              "client {}: role '{}' is not worker, learner or monitor", o.who, o.role);
+    if (o.incarnation == 0)
+      o.incarnation = (static_cast<uint64_t>(::getpid()) << 32) ^ static_cast<uint64_t>(seconds_now() * 1e6);
+    bell_address = fmt::format("inproc://rlx-client-bell-{}", static_cast<const void*>(this));
+    bell_in.bind(bell_address);
+    bell_out.connect(bell_address);
+    std::lock_guard lock(m);
+    connect_locked();
+    io = std::thread([this] { loop(); });
+  }
+
+  ~Impl() {
+    stop = true;
+    ring();
+    io.join();
+  }
+
+  void ring() {
+    // Under m or not: the bell socket is only used by API callers, serialised here.
+    static thread_local char one = 1;
+    std::lock_guard lock(bell_mutex);
+    (void)bell_out.send(zmq::buffer(&one, 1), zmq::send_flags::dontwait);
+  }
+  std::mutex bell_mutex;
+
+  // --- called with m held, from the I/O thread (or the constructor) ---
+  void connect_locked() {
+    dealer = zmq::socket_t(context, zmq::socket_type::dealer);
+    detail::configure_socket(dealer, limits, o.queue_depth);
+    if (o.curve.enabled()) detail::make_curve_client(dealer, o.curve);
+    try {
+      dealer.connect(o.address);
+    } catch (const zmq::error_t& e) {
+      throw Error(fmt::format("client {}: cannot connect to {}: {}", o.who, o.address, e.what()));
+    }
+    last_heard = last_connect = seconds_now();
+    hello_locked();
+  }
+
+  // Says Hello, and puts everything unanswered back in front of the queue (in order).
+  void hello_locked() {
+    std::vector<ItemPtr> again;
+    for (auto& [seq, item] : sent)
+      if (item->type != MsgType::hello) again.push_back(item);
+    sent.clear();
+    for (auto it = again.rbegin(); it != again.rend(); ++it) outbox.push_front(*it);
+    counters.resent += again.size();
+    hub_credits = 0;
+    auto hello = std::make_shared<Item>(Item{MsgType::hello, pack(Hello{o.who, o.role, o.incarnation})});
+    outbox.push_front(hello);
+    send_locked();
+    hello_seq = next_seq;  // the hello went first
+  }
+
+  uint64_t available_credits_locked() const {
+    uint64_t in_flight = 0;
+    for (const auto& [seq, item] : sent)
+      if (item->type == MsgType::trajectory_group && seq > credit_base) ++in_flight;
+    return hub_credits > in_flight ? hub_credits - in_flight : 0;
+  }
+
+  void send_locked() {
+    uint64_t credits = available_credits_locked();
+    for (auto it = outbox.begin(); it != outbox.end();) {
+      const auto& item = *it;
+      const bool group = item->type == MsgType::trajectory_group;
+      if (group && credits == 0) {
+        ++it;  // waits for credit; other frames may pass it
+        continue;
+      }
+      const uint64_t seq = next_seq + 1;
+      std::memcpy(item->frame.data() + 12, &seq, sizeof(seq));
+      if (!detail::try_send(dealer, item->frame)) break;  // queue full: try again next turn
+      next_seq = seq;
+      sent[seq] = item;
+      if (group) --credits, ++counters.groups_sent;
+      it = outbox.erase(it);
+    }
+    cv.notify_all();
+  }
+
+  void on_frame_locked(std::string_view bytes) {
+    Frame f;
+    try {
+      f = decode_frame(bytes, limits);
+    } catch (const FrameError& e) {
+      log::warn("client {}: rejected a frame from the hub ({}): {}", o.who, to_string(e.reason()), e.what());
+      return;
+    }
+    last_heard = seconds_now();
+    try {
+      switch (f.type) {
+        case MsgType::heartbeat: return;
+        case MsgType::welcome: {
+          auto w = unpack<Welcome>(f, limits);
+          if (w.rehello) {
+            if (f.seq > hello_seq) {  // the hub forgot us after our last hello
+              ++counters.rehellos;
+              hello_locked();
+            }
+            return;
+          }
+          answer_locked(f.seq, bytes);
+          hub_credits = w.credits;
+          credit_base = f.seq;
+          return;
+        }
+        case MsgType::ack: {
+          auto a = unpack<Ack>(f, limits);
+          if (auto it = sent.find(a.seq); it != sent.end()) {
+            ItemPtr item = it->second;
+            if (item->type == MsgType::trajectory_group) {
+              if (a.verdict == "full") {  // the hub had no room: send it again with credit
+                sent.erase(it);
+                outbox.push_front(item);
+              } else {
+                ++counters.groups_acked;
+                ++counters.verdicts[a.verdict];
+                answer_locked(a.seq, bytes);
+              }
+            } else {
+              answer_locked(a.seq, bytes);
+            }
+          }
+          if (o.role == "worker") hub_credits = a.credits, credit_base = a.seq;
+          return;
+        }
+        default:
+          answer_locked(f.seq, bytes);
+      }
+    } catch (const FrameError& e) {
+      log::warn("client {}: bad {} from the hub: {}", o.who, to_string(f.type), e.what());
+    }
+  }
+
+  void answer_locked(uint64_t seq, std::string_view bytes) {
+    auto it = sent.find(seq);
+    if (it == sent.end()) return;  // an answer nobody waits for any more
+    it->second->reply = std::string(bytes);
+    sent.erase(it);
+    cv.notify_all();
+  }
+
+  void loop() {
+    zmq::message_t msg;
+    while (!stop) {
+      zmq::pollitem_t items[] = {{dealer.handle(), 0, ZMQ_POLLIN, 0}, {bell_in.handle(), 0, ZMQ_POLLIN, 0}};
+      zmq::poll(items, 2, std::chrono::milliseconds(50));
+      if (items[1].revents & ZMQ_POLLIN)
+        while (bell_in.recv(msg, zmq::recv_flags::dontwait)) {
+        }
+      std::lock_guard lock(m);
+      for (int i = 0; i < 256 && dealer.recv(msg, zmq::recv_flags::dontwait); ++i)
+        on_frame_locked(std::string_view(static_cast<const char*>(msg.data()), msg.size()));
+      const double now = seconds_now();
+      if (now - last_heard > o.hub_timeout_s && now - last_connect > o.hub_timeout_s) {
+        log::warn("client {}: nothing from the hub for {:.1f} s; reconnecting to {}", o.who, now - last_heard, o.address);
+        ++counters.reconnects;
+        connect_locked();
+      }
+      if (now - last_beat >= o.heartbeat_s) {
+        last_beat = now;
+        detail::try_send(dealer, pack(Heartbeat{o.who}, 0));
+      }
+      send_locked();
+    }
+  }
+
+  // --- API side ---
+  ItemPtr enqueue(MsgType type, std::string frame) {
+    auto item = std::make_shared<Item>(Item{type, std::move(frame)});
+    {
+      std::lock_guard lock(m);
+      outbox.push_back(item);
+    }
+    ring();
+    return item;
+  }
+
+  void forget_locked(const ItemPtr& item) {
+    std::erase(outbox, item);
+    std::erase_if(sent, [&](const auto& kv) { return kv.second == item; });
+  }
+
+  std::string wait(const ItemPtr& item, double timeout_s, const char* what) {
+    std::unique_lock lock(m);
+    const bool ok = cv.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return item->reply.has_value(); });
+    if (!ok) {
+      forget_locked(item);
+      throw Error(fmt::format("client {}: the hub at {} did not answer {} within {:.0f} s", o.who, o.address, what, timeout_s));
+    }
+    return std::move(*item->reply);
+  }
+
+  template <class Reply, class Request>
+  Reply call(const Request& req, double timeout_s) {
+    auto item = enqueue(Request::kType, pack(req));
+    const std::string bytes = wait(item, timeout_s, std::string(to_string(Request::kType)).c_str());
+    const Frame f = decode_frame(bytes, limits);
+    if (f.type == MsgType::ack) {  // the hub refused the request, or acknowledged it
+      auto a = unpack<Ack>(f, limits);
+      if (a.verdict.starts_with("error: "))
+        throw Error(fmt::format("client {}: the hub refused {}: {}", o.who, to_string(Request::kType), a.verdict.substr(7)));
+      if constexpr (std::is_same_v<Reply, Ack>) return a;
+    }
+    return unpack<Reply>(f, limits);
+  }
+};
+
+Client::Client(ClientOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+
+Client::~Client() {
+  try {
+    flush(impl_->o.request_timeout_s);
+  } catch (...) {
+  }
+}
+
+LeaseGrant Client::request_leases(uint32_t max_leases) {
+  RLX_CHECK(impl_->o.role == "worker", "client {}: only workers take leases", impl_->o.who);
+  return impl_->call<LeaseGrant>(LeaseRequest{max_leases}, impl_->o.request_timeout_s);
+}
+
+void Client::submit(TrajectoryGroup group) {
+  auto& I = *impl_;
+  RLX_CHECK(I.o.role == "worker", "client {}: only workers submit trajectory groups", I.o.who);
+  if (group.worker.empty()) group.worker = I.o.who;
+  const double start = seconds_now();
+  std::unique_lock lock(I.m);
+  // At most one group waits for credit here: memory stays bounded by the credits.
+  auto waiting = [&] {
+    return std::count_if(I.outbox.begin(), I.outbox.end(),
+                         [](const auto& it) { return it->type == MsgType::trajectory_group; });
+  };
+  if (waiting() > 0) {
+    ++I.counters.credit_waits;
+    const bool ok = I.cv.wait_for(lock, std::chrono::duration<double>(I.o.credit_wait_s), [&] { return waiting() == 0; });
+    I.counters.credit_wait_s += seconds_now() - start;
+    if (!ok)
+      throw Error(fmt::format("client {}: no credit from the hub for {:.0f} s (its replay buffer is full: are the learners "
+                              "running?); lease {} was not sent",
+                              I.o.who, I.o.credit_wait_s, group.lease_id));
+  }
+  lock.unlock();
+  I.enqueue(MsgType::trajectory_group, pack(group));
+}
+
+void Client::report_error(uint64_t lease_id, const std::string& kind, const std::string& reason) {
+  impl_->enqueue(MsgType::error_record, pack(ErrorRecord{lease_id, kind, reason}));
+}
+
+bool Client::flush(double timeout_s) {
+  auto& I = *impl_;
+  std::unique_lock lock(I.m);
+  return I.cv.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] {
+    auto pending = [](const auto& item) {
+      return item->type == MsgType::trajectory_group || item->type == MsgType::error_record;
+    };
+    return std::none_of(I.outbox.begin(), I.outbox.end(), pending) &&
+           std::none_of(I.sent.begin(), I.sent.end(), [&](const auto& kv) { return pending(kv.second); });
+  });
+}
+
+Batch Client::next_batch(BatchRequest request, double timeout_s) {
+  auto& I = *impl_;
+  RLX_CHECK(I.o.role == "learner", "client {}: only learners take batches", I.o.who);
+  {
+    std::lock_guard lock(I.m);
+    request.ack_batch_id = I.last_batch_id;
+  }
+  Batch b = I.call<Batch>(request, timeout_s);
+  std::lock_guard lock(I.m);
+  if (!b.groups.empty()) I.last_batch_id = b.batch_id;
+  return b;
+}
+
+void Client::publish_version(int64_t version) {
+  (void)impl_->call<Ack>(VersionUpdate{version}, impl_->o.request_timeout_s);
+}
+
+std::vector<std::pair<std::string, double>> Client::hub_stats() {
+  return impl_->call<Stats>(Stats{}, impl_->o.request_timeout_s).values;
+}
+
+void Client::control(const std::string& command) {
+  (void)impl_->call<Ack>(Control{command}, impl_->o.request_timeout_s);
+}
+
+Client::Counters Client::counters() const {
+  std::lock_guard lock(impl_->m);
+  return impl_->counters;
+}
+
+}  // namespace rlx::bus

@@ -1,0 +1,379 @@
+#include "rlx/bus/h5store.hpp"
+
+#include <fmt/format.h>
+#include <hdf5.h>
+
+#include <algorithm>
+#include <limits>
+#include <set>
+
+#include "rlx/core/error.hpp"
+
+namespace rlx::bus {
+
+namespace {
+
+constexpr const char* kFormat = "rlx-trajectories";
+constexpr int kFormatVersion = 1;
+
+// An HDF5 handle closed by the right function.
+class Handle {
+ public:
+  Handle() = default;
+  Handle(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+  Handle(Handle&& o) noexcept : id_(std::exchange(o.id_, H5I_INVALID_HID)), close_(o.close_) {}
+  Handle& operator=(Handle&& o) noexcept {
+    if (this != &o) {
+      reset();
+      id_ = std::exchange(o.id_, H5I_INVALID_HID);
+      close_ = o.close_;
+    }
+    return *this;
+  }
+  ~Handle() { reset(); }
+  void reset() {
+    if (id_ >= 0 && close_) close_(id_);
+    id_ = H5I_INVALID_HID;
+  }
+  hid_t get() const { return id_; }
+  explicit operator bool() const { return id_ >= 0; }
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+  herr_t (*close_)(hid_t) = nullptr;
+};
+
+void quiet_hdf5() {
+  static bool done = [] {
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // errors become rlx::Error, not stderr noise
+    return true;
+  }();
+  (void)done;
+}
+
+Handle string_type() {
+  Handle t(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(t.get(), H5T_VARIABLE);
+  H5Tset_cset(t.get(), H5T_CSET_UTF8);
+  return t;
+}
+
+// One extendible 1-D column.
+struct Column {
+  std::string name;
+  hid_t file_type;  // H5T_NATIVE_* or the string type
+  Handle ds;
+
+  uint64_t size() const {
+    Handle space(H5Dget_space(ds.get()), H5Sclose);
+    hsize_t n = 0;
+    H5Sget_simple_extent_dims(space.get(), &n, nullptr);
+    return n;
+  }
+  void set_size(uint64_t n, const std::string& file) {
+    const hsize_t dims = n;
+    RLX_CHECK(H5Dset_extent(ds.get(), &dims) >= 0, "{}: cannot resize /{}", file, name);
+  }
+  void append(const void* data, uint64_t n, const std::string& file) {
+    if (n == 0) return;
+    const hsize_t start = size(), count = n, total = start + n;
+    RLX_CHECK(H5Dset_extent(ds.get(), &total) >= 0, "{}: cannot extend /{}", file, name);
+    Handle fspace(H5Dget_space(ds.get()), H5Sclose);
+    H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr);
+    Handle mspace(H5Screate_simple(1, &count, nullptr), H5Sclose);
+    RLX_CHECK(H5Dwrite(ds.get(), file_type, mspace.get(), fspace.get(), H5P_DEFAULT, data) >= 0,
+              "{}: cannot write /{}", file, name);
+  }
+  template <class T>
+  std::vector<T> read(uint64_t start, uint64_t count, const std::string& file) const {
+    std::vector<T> out(count);
+    if (count == 0) return out;
+    const hsize_t s = start, c = count;
+    Handle fspace(H5Dget_space(ds.get()), H5Sclose);
+    RLX_CHECK(start + count <= size(), "{}: /{} has {} entries, {} wanted from {}", file, name, size(), count, start);
+    H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &s, nullptr, &c, nullptr);
+    Handle mspace(H5Screate_simple(1, &c, nullptr), H5Sclose);
+    RLX_CHECK(H5Dread(ds.get(), file_type, mspace.get(), fspace.get(), H5P_DEFAULT, out.data()) >= 0,
+              "{}: cannot read /{}", file, name);
+    return out;
+  }
+  std::vector<std::string> read_strings(uint64_t start, uint64_t count, const std::string& file) const {
+    auto raw = read<char*>(start, count, file);
+    std::vector<std::string> out;
+    out.reserve(count);
+    for (char* p : raw) out.emplace_back(p ? p : "");
+    if (count) {
+      const hsize_t c = count;
+      Handle mspace(H5Screate_simple(1, &c, nullptr), H5Sclose);
+      H5Dvlen_reclaim(file_type, mspace.get(), H5P_DEFAULT, raw.data());
+    }
+    return out;
+  }
+};
+
+// The file's columns, in a fixed order.
+struct Columns {
+  Handle file, str;
+  std::string path;
+  Column tokens, loss_mask, logprobs, versions;
+  Column sample_offset, sample_length, prompt_len, reward, finish, metadata;
+  Column lease_id, prompt_index, epoch, first_sample, num_samples, worker, accepted_version;
+
+  std::vector<Column*> all() {
+    return {&tokens,   &loss_mask,    &logprobs, &versions,     &sample_offset, &sample_length,
+            &prompt_len, &reward,     &finish,   &metadata,     &lease_id,      &prompt_index,
+            &epoch,    &first_sample, &num_samples, &worker,    &accepted_version};
+  }
+
+  void name_columns() {
+    str = string_type();
+    auto set = [](Column& c, const char* n, hid_t t) { c.name = n, c.file_type = t; };
+    set(tokens, "tokens", H5T_NATIVE_INT32);
+    set(loss_mask, "loss_mask", H5T_NATIVE_UINT8);
+    set(logprobs, "logprobs", H5T_NATIVE_FLOAT);
+    set(versions, "versions", H5T_NATIVE_INT64);
+    set(sample_offset, "sample_offset", H5T_NATIVE_INT64);
+    set(sample_length, "sample_length", H5T_NATIVE_INT64);
+    set(prompt_len, "prompt_len", H5T_NATIVE_INT32);
+    set(reward, "reward", H5T_NATIVE_FLOAT);
+    set(finish, "finish", str.get());
+    set(metadata, "metadata", str.get());
+    set(lease_id, "group_lease_id", H5T_NATIVE_UINT64);
+    set(prompt_index, "group_prompt_index", H5T_NATIVE_UINT64);
+    set(epoch, "group_epoch", H5T_NATIVE_UINT64);
+    set(first_sample, "group_first_sample", H5T_NATIVE_INT64);
+    set(num_samples, "group_num_samples", H5T_NATIVE_INT64);
+    set(worker, "group_worker", str.get());
+    set(accepted_version, "group_accepted_version", H5T_NATIVE_INT64);
+  }
+
+  void open(const std::filesystem::path& p, bool writable) {
+    quiet_hdf5();
+    path = p.string();
+    name_columns();
+    const bool exists = std::filesystem::exists(p);
+    RLX_CHECK(exists || writable, "trajectory file {} does not exist", path);
+    if (exists) {
+      RLX_CHECK(H5Fis_hdf5(path.c_str()) > 0, "{} is not an HDF5 file", path);
+      file = Handle(H5Fopen(path.c_str(), writable ? H5F_ACC_RDWR : H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+      RLX_CHECK(file, "cannot open {}", path);
+      check_format();
+      for (Column* c : all()) {
+        c->ds = Handle(H5Dopen2(file.get(), c->name.c_str(), H5P_DEFAULT), H5Dclose);
+        RLX_CHECK(c->ds, "{}: dataset /{} is missing", path, c->name);
+      }
+      return;
+    }
+    if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+    file = Handle(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+    RLX_CHECK(file, "cannot create {}", path);
+    write_format();
+    for (Column* c : all()) {
+      const bool per_token = c == &tokens || c == &loss_mask || c == &logprobs || c == &versions;
+      const hsize_t zero = 0, unlimited = H5S_UNLIMITED, chunk = per_token ? 65536 : 1024;
+      Handle space(H5Screate_simple(1, &zero, &unlimited), H5Sclose);
+      Handle plist(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+      H5Pset_chunk(plist.get(), 1, &chunk);
+      c->ds = Handle(H5Dcreate2(file.get(), c->name.c_str(), c->file_type, space.get(), H5P_DEFAULT, plist.get(),
+                                H5P_DEFAULT), H5Dclose);
+      RLX_CHECK(c->ds, "{}: cannot create /{}", path, c->name);
+    }
+  }
+
+  void write_format() {
+    Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+    Handle fmt_type(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(fmt_type.get(), std::char_traits<char>::length(kFormat));
+    Handle a(H5Acreate2(file.get(), "format", fmt_type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+    H5Awrite(a.get(), fmt_type.get(), kFormat);
+    Handle v(H5Acreate2(file.get(), "format_version", H5T_NATIVE_INT, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+    H5Awrite(v.get(), H5T_NATIVE_INT, &kFormatVersion);
+  }
+
+  void check_format() {
+    RLX_CHECK(H5Aexists(file.get(), "format") > 0 && H5Aexists(file.get(), "format_version") > 0,
+              "{} is not an rlx trajectory file (no format attribute)", path);
+    Handle a(H5Aopen(file.get(), "format", H5P_DEFAULT), H5Aclose);
+    Handle t(H5Aget_type(a.get()), H5Tclose);
+    std::string value(H5Tget_size(t.get()), '\0');
+    RLX_CHECK(H5Tget_class(t.get()) == H5T_STRING && H5Aread(a.get(), t.get(), value.data()) >= 0 &&
+                  value.c_str() == std::string(kFormat),
+              "{} is not an rlx trajectory file (format attribute)", path);
+    Handle v(H5Aopen(file.get(), "format_version", H5P_DEFAULT), H5Aclose);
+    int version = 0;
+    H5Aread(v.get(), H5T_NATIVE_INT, &version);
+    RLX_CHECK(version == kFormatVersion, "{}: trajectory format version {} (this build reads {})", path, version,
+              kFormatVersion);
+  }
+};
+
+}  // namespace
+
+struct TrajectoryStore::Impl {
+  std::filesystem::path path;
+  Columns cols;
+  uint64_t groups = 0, samples = 0, tokens = 0;
+};
+
+TrajectoryStore::TrajectoryStore(const std::filesystem::path& file) : impl_(std::make_unique<Impl>()) {
+  impl_->path = file;
+  impl_->cols.open(file, /*writable=*/true);
+  impl_->groups = impl_->cols.lease_id.size();
+  impl_->samples = impl_->cols.sample_offset.size();
+  impl_->tokens = impl_->cols.tokens.size();
+}
+
+TrajectoryStore::~TrajectoryStore() = default;
+
+void TrajectoryStore::append(const TrajectoryGroup& g, int64_t accepted_version) {
+  auto& c = impl_->cols;
+  const std::string& f = c.path;
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> mask;
+  std::vector<float> logprobs;
+  std::vector<int64_t> versions, offset, length;
+  std::vector<int32_t> prompt_len;
+  std::vector<float> reward;
+  std::vector<const char*> finish, metadata;
+  int64_t at = static_cast<int64_t>(impl_->tokens);
+  for (const auto& s : g.samples) {
+    const size_t n = s.tokens.size();
+    RLX_CHECK(s.loss_mask.size() == n && s.logprobs.size() == n && s.versions.size() == n,
+              "lease {}: a sample's tokens, loss_mask, logprobs and versions differ in length", g.lease_id);
+    tokens.insert(tokens.end(), s.tokens.begin(), s.tokens.end());
+    mask.insert(mask.end(), s.loss_mask.begin(), s.loss_mask.end());
+    logprobs.insert(logprobs.end(), s.logprobs.begin(), s.logprobs.end());
+    versions.insert(versions.end(), s.versions.begin(), s.versions.end());
+    offset.push_back(at);
+    length.push_back(static_cast<int64_t>(n));
+    at += static_cast<int64_t>(n);
+    prompt_len.push_back(s.prompt_len);
+    reward.push_back(s.reward);
+    finish.push_back(s.finish.c_str());
+    metadata.push_back(s.metadata.c_str());
+  }
+  c.tokens.append(tokens.data(), tokens.size(), f);
+  c.loss_mask.append(mask.data(), mask.size(), f);
+  c.logprobs.append(logprobs.data(), logprobs.size(), f);
+  c.versions.append(versions.data(), versions.size(), f);
+  c.sample_offset.append(offset.data(), offset.size(), f);
+  c.sample_length.append(length.data(), length.size(), f);
+  c.prompt_len.append(prompt_len.data(), prompt_len.size(), f);
+  c.reward.append(reward.data(), reward.size(), f);
+  c.finish.append(finish.data(), finish.size(), f);
+  c.metadata.append(metadata.data(), metadata.size(), f);
+  const int64_t first = static_cast<int64_t>(impl_->samples), count = static_cast<int64_t>(g.samples.size());
+  const char* worker = g.worker.c_str();
+  c.lease_id.append(&g.lease_id, 1, f);
+  c.prompt_index.append(&g.prompt_index, 1, f);
+  c.epoch.append(&g.epoch, 1, f);
+  c.first_sample.append(&first, 1, f);
+  c.num_samples.append(&count, 1, f);
+  c.worker.append(&worker, 1, f);
+  c.accepted_version.append(&accepted_version, 1, f);
+  impl_->groups += 1;
+  impl_->samples += g.samples.size();
+  impl_->tokens += tokens.size();
+}
+
+void TrajectoryStore::truncate(uint64_t groups) {
+  auto& c = impl_->cols;
+  if (groups >= impl_->groups) return;
+  uint64_t samples = 0, tokens = 0;
+  if (groups > 0) {
+    const auto first = c.first_sample.read<int64_t>(groups, 1, c.path)[0];
+    samples = static_cast<uint64_t>(first);
+    tokens = static_cast<uint64_t>(c.sample_offset.read<int64_t>(samples, 1, c.path)[0]);
+  }
+  for (Column* col : {&c.tokens, &c.loss_mask, &c.logprobs, &c.versions}) col->set_size(tokens, c.path);
+  for (Column* col : {&c.sample_offset, &c.sample_length, &c.prompt_len, &c.reward, &c.finish, &c.metadata})
+    col->set_size(samples, c.path);
+  for (Column* col : {&c.lease_id, &c.prompt_index, &c.epoch, &c.first_sample, &c.num_samples, &c.worker,
+                      &c.accepted_version})
+    col->set_size(groups, c.path);
+  impl_->groups = groups, impl_->samples = samples, impl_->tokens = tokens;
+  flush();
+}
+
+void TrajectoryStore::flush() {
+  RLX_CHECK(H5Fflush(impl_->cols.file.get(), H5F_SCOPE_GLOBAL) >= 0, "{}: flush failed", impl_->cols.path);
+}
+
+uint64_t TrajectoryStore::groups() const { return impl_->groups; }
+uint64_t TrajectoryStore::samples() const { return impl_->samples; }
+uint64_t TrajectoryStore::tokens() const { return impl_->tokens; }
+const std::filesystem::path& TrajectoryStore::path() const { return impl_->path; }
+
+std::vector<TrajectoryGroup> read_trajectory_groups(const std::filesystem::path& file, uint64_t first, uint64_t count) {
+  Columns c;
+  c.open(file, /*writable=*/false);
+  const uint64_t total = c.lease_id.size();
+  if (first >= total) return {};
+  count = std::min(count, total - first);
+  const auto lease = c.lease_id.read<uint64_t>(first, count, c.path);
+  const auto prompt = c.prompt_index.read<uint64_t>(first, count, c.path);
+  const auto epoch = c.epoch.read<uint64_t>(first, count, c.path);
+  const auto fs = c.first_sample.read<int64_t>(first, count, c.path);
+  const auto ns = c.num_samples.read<int64_t>(first, count, c.path);
+  const auto worker = c.worker.read_strings(first, count, c.path);
+  std::vector<TrajectoryGroup> out(count);
+  for (uint64_t i = 0; i < count; ++i) {
+    auto& g = out[i];
+    g.lease_id = lease[i], g.prompt_index = prompt[i], g.epoch = epoch[i], g.worker = worker[i];
+    const auto s0 = static_cast<uint64_t>(fs[i]), sn = static_cast<uint64_t>(ns[i]);
+    const auto off = c.sample_offset.read<int64_t>(s0, sn, c.path);
+    const auto len = c.sample_length.read<int64_t>(s0, sn, c.path);
+    const auto plen = c.prompt_len.read<int32_t>(s0, sn, c.path);
+    const auto rew = c.reward.read<float>(s0, sn, c.path);
+    const auto fin = c.finish.read_strings(s0, sn, c.path);
+    const auto meta = c.metadata.read_strings(s0, sn, c.path);
+    for (uint64_t j = 0; j < sn; ++j) {
+      Trajectory t;
+      const auto o = static_cast<uint64_t>(off[j]), n = static_cast<uint64_t>(len[j]);
+      t.tokens = c.tokens.read<int32_t>(o, n, c.path);
+      t.loss_mask = c.loss_mask.read<uint8_t>(o, n, c.path);
+      t.logprobs = c.logprobs.read<float>(o, n, c.path);
+      t.versions = c.versions.read<int64_t>(o, n, c.path);
+      t.prompt_len = plen[j], t.reward = rew[j], t.finish = fin[j], t.metadata = meta[j];
+      g.samples.push_back(std::move(t));
+    }
+  }
+  return out;
+}
+
+TrajectoryFileSummary summarize_trajectories(const std::filesystem::path& file) {
+  Columns c;
+  c.open(file, /*writable=*/false);
+  TrajectoryFileSummary s;
+  s.groups = c.lease_id.size();
+  s.samples = c.sample_offset.size();
+  s.tokens = c.tokens.size();
+  const auto rewards = c.reward.read<float>(0, s.samples, c.path);
+  if (!rewards.empty()) {
+    double sum = 0;
+    s.reward_min = std::numeric_limits<double>::infinity(), s.reward_max = -s.reward_min;
+    for (float r : rewards) sum += r, s.reward_min = std::min<double>(s.reward_min, r), s.reward_max = std::max<double>(s.reward_max, r);
+    s.reward_mean = sum / static_cast<double>(rewards.size());
+  }
+  for (const auto& f : c.finish.read_strings(0, s.samples, c.path)) ++s.finish[f];
+  for (const auto& w : c.worker.read_strings(0, s.groups, c.path)) ++s.workers[w];
+  const auto leases = c.lease_id.read<uint64_t>(0, s.groups, c.path);
+  const auto prompts = c.prompt_index.read<uint64_t>(0, s.groups, c.path);
+  s.distinct_leases = std::set<uint64_t>(leases.begin(), leases.end()).size();
+  s.distinct_prompts = std::set<uint64_t>(prompts.begin(), prompts.end()).size();
+  constexpr uint64_t kChunk = uint64_t{1} << 20;  // bounded memory for any file size
+  for (uint64_t at = 0; at < s.tokens; at += kChunk) {
+    const uint64_t n = std::min(kChunk, s.tokens - at);
+    const auto versions = c.versions.read<int64_t>(at, n, c.path);
+    const auto mask = c.loss_mask.read<uint8_t>(at, n, c.path);
+    for (uint64_t i = 0; i < n; ++i) {
+      s.policy_tokens += mask[i] != 0;
+      if (versions[i] < 0) continue;
+      s.version_min = s.version_min < 0 ? versions[i] : std::min(s.version_min, versions[i]);
+      s.version_max = std::max(s.version_max, versions[i]);
+    }
+  }
+  return s;
+}
+
+}  // namespace rlx::bus

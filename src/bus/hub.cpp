@@ -1,0 +1,590 @@
+#include "rlx/bus/hub.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "rlx/bus/h5store.hpp"
+#include "rlx/core/error.hpp"
+#include "rlx/core/log.hpp"
+#include "transport.hpp"
+
+namespace rlx::bus {
+
+using detail::seconds_now;
+
+void HubOptions::validate() const {
+  if (!dataset.empty() && !std::filesystem::exists(dataset))
+    throw ConfigError(fmt::format("dataset: {} does not exist", dataset));
+  if (curve.enabled() && curve.allowed_clients_file.empty())
+    throw ConfigError("curve.allowed_clients_file: required with curve.key_file (CURVE without an allow-list admits any client)");
+  if (peer_timeout_s <= heartbeat_s)
+    throw ConfigError(fmt::format("peer_timeout_s ({}) must exceed heartbeat_s ({})", peer_timeout_s, heartbeat_s));
+}
+
+Limits HubOptions::limits() const { return {.max_frame_bytes = max_frame_mb << 20}; }
+
+// --- saved state ---------------------------------------------------------------------------
+
+namespace {
+void write_all(int fd, const std::string& bytes, const std::string& path) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    RLX_CHECK(n > 0, "cannot write {}: {}", path, std::strerror(errno));
+    done += static_cast<size_t>(n);
+  }
+}
+
+// A snapshot travels as a framed message: the frame's length and checksum catch a torn file.
+struct SnapshotMessage {
+  static constexpr MsgType kType = MsgType::hub_state;
+  HubSnapshot s;
+  template <class Ar> void serialize(Ar& ar) { ar(s); }
+};
+}  // namespace
+
+void write_snapshot(const HubSnapshot& snapshot, const std::string& path) {
+  const std::string bytes = pack(SnapshotMessage{snapshot});
+  const std::filesystem::path p(path);
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  RLX_CHECK(fd >= 0, "cannot create {}: {}", tmp, std::strerror(errno));
+  try {
+    write_all(fd, bytes, tmp);
+    RLX_CHECK(::fsync(fd) == 0, "fsync {}: {}", tmp, std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  RLX_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "rename {} -> {}: {}", tmp, path, std::strerror(errno));
+  const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
+  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+HubSnapshot read_snapshot(const std::string& path, const Limits& limits) {
+  std::ifstream in(path, std::ios::binary);
+  RLX_CHECK(in.good(), "cannot read hub state {}", path);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  Limits l = limits;
+  l.max_frame_bytes = std::max<uint64_t>(l.max_frame_bytes, bytes.size());
+  try {
+    const Frame f = decode_frame(bytes, l);
+    return unpack<SnapshotMessage>(f, l).s;
+  } catch (const FrameError& e) {
+    throw Error(fmt::format("hub state {} is damaged ({}): {}", path, to_string(e.reason()), e.what()));
+  }
+}
+
+// --- the hub ---------------------------------------------------------------------------------
+
+struct Hub::Impl {
+  struct Waiting {
+    uint64_t seq;
+    BatchRequest request;
+  };
+  struct Peer {
+    std::string who, role, route;
+    uint64_t incarnation = 0;
+    bool connected = false;
+    double last_heard = 0;
+    uint64_t credits = 0;
+    uint64_t last_seq = 0;
+    std::optional<Batch> in_flight;  // learners: sent, not yet confirmed
+    std::optional<Waiting> waiting;  // learners: a request not yet answered
+  };
+
+  HubOptions o;
+  Limits limits;
+  PromptSource source;
+  LeaseTable leases;
+  ReplayBuffer buffer;
+  std::unique_ptr<TrajectoryStore> store;
+  std::unique_ptr<zmq::context_t> own_context;  // CURVE hubs: their own ZAP handler
+  zmq::context_t* context;
+  std::unique_ptr<detail::ZapHandler> zap;
+  zmq::socket_t router;
+  std::string endpoint;
+
+  std::map<std::string, Peer> peers;           // by name
+  std::map<std::string, std::string> by_route;  // routing id -> name
+  std::deque<std::string> waiting_order;        // learners with a request, oldest first
+  int64_t version = 0;
+  uint64_t accepted_total = 0;
+  uint64_t next_batch_id = 1;
+  std::map<std::string, uint64_t> counts;
+  double last_tick = 0, last_heartbeat = 0, last_save = 0;
+  bool stop_requested = false;
+  static constexpr size_t kMaxPeers = 4096;
+
+  Impl(HubOptions options, std::vector<std::string> records)
+      : o(std::move(options)),
+        limits(o.limits()),
+        source(std::move(records), {.seed = o.seed, .epochs = o.epochs, .shuffle = o.shuffle}),
+        leases(source, {.group_size = o.group_size, .timeout_s = o.lease_timeout_s, .max_attempts = o.max_attempts}),
+        buffer(o.replay) {
+    config::check_bounds(o, "hub");
+    o.validate();
+    if (!o.trajectory_file.empty()) store = std::make_unique<TrajectoryStore>(o.trajectory_file);
+    if (!o.state_file.empty() && std::filesystem::exists(o.state_file)) restore(read_snapshot(o.state_file, limits));
+    if (o.curve.enabled()) {
+      own_context = std::make_unique<zmq::context_t>(1);
+      context = own_context.get();
+      const auto keys = read_public_keys(o.curve.allowed_clients_file);
+      zap = std::make_unique<detail::ZapHandler>(*context, std::set<std::string>(keys.begin(), keys.end()));
+    } else {
+      context = &detail::shared_context();
+    }
+    router = zmq::socket_t(*context, zmq::socket_type::router);
+    detail::configure_socket(router, limits, o.queue_depth);
+    router.set(zmq::sockopt::router_mandatory, 1);
+    if (o.curve.enabled()) detail::make_curve_server(router, o.curve);
+    try {
+      router.bind(o.address);
+    } catch (const zmq::error_t& e) {
+      throw Error(fmt::format("hub: cannot bind {}: {}", o.address, e.what()));
+    }
+    endpoint = router.get(zmq::sockopt::last_endpoint);
+    last_tick = last_heartbeat = last_save = seconds_now();
+    log::info("hub: serving {} ({} prompts, group size {}, {} epochs)", endpoint, source.size(), o.group_size, o.epochs);
+  }
+
+  void count(const std::string& what, uint64_t n = 1) { counts[what] += n; }
+
+  // --- sending ---
+  template <class T>
+  bool send(Peer& p, const T& msg, uint64_t seq) {
+    if (!p.connected) return false;
+    if (detail::try_send_to(router, p.route, pack(msg, seq))) return true;
+    count("send_failed");
+    return false;
+  }
+  template <class T>
+  void send_route(const std::string& route, const T& msg, uint64_t seq) {
+    if (!detail::try_send_to(router, route, pack(msg, seq))) count("send_failed");
+  }
+
+  // --- credits ---
+  uint64_t free_slots() const {
+    uint64_t held = 0;
+    for (const auto& [_, p] : peers) held += p.credits;
+    const uint64_t used = buffer.size() + held;
+    return used >= o.replay.capacity_groups ? 0 : o.replay.capacity_groups - used;
+  }
+  bool top_up(Peer& p) {
+    if (!p.connected || p.role != "worker" || p.credits >= o.credits_per_peer) return false;
+    const uint64_t grant = std::min<uint64_t>(o.credits_per_peer - p.credits, free_slots());
+    p.credits += grant;
+    return grant > 0;
+  }
+  void distribute_credits() {
+    for (auto& [_, p] : peers)
+      if (top_up(p)) send(p, Ack{.seq = p.last_seq, .credits = p.credits}, p.last_seq);
+  }
+
+  // --- the staleness gate (AReaL-style): leases run at most max_staleness versions ahead ---
+  bool gate_open() const {
+    if (o.groups_per_version == 0 || leases.pending_reissue() > 0) return true;
+    const uint64_t started = accepted_total + leases.outstanding();
+    const auto limit = static_cast<uint64_t>(std::max<int64_t>(0, version + o.replay.max_staleness + 1)) * o.groups_per_version;
+    return started < limit;
+  }
+
+  // --- peers ---
+  void lose(Peer& p, const std::string& why) {
+    log::warn("hub: {} {} lost: {}", p.role, p.who, why);
+    count("peers_lost");
+    by_route.erase(p.route);
+    p.connected = false;
+    p.credits = 0;
+    p.waiting.reset();
+    std::erase(waiting_order, p.who);
+    if (p.role == "worker") {
+      for (const auto& rec : leases.worker_lost(p.who)) log::warn("hub: lease {} ended: {}", rec.lease_id, rec.reason);
+    }
+  }
+  void requeue_in_flight(Peer& p) {
+    if (!p.in_flight) return;
+    count("batches_requeued");
+    buffer.requeue_front(std::move(p.in_flight->groups));
+    p.in_flight.reset();
+  }
+
+  void on_hello(const std::string& route, uint64_t seq, Hello h) {
+    if (h.role != "worker" && h.role != "learner" && h.role != "monitor")
+      throw Error(fmt::format("hello from '{}': role '{}' is not worker, learner or monitor", h.who, h.role));
+    RLX_CHECK(!h.who.empty() && h.who.size() <= 256, "hello: a peer name must have 1 to 256 characters");
+    if (auto r = by_route.find(route); r != by_route.end() && r->second != h.who)
+      if (auto old = peers.find(r->second); old != peers.end()) lose(old->second, "said hello under a new name");
+    auto it = peers.find(h.who);
+    if (it == peers.end()) {
+      RLX_CHECK(peers.size() < kMaxPeers, "hello from '{}': the hub already has {} peers", h.who, kMaxPeers);
+      it = peers.emplace(h.who, Peer{.who = h.who, .role = h.role, .incarnation = h.incarnation}).first;
+    }
+    Peer& p = it->second;
+    if (p.connected) by_route.erase(p.route);
+    if (p.incarnation != h.incarnation || p.role != h.role) {
+      if (p.connected) lose(p, "restarted");
+      else if (p.role == "worker") leases.worker_lost(p.who);
+      requeue_in_flight(p);  // a restarted learner never received that batch
+      p.incarnation = h.incarnation;
+      p.role = h.role;
+    }
+    p.route = route;
+    p.connected = true;
+    p.credits = 0;
+    p.last_seq = seq;
+    p.last_heard = seconds_now();
+    by_route[route] = p.who;
+    top_up(p);
+    count("hellos");
+    send(p, Welcome{.credits = p.credits, .heartbeat_s = o.heartbeat_s, .lease_timeout_s = o.lease_timeout_s}, seq);
+  }
+
+  void on_lease_request(Peer& p, uint64_t seq, const LeaseRequest& req) {
+    RLX_CHECK(p.role == "worker", "{} asked for leases but is a {}", p.who, p.role);
+    LeaseGrant grant;
+    const uint32_t n = std::min(req.max_leases, o.max_leases_per_request);
+    const double now = seconds_now();
+    const int64_t min_version = std::max<int64_t>(0, version - o.replay.max_staleness);
+    for (uint32_t i = 0; i < n && gate_open(); ++i) {
+      auto lease = leases.issue(p.who, now, min_version);
+      if (!lease) break;
+      grant.leases.push_back(std::move(*lease));
+    }
+    grant.exhausted = grant.leases.empty() && leases.done();
+    count("leases_issued", grant.leases.size());
+    if (grant.leases.empty() && !grant.exhausted) count("lease_requests_unmet");
+    send(p, grant, seq);
+  }
+
+  // Why a group cannot be a result of its lease, or nothing.
+  std::optional<std::string> invalid(const TrajectoryGroup& g, const Lease& lease) const {
+    if (g.samples.size() != lease.group_size)
+      return fmt::format("{} samples, the lease asked for {}", g.samples.size(), lease.group_size);
+    if (g.prompt_index != lease.prompt_index || g.epoch != lease.epoch)
+      return fmt::format("prompt {}/epoch {} does not match the lease's {}/{}", g.prompt_index, g.epoch,
+                         lease.prompt_index, lease.epoch);
+    for (size_t i = 0; i < g.samples.size(); ++i) {
+      const auto& s = g.samples[i];
+      const size_t n = s.tokens.size();
+      if (n == 0) return fmt::format("sample {} has no tokens", i);
+      if (s.loss_mask.size() != n || s.logprobs.size() != n || s.versions.size() != n)
+        return fmt::format("sample {}: tokens, loss_mask, logprobs and versions differ in length", i);
+      if (s.prompt_len < 0 || static_cast<size_t>(s.prompt_len) > n)
+        return fmt::format("sample {}: prompt_len {} is outside [0, {}]", i, s.prompt_len, n);
+      for (size_t t = 0; t < n; ++t)
+        if (s.tokens[t] < 0 || s.loss_mask[t] > 1 || !std::isfinite(s.logprobs[t]))
+          return fmt::format("sample {} token {}: negative id, mask not 0/1, or non-finite log-prob", i, t);
+      if (!std::isfinite(s.reward)) return fmt::format("sample {}: non-finite reward", i);
+    }
+    return std::nullopt;
+  }
+
+  void on_group(Peer& p, uint64_t seq, TrajectoryGroup g) {
+    RLX_CHECK(p.role == "worker", "{} sent a trajectory group but is a {}", p.who, p.role);
+    if (p.credits > 0) --p.credits;
+    else count("groups_over_credit");
+    p.last_seq = seq;
+    std::string verdict;
+    const Lease* lease = leases.find(g.lease_id);
+    if (!lease) {
+      verdict = "duplicate";
+    } else if (auto why = invalid(g, *lease)) {
+      log::warn("hub: lease {} from {}: invalid group: {}", g.lease_id, p.who, *why);
+      leases.fail(g.lease_id, "data", "invalid trajectory group: " + *why);
+      verdict = "invalid";
+    } else {
+      switch (buffer.admit(g, version)) {
+        case ReplayBuffer::Verdict::accepted:
+          verdict = "accepted";
+          leases.complete(g.lease_id);
+          if (store) store->append(g, version);
+          ++accepted_total;
+          buffer.push_accepted(std::move(g));
+          break;
+        case ReplayBuffer::Verdict::stale:
+          verdict = "stale";  // re-issued: the prompt is not skipped
+          leases.fail(g.lease_id, "infra", fmt::format("stale group (hub version {})", version));
+          break;
+        case ReplayBuffer::Verdict::filtered:
+          verdict = "filtered";
+          leases.fail(g.lease_id, "filtered", "all rewards equal");
+          break;
+        case ReplayBuffer::Verdict::full:
+          verdict = "full";  // only a worker ignoring its credits gets here; the lease stays open
+          break;
+      }
+    }
+    count("groups_" + verdict);
+    top_up(p);
+    send(p, Ack{.seq = seq, .credits = p.credits, .duplicate = verdict == "duplicate", .verdict = verdict}, seq);
+    serve_learners();
+  }
+
+  void on_error_record(Peer& p, uint64_t seq, const ErrorRecord& rec) {
+    RLX_CHECK(p.role == "worker", "{} sent an error record but is a {}", p.who, p.role);
+    RLX_CHECK(rec.kind == "infra" || rec.kind == "data", "error record for lease {}: kind '{}' is not infra or data",
+              rec.lease_id, rec.kind);
+    const bool open = leases.is_open(rec.lease_id);
+    if (open) leases.fail(rec.lease_id, rec.kind, fmt::format("{} (reported by {})", rec.reason, p.who));
+    count(open ? "worker_errors" : "worker_errors_duplicate");
+    send(p, Ack{.seq = seq, .credits = p.credits, .duplicate = !open, .verdict = open ? "recorded" : "duplicate"}, seq);
+  }
+
+  void on_batch_request(Peer& p, uint64_t seq, const BatchRequest& req) {
+    RLX_CHECK(p.role == "learner", "{} asked for a batch but is a {}", p.who, p.role);
+    RLX_CHECK(req.num_ranks >= 1 && req.num_ranks <= 65536, "batch request: num_ranks {} is outside [1, 65536]", req.num_ranks);
+    if (p.in_flight && req.ack_batch_id == p.in_flight->batch_id) p.in_flight.reset();
+    if (p.in_flight) {  // the learner reconnected without having it: send it again
+      count("batches_resent");
+      send(p, *p.in_flight, seq);
+      return;
+    }
+    if (!p.waiting) waiting_order.push_back(p.who);
+    p.waiting = Waiting{seq, req};
+    serve_learners();
+  }
+
+  void serve_learners() {
+    for (auto it = waiting_order.begin(); it != waiting_order.end();) {
+      Peer& p = peers.at(*it);
+      const BatchRequest& r = p.waiting->request;
+      const bool enough = r.max_groups ? buffer.size() >= r.max_groups
+                                       : (r.max_tokens ? buffer.tokens() >= r.max_tokens : buffer.size() >= 1);
+      if (!enough && !leases.done()) {
+        ++it;
+        continue;
+      }
+      Batch b;
+      b.batch_id = next_batch_id++;
+      b.groups = buffer.pop(r.max_groups, r.max_tokens);
+      b.ranks = assign_ranks(b.groups, r.num_ranks);
+      b.end = leases.done() && buffer.size() == 0;
+      const uint64_t seq = p.waiting->seq;
+      p.waiting.reset();
+      it = waiting_order.erase(it);
+      if (!send(p, b, seq)) {
+        buffer.requeue_front(std::move(b.groups));
+        continue;
+      }
+      count("batches_sent");
+      count("groups_delivered", b.groups.size());
+      if (!b.groups.empty()) p.in_flight = std::move(b);
+    }
+    distribute_credits();
+  }
+
+  void on_version(Peer& p, uint64_t seq, const VersionUpdate& u) {
+    RLX_CHECK(p.role == "learner", "{} published a weight version but is a {}", p.who, p.role);
+    if (u.version > version) {
+      version = u.version;
+      const size_t evicted = buffer.evict_stale(version);
+      if (evicted) log::warn("hub: version {}: evicted {} stale groups", version, evicted);
+    }
+    send(p, Ack{.seq = seq, .verdict = "version"}, seq);
+  }
+
+  void on_control(Peer& p, uint64_t seq, const Control& c) {
+    std::string verdict = c.command;
+    if (c.command == "save") {
+      RLX_CHECK(!o.state_file.empty(), "save requested, but the hub has no state_file");
+      save(o.state_file);
+    } else if (c.command == "stop") {
+      stop_requested = true;
+    } else {
+      throw Error(fmt::format("control: unknown command '{}' (save, stop)", c.command));
+    }
+    send(p, Ack{.seq = seq, .verdict = verdict}, seq);
+  }
+
+  void on_frame(const std::string& route, std::string_view bytes) {
+    Frame frame;
+    try {
+      frame = decode_frame(bytes, limits);
+    } catch (const FrameError& e) {
+      reject(route, std::string(to_string(e.reason())), e.what());
+      return;
+    }
+    const auto r = by_route.find(route);
+    Peer* peer = r == by_route.end() ? nullptr : &peers.at(r->second);
+    try {
+      dispatch(frame, limits, [&](auto msg) {
+        using T = decltype(msg);
+        if constexpr (std::is_same_v<T, Hello>) {
+          on_hello(route, frame.seq, std::move(msg));
+          return;
+        }
+        if (!peer) {  // restarted hub, or a peer declared lost: it must introduce itself again
+          count("frames_from_unknown_peers");
+          send_route(route, Welcome{.heartbeat_s = o.heartbeat_s, .lease_timeout_s = o.lease_timeout_s, .rehello = true}, frame.seq);
+          return;
+        }
+        peer->last_heard = seconds_now();
+        if constexpr (std::is_same_v<T, LeaseRequest>) on_lease_request(*peer, frame.seq, msg);
+        else if constexpr (std::is_same_v<T, TrajectoryGroup>) on_group(*peer, frame.seq, std::move(msg));
+        else if constexpr (std::is_same_v<T, ErrorRecord>) on_error_record(*peer, frame.seq, msg);
+        else if constexpr (std::is_same_v<T, BatchRequest>) on_batch_request(*peer, frame.seq, msg);
+        else if constexpr (std::is_same_v<T, VersionUpdate>) on_version(*peer, frame.seq, msg);
+        else if constexpr (std::is_same_v<T, Control>) on_control(*peer, frame.seq, msg);
+        else if constexpr (std::is_same_v<T, Stats>) send(*peer, Stats{stats()}, frame.seq);
+        else if constexpr (std::is_same_v<T, Heartbeat>) count("heartbeats");
+        else throw Error(fmt::format("a {} message is sent by the hub, not to it", to_string(T::kType)));
+      });
+    } catch (const FrameError& e) {
+      reject(route, std::string(to_string(e.reason())), e.what());
+    } catch (const Error& e) {
+      reject(route, "invalid", e.what());
+      if (peer || frame.type == MsgType::hello)  // tell an introduced peer why, so its call fails fast
+        send_route(route, Ack{.seq = frame.seq, .verdict = std::string("error: ") + e.what()}, frame.seq);
+    }
+  }
+
+  void reject(const std::string& route, const std::string& reason, const std::string& what) {
+    count("rejected_" + reason);
+    const uint64_t n = ++counts["rejected"];
+    if (n <= 20 || (n & (n - 1)) == 0) {  // the first 20, then at powers of two: bounded log volume
+      const auto r = by_route.find(route);
+      log::warn("hub: rejected a frame from {} ({}): {}", r == by_route.end() ? "an unknown peer" : r->second, reason, what);
+    }
+  }
+
+  void tick() {
+    const double now = seconds_now();
+    for (auto& [_, p] : peers)
+      if (p.connected && now - p.last_heard > o.peer_timeout_s)
+        lose(p, fmt::format("silent for {:.1f} s", now - p.last_heard));
+    std::erase_if(peers, [](const auto& kv) { return !kv.second.connected && !kv.second.in_flight; });
+    if (now - last_heartbeat >= o.heartbeat_s) {
+      last_heartbeat = now;
+      for (auto& [_, p] : peers) send(p, Heartbeat{"hub"}, 0);
+    }
+    for (const auto& rec : leases.expire(now)) log::warn("hub: lease {} ended: {}", rec.lease_id, rec.reason);
+    serve_learners();
+    if (o.save_every_s > 0 && !o.state_file.empty() && now - last_save >= o.save_every_s) save(o.state_file);
+    last_tick = now;
+  }
+
+  void poll(double timeout_s) {
+    zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
+    const double until_tick = std::max(0.0, last_tick + std::min(0.25, o.heartbeat_s / 2) - seconds_now());
+    zmq::poll(&item, 1, std::chrono::milliseconds(static_cast<int64_t>(1000 * std::min(timeout_s, until_tick))));
+    for (int i = 0; i < 256; ++i) {  // drain a bounded number per turn
+      zmq::message_t route, body;
+      if (!router.recv(route, zmq::recv_flags::dontwait)) break;
+      if (!route.more()) {
+        count("rejected_parts");
+        continue;
+      }
+      (void)router.recv(body, zmq::recv_flags::none);
+      if (body.more()) {  // more than [route, frame]: drop the rest
+        count("rejected_parts");
+        while (body.more()) (void)router.recv(body, zmq::recv_flags::none);
+        continue;
+      }
+      on_frame(route.to_string(), std::string_view(static_cast<const char*>(body.data()), body.size()));
+    }
+    if (seconds_now() - last_tick >= std::min(0.25, o.heartbeat_s / 2)) tick();
+  }
+
+  HubSnapshot snapshot() const {
+    HubSnapshot s;
+    s.cursor = source.cursor();
+    s.leases = leases.state(seconds_now());
+    s.buffer.assign(buffer.contents().begin(), buffer.contents().end());
+    s.replay_counts = buffer.counts();
+    s.version = version;
+    s.accepted_total = accepted_total;
+    s.next_batch_id = next_batch_id;
+    s.stored_groups = store ? store->groups() : 0;
+    for (const auto& [who, p] : peers)
+      if (p.in_flight) s.in_flight.push_back({who, *p.in_flight});
+    return s;
+  }
+
+  void save(const std::string& path) {
+    if (store) store->flush();
+    write_snapshot(snapshot(), path);
+    last_save = seconds_now();
+    count("saves");
+  }
+
+  void restore(HubSnapshot s) {
+    source.restore(s.cursor);
+    leases.restore(s.leases, seconds_now());
+    buffer.restore(std::deque<TrajectoryGroup>(std::make_move_iterator(s.buffer.begin()),
+                                               std::make_move_iterator(s.buffer.end())),
+                   s.replay_counts);
+    version = s.version;
+    accepted_total = s.accepted_total;
+    next_batch_id = s.next_batch_id;
+    if (store) {
+      RLX_CHECK(store->groups() >= s.stored_groups, "{} has {} groups, the saved hub state expects at least {}",
+                o.trajectory_file, store->groups(), s.stored_groups);
+      store->truncate(s.stored_groups);
+    }
+    // Unconfirmed batches wait for their learner: sent again if it reconnects, returned
+    // to the buffer if it restarts.
+    for (auto& f : s.in_flight)
+      peers.emplace(f.learner, Peer{.who = f.learner, .role = "learner", .in_flight = std::move(f.batch)});
+    log::info("hub: restored {} (epoch {} position {}, {} leases out, {} groups buffered)", o.state_file,
+              s.cursor.epoch, s.cursor.position, leases.outstanding(), buffer.size());
+  }
+
+  std::vector<std::pair<std::string, double>> stats() const {
+    std::vector<std::pair<std::string, double>> out;
+    auto add = [&](std::string k, double v) { out.emplace_back(std::move(k), v); };
+    add("version", static_cast<double>(version));
+    add("buffer_groups", static_cast<double>(buffer.size()));
+    add("buffer_capacity", static_cast<double>(o.replay.capacity_groups));
+    add("leases_outstanding", static_cast<double>(leases.outstanding()));
+    add("leases_pending_reissue", static_cast<double>(leases.pending_reissue()));
+    add("leases_completed", static_cast<double>(leases.completed()));
+    add("lease_errors", static_cast<double>(leases.errors().size()));
+    add("accepted_total", static_cast<double>(accepted_total));
+    const auto& c = buffer.counts();
+    add("replay_stale", static_cast<double>(c.stale));
+    add("replay_filtered", static_cast<double>(c.filtered));
+    add("replay_evicted_stale", static_cast<double>(c.evicted_stale));
+    uint64_t connected = 0, credits = 0;
+    for (const auto& [_, p] : peers) connected += p.connected, credits += p.credits;
+    add("peers_connected", static_cast<double>(connected));
+    add("credits_outstanding", static_cast<double>(credits));
+    add("finished", leases.done() && buffer.size() == 0 ? 1 : 0);
+    if (zap) add("curve_refused", static_cast<double>(zap->refused())), add("curve_accepted", static_cast<double>(zap->accepted()));
+    for (const auto& [k, v] : counts) add(k, static_cast<double>(v));
+    return out;
+  }
+};
+
+Hub::Hub(HubOptions options) : Hub(options, load_jsonl(options.dataset)) {}
+Hub::Hub(HubOptions options, std::vector<std::string> records)
+    : impl_(std::make_unique<Impl>(std::move(options), std::move(records))) {}
+Hub::~Hub() = default;
+
+void Hub::run(const std::atomic<bool>& stop) {
+  while (!stop && !impl_->stop_requested) impl_->poll(0.1);
+  if (!impl_->o.state_file.empty()) impl_->save(impl_->o.state_file);
+}
+void Hub::poll(double timeout_s) { impl_->poll(timeout_s); }
+std::string Hub::endpoint() const { return impl_->endpoint; }
+HubSnapshot Hub::snapshot() const { return impl_->snapshot(); }
+void Hub::save_state(const std::string& path) const { const_cast<Impl&>(*impl_).save(path); }
+std::vector<std::pair<std::string, double>> Hub::stats() const { return impl_->stats(); }
+int64_t Hub::version() const { return impl_->version; }
+bool Hub::finished() const { return impl_->leases.done() && impl_->buffer.size() == 0; }
+
+}  // namespace rlx::bus
