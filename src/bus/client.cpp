@@ -22,7 +22,7 @@ struct Client::Impl {
   // One frame to send, and its answer once it comes.
   struct Item {
     MsgType type;
-    std::string frame;  // packed; the seq in its header is stamped at each send
+    std::shared_ptr<std::string> frame;  // packed; the seq in its header is stamped at each send
     std::optional<std::string> reply;
     bool failed = false;
   };
@@ -58,7 +58,8 @@ struct Client::Impl {
               "client {}: role '{}' is not worker, learner or monitor", o.who, o.role);
     if (o.incarnation == 0)
       o.incarnation = (static_cast<uint64_t>(::getpid()) << 32) ^ static_cast<uint64_t>(seconds_now() * 1e6);
-    bell_address = fmt::format("inproc://rlx-client-bell-{}", static_cast<const void*>(this));
+    static std::atomic<uint64_t> clients{0};  // names are never reused (sockets close asynchronously)
+    bell_address = fmt::format("inproc://rlx-client-bell-{}", ++clients);
     bell_in.bind(bell_address);
     bell_out.connect(bell_address);
     std::lock_guard lock(m);
@@ -103,7 +104,8 @@ struct Client::Impl {
     for (auto it = again.rbegin(); it != again.rend(); ++it) outbox.push_front(*it);
     counters.resent += again.size();
     hub_credits = 0;
-    auto hello = std::make_shared<Item>(Item{MsgType::hello, pack(Hello{o.who, o.role, o.incarnation})});
+    auto hello = std::make_shared<Item>(
+        Item{MsgType::hello, std::make_shared<std::string>(pack(Hello{o.who, o.role, o.incarnation}))});
     outbox.push_front(hello);
     send_locked();
     hello_seq = next_seq;  // the hello went first
@@ -126,8 +128,9 @@ struct Client::Impl {
         continue;
       }
       const uint64_t seq = next_seq + 1;
-      std::memcpy(item->frame.data() + 12, &seq, sizeof(seq));
-      if (!detail::try_send(dealer, item->frame)) break;  // queue full: try again next turn
+      if (item->frame.use_count() > 1) item->frame = std::make_shared<std::string>(*item->frame);  // ZeroMQ still holds it
+      std::memcpy(item->frame->data() + 12, &seq, sizeof(seq));
+      if (!detail::try_send(dealer, std::shared_ptr<const std::string>(item->frame))) break;  // queue full: next turn
       next_seq = seq;
       sent[seq] = item;
       if (group) --credits, ++counters.groups_sent;
@@ -225,7 +228,7 @@ struct Client::Impl {
 
   // --- API side ---
   ItemPtr enqueue(MsgType type, std::string frame) {
-    auto item = std::make_shared<Item>(Item{type, std::move(frame)});
+    auto item = std::make_shared<Item>(Item{type, std::make_shared<std::string>(std::move(frame))});
     {
       std::lock_guard lock(m);
       outbox.push_back(item);

@@ -50,7 +50,8 @@ void read_key_lines(const std::filesystem::path& file, F&& f) {
   RLX_CHECK(in.good(), "cannot read key file {}", file.string());
   std::string line;
   for (size_t lineno = 1; std::getline(in, line); ++lineno) {
-    if (auto hash = line.find('#'); hash != std::string::npos) line.resize(hash);
+    if (const auto first = line.find_first_not_of(" \t"); first != std::string::npos && line[first] == '#') continue;
+    if (auto hash = line.find(" #"); hash != std::string::npos) line.resize(hash);  // '#' is a Z85 character
     auto trim = [](std::string s) {
       const auto a = s.find_first_not_of(" \t\r\"'"), b = s.find_last_not_of(" \t\r\"'");
       return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
@@ -163,6 +164,26 @@ void ZapHandler::serve() {
   }
 }
 
+namespace {
+// Large frames go to ZeroMQ without a copy: the message keeps the string alive.
+zmq::message_t as_message(std::shared_ptr<const std::string> frame) {
+  if (frame->size() < 4096) return zmq::message_t(frame->data(), frame->size());
+  auto* keep = new std::shared_ptr<const std::string>(std::move(frame));
+  return zmq::message_t(
+      const_cast<char*>((*keep)->data()), (*keep)->size(),
+      [](void*, void* hint) { delete static_cast<std::shared_ptr<const std::string>*>(hint); }, keep);
+}
+}  // namespace
+
+bool try_send(zmq::socket_t& socket, std::shared_ptr<const std::string> frame) {
+  try {
+    auto msg = as_message(std::move(frame));
+    return socket.send(msg, zmq::send_flags::dontwait).has_value();
+  } catch (const zmq::error_t&) {
+    return false;
+  }
+}
+
 bool try_send(zmq::socket_t& socket, const std::string& frame) {
   try {
     return socket.send(zmq::buffer(frame), zmq::send_flags::dontwait).has_value();
@@ -171,10 +192,11 @@ bool try_send(zmq::socket_t& socket, const std::string& frame) {
   }
 }
 
-bool try_send_to(zmq::socket_t& router, const std::string& routing_id, const std::string& frame) {
+bool try_send_to(zmq::socket_t& router, const std::string& routing_id, std::string frame) {
   try {
     if (!router.send(zmq::buffer(routing_id), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) return false;
-    return router.send(zmq::buffer(frame), zmq::send_flags::dontwait).has_value();
+    auto msg = as_message(std::make_shared<const std::string>(std::move(frame)));
+    return router.send(msg, zmq::send_flags::dontwait).has_value();
   } catch (const zmq::error_t&) {
     return false;  // EHOSTUNREACH: the peer is gone (ROUTER_MANDATORY)
   }

@@ -7,6 +7,7 @@
 #include <zmq_addon.hpp>
 
 #include <atomic>
+#include <memory>
 #include <chrono>
 #include <cstdint>
 #include <set>
@@ -53,6 +54,8 @@ inline double seconds_now() {
 
 // Sends without blocking; false when the peer is gone or its queue is full.
 bool try_send(zmq::socket_t& socket, const std::string& frame);
-bool try_send_to(zmq::socket_t& router, const std::string& routing_id, const std::string& frame);
+// Without copying a large frame (ZeroMQ holds a reference until it is written).
+bool try_send(zmq::socket_t& socket, std::shared_ptr<const std::string> frame);
+bool try_send_to(zmq::socket_t& router, const std::string& routing_id, std::string frame);
 
 }  // namespace rlx::bus::detail

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -299,7 +300,13 @@ struct BenchArgs {
   int groups = 100, samples = 8, tokens = 2048;
   std::string transports = "ipc,tcp";
   int credits = 8;
+  int reps = 3;
 };
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 // Raw ZeroMQ: PUSH -> PULL of `n` messages of `bytes` each; seconds.
 double raw_push_pull(const std::string& address, int n, size_t bytes) {
@@ -388,6 +395,7 @@ void add_bench_bus(CLI::App& app, Action& action) {
   c->add_option("--tokens", a->tokens, "tokens per sample")->capture_default_str();
   c->add_option("--transports", a->transports, "comma-separated: ipc, tcp")->capture_default_str();
   c->add_option("--credits", a->credits, "credits per worker")->capture_default_str();
+  c->add_option("--reps", a->reps, "measurements per path (after one warm-up each); medians reported")->capture_default_str();
   c->callback([a, &action] {
     action = [a] {
       log::set_level(log::Level::warn);
@@ -397,8 +405,20 @@ void add_bench_bus(CLI::App& app, Action& action) {
         RLX_CHECK(t == "ipc" || t == "tcp", "--transports: '{}' is not ipc or tcp", t);
         const std::string addr = t == "ipc" ? fmt::format("ipc:///tmp/rlx-bench-bus-{}.sock", ::getpid()) : "tcp://127.0.0.1:0";
         const std::string raw_addr = t == "ipc" ? fmt::format("ipc:///tmp/rlx-bench-raw-{}.sock", ::getpid()) : "tcp://127.0.0.1:0";
-        const auto bus_r = bus_roundtrip(addr, *a);
-        const double raw_s = raw_push_pull(raw_addr, a->groups, bus_r.frame_bytes);
+        // One untimed pass each warms the allocator and the sockets; then raw and bus
+        // alternate so both see the same machine state.
+        BusResult bus_r = bus_roundtrip(addr, *a);
+        raw_push_pull(raw_addr, a->groups, bus_r.frame_bytes);
+        std::vector<double> raw_v, ingest_v, drain_v;
+        for (int r = 0; r < std::max(1, a->reps); ++r) {
+          raw_v.push_back(raw_push_pull(raw_addr, a->groups, bus_r.frame_bytes));
+          const auto b = bus_roundtrip(addr, *a);
+          ingest_v.push_back(b.ingest_s);
+          drain_v.push_back(b.drain_s);
+        }
+        const double raw_s = median(raw_v);
+        bus_r.ingest_s = median(ingest_v);
+        bus_r.drain_s = median(drain_v);
         const double bytes = static_cast<double>(bus_r.frame_bytes) * a->groups;
         nlohmann::json j = {{"frame_bytes", bus_r.frame_bytes},
                             {"raw_msgs_per_s", a->groups / raw_s},

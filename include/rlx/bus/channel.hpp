@@ -31,7 +31,8 @@ CurveKeyPair generate_curve_keys();
 void write_curve_keys(const CurveKeyPair& keys, const std::filesystem::path& dir, const std::string& name);
 // Reads a file written by write_curve_keys; errors name the file and line.
 CurveKeyPair read_curve_keys(const std::filesystem::path& file);
-// Public keys, one per line ("public = KEY" or a bare KEY; '#' starts a comment).
+// Public keys, one per line ("public = KEY" or a bare KEY); comment lines start with '#', and
+// " #" starts a trailing comment ('#' alone is a Z85 character).
 std::vector<std::string> read_public_keys(const std::filesystem::path& file);
 // Whether `key` is 40 characters of the Z85 alphabet.
 bool is_z85_key(const std::string& key);

@@ -296,6 +296,7 @@ struct Batch {
   std::vector<uint32_t> ranks;  // per group: the learner rank that trains it (balanced by tokens)
   bool end = false;             // every lease has ended and the buffer is drained
   template <class Ar> void serialize(Ar& ar) { ar(batch_id, groups, ranks, end); }
+  bool operator==(const Batch&) const = default;
 };
 
 // A learner published new weights: groups older than the staleness bound are evicted.
@@ -336,11 +337,35 @@ class StringAppendBuf : public std::streambuf {
  private:
   std::string& out_;
 };
+
+// Counts the bytes cereal would write (pack() sizes its buffer once, no regrowth).
+class CountingBuf : public std::streambuf {
+ public:
+  size_t bytes = 0;
+
+ protected:
+  std::streamsize xsputn(const char*, std::streamsize n) override {
+    bytes += static_cast<size_t>(n);
+    return n;
+  }
+  int_type overflow(int_type c) override {
+    ++bytes;
+    return c == traits_type::eof() ? traits_type::not_eof(c) : c;
+  }
+};
 }  // namespace detail
 
 template <class T>
 std::string pack(const T& msg, uint64_t seq = 0) {
-  std::string frame(kHeaderBytes, '\0');
+  detail::CountingBuf counter;
+  {
+    std::ostream os(&counter);
+    cereal::BinaryOutputArchive ar(os);
+    ar(msg);
+  }
+  std::string frame;
+  frame.reserve(kHeaderBytes + counter.bytes);
+  frame.resize(kHeaderBytes);
   {
     detail::StringAppendBuf buf(frame);
     std::ostream os(&buf);

@@ -1,0 +1,268 @@
+// The hub and its clients over real ZeroMQ sockets (in-process hub thread): saved state,
+// malformed input, CURVE, and the HDF5 store.
+#include "rlx/bus/hub.hpp"
+
+#include <zmq.hpp>
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "../helpers.hpp"
+#include "rlx/bus/client.hpp"
+#include "rlx/bus/h5store.hpp"
+
+using Catch::Matchers::Contains;
+using namespace rlx::bus;
+using rlx::test::TempDir;
+
+namespace {
+std::vector<std::string> prompts(int n) {
+  std::vector<std::string> r;
+  for (int i = 0; i < n; ++i) r.push_back(R"({"prompt":"q)" + std::to_string(i) + R"("})");
+  return r;
+}
+
+TrajectoryGroup answer(const Lease& lease, int tokens = 6) {
+  TrajectoryGroup g{.lease_id = lease.lease_id, .prompt_index = lease.prompt_index, .epoch = lease.epoch};
+  for (uint32_t s = 0; s < lease.group_size; ++s) {
+    Trajectory t;
+    t.prompt_len = 2;
+    for (int i = 0; i < tokens; ++i) {
+      t.tokens.push_back(static_cast<int32_t>(lease.prompt_index * 100 + s * 10 + static_cast<uint64_t>(i)));
+      t.loss_mask.push_back(i >= 2);
+      t.logprobs.push_back(i >= 2 ? -0.5f * static_cast<float>(i) : 0.0f);
+      t.versions.push_back(i >= 2 ? lease.min_version : -1);
+    }
+    t.reward = static_cast<float>(s);
+    t.finish = s % 2 ? "length" : "stop";
+    t.metadata = R"({"s":)" + std::to_string(s) + "}";
+    g.samples.push_back(std::move(t));
+  }
+  return g;
+}
+
+// A hub serving on its own thread for the duration of a test.
+struct HubThread {
+  Hub hub;
+  std::atomic<bool> stop{false};
+  std::thread thread;
+  HubThread(HubOptions o, std::vector<std::string> records) : hub(std::move(o), std::move(records)) {
+    thread = std::thread([this] { hub.run(stop); });
+  }
+  ~HubThread() {
+    stop = true;
+    thread.join();
+  }
+};
+
+HubOptions options(const TempDir& dir, const std::string& name) {
+  HubOptions o;
+  o.address = "ipc://" + (dir / (name + ".sock")).string();
+  o.group_size = 2;
+  o.heartbeat_s = 0.1;
+  o.peer_timeout_s = 2;
+  return o;
+}
+
+ClientOptions worker(const std::string& address, const std::string& who) {
+  return {.address = address, .who = who, .heartbeat_s = 0.1, .hub_timeout_s = 2, .request_timeout_s = 10, .credit_wait_s = 10};
+}
+
+double stat(const std::vector<std::pair<std::string, double>>& s, const std::string& key) {
+  for (const auto& [k, v] : s)
+    if (k == key) return v;
+  return 0;
+}
+
+HubSnapshot without_deadlines(HubSnapshot s) {
+  for (auto& a : s.leases.active) a.remaining_s = 0;
+  return s;
+}
+}  // namespace
+
+TEST_CASE("bus: the HDF5 store round-trips groups and truncates to a saved count", "[bus]") {
+  TempDir dir;
+  const auto file = dir / "t.h5";
+  std::vector<TrajectoryGroup> groups;
+  {
+    TrajectoryStore store(file);
+    for (uint64_t i = 0; i < 5; ++i) {
+      auto g = answer(Lease{.lease_id = i + 1, .prompt_index = i, .group_size = 3}, 4 + static_cast<int>(i));
+      g.worker = "w" + std::to_string(i % 2);
+      store.append(g, 7);
+      groups.push_back(g);
+    }
+    CHECK(store.groups() == 5);
+    CHECK(store.samples() == 15);
+  }
+  auto back = read_trajectory_groups(file, 0, 100);
+  CHECK((back == groups));
+  CHECK((read_trajectory_groups(file, 3, 1) == std::vector<TrajectoryGroup>{groups[3]}));
+  const auto s = summarize_trajectories(file);
+  CHECK(s.groups == 5);
+  CHECK(s.distinct_leases == 5);
+  CHECK(s.finish.at("stop") == 10);
+  CHECK(s.workers.at("w0") == 3);
+  {
+    TrajectoryStore store(file);  // reopen, append after truncation
+    store.truncate(2);
+    store.append(groups[4], 8);
+    CHECK(store.groups() == 3);
+  }
+  back = read_trajectory_groups(file, 0, 100);
+  REQUIRE(back.size() == 3);
+  CHECK((back[2] == groups[4]));
+  rlx::test::write_file(dir / "bad.h5", "not hdf5");
+  CHECK_THAT(rlx::test::error_of([&] { summarize_trajectories(dir / "bad.h5"); }), Contains("not an HDF5 file"));
+}
+
+TEST_CASE("bus: a hub restarted from its saved state has the same cursor, leases and buffer", "[bus]") {
+  TempDir dir;
+  auto o = options(dir, "hub");
+  o.state_file = (dir / "state.bin").string();
+  o.trajectory_file = (dir / "t.h5").string();
+  HubSnapshot saved;
+  {
+    HubThread h(o, prompts(20));
+    Client w(worker(o.address, "w0"));
+    auto grant = w.request_leases(6);
+    REQUIRE(grant.leases.size() == 6);
+    for (int i = 0; i < 4; ++i) w.submit(answer(grant.leases[static_cast<size_t>(i)]));
+    REQUIRE(w.flush(10));
+    Client monitor({.address = o.address, .who = "m", .role = "monitor"});
+    monitor.control("save");
+    std::filesystem::copy_file(o.state_file, dir / "saved.bin");  // the hub saves again when it stops
+    saved = read_snapshot(o.state_file);
+    CHECK(saved.cursor.position == 6);
+    CHECK(saved.leases.active.size() == 2);
+    CHECK(saved.buffer.size() == 4);
+    CHECK(saved.stored_groups == 4);
+    // Accepted after the save: must vanish from the restored hub and from the file.
+    w.submit(answer(grant.leases[4]));
+    REQUIRE(w.flush(10));
+  }
+  o.state_file = (dir / "saved.bin").string();
+  Hub restored(o, prompts(20));
+  CHECK((without_deadlines(restored.snapshot()) == without_deadlines(saved)));
+  CHECK(summarize_trajectories(o.trajectory_file).groups == 4);
+  // A damaged state file is detected, naming the file.
+  auto bytes = rlx::test::read_file(o.state_file);
+  bytes[bytes.size() / 2] ^= 0x40;
+  rlx::test::write_file(dir / "damaged.bin", bytes);
+  CHECK_THAT(rlx::test::error_of([&] { read_snapshot((dir / "damaged.bin").string()); }), Contains("damaged"));
+}
+
+TEST_CASE("bus: malformed frames are rejected and counted while honest peers are served", "[bus]") {
+  TempDir dir;
+  auto o = options(dir, "hub");
+  o.max_frame_mb = 1;
+  HubThread h(o, prompts(8));
+  zmq::context_t ctx(1);
+  zmq::socket_t evil(ctx, zmq::socket_type::dealer);
+  evil.set(zmq::sockopt::linger, 0);
+  evil.connect(o.address);
+  std::mt19937 rng(7);
+  std::string noise(500, '\0');
+  for (auto& c : noise) c = static_cast<char>(rng());
+  const std::string hello = pack(Hello{"evil", "worker", 1}, 1);
+  std::string huge_claim = pack(LeaseRequest{1}, 2);
+  {  // a valid header claiming 2^62 elements in a lease grant's vector
+    std::string payload(8, '\0');
+    const uint64_t n = uint64_t{1} << 62;
+    std::memcpy(payload.data(), &n, 8);
+    huge_claim = encode_frame(MsgType::lease_grant, 3, payload);
+  }
+  std::string wrong_version = hello;
+  wrong_version[4] = 9;
+  std::string oversize_claim = hello;
+  const uint64_t big = uint64_t{1} << 40;
+  std::memcpy(oversize_claim.data() + 20, &big, 8);
+  std::string bad_checksum = hello;
+  bad_checksum.back() ^= 1;
+  for (const std::string& f : {noise, hello.substr(0, 20), hello.substr(0, hello.size() - 3), huge_claim, wrong_version,
+                               oversize_claim, bad_checksum, std::string()})
+    evil.send(zmq::buffer(f), zmq::send_flags::none);
+  // A payload that decodes as a group but lies about its lease: refused with a reason.
+  Client honest(worker(o.address, "honest"));
+  size_t done = 0;
+  for (;;) {
+    auto grant = honest.request_leases(3);
+    if (grant.exhausted) break;
+    for (const auto& l : grant.leases) honest.submit(answer(l)), ++done;
+  }
+  REQUIRE(honest.flush(10));
+  CHECK(done == 8);
+  Client monitor({.address = o.address, .who = "m", .role = "monitor"});
+  const auto s = monitor.hub_stats();
+  CHECK(stat(s, "groups_accepted") == 8);
+  CHECK(stat(s, "rejected_bad_magic") >= 1);
+  CHECK(stat(s, "rejected_truncated") >= 2);
+  CHECK(stat(s, "rejected_length_mismatch") >= 1);
+  CHECK(stat(s, "rejected_bad_version") >= 1);
+  CHECK(stat(s, "rejected_oversize") >= 1);
+  CHECK(stat(s, "rejected_checksum") >= 1);
+  CHECK(stat(s, "rejected_malformed") + stat(s, "rejected_invalid") >= 1);  // the 2^62 claim
+  // A peer that says hello and then sends a group for a lease it never held.
+  Client liar(worker(o.address, "liar"));
+  liar.submit(answer(Lease{.lease_id = 999, .group_size = 2}));
+  REQUIRE(liar.flush(10));
+  CHECK(liar.counters().verdicts.at("duplicate") == 1);
+}
+
+TEST_CASE("bus: CURVE admits only listed client keys", "[bus]") {
+  TempDir dir;
+  write_curve_keys(generate_curve_keys(), dir.path, "hub");
+  write_curve_keys(generate_curve_keys(), dir.path, "good");
+  write_curve_keys(generate_curve_keys(), dir.path, "stranger");
+  rlx::test::write_file(dir / "allowed", "# admitted clients\n" + rlx::test::read_file(dir / "good.pub"));
+  CHECK_THAT(rlx::test::error_of([&] { write_curve_keys(generate_curve_keys(), dir.path, "hub"); }), Contains("exists"));
+  HubOptions o = options(dir, "unused");
+  o.address = "tcp://127.0.0.1:0";
+  o.curve = {.key_file = (dir / "hub.key").string(), .allowed_clients_file = (dir / "allowed").string()};
+  HubThread h(o, prompts(4));
+  const std::string endpoint = h.hub.endpoint();
+  auto client = [&](const std::string& key) {
+    ClientOptions c = worker(endpoint, "c-" + key);
+    c.request_timeout_s = 1.5;
+    if (!key.empty()) c.curve = {.key_file = (dir / (key + ".key")).string(), .server_key_file = (dir / "hub.pub").string()};
+    return c;
+  };
+  {
+    Client plain(client(""));
+    CHECK_THAT(rlx::test::error_of([&] { plain.request_leases(1); }), Contains("did not answer"));
+  }
+  {
+    Client stranger(client("stranger"));
+    CHECK_THAT(rlx::test::error_of([&] { stranger.request_leases(1); }), Contains("did not answer"));
+  }
+  Client good(client("good"));
+  CHECK(good.request_leases(1).leases.size() == 1);
+  const auto s = h.hub.stats();
+  CHECK(stat(s, "curve_refused") >= 1);
+  CHECK(stat(s, "curve_accepted") >= 1);
+  // Keys are validated with file and line.
+  rlx::test::write_file(dir / "broken.pub", "public = tooshort\n");
+  CHECK_THAT(rlx::test::error_of([&] { read_curve_keys(dir / "broken.pub"); }), Contains("broken.pub:1"));
+}
+
+TEST_CASE("bus: the staleness gate issues leases at most max_staleness versions ahead", "[bus]") {
+  TempDir dir;
+  auto o = options(dir, "hub");
+  o.groups_per_version = 2;
+  o.replay.max_staleness = 1;
+  HubThread h(o, prompts(20));
+  Client w(worker(o.address, "w"));
+  // Version 0, staleness 1: (0 + 1 + 1) * 2 = 4 groups may be started.
+  auto grant = w.request_leases(10);
+  CHECK(grant.leases.size() == 4);
+  CHECK(w.request_leases(10).leases.empty());
+  Client learner({.address = o.address, .who = "l", .role = "learner", .request_timeout_s = 10});
+  learner.publish_version(1);
+  CHECK(w.request_leases(10).leases.size() == 2);
+  for (const auto& l : grant.leases) w.submit(answer(l));
+  REQUIRE(w.flush(10));
+  auto batch = learner.next_batch({.max_groups = 2, .num_ranks = 2}, 10);
+  CHECK(batch.groups.size() == 2);
+  CHECK((batch.ranks == std::vector<uint32_t>{0, 1}));
+}
