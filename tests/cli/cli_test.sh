@@ -79,5 +79,20 @@ expect "generate rejects an empty prompt" 1 "prompt is empty" -- "$rlx" generate
 expect "generate rejects max tokens 0" 1 "max_new_tokens = 0" -- "$rlx" generate --model tiny --prompt 1 --max-tokens 0
 expect "bench sampler prints JSON last" 0 '^\{.*"bench":"sampler".*"speedup_vs_naive"' -- \
   bash -c "'$rlx' bench sampler --batch 4 --prompt 4 --new 4 --iters 1 --naive --threads 1 | tail -n 1"
+
+# The bus commands.
+expect "keys generate writes .key and .pub" 0 'k/hub.pub' -- "$rlx" keys generate --out k --name hub
+expect "keys generate refuses to overwrite" 1 'refusing to overwrite' -- "$rlx" keys generate --out k --name hub
+expect "the secret key file is private" 0 '^600$' -- stat -c %a k/hub.key
+printf 'hub:\n  dataset: missing.jsonl\n' > hub_missing.yaml
+expect "hub serve: a missing dataset is named" 2 'dataset: missing.jsonl does not exist' -- "$rlx" hub serve hub_missing.yaml
+printf 'hub:\n  credits_per_peer: 0\n' > hub_bad.yaml
+expect "hub serve: out-of-range key, path and line" 2 'hub.credits_per_peer \(hub_bad.yaml:2\)' -- "$rlx" hub serve hub_bad.yaml
+printf '{"prompt": "a"}\nnot json\n' > bad.jsonl
+expect "hub serve: a bad dataset line is named" 1 'bad.jsonl:2: not valid JSON' -- "$rlx" hub serve hub_bad.yaml hub.credits_per_peer=1 hub.dataset=bad.jsonl
+expect "hub stats: no hub answers within the timeout" 1 'did not answer' -- "$rlx" hub stats --address ipc://$work/nohub.sock --timeout 0.5
+expect "inspect trajectories rejects a non-HDF5 file" 1 'not an HDF5 file' -- "$rlx" inspect trajectories good.yaml
+expect "bench bus prints JSON last" 0 '^\{"bench":"bus".*"ingest_vs_raw"' -- \
+  bash -c "'$rlx' bench bus --groups 4 --samples 2 --tokens 64 --transports ipc --reps 1 | tail -n 1"
 echo "$((checks - failures)) passed, $failures failed"
 [ "$failures" = 0 ]

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The bus with real processes: a hub, synthetic workers and a learner (rlx bus ...).
+#   1. A worker killed with SIGKILL mid-stream: its leases are re-issued; the learner
+#      trains every prompt exactly once (no duplicate, no hole), and the HDF5 store agrees.
+#   2. The learner stopped with SIGSTOP: workers block at their credits, the hub's buffer
+#      stays within its capacity; after SIGCONT nothing is lost or repeated.
+#   bus_processes.sh RLX_BINARY WORK_DIR
+set -euo pipefail
+rlx=$1 work=$2
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; for f in *.err; do echo "--- $f"; tail -5 "$f"; done; exit 1; }
+
+n=60
+for i in $(seq 0 $((n - 1))); do echo "{\"prompt\":\"q$i\"}"; done > data.jsonl
+
+start_hub() {  # name capacity
+  cat > "$1.yaml" <<YAML
+hub:
+  address: ipc://$work/$1.sock
+  dataset: $work/data.jsonl
+  group_size: 4
+  heartbeat_s: 0.2
+  peer_timeout_s: 1.5
+  lease_timeout_s: 30
+  credits_per_peer: 2
+  trajectory_file: $work/$1.h5
+  state_file: $work/$1.state
+  replay:
+    capacity_groups: $2
+YAML
+  "$rlx" hub serve "$1.yaml" > "$1.out" 2> "$1.err" &
+  pids+=($!)
+  hub_pid=$!
+}
+
+check_consumed() {  # file hub_h5 expected
+  python3 - "$1" "$2" "$3" <<'PY' || fail "consumed set of $1"
+import json, subprocess, sys
+path, h5, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rows = [json.loads(l) for l in open(path)]
+prompts = sorted(r["prompt_index"] for r in rows)
+leases = [r["lease_id"] for r in rows]
+assert prompts == list(range(n)), f"prompts trained: {len(prompts)}, distinct {len(set(prompts))}, want 0..{n-1}"
+assert len(set(leases)) == len(leases), "a lease was trained twice"
+print(f"ok: {n} prompts trained exactly once")
+PY
+}
+
+stat() { "$rlx" hub stats --address "ipc://$work/$1.sock" | python3 -c "import json,sys; print(int(json.load(sys.stdin)['$2']))"; }
+
+# --- 1. SIGKILL a producer mid-stream ------------------------------------------------------
+start_hub kill 64
+"$rlx" bus worker --address "ipc://$work/kill.sock" --name victim --leases 4 --delay-ms 30 --timeout 30 > victim.out 2> victim.err &
+victim=$!; pids+=($victim)
+"$rlx" bus learner --address "ipc://$work/kill.sock" --name learner --out kill.consumed --timeout 60 > kill-learner.out 2> kill-learner.err &
+learner=$!; pids+=($learner)
+for _ in $(seq 100); do [ -s kill.consumed ] && break; sleep 0.05; done
+sleep 0.2
+kill -9 $victim
+echo "killed the worker after $(wc -l < kill.consumed) groups were trained"
+"$rlx" bus worker --address "ipc://$work/kill.sock" --name survivor --leases 4 --timeout 30 > survivor.out 2> survivor.err \
+  || fail "the surviving worker failed"
+wait $learner || fail "the learner failed"
+check_consumed kill.consumed kill.h5 $n
+[ "$(stat kill lease_errors)" = 0 ] || fail "leases ended in errors"
+[ "$(stat kill leases_completed)" = $n ] || fail "leases completed != $n"
+[ "$(stat kill peers_lost)" -ge 1 ] || fail "the hub never noticed the killed worker"
+"$rlx" hub stop --address "ipc://$work/kill.sock"
+wait $hub_pid || fail "hub exit status"
+"$rlx" inspect trajectories kill.h5 | python3 -c "
+import json,sys; s=json.load(sys.stdin); assert s['groups']==$n and s['distinct_leases']==$n and s['distinct_prompts']==$n, s" \
+  || fail "the HDF5 store disagrees"
+
+# --- 2. SIGSTOP the consumer ------------------------------------------------------------------
+start_hub stop 6
+"$rlx" bus learner --address "ipc://$work/stop.sock" --name learner --out stop.consumed --delay-ms 20 --timeout 60 > stop-learner.out 2> stop-learner.err &
+learner=$!; pids+=($learner)
+"$rlx" bus worker --address "ipc://$work/stop.sock" --name w0 --timeout 60 > w0.out 2> w0.err &
+w0=$!; pids+=($w0)
+"$rlx" bus worker --address "ipc://$work/stop.sock" --name w1 --timeout 60 > w1.out 2> w1.err &
+w1=$!; pids+=($w1)
+for _ in $(seq 100); do [ -s stop.consumed ] && break; sleep 0.05; done
+kill -STOP $learner
+sleep 3  # longer than peer_timeout_s: the hub also declares the learner lost
+buffered=$(stat stop buffer_groups)
+accepted_then=$(stat stop accepted_total)
+sleep 1
+accepted_later=$(stat stop accepted_total)
+echo "learner stopped: buffer $buffered/6 groups, accepted $accepted_then then $accepted_later"
+[ "$buffered" -le 6 ] || fail "the buffer grew past its capacity"
+[ "$accepted_then" = "$accepted_later" ] || fail "the hub kept accepting with a full buffer"
+kill -0 $w0 && kill -0 $w1 || fail "a worker exited instead of waiting for credit"
+kill -CONT $learner
+wait $w0 || fail "worker w0 failed"
+wait $w1 || fail "worker w1 failed"
+wait $learner || fail "the learner failed after SIGCONT"
+check_consumed stop.consumed stop.h5 $n
+grep -q '"credit_waits":[1-9]' w0.out w1.out || fail "no worker ever waited for credit"
+"$rlx" hub stop --address "ipc://$work/stop.sock"
+wait $hub_pid || fail "hub exit status"
+echo "bus_processes: all checks passed"
