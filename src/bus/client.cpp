@@ -1,6 +1,7 @@
 #include "rlx/bus/client.hpp"
 
 #include <fmt/format.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -44,6 +45,7 @@ struct Client::Impl {
   double last_heard = 0, last_beat = 0, last_connect = 0;
   Counters counters;
   std::atomic<bool> stop{false};
+  std::atomic<bool> rung{false};  // the bell rang and the I/O thread has not looked at the outbox since
   std::thread io;
 
   explicit Impl(ClientOptions options)
@@ -64,7 +66,10 @@ struct Client::Impl {
     bell_out.connect(bell_address);
     std::lock_guard lock(m);
     connect_locked();
-    io = std::thread([this] { loop(); });
+    io = std::thread([this] {
+      ::pthread_setname_np(::pthread_self(), "rlx-bus-client");
+      loop();
+    });
   }
 
   ~Impl() {
@@ -119,6 +124,7 @@ struct Client::Impl {
   }
 
   void send_locked() {
+    if (outbox.empty()) return;
     uint64_t credits = available_credits_locked();
     for (auto it = outbox.begin(); it != outbox.end();) {
       const auto& item = *it;
@@ -206,6 +212,7 @@ struct Client::Impl {
     while (!stop) {
       zmq::pollitem_t items[] = {{dealer.handle(), 0, ZMQ_POLLIN, 0}, {bell_in.handle(), 0, ZMQ_POLLIN, 0}};
       zmq::poll(items, 2, std::chrono::milliseconds(50));
+      rung = false;  // before reading the outbox: a caller that enqueues after this rings again
       if (items[1].revents & ZMQ_POLLIN)
         while (bell_in.recv(msg, zmq::recv_flags::dontwait)) {
         }
@@ -233,7 +240,7 @@ struct Client::Impl {
       std::lock_guard lock(m);
       outbox.push_back(item);
     }
-    ring();
+    if (!rung.exchange(true)) ring();  // one wake-up per batch of enqueued frames
     return item;
   }
 

@@ -1,12 +1,14 @@
 #include "rlx/bus/hub.hpp"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <deque>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -17,6 +19,11 @@
 #include "transport.hpp"
 
 namespace rlx::bus {
+
+void keep_frame_memory() {
+  ::mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
 
 using detail::seconds_now;
 
@@ -271,6 +278,17 @@ struct Hub::Impl {
     send(p, grant, seq);
   }
 
+  static bool token_valid(const Trajectory& s, size_t t) {
+    return s.tokens[t] >= 0 && s.loss_mask[t] <= 1 && std::isfinite(s.logprobs[t]);
+  }
+  static bool tokens_valid(const Trajectory& s) {
+    unsigned bad = 0;
+    for (size_t t = 0; t < s.tokens.size(); ++t)
+      bad |= static_cast<unsigned>(s.tokens[t] < 0) | static_cast<unsigned>(s.loss_mask[t] > 1) |
+             static_cast<unsigned>(!(std::fabs(s.logprobs[t]) <= std::numeric_limits<float>::max()));
+    return bad == 0;
+  }
+
   // Why a group cannot be a result of its lease, or nothing.
   std::optional<std::string> invalid(const TrajectoryGroup& g, const Lease& lease) const {
     if (g.samples.size() != lease.group_size)
@@ -286,9 +304,11 @@ struct Hub::Impl {
         return fmt::format("sample {}: tokens, loss_mask, logprobs and versions differ in length", i);
       if (s.prompt_len < 0 || static_cast<size_t>(s.prompt_len) > n)
         return fmt::format("sample {}: prompt_len {} is outside [0, {}]", i, s.prompt_len, n);
-      for (size_t t = 0; t < n; ++t)
-        if (s.tokens[t] < 0 || s.loss_mask[t] > 1 || !std::isfinite(s.logprobs[t]))
-          return fmt::format("sample {} token {}: negative id, mask not 0/1, or non-finite log-prob", i, t);
+      if (!tokens_valid(s)) {  // a branch-free scan first (vectorised); the slow search only on failure
+        size_t t = 0;
+        while (t < n && token_valid(s, t)) ++t;
+        return fmt::format("sample {} token {}: negative id, mask not 0/1, or non-finite log-prob", i, t);
+      }
       if (!std::isfinite(s.reward)) return fmt::format("sample {}: non-finite reward", i);
     }
     return std::nullopt;

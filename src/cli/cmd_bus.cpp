@@ -5,6 +5,7 @@
 // rlx bus worker / rlx bus learner         synthetic peers: load a hub, or test it with real processes
 // rlx bench bus                            trajectory groups through the hub vs raw ZeroMQ PUSH/PULL
 #include <fmt/format.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -107,6 +108,7 @@ void add_hub_commands(CLI::App& app, Action& action) {
   serve->add_option("overrides", serve_args->overrides, "section.key=value overrides (e.g. hub.epochs=2)");
   serve->callback([serve_args, &action] {
     action = [serve_args] {
+      bus::keep_frame_memory();
       auto cfg = config::load_file<RunConfig>(serve_args->file, serve_args->overrides);
       log::set_level(cfg.log.level);
       log::set_identity("hub");
@@ -214,6 +216,7 @@ void add_synthetic_peers(CLI::App& app, Action& action) {
   worker->add_option("--data-error-every", w->data_error_every, "report every Nth lease as a data error instead");
   worker->callback([w, &action] {
     action = [w] {
+      bus::keep_frame_memory();
       bus::Client c(w->peer.client("worker"));
       uint64_t groups = 0, errors = 0;
       const double start = now_s();
@@ -264,6 +267,7 @@ void add_synthetic_peers(CLI::App& app, Action& action) {
   learner->add_flag("--versions", l->versions, "publish a new weight version after every batch");
   learner->callback([l, &action] {
     action = [l] {
+      bus::keep_frame_memory();
       bus::Client c(l->peer.client("learner"));
       std::ofstream out;
       if (!l->out.empty()) {
@@ -300,6 +304,7 @@ struct BenchArgs {
   int groups = 100, samples = 8, tokens = 2048;
   std::string transports = "ipc,tcp";
   int credits = 8;
+  int batch_groups = 16;
   int reps = 3;
 };
 
@@ -357,7 +362,10 @@ BusResult bus_roundtrip(const std::string& address, const BenchArgs& a) {
   bus::Hub hub(ho, records);
   std::atomic<bool> stop{false};
   const std::string endpoint = hub.endpoint();
-  std::thread hub_thread([&] { hub.run(stop); });
+  std::thread hub_thread([&] {
+    ::pthread_setname_np(::pthread_self(), "rlx-hub");
+    hub.run(stop);
+  });
   BusResult r{};
   try {
     bus::Client worker({.address = endpoint, .who = "bench-worker", .request_timeout_s = 120, .credit_wait_s = 120});
@@ -374,7 +382,8 @@ BusResult bus_roundtrip(const std::string& address, const BenchArgs& a) {
     bus::Client learner({.address = endpoint, .who = "bench-learner", .role = "learner", .request_timeout_s = 120});
     const double t1 = now_s();
     size_t got = 0;
-    while (got < static_cast<size_t>(a.groups)) got += learner.next_batch({.max_groups = 1}, 120).groups.size();
+    while (got < static_cast<size_t>(a.groups))
+      got += learner.next_batch({.max_groups = static_cast<uint32_t>(a.batch_groups)}, 120).groups.size();
     r.drain_s = now_s() - t1;
   } catch (...) {
     stop = true;
@@ -395,11 +404,17 @@ void add_bench_bus(CLI::App& app, Action& action) {
   c->add_option("--tokens", a->tokens, "tokens per sample")->capture_default_str();
   c->add_option("--transports", a->transports, "comma-separated: ipc, tcp")->capture_default_str();
   c->add_option("--credits", a->credits, "credits per worker")->capture_default_str();
+  c->add_option("--batch-groups", a->batch_groups, "groups per learner batch while draining")->capture_default_str();
   c->add_option("--reps", a->reps, "measurements per path (after one warm-up each); medians reported")->capture_default_str();
   c->callback([a, &action] {
     action = [a] {
+      bus::keep_frame_memory();
       log::set_level(log::Level::warn);
       nlohmann::json result = {{"bench", "bus"}, {"groups", a->groups}, {"samples", a->samples}, {"tokens", a->tokens}};
+      a->batch_groups = std::min(a->batch_groups, a->groups);
+      result["drain_batch_groups"] = a->batch_groups;
+      RLX_CHECK(a->batch_groups > 0 && a->groups % a->batch_groups == 0, "--batch-groups {} must divide --groups {}",
+                a->batch_groups, a->groups);
       std::stringstream ss(a->transports);
       for (std::string t; std::getline(ss, t, ',');) {
         RLX_CHECK(t == "ipc" || t == "tcp", "--transports: '{}' is not ipc or tcp", t);

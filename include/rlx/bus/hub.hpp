@@ -112,6 +112,12 @@ struct HubSnapshot {
 void write_snapshot(const HubSnapshot& snapshot, const std::string& path);
 HubSnapshot read_snapshot(const std::string& path, const Limits& limits = {});
 
+// Process-wide malloc settings for moving large frames: allocations up to 64 MiB come from
+// the heap (not a fresh mmap each, which page-faults every byte again) and freed memory stays
+// in the process up to 1 GiB. Without it a 300 KB frame costs ~70 page faults per hop.
+// `rlx hub serve`, `rlx bus worker|learner` and `rlx bench bus` call it; a trainer main may.
+void keep_frame_memory();
+
 class Hub {
  public:
   // Loads options.dataset. Restores options.state_file if it exists.
