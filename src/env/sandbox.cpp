@@ -417,7 +417,6 @@ SandboxResult Sandbox::Impl::run(const SandboxRequest& req) const {
       // Init is a copy of the caller (its memory, its environment): not dumpable, so the
       // command cannot read /proc/1/environ or /proc/1/mem.
       ::prctl(PR_SET_DUMPABLE, 0);
-      ::close(exec_p[0]);
       if (isolate) {
         if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) fail(sfd, kStepPrivate);
         const char* root = plan.root.c_str();

@@ -1,0 +1,177 @@
+// Shared pieces of the bundled environments: text helpers, a bounded arithmetic
+// expression evaluator, and a base for environments that talk in text.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <cctype>
+#include <cmath>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rlx/core/error.hpp"
+#include "rlx/core/rng.hpp"
+#include "rlx/env/env.hpp"
+
+namespace rlx::envs {
+
+// The last integer written in `text` ("... so the answer is -42." -> -42), if any.
+inline std::optional<long long> last_integer(std::string_view text) {
+  std::optional<long long> out;
+  for (size_t i = 0; i < text.size();) {
+    if (!std::isdigit(static_cast<unsigned char>(text[i]))) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < text.size() && std::isdigit(static_cast<unsigned char>(text[j]))) ++j;
+    if (j - i <= 18) {
+      long long v = std::stoll(std::string(text.substr(i, j - i)));
+      if (i > 0 && text[i - 1] == '-') v = -v;
+      out = v;
+    }
+    i = j;
+  }
+  return out;
+}
+
+// Evaluates + - * / and parentheses over non-negative integer literals (unary minus
+// allowed), in double precision. Bounded: 256 characters, nesting 32. Records the literals
+// used (countdown checks them). Returns nullopt and sets `error` on anything else.
+class Expression {
+ public:
+  static std::optional<double> eval(std::string_view text, std::vector<long long>* literals = nullptr,
+                                    std::string* error = nullptr) {
+    Expression e(text, literals);
+    if (text.size() > 256) return e.fail(error, "longer than 256 characters");
+    try {
+      const double v = e.sum(0);
+      e.skip();
+      if (e.pos_ != text.size()) return e.fail(error, fmt::format("unexpected '{}' at {}", text[e.pos_], e.pos_));
+      if (!std::isfinite(v)) return e.fail(error, "division by zero");
+      return v;
+    } catch (const std::string& why) {
+      return e.fail(error, why);
+    }
+  }
+
+ private:
+  Expression(std::string_view t, std::vector<long long>* lits) : t_(t), lits_(lits) {}
+  std::optional<double> fail(std::string* error, std::string why) {
+    if (error) *error = std::move(why);
+    return std::nullopt;
+  }
+  void skip() {
+    while (pos_ < t_.size() && std::isspace(static_cast<unsigned char>(t_[pos_]))) ++pos_;
+  }
+  double sum(int depth) {
+    double v = product(depth);
+    for (;;) {
+      skip();
+      if (pos_ < t_.size() && (t_[pos_] == '+' || t_[pos_] == '-')) {
+        const char op = t_[pos_++];
+        const double r = product(depth);
+        v = op == '+' ? v + r : v - r;
+      } else {
+        return v;
+      }
+    }
+  }
+  double product(int depth) {
+    double v = unary(depth);
+    for (;;) {
+      skip();
+      if (pos_ < t_.size() && (t_[pos_] == '*' || t_[pos_] == '/' || t_[pos_] == 'x')) {
+        const char op = t_[pos_++];
+        const double r = unary(depth);
+        if (op == '/' && r == 0) throw std::string("division by zero");
+        v = op == '/' ? v / r : v * r;
+      } else {
+        return v;
+      }
+    }
+  }
+  double unary(int depth) {
+    skip();
+    if (pos_ < t_.size() && t_[pos_] == '-') {
+      ++pos_;
+      return -unary(depth);
+    }
+    return atom(depth);
+  }
+  double atom(int depth) {
+    skip();
+    if (pos_ >= t_.size()) throw std::string("the expression ends early");
+    if (t_[pos_] == '(') {
+      if (depth >= 32) throw std::string("nested deeper than 32");
+      ++pos_;
+      const double v = sum(depth + 1);
+      skip();
+      if (pos_ >= t_.size() || t_[pos_] != ')') throw std::string("a '(' is not closed");
+      ++pos_;
+      return v;
+    }
+    const size_t start = pos_;
+    while (pos_ < t_.size() && std::isdigit(static_cast<unsigned char>(t_[pos_]))) ++pos_;
+    if (pos_ == start) throw fmt::format("expected a number at {}", start);
+    if (pos_ - start > 15) throw std::string("a number longer than 15 digits");
+    const long long n = std::stoll(std::string(t_.substr(start, pos_ - start)));
+    if (lits_) lits_->push_back(n);
+    return static_cast<double>(n);
+  }
+
+  std::string_view t_;
+  size_t pos_ = 0;
+  std::vector<long long>* lits_;
+};
+
+// An environment that speaks text: observations are encoded once, here; actions are
+// decoded only to be scored.
+class TextEnv : public env::Env {
+ public:
+  explicit TextEnv(const env::Context& c) : ctx_(c) {}
+
+ protected:
+  std::vector<TokenId> encode(std::string_view text) const { return ctx_.tokenizer->encode(text); }
+  std::string decode(std::span<const TokenId> ids) const { return ctx_.tokenizer->decode(ids, /*skip_special=*/true); }
+  template <class T>
+  T option(const char* key, T fallback) const {
+    if (!ctx_.options.contains(key)) return fallback;
+    try {
+      return ctx_.options.at(key).get<T>();
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(fmt::format("environment option '{}': {}", key, e.what()));
+    }
+  }
+  static nlohmann::json parse_state(std::string_view state, const char* env_name) {
+    try {
+      return nlohmann::json::parse(state);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(fmt::format("{}: saved state is not JSON: {}", env_name, e.what()));
+    }
+  }
+  template <class T>
+  static T field(const nlohmann::json& j, const char* key, const char* what) {
+    try {
+      return j.at(key).get<T>();
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(fmt::format("{}: field '{}': {}", what, key, e.what()));
+    }
+  }
+  env::Context ctx_;
+};
+
+// The task stream of a generator: an independent random stream per (seed, index).
+inline RngStream task_rng(uint64_t seed, uint64_t index, std::string_view env) {
+  return RngStream(seed, index).fork(env);
+}
+
+void register_arithmetic(env::Registry& r);
+void register_countdown(env::Registry& r);
+void register_calculator(env::Registry& r);
+void register_python_code(env::Registry& r);
+void register_guess_number(env::Registry& r);
+
+}  // namespace rlx::envs

@@ -1,0 +1,70 @@
+// The sandbox's ordinary behaviour: exit codes, stdin, files, environment, output
+// capture, the isolation it reports, and clear errors. The attacks are in
+// tests/adversarial/.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include "rlx/env/sandbox.hpp"
+
+using rlx::Sandbox;
+using rlx::SandboxVerdict;
+
+TEST_CASE("sandbox: exit codes, stdin, files, environment", "[sandbox]") {
+  Sandbox sb({.limits = {.wall_s = 10}});
+  auto r = sb.run({.argv = {"sh", "-c", "echo out; echo err >&2; exit 3"}});
+  CHECK(r.verdict == SandboxVerdict::ok);
+  CHECK(r.exit_code == 3);
+  CHECK_FALSE(r.ok());
+  CHECK(r.stdout_text == "out\n");
+  CHECK(r.stderr_text == "err\n");
+  CHECK(r.wall_s > 0);
+
+  r = sb.run({.argv = {"python3", "-c", "import sys; print(sys.stdin.read().upper())"}, .stdin_data = "hello"});
+  CHECK(r.ok());
+  CHECK(r.stdout_text == "HELLO\n");
+
+  r = sb.run({.argv = {"sh", "-c", "cat dir/a.txt; pwd; echo $FOO; ls /scratch | wc -l"},
+              .files = {{"dir/a.txt", "content\n"}},
+              .env = {"FOO=bar"}});
+  CHECK(r.ok());
+  CHECK(r.stdout_text == "content\n/scratch\nbar\n1\n");
+
+  // Large stdin is fed without deadlock while the command writes.
+  const std::string big(1 << 20, 'x');
+  r = sb.run({.argv = {"sh", "-c", "wc -c"}, .stdin_data = big});
+  CHECK(r.ok());
+  CHECK(r.stdout_text == std::to_string(big.size()) + "\n");
+}
+
+TEST_CASE("sandbox: reports its isolation; inside it is alone", "[sandbox]") {
+  Sandbox sb;
+  for (const char* layer : {"user_ns", "pid_ns", "net_ns", "mount_ns", "ipc_ns", "uts_ns", "readonly_root", "seccomp",
+                            "no_new_privs", "no_capabilities", "rlimits"})
+    CHECK(std::find(sb.layers().begin(), sb.layers().end(), layer) != sb.layers().end());
+  auto r = sb.run({.argv = {"sh", "-c", "hostname; ls /proc | grep -c '^[0-9]'; grep CapEff /proc/self/status; "
+                                        "grep NoNewPrivs /proc/self/status; grep Seccomp: /proc/self/status; id -u"}});
+  REQUIRE(r.ok());
+  // hostname; processes: sh, ls and grep (3 at most); no capabilities; no_new_privs; filter mode 2.
+  CHECK_THAT(r.stdout_text, Catch::StartsWith("sandbox\n"));
+  CHECK_THAT(r.stdout_text, Catch::Contains("CapEff:\t0000000000000000"));
+  CHECK_THAT(r.stdout_text, Catch::Contains("NoNewPrivs:\t1"));
+  CHECK_THAT(r.stdout_text, Catch::Contains("Seccomp:\t2"));
+  CHECK(r.isolation == sb.layers());
+}
+
+TEST_CASE("sandbox: bad requests and missing commands are clear errors", "[sandbox]") {
+  Sandbox sb;
+  CHECK_THROWS_WITH(sb.run({}), Catch::Contains("empty command"));
+  CHECK_THROWS_WITH(sb.run({.argv = {"true"}, .files = {{"../x", ""}}}), Catch::Contains("'../x' must be relative"));
+  CHECK_THROWS_WITH(sb.run({.argv = {"true"}, .env = {"NOEQUALS"}}), Catch::Contains("NAME=VALUE"));
+  auto r = sb.run({.argv = {"/no/such/program"}});
+  CHECK(r.verdict == SandboxVerdict::setup_error);
+  CHECK_THAT(r.detail, Catch::Contains("execute the command") && Catch::Contains("No such file"));
+  rlx::SandboxOptions bad;
+  bad.limits.wall_s = 0;
+  CHECK_THROWS_WITH(Sandbox(bad), Catch::Contains("wall_s"));
+  bad = {};
+  bad.readonly_paths = {"relative/path"};
+  CHECK_THROWS_WITH(Sandbox(bad), Catch::Contains("must be an absolute path"));
+}
