@@ -21,7 +21,8 @@ namespace rlx::envs {
 namespace {
 
 constexpr const char* kHarness = R"PY(import json, os, sys
-_write = os.write
+# Everything the harness uses is bound before the solution runs (it may patch builtins).
+_write, _repr, _eval, _type, _enc = os.write, repr, eval, type, str.encode
 _nonce = sys.stdin.readline().strip()
 _calls = json.loads(sys.stdin.readline())
 _ns = {"__name__": "solution"}
@@ -29,13 +30,13 @@ try:
     with open("solution.py") as _f:
         exec(compile(_f.read(), "solution.py", "exec"), _ns)
 except BaseException as _e:
-    _write(1, ("\n@@rlx %s load !%s\n" % (_nonce, type(_e).__name__)).encode())
+    _write(1, _enc("\n@@rlx %s load !%s\n" % (_nonce, _type(_e).__name__)))
 for _i, _call in enumerate(_calls):
     try:
-        _line = "\n@@rlx %s %d %s\n" % (_nonce, _i, repr(eval(_call, _ns)))
+        _line = "\n@@rlx %s %d %s\n" % (_nonce, _i, _repr(_eval(_call, _ns)))
     except BaseException as _e:
-        _line = "\n@@rlx %s %d !%s\n" % (_nonce, _i, type(_e).__name__)
-    _write(1, _line.encode())
+        _line = "\n@@rlx %s %d !%s\n" % (_nonce, _i, _type(_e).__name__)
+    _write(1, _enc(_line))
 )PY";
 
 struct Test {

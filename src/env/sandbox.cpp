@@ -534,9 +534,11 @@ SandboxResult Sandbox::Impl::run(const SandboxRequest& req) const {
   auto kill_all = [&] {
     if (killed) return;
     killed = true;
-    // init's death empties the pid namespace; without one, the command's session.
+    // init's death empties the pid namespace, and the monitor reaps init only once it is
+    // empty: so run() returns after the last process is gone. Before init exists, the
+    // monitor (init would follow it through PR_SET_PDEATHSIG).
     if (init > 0) ::kill(init, SIGKILL);
-    ::kill(monitor, SIGKILL);
+    else ::kill(monitor, SIGKILL);
   };
   std::string status_buf;
   int sync_fd = sync_p[1], in_fd = in_p[1];
@@ -649,8 +651,13 @@ SandboxResult Sandbox::Impl::run(const SandboxRequest& req) const {
   } else if (WIFEXITED(cmd_status)) {
     res.exit_code = WEXITSTATUS(cmd_status);
     res.verdict = SandboxVerdict::ok;
-    // The address-space limit shows as a failed allocation, reported by the program itself.
-    if (res.exit_code != 0 && (res.stderr_text.find("MemoryError") != std::string::npos ||
+    // The address-space and file-size limits show as failed calls (interpreters ignore
+    // SIGXFSZ), reported by the program itself.
+    if (res.exit_code != 0 && res.stderr_text.find("File too large") != std::string::npos) {
+      res.verdict = SandboxVerdict::file_size;
+      res.detail = fmt::format("file size limit of {} MiB", L.file_mb);
+    }
+    else if (res.exit_code != 0 && (res.stderr_text.find("MemoryError") != std::string::npos ||
                                res.stderr_text.find("std::bad_alloc") != std::string::npos ||
                                res.stderr_text.find("Cannot allocate memory") != std::string::npos)) {
       res.verdict = SandboxVerdict::memory;
