@@ -26,11 +26,13 @@ std::string_view to_string(MsgType t) {
     case MsgType::version_update: return "version_update";
     case MsgType::control: return "control";
     case MsgType::hub_state: return "hub_state";
+    case MsgType::env_request: return "env_request";
+    case MsgType::env_reply: return "env_reply";
   }
   return "unknown";
 }
 
-bool is_known(uint16_t type) { return type >= 1 && type <= static_cast<uint16_t>(MsgType::hub_state); }
+bool is_known(uint16_t type) { return type >= 1 && type <= static_cast<uint16_t>(MsgType::env_reply); }
 
 std::string_view to_string(Reject r) {
   switch (r) {

@@ -244,7 +244,7 @@ struct Sandbox::Impl {
   // Host paths to expose: (path, symlink target or empty, is_dir).
   struct Exposed {
     std::string path, link;
-    bool dir = true;
+    bool dir = true, writable = false;
   };
   std::vector<Exposed> exposed;
   mutable std::atomic<uint32_t> runs{0};
@@ -267,15 +267,20 @@ struct Sandbox::Impl {
     layers = namespace_names(namespaces);
     if (full) {
       layers.insert(layers.end(), {"readonly_root", "private_proc", "scratch_tmpfs", "no_network"});
-      for (const auto& p : o.readonly_paths) {
+      auto expose = [&](const std::string& p, bool writable) {
         RLX_CHECK(!p.empty() && p[0] == '/' && p.find("..") == std::string::npos && p != "/",
-                  "sandbox.readonly_paths: '{}' must be an absolute path other than /", p);
+                  "sandbox.{}: '{}' must be an absolute path other than /", writable ? "writable_paths" : "readonly_paths", p);
         std::error_code ec;
         const auto st = std::filesystem::symlink_status(p, ec);
-        if (ec || !std::filesystem::exists(st)) continue;
-        if (std::filesystem::is_symlink(st)) exposed.push_back({p, std::filesystem::read_symlink(p).string(), false});
-        else exposed.push_back({p, "", std::filesystem::is_directory(st)});
-      }
+        if (ec || !std::filesystem::exists(st)) {
+          RLX_CHECK(!writable, "sandbox.writable_paths: '{}' does not exist", p);
+          return;
+        }
+        if (std::filesystem::is_symlink(st)) exposed.push_back({p, std::filesystem::read_symlink(p).string(), false, false});
+        else exposed.push_back({p, "", std::filesystem::is_directory(st), writable});
+      };
+      for (const auto& p : o.readonly_paths) expose(p, false);
+      for (const auto& p : o.writable_paths) expose(p, true);
     }
     layers.insert(layers.end(), {"no_new_privs", "no_capabilities", "seccomp", "rlimits"});
   }
@@ -299,7 +304,7 @@ struct Plan {
   std::string exe;
   struct Mount {
     std::string src, dst, link;
-    bool dir;
+    bool dir, writable;
   };
   std::vector<Mount> binds;
   std::string root = "/tmp";  // where the new root is built (a tmpfs over it, in the private mount ns)
@@ -360,7 +365,8 @@ SandboxResult Sandbox::Impl::run(const SandboxRequest& req) const {
   if (isolate) {
     plan.root_opts = "size=1m,nr_inodes=1024,mode=755";
     plan.scratch_opts = fmt::format("size={}m,nr_inodes={},mode=1777", L.scratch_mb, L.scratch_inodes);
-    for (const auto& e : exposed) plan.binds.push_back({e.path, plan.root + e.path, e.link, e.dir});
+    RLX_CHECK(exposed.size() <= 64, "sandbox: at most 64 readonly and writable paths");
+    for (const auto& e : exposed) plan.binds.push_back({e.path, plan.root + e.path, e.link, e.dir, e.writable});
     plan.proc = plan.root + "/proc", plan.dev = plan.root + "/dev", plan.scratch = plan.root + "/scratch";
     plan.tmp = plan.root + "/tmp", plan.old = plan.root + "/.old";
     for (const char* d : {"null", "zero", "random", "urandom"})
@@ -374,19 +380,25 @@ SandboxResult Sandbox::Impl::run(const SandboxRequest& req) const {
     RLX_CHECK(req.files.empty(), "sandbox: files need the mount namespace, which this machine refuses");
   }
 
+  const uint32_t uid = isolate ? outside_uid() : ::geteuid();
+  const uint32_t gid = isolate ? (::geteuid() == 0 ? uid : ::getegid()) : ::getegid();
+  // A writable path is handed to this run's uid (as root, runs get uids of their own).
+  if (isolate && ::geteuid() == 0)
+    for (const auto& e : exposed)
+      if (e.writable && ::chown(e.path.c_str(), uid, gid) != 0)
+        res.detail = fmt::format("sandbox: cannot hand {} to uid {}: {}", e.path, uid, std::strerror(errno));
+  if (!res.detail.empty()) return res;
   // Pipes: status (children -> caller), exec (command -> init, O_CLOEXEC), sync (caller
   // -> monitor), stdin, stdout, stderr.
   int status_p[2], sync_p[2], in_p[2], out_p[2], err_p[2];
   RLX_CHECK(::pipe2(status_p, O_CLOEXEC) == 0 && ::pipe2(sync_p, O_CLOEXEC) == 0 && ::pipe2(in_p, O_CLOEXEC) == 0 &&
                 ::pipe2(out_p, O_CLOEXEC) == 0 && ::pipe2(err_p, O_CLOEXEC) == 0,
             "sandbox: pipe: {}", std::strerror(errno));
-  const uint32_t uid = isolate ? outside_uid() : ::geteuid();
-  const uint32_t gid = isolate ? (::geteuid() == 0 ? uid : ::getegid()) : ::getegid();
   const pid_t caller = ::getpid();
   const bool caller_root = ::geteuid() == 0;
   const double t0 = now_s();
 
-  const pid_t monitor = ::fork();
+  const pid_t monitor = ::_Fork();  // no atfork handlers (LibTorch's and OpenMP's are slow); the children only make system calls
   if (monitor < 0) {
     for (int fd : {status_p[0], status_p[1], sync_p[0], sync_p[1], in_p[0], in_p[1], out_p[0], out_p[1], err_p[0], err_p[1]})
       ::close(fd);
@@ -406,10 +418,14 @@ SandboxResult Sandbox::Impl::run(const SandboxRequest& req) const {
     if (isolate) {
       if (::setresgid(0, 0, 0) != 0 || (caller_root && ::setgroups(0, nullptr) != 0) || ::setresuid(0, 0, 0) != 0)
         fail(sfd, kStepIds);
+      // A change of credentials clears the parent-death signal: set it again (and check
+      // that the caller did not die in between).
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != caller) ::_exit(125);
     }
     int exec_p[2];
     if (::pipe2(exec_p, O_CLOEXEC) != 0) fail(sfd, kStepForkInit);
-    const pid_t init = ::fork();
+    const pid_t init = ::_Fork();
     if (init < 0) fail(sfd, kStepForkInit);
     if (init == 0) {
       // ---- init (pid 1 of the new pid namespace) ----
@@ -420,8 +436,17 @@ SandboxResult Sandbox::Impl::run(const SandboxRequest& req) const {
       if (isolate) {
         if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) fail(sfd, kStepPrivate);
         const char* root = plan.root.c_str();
+        // The sources, opened before the new root's tmpfs covers plan.root (a source may lie
+        // below it): binds then come from /proc/self/fd/N.
+        int source_fd[64];
+        const size_t nbinds = std::min<size_t>(plan.binds.size(), 64);
+        for (size_t i = 0; i < nbinds; ++i) {
+          source_fd[i] = plan.binds[i].link.empty() ? ::open(plan.binds[i].src.c_str(), O_PATH | O_CLOEXEC) : -1;
+          if (plan.binds[i].link.empty() && source_fd[i] < 0) fail(sfd, kStepBind);
+        }
         if (::mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, plan.root_opts.c_str()) != 0) fail(sfd, kStepRoot);
-        for (const auto& b : plan.binds) {
+        for (size_t bi = 0; bi < nbinds; ++bi) {
+          const auto& b = plan.binds[bi];
           if (!b.link.empty()) {
             // mkdir -p of the parent is not needed: exposed paths are top-level or below one
             if (::symlink(b.link.c_str(), b.dst.c_str()) != 0) fail(sfd, kStepBind);
@@ -431,9 +456,12 @@ SandboxResult Sandbox::Impl::run(const SandboxRequest& req) const {
           if (b.dir ? (::mkdir(b.dst.c_str(), 0755) != 0 && errno != EEXIST)
                     : ::close(::open(b.dst.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644)) != 0)
             fail(sfd, kStepBind);
-          if (::mount(b.src.c_str(), b.dst.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0) fail(sfd, kStepBind);
+          char src[64];
+          std::snprintf(src, sizeof src, "/proc/self/fd/%d", source_fd[bi]);
+          if (::mount(src, b.dst.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0) fail(sfd, kStepBind);
+          ::close(source_fd[bi]);
           struct mount_attr attr {};
-          attr.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+          attr.attr_set = (b.writable ? 0 : MOUNT_ATTR_RDONLY) | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
           if (::syscall(SYS_mount_setattr, -1, b.dst.c_str(), AT_RECURSIVE, &attr, sizeof attr) != 0)
             fail(sfd, kStepRemount);
         }
@@ -452,7 +480,8 @@ SandboxResult Sandbox::Impl::run(const SandboxRequest& req) const {
         ::mkdir(scratch.c_str(), 0755);
         if (::mount("tmpfs", scratch.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, plan.scratch_opts.c_str()) != 0)
           fail(sfd, kStepScratch);
-        if (::symlink("/scratch", tmp.c_str()) != 0) fail(sfd, kStepScratch);
+        // /tmp is the scratch, unless an exposed path lives below /tmp (then /tmp holds it).
+        if (::symlink("/scratch", tmp.c_str()) != 0 && errno != EEXIST) fail(sfd, kStepScratch);
         for (const auto& [path, content] : plan.files) {
           mkdir_parents(path, scratch.size());
           const int fd = ::open(path.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0644);
@@ -473,7 +502,7 @@ SandboxResult Sandbox::Impl::run(const SandboxRequest& req) const {
         if (::syscall(SYS_mount_setattr, -1, "/", 0, &attr, sizeof attr) != 0) fail(sfd, kStepRemount);
         if (::chdir("/scratch") != 0) fail(sfd, kStepScratch);
       }
-      const pid_t cmd = ::fork();
+      const pid_t cmd = ::_Fork();
       if (cmd < 0) fail(sfd, kStepForkCmd);
       if (cmd == 0) {
         // ---- the command ----
@@ -549,7 +578,7 @@ SandboxResult Sandbox::Impl::run(const SandboxRequest& req) const {
   std::string* sinks[3] = {&status_buf, &res.stdout_text, &res.stderr_text};
   bool* truncated[3] = {nullptr, &res.stdout_truncated, &res.stderr_truncated};
   const double deadline = t0 + L.wall_s;
-  bool timed_out = false;
+  bool timed_out = false, cancelled = false;
   while (fds[0] >= 0 || fds[1] >= 0 || fds[2] >= 0) {
     // Records as they arrive.
     while (status_buf.size() >= sizeof(Record)) {
@@ -595,7 +624,12 @@ SandboxResult Sandbox::Impl::run(const SandboxRequest& req) const {
       timed_out = true;
       kill_all();
     }
-    const int rc = ::poll(pfd, static_cast<nfds_t>(n), killed ? 1000 : static_cast<int>(std::ceil(left * 1000)));
+    if (req.cancel && *req.cancel && !killed) {
+      cancelled = true;
+      kill_all();
+    }
+    const int wait_ms = killed ? 1000 : static_cast<int>(std::ceil(std::min(left, req.cancel ? 0.1 : left) * 1000));
+    const int rc = ::poll(pfd, static_cast<nfds_t>(n), wait_ms);
     if (rc < 0 && errno != EINTR) break;
     for (int k = 0; k < n; ++k) {
       if (!pfd[k].revents) continue;
@@ -637,6 +671,9 @@ SandboxResult Sandbox::Impl::run(const SandboxRequest& req) const {
   // The verdict.
   if (!res.detail.empty() && !have_command) {
     res.verdict = SandboxVerdict::setup_error;
+  } else if (cancelled) {
+    res.verdict = SandboxVerdict::cancelled;
+    res.detail = "cancelled by the caller";
   } else if (timed_out) {
     res.verdict = SandboxVerdict::timeout;
     res.detail = fmt::format("wall-clock limit of {} s", L.wall_s);

@@ -94,5 +94,20 @@ expect "hub stats: no hub answers within the timeout" 1 'did not answer' -- "$rl
 expect "inspect trajectories rejects a non-HDF5 file" 1 'not an HDF5 file' -- "$rlx" inspect trajectories good.yaml
 expect "bench bus prints JSON last" 0 '^\{"bench":"bus".*"ingest_vs_raw"' -- \
   bash -c "'$rlx' bench bus --groups 4 --samples 2 --tokens 64 --transports ipc --reps 1 | tail -n 1"
+expect "sandbox run: output and an ok verdict" 0 '^42$' -- "$rlx" sandbox run -- python3 -c 'print(6*7)'
+expect "sandbox run: the command's exit code" 3 'sandbox: ok exit=3' -- "$rlx" sandbox run -- sh -c 'exit 3'
+expect "sandbox run: timeout is exit 124" 124 'sandbox: timeout' -- "$rlx" sandbox run --wall-s 0.5 -- sh -c 'while :; do :; done'
+expect "sandbox run: a forbidden call is SIGSYS" 159 'sandbox: filter' -- "$rlx" sandbox run -- unshare -r true
+expect "sandbox run: the host is read-only" 2 'Read-only file system' -- "$rlx" sandbox run -- sh -c 'echo x > /etc/rlx-test'
+echo "in" > input.txt
+expect "sandbox run: --file and --stdin" 0 '^in$' -- "$rlx" sandbox run --file a.txt=input.txt -- cat a.txt
+expect "sandbox run --json" 0 '^\{.*"verdict":"ok"' -- "$rlx" sandbox run --json -- true
+expect "sandbox run: a missing program is exit 125" 125 'sandbox: setup_error.*execute the command' -- "$rlx" sandbox run -- /no/such
+expect "sandbox run: a bad limit is named" 1 'limits.wall_s = 0 is not in' -- "$rlx" sandbox run --wall-s 0 -- true
+expect "sandbox check lists the layers" 0 '"layers":\[.*"seccomp"' -- "$rlx" sandbox check
+expect "env list names the bundled environments" 0 'python_code' -- "$rlx" env list
+expect "env serve: a missing tokenizer is named" 1 'nope.json' -- "$rlx" env serve --address ipc://$work/env.sock --tokenizer nope.json
+expect "bench env prints JSON last" 0 '^\{.*"bench":"env".*"overhead_ms"' -- \
+  bash -c "'$rlx' bench env --runs 2 --steps 10 | tail -n 1"
 echo "$((checks - failures)) passed, $failures failed"
 [ "$failures" = 0 ]

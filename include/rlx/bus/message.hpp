@@ -56,6 +56,8 @@ enum class MsgType : uint16_t {
   version_update = 12,
   control = 13,
   hub_state = 14,  // the hub's saved state (a file, never on the wire)
+  env_request = 15,
+  env_reply = 16,
 };
 std::string_view to_string(MsgType t);
 bool is_known(uint16_t type);
@@ -313,6 +315,35 @@ struct Control {
   template <class Ar> void serialize(Ar& ar) { ar(command); }
 };
 
+// A rollout worker's call on an environment server: op is "reset" (payload: the task
+// JSON), "step" (action), "load" (payload: a saved state, to continue an episode on a
+// restarted server) or "close". `turn` numbers the calls of an episode: the server answers
+// a repeated (episode, turn) from its cache, so a retried step is never applied twice.
+struct EnvRequest {
+  static constexpr MsgType kType = MsgType::env_request;
+  uint64_t episode = 0;
+  uint64_t turn = 0;
+  std::string op;
+  std::string env;      // environment name (reset, load)
+  std::string payload;  // task or state JSON
+  std::vector<int32_t> action;
+  template <class Ar> void serialize(Ar& ar) { ar(episode, turn, op, env, payload, action); }
+};
+
+struct EnvReply {
+  static constexpr MsgType kType = MsgType::env_reply;
+  uint64_t episode = 0;
+  uint64_t turn = 0;
+  std::string error;       // empty: ok
+  std::string error_kind;  // "data" (the task or action is at fault) or "infra"
+  std::vector<int32_t> observation;
+  double reward = 0;
+  bool done = false;
+  std::string info;   // JSON
+  std::string state;  // the environment's state after this call (to reload it elsewhere)
+  template <class Ar> void serialize(Ar& ar) { ar(episode, turn, error, error_kind, observation, reward, done, info, state); }
+};
+
 // --- pack / unpack -------------------------------------------------------------------------
 
 // Fills the header of `frame`, whose payload follows its first kHeaderBytes bytes.
@@ -408,6 +439,8 @@ void dispatch(const Frame& frame, const Limits& limits, F&& f) {
     case MsgType::batch: return f(unpack<Batch>(frame, limits));
     case MsgType::version_update: return f(unpack<VersionUpdate>(frame, limits));
     case MsgType::control: return f(unpack<Control>(frame, limits));
+    case MsgType::env_request: return f(unpack<EnvRequest>(frame, limits));
+    case MsgType::env_reply: return f(unpack<EnvReply>(frame, limits));
     case MsgType::hub_state: break;
   }
   throw FrameError(Reject::unknown_type, "a " + std::string(to_string(frame.type)) + " frame is not a message");

@@ -30,6 +30,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <string_view>
 #include <map>
@@ -75,6 +76,8 @@ struct SandboxOptions {
   SandboxLimits limits;
   // Host paths visible (read-only) inside; missing ones are skipped, symlinks kept as links.
   std::vector<std::string> readonly_paths = {"/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc"};
+  // Host paths visible and writable inside (an env server's socket directory); keep few.
+  std::vector<std::string> writable_paths;
   MissingLayer missing_layer = MissingLayer::refuse;
   uint32_t uid_base = 200000;            // when run as root: outside uids base .. base+65535
   std::string hostname = "sandbox";
@@ -83,6 +86,7 @@ struct SandboxOptions {
   void visit(V& v) {
     v("limits", limits, "per-run limits");
     v("readonly_paths", readonly_paths, "host paths visible read-only inside the sandbox");
+    v("writable_paths", writable_paths, "host paths visible and writable inside (e.g. a socket directory)");
     v("missing_layer", missing_layer, "when the kernel refuses an isolation layer: refuse (error) or warn (run without it)");
     v("uid_base", uid_base, "first outside uid of sandboxes when rlx runs as root", config::at_least(1000));
     v("hostname", hostname, "host name inside the sandbox");
@@ -99,8 +103,9 @@ enum class SandboxVerdict {
   filter,        // a forbidden system call (SIGSYS from the seccomp filter)
   signal,        // killed by another signal (segfault, abort, ...)
   setup_error,   // the sandbox could not be built or the command not executed (infra, not the code's fault)
+  cancelled,     // the caller asked it to stop (SandboxRequest::cancel)
 };
-constexpr std::array<std::pair<SandboxVerdict, std::string_view>, 9> enum_names(SandboxVerdict) {
+constexpr std::array<std::pair<SandboxVerdict, std::string_view>, 10> enum_names(SandboxVerdict) {
   return {{{SandboxVerdict::ok, "ok"},
            {SandboxVerdict::timeout, "timeout"},
            {SandboxVerdict::cpu_time, "cpu_time"},
@@ -109,7 +114,8 @@ constexpr std::array<std::pair<SandboxVerdict, std::string_view>, 9> enum_names(
            {SandboxVerdict::file_size, "file_size"},
            {SandboxVerdict::filter, "filter"},
            {SandboxVerdict::signal, "signal"},
-           {SandboxVerdict::setup_error, "setup_error"}}};
+           {SandboxVerdict::setup_error, "setup_error"},
+           {SandboxVerdict::cancelled, "cancelled"}}};
 }
 
 struct SandboxRequest {
@@ -117,6 +123,7 @@ struct SandboxRequest {
   std::string stdin_data;                           // fed to stdin, then closed
   std::vector<std::pair<std::string, std::string>> files;  // written into /scratch first: relative name, content
   std::vector<std::string> env;                     // extra NAME=VALUE entries
+  const std::atomic<bool>* cancel = nullptr;        // set: the run is killed (checked every 100 ms)
 };
 
 struct SandboxResult {

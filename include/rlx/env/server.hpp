@@ -1,0 +1,92 @@
+// Environment servers: environment code in its own (sandboxed) process, called by rollout
+// workers over the bus transport (ZeroMQ, framed and checksummed bus messages).
+//
+//   server process:   rlx env serve --address ipc:///run/rlx/env-0.sock --tokenizer tok.json
+//                     (EnvServer below; one ROUTER socket, many episodes)
+//   supervisor:       EnvServerProcess starts it — inside `rlx sandbox run` when asked —
+//                     and restarts it when it dies (bounded)
+//   worker side:      RemoteEnv, an Env whose calls go to the server with a timeout; a call
+//                     that times out restarts a dead server, reloads the episode from the
+//                     state the last reply carried, and retries. The server answers a
+//                     repeated (episode, turn) from its cache, so a step is applied once.
+//                     When retries run out the call throws env::InfraError: the lease is
+//                     retried elsewhere, never scored 0.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "rlx/env/env.hpp"
+#include "rlx/env/sandbox.hpp"
+
+namespace rlx::env {
+
+struct EnvServerOptions {
+  std::string address;          // ipc://PATH or tcp://HOST:PORT
+  uint32_t max_episodes = 1024;  // open episodes at once (a reset beyond it is refused)
+  uint64_t max_frame_mb = 64;
+};
+
+// Serves `registry`'s environments until `stop` (or SIGTERM in `rlx env serve`).
+void serve_envs(const EnvServerOptions& options, const Registry& registry, const Context& context,
+                const std::atomic<bool>& stop);
+
+// Starts and restarts a server process: `argv` (for example {rlx, "env", "serve", ...}),
+// wrapped in `rlx sandbox run` with `sandbox` limits when `sandboxed`.
+class EnvServerProcess {
+ public:
+  struct Options {
+    std::vector<std::string> argv;  // the server command
+    std::string rlx = "rlx";        // the rlx binary (for `rlx sandbox run`)
+    bool sandboxed = true;
+    SandboxOptions sandbox;         // limits of the server's sandbox (wall_s: its whole life)
+    std::vector<std::string> writable;  // host paths writable inside (the ipc socket's directory)
+    uint32_t max_restarts = 5;
+  };
+  explicit EnvServerProcess(Options options);
+  ~EnvServerProcess();  // SIGTERM, then SIGKILL
+  EnvServerProcess(const EnvServerProcess&) = delete;
+  EnvServerProcess& operator=(const EnvServerProcess&) = delete;
+
+  // Restarts the server if it has exited; true if it had. Throws rlx::Error after
+  // max_restarts restarts.
+  bool ensure_running();
+  pid_t pid() const { return pid_; }
+  uint32_t restarts() const { return restarts_; }
+
+ private:
+  void start();
+  Options o_;
+  pid_t pid_ = -1;
+  uint32_t restarts_ = 0;
+};
+
+struct RemoteEnvOptions {
+  std::string address;
+  std::string env;            // environment name on the server
+  double timeout_s = 10;      // per call
+  uint32_t retries = 3;       // per call, after the first try
+  EnvServerProcess* server = nullptr;  // restarted on a timeout when given
+};
+
+class RemoteEnv final : public Env {
+ public:
+  explicit RemoteEnv(RemoteEnvOptions options);
+  ~RemoteEnv() override;
+  std::vector<TokenId> reset(const nlohmann::json& task) override;
+  StepResult step(std::span<const TokenId> action) override;
+  std::string save_state() const override;
+  void load_state(std::string_view state) override;
+  uint64_t recoveries() const;  // calls that needed a server restart or a reload
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rlx::env

@@ -1,0 +1,104 @@
+// Environment servers as real processes: `rlx env serve` inside `rlx sandbox run`, called
+// through RemoteEnv. Killing the server (SIGKILL) mid-episode is recovered transparently
+// (restart + reload of the episode's state, the step applied once); without a supervisor the
+// call ends as an InfraError, never as a reward.
+#include <signal.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include <filesystem>
+
+#include "../helpers.hpp"
+#include "rlx/env/bundled.hpp"
+#include "rlx/env/server.hpp"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const fs::path kTokenizer = fs::path(RLX_FIXTURE_DIR) / "gpt2" / "tokenizer.json";
+
+rlx::env::EnvServerProcess::Options server_options(const rlx::test::TempDir& dir) {
+  rlx::env::EnvServerProcess::Options o;
+  o.rlx = RLX_CLI;
+  o.argv = {RLX_CLI, "env", "serve", "--address", "ipc://" + (dir / "env.sock").string(), "--tokenizer", kTokenizer.string()};
+  o.sandbox.limits.wall_s = 600;
+  o.sandbox.limits.cpu_s = 600;
+  o.sandbox.limits.memory_mb = 8192;  // LibTorch maps a lot of address space
+  o.sandbox.readonly_paths.push_back(fs::path(RLX_CLI).parent_path().string());
+  o.sandbox.readonly_paths.push_back(kTokenizer.parent_path().string());
+  o.writable = {dir.path.string()};
+  return o;
+}
+
+// Whether a process whose command line mentions `needle` exists (zombies aside).
+bool process_with(const std::string& needle) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
+    std::string cmdline = rlx::test::read_file(e.path() / "cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    const std::string stat = rlx::test::read_file(e.path() / "stat");
+    if (cmdline.find(needle) != std::string::npos && stat.find(") Z ") == std::string::npos) return true;
+  }
+  return false;
+}
+
+std::vector<rlx::TokenId> ids(const std::string& text) {
+  static const auto tok = rlx::load_tokenizer(kTokenizer);
+  return tok->encode(text);
+}
+
+}  // namespace
+
+TEST_CASE("env server: a sandboxed server process, killed mid-episode, recovers the episode", "[env][server]") {
+  REQUIRE(fs::exists(kTokenizer));
+  rlx::test::TempDir dir;
+  rlx::env::EnvServerProcess server(server_options(dir));
+  rlx::env::RemoteEnv remote({.address = "ipc://" + (dir / "env.sock").string(), .env = "guess_number", .timeout_s = 5,
+                              .retries = 4, .server = &server});
+  // The same episode locally, for comparison.
+  const auto tok = rlx::load_tokenizer(kTokenizer);
+  rlx::env::Registry reg;
+  rlx::env::register_bundled(reg);
+  auto local = reg.make("guess_number", {.tokenizer = tok.get()});
+
+  const json task = {{"target", 42}, {"range", 100}};
+  CHECK(remote.reset(task) == local->reset(task));
+  auto a = remote.step(ids("50")), b = local->step(ids("50"));
+  CHECK(a.observation == b.observation);  // "Lower."
+  CHECK_FALSE(a.done);
+
+  // SIGKILL the whole server (the sandbox wrapper; its pid namespace goes with it).
+  REQUIRE(::kill(server.pid(), SIGKILL) == 0);
+  // The server goes with it (parent-death signals down to the sandbox's init); wait until
+  // it is gone, bounded, so the next step meets a dead server.
+  const std::string serve_marker = "env serve --address ipc://" + (dir / "env.sock").string();
+  for (int i = 0; i < 500 && process_with(serve_marker); ++i) ::usleep(10000);
+  REQUIRE_FALSE(process_with(serve_marker));
+  a = remote.step(ids("25"));
+  b = local->step(ids("25"));
+  CHECK(a.observation == b.observation);  // "Higher.": the episode continued where it was
+  CHECK(server.restarts() == 1);
+  CHECK(remote.recoveries() >= 1);
+  a = remote.step(ids("42"));
+  CHECK(a.done);
+  CHECK(a.reward == 1.0);
+  CHECK(json::parse(remote.save_state())["guesses"] == json::array({50, 25, 42}));  // each step applied once
+
+  // A data error (bad task) is reported as such, and the server keeps serving.
+  CHECK_THROWS_WITH(remote.reset(json{{"target", 500}, {"range", 10}}), Catch::Contains("outside [1, 10]"));
+  CHECK(remote.reset(task).size() > 0);
+}
+
+TEST_CASE("env server: a dead server without a supervisor is an infra error", "[env][server]") {
+  rlx::test::TempDir dir;
+  auto server = std::make_unique<rlx::env::EnvServerProcess>(server_options(dir));
+  rlx::env::RemoteEnv remote({.address = "ipc://" + (dir / "env.sock").string(), .env = "arithmetic", .timeout_s = 1, .retries = 1});
+  const json task = {{"prompt", "Compute 1 + 1."}, {"answer", 2}};
+  REQUIRE(remote.reset(task).size() > 0);
+  server.reset();  // stopped for good
+  CHECK_THROWS_AS(remote.step(ids("2")), rlx::env::InfraError);
+}
