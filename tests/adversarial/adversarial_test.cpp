@@ -28,7 +28,9 @@ using rlx::SandboxVerdict;
 
 namespace {
 
-constexpr uint32_t kUidBase = 300000;  // sandboxes of this suite run as uids [base, base + 65535]
+// Sandboxes of this process run as uids [base, base + 65535] (when root); a base per
+// process, since ctest runs test cases as parallel processes.
+const uint32_t kUidBase = 400000 + static_cast<uint32_t>(::getpid() % 4096) * 65536;
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -139,6 +141,9 @@ TEST_CASE_METHOD(Fixture, "a loop that ignores signals and spawns a setsid grand
 }
 
 TEST_CASE_METHOD(Fixture, "memory bombs: one huge allocation, a slow climb", "[adversarial]") {
+  // Faulting in hundreds of MB costs CPU on a loaded VM: the CPU limit must not win the race.
+  options.limits.cpu_s = 20;
+  sandbox = std::make_unique<Sandbox>(options);
   auto r = attack({.argv = py("x = bytearray(64 << 30)")}, options.limits.wall_s);
   CHECK(r.verdict == SandboxVerdict::memory);
   r = attack({.argv = py("l = []\nwhile True: l.append(bytearray(8 << 20))")}, options.limits.wall_s);
