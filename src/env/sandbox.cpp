@@ -44,52 +44,19 @@
 
 #include "rlx/core/error.hpp"
 #include "rlx/core/log.hpp"
+#include "sandbox_child.hpp"
+
+#include <cereal/archives/binary.hpp>
+#include <spawn.h>
+#include <sstream>
 
 namespace rlx {
+
+using namespace sandbox_detail;
 
 namespace {
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-// --- records on the status pipe ------------------------------------------------------
-enum RecordKind : int32_t {
-  kUnshared = 1,   // monitor: namespaces created (a = flags granted)
-  kInitPid = 2,    // monitor: init's pid in the caller's namespace (a)
-  kSetupFail = 3,  // any: a set-up step failed (a = errno, b = step)
-  kCommand = 4,    // init: the command ended (a = wait status)
-  kDone = 5,       // monitor: init ended (a = wait status, b = maxrss kB, c = cpu s)
-};
-struct Record {
-  int32_t kind = 0;
-  int32_t a = 0;
-  int64_t b = 0;
-  double c = 0;
-};
-static_assert(sizeof(Record) <= PIPE_BUF);
-
-void put(int fd, Record r) {
-  while (::write(fd, &r, sizeof r) < 0 && errno == EINTR) {
-  }
-}
-
-// Set-up steps, named in errors.
-constexpr const char* kSteps[] = {"",  // 0
-                                  "unshare namespaces", "uid/gid map", "setresgid/setresuid", "fork init",
-                                  "make / private", "mount the new root (tmpfs)", "bind a read-only path",
-                                  "remount read-only", "mount /proc", "mount /dev", "mount /scratch",
-                                  "write a scratch file", "sethostname", "pivot_root", "detach the old root",
-                                  "fork the command", "set a rlimit", "no_new_privs", "drop capabilities",
-                                  "load the seccomp filter", "execute the command", "open stdio"};
-enum Step : int32_t {
-  kStepUnshare = 1, kStepMaps, kStepIds, kStepForkInit, kStepPrivate, kStepRoot, kStepBind, kStepRemount, kStepProc,
-  kStepDev, kStepScratch, kStepFile, kStepHostname, kStepPivot, kStepDetach, kStepForkCmd, kStepRlimit, kStepNnp,
-  kStepCaps, kStepSeccomp, kStepExec, kStepStdio,
-};
-
-[[noreturn]] void fail(int status_fd, Step step) {
-  put(status_fd, {.kind = kSetupFail, .a = errno, .b = step});
-  ::_exit(125);
-}
 
 // --- seccomp -------------------------------------------------------------------------
 // The filter, exported as a BPF program before fork (libseccomp allocates).
@@ -135,19 +102,6 @@ std::vector<sock_filter> build_filter() {
   return prog;
 }
 
-// --- capabilities --------------------------------------------------------------------
-void drop_capabilities(int status_fd) {
-  if (::prctl(PR_SET_SECUREBITS, SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP |
-                                     SECBIT_NO_SETUID_FIXUP_LOCKED | SECBIT_KEEP_CAPS_LOCKED) != 0)
-    fail(status_fd, kStepCaps);
-  for (int cap = 0; cap <= 63; ++cap)
-    if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL) fail(status_fd, kStepCaps);
-  (void)::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
-  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
-  __user_cap_data_struct data[2] = {};
-  if (::syscall(SYS_capset, &header, data) != 0) fail(status_fd, kStepCaps);
-}
-
 // --- the layers this machine grants ----------------------------------------------------
 constexpr int kNamespaceFlags = CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS;
 
@@ -177,34 +131,13 @@ int probe_namespaces() {
   return try_flags(CLONE_NEWUSER) ? CLONE_NEWUSER : 0;
 }
 
-// mkdir of every parent of `path` below its first `from` characters (no allocation: used
-// after fork).
-void mkdir_parents(const std::string& path, size_t from) {
-  char buf[4096];
-  if (path.size() >= sizeof buf) return;
-  std::memcpy(buf, path.c_str(), path.size() + 1);
-  for (size_t i = from + 1; i < path.size(); ++i)
-    if (buf[i] == '/') {
-      buf[i] = '\0';
-      ::mkdir(buf, 0755);
-      buf[i] = '/';
-    }
-}
-
-// Closes every descriptor but 0-2 and `keep` (after fork: the caller's other sockets and
-// pipes, other sandboxes' included, must not leak into this one).
-void close_others(std::initializer_list<int> keep) {
-  int k[16];
-  size_t n = 0;
-  for (int fd : keep)
-    if (fd > 2 && n < 16) k[n++] = fd;
-  std::sort(k, k + n);
-  unsigned lo = 3;
-  for (size_t i = 0; i < n; ++i) {
-    if (static_cast<unsigned>(k[i]) > lo) ::syscall(SYS_close_range, lo, static_cast<unsigned>(k[i]) - 1, 0);
-    lo = static_cast<unsigned>(k[i]) + 1;
-  }
-  ::syscall(SYS_close_range, lo, ~0u, 0);
+// The helper executable: $RLX_SANDBOX_HELPER (empty: none), else the build tree's, else
+// the installed one.
+std::string find_helper() {
+  if (const char* env = std::getenv("RLX_SANDBOX_HELPER")) return env;
+  for (const char* path : {RLX_SANDBOX_HELPER_BUILD, RLX_SANDBOX_HELPER_INSTALL})
+    if (::access(path, X_OK) == 0) return path;
+  return "";
 }
 
 bool write_file(const std::string& path, const std::string& text) {
@@ -232,6 +165,51 @@ ssize_t write_no_sigpipe(int fd, const char* data, size_t n) {
   return w;
 }
 
+// Starts the helper with the plan on its fd 3 and the run's pipes on fds 4-8; its pid, or
+// -1 with `error` set.
+pid_t spawn_helper(const std::string& helper, const Plan& plan, Fds fds, std::string& error) {
+  std::ostringstream os;
+  {
+    cereal::BinaryOutputArchive ar(os);
+    ar(kPlanVersion, const_cast<Plan&>(plan));
+  }
+  const std::string bytes = os.str();
+  int plan_p[2];
+  if (::pipe2(plan_p, O_CLOEXEC) != 0) {
+    error = fmt::format("sandbox: pipe: {}", std::strerror(errno));
+    return -1;
+  }
+  // Copies above 3..8 first, so that no dup2 below overwrites a source still to be copied.
+  const int sources[6] = {plan_p[0], fds.status, fds.sync, fds.in, fds.out, fds.err};
+  int high[6];
+  for (int i = 0; i < 6; ++i) high[i] = ::fcntl(sources[i], F_DUPFD_CLOEXEC, 64);
+  posix_spawn_file_actions_t fa;
+  ::posix_spawn_file_actions_init(&fa);
+  for (int i = 0; i < 6; ++i) ::posix_spawn_file_actions_adddup2(&fa, high[i], 3 + i);
+  char* argv[] = {const_cast<char*>(helper.c_str()), nullptr};
+  char* envp[] = {nullptr};
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, helper.c_str(), &fa, nullptr, argv, envp);
+  ::posix_spawn_file_actions_destroy(&fa);
+  for (int h : high) ::close(h);
+  ::close(plan_p[0]);
+  if (rc != 0) {
+    ::close(plan_p[1]);
+    error = fmt::format("sandbox: cannot start the helper {}: {}", helper, std::strerror(rc));
+    return -1;
+  }
+  for (size_t off = 0; off < bytes.size();) {  // the helper reads while we write (plans may be large)
+    const ssize_t w = write_no_sigpipe(plan_p[1], bytes.data() + off, bytes.size() - off);
+    if (w <= 0) {
+      if (w < 0 && errno == EINTR) continue;
+      break;  // the helper died; the status pipe will say so
+    }
+    off += static_cast<size_t>(w);
+  }
+  ::close(plan_p[1]);
+  return pid;
+}
+
 }  // namespace
 
 // --- Sandbox ---------------------------------------------------------------------------
@@ -248,6 +226,7 @@ struct Sandbox::Impl {
   };
   std::vector<Exposed> exposed;
   mutable std::atomic<uint32_t> runs{0};
+  std::string helper;  // rlx-sandbox-helper, if found (else the children are forked from this process)
 
   explicit Impl(SandboxOptions options) : o(std::move(options)) {
     config::check_bounds(o, "sandbox");
@@ -283,6 +262,7 @@ struct Sandbox::Impl {
       for (const auto& p : o.writable_paths) expose(p, true);
     }
     layers.insert(layers.end(), {"no_new_privs", "no_capabilities", "seccomp", "rlimits"});
+    helper = find_helper();
   }
 
   uint32_t outside_uid() const {
@@ -296,26 +276,6 @@ struct Sandbox::Impl {
 };
 
 namespace {
-
-// Everything the children need, built before fork().
-struct Plan {
-  std::vector<std::string> strings;  // storage
-  std::vector<char*> argv, envp;
-  std::string exe;
-  struct Mount {
-    std::string src, dst, link;
-    bool dir, writable;
-  };
-  std::vector<Mount> binds;
-  std::string root = "/tmp";  // where the new root is built (a tmpfs over it, in the private mount ns)
-  std::string scratch_opts, root_opts;
-  std::vector<std::pair<std::string, std::string>> files;  // full path in the new root, content
-  std::vector<std::string> dirs;                           // to create in the new root, in order
-  rlimit cpu, as, nproc, fsize, nofile, core;
-  std::string hostname;
-  std::string proc, dev, scratch, tmp, old;
-  std::vector<std::pair<std::string, std::string>> devices;  // /dev/x, new-root/dev/x
-};
 
 // argv[0] as the sandbox will find it: absolute, or the first match in the sandbox's PATH
 // (the same path outside and in, since read-only paths are mounted at their own place).
@@ -350,18 +310,15 @@ SandboxResult Sandbox::Impl::run(const SandboxRequest& req) const {
     RLX_CHECK(e.find('=') != std::string::npos && e.find('\0') == std::string::npos, "sandbox: environment entry '{}' is not NAME=VALUE", e);
     plan.strings.push_back(e);
   }
-  for (size_t i = 0; i < plan.strings.size(); ++i) (i < nargs ? plan.argv : plan.envp).push_back(plan.strings[i].data());
-  plan.argv.push_back(nullptr);
-  plan.envp.push_back(nullptr);
-  const auto limit = [](double v) { return rlimit{static_cast<rlim_t>(v), static_cast<rlim_t>(v)}; };
-  const rlim_t cpu = static_cast<rlim_t>(std::ceil(L.cpu_s));
-  plan.cpu = {cpu, cpu + 1};  // SIGXCPU at the soft limit, SIGKILL a second later
-  plan.as = limit(static_cast<double>(L.memory_mb << 20));
-  plan.nproc = limit(L.processes);
-  plan.fsize = limit(static_cast<double>(L.file_mb << 20));
-  plan.nofile = limit(L.open_files);
-  plan.core = {0, 0};
+  plan.nargs = nargs;
+  const uint64_t cpu = static_cast<uint64_t>(std::ceil(L.cpu_s));
+  // SIGXCPU at the soft CPU limit, SIGKILL a second later.
+  plan.limits = {cpu, cpu + 1, L.memory_mb << 20, L.processes, L.file_mb << 20, L.open_files, 0};
+  plan.prepare();
   plan.hostname = o.hostname;
+  plan.filter = filter;
+  plan.namespaces = namespaces;
+  plan.isolate = isolate;
   if (isolate) {
     plan.root_opts = "size=1m,nr_inodes=1024,mode=755";
     plan.scratch_opts = fmt::format("size={}m,nr_inodes={},mode=1777", L.scratch_mb, L.scratch_inodes);
@@ -394,165 +351,25 @@ SandboxResult Sandbox::Impl::run(const SandboxRequest& req) const {
   RLX_CHECK(::pipe2(status_p, O_CLOEXEC) == 0 && ::pipe2(sync_p, O_CLOEXEC) == 0 && ::pipe2(in_p, O_CLOEXEC) == 0 &&
                 ::pipe2(out_p, O_CLOEXEC) == 0 && ::pipe2(err_p, O_CLOEXEC) == 0,
             "sandbox: pipe: {}", std::strerror(errno));
-  const pid_t caller = ::getpid();
-  const bool caller_root = ::geteuid() == 0;
+  plan.caller = ::getpid();
+  plan.caller_root = ::geteuid() == 0;
   const double t0 = now_s();
 
-  const pid_t monitor = ::_Fork();  // no atfork handlers (LibTorch's and OpenMP's are slow); the children only make system calls
+  pid_t monitor = -1;
+  std::string spawn_error;
+  if (!helper.empty()) {
+    // The helper, started with posix_spawn (vfork + exec): its children copy a tiny process.
+    monitor = spawn_helper(helper, plan, {status_p[1], sync_p[0], in_p[0], out_p[1], err_p[1]}, spawn_error);
+  } else {
+    monitor = ::_Fork();  // no atfork handlers (LibTorch's and OpenMP's are slow); the child only makes system calls
+    if (monitor == 0) sandbox_detail::run_monitor(plan, {status_p[1], sync_p[0], in_p[0], out_p[1], err_p[1]});
+    if (monitor < 0) spawn_error = fmt::format("fork: {}", std::strerror(errno));
+  }
   if (monitor < 0) {
     for (int fd : {status_p[0], status_p[1], sync_p[0], sync_p[1], in_p[0], in_p[1], out_p[0], out_p[1], err_p[0], err_p[1]})
       ::close(fd);
-    res.detail = fmt::format("fork: {}", std::strerror(errno));
+    res.detail = spawn_error;
     return res;
-  }
-  if (monitor == 0) {
-    // ---- monitor ----
-    const int sfd = status_p[1];
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != caller) ::_exit(125);
-    close_others({sfd, sync_p[0], in_p[0], out_p[1], err_p[1]});
-    if (isolate && ::unshare(namespaces) != 0) fail(sfd, kStepUnshare);
-    put(sfd, {.kind = kUnshared, .a = namespaces});
-    char go = 0;
-    if (::read(sync_p[0], &go, 1) != 1 || go != 1) ::_exit(125);  // the caller could not map our ids
-    if (isolate) {
-      if (::setresgid(0, 0, 0) != 0 || (caller_root && ::setgroups(0, nullptr) != 0) || ::setresuid(0, 0, 0) != 0)
-        fail(sfd, kStepIds);
-      // A change of credentials clears the parent-death signal: set it again (and check
-      // that the caller did not die in between).
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != caller) ::_exit(125);
-    }
-    int exec_p[2];
-    if (::pipe2(exec_p, O_CLOEXEC) != 0) fail(sfd, kStepForkInit);
-    const pid_t init = ::_Fork();
-    if (init < 0) fail(sfd, kStepForkInit);
-    if (init == 0) {
-      // ---- init (pid 1 of the new pid namespace) ----
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      // Init is a copy of the caller (its memory, its environment): not dumpable, so the
-      // command cannot read /proc/1/environ or /proc/1/mem.
-      ::prctl(PR_SET_DUMPABLE, 0);
-      if (isolate) {
-        if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) fail(sfd, kStepPrivate);
-        const char* root = plan.root.c_str();
-        // The sources, opened before the new root's tmpfs covers plan.root (a source may lie
-        // below it): binds then come from /proc/self/fd/N.
-        int source_fd[64];
-        const size_t nbinds = std::min<size_t>(plan.binds.size(), 64);
-        for (size_t i = 0; i < nbinds; ++i) {
-          source_fd[i] = plan.binds[i].link.empty() ? ::open(plan.binds[i].src.c_str(), O_PATH | O_CLOEXEC) : -1;
-          if (plan.binds[i].link.empty() && source_fd[i] < 0) fail(sfd, kStepBind);
-        }
-        if (::mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, plan.root_opts.c_str()) != 0) fail(sfd, kStepRoot);
-        for (size_t bi = 0; bi < nbinds; ++bi) {
-          const auto& b = plan.binds[bi];
-          if (!b.link.empty()) {
-            // mkdir -p of the parent is not needed: exposed paths are top-level or below one
-            if (::symlink(b.link.c_str(), b.dst.c_str()) != 0) fail(sfd, kStepBind);
-            continue;
-          }
-          mkdir_parents(b.dst, plan.root.size());  // nested paths
-          if (b.dir ? (::mkdir(b.dst.c_str(), 0755) != 0 && errno != EEXIST)
-                    : ::close(::open(b.dst.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644)) != 0)
-            fail(sfd, kStepBind);
-          char src[64];
-          std::snprintf(src, sizeof src, "/proc/self/fd/%d", source_fd[bi]);
-          if (::mount(src, b.dst.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0) fail(sfd, kStepBind);
-          ::close(source_fd[bi]);
-          struct mount_attr attr {};
-          attr.attr_set = (b.writable ? 0 : MOUNT_ATTR_RDONLY) | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
-          if (::syscall(SYS_mount_setattr, -1, b.dst.c_str(), AT_RECURSIVE, &attr, sizeof attr) != 0)
-            fail(sfd, kStepRemount);
-        }
-        const std::string &proc = plan.proc, &dev = plan.dev, &scratch = plan.scratch, &tmp = plan.tmp, &old = plan.old;
-        ::mkdir(proc.c_str(), 0555);
-        if (::mount("proc", proc.c_str(), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) fail(sfd, kStepProc);
-        ::mkdir(dev.c_str(), 0755);
-        if (::mount("tmpfs", dev.c_str(), "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,nr_inodes=64,mode=755") != 0)
-          fail(sfd, kStepDev);
-        for (const auto& [src, dst] : plan.devices) {
-          const int fd = ::open(dst.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
-          if (fd < 0) fail(sfd, kStepDev);
-          ::close(fd);
-          if (::mount(src.c_str(), dst.c_str(), nullptr, MS_BIND, nullptr) != 0) fail(sfd, kStepDev);
-        }
-        ::mkdir(scratch.c_str(), 0755);
-        if (::mount("tmpfs", scratch.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, plan.scratch_opts.c_str()) != 0)
-          fail(sfd, kStepScratch);
-        // /tmp is the scratch, unless an exposed path lives below /tmp (then /tmp holds it).
-        if (::symlink("/scratch", tmp.c_str()) != 0 && errno != EEXIST) fail(sfd, kStepScratch);
-        for (const auto& [path, content] : plan.files) {
-          mkdir_parents(path, scratch.size());
-          const int fd = ::open(path.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0644);
-          if (fd < 0) fail(sfd, kStepFile);
-          for (size_t off = 0; off < content.size();) {
-            const ssize_t n = ::write(fd, content.data() + off, content.size() - off);
-            if (n <= 0) fail(sfd, kStepFile);
-            off += static_cast<size_t>(n);
-          }
-          ::close(fd);
-        }
-        if (::sethostname(plan.hostname.data(), plan.hostname.size()) != 0) fail(sfd, kStepHostname);
-        ::mkdir(old.c_str(), 0700);
-        if (::syscall(SYS_pivot_root, root, old.c_str()) != 0) fail(sfd, kStepPivot);
-        if (::chdir("/") != 0 || ::umount2("/.old", MNT_DETACH) != 0 || ::rmdir("/.old") != 0) fail(sfd, kStepDetach);
-        struct mount_attr attr {};
-        attr.attr_set = MOUNT_ATTR_RDONLY;
-        if (::syscall(SYS_mount_setattr, -1, "/", 0, &attr, sizeof attr) != 0) fail(sfd, kStepRemount);
-        if (::chdir("/scratch") != 0) fail(sfd, kStepScratch);
-      }
-      const pid_t cmd = ::_Fork();
-      if (cmd < 0) fail(sfd, kStepForkCmd);
-      if (cmd == 0) {
-        // ---- the command ----
-        const int efd = exec_p[1];  // O_CLOEXEC: closes on a successful execve
-        if (::dup2(in_p[0], 0) < 0 || ::dup2(out_p[1], 1) < 0 || ::dup2(err_p[1], 2) < 0) fail(efd, kStepStdio);
-        ::setsid();
-        ::syscall(SYS_close_range, 3u, ~0u, CLOSE_RANGE_CLOEXEC);  // nothing else reaches the command
-        const std::pair<int, const rlimit*> limits[] = {{RLIMIT_CPU, &plan.cpu},       {RLIMIT_AS, &plan.as},
-                                                        {RLIMIT_NPROC, &plan.nproc},   {RLIMIT_FSIZE, &plan.fsize},
-                                                        {RLIMIT_NOFILE, &plan.nofile}, {RLIMIT_CORE, &plan.core}};
-        for (auto [r, v] : limits)
-          if (::setrlimit(r, v) != 0) fail(efd, kStepRlimit);
-        if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) fail(efd, kStepNnp);
-        drop_capabilities(efd);
-        sock_fprog prog{static_cast<unsigned short>(filter.size()), const_cast<sock_filter*>(filter.data())};
-        if (::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) fail(efd, kStepSeccomp);
-        ::execve(plan.exe.c_str(), plan.argv.data(), plan.envp.data());
-        fail(efd, kStepExec);
-      }
-      ::close(exec_p[1]);
-      for (int fd : {in_p[0], out_p[1], err_p[1]}) ::close(fd);
-      // Reap everything until the command ends; orphans are re-parented to us.
-      int cmd_status = 0;
-      for (;;) {
-        int st = 0;
-        const pid_t p = ::waitpid(-1, &st, 0);
-        if (p == cmd) {
-          cmd_status = st;
-          break;
-        }
-        if (p < 0 && errno != EINTR) break;
-      }
-      Record exec_fail;
-      if (::read(exec_p[0], &exec_fail, sizeof exec_fail) == sizeof exec_fail) put(sfd, exec_fail);
-      put(sfd, {.kind = kCommand, .a = cmd_status});
-      ::_exit(0);  // the kernel now kills what is left in the namespace
-    }
-    // Monitor: report init's pid, wait for it (after the namespace is empty), report usage.
-    ::close(exec_p[0]);
-    ::close(exec_p[1]);
-    for (int fd : {in_p[0], out_p[1], err_p[1]}) ::close(fd);
-    put(sfd, {.kind = kInitPid, .a = init});
-    int st = 0;
-    rusage ru{};
-    while (::wait4(init, &st, 0, &ru) < 0 && errno == EINTR) {
-    }
-    const double cpu_s = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-                         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
-    put(sfd, {.kind = kDone, .a = st, .b = ru.ru_maxrss, .c = cpu_s});
-    ::_exit(0);
   }
 
   // ---- caller ----
@@ -602,7 +419,7 @@ SandboxResult Sandbox::Impl::run(const SandboxRequest& req) const {
         init = r.a;
         if (killed) ::kill(init, SIGKILL);
       } else if (r.kind == kSetupFail) {
-        res.detail = fmt::format("sandbox set-up failed at '{}': {}", kSteps[std::clamp<int64_t>(r.b, 0, kStepStdio)],
+        res.detail = fmt::format("sandbox set-up failed at '{}': {}", kSteps[std::clamp<int64_t>(r.b, 0, kStepHelper)],
                                  std::strerror(r.a));
       } else if (r.kind == kCommand) {
         have_command = true;
