@@ -9,6 +9,7 @@
 #include "rlx/bus/hub.hpp"
 #include "rlx/core/config.hpp"
 #include "rlx/core/log.hpp"
+#include "rlx/env/options.hpp"
 #include "rlx/model/config.hpp"
 
 namespace rlx {
@@ -82,6 +83,7 @@ struct RunConfig {
   ModelSection model;
   TokenizerSection tokenizer;
   bus::HubOptions hub;
+  env::EnvOptions env;
 
   template <class V>
   void visit(V& v) {
@@ -91,6 +93,7 @@ struct RunConfig {
     v("model", model, "policy model");
     v("tokenizer", tokenizer, "tokenizer");
     v("hub", hub, "replay hub: prompts, leases, replay buffer, trajectory store");
+    v("env", env, "environment: name, options, turns, env servers, sandbox limits");
   }
 };
 

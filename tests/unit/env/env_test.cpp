@@ -7,6 +7,7 @@
 
 #include "rlx/env/bundled.hpp"
 #include "rlx/env/env.hpp"
+#include "rlx/env/options.hpp"
 #include "rlx/env/sandbox.hpp"
 
 using nlohmann::json;
@@ -242,4 +243,26 @@ TEST_CASE("python_code: hidden tests in the sandbox; early exits and fake output
   // Guessing harness lines (every index, many values) scores nothing: repeats fail.
   CHECK(run("import sys\nfor i in range(4):\n    for v in range(100): print('@@rlx', sys.stdin.readline(), i, v)") == 0.0);
   CHECK(run("def fib(n): return 1/0") == 0.0);
+}
+
+TEST_CASE("env options from a config: options reach the environment; bad keys are named", "[env]") {
+  const std::string yaml =
+      "name: arithmetic\n"
+      "options: {digits: 3, terms: '4', ops: '+'}\n"
+      "max_turns: 2\n"
+      "sandbox: {limits: {wall_s: 5}}\n";
+  const auto o = rlx::config::load_string<rlx::env::EnvOptions>(yaml, std::vector<std::string>{"sandbox.limits.memory_mb=256"});
+  CHECK(o.max_turns == 2);
+  CHECK(o.sandbox.limits.wall_s == 5);
+  CHECK(o.sandbox.limits.memory_mb == 256);
+  const json opts = o.options_json();
+  CHECK(opts == json{{"digits", 3}, {"terms", 4}, {"ops", "+"}});
+  // The options drive the environment's generator: 4 terms of 3 digits, only '+'.
+  const json task = registry().generate(o.name, 0, 0, opts);
+  const std::string prompt = task["prompt"];
+  CHECK(std::count(prompt.begin(), prompt.end(), '+') == 3);
+  CHECK_THROWS_WITH(rlx::config::load_string<rlx::env::EnvOptions>("sandbox: {limits: {wal_s: 5}}"),
+                    Catch::Contains("sandbox.limits.wal_s") && Catch::Contains("wall_s"));
+  CHECK_THROWS_WITH(rlx::config::load_string<rlx::env::EnvOptions>("sandbox: {missing_layer: maybe}"),
+                    Catch::Contains("sandbox.missing_layer"));
 }
