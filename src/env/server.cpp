@@ -216,7 +216,9 @@ struct RemoteEnv::Impl {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) return std::nullopt;
       zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
-      zmq::poll(&item, 1, left);
+      zmq::poll(&item, 1, std::min(left, std::chrono::milliseconds(o.server ? 200 : left.count())));
+      // A supervised server that died is restarted now rather than at the end of the timeout.
+      if (o.server && o.server->ensure_running()) return std::nullopt;
       zmq::message_t msg;
       while (dealer.recv(msg, zmq::recv_flags::dontwait)) {
         try {
@@ -245,7 +247,7 @@ struct RemoteEnv::Impl {
       // Recover: restart a dead server, reconnect, and put the episode back where the last
       // answer left it (a restarted server has lost it; a live one gets the same state).
       ++recoveries;
-      if (o.server && o.server->ensure_running()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (o.server) (void)o.server->ensure_running();
       connect();
       if (started && req.op == "step") {
         EnvRequest load{.episode = episode, .turn = turn, .op = "load", .env = o.env, .payload = state};

@@ -57,7 +57,9 @@ TEST_CASE("env server: a sandboxed server process, killed mid-episode, recovers 
   REQUIRE(fs::exists(kTokenizer));
   rlx::test::TempDir dir;
   rlx::env::EnvServerProcess server(server_options(dir));
-  rlx::env::RemoteEnv remote({.address = "ipc://" + (dir / "env.sock").string(), .env = "guess_number", .timeout_s = 5,
+  // Each start loads LibTorch (seconds on a loaded machine): generous per-call timeouts. A
+  // dead server is noticed at once (the supervisor polls it), not at the timeout.
+  rlx::env::RemoteEnv remote({.address = "ipc://" + (dir / "env.sock").string(), .env = "guess_number", .timeout_s = 30,
                               .retries = 4, .server = &server});
   // The same episode locally, for comparison.
   const auto tok = rlx::load_tokenizer(kTokenizer);
@@ -96,8 +98,11 @@ TEST_CASE("env server: a sandboxed server process, killed mid-episode, recovers 
 TEST_CASE("env server: a dead server without a supervisor is an infra error", "[env][server]") {
   rlx::test::TempDir dir;
   auto server = std::make_unique<rlx::env::EnvServerProcess>(server_options(dir));
-  rlx::env::RemoteEnv remote({.address = "ipc://" + (dir / "env.sock").string(), .env = "arithmetic", .timeout_s = 1, .retries = 1});
+  const std::string address = "ipc://" + (dir / "env.sock").string();
   const json task = {{"prompt", "Compute 1 + 1."}, {"answer", 2}};
+  // The server loads LibTorch first (seconds on a loaded machine): wait for it patiently once.
+  REQUIRE(rlx::env::RemoteEnv({.address = address, .env = "arithmetic", .timeout_s = 60, .retries = 0}).reset(task).size() > 0);
+  rlx::env::RemoteEnv remote({.address = address, .env = "arithmetic", .timeout_s = 1, .retries = 1});
   REQUIRE(remote.reset(task).size() > 0);
   server.reset();  // stopped for good
   CHECK_THROWS_AS(remote.step(ids("2")), rlx::env::InfraError);
