@@ -23,5 +23,6 @@ void add_generate_command(CLI::App& app, Action& action);
 // After add_inspect_commands and add_bench_commands: adds to their groups.
 void add_bus_commands(CLI::App& app, Action& action);
 void add_env_commands(CLI::App& app, Action& action);
+void add_learner_commands(CLI::App& app, Action& action);
 
 }  // namespace rlx::cli

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   rlx::cli::add_bench_commands(app, action);
   rlx::cli::add_bus_commands(app, action);
   rlx::cli::add_env_commands(app, action);
+  rlx::cli::add_learner_commands(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

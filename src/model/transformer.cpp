@@ -161,10 +161,13 @@ Transformer::Transformer(const ModelConfig& cfg, at::ScalarType dtype, at::Devic
   inv_freq_ = register_buffer("inv_freq", rope_inv_freq(cfg_).to(device));
 }
 
-at::Tensor Transformer::forward_hidden(const ForwardInput& in, KVCache* cache) {
+ForwardState Transformer::begin_forward(const ForwardInput& in, KVCache* cache) {
   RLX_CHECK(in.tokens.defined() && in.tokens.dim() == 2, "forward: tokens must be a [batch, time] tensor");
-  const int64_t B = in.tokens.size(0), T = in.tokens.size(1);
-  auto tokens = in.tokens.to(device_, at::kLong);
+  ForwardState st;
+  st.batch = in.tokens.size(0);
+  st.time = in.tokens.size(1);
+  st.cache = cache;
+  st.tokens = in.tokens.to(device_, at::kLong);
   if (in.segments.defined())
     RLX_CHECK(in.segments.sizes() == in.tokens.sizes(), "forward: segments shape {} differs from tokens shape {}",
               in.segments.sizes(), in.tokens.sizes());
@@ -174,40 +177,54 @@ at::Tensor Transformer::forward_hidden(const ForwardInput& in, KVCache* cache) {
   if (in.tokens.is_cpu()) {
     // A token id outside the vocabulary would index out of bounds in the embedding. (Inputs
     // already on a device are the engine's own and skip this host sync.)
-    auto lo = tokens.numel() ? tokens.min().item<int64_t>() : 0, hi = tokens.numel() ? tokens.max().item<int64_t>() : 0;
+    const auto& t = st.tokens;
+    auto lo = t.numel() ? t.min().item<int64_t>() : 0, hi = t.numel() ? t.max().item<int64_t>() : 0;
     RLX_CHECK(lo >= 0 && hi < cfg_.vocab_size, "forward: token ids must be in [0, {}), got range [{}, {}]",
               cfg_.vocab_size, lo, hi);
   }
 
-  at::Tensor positions, mask;
+  at::Tensor positions;
   if (cache) {
     positions = cache->begin(in);
   } else {
-    auto segments = in.segments.defined() ? in.segments.to(device_) : at::ones({B, T}, tokens.options());
+    auto segments = in.segments.defined() ? in.segments.to(device_) : at::ones({st.batch, st.time}, st.tokens.options());
     positions = segment_positions(segments);
-    mask = segment_causal_mask(segments);
+    st.mask = segment_causal_mask(segments);
   }
   if (in.positions.defined()) positions = in.positions.to(device_, at::kLong);
   auto [cos, sin] = rope_tables(cfg_, inv_freq_, positions);
-  cos = cos.to(dtype_);
-  sin = sin.to(dtype_);
+  st.cos = cos.to(dtype_);
+  st.sin = sin.to(dtype_);
+  return st;
+}
 
-  const int64_t Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
+at::Tensor Transformer::embed(const ForwardState& st) { return at::embedding(body_->embed_tokens->weight, st.tokens); }
+
+at::Tensor Transformer::layer(int64_t index, const at::Tensor& h_in, const ForwardState& st) {
+  RLX_ASSERT(index >= 0 && index < static_cast<int64_t>(body_->blocks.size()), "layer index out of range");
+  const int64_t B = st.batch, T = st.time, Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  auto h = at::embedding(body_->embed_tokens->weight, tokens);
-  for (size_t l = 0; l < body_->blocks.size(); ++l) {
-    const auto& blk = *body_->blocks[l];
-    const auto& att = *blk.self_attn;
-    auto x = (*blk.input_layernorm)(h);
-    auto q = apply_rope((*att.q_proj)(x).view({B, T, Hq, D}), cos, sin);
-    auto k = apply_rope((*att.k_proj)(x).view({B, T, Hkv, D}), cos, sin);
-    auto v = (*att.v_proj)(x).view({B, T, Hkv, D});
-    auto a = cache ? cache->attend(static_cast<int64_t>(l), q, k, v, scale) : attention(q, k, v, mask, scale);
-    h = h + (*att.o_proj)(a.reshape({B, T, Hq * D}));
-    h = h + (*blk.mlp)((*blk.post_attention_layernorm)(h));
-  }
-  if (cache) cache->end();
+  const auto& blk = *body_->blocks[static_cast<size_t>(index)];
+  const auto& att = *blk.self_attn;
+  auto x = (*blk.input_layernorm)(h_in);
+  auto q = apply_rope((*att.q_proj)(x).view({B, T, Hq, D}), st.cos, st.sin);
+  auto k = apply_rope((*att.k_proj)(x).view({B, T, Hkv, D}), st.cos, st.sin);
+  auto v = (*att.v_proj)(x).view({B, T, Hkv, D});
+  auto a = st.cache ? st.cache->attend(index, q, k, v, scale) : attention(q, k, v, st.mask, scale);
+  auto h = h_in + (*att.o_proj)(a.reshape({B, T, Hq * D}));
+  return h + (*blk.mlp)((*blk.post_attention_layernorm)(h));
+}
+
+at::Tensor Transformer::end_forward(const at::Tensor& h, const ForwardState& st) {
+  if (st.cache) st.cache->end();
   return (*body_->norm)(h);
+}
+
+at::Tensor Transformer::forward_hidden(const ForwardInput& in, KVCache* cache) {
+  auto st = begin_forward(in, cache);
+  auto h = embed(st);
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) h = layer(l, h, st);
+  return end_forward(h, st);
 }
 
 at::Tensor Transformer::logits(const at::Tensor& hidden) {

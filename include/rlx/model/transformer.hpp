@@ -33,6 +33,14 @@ std::pair<at::Tensor, at::Tensor> rope_tables(const ModelConfig& cfg, const at::
 // The (scaled) inverse frequencies [head_dim / 2] in fp32.
 at::Tensor rope_inv_freq(const ModelConfig& cfg);
 
+// What every layer of one forward call shares: the tokens on the model's device, the
+// RoPE tables, and the attention mask of the full-sequence path (undefined with a cache).
+struct ForwardState {
+  at::Tensor tokens, mask, cos, sin;
+  int64_t batch = 0, time = 0;
+  KVCache* cache = nullptr;
+};
+
 namespace detail {
 struct Body;
 struct Projection;
@@ -52,6 +60,15 @@ class Transformer : public torch::nn::Module {
   // LM-head logits for hidden states [..., hidden_size] -> [..., vocab_size], in the model's dtype.
   at::Tensor logits(const at::Tensor& hidden);
   at::Tensor forward(const ForwardInput& in, KVCache* cache = nullptr) { return logits(forward_hidden(in, cache)); }
+
+  // forward_hidden in its steps, for callers that run the layers one at a time (the
+  // sharded learner gathers each layer's weights just before it runs):
+  //   auto st = begin_forward(in, cache); auto h = embed(st);
+  //   for (l ...) h = layer(l, h, st);    h = end_forward(h, st);
+  ForwardState begin_forward(const ForwardInput& in, KVCache* cache = nullptr);
+  at::Tensor embed(const ForwardState& st);
+  at::Tensor layer(int64_t index, const at::Tensor& h, const ForwardState& st);
+  at::Tensor end_forward(const at::Tensor& h, const ForwardState& st);
 
   // HF's initialisation (weights ~ N(0, initializer_range), norms 1, biases 0), drawn from
   // rlx's counter-based generator per parameter name: the same seed gives the same

@@ -1,0 +1,51 @@
+// How the ranks of a group find each other: a c10d TCPStore that one process
+// hosts (the launcher, or rank 0) and every rank connects to.
+//
+// A launcher hosts the store and passes its address to the ranks it starts in
+// the environment, as torchrun does:
+//
+//   rlx::dist::StoreServer store;                 // an ephemeral port on 127.0.0.1
+//   env: RLX_RANK=r RLX_WORLD_SIZE=n RLX_STORE=127.0.0.1:<store.port()>
+//   ... in each rank: auto comm = rlx::dist::connect(rlx::dist::rendezvous_from_env());
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace rlx::dist {
+
+struct RendezvousOptions {
+  int rank = 0;
+  int world_size = 1;
+  std::string store_host = "127.0.0.1";  // where the TCPStore listens
+  int store_port = 0;                    // 0 with host_store: an ephemeral port (world_size 1 only)
+  bool host_store = false;               // this rank hosts the store (usually rank 0 without a launcher)
+  std::string interface_host = "127.0.0.1";  // the address Gloo binds for its connections
+  double timeout_s = 300;                // every collective
+  double connect_timeout_s = 120;        // joining the group
+  double heartbeat_s = 0.5;              // liveness beats through the store, for diagnosing failures
+};
+
+// From RLX_RANK, RLX_WORLD_SIZE, RLX_STORE (host:port), RLX_STORE_HOST_SELF (1: this
+// rank hosts the store), RLX_COMM_TIMEOUT_S and RLX_COMM_INTERFACE. Without
+// RLX_WORLD_SIZE: a group of one. Malformed values throw rlx::Error naming the variable.
+RendezvousOptions rendezvous_from_env();
+
+// A TCPStore server owned by a launcher.
+class StoreServer {
+ public:
+  explicit StoreServer(const std::string& host = "127.0.0.1", int port = 0);
+  ~StoreServer();
+  StoreServer(const StoreServer&) = delete;
+  StoreServer& operator=(const StoreServer&) = delete;
+  int port() const;
+  const std::string& host() const { return host_; }
+
+ private:
+  struct Impl;
+  std::string host_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rlx::dist

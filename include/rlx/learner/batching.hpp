@@ -1,0 +1,50 @@
+// Turning a rank's sequences into micro-batches by token budget, packed without
+// padding where the attention path allows (each sequence is its own segment of a
+// row, so a row holds several short sequences).
+//
+//   std::vector<rlx::Sequence> seqs = ...;           // token ids + which tokens are trained
+//   auto mbs = rlx::pack_micro_batches(seqs, {.micro_batch_tokens = 8192, .row_tokens = 2048});
+//   // mbs[i].tokens [R, T], .segments (0 = padding), .targets (next token), .loss_mask
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace rlx {
+
+struct Sequence {
+  std::vector<int64_t> tokens;
+  std::vector<uint8_t> loss_mask;             // per token: 1 where the token is trained (predicted)
+  std::map<std::string, std::vector<float>> values;  // per-token values (advantages, old log-probs, ...)
+};
+
+struct PackOptions {
+  int64_t micro_batch_tokens = 8192;  // rows x row length per micro-batch, padding included
+  int64_t row_tokens = 2048;          // longest row; a longer sequence is an error
+  bool pack = true;                   // several sequences per row (false: one per row)
+};
+
+struct MicroBatch {
+  at::Tensor tokens;     // [R, T] int64
+  at::Tensor segments;   // [R, T] int64, 0 = padding, k = the row's k-th sequence
+  at::Tensor targets;    // [R, T] int64, the next token of the same sequence (0 where none)
+  at::Tensor loss_mask;  // [R, T] float32, 1 where targets[r, t] is trained
+  at::Tensor sequence;   // [R, T] int64, index into the input sequences (-1 for padding)
+  std::map<std::string, at::Tensor> values;  // [R, T] float32, aligned with targets (value of the target token)
+  std::vector<int64_t> sequences;  // which input sequences it holds
+  int64_t loss_tokens = 0;         // sum of loss_mask
+};
+
+// Deterministic: longest sequences first into the first row with room (first-fit
+// decreasing), rows grouped in order into micro-batches within the budget.
+std::vector<MicroBatch> pack_micro_batches(const std::vector<Sequence>& seqs, const PackOptions& options);
+
+// A micro-batch with one padding token and nothing to train: what a rank with no
+// data left runs so that every rank runs the same collectives.
+MicroBatch empty_micro_batch();
+
+}  // namespace rlx

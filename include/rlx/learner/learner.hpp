@@ -1,0 +1,96 @@
+// One rank of a learner group: a sharded model, AdamW on its shards, the
+// learning-rate schedule, gradient accumulation over micro-batches and clipping
+// by the global norm. Algorithms plug in as a loss function over token log-probs.
+//
+//   rlx::Learner learner(cfg, *comm, {.optimizer = {.lr = 1e-5}, .max_grad_norm = 1.0});
+//   learner.init_weights(seed);
+//   auto r = learner.step(my_sequences, [](const rlx::MicroBatch& mb, const at::Tensor& logp,
+//                                          const rlx::StepContext& ctx) {
+//     return -(logp * mb.loss_mask).sum() / ctx.global_loss_tokens;   // SFT
+//   });
+//
+// Every rank must call step() the same number of times; a rank with fewer
+// micro-batches than another runs empty ones, so the collectives always match.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "rlx/core/rng.hpp"
+#include "rlx/dist/fsdp.hpp"
+#include "rlx/learner/batching.hpp"
+#include "rlx/learner/optimizer.hpp"
+
+namespace rlx {
+
+struct LearnerOptions {
+  AdamWOptions optimizer;
+  LrSchedule schedule;
+  double max_grad_norm = 1.0;  // clip by the global norm; 0 = no clipping
+  PackOptions packing;
+  dist::FsdpOptions fsdp;
+  uint64_t seed = 0;           // the learner's random stream (per rank: stream = rank)
+};
+
+// What a loss function knows about the whole step.
+struct StepContext {
+  int64_t step = 0;                // optimizer steps taken before this one
+  double global_loss_tokens = 0;   // trained tokens over every rank's batch
+  double global_sequences = 0;     // sequences over every rank's batch
+  int rank = 0, world_size = 1;
+};
+
+// Loss of one micro-batch, already normalised for the whole step (gradients of all
+// micro-batches and ranks are summed). logprobs [R, T] fp32: log p(targets).
+using LossFn = std::function<at::Tensor(const MicroBatch&, const at::Tensor& logprobs, const StepContext&)>;
+
+struct StepResult {
+  int64_t step = 0;          // optimizer steps taken after this one
+  double loss = 0;           // summed over micro-batches and ranks
+  double grad_norm = 0;      // before clipping
+  double clip_factor = 1;
+  double lr = 0;
+  int64_t tokens = 0;        // this rank's tokens (padding excluded)
+  int64_t padded_tokens = 0; // this rank's tokens including padding
+  int64_t micro_batches = 0;
+  double seconds = 0;
+};
+
+class Learner {
+ public:
+  Learner(const ModelConfig& cfg, dist::Communicator& comm, LearnerOptions options);
+
+  void init_weights(uint64_t seed) { model_.init_weights(seed); }
+  void load_from(const Transformer& full) { model_.load_from(full); }
+
+  StepResult step(const std::vector<Sequence>& batch, const LossFn& loss);
+  // log p(target) of every position of a micro-batch, without gradients: [R, T] fp32.
+  at::Tensor logprobs(const MicroBatch& mb);
+
+  int64_t step_count() const { return optimizer_.step_count(); }
+  void set_step_count(int64_t s) { optimizer_.set_step_count(s); }
+  RngStream& rng() { return rng_; }
+  dist::ShardedTransformer& model() { return model_; }
+  AdamW& optimizer() { return optimizer_; }
+  dist::Communicator& comm() { return comm_; }
+  const LearnerOptions& options() const { return opt_; }
+
+ private:
+  at::Tensor target_logprobs(const MicroBatch& mb);
+
+  dist::Communicator& comm_;
+  LearnerOptions opt_;
+  dist::ShardedTransformer model_;
+  AdamW optimizer_;
+  RngStream rng_;
+};
+
+// log softmax(logits)[target] in fp32 without materialising the fp32 log-softmax of
+// the whole vocabulary at once: logits [.., V], targets [..] -> [..].
+at::Tensor gather_logprobs(const at::Tensor& logits, const at::Tensor& targets);
+
+}  // namespace rlx

@@ -1,0 +1,74 @@
+// AdamW on flat fp32 shards, learning-rate schedules, and gradient clipping by the
+// global norm across shards.
+//
+// The update is PyTorch's AdamW (decoupled weight decay, bias-corrected moments),
+// written as element-wise tensor operations so a sharded and an unsharded model
+// that see the same gradients take the same steps:
+//
+//   rlx::AdamW opt({.lr = 1e-5, .weight_decay = 0.01});
+//   opt.add(shard, decay_mask);                 // once per parameter tensor
+//   opt.step(lr_schedule.at(step));             // uses each tensor's .grad()
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace rlx {
+
+struct AdamWOptions {
+  double lr = 1e-5;            // peak learning rate (the schedule scales it)
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;   // decoupled, applied where the decay mask is 1
+  void validate() const;       // throws rlx::ConfigError naming the field
+};
+
+class AdamW {
+ public:
+  struct Slot {
+    at::Tensor param;       // fp32, updated in place
+    at::Tensor decay_mask;  // fp32, same shape: 1 where weight decay applies
+    at::Tensor exp_avg, exp_avg_sq;
+  };
+
+  explicit AdamW(AdamWOptions options);
+  void add(const at::Tensor& param, const at::Tensor& decay_mask);
+
+  // One update with learning rate `lr` from every parameter's .grad() (a missing
+  // gradient counts as zero). Increments step().
+  void step(double lr);
+  int64_t step_count() const { return step_; }
+  void set_step_count(int64_t s) { step_ = s; }
+  std::vector<Slot>& slots() { return slots_; }
+  const AdamWOptions& options() const { return opt_; }
+
+ private:
+  AdamWOptions opt_;
+  std::vector<Slot> slots_;
+  int64_t step_ = 0;
+};
+
+enum class LrScheduleKind { constant, linear_warmup, cosine };
+
+struct LrSchedule {
+  LrScheduleKind kind = LrScheduleKind::constant;
+  int64_t warmup_steps = 0;   // linear from 0 to the peak over these steps (all kinds)
+  int64_t total_steps = 0;    // cosine: decays to min_lr_ratio * peak at this step
+  double min_lr_ratio = 0.0;  // cosine floor, as a fraction of the peak
+  void validate() const;
+  // The learning rate of optimizer step `step` (0-based) for a peak of `peak`.
+  double at(int64_t step, double peak) const;
+};
+
+LrScheduleKind lr_schedule_kind_from_string(const std::string& s);
+
+// Sum of squares of the tensors' .grad() (fp64 accumulate, fixed order), this rank's part.
+double grad_sq_norm(const std::vector<at::Tensor>& params);
+// Multiplies every gradient by min(1, max_norm / (total_norm + 1e-6)); returns the factor.
+double clip_grads(const std::vector<at::Tensor>& params, double total_norm, double max_norm);
+
+}  // namespace rlx

@@ -1,0 +1,100 @@
+#include "rlx/core/files.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "rlx/core/error.hpp"
+
+namespace rlx {
+
+namespace {
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+[[noreturn]] void fail(const std::filesystem::path& p, const char* what) {
+  throw Error(fmt::format("{}: {} failed: {}", p.string(), what, std::strerror(errno)));
+}
+}  // namespace
+
+void fsync_path(const std::filesystem::path& path) {
+  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (f.fd < 0) fail(path, "open");
+  if (::fsync(f.fd) != 0) fail(path, "fsync");
+}
+
+void write_file_atomic(const std::filesystem::path& path, std::string_view bytes) {
+  auto tmp = path;
+  tmp += fmt::format(".tmp-{}", ::getpid());
+  {
+    Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+    if (f.fd < 0) fail(tmp, "open");
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t n = ::write(f.fd, bytes.data() + done, bytes.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) fail(tmp, "write");
+      done += static_cast<size_t>(n);
+    }
+    if (::fsync(f.fd) != 0) fail(tmp, "fsync");
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    errno = err;
+    fail(path, "rename");
+  }
+  fsync_path(path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path());
+}
+
+uint64_t file_xxh64(const std::filesystem::path& path) {
+  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (f.fd < 0) fail(path, "open");
+  XXH64_state_t* st = XXH64_createState();
+  XXH64_reset(st, 0);
+  std::vector<char> buf(1 << 20);
+  for (;;) {
+    const ssize_t n = ::read(f.fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      XXH64_freeState(st);
+      fail(path, "read");
+    }
+    if (n == 0) break;
+    XXH64_update(st, buf.data(), static_cast<size_t>(n));
+  }
+  const uint64_t h = XXH64_digest(st);
+  XXH64_freeState(st);
+  return h;
+}
+
+std::string read_file(const std::filesystem::path& path, uint64_t max_bytes) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) throw Error(fmt::format("{}: cannot read: {}", path.string(), ec.message()));
+  RLX_CHECK(size <= max_bytes, "{}: {} bytes, more than the {} allowed", path.string(), size, max_bytes);
+  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (f.fd < 0) fail(path, "open");
+  std::string out(size, '\0');
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::read(f.fd, out.data() + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail(path, "read");
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  out.resize(done);
+  return out;
+}
+
+}  // namespace rlx

@@ -1,0 +1,355 @@
+// Gloo (through c10d) and single-process communicators, the TCPStore rendezvous,
+// and the heartbeats that make a failed collective attributable.
+#include "rlx/dist/comm.hpp"
+
+#if RLX_WITH_GLOO
+#define USE_C10D_GLOO 1
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <atomic>
+#include <charconv>
+#include <condition_variable>
+#include <cstdlib>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "rlx/core/clock.hpp"
+#include "rlx/core/log.hpp"
+
+namespace rlx::dist {
+
+namespace {
+
+using std::chrono::milliseconds;
+
+milliseconds to_ms(double s) { return milliseconds(static_cast<int64_t>(s * 1000.0)); }
+
+std::string error_text(const std::exception& e) {
+  if (auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+int env_int(const char* name, int fallback, int lo, int hi) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  int out = 0;
+  auto [end, ec] = std::from_chars(v, v + std::strlen(v), out);
+  RLX_CHECK(ec == std::errc() && *end == '\0' && out >= lo && out <= hi,
+            "environment variable {}={:?} must be an integer in [{}, {}]", name, v, lo, hi);
+  return out;
+}
+
+c10::intrusive_ptr<c10d::TCPStore> store_client(const std::string& host, int port, int world, double timeout_s) {
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<uint16_t>(port);
+  o.isServer = false;
+  o.numWorkers = world;
+  o.waitWorkers = false;
+  o.timeout = to_ms(timeout_s);
+  return c10::make_intrusive<c10d::TCPStore>(host, o);
+}
+
+// The store value of an add(key, 0): the counter without changing it.
+int64_t read_counter(c10d::Store& store, const std::string& key) { return store.add(key, 0); }
+
+std::string hb_key(int rank) { return fmt::format("rlx/heartbeat/{}", rank); }
+std::string done_key(int rank) { return fmt::format("rlx/done/{}", rank); }
+
+// -- single process ----------------------------------------------------------------
+
+struct DoneWork final : Work {
+  void wait() override {}
+};
+
+class SingleProcess final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string backend() const override { return "single"; }
+  std::unique_ptr<Work> all_gather(const at::Tensor& out, const at::Tensor& in, std::string_view) override {
+    RLX_CHECK(out.numel() == in.numel(), "all_gather: output has {} elements, expected {}", out.numel(), in.numel());
+    if (!out.is_same(in)) out.copy_(in.view_as(out));
+    return std::make_unique<DoneWork>();
+  }
+  std::unique_ptr<Work> reduce_scatter(const at::Tensor& out, const at::Tensor& in, std::string_view) override {
+    RLX_CHECK(out.numel() == in.numel(), "reduce_scatter: output has {} elements, expected {}", out.numel(), in.numel());
+    if (!out.is_same(in)) out.copy_(in.view_as(out));
+    return std::make_unique<DoneWork>();
+  }
+  std::unique_ptr<Work> all_reduce(const at::Tensor&, ReduceOp, std::string_view) override {
+    return std::make_unique<DoneWork>();
+  }
+  std::unique_ptr<Work> broadcast(const at::Tensor&, int root, std::string_view) override {
+    RLX_CHECK(root == 0, "broadcast: root {} is not a rank of a 1-rank group", root);
+    return std::make_unique<DoneWork>();
+  }
+  void barrier(std::string_view) override {}
+};
+
+// -- Gloo --------------------------------------------------------------------------
+#if RLX_WITH_GLOO
+
+class Gloo final : public Communicator {
+ public:
+  explicit Gloo(const RendezvousOptions& o) : opt_(o) {
+    RLX_CHECK(o.world_size >= 1 && o.rank >= 0 && o.rank < o.world_size, "rendezvous: rank {} is not in [0, {})",
+              o.rank, o.world_size);
+    RLX_CHECK(o.timeout_s > 0 && o.connect_timeout_s > 0 && o.heartbeat_s > 0,
+              "rendezvous: timeouts must be positive (timeout_s {}, connect_timeout_s {}, heartbeat_s {})", o.timeout_s,
+              o.connect_timeout_s, o.heartbeat_s);
+    try {
+      if (o.host_store) {
+        server_ = std::make_unique<StoreServer>(o.store_host, o.store_port);
+        opt_.store_port = server_->port();
+      }
+      RLX_CHECK(opt_.store_port > 0 && opt_.store_port < 65536, "rendezvous: store port {} is not a port",
+                opt_.store_port);
+      store_ = store_client(opt_.store_host, opt_.store_port, o.world_size, o.connect_timeout_s);
+      auto pg_opts = c10d::ProcessGroupGloo::Options::create(to_ms(o.timeout_s));
+      pg_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(o.interface_host));
+      pg_opts->threads = 2;
+      pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, o.rank, o.world_size, pg_opts);
+      store_->setTimeout(to_ms(o.timeout_s));
+      beat_store_ = store_client(opt_.store_host, opt_.store_port, o.world_size, std::min(o.timeout_s, 10.0));
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw CommError(fmt::format("rank {}: joining the group of {} through the store at {}:{} failed: {}", o.rank,
+                                  o.world_size, opt_.store_host, opt_.store_port, error_text(e)));
+    }
+    beats_ = std::thread([this] { beat(); });
+  }
+
+  ~Gloo() override {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    beats_.join();
+    try {
+      beat_store_->set(done_key(opt_.rank), std::vector<uint8_t>{1});
+    } catch (...) {
+    }
+  }
+
+  int rank() const override { return opt_.rank; }
+  int size() const override { return opt_.world_size; }
+  std::string backend() const override { return "gloo"; }
+
+  std::unique_ptr<Work> all_gather(const at::Tensor& out, const at::Tensor& in, std::string_view what) override {
+    const int64_t n = in.numel();
+    RLX_CHECK(out.numel() == n * size() && out.is_contiguous() && in.is_contiguous() &&
+                  out.scalar_type() == in.scalar_type(),
+              "all_gather {:?}: output must be contiguous with {} elements of {}", what, n * size(),
+              c10::toString(in.scalar_type()));
+    std::vector<std::vector<at::Tensor>> outs(1);
+    auto flat = out.view({-1});
+    for (int r = 0; r < size(); ++r) outs[0].push_back(flat.narrow(0, r * n, n));
+    std::vector<at::Tensor> ins{in.view({-1})};
+    return run("all_gather", what, [&] { return pg_->allgather(outs, ins); });
+  }
+
+  std::unique_ptr<Work> reduce_scatter(const at::Tensor& out, const at::Tensor& in, std::string_view what) override {
+    // Gloo in c10d has no reduce-scatter: an all-to-all moves chunk r of every rank to
+    // rank r, which adds them in rank order.
+    const int64_t n = out.numel();
+    RLX_CHECK(in.numel() == n * size() && in.is_contiguous() && out.is_contiguous() &&
+                  out.scalar_type() == in.scalar_type(),
+              "reduce_scatter {:?}: input must be contiguous with {} elements of {}", what, n * size(),
+              c10::toString(out.scalar_type()));
+    auto received = at::empty({size(), n}, in.options());
+    auto send = in.view({-1});
+    auto recv = received.view({-1});
+    std::vector<int64_t> even;
+    auto work = run("reduce_scatter", what, [&] { return pg_->alltoall_base(recv, send, even, even); });
+    work->then = [received, out] {
+      auto acc = received[0].clone();
+      for (int64_t r = 1; r < received.size(0); ++r) acc.add_(received[r]);
+      out.view({-1}).copy_(acc);
+    };
+    return work;
+  }
+
+  std::unique_ptr<Work> all_reduce(const at::Tensor& t, ReduceOp op, std::string_view what) override {
+    RLX_CHECK(t.is_contiguous(), "all_reduce {:?}: the tensor must be contiguous", what);
+    std::vector<at::Tensor> ts{t};
+    c10d::AllreduceOptions o;
+    o.reduceOp = op == ReduceOp::sum ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
+    return run("all_reduce", what, [&] { return pg_->allreduce(ts, o); });
+  }
+
+  std::unique_ptr<Work> broadcast(const at::Tensor& t, int root, std::string_view what) override {
+    RLX_CHECK(root >= 0 && root < size() && t.is_contiguous(), "broadcast {:?}: root {} of {} ranks, contiguous tensor",
+              what, root, size());
+    std::vector<at::Tensor> ts{t};
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    return run("broadcast", what, [&] { return pg_->broadcast(ts, o); });
+  }
+
+  void barrier(std::string_view what) override {
+    // c10d's Gloo barrier is itself a collective with the group's timeout.
+    run("barrier", what, [&] { return pg_->barrier(); })->wait();
+  }
+
+ private:
+  struct GlooWork final : Work {
+    Gloo* comm = nullptr;
+    c10::intrusive_ptr<c10d::Work> work;
+    std::string op, what;
+    double started = 0;
+    std::function<void()> then;
+    void wait() override {
+      try {
+        work->wait(to_ms(comm->opt_.timeout_s));
+      } catch (const std::exception& e) {
+        throw CommError(comm->diagnose(op, what, now_s() - started, error_text(e)));
+      }
+      if (then) then();
+    }
+  };
+
+  template <class Start>
+  std::unique_ptr<GlooWork> run(const char* op, std::string_view what, Start&& start) {
+    auto w = std::make_unique<GlooWork>();
+    w->comm = this;
+    w->op = op;
+    w->what = what;
+    w->started = now_s();
+    try {
+      w->work = start();
+    } catch (const std::exception& e) {
+      throw CommError(diagnose(op, what, 0, error_text(e)));
+    }
+    return w;
+  }
+
+  // Each rank adds 1 to its counter every heartbeat_s; a counter that stops
+  // moving names a dead or stopped peer.
+  void beat() {
+    std::unique_lock lock(mu_);
+    while (!stop_) {
+      lock.unlock();
+      try {
+        beat_store_->add(hb_key(opt_.rank), 1);
+      } catch (...) {
+        // The store is gone; diagnose() reports that when a collective fails.
+      }
+      lock.lock();
+      cv_.wait_for(lock, to_ms(opt_.heartbeat_s), [this] { return stop_; });
+    }
+  }
+
+  std::string diagnose(std::string_view op, std::string_view what, double elapsed, const std::string& cause) {
+    std::string msg = fmt::format("rank {}: {} {:?} failed after {:.1f} s ({})", opt_.rank, op, what, elapsed, cause);
+    try {
+      auto probe = store_client(opt_.store_host, opt_.store_port, opt_.world_size, 3.0);
+      std::vector<int64_t> before(static_cast<size_t>(size()));
+      for (int r = 0; r < size(); ++r) before[static_cast<size_t>(r)] = read_counter(*probe, hb_key(r));
+      const double window = 3 * opt_.heartbeat_s + 0.2;
+      std::this_thread::sleep_for(to_ms(window));
+      std::vector<std::string> silent, finished;
+      for (int r = 0; r < size(); ++r) {
+        if (r == opt_.rank) continue;
+        if (probe->check({done_key(r)})) {
+          finished.push_back(std::to_string(r));
+        } else if (read_counter(*probe, hb_key(r)) == before[static_cast<size_t>(r)]) {
+          silent.push_back(std::to_string(r));
+        }
+      }
+      if (!silent.empty())
+        msg += fmt::format("; rank{} {} {} not responding (no heartbeat for {:.1f} s)", silent.size() > 1 ? "s" : "",
+                           fmt::join(silent, ", "), silent.size() > 1 ? "are" : "is", window);
+      if (!finished.empty())
+        msg += fmt::format("; rank{} {} already left the group", finished.size() > 1 ? "s" : "",
+                           fmt::join(finished, ", "));
+      if (silent.empty() && finished.empty()) msg += "; every peer is still heart-beating (a peer is stuck or slow)";
+    } catch (const std::exception& e) {
+      msg += fmt::format("; the rendezvous store at {}:{} is unreachable ({})", opt_.store_host, opt_.store_port,
+                         error_text(e));
+    }
+    return msg;
+  }
+
+  RendezvousOptions opt_;
+  std::unique_ptr<StoreServer> server_;
+  c10::intrusive_ptr<c10d::TCPStore> store_, beat_store_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread beats_;
+};
+#endif  // RLX_WITH_GLOO
+
+}  // namespace
+
+// -- rendezvous --------------------------------------------------------------------
+
+RendezvousOptions rendezvous_from_env() {
+  RendezvousOptions o;
+  o.world_size = env_int("RLX_WORLD_SIZE", 1, 1, 1 << 16);
+  o.rank = env_int("RLX_RANK", 0, 0, o.world_size - 1);
+  const std::string store = env_or("RLX_STORE", "");
+  if (!store.empty()) {
+    const auto colon = store.rfind(':');
+    RLX_CHECK(colon != std::string::npos && colon > 0, "environment variable RLX_STORE={:?} must be host:port", store);
+    o.store_host = store.substr(0, colon);
+    const std::string port = store.substr(colon + 1);
+    int p = 0;
+    auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+    RLX_CHECK(ec == std::errc() && end == port.data() + port.size() && p > 0 && p < 65536,
+              "environment variable RLX_STORE={:?}: {:?} is not a port", store, port);
+    o.store_port = p;
+  }
+  o.host_store = env_int("RLX_STORE_HOST_SELF", 0, 0, 1) == 1;
+  o.timeout_s = env_int("RLX_COMM_TIMEOUT_S", 300, 1, 24 * 3600);
+  o.interface_host = env_or("RLX_COMM_INTERFACE", o.store_host.c_str());
+  RLX_CHECK(o.world_size == 1 || o.store_port > 0 || o.host_store,
+            "RLX_WORLD_SIZE={} needs RLX_STORE=host:port (the rendezvous store)", o.world_size);
+  return o;
+}
+
+struct StoreServer::Impl {
+  c10::intrusive_ptr<c10d::TCPStore> store;
+};
+
+StoreServer::StoreServer(const std::string& host, int port) : host_(host), impl_(std::make_unique<Impl>()) {
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<uint16_t>(port);
+  o.isServer = true;
+  o.waitWorkers = false;
+  o.timeout = std::chrono::seconds(30);
+  try {
+    impl_->store = c10::make_intrusive<c10d::TCPStore>(host, o);
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("rendezvous store: cannot listen on {}:{}: {}", host, port, error_text(e)));
+  }
+}
+
+StoreServer::~StoreServer() = default;
+
+int StoreServer::port() const { return impl_->store->getPort(); }
+
+std::unique_ptr<Communicator> single_process() { return std::make_unique<SingleProcess>(); }
+
+std::unique_ptr<Communicator> connect(const RendezvousOptions& options) {
+  if (options.world_size == 1 && !options.host_store && options.store_port == 0) return single_process();
+#if RLX_WITH_GLOO
+  return std::make_unique<Gloo>(options);
+#else
+  throw CommError("this rlx was built without Gloo (libgloo-dev): a group of several CPU ranks is not available");
+#endif
+}
+
+}  // namespace rlx::dist

@@ -1,0 +1,308 @@
+#include "rlx/dist/fsdp.hpp"
+
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "rlx/core/error.hpp"
+#include "rlx/core/torch_compat.hpp"
+
+namespace rlx::dist {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::Variable;
+using torch::autograd::variable_list;
+
+constexpr const char* kLayerPrefix = "model.layers.";
+
+// One transformer block as an autograd function of (its unit's shard, its input).
+// Forward gathers the block's weights, runs it and frees them; backward gathers
+// again, differentiates the block (recomputing it when checkpointing), and
+// returns the reduce-scattered shard gradient.
+struct BlockFunction : torch::autograd::Function<BlockFunction> {
+  static Variable forward(AutogradContext* ctx, ShardedTransformer* self, int64_t unit, const ForwardState* st,
+                          Variable shard, Variable h) {
+    const auto u = static_cast<size_t>(unit);
+    self->gather(u);
+    if (self->options().prefetch && u + 1 < self->units().size()) self->start_gather(u + 1);
+    ctx->saved_data["self"] = reinterpret_cast<int64_t>(self);
+    ctx->saved_data["unit"] = unit;
+    ctx->saved_data["batch"] = st->batch;
+    ctx->saved_data["time"] = st->time;
+    ctx->saved_data["mask"] = st->mask;
+    ctx->saved_data["cos"] = st->cos;
+    ctx->saved_data["sin"] = st->sin;
+    Variable out;
+    if (self->options().activation_checkpointing) {
+      out = self->module().layer(unit - 1, h, *st);
+      ctx->saved_data["input"] = h;
+    } else {
+      at::AutoGradMode grad(true);
+      auto leaf = h.detach().requires_grad_(true);
+      auto inner = self->module().layer(unit - 1, leaf, *st);
+      ctx->saved_data["input"] = leaf;
+      ctx->saved_data["output"] = inner;
+      out = inner.detach();
+    }
+    self->release(u);
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    auto* self = reinterpret_cast<ShardedTransformer*>(ctx->saved_data["self"].toInt());
+    const int64_t unit = ctx->saved_data["unit"].toInt();
+    const auto u = static_cast<size_t>(unit);
+    self->gather(u);
+    if (self->options().prefetch && u > 1) self->start_gather(u - 1);
+    Variable input, output;
+    {
+      at::AutoGradMode grad(true);
+      if (self->options().activation_checkpointing) {
+        ForwardState st;
+        st.batch = ctx->saved_data["batch"].toInt();
+        st.time = ctx->saved_data["time"].toInt();
+        st.mask = ctx->saved_data["mask"].toTensor();
+        st.cos = ctx->saved_data["cos"].toTensor();
+        st.sin = ctx->saved_data["sin"].toTensor();
+        input = ctx->saved_data["input"].toTensor().detach().requires_grad_(true);
+        output = self->module().layer(unit - 1, input, st);
+      } else {
+        input = ctx->saved_data["input"].toTensor();
+        output = ctx->saved_data["output"].toTensor();
+      }
+    }
+    variable_list inputs{input};
+    auto params = self->unit_parameters(u);
+    inputs.insert(inputs.end(), params.begin(), params.end());
+    auto grads = torch::autograd::grad({output}, inputs, {grad_out[0]}, /*retain_graph=*/false,
+                                       /*create_graph=*/false, /*allow_unused=*/true);
+    ctx->saved_data.clear();
+    std::vector<at::Tensor> param_grads(grads.begin() + 1, grads.end());
+    self->release(u);
+    auto shard_grad = self->reduce_gradients(u, param_grads);
+    return {Variable(), Variable(), Variable(), shard_grad, grads[0]};
+  }
+};
+
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+}  // namespace
+
+ShardedTransformer::ShardedTransformer(const ModelConfig& cfg, Communicator& comm, FsdpOptions options)
+    : cfg_(cfg), comm_(comm), opt_(options) {
+  RLX_CHECK(opt_.compute_dtype == at::kFloat || opt_.compute_dtype == at::kBFloat16 || opt_.compute_dtype == at::kHalf,
+            "fsdp: compute dtype must be float32, bfloat16 or float16");
+  RLX_CHECK(opt_.reduce_dtype == at::kFloat || opt_.reduce_dtype == at::kBFloat16,
+            "fsdp: gradient reduce dtype must be float32 or bfloat16");
+  model_ = std::make_shared<Transformer>(cfg_, opt_.compute_dtype, opt_.device);
+  const int64_t world = comm_.size();
+
+  units_.resize(1 + static_cast<size_t>(cfg_.num_layers));
+  params_.resize(units_.size());
+  units_[0].name = "root";
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) units_[1 + static_cast<size_t>(l)].name = fmt::format("layers.{}", l);
+  for (auto& [name, p] : model_->hf_parameters()) {
+    size_t u = 0;
+    if (name.rfind(kLayerPrefix, 0) == 0) u = 1 + std::stoul(name.substr(std::strlen(kLayerPrefix)));
+    RLX_ASSERT(u < units_.size(), "parameter {} outside the model's layers", name);
+    auto& unit = units_[u];
+    FlatSlot slot;
+    slot.name = name;
+    slot.shape = p.sizes().vec();
+    slot.offset = unit.numel;
+    slot.numel = p.numel();
+    slot.decay = p.dim() >= 2;
+    unit.numel += slot.numel;
+    unit.slots.push_back(slot);
+    params_[u].push_back(p);
+  }
+  const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(opt_.device);
+  at::NoGradGuard no_grad;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    auto& unit = units_[u];
+    unit.padded = round_up(unit.numel, world);
+    unit.shard_numel = unit.padded / world;
+    unit.shard = at::zeros({unit.shard_numel}, fp32).requires_grad_(true);
+    auto mask = at::zeros({unit.padded}, fp32);
+    for (const auto& s : unit.slots)
+      if (s.decay) mask.narrow(0, s.offset, s.numel).fill_(1.0);
+    unit.decay_mask = mask.narrow(0, comm_.rank() * unit.shard_numel, unit.shard_numel).clone();
+    // The module's parameters become views into the unit's flat buffer, whose storage
+    // is freed and reallocated as the unit is released and gathered.
+    unit.full = at::empty({unit.padded}, at::TensorOptions().dtype(opt_.compute_dtype).device(opt_.device));
+    for (size_t i = 0; i < unit.slots.size(); ++i) {
+      const auto& s = unit.slots[i];
+      auto& p = params_[u][i];
+      p.set_(unit.full.storage(), s.offset, s.shape, c10::contiguous_strides(s.shape));
+    }
+    free_storage(unit);
+  }
+}
+
+ShardedTransformer::~ShardedTransformer() {
+  for (auto& u : units_) {
+    if (u.pending) {
+      try {
+        u.pending->wait();
+      } catch (...) {
+        // The group is already broken; the error was reported where it happened.
+      }
+    }
+  }
+}
+
+void ShardedTransformer::free_storage(ShardedUnit& u) {
+  auto* impl = u.full.storage().unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(at::DataPtr(nullptr, u.full.device()));
+  impl->set_nbytes(0);
+  u.gathered = false;
+}
+
+void ShardedTransformer::allocate_storage(ShardedUnit& u) {
+  auto* impl = u.full.storage().unsafeGetStorageImpl();
+  if (impl->nbytes() != 0) return;
+  const size_t bytes = static_cast<size_t>(u.padded) * u.full.element_size();
+  impl->set_data_ptr_noswap(impl->allocator()->allocate(bytes));
+  impl->set_nbytes(bytes);
+}
+
+void ShardedTransformer::start_gather(size_t index) {
+  auto& u = units_[index];
+  if (u.gathered || u.pending) return;
+  allocate_storage(u);
+  u.send = u.shard.detach().to(opt_.compute_dtype).contiguous();
+  if (u.send.is_same(u.shard)) u.send = u.send.clone();
+  u.pending = comm_.all_gather(u.full, u.send, fmt::format("{} weights", u.name));
+}
+
+void ShardedTransformer::gather(size_t index) {
+  auto& u = units_[index];
+  if (u.gathered) return;
+  start_gather(index);
+  auto work = std::move(u.pending);
+  work->wait();
+  u.send = at::Tensor();
+  u.gathered = true;
+}
+
+void ShardedTransformer::release(size_t index) {
+  auto& u = units_[index];
+  if (u.pending) {
+    auto work = std::move(u.pending);
+    work->wait();
+    u.send = at::Tensor();
+  }
+  free_storage(u);
+}
+
+void ShardedTransformer::release_all() {
+  for (size_t u = 0; u < units_.size(); ++u) release(u);
+}
+
+std::vector<at::Tensor> ShardedTransformer::unit_parameters(size_t unit) { return params_[unit]; }
+
+at::Tensor ShardedTransformer::reduce_gradients(size_t index, const std::vector<at::Tensor>& grads) {
+  auto& u = units_[index];
+  RLX_ASSERT(grads.size() == u.slots.size(), "one gradient per parameter");
+  auto flat = at::zeros({u.padded}, at::TensorOptions().dtype(opt_.reduce_dtype).device(opt_.device));
+  for (size_t i = 0; i < grads.size(); ++i)
+    if (grads[i].defined()) flat.narrow(0, u.slots[i].offset, u.slots[i].numel).copy_(grads[i].reshape({-1}));
+  auto shard = at::empty({u.shard_numel}, flat.options());
+  comm_.reduce_scatter(shard, flat, fmt::format("{} gradients", u.name))->wait();
+  return shard.to(at::kFloat);
+}
+
+at::Tensor ShardedTransformer::forward_hidden(const ForwardInput& in) {
+  gather(0);
+  auto st = model_->begin_forward(in);
+  if (opt_.prefetch && units_.size() > 1) start_gather(1);
+  auto h = model_->embed(st);
+  const bool grad = at::GradMode::is_enabled();
+  for (size_t u = 1; u < units_.size(); ++u) {
+    if (grad) {
+      h = BlockFunction::apply(this, static_cast<int64_t>(u), &st, units_[u].shard, h);
+    } else {
+      gather(u);
+      if (opt_.prefetch && u + 1 < units_.size()) start_gather(u + 1);
+      h = model_->layer(static_cast<int64_t>(u) - 1, h, st);
+      release(u);
+    }
+  }
+  return model_->end_forward(h, st);
+}
+
+at::Tensor ShardedTransformer::logits(const at::Tensor& hidden) {
+  gather(0);
+  return model_->logits(hidden);
+}
+
+void ShardedTransformer::finish_backward() {
+  auto& root = units_[0];
+  std::vector<at::Tensor> grads;
+  bool any = false;
+  for (auto& p : params_[0]) {
+    grads.push_back(p.grad());
+    any = any || p.grad().defined();
+  }
+  if (any) {
+    auto g = reduce_gradients(0, grads);
+    auto& shard_grad = root.shard.mutable_grad();
+    if (shard_grad.defined())
+      shard_grad.add_(g);
+    else
+      shard_grad = g;
+    for (auto& p : params_[0]) p.mutable_grad() = at::Tensor();
+  }
+  release(0);
+}
+
+void ShardedTransformer::load_from(const Transformer& full) {
+  RLX_CHECK(full.config().num_layers == cfg_.num_layers && full.config().hidden_size == cfg_.hidden_size &&
+                full.config().vocab_size == cfg_.vocab_size,
+            "fsdp: the model to shard has a different shape");
+  std::map<std::string, at::Tensor> by_name;
+  for (auto& [name, p] : full.hf_parameters()) by_name[name] = p;
+  at::NoGradGuard no_grad;
+  for (auto& u : units_) {
+    auto flat = at::zeros({u.padded}, at::TensorOptions().dtype(at::kFloat));
+    for (const auto& s : u.slots) {
+      auto it = by_name.find(s.name);
+      RLX_CHECK(it != by_name.end(), "fsdp: the model to shard has no parameter {}", s.name);
+      RLX_CHECK(it->second.sizes().vec() == s.shape, "fsdp: parameter {} has shape [{}], expected [{}]", s.name,
+                fmt::join(it->second.sizes().vec(), ", "), fmt::join(s.shape, ", "));
+      flat.narrow(0, s.offset, s.numel).copy_(it->second.reshape({-1}));
+    }
+    u.shard.copy_(flat.narrow(0, comm_.rank() * u.shard_numel, u.shard_numel));
+  }
+}
+
+void ShardedTransformer::init_weights(uint64_t seed) {
+  Transformer full(cfg_, at::kFloat, at::kCPU);
+  full.init_weights(seed);
+  load_from(full);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ShardedTransformer::gather_parameters() {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (auto& u : units_) {
+    auto full = at::empty({u.padded}, u.shard.options().requires_grad(false));
+    comm_.all_gather(full, u.shard.detach(), fmt::format("{} master weights", u.name))->wait();
+    for (const auto& s : u.slots) out.emplace_back(s.name, full.narrow(0, s.offset, s.numel).view(s.shape).clone());
+  }
+  return out;
+}
+
+int64_t ShardedTransformer::local_numel() const {
+  int64_t n = 0;
+  for (const auto& u : units_) n += u.shard_numel;
+  return n;
+}
+
+int64_t ShardedTransformer::total_numel() const {
+  int64_t n = 0;
+  for (const auto& u : units_) n += u.numel;
+  return n;
+}
+
+}  // namespace rlx::dist

@@ -1,0 +1,293 @@
+#include "rlx/learner/checkpoint.hpp"
+
+#include <csignal>
+#include <cstdlib>
+#include <map>
+
+#include "rlx/core/error.hpp"
+#include "rlx/core/files.hpp"
+#include "rlx/core/log.hpp"
+#include "rlx/model/hf.hpp"
+#include "rlx/model/safetensors.hpp"
+
+namespace rlx {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr int kFormatVersion = 1;
+constexpr uint64_t kMaxJsonBytes = 64 << 20;
+
+std::string step_name(int64_t step) { return fmt::format("step_{:08d}", step); }
+std::string rank_file(int rank, int world) { return fmt::format("rank-{:05d}-of-{:05d}.safetensors", rank, world); }
+
+// Fault injection for the crash tests: RLX_CHECKPOINT_CRASH_AT=<point> kills this
+// process (SIGKILL, as a crash would) when the save reaches that point on rank
+// RLX_CHECKPOINT_CRASH_RANK (default 0).
+void crash_point(const char* point, int rank) {
+  const char* at = std::getenv("RLX_CHECKPOINT_CRASH_AT");
+  if (!at || std::strcmp(at, point) != 0) return;
+  const char* r = std::getenv("RLX_CHECKPOINT_CRASH_RANK");
+  if ((r ? std::atoi(r) : 0) != rank) return;
+  std::raise(SIGKILL);
+}
+
+void remove_partials(const fs::path& root) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const auto name = e.path().filename().string();
+    if (name.rfind(".partial-", 0) == 0) {
+      fs::remove_all(e.path(), ec);
+      if (ec) log::warn("checkpoint: cannot remove the partial {}: {}", e.path().string(), ec.message());
+    }
+  }
+}
+
+json units_json(Learner& l) {
+  json units = json::array();
+  for (auto& u : l.model().units())
+    units.push_back({{"name", u.name}, {"numel", u.numel}, {"padded", u.padded}, {"shard_numel", u.shard_numel}});
+  return units;
+}
+
+// Restores one unit's three flat tensors from the saved shards, resharding when the
+// group size differs. `shards(k)` returns old rank k's [param, exp_avg, exp_avg_sq].
+void restore_unit(dist::ShardedUnit& u, AdamW::Slot& slot, int rank, int old_world, int64_t old_shard,
+                  const std::function<std::vector<at::Tensor>(int)>& shards) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> targets{u.shard, slot.exp_avg, slot.exp_avg_sq};
+  const int64_t begin = static_cast<int64_t>(rank) * u.shard_numel;
+  for (auto& t : targets) t.zero_();
+  // Old rank k held flat elements [k * old_shard, (k + 1) * old_shard).
+  for (int k = 0; k < old_world; ++k) {
+    const int64_t lo = std::max(begin, static_cast<int64_t>(k) * old_shard);
+    const int64_t hi = std::min({begin + u.shard_numel, static_cast<int64_t>(k + 1) * old_shard, u.numel});
+    if (lo >= hi) continue;
+    auto src = shards(k);
+    for (size_t i = 0; i < targets.size(); ++i)
+      targets[i].narrow(0, lo - begin, hi - lo).copy_(src[i].narrow(0, lo - static_cast<int64_t>(k) * old_shard, hi - lo));
+  }
+}
+
+}  // namespace
+
+std::vector<fs::path> list_checkpoints(const fs::path& root) {
+  std::vector<std::pair<int64_t, fs::path>> found;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return {};
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const auto name = e.path().filename().string();
+    if (name.rfind("step_", 0) != 0 || !e.is_directory()) continue;
+    char* end = nullptr;
+    const long long step = std::strtoll(name.c_str() + 5, &end, 10);
+    if (*end != '\0' || step < 0) continue;
+    found.emplace_back(step, e.path());
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<fs::path> out;
+  for (auto& f : found) out.push_back(f.second);
+  return out;
+}
+
+CheckpointInfo verify_checkpoint(const fs::path& dir) {
+  CheckpointInfo info;
+  info.dir = dir;
+  try {
+    const auto manifest_path = dir / "MANIFEST.json";
+    RLX_CHECK(fs::exists(manifest_path), "no MANIFEST.json (an incomplete checkpoint)");
+    json manifest;
+    try {
+      manifest = json::parse(read_file(manifest_path, kMaxJsonBytes));
+    } catch (const json::exception& e) {
+      throw Error(fmt::format("MANIFEST.json is not valid JSON: {}", e.what()));
+    }
+    RLX_CHECK(manifest.is_object() && manifest.value("format", "") == "rlx-checkpoint" &&
+                  manifest.value("version", 0) == kFormatVersion && manifest.contains("files") &&
+                  manifest["files"].is_array(),
+              "MANIFEST.json is not an rlx checkpoint manifest of version {}", kFormatVersion);
+    info.step = manifest.value("step", int64_t{-1});
+    info.world_size = manifest.value("world_size", 0);
+    for (const auto& f : manifest["files"]) {
+      CheckpointFile cf{f.at("name").get<std::string>(), f.at("bytes").get<uint64_t>(),
+                        std::stoull(f.at("xxh64").get<std::string>(), nullptr, 16)};
+      RLX_CHECK(cf.name.find('/') == std::string::npos && cf.name != ".." && !cf.name.empty(),
+                "MANIFEST.json names a file outside the checkpoint: {:?}", cf.name);
+      info.files.push_back(cf);
+    }
+    bool has_learner = false;
+    for (const auto& cf : info.files) {
+      const auto p = dir / cf.name;
+      std::error_code ec;
+      const auto size = fs::file_size(p, ec);
+      RLX_CHECK(!ec, "{} is missing", cf.name);
+      RLX_CHECK(size == cf.bytes, "{} has {} bytes, the manifest says {} (truncated or replaced)", cf.name, size,
+                cf.bytes);
+      const uint64_t h = file_xxh64(p);
+      RLX_CHECK(h == cf.xxh64, "{} has checksum {:016x}, the manifest says {:016x} (corrupted)", cf.name, h, cf.xxh64);
+      has_learner = has_learner || cf.name == "learner.json";
+    }
+    RLX_CHECK(has_learner, "the manifest lists no learner.json");
+    info.learner = json::parse(read_file(dir / "learner.json", kMaxJsonBytes));
+    for (int r = 0; r < info.world_size; ++r) {
+      const auto name = rank_file(r, info.world_size);
+      RLX_CHECK(std::any_of(info.files.begin(), info.files.end(), [&](const auto& f) { return f.name == name; }),
+                "the manifest lists no {}", name);
+    }
+    info.ok = true;
+  } catch (const std::exception& e) {
+    info.ok = false;
+    info.problem = e.what();
+  }
+  return info;
+}
+
+fs::path save_checkpoint(Learner& learner, const CheckpointOptions& o, const json& references) {
+  RLX_CHECK(!o.root.empty(), "checkpoint: no directory given");
+  RLX_CHECK(o.keep_last >= 1, "checkpoint.keep_last must be >= 1, got {}", o.keep_last);
+  auto& comm = learner.comm();
+  const int rank = comm.rank(), world = comm.size();
+  const int64_t step = learner.step_count();
+  const auto final_dir = o.root / step_name(step);
+  const auto partial = o.root / (".partial-" + step_name(step));
+  if (rank == 0) {
+    fs::create_directories(o.root);
+    remove_partials(o.root);
+    fs::create_directories(partial);
+  }
+  comm.barrier("checkpoint: start");
+
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  auto& units = learner.model().units();
+  auto& slots = learner.optimizer().slots();
+  for (size_t i = 0; i < units.size(); ++i) {
+    tensors.emplace_back(units[i].name + ".param", units[i].shard.detach());
+    tensors.emplace_back(units[i].name + ".exp_avg", slots[i].exp_avg);
+    tensors.emplace_back(units[i].name + ".exp_avg_sq", slots[i].exp_avg_sq);
+  }
+  save_safetensors(partial / rank_file(rank, world), tensors,
+                   {{"rank", std::to_string(rank)},
+                    {"world_size", std::to_string(world)},
+                    {"step", std::to_string(step)},
+                    {"rng", learner.rng().serialize()}});
+  crash_point("shards", rank);
+  comm.barrier("checkpoint: shards written");
+
+  if (rank == 0) {
+    const auto& opt = learner.options();
+    json lj = {{"format", "rlx-learner"},
+               {"version", kFormatVersion},
+               {"step", step},
+               {"world_size", world},
+               {"model", model_config_to_hf(learner.model().config(), at::kFloat)},
+               {"units", units_json(learner)},
+               {"optimizer",
+                {{"lr", opt.optimizer.lr},
+                 {"beta1", opt.optimizer.beta1},
+                 {"beta2", opt.optimizer.beta2},
+                 {"eps", opt.optimizer.eps},
+                 {"weight_decay", opt.optimizer.weight_decay},
+                 {"step", learner.optimizer().step_count()}}},
+               {"max_grad_norm", opt.max_grad_norm},
+               {"references", references}};
+    write_file_atomic(partial / "learner.json", lj.dump(2));
+    json files = json::array();
+    std::vector<std::string> names{"learner.json"};
+    for (int r = 0; r < world; ++r) names.push_back(rank_file(r, world));
+    for (const auto& n : names)
+      files.push_back({{"name", n}, {"bytes", fs::file_size(partial / n)}, {"xxh64", fmt::format("{:016x}", file_xxh64(partial / n))}});
+    json manifest = {{"format", "rlx-checkpoint"}, {"version", kFormatVersion}, {"step", step}, {"world_size", world},
+                     {"files", files}};
+    write_file_atomic(partial / "MANIFEST.json", manifest.dump(2));
+    fsync_path(partial);
+    crash_point("manifest", rank);
+    std::error_code ec;
+    if (fs::exists(final_dir)) fs::remove_all(final_dir);  // the same step saved again
+    fs::rename(partial, final_dir);
+    fsync_path(o.root);
+    crash_point("renamed", rank);
+    auto all = list_checkpoints(o.root);
+    int kept = 0;
+    for (const auto& d : all) {
+      if (!verify_checkpoint(d).ok && d != final_dir) continue;  // damaged ones do not count as kept
+      if (++kept > o.keep_last) fs::remove_all(d, ec);
+    }
+  }
+  comm.barrier("checkpoint: committed");
+  return final_dir;
+}
+
+std::optional<LoadedCheckpoint> load_latest_checkpoint(Learner& learner, const CheckpointOptions& o) {
+  auto& comm = learner.comm();
+  const int rank = comm.rank(), world = comm.size();
+  comm.barrier("checkpoint load: start");
+  if (rank == 0) remove_partials(o.root);
+  LoadedCheckpoint out;
+  for (const auto& dir : list_checkpoints(o.root)) {
+    auto info = verify_checkpoint(dir);
+    if (!info.ok) {
+      out.skipped.push_back(fmt::format("{}: {}", dir.string(), info.problem));
+      if (rank == 0) log::warn("checkpoint {} is not usable ({}); trying the previous one", dir.string(), info.problem);
+      continue;
+    }
+    const auto& lj = info.learner;
+    auto& units = learner.model().units();
+    const auto& saved_units = lj.at("units");
+    RLX_CHECK(saved_units.size() == units.size(), "checkpoint {}: {} units, this model has {}", dir.string(),
+              saved_units.size(), units.size());
+    for (size_t i = 0; i < units.size(); ++i)
+      RLX_CHECK(saved_units[i].at("name") == units[i].name && saved_units[i].at("numel") == units[i].numel,
+                "checkpoint {}: unit {} ({}, {} parameters) does not match this model's {} ({} parameters)",
+                dir.string(), i, saved_units[i].at("name").get<std::string>(), saved_units[i].at("numel").get<int64_t>(),
+                units[i].name, units[i].numel);
+    const int old_world = info.world_size;
+    std::map<int, SafetensorsFile> files;
+    auto file = [&](int k) -> SafetensorsFile& {
+      auto it = files.find(k);
+      if (it == files.end()) it = files.emplace(k, SafetensorsFile::open(dir / rank_file(k, old_world))).first;
+      return it->second;
+    };
+    auto& slots = learner.optimizer().slots();
+    for (size_t i = 0; i < units.size(); ++i) {
+      const int64_t old_shard = saved_units[i].at("shard_numel").get<int64_t>();
+      const auto& name = units[i].name;
+      restore_unit(units[i], slots[i], rank, old_world, old_shard, [&](int k) {
+        auto& f = file(k);
+        return std::vector<at::Tensor>{f.tensor(name + ".param"), f.tensor(name + ".exp_avg"),
+                                       f.tensor(name + ".exp_avg_sq")};
+      });
+    }
+    const int64_t step = lj.at("step").get<int64_t>();
+    learner.optimizer().set_step_count(lj.at("optimizer").at("step").get<int64_t>());
+    // The random stream continues where this rank's left off (a new rank starts a fresh one).
+    if (old_world == world) {
+      const auto& meta = file(rank).header().metadata;
+      auto it = meta.find("rng");
+      RLX_CHECK(it != meta.end(), "checkpoint {}: {} has no rng state", dir.string(), rank_file(rank, old_world));
+      learner.rng() = RngStream::deserialize(it->second);
+    }
+    out.dir = dir;
+    out.step = step;
+    out.references = lj.value("references", json::object());
+    comm.barrier("checkpoint load: done");
+    return out;
+  }
+  comm.barrier("checkpoint load: none");
+  return std::nullopt;
+}
+
+void export_hf(Learner& learner, const fs::path& dir, at::ScalarType dtype) {
+  auto params = learner.model().gather_parameters();
+  if (learner.comm().rank() == 0) {
+    Transformer model(learner.model().config(), dtype, at::kCPU);
+    std::map<std::string, at::Tensor> by_name(params.begin(), params.end());
+    at::NoGradGuard no_grad;
+    for (auto& [name, p] : model.hf_parameters()) p.copy_(by_name.at(name));
+    save_hf(model, dir);
+  }
+  learner.comm().barrier("export: written");
+}
+
+}  // namespace rlx

@@ -1,0 +1,175 @@
+// One rank of the distributed-learner tests (tests/integration/dist_test.cpp starts
+// it as real processes). It trains a small, oddly sized model on deterministic
+// synthetic sequences and writes the final parameters for comparison.
+//
+//   --mode sharded    the Learner (FSDP over the group in RLX_RANK / RLX_WORLD_SIZE / RLX_STORE)
+//   --mode reference  an unsharded model trained with plain autograd in one process
+#include <CLI/CLI.hpp>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cstdlib>
+#include <iostream>
+
+#include "rlx/core/rng.hpp"
+#include "rlx/core/threads.hpp"
+#include "rlx/dist/comm.hpp"
+#include "rlx/learner/checkpoint.hpp"
+#include "rlx/learner/learner.hpp"
+#include "rlx/model/safetensors.hpp"
+
+namespace {
+
+rlx::ModelConfig test_model() {
+  rlx::ModelConfig c;
+  c.arch = rlx::Arch::qwen2;  // q/k/v biases
+  c.vocab_size = 37;
+  c.hidden_size = 24;
+  c.num_layers = 3;
+  c.num_heads = 3;
+  c.num_kv_heads = 1;
+  c.head_dim = 8;
+  c.intermediate_size = 41;
+  c.qkv_bias = true;
+  c.tie_word_embeddings = false;
+  c.max_position_embeddings = 64;
+  return c;
+}
+
+// The whole group's batch of step `step`: the same on every rank.
+std::vector<rlx::Sequence> global_batch(int64_t step, int64_t n) {
+  rlx::RngStream rng(1234, static_cast<uint64_t>(step));
+  std::vector<rlx::Sequence> out;
+  for (int64_t i = 0; i < n; ++i) {
+    rlx::Sequence s;
+    const int64_t len = rng.uniform_int(3, 20);
+    for (int64_t t = 0; t < len; ++t) {
+      s.tokens.push_back(rng.uniform_int(0, 36));
+      s.loss_mask.push_back(t >= 2 ? 1 : 0);
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+rlx::LearnerOptions learner_options(bool checkpointing, uint64_t seed) {
+  rlx::LearnerOptions o;
+  o.optimizer.lr = 3e-3;
+  o.optimizer.weight_decay = 0.1;
+  o.schedule.kind = rlx::LrScheduleKind::cosine;
+  o.schedule.warmup_steps = 2;
+  o.schedule.total_steps = 20;
+  o.schedule.min_lr_ratio = 0.1;
+  o.max_grad_norm = 0.5;  // small enough that clipping happens
+  o.packing.micro_batch_tokens = 40;  // several micro-batches per rank: accumulation
+  o.packing.row_tokens = 20;
+  o.fsdp.activation_checkpointing = checkpointing;
+  o.seed = seed;
+  return o;
+}
+
+int run_reference(int64_t steps, int64_t batch, const std::string& out) {
+  auto cfg = test_model();
+  auto opts = learner_options(false, 0);
+  rlx::Transformer model(cfg);
+  model.init_weights(7);
+  rlx::AdamW opt(opts.optimizer);
+  std::vector<at::Tensor> params;
+  for (auto& [name, p] : model.hf_parameters()) {
+    params.push_back(p);
+    opt.add(p, p.dim() >= 2 ? at::ones_like(p) : at::zeros_like(p));
+  }
+  for (int64_t s = 0; s < steps; ++s) {
+    auto seqs = global_batch(s, batch);
+    double tokens = 0;
+    for (const auto& q : seqs)
+      for (size_t t = 1; t < q.tokens.size(); ++t) tokens += q.loss_mask[t];
+    for (auto& p : params) p.mutable_grad() = at::Tensor();
+    for (const auto& q : seqs) {  // one sequence at a time, unpacked
+      auto ids = at::tensor(q.tokens, at::kLong).unsqueeze(0);
+      auto logits = model.forward({.tokens = ids});
+      auto n = ids.size(1);
+      auto logp = rlx::gather_logprobs(logits.narrow(1, 0, n - 1), ids.narrow(1, 1, n - 1));
+      std::vector<float> m(q.loss_mask.begin() + 1, q.loss_mask.end());
+      auto mask = at::tensor(m).unsqueeze(0);
+      auto loss = -(logp * mask).sum() / tokens;
+      loss.backward();
+    }
+    const double norm = std::sqrt(rlx::grad_sq_norm(params));
+    rlx::clip_grads(params, norm, opts.max_grad_norm);
+    opt.step(opts.schedule.at(opt.step_count(), opts.optimizer.lr));
+  }
+  rlx::save_safetensors(out, model.hf_parameters());
+  return 0;
+}
+
+int run_sharded(int64_t steps, int64_t batch, const std::string& out, bool checkpointing, const std::string& ckpt,
+                int64_t save_every, const std::string& crash_at, int64_t crash_save, bool rng_noise, double timeout_s) {
+  auto rdv = rlx::dist::rendezvous_from_env();
+  rdv.timeout_s = timeout_s;
+  auto comm = rlx::dist::connect(rdv);
+  const int rank = comm->rank(), world = comm->size();
+  rlx::Learner learner(test_model(), *comm, learner_options(checkpointing, 99));
+  learner.init_weights(7);
+  rlx::CheckpointOptions co{.root = ckpt, .keep_last = 2};
+  if (!ckpt.empty()) {
+    if (auto loaded = rlx::load_latest_checkpoint(learner, co)) {
+      std::cout << "resumed " << loaded->step << " cursor " << loaded->references.value("data_cursor", -1) << "\n";
+      for (const auto& s : loaded->skipped) std::cout << "skipped " << s << "\n";
+    }
+  }
+  int64_t saves = 0;
+  while (learner.step_count() < steps) {
+    const int64_t s = learner.step_count();
+    auto all = global_batch(s, batch);
+    std::vector<rlx::Sequence> mine;
+    for (size_t i = static_cast<size_t>(rank); i < all.size(); i += static_cast<size_t>(world)) mine.push_back(all[i]);
+    // The random stream is part of what a checkpoint restores: with --rng-noise the loss
+    // depends on it, so a resume that lost it would diverge.
+    const double noise = rng_noise ? learner.rng().uniform() : 0.0;
+    auto r = learner.step(mine, [&](const rlx::MicroBatch& mb, const at::Tensor& logp, const rlx::StepContext& ctx) {
+      return -(logp * mb.loss_mask).sum() * (1.0 + 0.1 * noise) / ctx.global_loss_tokens;
+    });
+    std::cout << "step " << r.step << " loss " << r.loss << " norm " << r.grad_norm << " clip " << r.clip_factor
+              << " mbs " << r.micro_batches << std::endl;
+    if (!ckpt.empty() && save_every > 0 && r.step % save_every == 0) {
+      ++saves;
+      if (saves == crash_save && !crash_at.empty()) ::setenv("RLX_CHECKPOINT_CRASH_AT", crash_at.c_str(), 1);
+      rlx::save_checkpoint(learner, co, {{"data_cursor", r.step}, {"hub_state", "hub/state.bin"}});
+      std::cout << "saved " << r.step << std::endl;
+    }
+  }
+  auto params = learner.model().gather_parameters();
+  if (rank == 0 && !out.empty()) rlx::save_safetensors(out, params);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  rlx::set_compute_threads(1);
+  CLI::App app("rlx distributed-learner test rank");
+  std::string mode = "sharded", out, ckpt, crash_at;
+  int64_t steps = 4, batch = 7, save_every = 0, crash_save = 0;
+  bool checkpointing = false, rng_noise = false;
+  double timeout_s = 60;
+  app.add_option("--mode", mode)->check(CLI::IsMember({"sharded", "reference"}));
+  app.add_option("--steps", steps);
+  app.add_option("--batch", batch);
+  app.add_option("--out", out);
+  app.add_option("--checkpoints", ckpt);
+  app.add_option("--save-every", save_every);
+  app.add_option("--crash-at", crash_at, "a checkpoint crash point (shards, manifest, renamed)");
+  app.add_option("--crash-save", crash_save, "which save (1-based) crashes");
+  app.add_flag("--activation-checkpointing", checkpointing);
+  app.add_flag("--rng-noise", rng_noise);
+  app.add_option("--timeout", timeout_s);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (mode == "reference") return run_reference(steps, batch, out);
+    return run_sharded(steps, batch, out, checkpointing, ckpt, save_every, crash_at, crash_save, rng_noise, timeout_s);
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << std::endl;
+    return 1;
+  }
+}

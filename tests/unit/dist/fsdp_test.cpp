@@ -1,0 +1,99 @@
+#include "rlx/dist/fsdp.hpp"
+
+#include <catch2/catch.hpp>
+
+#include "../helpers.hpp"
+#include "rlx/learner/learner.hpp"
+
+namespace {
+rlx::ModelConfig small() {
+  rlx::ModelConfig c;
+  c.vocab_size = 29;
+  c.hidden_size = 16;
+  c.num_layers = 2;
+  c.num_heads = 2;
+  c.num_kv_heads = 1;
+  c.head_dim = 8;
+  c.intermediate_size = 23;
+  c.qkv_bias = true;
+  c.tie_word_embeddings = true;
+  return c;
+}
+}  // namespace
+
+TEST_CASE("a single-process communicator copies", "[dist]") {
+  auto comm = rlx::dist::single_process();
+  CHECK(comm->size() == 1);
+  auto in = at::arange(4).to(at::kFloat), out = at::zeros({4});
+  comm->all_gather(out, in, "x")->wait();
+  CHECK(at::equal(out, in));
+  out.zero_();
+  comm->reduce_scatter(out, in, "x")->wait();
+  CHECK(at::equal(out, in));
+  CHECK_THROWS_WITH(comm->broadcast(in, 1, "x"), Catch::Contains("root 1"));
+}
+
+TEST_CASE("rendezvous settings come from the environment, and bad ones are named", "[dist]") {
+  ::setenv("RLX_WORLD_SIZE", "2", 1);
+  ::setenv("RLX_RANK", "1", 1);
+  ::setenv("RLX_STORE", "10.0.0.2:29511", 1);
+  auto o = rlx::dist::rendezvous_from_env();
+  CHECK(o.rank == 1);
+  CHECK(o.world_size == 2);
+  CHECK(o.store_host == "10.0.0.2");
+  CHECK(o.store_port == 29511);
+  ::setenv("RLX_RANK", "2", 1);
+  CHECK_THROWS_WITH(rlx::dist::rendezvous_from_env(), Catch::Contains("RLX_RANK"));
+  ::setenv("RLX_RANK", "0", 1);
+  ::setenv("RLX_STORE", "host:http", 1);
+  CHECK_THROWS_WITH(rlx::dist::rendezvous_from_env(), Catch::Contains("RLX_STORE"));
+  ::unsetenv("RLX_STORE");
+  CHECK_THROWS_WITH(rlx::dist::rendezvous_from_env(), Catch::Contains("needs RLX_STORE"));
+  ::unsetenv("RLX_WORLD_SIZE");
+  ::unsetenv("RLX_RANK");
+  CHECK(rlx::dist::rendezvous_from_env().world_size == 1);
+}
+
+TEST_CASE("the sharded model computes what the plain model computes, gradients included", "[dist]") {
+  auto cfg = small();
+  auto comm = rlx::dist::single_process();
+  rlx::Transformer plain(cfg);
+  plain.init_weights(11);
+  for (bool checkpointing : {false, true}) {
+    rlx::dist::ShardedTransformer sharded(cfg, *comm, {.activation_checkpointing = checkpointing});
+    sharded.load_from(plain);
+    CHECK(sharded.total_numel() == sharded.local_numel());
+    auto ids = at::randint(0, cfg.vocab_size, {2, 9}, at::kLong);
+    auto segments = at::tensor({1, 1, 1, 1, 2, 2, 2, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1}, at::kLong).view({2, 9});
+    auto target = at::randn({2, 9, cfg.vocab_size});
+
+    for (auto& [n, p] : plain.hf_parameters()) p.mutable_grad() = at::Tensor();
+    auto ref = plain.forward({.tokens = ids, .segments = segments});
+    (ref * target).sum().backward();
+    auto out = sharded.logits(sharded.forward_hidden({.tokens = ids, .segments = segments}));
+    CHECK(at::allclose(out, ref, 1e-5, 1e-6));
+    (out * target).sum().backward();
+    sharded.finish_backward();
+    // Each unit's shard gradient is its parameters' gradients, flattened.
+    std::map<std::string, at::Tensor> grads;
+    for (auto& [n, p] : plain.hf_parameters()) grads[n] = p.grad();
+    for (auto& u : sharded.units()) {
+      REQUIRE(u.shard.grad().defined());
+      for (const auto& s : u.slots)
+        CHECK(at::allclose(u.shard.grad().narrow(0, s.offset, s.numel), grads.at(s.name).reshape({-1}), 1e-4, 1e-6));
+      CHECK_FALSE(u.gathered);  // everything freed after backward
+    }
+    std::map<std::string, at::Tensor> weights;
+    for (auto& [n, p] : plain.hf_parameters()) weights[n] = p;
+    auto params = sharded.gather_parameters();
+    REQUIRE(params.size() == weights.size());
+    for (auto& [n, p] : params) CHECK(at::equal(p, weights.at(n)));
+  }
+}
+
+TEST_CASE("gather_logprobs is log_softmax picked at the targets", "[dist]") {
+  auto logits = at::randn({3, 5, 11});
+  auto targets = at::randint(0, 11, {3, 5}, at::kLong);
+  auto expected = at::log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1);
+  CHECK(at::allclose(rlx::gather_logprobs(logits, targets), expected, 1e-5, 1e-6));
+}

@@ -1,0 +1,123 @@
+#include "rlx/learner/checkpoint.hpp"
+
+#include <catch2/catch.hpp>
+#include <fstream>
+
+#include "../helpers.hpp"
+#include "rlx/model/hf.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+rlx::ModelConfig small() {
+  rlx::ModelConfig c;
+  c.vocab_size = 19;
+  c.hidden_size = 8;
+  c.num_layers = 2;
+  c.num_heads = 2;
+  c.num_kv_heads = 1;
+  c.head_dim = 4;
+  c.intermediate_size = 12;
+  return c;
+}
+
+rlx::StepResult train_step(rlx::Learner& l) {
+  rlx::Sequence s;
+  s.tokens = {1, 5, 7, 3, 9, 2};
+  s.loss_mask = {0, 1, 1, 1, 1, 1};
+  return l.step({s}, [](const rlx::MicroBatch& mb, const at::Tensor& logp, const rlx::StepContext& ctx) {
+    return -(logp * mb.loss_mask).sum() / ctx.global_loss_tokens;
+  });
+}
+
+void flip_byte(const fs::path& p, uint64_t at) {
+  std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(at));
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x20);
+  f.seekp(static_cast<std::streamoff>(at));
+  f.write(&c, 1);
+}
+}  // namespace
+
+TEST_CASE("checkpoints: saved, verified, the last K kept, and damage detected with the previous one used",
+          "[learner][checkpoint]") {
+  rlx::test::TempDir dir;
+  auto comm = rlx::dist::single_process();
+  rlx::Learner a(small(), *comm, {});
+  a.init_weights(1);
+  const rlx::CheckpointOptions co{.root = dir / "ckpt", .keep_last = 2};
+  for (int i = 0; i < 3; ++i) {
+    train_step(a);
+    rlx::save_checkpoint(a, co, {{"hub_state", "hub.state"}});
+  }
+  auto all = rlx::list_checkpoints(co.root);
+  REQUIRE(all.size() == 2);  // step 1 pruned
+  CHECK(all[0].filename() == "step_00000003");
+  auto info = rlx::verify_checkpoint(all[0]);
+  REQUIRE(info.ok);
+  CHECK(info.step == 3);
+  CHECK(info.world_size == 1);
+  CHECK(info.learner["references"]["hub_state"] == "hub.state");
+
+  // A fresh learner loads step 3 exactly.
+  rlx::Learner b(small(), *comm, {});
+  auto loaded = rlx::load_latest_checkpoint(b, co);
+  REQUIRE(loaded);
+  CHECK(loaded->step == 3);
+  CHECK(b.step_count() == 3);
+  for (size_t u = 0; u < a.model().units().size(); ++u) {
+    CHECK(at::equal(a.model().units()[u].shard, b.model().units()[u].shard));
+    CHECK(at::equal(a.optimizer().slots()[u].exp_avg_sq, b.optimizer().slots()[u].exp_avg_sq));
+  }
+  CHECK(a.rng().state() == b.rng().state());
+
+  const auto newest = all[0], shard = newest / "rank-00000-of-00001.safetensors";
+  const auto backup = dir / "backup";
+  fs::copy(newest, backup);
+  auto restore = [&] {
+    fs::remove_all(newest);
+    fs::copy(backup, newest);
+    REQUIRE(rlx::verify_checkpoint(newest).ok);
+  };
+  SECTION("a flipped byte") {
+    flip_byte(shard, fs::file_size(shard) - 5);
+    CHECK_THAT(rlx::verify_checkpoint(newest).problem, Catch::Contains("corrupted") && Catch::Contains("rank-00000"));
+  }
+  SECTION("a truncated shard") {
+    fs::resize_file(shard, fs::file_size(shard) / 2);
+    CHECK_THAT(rlx::verify_checkpoint(newest).problem, Catch::Contains("truncated"));
+  }
+  SECTION("a missing manifest") {
+    fs::remove(newest / "MANIFEST.json");
+    CHECK_THAT(rlx::verify_checkpoint(newest).problem, Catch::Contains("incomplete"));
+  }
+  SECTION("a manifest that is not JSON") {
+    rlx::test::write_file(newest / "MANIFEST.json", "{\"files\": [");
+    CHECK_THAT(rlx::verify_checkpoint(newest).problem, Catch::Contains("MANIFEST.json"));
+  }
+  // Whatever the damage, loading falls back to step 2 and says why.
+  rlx::Learner c(small(), *comm, {});
+  auto fallback = rlx::load_latest_checkpoint(c, co);
+  REQUIRE(fallback);
+  CHECK(fallback->step == 2);
+  REQUIRE(fallback->skipped.size() == 1);
+  CHECK_THAT(fallback->skipped[0], Catch::Contains("step_00000003"));
+  restore();
+}
+
+TEST_CASE("export_hf writes a directory load_hf reads back exactly", "[learner][checkpoint]") {
+  rlx::test::TempDir dir;
+  auto comm = rlx::dist::single_process();
+  rlx::Learner l(small(), *comm, {});
+  l.init_weights(4);
+  train_step(l);
+  rlx::export_hf(l, dir / "hf");
+  auto model = rlx::load_hf(dir / "hf");
+  auto params = l.model().gather_parameters();
+  std::map<std::string, at::Tensor> loaded;
+  for (auto& [n, p] : model->hf_parameters()) loaded[n] = p;
+  REQUIRE(loaded.size() == params.size());
+  for (auto& [n, p] : params) CHECK(at::equal(loaded.at(n), p));
+}

@@ -1,0 +1,74 @@
+#include "rlx/learner/optimizer.hpp"
+
+#include <torch/optim/adamw.h>
+
+#include <catch2/catch.hpp>
+
+#include "../helpers.hpp"
+
+TEST_CASE("AdamW takes LibTorch's AdamW steps, with weight decay only where the mask says", "[learner]") {
+  at::manual_seed(3);
+  auto a = at::randn({5, 7}).requires_grad_(true);
+  auto b = at::randn({7}).requires_grad_(true);
+  auto a_ref = a.detach().clone().requires_grad_(true);
+  auto b_ref = b.detach().clone().requires_grad_(true);
+  rlx::AdamW ours({.lr = 1e-2, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-6, .weight_decay = 0.1});
+  ours.add(a, at::ones_like(a));
+  ours.add(b, at::zeros_like(b));
+  // LibTorch's AdamW, with decay on the matrix only.
+  torch::optim::AdamW ref_decay({a_ref}, torch::optim::AdamWOptions(1e-2).betas({0.8, 0.95}).eps(1e-6).weight_decay(0.1));
+  torch::optim::AdamW ref_plain({b_ref}, torch::optim::AdamWOptions(1e-2).betas({0.8, 0.95}).eps(1e-6).weight_decay(0));
+  for (int step = 0; step < 5; ++step) {
+    auto ga = at::randn({5, 7}), gb = at::randn({7});
+    a.mutable_grad() = ga.clone();
+    b.mutable_grad() = gb.clone();
+    a_ref.mutable_grad() = ga.clone();
+    b_ref.mutable_grad() = gb.clone();
+    ours.step(1e-2);
+    ref_decay.step();
+    ref_plain.step();
+  }
+  CHECK(ours.step_count() == 5);
+  CHECK(at::allclose(a, a_ref, 1e-6, 1e-7));
+  CHECK(at::allclose(b, b_ref, 1e-6, 1e-7));
+  CHECK_FALSE(at::allclose(a, a_ref.detach() / (1 - 1e-3), 1e-6, 1e-7));  // decay did something
+}
+
+TEST_CASE("AdamW rejects bad options, naming the field", "[learner]") {
+  CHECK_THROWS_WITH(rlx::AdamW({.lr = -1}), Catch::Contains("optimizer.lr"));
+  CHECK_THROWS_WITH(rlx::AdamW({.beta2 = 1.0}), Catch::Contains("optimizer.beta2"));
+  rlx::AdamW ok({});
+  CHECK_THROWS_WITH(ok.add(at::zeros({3}, at::kBFloat16), at::zeros({3})), Catch::Contains("fp32"));
+}
+
+TEST_CASE("learning-rate schedules: constant, linear warmup, cosine", "[learner]") {
+  rlx::LrSchedule constant;
+  CHECK(constant.at(0, 2.0) == 2.0);
+  CHECK(constant.at(100, 2.0) == 2.0);
+  rlx::LrSchedule warm{.kind = rlx::LrScheduleKind::linear_warmup, .warmup_steps = 3};
+  CHECK(warm.at(0, 1.0) == Approx(0.25));
+  CHECK(warm.at(2, 1.0) == Approx(0.75));
+  CHECK(warm.at(3, 1.0) == 1.0);
+  CHECK(warm.at(50, 1.0) == 1.0);
+  rlx::LrSchedule cosine{.kind = rlx::LrScheduleKind::cosine, .warmup_steps = 2, .total_steps = 12, .min_lr_ratio = 0.1};
+  CHECK(cosine.at(2, 1.0) == Approx(1.0));
+  CHECK(cosine.at(7, 1.0) == Approx(0.1 + 0.9 * 0.5));  // half way
+  CHECK(cosine.at(12, 1.0) == Approx(0.1));
+  CHECK(cosine.at(40, 1.0) == Approx(0.1));
+  for (int s = 3; s < 12; ++s) CHECK(cosine.at(s, 1.0) < cosine.at(s - 1, 1.0));
+  rlx::LrSchedule bad{.kind = rlx::LrScheduleKind::cosine, .warmup_steps = 5, .total_steps = 5};
+  CHECK_THROWS_WITH(bad.validate(), Catch::Contains("schedule.total_steps"));
+  CHECK_THROWS_WITH(rlx::lr_schedule_kind_from_string("linear"), Catch::Contains("constant, linear_warmup, cosine"));
+}
+
+TEST_CASE("clipping scales every gradient by max_norm / total norm", "[learner]") {
+  auto p = at::zeros({2}).requires_grad_(true), q = at::zeros({1}).requires_grad_(true);
+  p.mutable_grad() = at::tensor({3.0f, 0.0f});
+  q.mutable_grad() = at::tensor({4.0f});
+  const double norm = std::sqrt(rlx::grad_sq_norm({p, q}));
+  CHECK(norm == Approx(5.0));
+  const double f = rlx::clip_grads({p, q}, norm, 1.0);
+  CHECK(f == Approx(0.2).epsilon(1e-5));
+  CHECK(q.grad().item<float>() == Approx(0.8f).epsilon(1e-5));
+  CHECK(rlx::clip_grads({p, q}, 1.0, 10.0) == 1.0);  // below the limit: untouched
+}
