@@ -60,7 +60,8 @@ int inspect_checkpoint(const fs::path& dir, bool as_json) {
     std::cout << fmt::format("  optimizer: AdamW lr {} betas ({}, {}) eps {} weight_decay {}, {} steps taken\n",
                              o.at("lr").get<double>(), o.at("beta1").get<double>(), o.at("beta2").get<double>(),
                              o.at("eps").get<double>(), o.at("weight_decay").get<double>(), o.at("step").get<int64_t>());
-    for (const auto& [k, v] : lj.value("references", json::object()).items())
+    const json refs = lj.value("references", json::object());
+    for (const auto& [k, v] : refs.items())
       std::cout << fmt::format("  reference {}: {}\n", k, v.dump());
     for (const auto& f : info.files)
       std::cout << fmt::format("  {:<36} {:>12} bytes  xxh64 {:016x}\n", f.name, f.bytes, f.xxh64);

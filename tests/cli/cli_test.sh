@@ -109,5 +109,12 @@ expect "env list names the bundled environments" 0 'python_code' -- "$rlx" env l
 expect "env serve: a missing tokenizer is named" 1 'nope.json' -- "$rlx" env serve --address ipc://$work/env.sock --tokenizer nope.json
 expect "bench env prints JSON last" 0 '^\{.*"bench":"env".*"overhead_ms"' -- \
   bash -c "'$rlx' bench env --runs 2 --steps 10 | tail -n 1"
+expect "dist run: every rank with its rank and the store" 0 'rank 1 of 3 at 127\.0\.0\.1:[0-9]+' -- \
+  "$rlx" dist run --nproc 3 -- bash -c 'echo rank $RLX_RANK of $RLX_WORLD_SIZE at $RLX_STORE'
+expect "dist run: a failed rank fails the group, named" 1 'rank 2 exit 7' -- \
+  "$rlx" dist run --nproc 3 -- bash -c '[ $RLX_RANK = 2 ] && exit 7; sleep 30'
+expect "bench learner: 1 and 2 ranks, JSON last" 0 '^\{.*"bench":"learner".*"mfu".*"ranks":2' -- \
+  bash -c "'$rlx' bench learner --preset tiny --seq 32 --batch-seqs 4 --steps 1 | tail -n 1"
+expect "inspect checkpoint: not a checkpoint" 1 'no checkpoint' -- "$rlx" inspect checkpoint "$work"
 echo "$((checks - failures)) passed, $failures failed"
 [ "$failures" = 0 ]

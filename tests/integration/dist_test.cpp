@@ -224,3 +224,23 @@ TEST_CASE("a rank killed or stopped mid-step makes the others fail with an attri
     }
   }
 }
+
+TEST_CASE("a checkpoint written by 2 ranks resumes on 3 (resharded)", "[dist]") {
+  rlx::test::TempDir dir;
+  const auto ckpt = (dir / "ckpt").string();
+  {
+    Group ref(1, {"--mode", "reference", "--steps", "5", "--out", (dir / "ref.st").string()}, dir.path, "ref");
+    REQUIRE(ref.all_ok(120));
+  }
+  {
+    Group g(2, {"--steps", "2", "--checkpoints", ckpt, "--save-every", "2"}, dir.path, "two");
+    REQUIRE(g.all_ok(180));
+  }
+  Group g(3, {"--steps", "5", "--checkpoints", ckpt, "--out", (dir / "three.st").string()}, dir.path, "three");
+  REQUIRE(g.all_ok(180));
+  CHECK(g.out(2).find("resumed 2 cursor 2") != std::string::npos);
+  const auto d = compare(dir / "three.st", dir / "ref.st");
+  INFO("relative difference " << d.global << ", worst tensor " << d.worst_name << " " << d.worst_tensor);
+  CHECK(d.global <= 1e-6);
+  CHECK(d.worst_tensor <= 1e-4);
+}
