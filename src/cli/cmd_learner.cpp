@@ -241,13 +241,13 @@ void add_learner_commands(CLI::App& app, Action& action) {
       if (opt->get_name() == "--as-rank" || opt->get_name() == "--threads" || opt->get_name() == "--help" ||
           opt->count() == 0)
         continue;
+      if (opt->get_expected_min() == 0) {  // a flag
+        args.push_back(opt->get_name());
+        continue;
+      }
       for (const auto& v : opt->results()) {
-        if (opt->get_type_size() == 0) {
-          args.push_back(opt->get_name());
-        } else {
-          args.push_back(opt->get_name());
-          args.push_back(v);
-        }
+        args.push_back(opt->get_name());
+        args.push_back(v);
       }
     }
     action = [a, args] { return bench_learner(*a, args); };

@@ -153,9 +153,9 @@ class Gloo final : public Communicator {
               "all_gather {:?}: output must be contiguous with {} elements of {}", what, n * size(),
               c10::toString(in.scalar_type()));
     std::vector<std::vector<at::Tensor>> outs(1);
-    auto flat = out.view({-1});
+    auto flat = wire(out.view({-1}));
     for (int r = 0; r < size(); ++r) outs[0].push_back(flat.narrow(0, r * n, n));
-    std::vector<at::Tensor> ins{in.view({-1})};
+    std::vector<at::Tensor> ins{wire(in.view({-1}))};
     return run("all_gather", what, [&] { return pg_->allgather(outs, ins); });
   }
 
@@ -168,13 +168,14 @@ class Gloo final : public Communicator {
               "reduce_scatter {:?}: input must be contiguous with {} elements of {}", what, n * size(),
               c10::toString(out.scalar_type()));
     auto received = at::empty({size(), n}, in.options());
-    auto send = in.view({-1});
-    auto recv = received.view({-1});
+    auto send = wire(in.view({-1}));
+    auto recv = wire(received.view({-1}));
     std::vector<int64_t> even;
     auto work = run("reduce_scatter", what, [&] { return pg_->alltoall_base(recv, send, even, even); });
     work->then = [received, out] {
-      auto acc = received[0].clone();
-      for (int64_t r = 1; r < received.size(0); ++r) acc.add_(received[r]);
+      // Added in fp32 whatever the wire dtype, in rank order.
+      auto acc = received[0].to(at::kFloat);
+      for (int64_t r = 1; r < received.size(0); ++r) acc.add_(received[r].to(at::kFloat));
       out.view({-1}).copy_(acc);
     };
     return work;
@@ -182,16 +183,20 @@ class Gloo final : public Communicator {
 
   std::unique_ptr<Work> all_reduce(const at::Tensor& t, ReduceOp op, std::string_view what) override {
     RLX_CHECK(t.is_contiguous(), "all_reduce {:?}: the tensor must be contiguous", what);
-    std::vector<at::Tensor> ts{t};
+    // Gloo reduces no 16-bit floats: they travel as fp32 and are copied back.
+    const bool widen = t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+    std::vector<at::Tensor> ts{widen ? t.to(at::kFloat) : t};
     c10d::AllreduceOptions o;
     o.reduceOp = op == ReduceOp::sum ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
-    return run("all_reduce", what, [&] { return pg_->allreduce(ts, o); });
+    auto work = run("all_reduce", what, [&] { return pg_->allreduce(ts, o); });
+    if (widen) work->then = [t, wide = ts[0]] { t.copy_(wide); };
+    return work;
   }
 
   std::unique_ptr<Work> broadcast(const at::Tensor& t, int root, std::string_view what) override {
     RLX_CHECK(root >= 0 && root < size() && t.is_contiguous(), "broadcast {:?}: root {} of {} ranks, contiguous tensor",
               what, root, size());
-    std::vector<at::Tensor> ts{t};
+    std::vector<at::Tensor> ts{wire(t)};
     c10d::BroadcastOptions o;
     o.rootRank = root;
     return run("broadcast", what, [&] { return pg_->broadcast(ts, o); });
@@ -234,6 +239,13 @@ class Gloo final : public Communicator {
     return w;
   }
 
+  // Gloo (in LibTorch 1.13) moves no bf16; copies need none of its arithmetic, so it
+  // travels as fp16 of the same bytes.
+  static at::Tensor wire(const at::Tensor& t) {
+    if (t.scalar_type() == at::kBFloat16) return t.view(at::kHalf);
+    return t;
+  }
+
   // Each rank adds 1 to its counter every heartbeat_s; a counter that stops
   // moving names a dead or stopped peer.
   void beat() {
@@ -252,6 +264,7 @@ class Gloo final : public Communicator {
 
   std::string diagnose(std::string_view op, std::string_view what, double elapsed, const std::string& cause) {
     std::string msg = fmt::format("rank {}: {} {:?} failed after {:.1f} s ({})", opt_.rank, op, what, elapsed, cause);
+    if (size() == 1) return msg;
     try {
       auto probe = store_client(opt_.store_host, opt_.store_port, opt_.world_size, 3.0);
       std::vector<int64_t> before(static_cast<size_t>(size()));

@@ -52,7 +52,7 @@ std::vector<rlx::Sequence> global_batch(int64_t step, int64_t n) {
   return out;
 }
 
-rlx::LearnerOptions learner_options(bool checkpointing, uint64_t seed) {
+rlx::LearnerOptions learner_options(bool checkpointing, uint64_t seed, bool bf16 = false) {
   rlx::LearnerOptions o;
   o.optimizer.lr = 3e-3;
   o.optimizer.weight_decay = 0.1;
@@ -64,6 +64,10 @@ rlx::LearnerOptions learner_options(bool checkpointing, uint64_t seed) {
   o.packing.micro_batch_tokens = 40;  // several micro-batches per rank: accumulation
   o.packing.row_tokens = 20;
   o.fsdp.activation_checkpointing = checkpointing;
+  if (bf16) {
+    o.fsdp.compute_dtype = at::kBFloat16;
+    o.fsdp.reduce_dtype = at::kBFloat16;
+  }
   o.seed = seed;
   return o;
 }
@@ -104,12 +108,13 @@ int run_reference(int64_t steps, int64_t batch, const std::string& out) {
 }
 
 int run_sharded(int64_t steps, int64_t batch, const std::string& out, bool checkpointing, const std::string& ckpt,
-                int64_t save_every, const std::string& crash_at, int64_t crash_save, bool rng_noise, double timeout_s) {
+                int64_t save_every, const std::string& crash_at, int64_t crash_save, bool rng_noise, double timeout_s,
+                bool bf16) {
   auto rdv = rlx::dist::rendezvous_from_env();
   rdv.timeout_s = timeout_s;
   auto comm = rlx::dist::connect(rdv);
   const int rank = comm->rank(), world = comm->size();
-  rlx::Learner learner(test_model(), *comm, learner_options(checkpointing, 99));
+  rlx::Learner learner(test_model(), *comm, learner_options(checkpointing, 99, bf16));
   learner.init_weights(7);
   rlx::CheckpointOptions co{.root = ckpt, .keep_last = 2};
   if (!ckpt.empty()) {
@@ -151,7 +156,7 @@ int main(int argc, char** argv) {
   CLI::App app("rlx distributed-learner test rank");
   std::string mode = "sharded", out, ckpt, crash_at;
   int64_t steps = 4, batch = 7, save_every = 0, crash_save = 0;
-  bool checkpointing = false, rng_noise = false;
+  bool checkpointing = false, rng_noise = false, bf16 = false;
   double timeout_s = 60;
   app.add_option("--mode", mode)->check(CLI::IsMember({"sharded", "reference"}));
   app.add_option("--steps", steps);
@@ -163,11 +168,12 @@ int main(int argc, char** argv) {
   app.add_option("--crash-save", crash_save, "which save (1-based) crashes");
   app.add_flag("--activation-checkpointing", checkpointing);
   app.add_flag("--rng-noise", rng_noise);
+  app.add_flag("--bf16", bf16, "bf16 compute and gradient reduction (fp32 masters)");
   app.add_option("--timeout", timeout_s);
   CLI11_PARSE(app, argc, argv);
   try {
     if (mode == "reference") return run_reference(steps, batch, out);
-    return run_sharded(steps, batch, out, checkpointing, ckpt, save_every, crash_at, crash_save, rng_noise, timeout_s);
+    return run_sharded(steps, batch, out, checkpointing, ckpt, save_every, crash_at, crash_save, rng_noise, timeout_s, bf16);
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << std::endl;
     return 1;
