@@ -17,23 +17,13 @@
 #include "rlx/learner/checkpoint.hpp"
 #include "rlx/learner/learner.hpp"
 #include "rlx/model/safetensors.hpp"
+#include "../unit/test_models.hpp"
 
 namespace {
 
 rlx::ModelConfig test_model() {
-  rlx::ModelConfig c;
-  c.arch = rlx::Arch::qwen2;  // q/k/v biases
-  c.vocab_size = 37;
-  c.hidden_size = 24;
-  c.num_layers = 3;
-  c.num_heads = 3;
-  c.num_kv_heads = 1;
-  c.head_dim = 8;
-  c.intermediate_size = 41;
-  c.qkv_bias = true;
-  c.tie_word_embeddings = false;
-  c.max_position_embeddings = 64;
-  return c;
+  return rlx::test::test_model(
+      {.vocab = 37, .hidden = 24, .layers = 3, .heads = 3, .head_dim = 8, .intermediate = 41, .qwen2 = true, .tied = false});
 }
 
 // The whole group's batch of step `step`: the same on every rank.

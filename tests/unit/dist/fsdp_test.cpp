@@ -3,21 +3,12 @@
 #include <catch2/catch.hpp>
 
 #include "../helpers.hpp"
+#include "../test_models.hpp"
 #include "rlx/learner/learner.hpp"
 
 namespace {
 rlx::ModelConfig small() {
-  rlx::ModelConfig c;
-  c.vocab_size = 29;
-  c.hidden_size = 16;
-  c.num_layers = 2;
-  c.num_heads = 2;
-  c.num_kv_heads = 1;
-  c.head_dim = 8;
-  c.intermediate_size = 23;
-  c.qkv_bias = true;
-  c.tie_word_embeddings = true;
-  return c;
+  return rlx::test::test_model({.vocab = 29, .hidden = 16, .heads = 2, .head_dim = 8, .intermediate = 23, .qwen2 = true});
 }
 }  // namespace
 

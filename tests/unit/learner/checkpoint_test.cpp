@@ -4,22 +4,13 @@
 #include <fstream>
 
 #include "../helpers.hpp"
+#include "../test_models.hpp"
 #include "rlx/model/hf.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
-rlx::ModelConfig small() {
-  rlx::ModelConfig c;
-  c.vocab_size = 19;
-  c.hidden_size = 8;
-  c.num_layers = 2;
-  c.num_heads = 2;
-  c.num_kv_heads = 1;
-  c.head_dim = 4;
-  c.intermediate_size = 12;
-  return c;
-}
+rlx::ModelConfig small() { return rlx::test::test_model({}); }
 
 rlx::StepResult train_step(rlx::Learner& l) {
   rlx::Sequence s;
