@@ -139,8 +139,8 @@ json bench_rank(const BenchArgs& a) {
       }
       if (i % comm->size() == comm->rank()) mine.push_back(std::move(q));
     }
-    auto r = learner.step(mine, [](const MicroBatch& mb, const at::Tensor& logp, const StepContext& ctx) {
-      return -(logp * mb.loss_mask).sum() / ctx.global_loss_tokens;
+    auto r = learner.step(mine, [](const MicroBatch& mb, const TokenOutputs& out, const StepContext& ctx, Metrics&) {
+      return -(out.logprobs * mb.loss_mask).sum() / ctx.global_loss_tokens;
     });
     if (s > 0) {
       times.push_back(r.seconds);

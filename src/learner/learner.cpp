@@ -1,5 +1,7 @@
 #include "rlx/learner/learner.hpp"
 
+#include <algorithm>
+
 #include "rlx/core/clock.hpp"
 #include "rlx/core/error.hpp"
 
@@ -9,6 +11,12 @@ at::Tensor gather_logprobs(const at::Tensor& logits, const at::Tensor& targets) 
   auto lf = logits.to(at::kFloat);
   auto picked = lf.gather(-1, targets.unsqueeze(-1)).squeeze(-1);
   return picked - at::logsumexp(lf, -1);
+}
+
+at::Tensor entropy_from_logits(const at::Tensor& logits) {
+  auto lf = logits.to(at::kFloat);
+  auto logp = at::log_softmax(lf, -1);
+  return -(logp.exp() * logp).sum(-1);
 }
 
 Learner::Learner(const ModelConfig& cfg, dist::Communicator& comm, LearnerOptions options)
@@ -22,19 +30,24 @@ Learner::Learner(const ModelConfig& cfg, dist::Communicator& comm, LearnerOption
   for (auto& u : model_.units()) optimizer_.add(u.shard, u.decay_mask);
 }
 
-at::Tensor Learner::target_logprobs(const MicroBatch& mb) {
+TokenOutputs Learner::outputs(const MicroBatch& mb, bool entropy) {
   auto hidden = model_.forward_hidden({.tokens = mb.tokens, .segments = mb.segments});
-  return gather_logprobs(model_.logits(hidden), mb.targets.to(hidden.device()));
+  auto logits = model_.logits(hidden);
+  TokenOutputs out;
+  out.logprobs = gather_logprobs(logits, mb.targets.to(hidden.device()));
+  if (entropy) out.entropy = entropy_from_logits(logits);
+  return out;
 }
 
 at::Tensor Learner::logprobs(const MicroBatch& mb) {
   at::NoGradGuard no_grad;
-  auto out = target_logprobs(mb);
+  auto out = outputs(mb, false).logprobs;
   model_.release_all();
   return out;
 }
 
-StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_fn) {
+StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_fn,
+                         const std::vector<std::string>& metric_names) {
   const double t0 = now_s();
   StepResult r;
   auto mbs = pack_micro_batches(batch, opt_.packing);
@@ -57,16 +70,17 @@ StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_
 
   for (auto& u : model_.units()) u.shard.mutable_grad() = at::Tensor();
   double loss_sum = 0;
+  Metrics metrics;
   for (size_t i = 0; i < n_mbs; ++i) {
     at::Tensor loss;
     if (i < mbs.size()) {
       const auto& mb = mbs[i];
-      loss = loss_fn(mb, target_logprobs(mb), ctx);
+      loss = loss_fn(mb, outputs(mb, opt_.entropy), ctx, metrics);
       RLX_CHECK(loss.defined() && loss.numel() == 1, "loss function must return a scalar tensor");
       r.tokens += (mb.segments > 0).sum().item<int64_t>();
       r.padded_tokens += mb.tokens.numel();
     } else {
-      loss = target_logprobs(empty_micro_batch()).sum() * 0.0;  // same collectives, no gradient
+      loss = outputs(empty_micro_batch(), false).logprobs.sum() * 0.0;  // same collectives, no gradient
     }
     loss_sum += loss.item<double>();
     loss.backward();
@@ -76,10 +90,16 @@ StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_
 
   std::vector<at::Tensor> shards;
   for (auto& u : model_.units()) shards.push_back(u.shard);
-  auto sums = at::tensor({grad_sq_norm(shards), loss_sum}, at::kDouble);
-  comm_.all_reduce(sums, dist::ReduceOp::sum, "gradient norm")->wait();
+  for (const auto& [name, value] : metrics)
+    RLX_CHECK(std::find(metric_names.begin(), metric_names.end(), name) != metric_names.end(),
+              "the loss function reported metric {:?}, which is not among the step's metric names", name);
+  std::vector<double> sums_in{grad_sq_norm(shards), loss_sum};
+  for (const auto& name : metric_names) sums_in.push_back(metrics.count(name) ? metrics[name] : 0.0);
+  auto sums = at::tensor(sums_in, at::kDouble);
+  comm_.all_reduce(sums, dist::ReduceOp::sum, "gradient norm and metrics")->wait();
   r.grad_norm = std::sqrt(sums[0].item<double>());
   r.loss = sums[1].item<double>();
+  for (size_t i = 0; i < metric_names.size(); ++i) r.metrics[metric_names[i]] = sums[static_cast<int64_t>(i + 2)].item<double>();
   RLX_CHECK(std::isfinite(r.grad_norm), "step {}: the gradient norm is {} (the loss is {})", ctx.step, r.grad_norm,
             r.loss);
   if (opt_.max_grad_norm > 0) r.clip_factor = clip_grads(shards, r.grad_norm, opt_.max_grad_norm);

@@ -122,8 +122,8 @@ int run_sharded(int64_t steps, int64_t batch, const std::string& out, bool check
     // The random stream is part of what a checkpoint restores: with --rng-noise the loss
     // depends on it, so a resume that lost it would diverge.
     const double noise = rng_noise ? learner.rng().uniform() : 0.0;
-    auto r = learner.step(mine, [&](const rlx::MicroBatch& mb, const at::Tensor& logp, const rlx::StepContext& ctx) {
-      return -(logp * mb.loss_mask).sum() * (1.0 + 0.1 * noise) / ctx.global_loss_tokens;
+    auto r = learner.step(mine, [&](const rlx::MicroBatch& mb, const rlx::TokenOutputs& out, const rlx::StepContext& ctx, rlx::Metrics&) {
+      return -(out.logprobs * mb.loss_mask).sum() * (1.0 + 0.1 * noise) / ctx.global_loss_tokens;
     });
     std::cout << "step " << r.step << " loss " << r.loss << " norm " << r.grad_norm << " clip " << r.clip_factor
               << " mbs " << r.micro_batches << std::endl;

@@ -4,9 +4,9 @@
 //
 //   rlx::Learner learner(cfg, *comm, {.optimizer = {.lr = 1e-5}, .max_grad_norm = 1.0});
 //   learner.init_weights(seed);
-//   auto r = learner.step(my_sequences, [](const rlx::MicroBatch& mb, const at::Tensor& logp,
-//                                          const rlx::StepContext& ctx) {
-//     return -(logp * mb.loss_mask).sum() / ctx.global_loss_tokens;   // SFT
+//   auto r = learner.step(my_sequences, [](const rlx::MicroBatch& mb, const rlx::TokenOutputs& out,
+//                                          const rlx::StepContext& ctx, rlx::Metrics&) {
+//     return -(out.logprobs * mb.loss_mask).sum() / ctx.global_loss_tokens;   // SFT
 //   });
 //
 // Every rank must call step() the same number of times; a rank with fewer
@@ -17,6 +17,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -33,6 +35,7 @@ struct LearnerOptions {
   double max_grad_norm = 1.0;  // clip by the global norm; 0 = no clipping
   PackOptions packing;
   dist::FsdpOptions fsdp;
+  bool entropy = false;        // compute TokenOutputs::entropy (costs a pass over the logits)
   uint64_t seed = 0;           // the learner's random stream (per rank: stream = rank)
 };
 
@@ -44,9 +47,19 @@ struct StepContext {
   int rank = 0, world_size = 1;
 };
 
+// What the model computed for a micro-batch, aligned with MicroBatch::targets.
+struct TokenOutputs {
+  at::Tensor logprobs;  // [R, T] fp32: log p(target)
+  at::Tensor entropy;   // [R, T] fp32 entropy of the next-token distribution (when LearnerOptions::entropy)
+};
+
+// Named sums a loss function reports (clipped tokens, KL, ...); summed over micro-batches and ranks.
+using Metrics = std::map<std::string, double>;
+
 // Loss of one micro-batch, already normalised for the whole step (gradients of all
-// micro-batches and ranks are summed). logprobs [R, T] fp32: log p(targets).
-using LossFn = std::function<at::Tensor(const MicroBatch&, const at::Tensor& logprobs, const StepContext&)>;
+// micro-batches and ranks are summed). It may add to `metrics` under the names
+// passed to Learner::step.
+using LossFn = std::function<at::Tensor(const MicroBatch&, const TokenOutputs&, const StepContext&, Metrics&)>;
 
 struct StepResult {
   int64_t step = 0;          // optimizer steps taken after this one
@@ -58,6 +71,7 @@ struct StepResult {
   int64_t padded_tokens = 0; // this rank's tokens including padding
   int64_t micro_batches = 0;
   double seconds = 0;
+  Metrics metrics;           // the loss function's sums, over micro-batches and ranks
 };
 
 class Learner {
@@ -67,7 +81,9 @@ class Learner {
   void init_weights(uint64_t seed) { model_.init_weights(seed); }
   void load_from(const Transformer& full) { model_.load_from(full); }
 
-  StepResult step(const std::vector<Sequence>& batch, const LossFn& loss);
+  // `metric_names`: what the loss function may report (every rank passes the same list).
+  StepResult step(const std::vector<Sequence>& batch, const LossFn& loss,
+                  const std::vector<std::string>& metric_names = {});
   // log p(target) of every position of a micro-batch, without gradients: [R, T] fp32.
   at::Tensor logprobs(const MicroBatch& mb);
 
@@ -80,7 +96,7 @@ class Learner {
   const LearnerOptions& options() const { return opt_; }
 
  private:
-  at::Tensor target_logprobs(const MicroBatch& mb);
+  TokenOutputs outputs(const MicroBatch& mb, bool entropy);
 
   dist::Communicator& comm_;
   LearnerOptions opt_;
@@ -92,5 +108,7 @@ class Learner {
 // log softmax(logits)[target] in fp32 without materialising the fp32 log-softmax of
 // the whole vocabulary at once: logits [.., V], targets [..] -> [..].
 at::Tensor gather_logprobs(const at::Tensor& logits, const at::Tensor& targets);
+// Entropy of softmax(logits) over the last dimension, in fp32: [..., V] -> [...].
+at::Tensor entropy_from_logits(const at::Tensor& logits);
 
 }  // namespace rlx

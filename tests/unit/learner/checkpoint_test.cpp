@@ -16,8 +16,8 @@ rlx::StepResult train_step(rlx::Learner& l) {
   rlx::Sequence s;
   s.tokens = {1, 5, 7, 3, 9, 2};
   s.loss_mask = {0, 1, 1, 1, 1, 1};
-  return l.step({s}, [](const rlx::MicroBatch& mb, const at::Tensor& logp, const rlx::StepContext& ctx) {
-    return -(logp * mb.loss_mask).sum() / ctx.global_loss_tokens;
+  return l.step({s}, [](const rlx::MicroBatch& mb, const rlx::TokenOutputs& out, const rlx::StepContext& ctx, rlx::Metrics&) {
+    return -(out.logprobs * mb.loss_mask).sum() / ctx.global_loss_tokens;
   });
 }
 

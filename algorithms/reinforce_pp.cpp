@@ -1,0 +1,50 @@
+// REINFORCE++ (Hu, 2025): the outcome reward as every token's return (gamma 1),
+// optionally minus the group mean ("with baseline"), then whitened over the whole
+// batch (every rank's samples), not per group.
+#include <cmath>
+
+#include "rlx/algo/algorithm.hpp"
+
+namespace rlx::algo {
+
+class ReinforcePP : public PolicyGradient {
+ public:
+  ReinforcePP(AlgoOptions o, bool baseline) : PolicyGradient(std::move(o)), baseline_(baseline) {}
+  std::vector<std::vector<double>> advantages(const std::vector<std::vector<Sample>>& groups,
+                                              const AllReduceSum& all_reduce) const override {
+    std::vector<std::vector<double>> out;
+    for (const auto& g : groups) {
+      std::vector<double> rewards;
+      for (const auto& s : g) rewards.push_back(s.reward);
+      out.push_back(group_advantages(rewards, baseline_ ? GroupBaseline::mean : GroupBaseline::none));
+    }
+    if (!opt_.whiten_batch) return out;
+    // Batch statistics over tokens: each sample's advantage counts once per trained token.
+    std::vector<double> sums{0, 0, 0};  // tokens, sum, sum of squares
+    for (size_t i = 0; i < groups.size(); ++i)
+      for (size_t j = 0; j < groups[i].size(); ++j) {
+        const double n = static_cast<double>(groups[i][j].response_tokens), a = out[i][j];
+        sums[0] += n;
+        sums[1] += n * a;
+        sums[2] += n * a * a;
+      }
+    if (all_reduce) all_reduce(sums);
+    if (sums[0] < 2) return out;
+    const double mean = sums[1] / sums[0];
+    const double var = std::max(0.0, (sums[2] - sums[0] * mean * mean) / (sums[0] - 1));
+    for (auto& g : out)
+      for (auto& a : g) a = (a - mean) / (std::sqrt(var) + 1e-8);
+    return out;
+  }
+
+ private:
+  bool baseline_;
+};
+
+void register_reinforce_pp() {
+  register_algorithm("reinforce_pp", [](const AlgoOptions& o) { return std::make_unique<ReinforcePP>(o, false); });
+  register_algorithm("reinforce_pp_baseline",
+                     [](const AlgoOptions& o) { return std::make_unique<ReinforcePP>(o, true); });
+}
+
+}  // namespace rlx::algo

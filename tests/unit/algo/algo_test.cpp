@@ -1,0 +1,218 @@
+#include "rlx/algo/algorithm.hpp"
+
+#include <catch2/catch.hpp>
+
+#include "../helpers.hpp"
+#include "../test_models.hpp"
+#include "rlx/learner/algorithm_loss.hpp"
+
+using namespace rlx::algo;
+
+namespace {
+at::Tensor t(std::vector<double> v) { return at::tensor(v, at::kDouble).unsqueeze(0); }
+
+// Central differences of a scalar function of x against autograd, in float64.
+void check_gradient(const std::function<at::Tensor(const at::Tensor&)>& f, at::Tensor x) {
+  x = x.to(at::kDouble).detach().requires_grad_(true);
+  auto y = f(x);
+  y.backward();
+  auto analytic = x.grad().clone();
+  const double h = 1e-6;
+  auto flat = x.detach().reshape({-1});
+  for (int64_t i = 0; i < flat.numel(); ++i) {
+    auto plus = flat.clone(), minus = flat.clone();
+    plus[i] += h;
+    minus[i] -= h;
+    const double numeric =
+        (f(plus.view_as(x)).item<double>() - f(minus.view_as(x)).item<double>()) / (2 * h);
+    INFO("element " << i);
+    CHECK(analytic.reshape({-1})[i].item<double>() == Approx(numeric).margin(1e-6).epsilon(1e-5));
+  }
+}
+}  // namespace
+
+TEST_CASE("group advantages: GRPO, Dr.GRPO, RLOO, none (hand-computed)", "[algo]") {
+  // rewards {1, 0, 0, 1}: mean 0.5; unbiased variance (4 x 0.25) / 3 = 1/3, std 0.57735.
+  auto grpo = group_advantages({1, 0, 0, 1}, GroupBaseline::mean_std);
+  CHECK(grpo[0] == Approx(0.5 / std::sqrt(1.0 / 3.0)).epsilon(1e-5));  // 0.866
+  CHECK(grpo[1] == Approx(-0.866025).epsilon(1e-5));
+  auto dr = group_advantages({1, 0, 0, 1}, GroupBaseline::mean);
+  CHECK(dr[0] == Approx(0.5));
+  CHECK(dr[2] == Approx(-0.5));
+  // RLOO: r_0 - mean(others) = 1 - (0 + 0 + 1) / 3 = 0.6667.
+  auto rloo = group_advantages({1, 0, 0, 1}, GroupBaseline::rloo);
+  CHECK(rloo[0] == Approx(2.0 / 3.0));
+  CHECK(rloo[1] == Approx(0.0 - 2.0 / 3.0));
+  CHECK(group_advantages({3, 3, 3}, GroupBaseline::mean_std) == std::vector<double>{0, 0, 0});  // no signal
+  CHECK(group_advantages({5}, GroupBaseline::rloo) == std::vector<double>{0});
+  CHECK(group_advantages({2, -1}, GroupBaseline::none) == std::vector<double>{2, -1});
+  CHECK_THROWS_WITH(group_baseline_from_string("std"), Catch::Contains("mean_std"));
+}
+
+TEST_CASE("GAE, discounted returns, whitening and the overlong penalty (hand-computed)", "[algo]") {
+  // gamma 0.9, lambda 0.8; rewards [0, 0, 1], values [0.5, 0.6, 0.7], terminal value 0:
+  // t2: delta = 1 - 0.7 = 0.3, A = 0.3; t1: delta = 0.9 x 0.7 - 0.6 = 0.03, A = 0.03 + 0.72 x 0.3 = 0.246;
+  // t0: delta = 0.9 x 0.6 - 0.5 = 0.04, A = 0.04 + 0.72 x 0.246 = 0.21712.
+  auto [adv, ret] = gae(at::tensor({0.0, 0.0, 1.0}, at::kDouble), at::tensor({0.5, 0.6, 0.7}, at::kDouble), 0.9, 0.8);
+  CHECK(adv[0].item<double>() == Approx(0.21712));
+  CHECK(adv[1].item<double>() == Approx(0.246));
+  CHECK(adv[2].item<double>() == Approx(0.3));
+  CHECK(ret[0].item<double>() == Approx(0.71712));
+  CHECK(ret[2].item<double>() == Approx(1.0));
+  // gamma 0.5 over [1, 0, 2]: [1 + 0.5 x 1, 0 + 0.5 x 2, 2] = [1.5, 1, 2].
+  auto g = discounted_returns(at::tensor({1.0, 0.0, 2.0}, at::kDouble), 0.5);
+  CHECK(at::allclose(g, at::tensor({1.5, 1.0, 2.0}, at::kDouble)));
+  auto w = whiten(at::tensor({1.0, 2.0, 3.0, 100.0}, at::kDouble), at::tensor({1.0, 1.0, 1.0, 0.0}, at::kDouble));
+  CHECK(w[0].item<double>() == Approx(-1.0).epsilon(1e-6));  // mean 2, std 1
+  CHECK(w[3].item<double>() == 0.0);                         // masked
+  // max 100, buffer 20: no penalty to 80, -0.5 at 90, -1 at 100 and beyond.
+  CHECK(overlong_penalty(80, 100, 20) == 0.0);
+  CHECK(overlong_penalty(90, 100, 20) == Approx(-0.5));
+  CHECK(overlong_penalty(100, 100, 20) == Approx(-1.0));
+  CHECK(overlong_penalty(130, 100, 20) == -1.0);
+}
+
+TEST_CASE("the clipped surrogate: symmetric, clip-higher, dual-clip (hand-computed)", "[algo]") {
+  auto logr = [](double r) { return std::log(r); };
+  // ratio 1.5, A = 2: min(3, 1.2 x 2) = 2.4 -> loss -2.4, clipped.
+  // ratio 0.5, A = 2: min(1, 0.8 x 2 = 1.6) = 1 -> loss -1, not clipped.
+  // ratio 0.5, A = -1: min(-0.5, -0.8) = -0.8 -> loss 0.8, clipped.
+  auto pg = clipped_policy_loss(t({logr(1.5), logr(0.5), logr(0.5)}), t({0, 0, 0}), t({2, 2, -1}), {.low = 0.2, .high = 0.2});
+  CHECK(pg.loss[0][0].item<double>() == Approx(-2.4));
+  CHECK(pg.loss[0][1].item<double>() == Approx(-1.0));
+  CHECK(pg.loss[0][2].item<double>() == Approx(0.8));
+  CHECK(at::equal(pg.clipped, at::tensor({1.0f, 0.0f, 1.0f}).unsqueeze(0)));
+  // Clip-higher (0.28): ratio 1.25, A = 1 stays unclipped: loss -1.25.
+  auto high = clipped_policy_loss(t({logr(1.25)}), t({0}), t({1}), {.low = 0.2, .high = 0.28});
+  CHECK(high.loss[0][0].item<double>() == Approx(-1.25));
+  CHECK(high.clipped[0][0].item<float>() == 0.0f);
+  // Dual-clip c = 3: ratio 5, A = -1: -min(-5, -1.2) = 5, capped at 3 x |A| = 3.
+  auto dual = clipped_policy_loss(t({logr(5)}), t({0}), t({-1}), {.low = 0.2, .high = 0.2, .dual_clip = 3});
+  CHECK(dual.loss[0][0].item<double>() == Approx(3.0));
+  CHECK_THROWS_WITH(clipped_policy_loss(t({0}), t({0}), t({1}), {.dual_clip = 0.5}), Catch::Contains("dual clip"));
+}
+
+TEST_CASE("KL estimators, value loss, truncated IS (hand-computed)", "[algo]") {
+  // pi = 0.5, pi_ref = 0.25: log(pi_ref / pi) = -log 2.
+  // k1 = log 2 = 0.693147; k2 = 0.5 (log 2)^2 = 0.240227; k3 = 0.5 + log 2 - 1 = 0.193147.
+  auto lp = t({std::log(0.5)}), ref = t({std::log(0.25)});
+  CHECK(kl_penalty(lp, ref, KlEstimator::k1).item<double>() == Approx(0.693147));
+  CHECK(kl_penalty(lp, ref, KlEstimator::k2).item<double>() == Approx(0.240227));
+  CHECK(kl_penalty(lp, ref, KlEstimator::k3).item<double>() == Approx(0.193147));
+  CHECK(kl_penalty(lp, lp, KlEstimator::k3).item<double>() == 0.0);
+  // v 1, v_old 0, R 2, clip 0.5: max((1 - 2)^2, (0.5 - 2)^2) / 2 = 1.125.
+  CHECK(clipped_value_loss(t({1}), t({0}), t({2}), 0.5).item<double>() == Approx(1.125));
+  // exp(0 - log 0.25) = 4, capped at 2.
+  CHECK(truncated_is_weights(t({0}), t({std::log(0.25)}), 2.0).item<double>() == Approx(2.0));
+}
+
+TEST_CASE("aggregation modes (hand-computed)", "[algo]") {
+  // Tokens 1, 2 (sequence 0), 3 (sequence 1), then padding.
+  auto x = t({1, 2, 3, 4}), mask = t({1, 1, 1, 0});
+  auto seq = at::tensor({0, 0, 1, -1}, at::kLong).unsqueeze(0);
+  const Normalizers norm{.tokens = 3, .sequences = 2, .max_tokens = 10};
+  CHECK(aggregate(x, mask, seq, Aggregation::token_mean, norm).item<double>() == Approx(2.0));          // 6 / 3
+  CHECK(aggregate(x, mask, seq, Aggregation::seq_mean_token_sum, norm).item<double>() == Approx(3.0));  // 6 / 2
+  CHECK(aggregate(x, mask, seq, Aggregation::seq_mean_token_mean, norm).item<double>() ==
+        Approx(2.25));  // (1.5 + 3) / 2
+  CHECK(aggregate(x, mask, seq, Aggregation::seq_mean_token_sum_norm, norm).item<double>() == Approx(0.3));  // 6 / 20
+  CHECK_THROWS_WITH(aggregation_from_string("mean"), Catch::Contains("token_mean"));
+}
+
+TEST_CASE("GSPO's ratio is the sequence's geometric mean, with the token's own gradient", "[algo]") {
+  auto lp = t({-1.0, -2.0, -3.0}).requires_grad_(true);
+  auto old = t({-1.5, -2.5, -2.0});
+  auto seq = at::tensor({4, 4, 9}, at::kLong).unsqueeze(0);
+  auto lr = gspo_log_ratio(lp, old, t({1, 1, 1}), seq);
+  CHECK(lr[0][0].item<double>() == Approx(0.5));   // mean(0.5, 0.5)
+  CHECK(lr[0][1].item<double>() == Approx(0.5));
+  CHECK(lr[0][2].item<double>() == Approx(-1.0));  // its own
+  lr.sum().backward();
+  CHECK(at::allclose(lp.grad(), at::ones_like(lp)));
+}
+
+TEST_CASE("finite-difference gradients of every loss", "[algo]") {
+  auto adv = t({1.5, -0.7, 0.3, 2.0}), old = t({-1.0, -2.0, -0.5, -1.2}), mask = t({1, 1, 1, 0});
+  auto seq = at::tensor({0, 0, 1, -1}, at::kLong).unsqueeze(0);
+  const Normalizers norm{.tokens = 3, .sequences = 2, .max_tokens = 8};
+  auto logp = t({-1.05, -1.9, -0.45, -1.1});  // ratios near 1: inside the clip range
+  for (auto mode : {Aggregation::token_mean, Aggregation::seq_mean_token_mean, Aggregation::seq_mean_token_sum_norm}) {
+    check_gradient(
+        [&](const at::Tensor& x) {
+          return aggregate(clipped_policy_loss(x, old, adv, {.low = 0.2, .high = 0.28}).loss, mask, seq, mode, norm);
+        },
+        logp);
+  }
+  check_gradient([&](const at::Tensor& x) { return kl_penalty(x, old, KlEstimator::k3).sum(); }, logp);
+  check_gradient([&](const at::Tensor& x) { return kl_penalty(x, old, KlEstimator::k2).sum(); }, logp);
+  check_gradient([&](const at::Tensor& x) { return clipped_value_loss(x, old, adv, 10.0).sum(); }, logp);
+  // GSPO's gradient is the sequence objective's exactly when the advantage is the
+  // sequence's (as GSPO defines it) and tokens are averaged within the sequence.
+  auto seq_adv = t({1.5, 1.5, 0.3, 0.3});
+  check_gradient(
+      [&](const at::Tensor& x) {
+        return aggregate(
+            clipped_policy_loss(x, old, seq_adv, {.low = 0.5, .high = 0.5}, gspo_log_ratio(x, old, mask, seq)).loss,
+            mask, seq, Aggregation::seq_mean_token_mean, norm);
+      },
+      logp);
+}
+
+TEST_CASE("algorithms are chosen by name; an unknown name suggests the closest", "[algo]") {
+  register_bundled_algorithms();
+  auto names = algorithm_names();
+  for (const char* n : {"grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gspo", "sft"})
+    CHECK(std::find(names.begin(), names.end(), n) != names.end());
+  CHECK_THROWS_WITH(make_algorithm({.name = "grpoo"}), Catch::Contains("did you mean \"grpo\""));
+  auto rloo = make_algorithm({.name = "rloo"});
+  CHECK(rloo->advantages({{{.reward = 1}, {.reward = 0}, {.reward = 0}, {.reward = 1}}}, {})[0][0] ==
+        Approx(2.0 / 3.0));
+  // REINFORCE++ whitens over the batch (token-weighted), across ranks through all_reduce.
+  auto rpp = make_algorithm({.name = "reinforce_pp"});
+  int calls = 0;
+  auto adv = rpp->advantages({{{.reward = 1, .response_tokens = 2}, {.reward = 0, .response_tokens = 2}},
+                              {{.reward = 3, .response_tokens = 4}}},
+                             [&](std::vector<double>&) { ++calls; });
+  CHECK(calls == 1);
+  double mean = (2 * adv[0][0] + 2 * adv[0][1] + 4 * adv[1][0]) / 8;
+  CHECK(mean == Approx(0.0).margin(1e-9));
+}
+
+TEST_CASE("every aggregation gives the same loss and gradients however the batch is split", "[algo]") {
+  register_bundled_algorithms();
+  auto comm = rlx::dist::single_process();
+  const auto cfg = rlx::test::test_model({.vocab = 23, .hidden = 8, .intermediate = 10});
+  rlx::RngStream rng(3, 0);
+  std::vector<rlx::Sequence> batch;
+  for (int i = 0; i < 7; ++i) {
+    rlx::Sequence s;
+    const int64_t len = rng.uniform_int(4, 12);
+    for (int64_t k = 0; k < len; ++k) {
+      s.tokens.push_back(rng.uniform_int(0, 22));
+      s.loss_mask.push_back(k >= 2);
+    }
+    rlx::set_advantage(s, rng.uniform() - 0.5);
+    s.values["old_logprobs"] = std::vector<float>(static_cast<size_t>(len), -3.0f);
+    batch.push_back(s);
+  }
+  for (auto mode : {Aggregation::token_mean, Aggregation::seq_mean_token_sum, Aggregation::seq_mean_token_mean,
+                    Aggregation::seq_mean_token_sum_norm}) {
+    auto algo = make_algorithm({.name = "grpo", .aggregation = mode, .kl_coef = 0, .max_tokens = 12});
+    std::vector<rlx::StepResult> results;
+    for (int64_t budget : {12, 24, 200}) {
+      rlx::LearnerOptions o;
+      o.optimizer.lr = 0;
+      o.packing = {.micro_batch_tokens = budget, .row_tokens = 12};
+      rlx::Learner learner(cfg, *comm, o);
+      learner.init_weights(5);
+      results.push_back(learner.step(batch, rlx::algorithm_loss(*algo), algo->metric_names()));
+    }
+    INFO("aggregation " << static_cast<int>(mode));
+    CHECK(results[0].micro_batches > results[2].micro_batches);
+    for (const auto& r : results) {
+      CHECK(r.loss == Approx(results[2].loss).epsilon(1e-6));
+      CHECK(r.grad_norm == Approx(results[2].grad_norm).epsilon(1e-6));
+      CHECK(r.metrics.at("tokens") == results[2].metrics.at("tokens"));
+    }
+  }
+}
