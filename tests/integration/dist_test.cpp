@@ -13,6 +13,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "../unit/helpers.hpp"
@@ -257,4 +258,31 @@ TEST_CASE("a checkpoint written by 2 ranks resumes on 3 (resharded)", "[dist]") 
   INFO("relative difference " << d.global << ", worst tensor " << d.worst_name << " " << d.worst_tensor);
   CHECK(d.global <= 1e-6);
   CHECK(d.worst_tensor <= 1e-4);
+}
+
+TEST_CASE("an algorithm's loss and gradient norm do not depend on the rank count, for every aggregation", "[dist]") {
+  rlx::test::TempDir dir;
+  auto parse = [](const std::string& out) {
+    std::istringstream in(out.substr(out.find("step 1 ")));
+    std::string word;
+    int64_t step = 0;
+    double loss = 0, norm = 0;
+    in >> word >> step >> word >> loss >> word >> norm;
+    return std::pair{loss, norm};
+  };
+  for (const std::string mode : {"token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm"}) {
+    std::vector<std::pair<double, double>> got;
+    for (int world : {1, 2, 3}) {
+      Group g(world, {"--steps", "1", "--algo", "grpo", "--aggregation", mode}, dir.path, fmt::format("{}-{}", mode, world));
+      REQUIRE(g.all_ok(120));
+      got.push_back(parse(g.out(0)));
+    }
+    INFO(mode << ": loss " << got[0].first << " / " << got[1].first << " / " << got[2].first << ", norm "
+              << got[0].second << " / " << got[1].second << " / " << got[2].second);
+    CHECK(got[0].first != 0);
+    for (const auto& [loss, norm] : got) {
+      CHECK(loss == Approx(got[0].first).epsilon(1e-6));
+      CHECK(norm == Approx(got[0].second).epsilon(1e-6));
+    }
+  }
 }

@@ -14,6 +14,7 @@
 #include "rlx/core/rng.hpp"
 #include "rlx/core/threads.hpp"
 #include "rlx/dist/comm.hpp"
+#include "rlx/learner/algorithm_loss.hpp"
 #include "rlx/learner/checkpoint.hpp"
 #include "rlx/learner/learner.hpp"
 #include "rlx/model/safetensors.hpp"
@@ -97,7 +98,7 @@ int run_reference(int64_t steps, int64_t batch, const std::string& out) {
   return 0;
 }
 
-int run_sharded(int64_t steps, int64_t batch, const std::string& out, bool checkpointing, const std::string& ckpt,
+int run_sharded(const rlx::algo::Algorithm* algorithm, int64_t steps, int64_t batch, const std::string& out, bool checkpointing, const std::string& ckpt,
                 int64_t save_every, const std::string& crash_at, int64_t crash_save, bool rng_noise, double timeout_s,
                 bool bf16) {
   auto rdv = rlx::dist::rendezvous_from_env();
@@ -122,11 +123,24 @@ int run_sharded(int64_t steps, int64_t batch, const std::string& out, bool check
     // The random stream is part of what a checkpoint restores: with --rng-noise the loss
     // depends on it, so a resume that lost it would diverge.
     const double noise = rng_noise ? learner.rng().uniform() : 0.0;
-    auto r = learner.step(mine, [&](const rlx::MicroBatch& mb, const rlx::TokenOutputs& out, const rlx::StepContext& ctx, rlx::Metrics&) {
+    rlx::LossFn loss = [&](const rlx::MicroBatch& mb, const rlx::TokenOutputs& out, const rlx::StepContext& ctx,
+                           rlx::Metrics&) {
       return -(out.logprobs * mb.loss_mask).sum() * (1.0 + 0.1 * noise) / ctx.global_loss_tokens;
-    });
-    std::cout << "step " << r.step << " loss " << r.loss << " norm " << r.grad_norm << " clip " << r.clip_factor
-              << " mbs " << r.micro_batches << std::endl;
+    };
+    std::vector<std::string> metrics;
+    if (algorithm) {
+      // Deterministic per-sequence advantages and old log-probs, whatever rank holds the sequence.
+      for (size_t i = static_cast<size_t>(rank), k = 0; i < all.size(); i += static_cast<size_t>(world), ++k) {
+        rlx::set_advantage(mine[k], static_cast<double>(i % 3) - 1.0 + 0.1 * static_cast<double>(i));
+        mine[k].values["old_logprobs"] = std::vector<float>(mine[k].tokens.size(), -3.5f);
+      }
+      loss = rlx::algorithm_loss(*algorithm);
+      metrics = algorithm->metric_names();
+    }
+    auto r = learner.step(mine, loss, metrics);
+    std::cout << fmt::format("step {} loss {:.17g} norm {:.17g} clip {:.6g} mbs {}", r.step, r.loss, r.grad_norm,
+                             r.clip_factor, r.micro_batches)
+              << std::endl;
     if (!ckpt.empty() && save_every > 0 && r.step % save_every == 0) {
       ++saves;
       if (saves == crash_save && !crash_at.empty()) ::setenv("RLX_CHECKPOINT_CRASH_AT", crash_at.c_str(), 1);
@@ -159,11 +173,20 @@ int main(int argc, char** argv) {
   app.add_flag("--activation-checkpointing", checkpointing);
   app.add_flag("--rng-noise", rng_noise);
   app.add_flag("--bf16", bf16, "bf16 compute and gradient reduction (fp32 masters)");
+  std::string algo, aggregation = "token_mean";
+  app.add_option("--algo", algo, "train with this algorithm's loss instead of SFT");
+  app.add_option("--aggregation", aggregation);
   app.add_option("--timeout", timeout_s);
   CLI11_PARSE(app, argc, argv);
   try {
     if (mode == "reference") return run_reference(steps, batch, out);
-    return run_sharded(steps, batch, out, checkpointing, ckpt, save_every, crash_at, crash_save, rng_noise, timeout_s, bf16);
+    std::unique_ptr<rlx::algo::Algorithm> algorithm;
+    if (!algo.empty()) {
+      rlx::algo::register_bundled_algorithms();
+      algorithm = rlx::algo::make_algorithm(
+          {.name = algo, .aggregation = rlx::algo::aggregation_from_string(aggregation), .max_tokens = 20});
+    }
+    return run_sharded(algorithm.get(), steps, batch, out, checkpointing, ckpt, save_every, crash_at, crash_save, rng_noise, timeout_s, bf16);
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << std::endl;
     return 1;
