@@ -3,16 +3,13 @@
 #include <cmath>
 #include <numeric>
 
+#include "rlx/core/config.hpp"
 #include "rlx/core/error.hpp"
 
 namespace rlx::algo {
 
 GroupBaseline group_baseline_from_string(const std::string& s) {
-  if (s == "mean_std") return GroupBaseline::mean_std;
-  if (s == "mean") return GroupBaseline::mean;
-  if (s == "rloo") return GroupBaseline::rloo;
-  if (s == "none") return GroupBaseline::none;
-  throw ConfigError(fmt::format("group baseline {:?} is not one of mean_std, mean, rloo, none", s));
+  return config::parse_enum<GroupBaseline>(s, "group baseline");
 }
 
 std::vector<double> group_advantages(const std::vector<double>& r, GroupBaseline baseline, double eps) {

@@ -1,24 +1,13 @@
 #include "rlx/algo/losses.hpp"
 
+#include "rlx/core/config.hpp"
 #include "rlx/core/error.hpp"
 
 namespace rlx::algo {
 
-Aggregation aggregation_from_string(const std::string& s) {
-  if (s == "token_mean") return Aggregation::token_mean;
-  if (s == "seq_mean_token_sum") return Aggregation::seq_mean_token_sum;
-  if (s == "seq_mean_token_mean") return Aggregation::seq_mean_token_mean;
-  if (s == "seq_mean_token_sum_norm") return Aggregation::seq_mean_token_sum_norm;
-  throw ConfigError(fmt::format(
-      "aggregation {:?} is not one of token_mean, seq_mean_token_sum, seq_mean_token_mean, seq_mean_token_sum_norm", s));
-}
+Aggregation aggregation_from_string(const std::string& s) { return config::parse_enum<Aggregation>(s, "aggregation"); }
 
-KlEstimator kl_estimator_from_string(const std::string& s) {
-  if (s == "k1") return KlEstimator::k1;
-  if (s == "k2") return KlEstimator::k2;
-  if (s == "k3") return KlEstimator::k3;
-  throw ConfigError(fmt::format("kl estimator {:?} is not one of k1, k2, k3", s));
-}
+KlEstimator kl_estimator_from_string(const std::string& s) { return config::parse_enum<KlEstimator>(s, "kl estimator"); }
 
 namespace {
 // Per-sequence sums of x over the micro-batch: {sums [S], sequence slot per token [R*T]}.

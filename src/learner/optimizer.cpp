@@ -3,6 +3,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "rlx/core/config.hpp"
 #include "rlx/core/error.hpp"
 #include "rlx/core/torch_compat.hpp"
 
@@ -65,10 +66,7 @@ double LrSchedule::at(int64_t step, double peak) const {
 }
 
 LrScheduleKind lr_schedule_kind_from_string(const std::string& s) {
-  if (s == "constant") return LrScheduleKind::constant;
-  if (s == "linear_warmup") return LrScheduleKind::linear_warmup;
-  if (s == "cosine") return LrScheduleKind::cosine;
-  throw ConfigError(fmt::format("schedule.kind {:?} is not one of constant, linear_warmup, cosine", s));
+  return config::parse_enum<LrScheduleKind>(s, "schedule.kind");
 }
 
 double grad_sq_norm(const std::vector<at::Tensor>& params) {

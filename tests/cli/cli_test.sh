@@ -116,5 +116,9 @@ expect "dist run: a failed rank fails the group, named" 1 'rank 2 exit 7' -- \
 expect "bench learner: 1 and 2 ranks, JSON last" 0 '^\{.*"bench":"learner".*"mfu".*"ranks":2' -- \
   bash -c "'$rlx' bench learner --preset tiny --seq 32 --batch-seqs 4 --steps 1 | tail -n 1"
 expect "inspect checkpoint: not a checkpoint" 1 'no checkpoint' -- "$rlx" inspect checkpoint "$work"
+printf 'learner:\n  schedule: cosin\nalgorithm:\n  name: grpo\n' > learner.yaml
+expect "config: learner and algorithm sections are checked" 2 "learner.schedule \(learner.yaml:2\).*did you mean 'cosine'" -- \
+  "$rlx" config show learner.yaml
+expect "config: the algorithm section resolves" 0 'aggregation: token_mean' -- "$rlx" config show good.yaml
 echo "$((checks - failures)) passed, $failures failed"
 [ "$failures" = 0 ]

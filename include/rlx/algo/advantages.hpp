@@ -8,7 +8,10 @@
 
 #include <ATen/ATen.h>
 
+#include <array>
 #include <cstdint>
+#include <string_view>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -21,6 +24,10 @@ enum class GroupBaseline {
   none,      // REINFORCE without a baseline: r
 };
 
+constexpr std::array<std::pair<GroupBaseline, std::string_view>, 4> enum_names(GroupBaseline) {
+  return {{{GroupBaseline::mean_std, "mean_std"}, {GroupBaseline::mean, "mean"}, {GroupBaseline::rloo, "rloo"},
+           {GroupBaseline::none, "none"}}};
+}
 GroupBaseline group_baseline_from_string(const std::string& s);
 
 // One advantage per sample of a group. A group of one has advantage 0 for the

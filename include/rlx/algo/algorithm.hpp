@@ -20,6 +20,7 @@
 
 #include "rlx/algo/advantages.hpp"
 #include "rlx/algo/losses.hpp"
+#include "rlx/core/config.hpp"
 
 namespace rlx::algo {
 
@@ -34,6 +35,28 @@ struct AlgoOptions {
   double max_tokens = 1024;                          // seq_mean_token_sum_norm's constant
   double tis_cap = 0.0;                              // truncated IS between sampler and learner (0: off)
   bool whiten_batch = true;                          // REINFORCE++: whiten advantages over the whole batch
+
+  template <class V>
+  void visit(V& v) {
+    v("name", name, "algorithm: grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, gspo, sft, or a registered one");
+    v("baseline", baseline, "group advantage baseline (grpo: mean_std; Dr.GRPO: mean)");
+    v("aggregation", aggregation, "how per-token losses become the step's loss (normalised over the whole step)");
+    v("clip_low", clip.low, "ratio clip below: ratio >= 1 - clip_low", config::in_range(0, 0.999));
+    v("clip_high", clip.high, "ratio clip above: ratio <= 1 + clip_high (DAPO clip-higher: > clip_low)",
+      config::at_least(0));
+    v("dual_clip", clip.dual_clip, "dual-clip constant c > 1 for negative advantages; 0 off", config::at_least(0));
+    v("kl_coef", kl_coef, "KL-to-reference coefficient in the loss; 0: no reference model", config::at_least(0));
+    v("kl_estimator", kl_estimator, "KL estimator: k1, k2 or k3");
+    v("entropy_coef", entropy_coef, "entropy bonus coefficient", config::at_least(0));
+    v("max_tokens", max_tokens, "the constant of seq_mean_token_sum_norm (the response-length limit)",
+      config::greater_than(0));
+    v("tis_cap", tis_cap, "truncated importance sampling cap between sampler and learner; 0 off", config::at_least(0));
+    v("whiten_batch", whiten_batch, "REINFORCE++: whiten advantages over the whole batch");
+  }
+  void validate() const {
+    RLX_CHECK(clip.dual_clip == 0 || clip.dual_clip > 1, "algorithm.dual_clip must be 0 or > 1, got {}", clip.dual_clip);
+    RLX_CHECK(tis_cap == 0 || tis_cap >= 1, "algorithm.tis_cap must be 0 or >= 1, got {}", tis_cap);
+  }
 };
 
 // One sample (response) of a group.

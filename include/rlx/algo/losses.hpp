@@ -10,7 +10,10 @@
 
 #include <ATen/ATen.h>
 
+#include <array>
 #include <string>
+#include <string_view>
+#include <utility>
 
 namespace rlx::algo {
 
@@ -20,6 +23,12 @@ enum class Aggregation {
   seq_mean_token_mean,      // mean over sequences of each sequence's token mean
   seq_mean_token_sum_norm,  // token sum / (sequences x max_tokens): Dr.GRPO's constant normaliser
 };
+constexpr std::array<std::pair<Aggregation, std::string_view>, 4> enum_names(Aggregation) {
+  return {{{Aggregation::token_mean, "token_mean"},
+           {Aggregation::seq_mean_token_sum, "seq_mean_token_sum"},
+           {Aggregation::seq_mean_token_mean, "seq_mean_token_mean"},
+           {Aggregation::seq_mean_token_sum_norm, "seq_mean_token_sum_norm"}}};
+}
 Aggregation aggregation_from_string(const std::string& s);
 
 // Step-wide counts (over every micro-batch and rank).
@@ -57,6 +66,9 @@ at::Tensor gspo_log_ratio(const at::Tensor& logp, const at::Tensor& old_logp, co
                           const at::Tensor& sequence);
 
 enum class KlEstimator { k1, k2, k3 };
+constexpr std::array<std::pair<KlEstimator, std::string_view>, 3> enum_names(KlEstimator) {
+  return {{{KlEstimator::k1, "k1"}, {KlEstimator::k2, "k2"}, {KlEstimator::k3, "k3"}}};
+}
 KlEstimator kl_estimator_from_string(const std::string& s);
 // Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman's k1, k2, k3).
 at::Tensor kl_penalty(const at::Tensor& logp, const at::Tensor& ref_logp, KlEstimator estimator);

@@ -93,6 +93,16 @@ std::vector<std::string> enum_name_list() {
   return out;
 }
 
+// The enum named `name`, or a ConfigError naming `what`, the value and the valid names.
+template <class E>
+  requires NamedEnum<E>
+E parse_enum(std::string_view name, std::string_view what) {
+  if (auto e = enum_from_string<E>(name)) return *e;
+  std::string names;
+  for (const auto& n : enum_name_list<E>()) names += (names.empty() ? "" : ", ") + n;
+  throw ConfigError(fmt::format("{} {:?} is not one of {}", what, name, names));
+}
+
 // A visitor that does nothing; used to detect visitable structs.
 struct NullVisitor {
   template <class T>

@@ -9,7 +9,9 @@
 #include "rlx/bus/hub.hpp"
 #include "rlx/core/config.hpp"
 #include "rlx/core/log.hpp"
+#include "rlx/algo/algorithm.hpp"
 #include "rlx/env/options.hpp"
+#include "rlx/learner/options.hpp"
 #include "rlx/model/config.hpp"
 
 namespace rlx {
@@ -84,6 +86,8 @@ struct RunConfig {
   TokenizerSection tokenizer;
   bus::HubOptions hub;
   env::EnvOptions env;
+  LearnerSection learner;
+  algo::AlgoOptions algorithm;
 
   template <class V>
   void visit(V& v) {
@@ -94,6 +98,8 @@ struct RunConfig {
     v("tokenizer", tokenizer, "tokenizer");
     v("hub", hub, "replay hub: prompts, leases, replay buffer, trajectory store");
     v("env", env, "environment: name, options, turns, env servers, sandbox limits");
+    v("learner", learner, "learner: optimizer, schedule, clipping, micro-batches, mixed precision, checkpoints");
+    v("algorithm", algorithm, "RL algorithm: advantages, clipping, KL, entropy, aggregation");
   }
 };
 

@@ -12,7 +12,10 @@
 
 #include <ATen/ATen.h>
 
+#include <array>
 #include <cstdint>
+#include <string_view>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -53,6 +56,11 @@ class AdamW {
 };
 
 enum class LrScheduleKind { constant, linear_warmup, cosine };
+constexpr std::array<std::pair<LrScheduleKind, std::string_view>, 3> enum_names(LrScheduleKind) {
+  return {{{LrScheduleKind::constant, "constant"},
+           {LrScheduleKind::linear_warmup, "linear_warmup"},
+           {LrScheduleKind::cosine, "cosine"}}};
+}
 
 struct LrSchedule {
   LrScheduleKind kind = LrScheduleKind::constant;

@@ -1,0 +1,73 @@
+// The `learner:` section of a run config, and the LearnerOptions it builds.
+#pragma once
+
+#include "rlx/core/config.hpp"
+#include "rlx/learner/learner.hpp"
+#include "rlx/model/config.hpp"
+
+namespace rlx {
+
+struct LearnerSection {
+  double lr = 1e-6;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double weight_decay = 0.0;
+  LrScheduleKind schedule = LrScheduleKind::constant;
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 0;
+  double min_lr_ratio = 0.0;
+  double max_grad_norm = 1.0;
+  int64_t micro_batch_tokens = 8192;
+  int64_t row_tokens = 2048;
+  bool pack = true;
+  DType compute_dtype = DType::float32;
+  DType reduce_dtype = DType::float32;
+  bool activation_checkpointing = false;
+  int checkpoint_keep_last = 3;
+  int64_t checkpoint_every = 0;
+
+  template <class V>
+  void visit(V& v) {
+    v("lr", lr, "peak learning rate (AdamW)", config::at_least(0));
+    v("beta1", beta1, "AdamW beta1", config::in_range(0, 0.999999));
+    v("beta2", beta2, "AdamW beta2", config::in_range(0, 0.999999));
+    v("eps", eps, "AdamW epsilon", config::greater_than(0));
+    v("weight_decay", weight_decay, "decoupled weight decay on matrices (not norms or biases)", config::at_least(0));
+    v("schedule", schedule, "learning-rate schedule: constant, linear_warmup, cosine");
+    v("warmup_steps", warmup_steps, "linear warmup steps (every schedule)", config::at_least(0));
+    v("total_steps", total_steps, "cosine: the step at which the rate reaches min_lr_ratio x lr", config::at_least(0));
+    v("min_lr_ratio", min_lr_ratio, "cosine floor as a fraction of lr", config::in_range(0, 1));
+    v("max_grad_norm", max_grad_norm, "clip gradients by their global norm; 0 off", config::at_least(0));
+    v("micro_batch_tokens", micro_batch_tokens, "tokens per micro-batch, padding included (gradient accumulation above)",
+      config::at_least(1));
+    v("row_tokens", row_tokens, "longest packed row (and longest sequence)", config::at_least(1));
+    v("pack", pack, "pack several sequences per row (padding-free)");
+    v("compute_dtype", compute_dtype, "gathered weights and activations (bfloat16 on CUDA); masters stay fp32");
+    v("reduce_dtype", reduce_dtype, "gradients while reduce-scattered (float32 or bfloat16)");
+    v("activation_checkpointing", activation_checkpointing, "recompute each block in backward");
+    v("checkpoint_keep_last", checkpoint_keep_last, "complete checkpoints kept", config::in_range(1, 1000));
+    v("checkpoint_every", checkpoint_every, "save every N steps; 0: only at the end", config::at_least(0));
+  }
+  void validate() const {
+    RLX_CHECK(micro_batch_tokens >= row_tokens, "learner.micro_batch_tokens ({}) must be >= learner.row_tokens ({})",
+              micro_batch_tokens, row_tokens);
+    RLX_CHECK(schedule != LrScheduleKind::cosine || total_steps > warmup_steps,
+              "learner.total_steps ({}) must exceed learner.warmup_steps ({}) for the cosine schedule", total_steps,
+              warmup_steps);
+    RLX_CHECK(reduce_dtype != DType::float16, "learner.reduce_dtype must be float32 or bfloat16");
+  }
+
+  LearnerOptions options(uint64_t seed) const {
+    LearnerOptions o;
+    o.optimizer = {.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = weight_decay};
+    o.schedule = {.kind = schedule, .warmup_steps = warmup_steps, .total_steps = total_steps, .min_lr_ratio = min_lr_ratio};
+    o.max_grad_norm = max_grad_norm;
+    o.packing = {.micro_batch_tokens = micro_batch_tokens, .row_tokens = row_tokens, .pack = pack};
+    o.fsdp.compute_dtype = to_scalar_type(compute_dtype);
+    o.fsdp.reduce_dtype = to_scalar_type(reduce_dtype);
+    o.fsdp.activation_checkpointing = activation_checkpointing;
+    o.seed = seed;
+    return o;
+  }
+};
+
+}  // namespace rlx
