@@ -19,6 +19,7 @@
 #include <zmq.hpp>
 
 #include "commands.hpp"
+#include "rlx/core/clock.hpp"
 #include "rlx/bus/client.hpp"
 #include "rlx/bus/h5store.hpp"
 #include "rlx/bus/hub.hpp"
@@ -46,7 +47,6 @@ nlohmann::json to_json(const std::vector<std::pair<std::string, double>>& values
   return j;
 }
 
-double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // Options every synthetic or monitoring peer takes.
 struct PeerArgs {

@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "commands.hpp"
+#include "rlx/core/clock.hpp"
 #include "rlx/core/error.hpp"
 #include "rlx/env/bundled.hpp"
 #include "rlx/env/sandbox.hpp"
@@ -64,7 +65,6 @@ std::string read_host_file(const std::string& path) {
   return ss.str();
 }
 
-double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

@@ -11,6 +11,7 @@
 // Everything the children need (paths, argv, environment, the seccomp program) is built
 // before fork(): after it they only make system calls. Records on one status pipe tell
 // the caller what happened; a pipe with O_CLOEXEC tells whether execve succeeded.
+#include "rlx/core/clock.hpp"
 #include "rlx/env/sandbox.hpp"
 
 #include <fcntl.h>
@@ -56,7 +57,6 @@ using namespace sandbox_detail;
 
 namespace {
 
-double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // --- seccomp -------------------------------------------------------------------------
 // The filter, exported as a BPF program before fork (libseccomp allocates).

@@ -5,6 +5,7 @@
 #include "../helpers.hpp"
 #include "../test_models.hpp"
 #include "rlx/learner/algorithm_loss.hpp"
+#include "rlx/learner/reference.hpp"
 #include "rlx/rollout/engine.hpp"
 
 using namespace rlx::algo;
@@ -319,4 +320,44 @@ TEST_CASE("a short GRPO run on a toy task improves its reward (fixed seeds)", "[
   const double last = (mean_reward[13] + mean_reward[14] + mean_reward[15]) / 3;
   INFO("mean reward over the first 3 steps " << first << ", over the last 3 " << last);
   CHECK(last > first + 0.2);
+}
+
+TEST_CASE("the frozen reference model: its log-probs align with the tokens, and KL is 0 against itself", "[algo]") {
+  register_bundled_algorithms();
+  auto comm = rlx::dist::single_process();
+  const auto cfg = rlx::test::test_model({.vocab = 23, .hidden = 8, .intermediate = 10});
+  rlx::Transformer init(cfg);
+  init.init_weights(9);
+  rlx::ReferenceModel ref(cfg, *comm);
+  ref.load_from(init);
+  std::vector<rlx::Sequence> seqs;
+  for (int i = 0; i < 5; ++i) {
+    rlx::Sequence s;
+    for (int k = 0; k < 4 + i; ++k) s.tokens.push_back((3 * i + 5 * k) % 23), s.loss_mask.push_back(k >= 1);
+    rlx::set_advantage(s, i - 2.0);
+    s.values["old_logprobs"] = std::vector<float>(s.tokens.size(), -3.0f);
+    seqs.push_back(s);
+  }
+  const rlx::PackOptions packing{.micro_batch_tokens = 64, .row_tokens = 16};
+  ref.annotate(seqs, packing);
+  // Against the plain model, one sequence at a time: token k's log-prob from position k - 1.
+  for (const auto& s : seqs) {
+    auto ids = at::tensor(s.tokens, at::kLong).unsqueeze(0);
+    auto logp = rlx::gather_logprobs(init.forward({.tokens = ids}).narrow(1, 0, ids.size(1) - 1), ids.narrow(1, 1, ids.size(1) - 1));
+    const auto& got = s.values.at("ref_logprobs");
+    CHECK(got[0] == 0.0f);
+    for (int64_t k = 1; k < ids.size(1); ++k) CHECK(got[static_cast<size_t>(k)] == Approx(logp[0][k - 1].item<float>()).margin(1e-6));
+  }
+  // A policy that starts from the same weights has KL 0 to it at the first step.
+  rlx::Learner learner(cfg, *comm, {.packing = packing});
+  learner.load_from(init);
+  auto algo = make_algorithm({.name = "grpo", .kl_coef = 0.1});
+  CHECK(algo->needs_reference());
+  auto r = learner.step(seqs, rlx::algorithm_loss(*algo), algo->metric_names());
+  CHECK(r.metrics.at("tokens") > 0);
+  CHECK(std::abs(r.metrics.at("kl")) < 1e-9);
+  // Without the reference log-probs the error names what is missing.
+  for (auto& s : seqs) s.values.erase("ref_logprobs");
+  CHECK_THROWS_WITH(learner.step(seqs, rlx::algorithm_loss(*algo), algo->metric_names()),
+                    Catch::Contains("reference model"));
 }
