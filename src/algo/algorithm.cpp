@@ -18,17 +18,6 @@ std::map<std::string, AlgorithmFactory>& registry() {
 }
 }  // namespace
 
-std::vector<std::vector<double>> group_advantages(const std::vector<std::vector<Sample>>& groups,
-                                                  GroupBaseline baseline) {
-  std::vector<std::vector<double>> out;
-  for (const auto& g : groups) {
-    std::vector<double> rewards;
-    for (const auto& s : g) rewards.push_back(s.reward);
-    out.push_back(group_advantages(rewards, baseline));
-  }
-  return out;
-}
-
 std::vector<std::string> PolicyGradient::metric_names() const {
   return {"pg_loss", "clipped_tokens", "ratio", "kl", "entropy", "tokens", "mismatch_kl"};
 }

@@ -65,10 +65,6 @@ struct Sample {
   int64_t response_tokens = 0;
 };
 
-// group_advantages() of every group's rewards: one advantage per sample.
-std::vector<std::vector<double>> group_advantages(const std::vector<std::vector<Sample>>& groups,
-                                                  GroupBaseline baseline);
-
 // A batch's sums across every rank (for batch-wide statistics): sums `values` in place.
 using AllReduceSum = std::function<void(std::vector<double>& values)>;
 
