@@ -9,6 +9,7 @@ void register_grpo();
 void register_reinforce_pp();
 void register_gspo();
 void register_sft();
+void register_ppo();
 
 void register_bundled_algorithms() {
   static std::once_flag once;
@@ -17,6 +18,7 @@ void register_bundled_algorithms() {
     register_reinforce_pp();
     register_gspo();
     register_sft();
+    register_ppo();
   });
 }
 

@@ -1,8 +1,6 @@
 // REINFORCE++ (Hu, 2025): the outcome reward as every token's return (gamma 1),
 // optionally minus the group mean ("with baseline"), then whitened over the whole
 // batch (every rank's samples), not per group.
-#include <cmath>
-
 #include "rlx/algo/algorithm.hpp"
 
 namespace rlx::algo {
@@ -20,20 +18,15 @@ class ReinforcePP : public PolicyGradient {
     }
     if (!opt_.whiten_batch) return out;
     // Batch statistics over tokens: each sample's advantage counts once per trained token.
-    std::vector<double> sums{0, 0, 0};  // tokens, sum, sum of squares
+    std::vector<double> values, weights;
     for (size_t i = 0; i < groups.size(); ++i)
       for (size_t j = 0; j < groups[i].size(); ++j) {
-        const double n = static_cast<double>(groups[i][j].response_tokens), a = out[i][j];
-        sums[0] += n;
-        sums[1] += n * a;
-        sums[2] += n * a * a;
+        values.push_back(out[i][j]);
+        weights.push_back(static_cast<double>(groups[i][j].response_tokens));
       }
-    if (all_reduce) all_reduce(sums);
-    if (sums[0] < 2) return out;
-    const double mean = sums[1] / sums[0];
-    const double var = std::max(0.0, (sums[2] - sums[0] * mean * mean) / (sums[0] - 1));
+    const auto [mean, std] = weighted_mean_std(values, weights, all_reduce);
     for (auto& g : out)
-      for (auto& a : g) a = (a - mean) / (std::sqrt(var) + 1e-8);
+      for (auto& a : g) a = (a - mean) / (std + 1e-8);
     return out;
   }
 

@@ -6,6 +6,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build/release}
 # ccache must ignore what changes between identical PCH builds.
 export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
+# Paths are hashed relative to the checkout, so a second clone reuses the first one's objects;
+# one build writes about 1.5 GB (three precompiled headers among it), hence the larger cache.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$root}
+export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-20G}
 jobs=${RLX_JOBS:-$(nproc)}
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release ${RLX_CMAKE_ARGS:-} > "$build.configure.log" 2>&1 \
   || { cat "$build.configure.log"; exit 1; }

@@ -1,5 +1,6 @@
 #include "rlx/algo/advantages.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -30,6 +31,22 @@ std::vector<double> group_advantages(const std::vector<double>& r, GroupBaseline
     }
   }
   return out;
+}
+
+std::pair<double, double> weighted_mean_std(const std::vector<double>& values, const std::vector<double>& weights,
+                                            const AllReduceSum& all_reduce) {
+  RLX_CHECK(values.size() == weights.size(), "weighted_mean_std: {} values, {} weights", values.size(), weights.size());
+  std::vector<double> sums{0, 0, 0};  // weight, sum, sum of squares
+  for (size_t i = 0; i < values.size(); ++i) {
+    sums[0] += weights[i];
+    sums[1] += weights[i] * values[i];
+    sums[2] += weights[i] * values[i] * values[i];
+  }
+  if (all_reduce) all_reduce(sums);
+  if (sums[0] <= 0) return {0.0, 0.0};
+  const double mean = sums[1] / sums[0];
+  if (sums[0] < 2) return {mean, 0.0};
+  return {mean, std::sqrt(std::max(0.0, (sums[2] - sums[0] * mean * mean) / (sums[0] - 1)))};
 }
 
 std::pair<at::Tensor, at::Tensor> gae(const at::Tensor& rewards, const at::Tensor& values, double gamma, double lambda) {

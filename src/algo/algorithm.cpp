@@ -1,6 +1,9 @@
 #include "rlx/algo/algorithm.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <mutex>
+#include <tuple>
 
 #include "rlx/core/config.hpp"
 #include "rlx/core/error.hpp"
@@ -19,7 +22,81 @@ std::map<std::string, AlgorithmFactory>& registry() {
 }  // namespace
 
 std::vector<std::string> PolicyGradient::metric_names() const {
-  return {"pg_loss", "clipped_tokens", "ratio", "kl", "entropy", "tokens", "mismatch_kl"};
+  return {"pg_loss", "clipped_tokens", "ratio", "approx_kl", "kl", "entropy", "tokens", "mismatch_kl",
+          "value_loss", "value_clipped", "value"};
+}
+
+std::vector<TokenTargets> Algorithm::token_advantages(const std::vector<TokenTrajectory>&, const AllReduceSum&) const {
+  throw Error(fmt::format("{}: this algorithm has no per-token advantages (it needs no critic)", opt_.name));
+}
+
+at::Tensor Algorithm::value_loss(const LossInputs& in, const Normalizers& norm, Metrics& metrics) const {
+  RLX_CHECK(in.values.defined() && in.returns.defined(), "{}: the value loss needs values and returns", opt_.name);
+  auto m = in.mask;
+  const auto old = in.old_values.defined() ? in.old_values : in.values.detach();
+  auto per_token = opt_.value_clip > 0 ? clipped_value_loss(in.values, old, in.returns, opt_.value_clip)
+                                       : 0.5 * (in.values - in.returns).pow(2);
+  auto loss = aggregate(per_token, m, in.sequence, Aggregation::token_mean, norm);
+  metrics["value_loss"] += loss.item<double>();
+  metrics["value"] += (in.values.detach() * m).sum().item<double>();
+  if (opt_.value_clip > 0)
+    metrics["value_clipped"] += (((in.values.detach() - old).abs() > opt_.value_clip).to(m.scalar_type()) * m).sum().item<double>();
+  return loss;
+}
+
+void Algorithm::observe_kl(double kl, double sequences) {
+  if (opt_.kl_target <= 0) return;
+  // Ziegler et al. (2019): a proportional controller on log(kl_coef), error clipped to +-20%.
+  const double error = std::clamp(kl / opt_.kl_target - 1.0, -0.2, 0.2);
+  kl_coef_ *= 1.0 + error * sequences / opt_.kl_horizon;
+}
+
+Metrics Algorithm::means(const Metrics& sums) {
+  static const std::map<std::string, std::string> per_token{
+      {"clipped_tokens", "clip_fraction"}, {"ratio", "ratio"},   {"approx_kl", "approx_kl"},
+      {"kl", "kl"},                        {"entropy", "entropy"}, {"mismatch_kl", "mismatch_kl"},
+      {"value_clipped", "value_clip_fraction"}, {"value", "value_mean"}};
+  Metrics out;
+  auto it = sums.find("tokens");
+  const double tokens = it == sums.end() ? 0.0 : it->second;
+  for (const auto& [name, value] : sums) {
+    auto p = per_token.find(name);
+    if (p == per_token.end())
+      out[name] = value;
+    else if (tokens > 0)
+      out[p->second] = value / tokens;
+  }
+  return out;
+}
+
+Metrics batch_metrics(const std::vector<double>& rewards, const std::vector<double>& advantages,
+                      const std::vector<int64_t>& lengths, const AllReduceSum& all_reduce,
+                      const std::function<void(std::vector<double>&)>& all_reduce_max) {
+  std::vector<double> sums(8, 0.0), maxima{-1e300, -1e300, -1e300};  // max adv, -min adv, max length
+  for (double r : rewards) sums[0] += 1, sums[1] += r, sums[2] += r * r;
+  for (double a : advantages) {
+    sums[3] += 1, sums[4] += a, sums[5] += a * a;
+    maxima[0] = std::max(maxima[0], a), maxima[1] = std::max(maxima[1], -a);
+  }
+  for (auto n : lengths) {
+    sums[6] += 1, sums[7] += static_cast<double>(n);
+    maxima[2] = std::max(maxima[2], static_cast<double>(n));
+  }
+  if (all_reduce) all_reduce(sums);
+  if (all_reduce_max) all_reduce_max(maxima);
+  auto stats = [](double n, double s, double sq) {
+    if (n <= 0) return std::pair{0.0, 0.0};
+    const double mean = s / n;
+    return std::pair{mean, std::sqrt(std::max(sq / n - mean * mean, 0.0))};
+  };
+  Metrics out;
+  std::tie(out["reward_mean"], out["reward_std"]) = stats(sums[0], sums[1], sums[2]);
+  std::tie(out["advantage_mean"], out["advantage_std"]) = stats(sums[3], sums[4], sums[5]);
+  if (sums[3] > 0) out["advantage_max"] = maxima[0], out["advantage_min"] = -maxima[1];
+  out["response_length_mean"] = sums[6] > 0 ? sums[7] / sums[6] : 0.0;
+  if (sums[6] > 0) out["response_length_max"] = maxima[2];
+  out["samples"] = sums[0];
+  return out;
 }
 
 at::Tensor PolicyGradient::loss(const LossInputs& in, const Normalizers& norm, Metrics& metrics) const {
@@ -36,21 +113,26 @@ at::Tensor PolicyGradient::loss(const LossInputs& in, const Normalizers& norm, M
   metrics["pg_loss"] += loss.item<double>();
   metrics["clipped_tokens"] += (pg.clipped * m).sum().item<double>();
   metrics["ratio"] += (pg.ratio * m).sum().item<double>();
+  metrics["approx_kl"] += (kl_penalty(in.logprobs.detach(), in.old_logprobs, KlEstimator::k3) * m).sum().item<double>();
   metrics["tokens"] += m.sum().item<double>();
   if (in.behaviour_logprobs.defined())
     metrics["mismatch_kl"] +=
         (kl_penalty(in.old_logprobs, in.behaviour_logprobs, KlEstimator::k3) * m).sum().item<double>();
-  if (opt_.kl_coef > 0) {
-    RLX_CHECK(in.ref_logprobs.defined(), "{}: kl_coef > 0 needs the reference model's log-probs", opt_.name);
+  if (in.ref_logprobs.defined()) {
     auto kl = kl_penalty(in.logprobs, in.ref_logprobs, opt_.kl_estimator);
-    loss = loss + opt_.kl_coef * aggregate(kl, m, in.sequence, opt_.aggregation, norm);
+    if (opt_.kl_placement == KlPlacement::loss && kl_coef_ > 0)
+      loss = loss + kl_coef_ * aggregate(kl, m, in.sequence, opt_.aggregation, norm);
     metrics["kl"] += (kl.detach() * m).sum().item<double>();
+  } else {
+    RLX_CHECK(opt_.kl_placement != KlPlacement::loss || kl_coef_ == 0,
+              "{}: kl_coef > 0 needs the reference model's log-probs", opt_.name);
   }
   if (opt_.entropy_coef > 0) {
     RLX_CHECK(in.entropy.defined(), "{}: entropy_coef > 0 needs the entropy", opt_.name);
     loss = loss - opt_.entropy_coef * aggregate(in.entropy, m, in.sequence, opt_.aggregation, norm);
     metrics["entropy"] += (in.entropy.detach() * m).sum().item<double>();
   }
+  if (in.values.defined()) loss = loss + opt_.vf_coef * value_loss(in, norm, metrics);  // critic = head
   return loss;
 }
 

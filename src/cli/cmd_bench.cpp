@@ -8,7 +8,6 @@
 // --naive the same generation by full recompute (no KV cache) and the ratio.
 #include <ATen/Parallel.h>
 #include <sys/resource.h>
-#include <torch/torch.h>
 
 #include <chrono>
 #include <iostream>

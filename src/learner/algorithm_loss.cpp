@@ -1,31 +1,194 @@
 #include "rlx/learner/algorithm_loss.hpp"
 
+#include <numeric>
+
+#include "rlx/core/error.hpp"
+
 namespace rlx {
+
+namespace {
+
+algo::LossInputs loss_inputs(const MicroBatch& mb, const TokenOutputs& out) {
+  const auto device = (out.logprobs.defined() ? out.logprobs : out.values).device();
+  auto value = [&](const char* name) {
+    auto it = mb.values.find(name);
+    return it == mb.values.end() ? at::Tensor() : it->second.to(device);
+  };
+  algo::LossInputs in;
+  in.mask = mb.loss_mask.to(device);
+  in.sequence = mb.sequence.to(device);
+  in.logprobs = out.logprobs;
+  in.entropy = out.entropy;
+  in.values = out.values;
+  in.advantages = value("advantages");
+  in.returns = value("returns");
+  in.old_logprobs = value("old_logprobs");
+  in.old_values = value("old_values");
+  in.ref_logprobs = value("ref_logprobs");
+  in.behaviour_logprobs = value("behaviour_logprobs");
+  return in;
+}
+
+algo::Normalizers normalizers(const algo::Algorithm& algorithm, const StepContext& ctx) {
+  return {.tokens = std::max(ctx.global_loss_tokens, 1.0),
+          .sequences = std::max(ctx.global_sequences, 1.0),
+          .max_tokens = algorithm.options().max_tokens};
+}
+
+algo::AllReduceSum all_reduce_sum(dist::Communicator& comm, const char* what) {
+  return [&comm, what](std::vector<double>& v) {
+    auto t = at::tensor(v, at::kDouble);
+    comm.all_reduce(t, dist::ReduceOp::sum, what)->wait();
+    for (size_t i = 0; i < v.size(); ++i) v[i] = t[static_cast<int64_t>(i)].item<double>();
+  };
+}
+
+// The trained positions of a sequence's per-token value, in order: [n] fp64.
+at::Tensor trained(const Sequence& s, const std::string& key) {
+  const auto& v = s.values.at(key);
+  std::vector<double> out;
+  for (size_t k = 0; k < s.tokens.size(); ++k)
+    if (s.loss_mask[k]) out.push_back(v[k]);
+  return at::tensor(out, at::kDouble);
+}
+
+void scatter_trained(Sequence& s, const std::string& key, const at::Tensor& values) {
+  auto& v = s.values[key];
+  v.assign(s.tokens.size(), 0.0f);
+  int64_t i = 0;
+  for (size_t k = 0; k < s.tokens.size(); ++k)
+    if (s.loss_mask[k]) v[k] = static_cast<float>(values[i++].item<double>());
+}
+
+}  // namespace
 
 LossFn algorithm_loss(const algo::Algorithm& algorithm) {
   return [&algorithm](const MicroBatch& mb, const TokenOutputs& out, const StepContext& ctx, Metrics& metrics) {
-    auto value = [&](const char* name) {
-      auto it = mb.values.find(name);
-      return it == mb.values.end() ? at::Tensor() : it->second.to(out.logprobs.device());
-    };
-    algo::LossInputs in;
-    in.mask = mb.loss_mask.to(out.logprobs.device());
-    in.sequence = mb.sequence.to(out.logprobs.device());
-    in.logprobs = out.logprobs;
-    in.entropy = out.entropy;
-    in.advantages = value("advantages");
-    in.old_logprobs = value("old_logprobs");
-    in.ref_logprobs = value("ref_logprobs");
-    in.behaviour_logprobs = value("behaviour_logprobs");
-    const algo::Normalizers norm{.tokens = std::max(ctx.global_loss_tokens, 1.0),
-                                 .sequences = std::max(ctx.global_sequences, 1.0),
-                                 .max_tokens = algorithm.options().max_tokens};
-    return algorithm.loss(in, norm, metrics);
+    return algorithm.loss(loss_inputs(mb, out), normalizers(algorithm, ctx), metrics);
+  };
+}
+
+LossFn critic_loss(const algo::Algorithm& algorithm) {
+  return [&algorithm](const MicroBatch& mb, const TokenOutputs& out, const StepContext& ctx, Metrics& metrics) {
+    auto in = loss_inputs(mb, out);
+    metrics["tokens"] += in.mask.sum().item<double>();
+    return algorithm.value_loss(in, normalizers(algorithm, ctx), metrics);
   };
 }
 
 void set_advantage(Sequence& seq, double advantage) {
   seq.values["advantages"] = std::vector<float>(seq.tokens.size(), static_cast<float>(advantage));
+}
+
+algo::Metrics train_on_batch(algo::Algorithm& algorithm, const TrainModels& m, std::vector<Sequence>& seqs,
+                             const std::vector<double>& rewards, const std::vector<size_t>& group_sizes) {
+  const auto& o = algorithm.options();
+  auto& comm = m.policy.comm();
+  RLX_CHECK(rewards.size() == seqs.size(), "train_on_batch: {} rewards for {} sequences", rewards.size(), seqs.size());
+  RLX_CHECK(std::accumulate(group_sizes.begin(), group_sizes.end(), size_t{0}) == seqs.size(),
+            "train_on_batch: the group sizes do not add up to the {} sequences", seqs.size());
+  const bool head = algorithm.needs_critic() && o.critic == algo::CriticKind::head;
+  RLX_CHECK(!algorithm.needs_critic() || head || m.critic, "{}: needs a critic (algorithm.critic = separate)", o.name);
+  RLX_CHECK(!head || m.policy.options().value_head, "{}: critic = head needs a policy learner with a value head", o.name);
+  RLX_CHECK(!algorithm.needs_reference() || m.reference, "{}: needs the reference model (kl_coef or kl_target > 0)",
+            o.name);
+  auto sum = all_reduce_sum(comm, "batch statistics");
+
+  // 1. What the models say about the batch before any update.
+  if (algorithm.needs_old_logprobs()) m.policy.annotate(seqs, "old_logprobs", head ? "old_values" : "");
+  if (m.reference && algorithm.needs_reference()) m.reference->annotate(seqs, m.policy.options().packing);
+  if (algorithm.needs_critic() && !head) m.critic->annotate(seqs, "", "old_values");
+
+  // 2. Advantages (and returns).
+  std::vector<double> adv_values;
+  std::vector<int64_t> lengths;
+  for (const auto& s : seqs) lengths.push_back(std::accumulate(s.loss_mask.begin(), s.loss_mask.end(), int64_t{0}));
+  if (algorithm.needs_critic()) {
+    std::vector<algo::TokenTrajectory> batch;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const bool ref = seqs[i].values.count("ref_logprobs") > 0;
+      batch.push_back({.reward = rewards[i],
+                       .values = trained(seqs[i], "old_values"),
+                       .old_logprobs = trained(seqs[i], "old_logprobs"),
+                       .ref_logprobs = ref ? trained(seqs[i], "ref_logprobs") : at::Tensor()});
+    }
+    auto targets = algorithm.token_advantages(batch, sum);
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      scatter_trained(seqs[i], "advantages", targets[i].advantages);
+      scatter_trained(seqs[i], "returns", targets[i].returns);
+      auto a = targets[i].advantages.contiguous();
+      adv_values.insert(adv_values.end(), a.data_ptr<double>(), a.data_ptr<double>() + a.numel());
+    }
+  } else {
+    std::vector<std::vector<algo::Sample>> groups;
+    size_t i = 0;
+    for (auto n : group_sizes) {
+      auto& g = groups.emplace_back();
+      for (size_t k = 0; k < n; ++k, ++i) g.push_back({.reward = rewards[i], .response_tokens = lengths[i]});
+    }
+    auto adv = algorithm.advantages(groups, sum);
+    i = 0;
+    for (const auto& g : adv)
+      for (double a : g) {
+        set_advantage(seqs[i], a);
+        adv_values.insert(adv_values.end(), static_cast<size_t>(lengths[i]), a);  // per trained token
+        ++i;
+      }
+  }
+  auto metrics = algo::batch_metrics(rewards, adv_values, lengths, sum, [&comm](std::vector<double>& v) {
+    auto t = at::tensor(v, at::kDouble);
+    comm.all_reduce(t, dist::ReduceOp::max, "batch maxima")->wait();
+    for (size_t i = 0; i < v.size(); ++i) v[i] = t[static_cast<int64_t>(i)].item<double>();
+  });
+
+  // 3. The adaptive KL controller sees the batch's KL per sequence (old policy vs reference).
+  if (o.kl_target > 0) {
+    std::vector<double> kl{0, static_cast<double>(seqs.size())};
+    for (const auto& s : seqs)
+      kl[0] += (trained(s, "old_logprobs") - trained(s, "ref_logprobs")).sum().item<double>();
+    sum(kl);
+    if (kl[1] > 0) algorithm.observe_kl(kl[0] / kl[1], kl[1]);
+  }
+
+  // 4. Epochs x mini-batches of optimizer steps.
+  const auto names = algorithm.metric_names();
+  auto critic_names = algorithm.value_metric_names();
+  critic_names.push_back("tokens");
+  Metrics sums, critic_sums;
+  double loss = 0, grad_norm = 0, lr = 0, critic_loss_sum = 0;
+  int64_t steps = 0;
+  std::vector<size_t> order(seqs.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  const auto n_mb = static_cast<size_t>(o.mini_batches);
+  for (int64_t epoch = 0; epoch < o.epochs; ++epoch) {
+    if (epoch > 0)  // Fisher-Yates from the policy's stream: the same order on a resumed run
+      for (size_t i = order.size(); i > 1; --i)
+        std::swap(order[i - 1], order[static_cast<size_t>(m.policy.rng().uniform_int(0, static_cast<int64_t>(i) - 1))]);
+    for (size_t b = 0; b < n_mb; ++b) {
+      std::vector<Sequence> part;
+      for (size_t i = b * order.size() / n_mb; i < (b + 1) * order.size() / n_mb; ++i) part.push_back(seqs[order[i]]);
+      auto r = m.policy.step(part, algorithm_loss(algorithm), names);
+      for (const auto& [k, v] : r.metrics) sums[k] += v;
+      loss += r.loss, grad_norm += r.grad_norm, lr = r.lr, ++steps;
+      if (algorithm.needs_critic() && !head) {
+        auto c = m.critic->step(part, critic_loss(algorithm), critic_names);
+        for (const auto& [k, v] : c.metrics) critic_sums[k] += v;
+        critic_loss_sum += c.loss;
+      }
+    }
+  }
+  for (const auto& [k, v] : algo::Algorithm::means(sums)) metrics[k] = v;
+  for (const auto& [k, v] : algo::Algorithm::means(critic_sums))
+    if (k != "tokens") metrics["critic_" + k] = v;
+  for (const char* k : {"pg_loss", "value_loss", "critic_value_loss"})  // step losses: the mean over steps
+    if (metrics.count(k)) metrics[k] /= static_cast<double>(steps);
+  metrics["loss"] = loss / static_cast<double>(steps);
+  metrics["grad_norm"] = grad_norm / static_cast<double>(steps);
+  if (algorithm.needs_critic() && !head) metrics["critic_loss"] = critic_loss_sum / static_cast<double>(steps);
+  metrics["lr"] = lr;
+  metrics["kl_coef"] = algorithm.kl_coef();
+  metrics["optimizer_steps"] = static_cast<double>(steps);
+  return metrics;
 }
 
 }  // namespace rlx

@@ -167,6 +167,12 @@ fs::path save_checkpoint(Learner& learner, const CheckpointOptions& o, const jso
     tensors.emplace_back(units[i].name + ".exp_avg", slots[i].exp_avg);
     tensors.emplace_back(units[i].name + ".exp_avg_sq", slots[i].exp_avg_sq);
   }
+  if (learner.value_head().defined()) {  // replicated: every rank's file holds it
+    const auto& slot = slots[units.size()];
+    tensors.emplace_back("value_head.param", learner.value_head().detach());
+    tensors.emplace_back("value_head.exp_avg", slot.exp_avg);
+    tensors.emplace_back("value_head.exp_avg_sq", slot.exp_avg_sq);
+  }
   save_safetensors(partial / rank_file(rank, world), tensors,
                    {{"rank", std::to_string(rank)},
                     {"world_size", std::to_string(world)},
@@ -191,6 +197,7 @@ fs::path save_checkpoint(Learner& learner, const CheckpointOptions& o, const jso
                  {"weight_decay", opt.optimizer.weight_decay},
                  {"step", learner.optimizer().step_count()}}},
                {"max_grad_norm", opt.max_grad_norm},
+               {"value_head", learner.value_head().defined()},
                {"references", references}};
     write_file_atomic(partial / "learner.json", lj.dump(2));
     json files = json::array();
@@ -258,6 +265,17 @@ std::optional<LoadedCheckpoint> load_latest_checkpoint(Learner& learner, const C
         return std::vector<at::Tensor>{f.tensor(name + ".param"), f.tensor(name + ".exp_avg"),
                                        f.tensor(name + ".exp_avg_sq")};
       });
+    }
+    const bool saved_head = lj.value("value_head", false);
+    RLX_CHECK(saved_head == learner.value_head().defined(), "checkpoint {}: {} a value head, this learner {}",
+              dir.string(), saved_head ? "has" : "has no", saved_head ? "has none" : "has one");
+    if (saved_head) {
+      at::NoGradGuard no_grad;
+      auto& f = file(old_world == world ? rank : 0);
+      auto& slot = slots[units.size()];
+      learner.value_head().copy_(f.tensor("value_head.param"));
+      slot.exp_avg.copy_(f.tensor("value_head.exp_avg"));
+      slot.exp_avg_sq.copy_(f.tensor("value_head.exp_avg_sq"));
     }
     const int64_t step = lj.at("step").get<int64_t>();
     learner.optimizer().set_step_count(lj.at("optimizer").at("step").get<int64_t>());

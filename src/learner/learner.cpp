@@ -27,23 +27,92 @@ Learner::Learner(const ModelConfig& cfg, dist::Communicator& comm, LearnerOption
       rng_(opt_.seed, static_cast<uint64_t>(comm.rank())) {
   opt_.schedule.validate();
   RLX_CHECK(opt_.max_grad_norm >= 0, "learner.max_grad_norm must be >= 0, got {}", opt_.max_grad_norm);
+  RLX_CHECK(opt_.policy_head || opt_.value_head, "a learner needs a policy head, a value head, or both");
   for (auto& u : model_.units()) optimizer_.add(u.shard, u.decay_mask);
+  if (opt_.value_head) {
+    // Zero-initialised: every value starts at 0, and the first gradients come from the returns alone.
+    value_head_ = at::zeros({cfg.hidden_size + 1}, at::TensorOptions().dtype(at::kFloat).device(opt_.fsdp.device));
+    value_head_.requires_grad_(true);
+    optimizer_.add(value_head_, at::zeros_like(value_head_));
+  }
+}
+
+std::vector<at::Tensor> Learner::trained_tensors() const {
+  std::vector<at::Tensor> out;
+  for (const auto& u : const_cast<dist::ShardedTransformer&>(model_).units()) out.push_back(u.shard);
+  if (value_head_.defined()) out.push_back(value_head_);
+  return out;
 }
 
 TokenOutputs Learner::outputs(const MicroBatch& mb, bool entropy) {
   auto hidden = model_.forward_hidden({.tokens = mb.tokens, .segments = mb.segments});
-  auto logits = model_.logits(hidden);
   TokenOutputs out;
-  out.logprobs = gather_logprobs(logits, mb.targets.to(hidden.device()));
-  if (entropy) out.entropy = entropy_from_logits(logits);
+  if (opt_.policy_head) {
+    auto logits = model_.logits(hidden);
+    out.logprobs = gather_logprobs(logits, mb.targets.to(hidden.device()));
+    if (entropy) out.entropy = entropy_from_logits(logits);
+  }
+  if (opt_.value_head) {
+    const int64_t h = value_head_.size(0) - 1;
+    out.values = at::matmul(hidden.to(at::kFloat), value_head_.narrow(0, 0, h)) + value_head_[h];
+  }
   return out;
 }
 
 at::Tensor Learner::logprobs(const MicroBatch& mb) {
+  RLX_CHECK(opt_.policy_head, "Learner::logprobs: this learner has no policy head");
   at::NoGradGuard no_grad;
   auto out = outputs(mb, false).logprobs;
   model_.release_all();
   return out;
+}
+
+void Learner::annotate(std::vector<Sequence>& seqs, const std::string& logprobs_key, const std::string& values_key) {
+  RLX_CHECK(logprobs_key.empty() || opt_.policy_head, "Learner::annotate: no policy head for {:?}", logprobs_key);
+  RLX_CHECK(values_key.empty() || opt_.value_head, "Learner::annotate: no value head for {:?}", values_key);
+  annotate_sequences(seqs, opt_.packing, comm_, [&](const MicroBatch& mb) {
+    at::NoGradGuard no_grad;
+    auto out = outputs(mb, false);
+    model_.release_all();
+    std::map<std::string, at::Tensor> named;
+    if (!logprobs_key.empty()) named[logprobs_key] = out.logprobs;
+    if (!values_key.empty()) named[values_key] = out.values;
+    return named;
+  });
+}
+
+void annotate_sequences(std::vector<Sequence>& seqs, const PackOptions& packing, dist::Communicator& comm,
+                        const TokenForward& forward) {
+  auto mbs = pack_micro_batches(seqs, packing);
+  auto most = at::tensor({static_cast<double>(mbs.size())}, at::kDouble);
+  comm.all_reduce(most, dist::ReduceOp::max, "annotate: micro-batch count")->wait();
+  const auto n_mbs = static_cast<size_t>(most.item<double>());
+  for (size_t i = 0; i < n_mbs; ++i) {
+    if (i >= mbs.size()) {
+      forward(empty_micro_batch());  // the same collectives as the other ranks; nothing to store
+      continue;
+    }
+    const auto& mb = mbs[i];
+    auto sq = mb.sequence.accessor<int64_t, 2>();
+    auto seg = mb.segments.accessor<int64_t, 2>();
+    for (auto& [name, tensor] : forward(mb)) {
+      for (auto i_seq : mb.sequences) {
+        auto& v = seqs[static_cast<size_t>(i_seq)].values[name];
+        v.assign(seqs[static_cast<size_t>(i_seq)].tokens.size(), 0.0f);
+      }
+      auto values = tensor.detach().to(at::kCPU, at::kFloat).contiguous();
+      auto acc = values.accessor<float, 2>();
+      for (int64_t r = 0; r < values.size(0); ++r) {
+        int64_t start = 0;  // where the current segment (sequence) begins in the row
+        for (int64_t t = 0; t < values.size(1); ++t) {
+          if (t == 0 || seg[r][t] != seg[r][t - 1]) start = t;
+          // Position t predicts the token at t + 1 of the same sequence.
+          if (sq[r][t] < 0 || t + 1 >= values.size(1) || seg[r][t + 1] != seg[r][t]) continue;
+          seqs[static_cast<size_t>(sq[r][t])].values[name][static_cast<size_t>(t + 1 - start)] = acc[r][t];
+        }
+      }
+    }
+  }
 }
 
 StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_fn,
@@ -68,7 +137,8 @@ StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_
   ctx.rank = comm_.rank();
   ctx.world_size = comm_.size();
 
-  for (auto& u : model_.units()) u.shard.mutable_grad() = at::Tensor();
+  const auto trained = trained_tensors();
+  for (auto t : trained) t.mutable_grad() = at::Tensor();
   double loss_sum = 0;
   Metrics metrics;
   for (size_t i = 0; i < n_mbs; ++i) {
@@ -80,20 +150,29 @@ StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_
       r.tokens += (mb.segments > 0).sum().item<int64_t>();
       r.padded_tokens += mb.tokens.numel();
     } else {
-      loss = outputs(empty_micro_batch(), false).logprobs.sum() * 0.0;  // same collectives, no gradient
+      auto out = outputs(empty_micro_batch(), false);  // same collectives, no gradient
+      loss = (opt_.policy_head ? out.logprobs : out.values).sum() * 0.0;
     }
     loss_sum += loss.item<double>();
     loss.backward();
   }
   model_.finish_backward();
   r.micro_batches = static_cast<int64_t>(mbs.size());
+  if (value_head_.defined()) {
+    // Replicated: each rank holds its micro-batches' share of the gradient; the sum is the step's.
+    auto& g = value_head_.mutable_grad();
+    if (!g.defined()) g = at::zeros_like(value_head_);
+    comm_.all_reduce(g, dist::ReduceOp::sum, "value head gradient")->wait();
+  }
 
   std::vector<at::Tensor> shards;
   for (auto& u : model_.units()) shards.push_back(u.shard);
   for (const auto& [name, value] : metrics)
     RLX_CHECK(std::find(metric_names.begin(), metric_names.end(), name) != metric_names.end(),
               "the loss function reported metric {:?}, which is not among the step's metric names", name);
-  std::vector<double> sums_in{grad_sq_norm(shards), loss_sum};
+  // The value head is replicated: its norm counts once, from rank 0.
+  const double head_sq = value_head_.defined() && comm_.rank() == 0 ? grad_sq_norm({value_head_}) : 0.0;
+  std::vector<double> sums_in{grad_sq_norm(shards) + head_sq, loss_sum};
   for (const auto& name : metric_names) sums_in.push_back(metrics.count(name) ? metrics[name] : 0.0);
   auto sums = at::tensor(sums_in, at::kDouble);
   comm_.all_reduce(sums, dist::ReduceOp::sum, "gradient norm and metrics")->wait();
@@ -102,10 +181,10 @@ StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_
   for (size_t i = 0; i < metric_names.size(); ++i) r.metrics[metric_names[i]] = sums[static_cast<int64_t>(i + 2)].item<double>();
   RLX_CHECK(std::isfinite(r.grad_norm), "step {}: the gradient norm is {} (the loss is {})", ctx.step, r.grad_norm,
             r.loss);
-  if (opt_.max_grad_norm > 0) r.clip_factor = clip_grads(shards, r.grad_norm, opt_.max_grad_norm);
+  if (opt_.max_grad_norm > 0) r.clip_factor = clip_grads(trained, r.grad_norm, opt_.max_grad_norm);
   r.lr = opt_.schedule.at(optimizer_.step_count(), opt_.optimizer.lr);
   optimizer_.step(r.lr);
-  for (auto& u : model_.units()) u.shard.mutable_grad() = at::Tensor();
+  for (auto t : trained) t.mutable_grad() = at::Tensor();
   model_.release_all();
   r.step = optimizer_.step_count();
   r.seconds = now_s() - t0;

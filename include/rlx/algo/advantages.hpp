@@ -10,12 +10,16 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string_view>
 #include <utility>
 #include <string>
 #include <vector>
 
 namespace rlx::algo {
+
+// A batch's sums across every rank (for batch-wide statistics): sums `values` in place.
+using AllReduceSum = std::function<void(std::vector<double>& values)>;
 
 enum class GroupBaseline {
   mean_std,  // GRPO: (r - mean) / (std + eps), std the unbiased sample std of the group
@@ -45,6 +49,11 @@ at::Tensor discounted_returns(const at::Tensor& rewards, double gamma);
 // (x - mean) / (std + eps) over the entries where mask is 1 (others stay 0); with
 // shift_mean false only the scale changes (REINFORCE++ keeps the sign of the return).
 at::Tensor whiten(const at::Tensor& x, const at::Tensor& mask, bool shift_mean = true, double eps = 1e-8);
+
+// Mean and unbiased standard deviation of `values` counted with `weights` (one
+// weight per value; a REINFORCE++ sample counts once per token), over every rank.
+std::pair<double, double> weighted_mean_std(const std::vector<double>& values, const std::vector<double>& weights,
+                                            const AllReduceSum& all_reduce);
 
 // DAPO's soft overlong penalty added to the reward of a response of `length` tokens:
 // 0 up to max_length - buffer, then linearly down to -1 at max_length, -1 beyond.

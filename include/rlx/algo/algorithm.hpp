@@ -24,6 +24,19 @@
 
 namespace rlx::algo {
 
+// Where the KL to the reference model enters: a loss term (GRPO) or a per-token
+// reward penalty -kl_coef * (logp_old - logp_ref) (PPO, Ziegler et al. 2019).
+enum class KlPlacement { loss, reward };
+constexpr std::array<std::pair<KlPlacement, std::string_view>, 2> enum_names(KlPlacement) {
+  return {{{KlPlacement::loss, "loss"}, {KlPlacement::reward, "reward"}}};
+}
+// PPO's value model: a separate critic network, or a value head on the policy trained
+// with the policy loss (loss + vf_coef * value loss).
+enum class CriticKind { separate, head };
+constexpr std::array<std::pair<CriticKind, std::string_view>, 2> enum_names(CriticKind) {
+  return {{{CriticKind::separate, "separate"}, {CriticKind::head, "head"}}};
+}
+
 struct AlgoOptions {
   std::string name = "grpo";
   GroupBaseline baseline = GroupBaseline::mean_std;  // group advantages (grpo: mean_std; Dr.GRPO: mean)
@@ -34,7 +47,18 @@ struct AlgoOptions {
   double entropy_coef = 0.0;                         // entropy bonus (0: none)
   double max_tokens = 1024;                          // seq_mean_token_sum_norm's constant
   double tis_cap = 0.0;                              // truncated IS between sampler and learner (0: off)
-  bool whiten_batch = true;                          // REINFORCE++: whiten advantages over the whole batch
+  bool whiten_batch = true;                          // REINFORCE++ and PPO: whiten advantages over the whole batch
+  KlPlacement kl_placement = KlPlacement::loss;
+  double kl_target = 0.0;                            // > 0: adaptive KL coefficient toward this KL per sequence
+  double kl_horizon = 10000;                         // the adaptive controller's horizon (sequences)
+  double gamma = 1.0;                                // PPO: discount
+  double gae_lambda = 0.95;                          // PPO: GAE lambda
+  double value_clip = 0.2;                           // PPO: value clipping around the old values; 0 off
+  double vf_coef = 0.5;                              // PPO with critic = head: weight of the value loss
+  CriticKind critic = CriticKind::separate;
+  double critic_lr = 0.0;                            // the separate critic's learning rate (0: learner.lr)
+  int64_t epochs = 1;                                // passes over each batch
+  int64_t mini_batches = 1;                          // optimizer steps per pass
 
   template <class V>
   void visit(V& v) {
@@ -51,7 +75,19 @@ struct AlgoOptions {
     v("max_tokens", max_tokens, "the constant of seq_mean_token_sum_norm (the response-length limit)",
       config::greater_than(0));
     v("tis_cap", tis_cap, "truncated importance sampling cap between sampler and learner; 0 off", config::at_least(0));
-    v("whiten_batch", whiten_batch, "REINFORCE++: whiten advantages over the whole batch");
+    v("whiten_batch", whiten_batch, "REINFORCE++ and PPO: whiten advantages over the whole batch");
+    v("kl_placement", kl_placement, "where the KL to the reference enters: loss (GRPO) or reward (PPO)");
+    v("kl_target", kl_target, "> 0: adapt kl_coef toward this KL per sequence (Ziegler et al.); 0: fixed",
+      config::at_least(0));
+    v("kl_horizon", kl_horizon, "the adaptive KL controller's horizon, in sequences", config::greater_than(0));
+    v("gamma", gamma, "PPO: discount factor", config::in_range(0, 1));
+    v("gae_lambda", gae_lambda, "PPO: GAE lambda", config::in_range(0, 1));
+    v("value_clip", value_clip, "PPO: clip values to old +- value_clip in the value loss; 0 off", config::at_least(0));
+    v("vf_coef", vf_coef, "PPO with critic = head: the value loss's weight", config::at_least(0));
+    v("critic", critic, "PPO's value model: separate (its own network) or head (on the policy)");
+    v("critic_lr", critic_lr, "the separate critic's learning rate; 0: learner.lr", config::at_least(0));
+    v("epochs", epochs, "passes over each batch (PPO epochs)", config::in_range(1, 64));
+    v("mini_batches", mini_batches, "optimizer steps per pass over a batch", config::in_range(1, 4096));
   }
   void validate() const {
     RLX_CHECK(clip.dual_clip == 0 || clip.dual_clip > 1, "algorithm.dual_clip must be 0 or > 1, got {}", clip.dual_clip);
@@ -65,9 +101,6 @@ struct Sample {
   int64_t response_tokens = 0;
 };
 
-// A batch's sums across every rank (for batch-wide statistics): sums `values` in place.
-using AllReduceSum = std::function<void(std::vector<double>& values)>;
-
 // The per-token inputs of a micro-batch's loss: [R, T], aligned with its targets.
 // Undefined tensors were not provided.
 struct LossInputs {
@@ -79,6 +112,21 @@ struct LossInputs {
   at::Tensor old_logprobs;        // the policy before this step's updates (PPO ratio)
   at::Tensor ref_logprobs;        // the frozen reference model's
   at::Tensor behaviour_logprobs;  // the sampler's
+  at::Tensor values;              // the value head's, with gradient (PPO with critic = head, or the critic)
+  at::Tensor old_values;          // the values before this batch's updates (value clipping)
+  at::Tensor returns;             // per token: the value targets (PPO)
+};
+
+// One sequence's trained tokens, in order, for per-token advantages (PPO): [n] each.
+struct TokenTrajectory {
+  double reward = 0;        // the sequence's reward, given at its last trained token
+  at::Tensor values;        // V(s_t) from the critic
+  at::Tensor old_logprobs;  // the policy's before this batch's updates
+  at::Tensor ref_logprobs;  // the reference model's (when the KL goes into the reward)
+};
+struct TokenTargets {
+  at::Tensor advantages;  // [n]
+  at::Tensor returns;     // [n] value targets
 };
 
 using Metrics = std::map<std::string, double>;
@@ -93,16 +141,43 @@ class Algorithm {
   // across ranks for batch-wide statistics.
   virtual std::vector<std::vector<double>> advantages(const std::vector<std::vector<Sample>>& groups,
                                                       const AllReduceSum& all_reduce) const = 0;
+  // Per-token advantages and value targets from a critic's values (algorithms whose
+  // needs_critic() is true), one entry per sequence. `all_reduce` sums across ranks.
+  virtual std::vector<TokenTargets> token_advantages(const std::vector<TokenTrajectory>& batch,
+                                                     const AllReduceSum& all_reduce) const;
   // The micro-batch's share of the step's loss; adds to `metrics` (names from metric_names()).
   virtual at::Tensor loss(const LossInputs& in, const Normalizers& norm, Metrics& metrics) const = 0;
+  // A separate critic's loss (algorithms whose needs_critic() is true).
+  virtual at::Tensor value_loss(const LossInputs& in, const Normalizers& norm, Metrics& metrics) const;
   virtual std::vector<std::string> metric_names() const = 0;
-  virtual bool needs_reference() const { return opt_.kl_coef > 0; }
+  virtual std::vector<std::string> value_metric_names() const { return {}; }
+  virtual bool needs_reference() const { return opt_.kl_coef > 0 || opt_.kl_target > 0; }
   virtual bool needs_entropy() const { return opt_.entropy_coef > 0; }
   virtual bool needs_old_logprobs() const { return true; }
+  virtual bool needs_critic() const { return false; }
+
+  // The KL coefficient in force (adaptive when options().kl_target > 0), and the
+  // controller's update after a batch whose mean KL per sequence was `kl` over
+  // `sequences` sequences. The coefficient is state: save it with the run.
+  double kl_coef() const { return kl_coef_; }
+  void set_kl_coef(double c) { kl_coef_ = c; }
+  void observe_kl(double kl, double sequences);
+
+  // Step-wide sums (Learner StepResult::metrics) into means: per-token sums divided by
+  // the token count (clip fraction, ratio, KL, entropy, ...), losses as they are.
+  static Metrics means(const Metrics& sums);
 
  protected:
   AlgoOptions opt_;
+  double kl_coef_ = opt_.kl_coef;
 };
+
+// What a batch looked like, summed over every rank: reward mean/std, advantage
+// mean/std/min/max, response length mean/max. rewards, advantages (one per trained
+// token, or per sample) and response lengths are this rank's.
+Metrics batch_metrics(const std::vector<double>& rewards, const std::vector<double>& advantages,
+                      const std::vector<int64_t>& response_lengths, const AllReduceSum& all_reduce,
+                      const std::function<void(std::vector<double>&)>& all_reduce_max = {});
 
 // The clipped-surrogate family (GRPO, RLOO, REINFORCE++, GSPO): ratio clipping
 // (asymmetric, dual-clip), optional KL-in-loss, entropy bonus and truncated IS.

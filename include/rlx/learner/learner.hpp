@@ -36,6 +36,8 @@ struct LearnerOptions {
   PackOptions packing;
   dist::FsdpOptions fsdp;
   bool entropy = false;        // compute TokenOutputs::entropy (costs a pass over the logits)
+  bool policy_head = true;     // the LM head's log-probs (false: a critic that only needs values)
+  bool value_head = false;     // a scalar value per position from the last hidden state (PPO's critic)
   uint64_t seed = 0;           // the learner's random stream (per rank: stream = rank)
 };
 
@@ -51,6 +53,7 @@ struct StepContext {
 struct TokenOutputs {
   at::Tensor logprobs;  // [R, T] fp32: log p(target)
   at::Tensor entropy;   // [R, T] fp32 entropy of the next-token distribution (when LearnerOptions::entropy)
+  at::Tensor values;    // [R, T] fp32 V(prefix up to and including the position) (when LearnerOptions::value_head)
 };
 
 // Named sums a loss function reports (clipped tokens, KL, ...); summed over micro-batches and ranks.
@@ -86,6 +89,9 @@ class Learner {
                   const std::vector<std::string>& metric_names = {});
   // log p(target) of every position of a micro-batch, without gradients: [R, T] fp32.
   at::Tensor logprobs(const MicroBatch& mb);
+  // Stores per-token values in each sequence (collective): the policy's log-probs under
+  // `logprobs_key` and the value head's values under `values_key` (an empty key: skip).
+  void annotate(std::vector<Sequence>& seqs, const std::string& logprobs_key, const std::string& values_key = "");
 
   int64_t step_count() const { return optimizer_.step_count(); }
   void set_step_count(int64_t s) { optimizer_.set_step_count(s); }
@@ -94,6 +100,11 @@ class Learner {
   AdamW& optimizer() { return optimizer_; }
   dist::Communicator& comm() { return comm_; }
   const LearnerOptions& options() const { return opt_; }
+  // The value head, [hidden + 1] fp32 (weights, then the bias), replicated on every
+  // rank; undefined without LearnerOptions::value_head.
+  at::Tensor& value_head() { return value_head_; }
+  // Every tensor the optimizer updates: the units' shards, then the value head.
+  std::vector<at::Tensor> trained_tensors() const;
 
  private:
   TokenOutputs outputs(const MicroBatch& mb, bool entropy);
@@ -103,7 +114,17 @@ class Learner {
   dist::ShardedTransformer model_;
   AdamW optimizer_;
   RngStream rng_;
+  at::Tensor value_head_;
 };
+
+// Runs `forward` over the sequences packed as `packing` says, the same number of times
+// on every rank of `comm` (a rank with fewer micro-batches runs empty ones), and stores
+// each returned [R, T] tensor, aligned with MicroBatch::targets, as the per-token value
+// of that name in its sequences (token k's value comes from position k - 1; the first
+// token's is 0).
+using TokenForward = std::function<std::map<std::string, at::Tensor>(const MicroBatch&)>;
+void annotate_sequences(std::vector<Sequence>& seqs, const PackOptions& packing, dist::Communicator& comm,
+                        const TokenForward& forward);
 
 // log softmax(logits)[target] in fp32 without materialising the fp32 log-softmax of
 // the whole vocabulary at once: logits [.., V], targets [..] -> [..].
