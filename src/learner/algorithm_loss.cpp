@@ -177,7 +177,8 @@ algo::Metrics train_on_batch(algo::Algorithm& algorithm, const TrainModels& m, s
       }
     }
   }
-  for (const auto& [k, v] : algo::Algorithm::means(sums)) metrics[k] = v;
+  for (const auto& [k, v] : algo::Algorithm::means(sums))
+    if (head || k.rfind("value", 0) != 0) metrics[k] = v;  // the policy reports values only with a value head
   for (const auto& [k, v] : algo::Algorithm::means(critic_sums))
     if (k != "tokens") metrics["critic_" + k] = v;
   for (const char* k : {"pg_loss", "value_loss", "critic_value_loss"})  // step losses: the mean over steps

@@ -286,3 +286,21 @@ TEST_CASE("an algorithm's loss and gradient norm do not depend on the rank count
     }
   }
 }
+
+TEST_CASE("PPO with a critic, a reference and whitening trains the same on 1 and 2 ranks", "[dist]") {
+  rlx::test::TempDir dir;
+  for (int world : {1, 2}) {
+    Group g(world, {"--mode", "ppo", "--steps", "3", "--out", (dir.path / fmt::format("ppo{}.st", world)).string()},
+            dir.path, fmt::format("ppo-{}", world));
+    REQUIRE(g.all_ok(180));
+    INFO(g.out(0));
+    CHECK(g.out(0).find("ppo 2 ") != std::string::npos);
+  }
+  const auto d = compare(dir.path / "ppo2.st", dir.path / "ppo1.st");
+  INFO("relative difference " << d.global << ", worst tensor " << d.worst_name << " " << d.worst_tensor);
+  CHECK(d.global <= 1e-6);
+  CHECK(d.worst_tensor <= 1e-4);
+  // The critic learned something and the policy moved: the parameters are not the initial ones.
+  auto f = rlx::SafetensorsFile::open(dir.path / "ppo1.st");
+  CHECK(f.tensor("critic.value_head").abs().sum().item<double>() > 0);
+}

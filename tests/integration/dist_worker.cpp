@@ -4,6 +4,7 @@
 //
 //   --mode sharded    the Learner (FSDP over the group in RLX_RANK / RLX_WORLD_SIZE / RLX_STORE)
 //   --mode reference  an unsharded model trained with plain autograd in one process
+//   --mode ppo        PPO through train_on_batch: policy, separate critic, reference, adaptive KL
 #include <CLI/CLI.hpp>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -17,6 +18,7 @@
 #include "rlx/learner/algorithm_loss.hpp"
 #include "rlx/learner/checkpoint.hpp"
 #include "rlx/learner/learner.hpp"
+#include "rlx/learner/reference.hpp"
 #include "rlx/model/safetensors.hpp"
 #include "../unit/test_models.hpp"
 
@@ -153,6 +155,51 @@ int run_sharded(const rlx::algo::Algorithm* algorithm, int64_t steps, int64_t ba
   return 0;
 }
 
+// PPO over the group: each rank takes every world-th sequence of the global batch.
+// Writes the policy's parameters and the critic's value head (rank 0).
+int run_ppo(int64_t steps, int64_t batch, int64_t epochs, const std::string& out, double timeout_s) {
+  auto rdv = rlx::dist::rendezvous_from_env();
+  rdv.timeout_s = timeout_s;
+  auto comm = rlx::dist::connect(rdv);
+  const int rank = comm->rank(), world = comm->size();
+  auto opts = learner_options(false, 99);
+  rlx::Learner policy(test_model(), *comm, opts);
+  policy.init_weights(7);
+  auto critic_opts = opts;
+  critic_opts.policy_head = false;
+  critic_opts.value_head = true;
+  rlx::Learner critic(test_model(), *comm, critic_opts);
+  critic.init_weights(7);
+  rlx::ReferenceModel reference(test_model(), *comm);
+  reference.init_weights(7);
+  rlx::algo::register_bundled_algorithms();
+  auto ppo = rlx::algo::make_algorithm({.name = "ppo",
+                                        .kl_coef = 0.05,
+                                        .kl_placement = rlx::algo::KlPlacement::reward,
+                                        .kl_target = 0.01,
+                                        .kl_horizon = 100,
+                                        .epochs = epochs});
+  for (int64_t s = 0; s < steps; ++s) {
+    auto all = global_batch(s, batch);
+    std::vector<rlx::Sequence> mine;
+    std::vector<double> rewards;
+    for (size_t i = static_cast<size_t>(rank); i < all.size(); i += static_cast<size_t>(world)) {
+      mine.push_back(all[i]);
+      rewards.push_back(static_cast<double>((i * 7 + static_cast<size_t>(s)) % 5) / 4.0);
+    }
+    auto m = rlx::train_on_batch(*ppo, {.policy = policy, .critic = &critic, .reference = &reference}, mine, rewards,
+                                 std::vector<size_t>(mine.size(), 1));
+    std::cout << fmt::format("ppo {} reward {:.17g} adv_std {:.17g} loss {:.17g} critic {:.17g} kl_coef {:.17g}", s,
+                             m.at("reward_mean"), m.at("advantage_std"), m.at("loss"), m.at("critic_loss"),
+                             m.at("kl_coef"))
+              << std::endl;
+  }
+  auto params = policy.model().gather_parameters();
+  params.emplace_back("critic.value_head", critic.value_head().detach().clone());
+  if (rank == 0 && !out.empty()) rlx::save_safetensors(out, params);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -162,7 +209,9 @@ int main(int argc, char** argv) {
   int64_t steps = 4, batch = 7, save_every = 0, crash_save = 0;
   bool checkpointing = false, rng_noise = false, bf16 = false;
   double timeout_s = 60;
-  app.add_option("--mode", mode)->check(CLI::IsMember({"sharded", "reference"}));
+  app.add_option("--mode", mode)->check(CLI::IsMember({"sharded", "reference", "ppo"}));
+  int64_t epochs = 2;
+  app.add_option("--epochs", epochs, "ppo: passes over each batch");
   app.add_option("--steps", steps);
   app.add_option("--batch", batch);
   app.add_option("--out", out);
@@ -180,6 +229,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (mode == "reference") return run_reference(steps, batch, out);
+    if (mode == "ppo") return run_ppo(steps, batch, epochs, out, timeout_s);
     std::unique_ptr<rlx::algo::Algorithm> algorithm;
     if (!algo.empty()) {
       rlx::algo::register_bundled_algorithms();

@@ -268,53 +268,65 @@ TEST_CASE("the learner's recomputed log-probs of engine samples equal the sample
   CHECK(worst <= 1e-6);  // float rounding: the KV-cache path multiplies other shapes
 }
 
-TEST_CASE("a short GRPO run on a toy task improves its reward (fixed seeds)", "[algo]") {
-  // The task: emit token 3. Reward = the fraction of a response's 6 tokens that are 3;
-  // a fresh model emits it about 1 time in 16.
-  register_bundled_algorithms();
-  const auto cfg = rlx::test::test_model({.vocab = 16, .hidden = 16, .layers = 1, .heads = 2, .head_dim = 8, .intermediate = 24});
-  auto model = std::make_shared<rlx::Transformer>(cfg);
-  model->init_weights(8);
-  rlx::Engine engine(model, {.block_size = 4, .kv_cache_blocks = 256});
-  auto comm = rlx::dist::single_process();
-  rlx::LearnerOptions o;
-  o.optimizer.lr = 2e-2;
-  o.packing = {.micro_batch_tokens = 512, .row_tokens = 16};
-  rlx::Learner learner(cfg, *comm, o);
-  learner.load_from(*model);
-  auto grpo = make_algorithm({.name = "grpo"});
-  std::vector<double> mean_reward;
-  for (int step = 0; step < 16; ++step) {
+namespace {
+// The toy task of the RL runs below: emit token 3. Reward = the fraction of a
+// response's 6 tokens that are 3; a fresh model emits it about 1 time in 16.
+struct ToyTask {
+  rlx::ModelConfig cfg = rlx::test::test_model({.vocab = 16, .hidden = 16, .layers = 1, .heads = 2, .head_dim = 8, .intermediate = 24});
+  std::shared_ptr<rlx::Transformer> model = std::make_shared<rlx::Transformer>(cfg);
+  rlx::Engine engine;
+  ToyTask() : engine((model->init_weights(8), model), {.block_size = 4, .kv_cache_blocks = 256}) {}
+
+  // One batch of 4 prompts x 8 samples: the sequences, rewards and group sizes.
+  double sample(int step, std::vector<rlx::Sequence>& seqs, std::vector<double>& rewards, std::vector<size_t>& groups) {
     std::vector<rlx::GenerationRequest> requests;
     for (int p = 0; p < 4; ++p)
       requests.push_back({.id = fmt::format("s{}p{}", step, p),
                           .prompt = {1, 2 + p},
                           .params = {.max_new_tokens = 6, .n = 8, .ignore_eos = true},
                           .seed = static_cast<uint64_t>(step)});
-    auto results = engine.generate(requests);
-    std::vector<std::vector<Sample>> groups;
-    std::vector<rlx::Sequence> seqs;
     double total = 0;
-    for (const auto& r : results) {
-      auto& g = groups.emplace_back();
+    for (const auto& r : engine.generate(requests)) {
+      groups.push_back(r.samples.size());
       for (const auto& s : r.samples) {
-        const double reward = static_cast<double>(std::count(s.tokens.begin(), s.tokens.end(), 3)) / 6.0;
-        total += reward;
-        g.push_back({.reward = reward, .response_tokens = static_cast<int64_t>(s.tokens.size())});
+        rewards.push_back(static_cast<double>(std::count(s.tokens.begin(), s.tokens.end(), 3)) / 6.0);
+        total += rewards.back();
         rlx::Sequence q;
-        std::vector<float> old;
-        for (auto t : r.prompt) q.tokens.push_back(t), q.loss_mask.push_back(0), old.push_back(0);
+        std::vector<float> behaviour;
+        for (auto t : r.prompt) q.tokens.push_back(t), q.loss_mask.push_back(0), behaviour.push_back(0);
         for (size_t i = 0; i < s.tokens.size(); ++i)
-          q.tokens.push_back(s.tokens[i]), q.loss_mask.push_back(1), old.push_back(s.logprobs[i]);
-        q.values["old_logprobs"] = old;  // on-policy: the sampler's log-probs are the learner's
+          q.tokens.push_back(s.tokens[i]), q.loss_mask.push_back(1), behaviour.push_back(s.logprobs[i]);
+        q.values["behaviour_logprobs"] = behaviour;
         seqs.push_back(q);
       }
     }
-    mean_reward.push_back(total / 32.0);
-    auto adv = grpo->advantages(groups, {});
-    for (size_t i = 0; i < seqs.size(); ++i) rlx::set_advantage(seqs[i], adv[i / 8][i % 8]);
-    learner.step(seqs, rlx::algorithm_loss(*grpo), grpo->metric_names());
-    engine.update_weights(step + 1, learner.model().gather_parameters());
+    return total / static_cast<double>(rewards.size());
+  }
+};
+
+rlx::LearnerOptions toy_options(double lr) {
+  rlx::LearnerOptions o;
+  o.optimizer.lr = lr;
+  o.packing = {.micro_batch_tokens = 512, .row_tokens = 16};
+  return o;
+}
+}  // namespace
+
+TEST_CASE("a short GRPO run on a toy task improves its reward (fixed seeds)", "[algo]") {
+  register_bundled_algorithms();
+  ToyTask task;
+  auto comm = rlx::dist::single_process();
+  rlx::Learner learner(task.cfg, *comm, toy_options(2e-2));
+  learner.load_from(*task.model);
+  auto grpo = make_algorithm({.name = "grpo"});
+  std::vector<double> mean_reward;
+  for (int step = 0; step < 16; ++step) {
+    std::vector<rlx::Sequence> seqs;
+    std::vector<double> rewards;
+    std::vector<size_t> groups;
+    mean_reward.push_back(task.sample(step, seqs, rewards, groups));
+    rlx::train_on_batch(*grpo, {.policy = learner}, seqs, rewards, groups);
+    task.engine.update_weights(step + 1, learner.model().gather_parameters());
   }
   const double first = (mean_reward[0] + mean_reward[1] + mean_reward[2]) / 3;
   const double last = (mean_reward[13] + mean_reward[14] + mean_reward[15]) / 3;
@@ -360,4 +372,110 @@ TEST_CASE("the frozen reference model: its log-probs align with the tokens, and 
   for (auto& s : seqs) s.values.erase("ref_logprobs");
   CHECK_THROWS_WITH(learner.step(seqs, rlx::algorithm_loss(*algo), algo->metric_names()),
                     Catch::Contains("reference model"));
+}
+
+TEST_CASE("PPO's per-token advantages: GAE over the reward at the last token, KL in the reward (hand-computed)", "[algo]") {
+  register_bundled_algorithms();
+  // gamma 1, lambda 0.5, no whitening; values [0.5, 0.2], reward 1 at the last token:
+  // t1: delta = 1 - 0.2 = 0.8, A = 0.8; t0: delta = 0 + 0.2 - 0.5 = -0.3, A = -0.3 + 0.5 x 0.8 = 0.1;
+  // returns = A + V = [0.6, 1.0].
+  auto ppo = make_algorithm({.name = "ppo", .whiten_batch = false, .gamma = 1.0, .gae_lambda = 0.5});
+  REQUIRE(ppo->needs_critic());
+  const auto v = at::tensor({0.5, 0.2}, at::kDouble);
+  auto out = ppo->token_advantages({{.reward = 1.0, .values = v}}, {});
+  CHECK(out[0].advantages[0].item<double>() == Approx(0.1));
+  CHECK(out[0].advantages[1].item<double>() == Approx(0.8));
+  CHECK(out[0].returns[0].item<double>() == Approx(0.6));
+  CHECK(out[0].returns[1].item<double>() == Approx(1.0));
+  // KL in the reward, coefficient 0.1, k1 = old - ref = [0.2, -0.1]: rewards [-0.02, 1 + 0.01].
+  // t1: delta = 1.01 - 0.2 = 0.81; t0: delta = -0.02 + 0.2 - 0.5 = -0.32, A = -0.32 + 0.405 = 0.085.
+  auto kl = make_algorithm({.name = "ppo", .kl_coef = 0.1, .kl_estimator = KlEstimator::k1, .whiten_batch = false,
+                            .kl_placement = KlPlacement::reward, .gamma = 1.0, .gae_lambda = 0.5});
+  out = kl->token_advantages({{.reward = 1.0,
+                               .values = v,
+                               .old_logprobs = at::tensor({-1.0, -2.0}, at::kDouble),
+                               .ref_logprobs = at::tensor({-1.2, -1.9}, at::kDouble)}},
+                             {});
+  CHECK(out[0].advantages[1].item<double>() == Approx(0.81));
+  CHECK(out[0].advantages[0].item<double>() == Approx(0.085));
+  // Whitened over the batch (two sequences): mean 0, unbiased std 1 over all tokens.
+  auto w = make_algorithm({.name = "ppo"});
+  out = w->token_advantages({{.reward = 1.0, .values = v}, {.reward = 0.0, .values = at::tensor({0.3}, at::kDouble)}}, {});
+  auto all = at::cat({out[0].advantages, out[1].advantages});
+  CHECK(all.mean().item<double>() == Approx(0.0).margin(1e-9));
+  CHECK(all.std().item<double>() == Approx(1.0).epsilon(1e-6));
+  CHECK_THROWS_WITH(w->advantages({}, {}), Catch::Contains("token_advantages"));
+}
+
+TEST_CASE("the adaptive KL controller moves the coefficient toward the target, by at most 20% per horizon", "[algo]") {
+  register_bundled_algorithms();
+  auto a = make_algorithm({.name = "ppo", .kl_coef = 0.1, .kl_target = 1.0, .kl_horizon = 1000});
+  a->observe_kl(2.0, 100);  // error clipped to +0.2: x (1 + 0.2 x 100 / 1000) = x 1.02
+  CHECK(a->kl_coef() == Approx(0.102));
+  a->observe_kl(0.9, 1000);  // error -0.1: x 0.9
+  CHECK(a->kl_coef() == Approx(0.102 * 0.9));
+  auto fixed = make_algorithm({.name = "ppo", .kl_coef = 0.1});
+  fixed->observe_kl(5.0, 1000);
+  CHECK(fixed->kl_coef() == 0.1);
+}
+
+TEST_CASE("batch metrics and step means (hand-computed)", "[algo]") {
+  // rewards {1, 0, 0, 1}: mean 0.5, population std 0.5; advantages {2, -1} over lengths {3, 5}.
+  auto m = batch_metrics({1, 0, 0, 1}, {2, -1}, {3, 5}, {});
+  CHECK(m["reward_mean"] == 0.5);
+  CHECK(m["reward_std"] == Approx(0.5));
+  CHECK(m["advantage_mean"] == 0.5);
+  CHECK(m["advantage_max"] == 2);
+  CHECK(m["advantage_min"] == -1);
+  CHECK(m["response_length_mean"] == 4);
+  CHECK(m["response_length_max"] == 5);
+  // Sums over 10 tokens: 2 clipped -> clip fraction 0.2; the step loss stays as it is.
+  auto means = Algorithm::means({{"tokens", 10}, {"clipped_tokens", 2}, {"ratio", 10.5}, {"pg_loss", -0.3}});
+  CHECK(means["clip_fraction"] == Approx(0.2));
+  CHECK(means["ratio"] == Approx(1.05));
+  CHECK(means["pg_loss"] == -0.3);
+}
+
+TEST_CASE("a short PPO run on a toy task improves its reward (fixed seeds; separate critic and value head)", "[algo]") {
+  register_bundled_algorithms();
+  for (auto critic_kind : {CriticKind::separate, CriticKind::head}) {
+    ToyTask task;
+    auto comm = rlx::dist::single_process();
+    auto po = toy_options(2e-2);
+    po.value_head = critic_kind == CriticKind::head;
+    rlx::Learner policy(task.cfg, *comm, po);
+    policy.load_from(*task.model);
+    auto co = toy_options(2e-2);
+    co.policy_head = false;
+    co.value_head = true;
+    rlx::Learner critic(task.cfg, *comm, co);
+    critic.load_from(*task.model);
+    rlx::ReferenceModel reference(task.cfg, *comm);
+    reference.load_from(*task.model);
+    auto ppo = make_algorithm({.name = "ppo",
+                               .kl_coef = 0.01,
+                               .kl_placement = KlPlacement::reward,
+                               .critic = critic_kind,
+                               .epochs = 2,
+                               .mini_batches = 2});
+    std::vector<double> mean_reward;
+    rlx::algo::Metrics last;
+    for (int step = 0; step < 14; ++step) {
+      std::vector<rlx::Sequence> seqs;
+      std::vector<double> rewards;
+      std::vector<size_t> groups;
+      mean_reward.push_back(task.sample(step, seqs, rewards, groups));
+      last = rlx::train_on_batch(*ppo, {.policy = policy, .critic = &critic, .reference = &reference}, seqs, rewards, groups);
+      task.engine.update_weights(step + 1, policy.model().gather_parameters());
+    }
+    const double first = (mean_reward[0] + mean_reward[1] + mean_reward[2]) / 3;
+    const double end = (mean_reward[11] + mean_reward[12] + mean_reward[13]) / 3;
+    INFO("critic " << (critic_kind == CriticKind::head ? "head" : "separate") << ": mean reward over the first 3 steps "
+                   << first << ", over the last 3 " << end);
+    CHECK(end > first + 0.2);
+    CHECK(last["optimizer_steps"] == 4);      // 2 epochs x 2 mini-batches
+    CHECK(last["mismatch_kl"] < 1e-3);        // the learner's old log-probs are the sampler's
+    CHECK(last.count("value_mean") + last.count("critic_value_mean") == 1);
+    CHECK(std::isfinite(last["kl"]));
+  }
 }

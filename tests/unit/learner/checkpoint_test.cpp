@@ -112,3 +112,44 @@ TEST_CASE("export_hf writes a directory load_hf reads back exactly", "[learner][
   REQUIRE(loaded.size() == params.size());
   for (auto& [n, p] : params) CHECK(at::equal(loaded.at(n), p));
 }
+
+TEST_CASE("a learner with a value head: the head trains, is checkpointed, and must match on load", "[learner][checkpoint]") {
+  rlx::test::TempDir dir;
+  auto comm = rlx::dist::single_process();
+  rlx::LearnerOptions o;
+  o.optimizer.lr = 1e-2;
+  o.policy_head = false;
+  o.value_head = true;
+  rlx::Learner a(small(), *comm, o);
+  a.init_weights(1);
+  REQUIRE(a.value_head().defined());
+  CHECK(a.value_head().abs().sum().item<double>() == 0);  // zero-initialised
+  rlx::Sequence s;
+  s.tokens = {1, 5, 7, 3, 9, 2};
+  s.loss_mask = {0, 1, 1, 1, 1, 1};
+  // Regress every trained position's value onto 2.
+  rlx::LossFn mse = [](const rlx::MicroBatch& mb, const rlx::TokenOutputs& out, const rlx::StepContext& ctx,
+                       rlx::Metrics&) {
+    REQUIRE(!out.logprobs.defined());
+    return ((out.values - 2.0).pow(2) * mb.loss_mask).sum() / ctx.global_loss_tokens;
+  };
+  const double first = a.step({s}, mse).loss;
+  double last = first;
+  for (int i = 0; i < 30; ++i) last = a.step({s}, mse).loss;
+  INFO("value loss " << first << " -> " << last);
+  CHECK(last < 0.1 * first);
+  std::vector<rlx::Sequence> seqs{s};
+  a.annotate(seqs, "", "old_values");
+  CHECK(seqs[0].values.at("old_values")[0] == 0.0f);                      // the first token has no position before it
+  CHECK(seqs[0].values.at("old_values")[3] == Approx(2.0).margin(0.5));  // learned
+
+  const rlx::CheckpointOptions co{.root = dir / "ckpt"};
+  rlx::save_checkpoint(a, co);
+  rlx::Learner b(small(), *comm, o);
+  REQUIRE(rlx::load_latest_checkpoint(b, co));
+  CHECK(at::equal(a.value_head(), b.value_head()));
+  CHECK(at::equal(a.optimizer().slots().back().exp_avg, b.optimizer().slots().back().exp_avg));
+  // A learner without a value head refuses the checkpoint, saying why.
+  rlx::Learner c(small(), *comm, {});
+  CHECK_THROWS_WITH(rlx::load_latest_checkpoint(c, co), Catch::Contains("value head"));
+}
