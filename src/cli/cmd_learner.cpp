@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -17,6 +18,7 @@
 #include "rlx/core/rng.hpp"
 #include "rlx/core/threads.hpp"
 #include "rlx/dist/local_group.hpp"
+#include "rlx/dist/weight_sync.hpp"
 #include "rlx/learner/checkpoint.hpp"
 
 namespace rlx::cli {
@@ -212,6 +214,81 @@ int bench_learner(const BenchArgs& a, const std::vector<std::string>& self_args)
 
 }  // namespace
 
+// `rlx bench sync`: the shared-memory weight-sync path against its raw ceiling (memcpy
+// between two pre-faulted buffers of the same size), measured in the same run.
+struct SyncBenchArgs {
+  double mb = 512;
+  int64_t tensors = 64;
+  int64_t versions = 10;
+  std::string dtype = "bfloat16";
+  double changed = 0.125;  // delta mode: the fraction of tensors that change per version
+};
+
+int bench_sync(const SyncBenchArgs& a) {
+  RLX_CHECK(a.mb > 0 && a.mb <= 65536 && a.tensors >= 1 && a.tensors <= 4096 && a.versions >= 2,
+            "bench sync: --mb in (0, 65536], --tensors in [1, 4096], --versions >= 2");
+  const auto dtype = to_scalar_type(config::parse_enum<DType>(a.dtype, "bench sync --dtype"));
+  const int64_t per = std::max<int64_t>(1, static_cast<int64_t>(a.mb * 1e6) / a.tensors /
+                                               static_cast<int64_t>(c10::elementSize(dtype)));
+  std::vector<std::pair<std::string, at::Tensor>> w;
+  for (int64_t i = 0; i < a.tensors; ++i) w.emplace_back(fmt::format("t{}", i), at::zeros({per}, dtype));
+  const auto layout = dist::WeightLayout::of(w, dtype);
+  const double bytes = static_cast<double>(layout.bytes());
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  // The ceiling: memcpy of the same bytes between two buffers already touched.
+  std::vector<char> src(static_cast<size_t>(bytes), 1), dst(static_cast<size_t>(bytes), 2);
+  std::vector<double> copy_s;
+  for (int64_t i = 0; i < a.versions; ++i) {
+    const double t0 = now_s();
+    std::memcpy(dst.data(), src.data(), src.size());
+    copy_s.push_back(now_s() - t0);
+  }
+  json runs = json::array();
+  for (const bool delta : {false, true}) {
+    const std::string name = fmt::format("rlx-bench-sync-{}", ::getpid());
+    dist::ShmWeightPublisher pub({.name = name, .delta = delta, .full_every = 1000}, layout);
+    pub.publish(1, w);
+    dist::ShmWeightSubscriber sub({.name = name});
+    sub.poll();
+    std::vector<double> pub_s, sub_s;
+    int64_t moved = 0;
+    for (int64_t v = 2; v < 2 + a.versions; ++v) {
+      const auto n_changed = delta ? std::max<int64_t>(1, static_cast<int64_t>(a.changed * a.tensors)) : a.tensors;
+      for (int64_t i = 0; i < n_changed; ++i) w[static_cast<size_t>((v + i) % a.tensors)].second.fill_(static_cast<double>(v));
+      double t0 = now_s();
+      moved += pub.publish(v, w);
+      pub_s.push_back(now_s() - t0);
+      t0 = now_s();
+      auto u = sub.poll();
+      sub_s.push_back(now_s() - t0);
+      RLX_CHECK(u && u->version == v, "bench sync: the subscriber did not get version {}", v);
+    }
+    runs.push_back({{"mode", delta ? "delta" : "full"},
+                    {"changed_fraction", delta ? a.changed : 1.0},
+                    {"publish_ms", median(pub_s) * 1e3},
+                    {"subscribe_ms", median(sub_s) * 1e3},
+                    {"ms_per_version", (median(pub_s) + median(sub_s)) * 1e3},
+                    {"bytes_written_per_version", static_cast<double>(moved) / static_cast<double>(a.versions)},
+                    {"publish_gbps", bytes / median(pub_s) / 1e9},
+                    {"subscribe_gbps", bytes / median(sub_s) / 1e9}});
+  }
+  const double ceiling = bytes / median(copy_s) / 1e9;
+  json j = {{"bench", "sync"},
+            {"path", "shm"},
+            {"bytes_per_version", bytes},
+            {"tensors", a.tensors},
+            {"dtype", a.dtype},
+            {"memcpy_gbps", ceiling},
+            {"publish_vs_ceiling", runs[0]["publish_gbps"].get<double>() / ceiling},
+            {"subscribe_vs_ceiling", runs[0]["subscribe_gbps"].get<double>() / ceiling},
+            {"runs", runs}};
+  std::cout << j.dump() << std::endl;
+  return 0;
+}
+
 void add_learner_commands(CLI::App& app, Action& action) {
   auto* inspect = app.get_subcommand("inspect");
   auto dir = std::make_shared<std::string>();
@@ -252,6 +329,16 @@ void add_learner_commands(CLI::App& app, Action& action) {
     }
     action = [a, args] { return bench_learner(*a, args); };
   });
+
+  auto sa = std::make_shared<SyncBenchArgs>();
+  auto* bs = app.get_subcommand("bench")->add_subcommand(
+      "sync", "Weight sync over shared memory: GB/s and ms per version, full and delta, against memcpy");
+  bs->add_option("--mb", sa->mb, "megabytes per version");
+  bs->add_option("--tensors", sa->tensors, "tensors per version");
+  bs->add_option("--versions", sa->versions, "timed versions per mode");
+  bs->add_option("--dtype", sa->dtype, "float32 or bfloat16");
+  bs->add_option("--changed", sa->changed, "delta mode: the fraction of tensors changed per version");
+  bs->callback([sa, &action] { action = [sa] { return bench_sync(*sa); }; });
 
   auto* d = app.add_subcommand("dist", "Distributed groups on this machine");
   d->require_subcommand(1);

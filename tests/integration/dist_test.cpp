@@ -7,6 +7,7 @@
 // first, so Catch's CHECK is the one in force below.
 #include "rlx/core/clock.hpp"
 #include "rlx/dist/local_group.hpp"
+#include "rlx/dist/weight_sync.hpp"
 #include "rlx/learner/checkpoint.hpp"
 #include "rlx/model/safetensors.hpp"
 
@@ -17,6 +18,7 @@
 #include <thread>
 
 #include "../unit/helpers.hpp"
+#include "../unit/test_models.hpp"
 
 namespace fs = std::filesystem;
 
@@ -303,4 +305,136 @@ TEST_CASE("PPO with a critic, a reference and whitening trains the same on 1 and
   // The critic learned something and the policy moved: the parameters are not the initial ones.
   auto f = rlx::SafetensorsFile::open(dir.path / "ppo1.st");
   CHECK(f.tensor("critic.value_head").abs().sum().item<double>() > 0);
+}
+
+namespace {
+// A weight-sync segment name unique to this test process.
+std::string shm_name(const std::string& tag) { return fmt::format("rlx-test-{}-{}", ::getpid(), tag); }
+
+// What the --uniform subscriber checks: every element of version v is v x 1e-3.
+std::vector<std::pair<std::string, at::Tensor>> uniform_weights(const rlx::ModelConfig& cfg, int64_t v) {
+  rlx::Transformer shape(cfg);
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (auto& [name, p] : shape.hf_parameters())
+    out.emplace_back(name, at::full(p.sizes(), static_cast<float>(static_cast<double>(v) * 1e-3)));
+  return out;
+}
+
+rlx::ModelConfig worker_model() {
+  return rlx::test::test_model(
+      {.vocab = 37, .hidden = 24, .layers = 3, .heads = 3, .head_dim = 8, .intermediate = 41, .qwen2 = true, .tied = false});
+}
+}  // namespace
+
+TEST_CASE("weight sync over shared memory: the engine's logits equal the learner's after a sync", "[dist][sync]") {
+  rlx::test::TempDir dir;
+  auto comm = rlx::dist::single_process();
+  rlx::LearnerOptions o;
+  o.optimizer.lr = 1e-2;
+  rlx::Learner learner(worker_model(), *comm, o);
+  learner.init_weights(5);  // not the subscriber's own initial weights (seed 1)
+  rlx::Sequence s;
+  s.tokens = {1, 4, 9, 16, 25, 36};
+  s.loss_mask = {0, 1, 1, 1, 1, 1};
+  learner.step({s}, [](const rlx::MicroBatch& mb, const rlx::TokenOutputs& out, const rlx::StepContext& ctx, rlx::Metrics&) {
+    return -(out.logprobs * mb.loss_mask).sum() / ctx.global_loss_tokens;
+  });
+  auto params = learner.model().gather_parameters();
+  const auto name = shm_name("logits");
+  rlx::dist::ShmWeightPublisher pub({.name = name}, rlx::dist::WeightLayout::of(params, at::kFloat));
+  pub.publish(1, params);
+  Group sub(1, {"--mode", "subscribe", "--shm", name, "--until", "1", "--engine", "--out", (dir.path / "logits.st").string()},
+            dir.path, "sub");
+  REQUIRE(sub.all_ok(120));
+  at::NoGradGuard g;
+  auto ids = at::arange(1, 11, at::kLong).unsqueeze(0);
+  auto expected = learner.model().logits(learner.model().forward_hidden({.tokens = ids}));
+  learner.model().release_all();
+  auto got = rlx::SafetensorsFile::open(dir.path / "logits.st").tensor("logits");
+  INFO("largest difference " << (got - expected).abs().max().item<double>());
+  CHECK(at::allclose(got, expected, 1e-5, 1e-5));
+}
+
+TEST_CASE("weight sync: no version is ever torn or mixed while the learner publishes as fast as it can", "[dist][sync]") {
+  rlx::test::TempDir dir;
+  const auto cfg = worker_model();
+  const auto name = shm_name("torn");
+  rlx::dist::ShmWeightPublisher pub({.name = name, .delta = true, .full_every = 4},
+                                    rlx::dist::WeightLayout::of(uniform_weights(cfg, 1), at::kFloat));
+  auto w = uniform_weights(cfg, 1);
+  pub.publish(1, w);
+  // The subscriber applies 40 versions to its engine, a generation step after each, while
+  // the learner publishes back to back: most versions it sees were overwritten mid-way.
+  Group sub(1, {"--mode", "subscribe", "--shm", name, "--until", "1000000000", "--count", "40", "--engine", "--uniform"}, dir.path, "sub");
+  int64_t v = 1;
+  const double end = rlx::now_s() + 120;
+  while (sub.g.running(0) && rlx::now_s() < end) {
+    ++v;
+    for (auto& [n, t] : w) t.fill_(static_cast<float>(static_cast<double>(v) * 1e-3));
+    pub.publish(v, w);
+    sub.g.poll();
+  }
+  REQUIRE(sub.all_ok(30));
+  const auto out = sub.out(0);
+  INFO(v << " versions published; " << out.substr(out.rfind("versions")));
+  CHECK(out.find("versions 40 torn 0 mixed 0") != std::string::npos);
+  CHECK(v > 80);  // the learner was never held up by the subscriber
+}
+
+TEST_CASE("weight sync: a subscriber killed mid-copy does not stop the learner; a new one catches up", "[dist][sync]") {
+  rlx::test::TempDir dir;
+  const auto name = shm_name("kill");
+  // 16 x 4 MB: copies take long enough that a kill lands in one.
+  std::vector<std::pair<std::string, at::Tensor>> w;
+  for (int i = 0; i < 16; ++i) w.emplace_back(fmt::format("w{}", i), at::zeros({1 << 20}));
+  rlx::dist::ShmWeightPublisher pub({.name = name}, rlx::dist::WeightLayout::of(w, at::kFloat));
+  int64_t v = 0;
+  auto publish = [&] {
+    ++v;
+    for (auto& [n, t] : w) t.fill_(static_cast<float>(static_cast<double>(v) * 1e-3));
+    pub.publish(v, w);
+  };
+  publish();
+  {
+    Group first(1, {"--mode", "subscribe", "--shm", name, "--until", "1000000", "--uniform"}, dir.path, "first");
+    const double end = rlx::now_s() + 60;
+    while (first.out(0).find("applied 3") == std::string::npos && rlx::now_s() < end) publish();
+    REQUIRE(first.out(0).find("applied 3") != std::string::npos);
+    for (int i = 0; i < 3; ++i) publish();
+    first.g.signal(0, SIGKILL);  // it is copying or about to: it polls in a tight loop
+    REQUIRE(first.wait(0, 30));
+    CHECK(first.rank(0).signal == SIGKILL);
+  }
+  // The learner goes on publishing with nobody listening.
+  for (int i = 0; i < 5; ++i) publish();
+  const int64_t current = v;
+  Group second(1, {"--mode", "subscribe", "--shm", name, "--until", std::to_string(current), "--uniform"}, dir.path,
+               "second");
+  REQUIRE(second.all_ok(60));
+  const auto out = second.out(0);
+  INFO(out);
+  CHECK(out.find(fmt::format("first {} last {}", current, current)) != std::string::npos);  // straight to the newest
+  CHECK(out.find("torn 0") != std::string::npos);
+}
+
+TEST_CASE("weight sync: bad input is refused with the reason", "[dist][sync]") {
+  const auto name = shm_name("bad");
+  std::vector<std::pair<std::string, at::Tensor>> w{{"a", at::zeros({4})}, {"b", at::zeros({2, 3})}};
+  rlx::dist::ShmWeightPublisher pub({.name = name}, rlx::dist::WeightLayout::of(w, at::kFloat));
+  pub.publish(2, w);
+  CHECK_THROWS_WITH(pub.publish(2, w), Catch::Contains("versions must increase"));
+  std::vector<std::pair<std::string, at::Tensor>> wrong{{"a", at::zeros({4})}, {"b", at::zeros({3, 2})}};
+  CHECK_THROWS_WITH(pub.publish(3, wrong), Catch::Contains("\"b\""));
+  CHECK_THROWS_WITH(rlx::dist::ShmWeightSubscriber({.name = name + "-none", .attach_timeout_s = 0.05}),
+                    Catch::Contains("no publisher"));
+  CHECK_THROWS_WITH(rlx::dist::ShmWeightPublisher({.name = "a/b"}, rlx::dist::WeightLayout::of(w, at::kFloat)),
+                    Catch::Contains("without '/'"));
+  // In one process too: a subscriber reads the newest version, whole, then nothing new.
+  rlx::dist::ShmWeightSubscriber sub({.name = name});
+  auto u = sub.poll();
+  REQUIRE(u);
+  CHECK(u->version == 2);
+  CHECK(u->tensors.size() == 2);
+  CHECK(u->tensors[1].second.sizes() == at::IntArrayRef({2, 3}));
+  CHECK_FALSE(sub.poll());
 }

@@ -5,21 +5,26 @@
 //   --mode sharded    the Learner (FSDP over the group in RLX_RANK / RLX_WORLD_SIZE / RLX_STORE)
 //   --mode reference  an unsharded model trained with plain autograd in one process
 //   --mode ppo        PPO through train_on_batch: policy, separate critic, reference, adaptive KL
+//   --mode subscribe  a weight-sync subscriber (tests/integration/dist_test.cpp publishes)
 #include <CLI/CLI.hpp>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <cstdlib>
 #include <iostream>
+#include <limits>
 
+#include "rlx/core/clock.hpp"
 #include "rlx/core/rng.hpp"
 #include "rlx/core/threads.hpp"
 #include "rlx/dist/comm.hpp"
+#include "rlx/dist/weight_sync.hpp"
 #include "rlx/learner/algorithm_loss.hpp"
 #include "rlx/learner/checkpoint.hpp"
 #include "rlx/learner/learner.hpp"
 #include "rlx/learner/reference.hpp"
 #include "rlx/model/safetensors.hpp"
+#include "rlx/rollout/engine.hpp"
 #include "../unit/test_models.hpp"
 
 namespace {
@@ -200,6 +205,51 @@ int run_ppo(int64_t steps, int64_t batch, int64_t epochs, const std::string& out
   return 0;
 }
 
+// A weight-sync subscriber. With --engine it applies each version to an engine of the
+// test model and runs a generation step after it; with --uniform it checks that every
+// version it gets has every element equal to version x 1e-3 (what the test publishes),
+// and that after each engine step the engine's parameters hold exactly one version.
+int run_subscriber(const std::string& name, int64_t until, int64_t count, bool engine_on, bool uniform, const std::string& out) {
+  rlx::dist::ShmWeightSubscriber sub({.name = name, .attach_timeout_s = 30});
+  auto model = std::make_shared<rlx::Transformer>(test_model());
+  model->init_weights(1);
+  std::unique_ptr<rlx::Engine> engine;
+  if (engine_on) engine = std::make_unique<rlx::Engine>(model, rlx::EngineConfig{.block_size = 4, .kv_cache_blocks = 64});
+  auto uniform_at = [](const at::Tensor& t, int64_t v) {
+    return t.eq(static_cast<float>(static_cast<double>(v) * 1e-3)).all().item<bool>();
+  };
+  int64_t versions = 0, torn = 0, mixed = 0, retries = 0, first = -1, last = 0;
+  const double deadline = rlx::now_s() + 120;
+  while (last < until && versions < count && rlx::now_s() < deadline) {
+    if (auto u = sub.poll()) {
+      ++versions;
+      retries += u->retries;
+      if (first < 0) first = u->version;
+      last = u->version;
+      if (uniform)
+        for (const auto& [n, t] : u->tensors) torn += uniform_at(t, u->version) ? 0 : 1;
+      if (engine) engine->update_weights(u->version, u->tensors);
+      std::cout << "applied " << u->version << std::endl;
+    }
+    if (engine) {
+      engine->generate({{.id = fmt::format("r{}", versions), .prompt = {1, 2, 3}, .params = {.max_new_tokens = 1}}});
+      if (uniform && engine->weight_version() > 0) {
+        const int64_t v = engine->weight_version();
+        for (auto& [n, p] : model->hf_parameters()) mixed += uniform_at(p, v) ? 0 : 1;
+      }
+    }
+  }
+  if (engine && !out.empty()) {
+    at::NoGradGuard g;
+    auto logits = model->forward({.tokens = at::arange(1, 11, at::kLong).unsqueeze(0)});
+    rlx::save_safetensors(out, {{"logits", logits.contiguous()}});
+  }
+  std::cout << fmt::format("versions {} torn {} mixed {} retries {} first {} last {}", versions, torn, mixed, retries,
+                           first, last)
+            << std::endl;
+  return last >= until || versions >= count ? 0 : 3;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -209,9 +259,18 @@ int main(int argc, char** argv) {
   int64_t steps = 4, batch = 7, save_every = 0, crash_save = 0;
   bool checkpointing = false, rng_noise = false, bf16 = false;
   double timeout_s = 60;
-  app.add_option("--mode", mode)->check(CLI::IsMember({"sharded", "reference", "ppo"}));
+  app.add_option("--mode", mode)->check(CLI::IsMember({"sharded", "reference", "ppo", "subscribe"}));
   int64_t epochs = 2;
   app.add_option("--epochs", epochs, "ppo: passes over each batch");
+  std::string shm;
+  int64_t until = 1;
+  bool engine_on = false, uniform = false;
+  app.add_option("--shm", shm, "subscribe: the weight-sync segment");
+  app.add_option("--until", until, "subscribe: run until this version is applied");
+  int64_t count = std::numeric_limits<int64_t>::max();
+  app.add_option("--count", count, "subscribe: run until this many versions are applied");
+  app.add_flag("--engine", engine_on, "subscribe: apply each version to an engine");
+  app.add_flag("--uniform", uniform, "subscribe: check versions are whole (every element = version x 1e-3)");
   app.add_option("--steps", steps);
   app.add_option("--batch", batch);
   app.add_option("--out", out);
@@ -230,6 +289,7 @@ int main(int argc, char** argv) {
   try {
     if (mode == "reference") return run_reference(steps, batch, out);
     if (mode == "ppo") return run_ppo(steps, batch, epochs, out, timeout_s);
+    if (mode == "subscribe") return run_subscriber(shm, until, count, engine_on, uniform, out);
     std::unique_ptr<rlx::algo::Algorithm> algorithm;
     if (!algo.empty()) {
       rlx::algo::register_bundled_algorithms();

@@ -1,0 +1,365 @@
+#include "rlx/dist/weight_sync.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "rlx/core/clock.hpp"
+#include "rlx/core/error.hpp"
+#include "rlx/core/torch_compat.hpp"
+
+namespace rlx::dist {
+
+namespace {
+
+constexpr char kMagic[8] = {'R', 'L', 'X', 'W', 'S', 'Y', 'N', '1'};
+constexpr uint32_t kFormat = 1;
+constexpr int kMaxDims = 8;
+constexpr size_t kNameBytes = 192;
+
+struct alignas(64) SlotHeader {
+  std::atomic<uint64_t> seq;      // odd while the slot is being written
+  std::atomic<int64_t> version;   // the version the slot holds once seq is even
+};
+
+struct alignas(64) SegmentHeader {
+  std::atomic<uint64_t> magic;    // written last by the creator
+  uint32_t format;
+  int32_t dtype;                  // c10::ScalarType
+  int64_t n_tensors;
+  int64_t slot_bytes;             // one version's bytes, each tensor 64-byte aligned
+  int64_t table_offset, data_offset, total_bytes;
+  std::atomic<int64_t> published; // newest complete version (0: none yet)
+  std::atomic<int32_t> active;    // the slot holding it
+  std::atomic<int32_t> closed;    // the publisher shut down
+  SlotHeader slots[2];
+};
+
+struct TableEntry {
+  char name[kNameBytes];
+  int64_t offset;  // within a slot
+  int64_t bytes;
+  int32_t ndim;
+  int64_t shape[kMaxDims];
+  std::atomic<int64_t> last_changed;  // the newest version whose bytes differ from the one before
+};
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<int64_t>::is_always_lock_free);
+
+uint64_t magic_word() {
+  uint64_t m = 0;
+  std::memcpy(&m, kMagic, sizeof m);
+  return m;
+}
+
+int64_t align64(int64_t n) { return (n + 63) / 64 * 64; }
+
+std::string shm_path(const std::string& name) { return "/" + name; }
+
+struct Mapping {
+  int fd = -1;
+  void* base = MAP_FAILED;
+  size_t size = 0;
+  ino_t inode = 0;
+  ~Mapping() {
+    if (base != MAP_FAILED) ::munmap(base, size);
+    if (fd >= 0) ::close(fd);
+  }
+  SegmentHeader* header() const { return static_cast<SegmentHeader*>(base); }
+  TableEntry* table() const {
+    return reinterpret_cast<TableEntry*>(static_cast<char*>(base) + header()->table_offset);
+  }
+  char* slot(int s) const { return static_cast<char*>(base) + header()->data_offset + s * header()->slot_bytes; }
+};
+
+void check_name(const std::string& name) {
+  RLX_CHECK(!name.empty() && name.size() < 200 && name.find('/') == std::string::npos,
+            "weight sync: segment name {:?} must be 1-199 characters without '/'", name);
+}
+
+}  // namespace
+
+SyncPath choose_sync_path(bool same_process, bool same_host) {
+  if (same_process) return SyncPath::colocated;
+  RLX_CHECK(same_host, "weight sync: learner and engine on different hosts need the Gloo or NCCL path, not built yet");
+  return SyncPath::shm;
+}
+
+WeightLayout WeightLayout::of(const std::vector<std::pair<std::string, at::Tensor>>& tensors, at::ScalarType dtype) {
+  WeightLayout l;
+  l.dtype = dtype;
+  for (const auto& [name, t] : tensors) l.tensors.emplace_back(name, t.sizes().vec());
+  return l;
+}
+
+int64_t WeightLayout::bytes() const {
+  int64_t total = 0;
+  for (const auto& [name, shape] : tensors) {
+    int64_t n = 1;
+    for (auto d : shape) n *= d;
+    total += align64(n * static_cast<int64_t>(c10::elementSize(dtype)));
+  }
+  return total;
+}
+
+// --- publisher ---------------------------------------------------------------------
+
+struct ShmWeightPublisher::Impl {
+  Mapping map;
+  int64_t last_full = 0;
+};
+
+ShmWeightPublisher::ShmWeightPublisher(ShmSyncOptions options, WeightLayout layout)
+    : impl_(std::make_unique<Impl>()), opt_(std::move(options)), layout_(std::move(layout)) {
+  check_name(opt_.name);
+  const auto n = static_cast<int64_t>(layout_.tensors.size());
+  RLX_CHECK(n > 0 && n <= kMaxSyncTensors, "weight sync: {} tensors (1 to {})", n, kMaxSyncTensors);
+  RLX_CHECK(at::isFloatingType(layout_.dtype), "weight sync: dtype {} is not floating-point",
+            c10::toString(layout_.dtype));
+  RLX_CHECK(opt_.full_every >= 1, "weight sync: full_every must be >= 1, got {}", opt_.full_every);
+  const int64_t slot_bytes = layout_.bytes();
+  RLX_CHECK(slot_bytes <= kMaxSyncBytes, "weight sync: {} bytes per version exceeds {}", slot_bytes, kMaxSyncBytes);
+  const int64_t table_offset = align64(sizeof(SegmentHeader));
+  const int64_t data_offset = align64(table_offset + n * static_cast<int64_t>(sizeof(TableEntry)));
+  const int64_t total = data_offset + 2 * slot_bytes;
+
+  auto& m = impl_->map;
+  ::shm_unlink(shm_path(opt_.name).c_str());  // a segment left by a publisher that died
+  m.fd = ::shm_open(shm_path(opt_.name).c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  RLX_CHECK(m.fd >= 0, "weight sync: cannot create /dev/shm/{}: {}", opt_.name, std::strerror(errno));
+  if (::ftruncate(m.fd, total) != 0) {
+    const int e = errno;
+    ::shm_unlink(shm_path(opt_.name).c_str());
+    throw Error(fmt::format("weight sync: cannot size /dev/shm/{} to {} bytes: {}", opt_.name, total, std::strerror(e)));
+  }
+  m.size = static_cast<size_t>(total);
+  m.base = ::mmap(nullptr, m.size, PROT_READ | PROT_WRITE, MAP_SHARED, m.fd, 0);
+  RLX_CHECK(m.base != MAP_FAILED, "weight sync: cannot map /dev/shm/{}: {}", opt_.name, std::strerror(errno));
+
+  auto* h = new (m.base) SegmentHeader{};
+  h->format = kFormat;
+  h->dtype = static_cast<int32_t>(layout_.dtype);
+  h->n_tensors = n;
+  h->slot_bytes = slot_bytes;
+  h->table_offset = table_offset;
+  h->data_offset = data_offset;
+  h->total_bytes = total;
+  auto* table = m.table();
+  int64_t offset = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto& [name, shape] = layout_.tensors[static_cast<size_t>(i)];
+    RLX_CHECK(name.size() < kNameBytes, "weight sync: tensor name {:?} is longer than {} bytes", name, kNameBytes - 1);
+    RLX_CHECK(shape.size() <= kMaxDims, "weight sync: tensor {:?} has {} dimensions (at most {})", name, shape.size(),
+              kMaxDims);
+    auto* e = new (&table[i]) TableEntry{};
+    std::memcpy(e->name, name.data(), name.size());
+    int64_t numel = 1;
+    for (size_t d = 0; d < shape.size(); ++d) e->shape[d] = shape[d], numel *= shape[d];
+    e->ndim = static_cast<int32_t>(shape.size());
+    e->offset = offset;
+    e->bytes = numel * static_cast<int64_t>(c10::elementSize(layout_.dtype));
+    offset += align64(e->bytes);
+  }
+  hashes_.assign(static_cast<size_t>(n), 0);
+  h->magic.store(magic_word(), std::memory_order_release);
+}
+
+ShmWeightPublisher::~ShmWeightPublisher() {
+  if (impl_ && impl_->map.base != MAP_FAILED) {
+    impl_->map.header()->closed.store(1, std::memory_order_release);
+    ::shm_unlink(shm_path(opt_.name).c_str());
+  }
+}
+
+int64_t ShmWeightPublisher::publish(int64_t version, const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  RLX_CHECK(version > version_, "weight sync: version {} after {}: versions must increase", version, version_);
+  RLX_CHECK(tensors.size() == layout_.tensors.size(), "weight sync: {} tensors given, the layout has {}",
+            tensors.size(), layout_.tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& [name, shape] = layout_.tensors[i];
+    RLX_CHECK(tensors[i].first == name && tensors[i].second.sizes().vec() == shape,
+              "weight sync: tensor {} is {:?} {}, the layout says {:?} {}", i, tensors[i].first,
+              tensors[i].second.sizes(), name, c10::IntArrayRef(shape));
+  }
+  auto& m = impl_->map;
+  auto* h = m.header();
+  auto* table = m.table();
+  const int64_t published = h->published.load(std::memory_order_relaxed);
+  const int slot = published == 0 ? 0 : 1 - h->active.load(std::memory_order_relaxed);
+  auto& sh = h->slots[slot];
+  const int64_t slot_version = sh.version.load(std::memory_order_relaxed);
+  const bool full = !opt_.delta || published == 0 || version - impl_->last_full >= opt_.full_every;
+  if (full) impl_->last_full = version;
+
+  // Which tensors changed in this version (delta mode hashes their bytes in the sync dtype).
+  std::vector<at::Tensor> converted(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!opt_.delta) {
+      table[i].last_changed.store(version, std::memory_order_relaxed);
+      continue;
+    }
+    converted[i] = tensors[i].second.detach().to(at::kCPU, layout_.dtype).contiguous();
+    const uint64_t hash = XXH3_64bits(converted[i].data_ptr(), static_cast<size_t>(table[i].bytes));
+    if (full || hash != hashes_[i]) table[i].last_changed.store(version, std::memory_order_relaxed);
+    hashes_[i] = hash;
+  }
+
+  // Seqlock write: odd while the slot changes.
+  sh.seq.fetch_add(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  int64_t written = 0;
+  char* base = m.slot(slot);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    auto& e = table[i];
+    if (e.last_changed.load(std::memory_order_relaxed) <= slot_version) continue;  // the slot already has these bytes
+    auto dst = at::from_blob(base + e.offset, tensors[i].second.sizes(), at::TensorOptions().dtype(layout_.dtype));
+    dst.copy_(converted[i].defined() ? converted[i] : tensors[i].second.detach());
+    written += e.bytes;
+  }
+  sh.version.store(version, std::memory_order_relaxed);
+  sh.seq.fetch_add(1, std::memory_order_release);
+  h->active.store(slot, std::memory_order_release);
+  h->published.store(version, std::memory_order_release);
+  version_ = version;
+  return written;
+}
+
+// --- subscriber ----------------------------------------------------------------------
+
+struct ShmWeightSubscriber::Impl {
+  std::unique_ptr<Mapping> map;
+};
+
+ShmWeightSubscriber::ShmWeightSubscriber(ShmSyncOptions options)
+    : impl_(std::make_unique<Impl>()), opt_(std::move(options)) {
+  check_name(opt_.name);
+  RLX_CHECK(opt_.max_retries >= 1, "weight sync: max_retries must be >= 1");
+  attach(opt_.attach_timeout_s);
+}
+
+ShmWeightSubscriber::~ShmWeightSubscriber() = default;
+
+void ShmWeightSubscriber::attach(double timeout_s) {
+  const double deadline = now_s() + timeout_s;
+  const std::string where = "/dev/shm/" + opt_.name;
+  for (;;) {
+    auto m = std::make_unique<Mapping>();
+    m->fd = ::shm_open(shm_path(opt_.name).c_str(), O_RDONLY, 0);
+    struct stat st {};
+    if (m->fd >= 0 && ::fstat(m->fd, &st) == 0 && st.st_size >= static_cast<off_t>(sizeof(SegmentHeader))) {
+      m->size = static_cast<size_t>(st.st_size);
+      m->inode = st.st_ino;
+      m->base = ::mmap(nullptr, m->size, PROT_READ, MAP_SHARED, m->fd, 0);
+      RLX_CHECK(m->base != MAP_FAILED, "weight sync: cannot map {}: {}", where, std::strerror(errno));
+      auto* h = m->header();
+      if (h->magic.load(std::memory_order_acquire) == magic_word()) {
+        // Validate everything the segment claims before using any of it.
+        RLX_CHECK(h->format == kFormat, "weight sync: {} has format {}, this build reads {}", where, h->format, kFormat);
+        RLX_CHECK(h->n_tensors > 0 && h->n_tensors <= kMaxSyncTensors && h->slot_bytes >= 0 &&
+                      h->slot_bytes <= kMaxSyncBytes && h->table_offset >= static_cast<int64_t>(sizeof(SegmentHeader)) &&
+                      h->data_offset >= h->table_offset + h->n_tensors * static_cast<int64_t>(sizeof(TableEntry)) &&
+                      h->total_bytes == h->data_offset + 2 * h->slot_bytes &&
+                      h->total_bytes <= static_cast<int64_t>(m->size),
+                  "weight sync: {} has an inconsistent header ({} tensors, {} bytes per slot, {} bytes mapped)", where,
+                  h->n_tensors, h->slot_bytes, m->size);
+        const auto dtype = static_cast<at::ScalarType>(h->dtype);
+        RLX_CHECK(h->dtype >= 0 && h->dtype < static_cast<int32_t>(at::ScalarType::NumOptions) && at::isFloatingType(dtype),
+                  "weight sync: {} has dtype code {}, not a floating-point type", where, h->dtype);
+        WeightLayout layout;
+        layout.dtype = dtype;
+        for (int64_t i = 0; i < h->n_tensors; ++i) {
+          const auto& e = m->table()[i];
+          const auto len = ::strnlen(e.name, kNameBytes);
+          RLX_CHECK(len < kNameBytes && e.ndim >= 0 && e.ndim <= kMaxDims, "weight sync: {}: table entry {} is malformed",
+                    where, i);
+          int64_t numel = 1;
+          std::vector<int64_t> shape(e.shape, e.shape + e.ndim);
+          for (auto d : shape) {
+            RLX_CHECK(d >= 0 && d <= kMaxSyncBytes, "weight sync: {}: tensor {} has dimension {}", where, i, d);
+            numel *= d;
+          }
+          RLX_CHECK(e.bytes == numel * static_cast<int64_t>(c10::elementSize(dtype)) && e.offset >= 0 &&
+                        e.offset + e.bytes <= h->slot_bytes,
+                    "weight sync: {}: tensor {} ({:?}) lies outside its slot", where, i, std::string(e.name, len));
+          layout.tensors.emplace_back(std::string(e.name, len), std::move(shape));
+        }
+        layout_ = std::move(layout);
+        impl_->map = std::move(m);
+        for (auto& b : buffers_) b = at::empty({h->slot_bytes}, at::kByte);
+        buffer_version_[0] = buffer_version_[1] = 0;
+        version_ = 0;
+        return;
+      }
+    }
+    RLX_CHECK(now_s() < deadline, "weight sync: no publisher created {} within {} s", where, timeout_s);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+std::optional<WeightUpdate> ShmWeightSubscriber::poll() {
+  auto* m = impl_->map.get();
+  auto* h = m->header();
+  int64_t v = h->published.load(std::memory_order_acquire);
+  if (v <= version_) {
+    // Nothing new here: has a new publisher replaced the segment (this one closed or unlinked)?
+    struct stat st {};
+    const bool replaced = ::stat(("/dev/shm/" + opt_.name).c_str(), &st) == 0 && st.st_ino != m->inode;
+    if (h->closed.load(std::memory_order_acquire) || replaced) {
+      try {
+        attach(0);
+      } catch (const Error&) {
+        return std::nullopt;  // no new publisher yet
+      }
+      return poll();
+    }
+    return std::nullopt;
+  }
+  WeightUpdate u;
+  const int target = 1 - current_;
+  for (int attempt = 0; attempt < opt_.max_retries; ++attempt, ++u.retries) {
+    const int s = h->active.load(std::memory_order_acquire);
+    const uint64_t seq1 = h->slots[s].seq.load(std::memory_order_acquire);
+    v = h->published.load(std::memory_order_acquire);
+    if ((seq1 & 1) != 0 || h->slots[s].version.load(std::memory_order_relaxed) != v) {
+      std::this_thread::yield();  // caught between a write and its publication
+      continue;
+    }
+    const int64_t have = buffer_version_[target];
+    char* dst = static_cast<char*>(buffers_[target].data_ptr());
+    const char* src = m->slot(s);
+    int64_t copied = 0;
+    for (int64_t i = 0; i < h->n_tensors; ++i) {
+      const auto& e = m->table()[i];
+      if (have > 0 && e.last_changed.load(std::memory_order_relaxed) <= have) continue;  // unchanged since `have`
+      std::memcpy(dst + e.offset, src + e.offset, static_cast<size_t>(e.bytes));
+      copied += e.bytes;
+    }
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (h->slots[s].seq.load(std::memory_order_relaxed) != seq1) {
+      buffer_version_[target] = 0;  // partly overwritten: the next attempt copies everything
+      continue;
+    }
+    buffer_version_[target] = v;
+    current_ = target;
+    version_ = v;
+    u.version = v;
+    u.bytes_copied += copied;
+    for (int64_t i = 0; i < h->n_tensors; ++i) {
+      const auto& e = m->table()[i];
+      const auto& [name, shape] = layout_.tensors[static_cast<size_t>(i)];
+      u.tensors.emplace_back(name, at::from_blob(dst + e.offset, shape, at::TensorOptions().dtype(layout_.dtype)));
+    }
+    return u;
+  }
+  throw Error(fmt::format("weight sync: /dev/shm/{}: {} copies of version {} raced the publisher's writes",
+                          opt_.name, opt_.max_retries, v));
+}
+
+}  // namespace rlx::dist
