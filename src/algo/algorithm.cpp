@@ -150,6 +150,7 @@ std::vector<std::string> algorithm_names() {
 }
 
 std::unique_ptr<Algorithm> make_algorithm(const AlgoOptions& options) {
+  options.validate();
   AlgorithmFactory f;
   {
     std::lock_guard lock(registry_mutex());

@@ -99,15 +99,23 @@ algo::Metrics train_on_batch(algo::Algorithm& algorithm, const TrainModels& m, s
   if (m.reference && algorithm.needs_reference()) m.reference->annotate(seqs, m.policy.options().packing);
   if (algorithm.needs_critic() && !head) m.critic->annotate(seqs, "", "old_values");
 
-  // 2. Advantages (and returns).
+  // 2. Advantages (and returns), from rewards shaped by the overlong penalty.
   std::vector<double> adv_values;
   std::vector<int64_t> lengths;
   for (const auto& s : seqs) lengths.push_back(std::accumulate(s.loss_mask.begin(), s.loss_mask.end(), int64_t{0}));
+  std::vector<double> shaped = rewards;
+  double penalty_sum = 0;
+  if (o.overlong_buffer > 0)
+    for (size_t i = 0; i < shaped.size(); ++i) {
+      const double p = o.overlong_factor * algo::overlong_penalty(lengths[i], o.max_response_tokens, o.overlong_buffer);
+      shaped[i] += p;
+      penalty_sum += p;
+    }
   if (algorithm.needs_critic()) {
     std::vector<algo::TokenTrajectory> batch;
     for (size_t i = 0; i < seqs.size(); ++i) {
       const bool ref = seqs[i].values.count("ref_logprobs") > 0;
-      batch.push_back({.reward = rewards[i],
+      batch.push_back({.reward = shaped[i],
                        .values = trained(seqs[i], "old_values"),
                        .old_logprobs = trained(seqs[i], "old_logprobs"),
                        .ref_logprobs = ref ? trained(seqs[i], "ref_logprobs") : at::Tensor()});
@@ -124,7 +132,7 @@ algo::Metrics train_on_batch(algo::Algorithm& algorithm, const TrainModels& m, s
     size_t i = 0;
     for (auto n : group_sizes) {
       auto& g = groups.emplace_back();
-      for (size_t k = 0; k < n; ++k, ++i) g.push_back({.reward = rewards[i], .response_tokens = lengths[i]});
+      for (size_t k = 0; k < n; ++k, ++i) g.push_back({.reward = shaped[i], .response_tokens = lengths[i]});
     }
     auto adv = algorithm.advantages(groups, sum);
     i = 0;
@@ -140,6 +148,12 @@ algo::Metrics train_on_batch(algo::Algorithm& algorithm, const TrainModels& m, s
     comm.all_reduce(t, dist::ReduceOp::max, "batch maxima")->wait();
     for (size_t i = 0; i < v.size(); ++i) v[i] = t[static_cast<int64_t>(i)].item<double>();
   });
+
+  if (o.overlong_buffer > 0) {
+    std::vector<double> p{penalty_sum, static_cast<double>(seqs.size())};
+    sum(p);
+    metrics["overlong_penalty_mean"] = p[1] > 0 ? p[0] / p[1] : 0.0;
+  }
 
   // 3. The adaptive KL controller sees the batch's KL per sequence (old policy vs reference).
   if (o.kl_target > 0) {

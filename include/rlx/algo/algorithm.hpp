@@ -58,6 +58,9 @@ struct AlgoOptions {
   CriticKind critic = CriticKind::separate;
   double critic_lr = 0.0;                            // the separate critic's learning rate (0: learner.lr)
   int64_t epochs = 1;                                // passes over each batch
+  int64_t overlong_buffer = 0;                       // DAPO soft overlong penalty over the last N tokens (0: off)
+  int64_t max_response_tokens = 0;                   // ... of responses up to this many tokens
+  double overlong_factor = 1.0;                      // ... scaled by this
   int64_t mini_batches = 1;                          // optimizer steps per pass
 
   template <class V>
@@ -88,8 +91,16 @@ struct AlgoOptions {
     v("critic_lr", critic_lr, "the separate critic's learning rate; 0: learner.lr", config::at_least(0));
     v("epochs", epochs, "passes over each batch (PPO epochs)", config::in_range(1, 64));
     v("mini_batches", mini_batches, "optimizer steps per pass over a batch", config::in_range(1, 4096));
+    v("overlong_buffer", overlong_buffer, "DAPO soft overlong penalty: 0 off, else the last N tokens before "
+      "max_response_tokens cost up to overlong_factor", config::at_least(0));
+    v("max_response_tokens", max_response_tokens, "the response-length limit the overlong penalty refers to",
+      config::at_least(0));
+    v("overlong_factor", overlong_factor, "the overlong penalty's largest value", config::at_least(0));
   }
   void validate() const {
+    RLX_CHECK(overlong_buffer == 0 || (max_response_tokens > overlong_buffer),
+              "algorithm.max_response_tokens ({}) must exceed algorithm.overlong_buffer ({})", max_response_tokens,
+              overlong_buffer);
     RLX_CHECK(clip.dual_clip == 0 || clip.dual_clip > 1, "algorithm.dual_clip must be 0 or > 1, got {}", clip.dual_clip);
     RLX_CHECK(tis_cap == 0 || tis_cap >= 1, "algorithm.tis_cap must be 0 or >= 1, got {}", tis_cap);
   }

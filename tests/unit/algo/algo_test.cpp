@@ -479,3 +479,28 @@ TEST_CASE("a short PPO run on a toy task improves its reward (fixed seeds; separ
     CHECK(std::isfinite(last["kl"]));
   }
 }
+
+TEST_CASE("train_on_batch shapes rewards with the overlong penalty before the advantages", "[algo]") {
+  register_bundled_algorithms();
+  CHECK_THROWS_WITH(make_algorithm({.name = "grpo", .overlong_buffer = 8, .max_response_tokens = 8}),
+                    Catch::Contains("max_response_tokens"));
+  auto comm = rlx::dist::single_process();
+  const auto cfg = rlx::test::test_model({.vocab = 16, .hidden = 8, .intermediate = 10});
+  rlx::Learner learner(cfg, *comm, toy_options(0.0));
+  learner.init_weights(3);
+  // Two responses with reward 1, of 4 and 10 tokens; limit 10, buffer 4: penalties 0 (at most
+  // 6 tokens) and -1 x factor 0.5, so the shaped rewards are {1, 0.5}: mean 0.75, sample std
+  // sqrt(0.125), GRPO's advantages +-0.25 / 0.35355 = +-0.7071.
+  std::vector<rlx::Sequence> seqs(2);
+  for (size_t i = 0; i < 2; ++i) {
+    seqs[i].tokens = {1, 2};
+    seqs[i].loss_mask = {0, 0};
+    for (int k = 0; k < (i == 0 ? 4 : 10); ++k) seqs[i].tokens.push_back(3 + k), seqs[i].loss_mask.push_back(1);
+  }
+  auto grpo = make_algorithm({.name = "grpo", .overlong_buffer = 4, .max_response_tokens = 10, .overlong_factor = 0.5});
+  auto m = rlx::train_on_batch(*grpo, {.policy = learner}, seqs, {1.0, 1.0}, {2});
+  CHECK(seqs[0].values.at("advantages")[2] == Approx(0.25 / std::sqrt(0.125)).epsilon(1e-4));
+  CHECK(seqs[1].values.at("advantages")[2] == Approx(-0.25 / std::sqrt(0.125)).epsilon(1e-4));
+  CHECK(m["overlong_penalty_mean"] == Approx(-0.25));
+  CHECK(m["reward_mean"] == 1.0);  // the raw rewards
+}
