@@ -211,7 +211,7 @@ struct Client::Impl {
     zmq::message_t msg;
     while (!stop) {
       zmq::pollitem_t items[] = {{dealer.handle(), 0, ZMQ_POLLIN, 0}, {bell_in.handle(), 0, ZMQ_POLLIN, 0}};
-      zmq::poll(items, 2, std::chrono::milliseconds(50));
+      detail::poll(items, 2, std::chrono::milliseconds(50));
       rung = false;  // before reading the outbox: a caller that enqueues after this rings again
       if (items[1].revents & ZMQ_POLLIN)
         while (bell_in.recv(msg, zmq::recv_flags::dontwait)) {
@@ -254,7 +254,7 @@ struct Client::Impl {
     const bool ok = cv.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return item->reply.has_value(); });
     if (!ok) {
       forget_locked(item);
-      throw Error(fmt::format("client {}: the hub at {} did not answer {} within {:.0f} s", o.who, o.address, what, timeout_s));
+      throw TimeoutError(fmt::format("client {}: the hub at {} did not answer {} within {:.1f} s", o.who, o.address, what, timeout_s));
     }
     return std::move(*item->reply);
   }

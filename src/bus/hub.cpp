@@ -1,6 +1,7 @@
 #include "rlx/bus/hub.hpp"
 
 #include <fcntl.h>
+#include <sstream>
 #include <malloc.h>
 #include <fmt/format.h>
 #include <unistd.h>
@@ -423,10 +424,27 @@ struct Hub::Impl {
     if (c.command == "save") {
       RLX_CHECK(!o.state_file.empty(), "save requested, but the hub has no state_file");
       save(o.state_file);
+    } else if (c.command.starts_with("checkpoint ")) {
+      // "checkpoint NAME BATCH": a learner checkpointed after training batch BATCH (0:
+      // none yet), which is therefore confirmed; the hub's state is saved beside the
+      // state file as NAME, and a resume from that checkpoint restores the hub from it.
+      RLX_CHECK(p.role == "learner", "control checkpoint from {}, a {}: only learners checkpoint", p.who, p.role);
+      RLX_CHECK(!o.state_file.empty(), "checkpoint requested, but the hub has no state_file");
+      std::istringstream words(c.command.substr(11));
+      std::string name;
+      uint64_t batch_id = 0;
+      RLX_CHECK(words >> name >> batch_id && words.eof(), "control checkpoint: expected 'checkpoint NAME BATCH_ID', got '{}'",
+                c.command);
+      RLX_CHECK(name.size() <= 128 && name[0] != '.' &&
+                    name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") ==
+                        std::string::npos,
+                "control checkpoint: '{}' is not a plain file name (letters, digits, _ . -; at most 128)", name);
+      if (p.in_flight && p.in_flight->batch_id == batch_id) p.in_flight.reset();
+      save((std::filesystem::path(o.state_file).parent_path() / name).string());
     } else if (c.command == "stop") {
       stop_requested = true;
     } else {
-      throw Error(fmt::format("control: unknown command '{}' (save, stop)", c.command));
+      throw Error(fmt::format("control: unknown command '{}' (save, checkpoint NAME BATCH_ID, stop)", c.command));
     }
     send(p, Ack{.seq = seq, .verdict = verdict}, seq);
   }
@@ -501,7 +519,9 @@ struct Hub::Impl {
   void poll(double timeout_s) {
     zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
     const double until_tick = std::max(0.0, last_tick + std::min(0.25, o.heartbeat_s / 2) - seconds_now());
-    zmq::poll(&item, 1, std::chrono::milliseconds(static_cast<int64_t>(1000 * std::min(timeout_s, until_tick))));
+    // A signal (SIGTERM asks to stop) interrupts the wait: the caller checks its flag.
+    if (!detail::poll(&item, 1, std::chrono::milliseconds(static_cast<int64_t>(1000 * std::min(timeout_s, until_tick)))))
+      return;
     for (int i = 0; i < 256; ++i) {  // drain a bounded number per turn
       zmq::message_t route, body;
       if (!router.recv(route, zmq::recv_flags::dontwait)) break;

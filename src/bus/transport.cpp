@@ -92,6 +92,16 @@ std::vector<std::string> read_public_keys(const std::filesystem::path& file) {
 
 namespace detail {
 
+bool poll(zmq::pollitem_t* items, size_t n, std::chrono::milliseconds timeout) {
+  try {
+    zmq::poll(items, n, timeout);
+    return true;
+  } catch (const zmq::error_t& e) {
+    if (e.num() != EINTR) throw;
+    return false;
+  }
+}
+
 zmq::context_t& shared_context() {
   static zmq::context_t context(1);
   return context;
@@ -139,7 +149,7 @@ ZapHandler::~ZapHandler() {
 void ZapHandler::serve() {
   while (!stop_) {
     zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
-    zmq::poll(&item, 1, std::chrono::milliseconds(100));
+    detail::poll(&item, 1, std::chrono::milliseconds(100));
     if (!(item.revents & ZMQ_POLLIN)) continue;
     // ZAP 1.0: version, request id, domain, address, identity, mechanism, credentials...
     std::vector<zmq::message_t> parts;

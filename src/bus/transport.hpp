@@ -22,6 +22,10 @@ namespace rlx::bus::detail {
 // The context of the process's bus sockets (inproc:// endpoints need one shared context).
 zmq::context_t& shared_context();
 
+// zmq::poll that returns false when a signal interrupted it (EINTR; a SIGTERM handler
+// sets a flag the caller checks) instead of throwing.
+bool poll(zmq::pollitem_t* items, size_t n, std::chrono::milliseconds timeout);
+
 // LINGER 0, bounded queues (HWM) and ZMQ_MAXMSGSIZE = header + the frame limit.
 void configure_socket(zmq::socket_t& socket, const Limits& limits, int hwm);
 // CURVE server with the hub's key; ZAP domain "rlx" so the handler is consulted.

@@ -24,5 +24,6 @@ void add_generate_command(CLI::App& app, Action& action);
 void add_bus_commands(CLI::App& app, Action& action);
 void add_env_commands(CLI::App& app, Action& action);
 void add_learner_commands(CLI::App& app, Action& action);
+void add_run_commands(CLI::App& app, Action& action);
 
 }  // namespace rlx::cli

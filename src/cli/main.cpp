@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   rlx::cli::add_bus_commands(app, action);
   rlx::cli::add_env_commands(app, action);
   rlx::cli::add_learner_commands(app, action);
+  rlx::cli::add_run_commands(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

@@ -44,7 +44,7 @@ void serve_envs(const EnvServerOptions& o, const Registry& registry, const Conte
   log::info("env server: serving {} environments on {}", registry.list().size(), o.address);
   while (!stop) {
     zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
-    zmq::poll(&item, 1, std::chrono::milliseconds(100));
+    bus::detail::poll(&item, 1, std::chrono::milliseconds(100));
     zmq::message_t route, body;
     while (router.recv(route, zmq::recv_flags::dontwait)) {
       if (!route.more()) continue;
@@ -216,7 +216,7 @@ struct RemoteEnv::Impl {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) return std::nullopt;
       zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
-      zmq::poll(&item, 1, std::min(left, std::chrono::milliseconds(o.server ? 200 : left.count())));
+      bus::detail::poll(&item, 1, std::min(left, std::chrono::milliseconds(o.server ? 200 : left.count())));
       // A supervised server that died is restarted now rather than at the end of the timeout.
       if (o.server && o.server->ensure_running()) return std::nullopt;
       zmq::message_t msg;

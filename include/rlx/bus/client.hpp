@@ -26,6 +26,7 @@
 
 #include "rlx/bus/channel.hpp"
 #include "rlx/bus/message.hpp"
+#include "rlx/core/error.hpp"
 
 namespace rlx::bus {
 
@@ -56,6 +57,13 @@ struct ClientOptions {
     v("queue_depth", queue_depth, "ZeroMQ high-water mark, in messages", config::in_range(1, 1000000));
     v("curve", curve, "CURVE keys (tcp://)");
   }
+};
+
+// A request the hub did not answer in time (safe to repeat: a batch sent late is sent
+// again, since the next request does not confirm it).
+class TimeoutError : public Error {
+ public:
+  using Error::Error;
 };
 
 class Client {

@@ -308,7 +308,9 @@ struct VersionUpdate {
   template <class Ar> void serialize(Ar& ar) { ar(version); }
 };
 
-// An operator's request to the hub: "save" (state to its state file), "stop".
+// A request to the hub: "save" (state to its state file), "checkpoint NAME BATCH_ID" (a
+// learner checkpointed after training that batch: it is confirmed, the state saved as NAME
+// beside the state file), "stop".
 struct Control {
   static constexpr MsgType kType = MsgType::control;
   std::string command;

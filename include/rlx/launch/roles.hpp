@@ -1,0 +1,60 @@
+// The roles of a run and the launcher that starts them (`rlx run CONFIG`).
+//
+// Every role is a process of the same binary (`rlx role NAME ...`):
+//   hub      the replay hub: prompts (the dataset, or tasks the environment
+//            generates), leases, the replay buffer, trajectories.h5
+//   learner  takes batches from the hub, trains with the configured algorithm
+//            (train_on_batch), publishes each new version through weight sync
+//            (shared memory), writes metrics.jsonl and a checkpoint at the end
+//   worker   takes leases, runs each sample's episode against the environment with
+//            the rollout engine, applies new weight versions between leases, and
+//            sends trajectory groups (exact tokens, masks, behaviour log-probs,
+//            versions, rewards) to the hub
+// The launcher writes the run directory (config.yaml, logs/), starts the roles, and
+// watches them: when the learner finishes, the others are stopped; when any role
+// fails, the run stops and the error names the role, its index and how it ended.
+//
+//   rlx::RunConfig cfg = rlx::config::load_file<rlx::RunConfig>("grpo.yaml", overrides);
+//   return rlx::launch::launch(cfg, "/proc/self/exe");
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "rlx/launch/config.hpp"
+#include "rlx/model/tokenizer.hpp"
+#include "rlx/model/transformer.hpp"
+
+namespace rlx::launch {
+
+struct RoleContext {
+  RunConfig cfg;
+  std::filesystem::path run_dir;
+  std::string weights;  // the weight-sync segment's name
+  std::string exe;      // this binary (env servers are started from it)
+  int index = 0;        // worker index or learner rank
+  std::string hub_address() const;
+};
+
+// The tokenizer of a run: tokenizer.path, else the model directory's, else (a preset
+// model) the character tokenizer of toy tasks.
+std::shared_ptr<const Tokenizer> run_tokenizer(const RunConfig& cfg);
+// The policy's starting weights: model.path, else the preset (vocabulary sized to the
+// tokenizer) initialised from run.seed. Every role builds the same one.
+std::shared_ptr<Transformer> initial_model(const RunConfig& cfg, const Tokenizer& tokenizer);
+
+int run_hub(const RoleContext& ctx);
+int run_learner(const RoleContext& ctx);
+int run_worker(const RoleContext& ctx);
+
+struct LaunchOptions {
+  bool resume = false;  // continue the run directory from its newest checkpoint
+  bool force = false;   // start over in a run directory that holds a run
+};
+
+// `rlx run`: the run directory, the roles as processes of `exe`, and their watch.
+// Returns the exit code (128 + signal when SIGINT/SIGTERM stopped it after a checkpoint).
+int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& options = {});
+
+}  // namespace rlx::launch

@@ -1,0 +1,63 @@
+// rlx run CONFIG [key=value ...]    validate the config, then start and watch every role
+// rlx role NAME --config F ...      one role of a run (what `rlx run` starts; internal)
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+
+#include "commands.hpp"
+#include "rlx/launch/roles.hpp"
+
+namespace rlx::cli {
+
+void add_run_commands(CLI::App& app, Action& action) {
+  struct RunArgs {
+    std::string file;
+    std::vector<std::string> overrides;
+    launch::LaunchOptions launch;
+  };
+  auto args = std::make_shared<RunArgs>();
+  auto* run = app.add_subcommand("run", "Train: validate CONFIG, then start the hub, learner and rollout workers and watch them");
+  run->add_option("config", args->file, "YAML run config")->required();
+  run->add_option("overrides", args->overrides, "section.key=value overrides");
+  run->add_flag("--resume", args->launch.resume, "continue the run directory from its newest checkpoint");
+  run->add_flag("--force", args->launch.force, "start over in a run directory that holds a run (deletes it)");
+  run->callback([args, &action] {
+    action = [args] {
+      // The whole config is checked before any process starts.
+      auto cfg = config::load_file<RunConfig>(args->file, args->overrides);
+      cfg.model.validate();
+      cfg.learner.validate();
+      cfg.algorithm.validate();
+      return launch::launch(cfg, std::filesystem::read_symlink("/proc/self/exe").string(), args->launch);
+    };
+  });
+
+  struct RoleArgs {
+    std::string role, config, run_dir, weights, exe;
+  };
+  auto ra = std::make_shared<RoleArgs>();
+  auto* role = app.add_subcommand("role", "One role of a run, as `rlx run` starts it")->group("");
+  role->add_option("role", ra->role, "hub, learner or worker")->required()->check(CLI::IsMember({"hub", "learner", "worker"}));
+  role->add_option("--config", ra->config, "the run's resolved config")->required();
+  role->add_option("--run-dir", ra->run_dir, "the run directory")->required();
+  role->add_option("--weights", ra->weights, "the weight-sync segment")->required();
+  role->add_option("--exe", ra->exe, "the rlx binary")->required();
+  role->callback([ra, &action] {
+    action = [ra] {
+      // A role dies with its launcher (SIGTERM: the learner checkpoints, the hub saves).
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (const char* p = std::getenv("RLX_LAUNCHER_PID"); p && ::getppid() != std::atoi(p)) return 1;
+      launch::RoleContext ctx{.cfg = config::load_file<RunConfig>(ra->config), .run_dir = ra->run_dir, .weights = ra->weights, .exe = ra->exe};
+      if (const char* r = std::getenv("RLX_RANK")) ctx.index = std::atoi(r);
+      if (ra->role == "hub") return launch::run_hub(ctx);
+      if (ra->role == "learner") return launch::run_learner(ctx);
+      return launch::run_worker(ctx);
+    };
+  });
+}
+
+}  // namespace rlx::cli

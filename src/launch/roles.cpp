@@ -1,0 +1,608 @@
+#include "rlx/launch/roles.hpp"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "rlx/bus/client.hpp"
+#include "rlx/bus/hub.hpp"
+#include "rlx/core/clock.hpp"
+#include "rlx/core/log.hpp"
+#include "rlx/core/threads.hpp"
+#include <cstring>
+#include "rlx/dist/local_group.hpp"
+#include "rlx/dist/weight_sync.hpp"
+#include "rlx/env/bundled.hpp"
+#include "rlx/env/env.hpp"
+#include "rlx/env/sandbox.hpp"
+#include "rlx/env/server.hpp"
+#include "rlx/learner/algorithm_loss.hpp"
+#include "rlx/learner/checkpoint.hpp"
+#include "rlx/model/hf.hpp"
+#include "rlx/rollout/engine.hpp"
+
+namespace rlx::launch {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string RoleContext::hub_address() const { return "ipc://" + (run_dir / "hub.sock").string(); }
+
+std::shared_ptr<const Tokenizer> run_tokenizer(const RunConfig& cfg) {
+  if (!cfg.tokenizer.path.empty()) return load_tokenizer(cfg.tokenizer.path);
+  if (!cfg.model.path.empty()) return load_tokenizer(fs::path(cfg.model.path) / "tokenizer.json");
+  return std::make_shared<CharTokenizer>(default_char_alphabet());
+}
+
+std::shared_ptr<Transformer> initial_model(const RunConfig& cfg, const Tokenizer& tokenizer) {
+  const auto dtype = to_scalar_type(cfg.model.dtype);
+  if (!cfg.model.path.empty()) return load_hf(cfg.model.path, {.dtype = dtype, .device = at::Device(cfg.model.device)});
+  auto mc = model_preset(cfg.model.preset, cfg.model.arch);
+  mc.vocab_size = cfg.model.vocab_size > 0 ? cfg.model.vocab_size : tokenizer.vocab_size();
+  auto model = std::make_shared<Transformer>(mc, dtype, at::Device(cfg.model.device));
+  model->init_weights(cfg.run.seed);
+  return model;
+}
+
+namespace {
+
+// Threads per process: the configured number, else the cores shared among the roles.
+void set_threads(const RunConfig& cfg) {
+  const auto procs = cfg.rollout.workers + cfg.train.learner_ranks;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  set_compute_threads(cfg.run.threads > 0 ? cfg.run.threads : std::max(1, cores / static_cast<int>(procs)));
+}
+
+bus::HubOptions hub_options(const RoleContext& ctx) {
+  auto o = ctx.cfg.hub;
+  o.address = ctx.hub_address();
+  // Leases run at most max_staleness versions ahead of the learner; synchronous mode is
+  // on-policy: every group of step k is sampled by version k - 1.
+  if (o.groups_per_version == 0) o.groups_per_version = ctx.cfg.train.groups_per_step;
+  if (ctx.cfg.train.mode == TrainMode::sync) o.replay.max_staleness = 0;
+  if (o.trajectory_file.empty()) o.trajectory_file = (ctx.run_dir / "trajectories.h5").string();
+  if (o.state_file.empty()) o.state_file = (ctx.run_dir / "hub.state").string();
+  return o;
+}
+
+}  // namespace
+
+namespace {
+std::atomic<bool> g_stop{false};
+extern "C" void on_stop(int) { g_stop = true; }
+void install_stop_handler() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+}
+}  // namespace
+
+int run_hub(const RoleContext& ctx) {
+  set_compute_threads(1);
+  auto o = hub_options(ctx);
+  std::unique_ptr<bus::Hub> hub;
+  if (!o.dataset.empty()) {
+    hub = std::make_unique<bus::Hub>(o);
+  } else {  // tasks from the environment's own generator
+    env::register_bundled();
+    std::vector<std::string> records;
+    const auto options = ctx.cfg.env.options_json();
+    for (uint64_t i = 0; i < ctx.cfg.train.generated_tasks; ++i)
+      records.push_back(env::Registry::global().generate(ctx.cfg.env.name, ctx.cfg.run.seed, i, options).dump());
+    hub = std::make_unique<bus::Hub>(o, std::move(records));
+  }
+  // SIGTERM (from the launcher, after the learner's last checkpoint) saves and stops; a
+  // terminal's SIGINT is the launcher's to handle.
+  install_stop_handler();
+  ::signal(SIGINT, SIG_IGN);
+  log::info("hub: serving {} ({} groups of {} per step)", hub->endpoint(), ctx.cfg.train.groups_per_step,
+            o.group_size);
+  hub->run(g_stop);
+  return 0;
+}
+
+int run_learner(const RoleContext& ctx) {
+  const auto& cfg = ctx.cfg;
+  install_stop_handler();
+  set_threads(cfg);
+  auto tok = run_tokenizer(cfg);
+  auto start = initial_model(cfg, *tok);
+  auto comm = dist::single_process();
+  algo::register_bundled_algorithms();
+  auto algorithm = algo::make_algorithm(cfg.algorithm);
+  auto lo = cfg.learner.options(cfg.run.seed);
+  const bool head = algorithm->needs_critic() && cfg.algorithm.critic == algo::CriticKind::head;
+  lo.value_head = head;
+  lo.entropy = algorithm->needs_entropy();
+  Learner policy(start->config(), *comm, lo);
+  policy.load_from(*start);
+  std::unique_ptr<ReferenceModel> reference;
+  if (algorithm->needs_reference()) {
+    reference = std::make_unique<ReferenceModel>(start->config(), *comm, lo.fsdp);
+    reference->load_from(*start);
+  }
+  std::unique_ptr<Learner> critic;
+  if (algorithm->needs_critic() && !head) {
+    auto co = lo;
+    co.policy_head = false;
+    co.value_head = true;
+    co.entropy = false;
+    if (cfg.algorithm.critic_lr > 0) co.optimizer.lr = cfg.algorithm.critic_lr;
+    critic = std::make_unique<Learner>(start->config(), *comm, co);
+    critic->load_from(*start);
+  }
+  start.reset();
+
+  // Resume: the newest verified checkpoint (the launcher restored the hub's state saved
+  // with it). Version k is the policy after k steps; version 0 every role builds itself.
+  const CheckpointOptions policy_ckpt{.root = ctx.run_dir / "checkpoints", .keep_last = cfg.learner.checkpoint_keep_last};
+  const CheckpointOptions critic_ckpt{.root = ctx.run_dir / "checkpoints-critic", .keep_last = cfg.learner.checkpoint_keep_last};
+  int64_t step = 0;
+  if (auto loaded = load_latest_checkpoint(policy, policy_ckpt)) {
+    step = loaded->step;
+    if (critic) {
+      auto c = load_latest_checkpoint(*critic, critic_ckpt);
+      RLX_CHECK(c && c->step == step, "resume: the critic's checkpoint does not match the policy's step {}", step);
+    }
+    algorithm->set_kl_coef(loaded->references.value("kl_coef", algorithm->kl_coef()));  // adaptive KL's state
+    log::info("learner: resumed from {} (step {})", loaded->dir.string(), step);
+  }
+  auto params = policy.model().gather_parameters();
+  dist::ShmWeightPublisher pub({.name = ctx.weights}, dist::WeightLayout::of(params, to_scalar_type(cfg.model.dtype)));
+  bus::Client client({.address = ctx.hub_address(), .who = fmt::format("learner-{}", ctx.index), .role = "learner"});
+  if (step > 0) {
+    pub.publish(step, params);
+    client.publish_version(step);
+  }
+  uint64_t trained_batch = 0;  // the hub's id of the last batch trained
+  auto checkpoint = [&] {
+    const auto name = fmt::format("hub-step_{:08d}.state", step);
+    client.control(fmt::format("checkpoint {} {}", name, trained_batch));  // confirms it; saves the hub beside it
+    if (critic) save_checkpoint(*critic, critic_ckpt);
+    save_checkpoint(policy, policy_ckpt, {{"hub_state", name}, {"weights_version", step}, {"kl_coef", algorithm->kl_coef()}});
+  };
+
+  std::ofstream metrics_out(ctx.run_dir / "metrics.jsonl", std::ios::app);
+  const double t_start = now_s();
+  bool saved = step > 0;
+  while (step < cfg.train.steps && !g_stop) {
+    const double t0 = now_s();
+    // Waits in slices so that SIGINT/SIGTERM is noticed while rollout is slow.
+    bus::Batch batch;
+    for (;;) {
+      try {
+        batch = client.next_batch({.max_groups = cfg.train.groups_per_step, .num_ranks = 1}, 1.0);
+        break;
+      } catch (const bus::TimeoutError&) {
+        RLX_CHECK(now_s() - t0 < cfg.train.batch_timeout_s, "learner: no batch from the hub within {} s (step {})",
+                  cfg.train.batch_timeout_s, step + 1);
+        if (g_stop) break;
+      }
+    }
+    if (g_stop && batch.groups.empty()) break;
+    const double t_wait = now_s() - t0;
+    if (batch.groups.empty()) {
+      RLX_CHECK(batch.end, "learner: the hub sent an empty batch that is not the end");
+      log::info("learner: the hub has no more groups; stopping at step {}", step);
+      break;
+    }
+    // Groups in prompt order: the step does not depend on which worker finished first.
+    std::sort(batch.groups.begin(), batch.groups.end(), [](const auto& a, const auto& b) {
+      return std::tie(a.epoch, a.prompt_index) < std::tie(b.epoch, b.prompt_index);
+    });
+    std::vector<Sequence> seqs;
+    std::vector<double> rewards;
+    std::vector<size_t> sizes;
+    int64_t vmin = INT64_MAX, vmax = -1, tokens = 0;
+    for (const auto& g : batch.groups) {
+      sizes.push_back(g.samples.size());
+      const auto [lo_v, hi_v] = g.version_range();
+      if (lo_v >= 0) vmin = std::min(vmin, lo_v), vmax = std::max(vmax, hi_v);
+      for (const auto& t : g.samples) {
+        Sequence s;
+        s.tokens.assign(t.tokens.begin(), t.tokens.end());
+        s.loss_mask = t.loss_mask;
+        s.values["behaviour_logprobs"] = t.logprobs;
+        rewards.push_back(t.reward);
+        tokens += static_cast<int64_t>(t.tokens.size());
+        seqs.push_back(std::move(s));
+      }
+    }
+    const double t1 = now_s();
+    auto m = train_on_batch(*algorithm, {.policy = policy, .critic = critic.get(), .reference = reference.get()}, seqs,
+                            rewards, sizes);
+    const double t_train = now_s() - t1;
+    ++step;
+    trained_batch = batch.batch_id;
+    params = policy.model().gather_parameters();
+    const double t2 = now_s();
+    pub.publish(step, params);
+    client.publish_version(step);
+    const double t_sync = now_s() - t2;
+    saved = false;
+    if (cfg.learner.checkpoint_every > 0 && step % cfg.learner.checkpoint_every == 0) checkpoint(), saved = true;
+    json line = {{"step", step},
+                 {"time_s", now_s() - t_start},
+                 {"groups", batch.groups.size()},
+                 {"tokens", tokens},
+                 {"tokens_per_s", static_cast<double>(tokens) / std::max(now_s() - t0, 1e-9)},
+                 {"sample_version_min", vmin == INT64_MAX ? -1 : vmin},
+                 {"sample_version_max", vmax},
+                 {"version_lag", vmin == INT64_MAX ? 0 : step - 1 - vmin},  // trained version minus oldest sample
+                 {"wait_s", t_wait},
+                 {"train_s", t_train},
+                 {"sync_s", t_sync}};
+    for (const auto& [k, v] : m) line[k] = v;
+    metrics_out << line.dump() << std::endl;
+    const double per_step = (now_s() - t_start) / static_cast<double>(step);
+    std::cerr << fmt::format("step {}/{}  reward {:.3f}  tokens/s {:.0f}  lag {}  eta {:.0f}s", step, cfg.train.steps,
+                             m["reward_mean"], line["tokens_per_s"].get<double>(), line["version_lag"].get<int64_t>(),
+                             per_step * static_cast<double>(cfg.train.steps - step))
+              << std::endl;
+  }
+  // The end, or SIGINT/SIGTERM: a checkpoint of the last finished step.
+  if (!saved) checkpoint();
+  if (g_stop) {
+    log::info("learner: stopped at step {}; `rlx run --resume` continues", step);
+    return 0;
+  }
+  export_hf(policy, ctx.run_dir / "final");
+  return 0;
+}
+
+namespace {
+
+// The episodes of one lease (a group), stepped in lockstep with the other leases of a
+// grant so that every turn is one batched engine call.
+struct GroupRollout {
+  bus::Lease lease;
+  std::vector<std::unique_ptr<env::Env>> envs;
+  std::vector<env::Episode> episodes;
+  std::vector<std::vector<int64_t>> versions;  // per token: the weight version, -1 outside actions
+  std::string error;                           // an infra error ends the group
+};
+
+// Environments of a worker: in-process, or behind sandboxed env servers (env.servers).
+class WorkerEnvs {
+ public:
+  WorkerEnvs(const RoleContext& ctx, std::shared_ptr<const Tokenizer> tok) : ctx_(ctx), tok_(std::move(tok)) {
+    const auto& e = ctx.cfg.env;
+    context_ = {.tokenizer = tok_.get(), .options = e.options_json(), .seed = ctx.cfg.run.seed};
+    // Environments that run code get a sandbox of their own inside the server, which then
+    // runs outside one (namespaces do not nest under the sandbox's filter).
+    const bool runs_code = e.name == "python_code";
+    if (e.servers == 0 && runs_code) {
+      sandbox_ = std::make_unique<Sandbox>(e.sandbox);
+      context_.sandbox = sandbox_.get();
+    }
+    for (uint32_t s = 0; s < e.servers; ++s) {
+      const auto sock = ctx.run_dir / fmt::format("env-{}-{}.sock", ctx.index, s);
+      std::vector<std::string> argv{ctx.exe, "env", "serve", "--address", "ipc://" + sock.string(), "--tokenizer",
+                                    (ctx.run_dir / "tokenizer.json").string(), "--options", context_.options.dump(),
+                                    "--seed", std::to_string(ctx.cfg.run.seed)};
+      if (runs_code) argv.push_back("--code-sandbox");
+      servers_.push_back(std::make_unique<env::EnvServerProcess>(env::EnvServerProcess::Options{
+          .argv = argv, .rlx = ctx.exe, .sandboxed = !runs_code, .sandbox = e.sandbox,
+          .writable = {ctx.run_dir.string()}, .max_restarts = e.max_restarts}));
+      addresses_.push_back("ipc://" + sock.string());
+    }
+  }
+  std::unique_ptr<env::Env> make() {
+    const auto& e = ctx_.cfg.env;
+    if (servers_.empty()) return env::Registry::global().make(e.name, context_);
+    const size_t s = next_++ % servers_.size();
+    servers_[s]->ensure_running();
+    return std::make_unique<env::RemoteEnv>(env::RemoteEnvOptions{
+        .address = addresses_[s], .env = e.name, .timeout_s = e.timeout_s, .retries = e.retries, .server = servers_[s].get()});
+  }
+
+ private:
+  const RoleContext& ctx_;
+  std::shared_ptr<const Tokenizer> tok_;
+  env::Context context_;
+  std::unique_ptr<Sandbox> sandbox_;
+  std::vector<std::unique_ptr<env::EnvServerProcess>> servers_;
+  std::vector<std::string> addresses_;
+  size_t next_ = 0;
+};
+
+// Runs every lease's group to the end: turn 0 samples each group's shared prompt once
+// with n = group size (the samples share its KV blocks); later turns continue each
+// unfinished episode. Sampling randomness is keyed by the prompt, epoch, sample and turn,
+// so a re-issued lease samples the same tokens under the same weights.
+std::vector<GroupRollout> rollout_groups(const RoleContext& ctx, Engine& engine, WorkerEnvs& envs,
+                                         const std::vector<bus::Lease>& leases) {
+  const auto& cfg = ctx.cfg;
+  std::vector<GroupRollout> groups(leases.size());
+  std::vector<std::string> stops;
+  for (size_t g = 0; g < leases.size(); ++g) {
+    auto& gr = groups[g];
+    gr.lease = leases[g];
+    try {
+      const auto task = json::parse(gr.lease.task);
+      for (uint32_t k = 0; k < gr.lease.group_size; ++k) {
+        gr.envs.push_back(envs.make());
+        if (stops.empty()) stops = gr.envs.back()->stop_strings();
+        gr.episodes.emplace_back().start(gr.envs.back()->reset(task));
+        gr.versions.emplace_back(gr.episodes.back().tokens.size(), -1);
+      }
+    } catch (const std::exception& e) {
+      gr.error = e.what();
+    }
+  }
+  for (int turn = 0; turn < cfg.env.max_turns; ++turn) {
+    std::vector<GenerationRequest> requests;
+    std::vector<std::pair<size_t, int64_t>> owner;  // group, sample (-1: all samples)
+    auto params = SamplingParams{.temperature = cfg.rollout.temperature, .max_new_tokens = cfg.rollout.max_new_tokens,
+                                 .stop_strings = stops};
+    for (size_t g = 0; g < groups.size(); ++g) {
+      auto& gr = groups[g];
+      if (!gr.error.empty()) continue;
+      const auto& l = gr.lease;
+      const bool shared = turn == 0 && std::all_of(gr.episodes.begin(), gr.episodes.end(),
+                                                   [&](const env::Episode& e) { return e.tokens == gr.episodes[0].tokens; });
+      if (shared) {
+        auto p = params;
+        p.n = l.group_size;
+        requests.push_back({.id = fmt::format("p{}.e{}.t0", l.prompt_index, l.epoch), .prompt = gr.episodes[0].tokens,
+                            .params = p, .seed = cfg.run.seed});
+        owner.emplace_back(g, -1);
+        continue;
+      }
+      for (size_t k = 0; k < gr.episodes.size(); ++k) {
+        if (gr.episodes[k].done) continue;
+        requests.push_back({.id = fmt::format("p{}.e{}.s{}.t{}", l.prompt_index, l.epoch, k, turn),
+                            .prompt = gr.episodes[k].tokens, .params = params, .seed = cfg.run.seed});
+        owner.emplace_back(g, static_cast<int64_t>(k));
+      }
+    }
+    if (requests.empty()) break;
+    auto results = engine.generate(std::move(requests));
+    for (size_t r = 0; r < results.size(); ++r) {
+      auto& gr = groups[owner[r].first];
+      for (size_t s = 0; s < results[r].samples.size() && gr.error.empty(); ++s) {
+        const size_t k = owner[r].second < 0 ? s : static_cast<size_t>(owner[r].second);
+        auto& out = results[r].samples[s];
+        auto& ep = gr.episodes[k];
+        auto& ver = gr.versions[k];
+        ep.add_action(out.tokens, out.logprobs);
+        ver.insert(ver.end(), out.versions.begin(), out.versions.end());
+        try {
+          auto step = gr.envs[k]->step(out.tokens);
+          ++ep.turns;
+          ep.reward += step.reward;
+          ep.done = step.done;
+          if (!ep.done) {
+            ep.add_observation(step.observation);
+            ver.resize(ep.tokens.size(), -1);
+          }
+        } catch (const env::InfraError& e) {
+          gr.error = e.what();
+        }
+      }
+    }
+  }
+  return groups;
+}
+
+}  // namespace
+
+int run_worker(const RoleContext& ctx) {
+  const auto& cfg = ctx.cfg;
+  ::signal(SIGINT, SIG_IGN);  // a terminal's SIGINT is the launcher's: it stops workers after the learner
+  set_threads(cfg);
+  env::register_bundled();
+  auto tok = run_tokenizer(cfg);
+  auto model = initial_model(cfg, *tok);
+  Engine engine(model, {.block_size = static_cast<int32_t>(cfg.rollout.block_size), .kv_cache_blocks = cfg.rollout.kv_cache_blocks},
+                tok);
+  dist::ShmWeightSubscriber weights({.name = ctx.weights, .attach_timeout_s = 120});
+  WorkerEnvs envs(ctx, tok);
+  const std::string who = fmt::format("worker-{}", ctx.index);
+  bus::Client client({.address = ctx.hub_address(), .who = who});
+  auto apply_weights = [&] {
+    if (auto u = weights.poll()) engine.update_weights(u->version, u->tensors);
+  };
+  int64_t groups_sent = 0;
+  for (;;) {
+    apply_weights();
+    auto grant = client.request_leases(cfg.rollout.leases_per_request);
+    if (grant.exhausted) break;
+    if (grant.leases.empty()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    // A lease asks for weights at least as new as its min_version (synchronous mode:
+    // the current one); the learner has published them by the time the hub knows them.
+    int64_t need = 0;
+    for (const auto& l : grant.leases) need = std::max(need, l.min_version);
+    const double deadline = now_s() + cfg.train.batch_timeout_s;
+    while (weights.version() < need) {  // staged in the engine, applied before its next step
+      RLX_CHECK(now_s() < deadline, "{}: weights version {} did not arrive within {} s (have {})", who, need,
+                cfg.train.batch_timeout_s, weights.version());
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      apply_weights();
+    }
+    for (auto& gr : rollout_groups(ctx, engine, envs, grant.leases)) {
+      if (!gr.error.empty()) {
+        client.report_error(gr.lease.lease_id, "infra", gr.error);
+        continue;
+      }
+      bus::TrajectoryGroup group{.lease_id = gr.lease.lease_id, .prompt_index = gr.lease.prompt_index,
+                                 .epoch = gr.lease.epoch, .worker = who};
+      for (size_t k = 0; k < gr.episodes.size(); ++k) {
+        auto& ep = gr.episodes[k];
+        bus::Trajectory t;
+        t.tokens.assign(ep.tokens.begin(), ep.tokens.end());
+        t.loss_mask = std::move(ep.loss_mask);
+        t.logprobs = std::move(ep.logprobs);
+        t.versions = std::move(gr.versions[k]);
+        t.prompt_len = ep.prompt_len;
+        t.reward = static_cast<float>(ep.reward);
+        t.finish = ep.done ? "stop" : "length";
+        group.samples.push_back(std::move(t));
+      }
+      client.submit(std::move(group));
+      ++groups_sent;
+    }
+  }
+  client.flush(30);
+  log::info("{}: {} groups sent", who, groups_sent);
+  return 0;
+}
+
+namespace {
+
+// What a run directory holds of a previous run.
+bool holds_run(const fs::path& dir) {
+  return fs::exists(dir / "hub.state") || fs::exists(dir / "checkpoints") || fs::exists(dir / "metrics.jsonl");
+}
+
+void clear_run(const fs::path& dir) {
+  for (const char* p : {"hub.state", "trajectories.h5", "metrics.jsonl", "checkpoints", "checkpoints-critic", "final"})
+    fs::remove_all(dir / p);
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().starts_with("hub-step_")) fs::remove(e.path());
+}
+
+// --resume: the hub as it was at the newest verified checkpoint, and the metrics up to it.
+void prepare_resume(const fs::path& dir) {
+  int64_t step = 0;
+  for (const auto& c : list_checkpoints(dir / "checkpoints")) {
+    auto info = verify_checkpoint(c);
+    if (!info.ok) {
+      log::warn("resume: skipping {}: {}", c.string(), info.problem);
+      continue;
+    }
+    const auto hub_state = info.learner.value("references", json::object()).value("hub_state", std::string());
+    RLX_CHECK(!hub_state.empty() && fs::exists(dir / hub_state), "resume: {} names no hub state, or {} is missing",
+              c.string(), (dir / hub_state).string());
+    fs::copy_file(dir / hub_state, dir / "hub.state", fs::copy_options::overwrite_existing);
+    step = info.step;
+    break;
+  }
+  if (step == 0) {
+    log::warn("resume: {} has no checkpoint yet; starting from step 0", dir.string());
+    clear_run(dir);
+    return;
+  }
+  // metrics.jsonl keeps the lines of the steps the checkpoint holds.
+  std::vector<std::string> keep;
+  if (std::ifstream in(dir / "metrics.jsonl"); in) {
+    for (std::string line; std::getline(in, line);) {
+      auto j = json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.value("step", int64_t{0}) <= step) keep.push_back(line);
+    }
+  }
+  std::ofstream out(dir / "metrics.jsonl", std::ios::trunc);
+  for (const auto& l : keep) out << l << "\n";
+  std::cerr << fmt::format("rlx run: resuming {} at step {}", dir.string(), step) << std::endl;
+}
+
+std::atomic<int> g_launcher_signal{0};
+extern "C" void on_launcher_signal(int sig) { g_launcher_signal = sig; }
+
+}  // namespace
+
+int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo) {
+  const fs::path run_dir = fs::absolute(fs::path(cfg.run.out_dir) / cfg.run.name);
+  fs::create_directories(run_dir / "logs");
+  if (lo.resume) {
+    prepare_resume(run_dir);
+  } else if (holds_run(run_dir)) {
+    RLX_CHECK(lo.force, "run directory {} holds a run: --resume continues it, --force starts it over", run_dir.string());
+    clear_run(run_dir);
+  }
+  const auto resolved = run_dir / "config.yaml";
+  {
+    std::ofstream f(resolved);
+    f << config::to_yaml(cfg);
+    RLX_CHECK(f.good(), "cannot write {}", resolved.string());
+  }
+  // Env servers load the run's tokenizer from the run directory.
+  if (const auto tok = run_tokenizer(cfg); auto* ct = dynamic_cast<const CharTokenizer*>(tok.get()))
+    ct->save(run_dir / "tokenizer.json");
+  else
+    fs::copy_file(cfg.tokenizer.path.empty() ? fs::path(cfg.model.path) / "tokenizer.json" : fs::path(cfg.tokenizer.path),
+                  run_dir / "tokenizer.json", fs::copy_options::overwrite_existing);
+  const std::string weights = fmt::format("rlx-{}-{}", cfg.run.name, ::getpid());
+  auto argv = [&](const char* role) {
+    return std::vector<std::string>{exe, "role", role, "--config", resolved.string(), "--run-dir", run_dir.string(),
+                                    "--weights", weights, "--exe", exe};
+  };
+  // SIGINT/SIGTERM: the learner checkpoints and exits; then the rest is stopped.
+  struct sigaction sa {};
+  sa.sa_handler = on_launcher_signal;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  const std::vector<std::string> env{fmt::format("RLX_LAUNCHER_PID={}", ::getpid())};
+  std::cerr << fmt::format("rlx run: {} (logs in {})", run_dir.string(), (run_dir / "logs").string()) << std::endl;
+  dist::LocalGroup hub({.world_size = 1, .argv = argv("hub"), .env = env, .log_dir = run_dir / "logs" / "hub"});
+  dist::LocalGroup learner({.world_size = static_cast<int>(cfg.train.learner_ranks), .argv = argv("learner"), .env = env,
+                            .log_dir = run_dir / "logs" / "learner"});
+  dist::LocalGroup workers({.world_size = static_cast<int>(cfg.rollout.workers), .argv = argv("worker"), .env = env,
+                            .log_dir = run_dir / "logs" / "worker"});
+  struct Watched {
+    const char* role;
+    dist::LocalGroup* group;
+  };
+  const std::vector<Watched> all{{"hub", &hub}, {"learner", &learner}, {"worker", &workers}};
+  auto failure = [&]() -> std::string {
+    for (const auto& w : all)
+      for (size_t r = 0; r < w.group->ranks().size(); ++r)
+        if (!w.group->running(static_cast<int>(r)) && !w.group->ranks()[r].ok())
+          return fmt::format("{} {} ended: {} (log: {})", w.role, r, w.group->ranks()[r].describe(),
+                             w.group->ranks()[r].err.string());
+    return "";
+  };
+  int stopped_by = 0;
+  double stop_deadline = 0;
+  for (;;) {
+    hub.poll();
+    workers.poll();
+    const bool learner_done = learner.poll();
+    if (const int sig = g_launcher_signal.exchange(0); sig != 0 && stopped_by == 0) {
+      stopped_by = sig;
+      stop_deadline = now_s() + 300;
+      std::cerr << fmt::format("rlx run: {}: the learner checkpoints, then the run stops", strsignal(sig)) << std::endl;
+      for (int r = 0; r < static_cast<int>(cfg.train.learner_ranks); ++r) learner.signal(r, SIGTERM);
+    }
+    if (learner_done) break;
+    if (stopped_by != 0) {
+      RLX_CHECK(now_s() < stop_deadline, "rlx run: the learner did not stop within 300 s of {}", strsignal(stopped_by));
+    } else if (auto f = failure(); !f.empty()) {
+      std::cerr << "rlx run: " << f << "; stopping the run" << std::endl;
+      return 1;  // the groups' destructors stop what still runs
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  // The learner finished: stop the workers, then the hub (it saves its state on the way out).
+  for (int r = 0; r < static_cast<int>(cfg.rollout.workers); ++r) workers.signal(r, SIGTERM);
+  workers.wait(30);
+  hub.signal(0, SIGTERM);
+  hub.wait(30);
+  if (const auto& l = learner.ranks()[0]; !l.ok()) {
+    std::cerr << fmt::format("rlx run: learner 0 ended: {} (log: {})", l.describe(), l.err.string()) << std::endl;
+    return 1;
+  }
+  if (stopped_by != 0) {
+    std::cerr << fmt::format("rlx run: stopped; `rlx run {} --resume` continues from the last checkpoint",
+                             resolved.string())
+              << std::endl;
+    return 128 + stopped_by;
+  }
+  std::cerr << fmt::format("rlx run: done; metrics {}, final weights {}", (run_dir / "metrics.jsonl").string(),
+                           (run_dir / "final").string())
+            << std::endl;
+  return 0;
+}
+
+}  // namespace rlx::launch
