@@ -130,6 +130,9 @@ struct Hub::Impl {
   std::map<std::string, Peer> peers;           // by name
   std::map<std::string, std::string> by_route;  // routing id -> name
   std::deque<std::string> waiting_order;        // learners with a request, oldest first
+  // Workers holding leases in a restored state: their incarnation is unknown, so on their
+  // hello (or after peer_timeout_s without one) their leases go back to be issued again.
+  std::map<std::string, double> restored_holders;  // name -> deadline
   int64_t version = 0;
   uint64_t accepted_total = 0;
   uint64_t next_batch_id = 1;
@@ -237,6 +240,7 @@ struct Hub::Impl {
     RLX_CHECK(!h.who.empty() && h.who.size() <= 256, "hello: a peer name must have 1 to 256 characters");
     if (auto r = by_route.find(route); r != by_route.end() && r->second != h.who)
       if (auto old = peers.find(r->second); old != peers.end()) lose(old->second, "said hello under a new name");
+    if (h.role == "worker" && restored_holders.erase(h.who) > 0) leases.worker_lost(h.who);
     auto it = peers.find(h.who);
     if (it == peers.end()) {
       RLX_CHECK(peers.size() < kMaxPeers, "hello from '{}': the hub already has {} peers", h.who, kMaxPeers);
@@ -502,6 +506,14 @@ struct Hub::Impl {
 
   void tick() {
     const double now = seconds_now();
+    for (auto it = restored_holders.begin(); it != restored_holders.end();) {
+      if (now < it->second) {
+        ++it;
+        continue;
+      }
+      for (const auto& rec : leases.worker_lost(it->first)) log::warn("hub: lease {} ended: {}", rec.lease_id, rec.reason);
+      it = restored_holders.erase(it);
+    }
     for (auto& [_, p] : peers)
       if (p.connected && now - p.last_heard > o.peer_timeout_s)
         lose(p, fmt::format("silent for {:.1f} s", now - p.last_heard));
@@ -565,6 +577,7 @@ struct Hub::Impl {
   void restore(HubSnapshot s) {
     source.restore(s.cursor);
     leases.restore(s.leases, seconds_now());
+    for (const auto& a : s.leases.active) restored_holders[a.worker] = seconds_now() + o.peer_timeout_s;
     buffer.restore(std::deque<TrajectoryGroup>(std::make_move_iterator(s.buffer.begin()),
                                                std::make_move_iterator(s.buffer.end())),
                    s.replay_counts);

@@ -38,6 +38,7 @@ void add_run_commands(CLI::App& app, Action& action) {
 
   struct RoleArgs {
     std::string role, config, run_dir, weights, exe;
+    int index = 0;
   };
   auto ra = std::make_shared<RoleArgs>();
   auto* role = app.add_subcommand("role", "One role of a run, as `rlx run` starts it")->group("");
@@ -46,13 +47,14 @@ void add_run_commands(CLI::App& app, Action& action) {
   role->add_option("--run-dir", ra->run_dir, "the run directory")->required();
   role->add_option("--weights", ra->weights, "the weight-sync segment")->required();
   role->add_option("--exe", ra->exe, "the rlx binary")->required();
+  role->add_option("--index", ra->index, "worker index")->required();
   role->callback([ra, &action] {
     action = [ra] {
       // A role dies with its launcher (SIGTERM: the learner checkpoints, the hub saves).
       ::prctl(PR_SET_PDEATHSIG, SIGTERM);
       if (const char* p = std::getenv("RLX_LAUNCHER_PID"); p && ::getppid() != std::atoi(p)) return 1;
       launch::RoleContext ctx{.cfg = config::load_file<RunConfig>(ra->config), .run_dir = ra->run_dir, .weights = ra->weights, .exe = ra->exe};
-      if (const char* r = std::getenv("RLX_RANK")) ctx.index = std::atoi(r);
+      ctx.index = ra->role == "learner" && std::getenv("RLX_RANK") ? std::atoi(std::getenv("RLX_RANK")) : ra->index;
       if (ra->role == "hub") return launch::run_hub(ctx);
       if (ra->role == "learner") return launch::run_learner(ctx);
       return launch::run_worker(ctx);

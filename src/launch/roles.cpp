@@ -511,6 +511,84 @@ extern "C" void on_launcher_signal(int sig) { g_launcher_signal = sig; }
 
 }  // namespace
 
+namespace {
+
+// The processes of one attempt of a run: the hub, the learner group, and each rollout
+// worker in a group of its own (restarted alone when it dies).
+class Roles {
+ public:
+  Roles(const RunConfig& cfg, const fs::path& run_dir, const std::string& exe, int attempt)
+      : cfg_(cfg), run_dir_(run_dir), exe_(exe), attempt_(attempt) {
+    weights_ = fmt::format("rlx-{}-{}-{}", cfg.run.name, ::getpid(), attempt);
+    env_ = {fmt::format("RLX_LAUNCHER_PID={}", ::getpid())};
+    hub_ = start("hub", 0);
+    learner_ = start("learner", 0, static_cast<int>(cfg.train.learner_ranks));
+    for (uint32_t w = 0; w < cfg.rollout.workers; ++w) workers_.push_back(start("worker", static_cast<int>(w)));
+    worker_restarts_.assign(cfg.rollout.workers, 0);
+  }
+
+  enum class State { running, learner_done, failed };
+  // Polls every role once; restarts dead workers (bounded). `why` names a failure.
+  State poll(bool stopping, std::string& why) {
+    hub_->poll();
+    const bool learner_done = learner_->poll();
+    if (learner_done && learner_->ranks()[0].ok()) return State::learner_done;
+    if (learner_done && !stopping) return why = describe("learner", 0, learner_->ranks()[0]), State::failed;
+    if (!hub_->running(0) && !stopping) return why = describe("hub", 0, hub_->ranks()[0]), State::failed;
+    for (size_t w = 0; w < workers_.size() && !stopping; ++w) {
+      if (!workers_[w]->poll() || workers_[w]->ranks()[0].ok()) continue;
+      const auto what = describe("worker", static_cast<int>(w), workers_[w]->ranks()[0]);
+      if (worker_restarts_[w] >= cfg_.rollout.max_restarts)
+        return why = fmt::format("{}; it was restarted {} times (rollout.max_restarts)", what, worker_restarts_[w]),
+               State::failed;
+      ++worker_restarts_[w];
+      std::cerr << fmt::format("rlx run: {}; restarting it ({}/{})", what, worker_restarts_[w], cfg_.rollout.max_restarts)
+                << std::endl;
+      workers_[w] = start("worker", static_cast<int>(w));  // its leases are issued again by the hub
+    }
+    return State::running;
+  }
+  void signal_learner(int sig) {
+    for (int r = 0; r < static_cast<int>(cfg_.train.learner_ranks); ++r) learner_->signal(r, sig);
+  }
+  // The learner finished: stop the workers, then the hub (it saves its state).
+  void stop_rest() {
+    for (auto& w : workers_) w->signal(0, SIGTERM);
+    for (auto& w : workers_) w->wait(30);
+    hub_->signal(0, SIGTERM);
+    hub_->wait(30);
+  }
+  const dist::RankExit& learner_exit() const { return learner_->ranks()[0]; }
+
+ private:
+  std::unique_ptr<dist::LocalGroup> start(const char* role, int index, int world = 1) {
+    const auto resolved = run_dir_ / "config.yaml";
+    auto log_dir = run_dir_ / "logs" / fmt::format("{}-{}", role, index);
+    if (attempt_ > 0 || (std::string_view(role) == "worker" && !worker_restarts_.empty() &&
+                         worker_restarts_[static_cast<size_t>(index)] > 0))
+      log_dir += fmt::format(".{}", attempt_ * 1000 + (worker_restarts_.empty() ? 0 : worker_restarts_[static_cast<size_t>(index)]));
+    return std::make_unique<dist::LocalGroup>(dist::LocalGroupOptions{
+        .world_size = world,
+        .argv = {exe_, "role", role, "--config", resolved.string(), "--run-dir", run_dir_.string(), "--weights", weights_,
+                 "--exe", exe_, "--index", std::to_string(index)},
+        .env = env_,
+        .log_dir = log_dir});
+  }
+  static std::string describe(const char* role, int index, const dist::RankExit& e) {
+    return fmt::format("{} {} ended: {} (log: {})", role, index, e.describe(), e.err.string());
+  }
+  const RunConfig& cfg_;
+  fs::path run_dir_;
+  std::string exe_, weights_;
+  int attempt_;
+  std::vector<std::string> env_;
+  std::unique_ptr<dist::LocalGroup> hub_, learner_;
+  std::vector<std::unique_ptr<dist::LocalGroup>> workers_;
+  std::vector<uint32_t> worker_restarts_;
+};
+
+}  // namespace
+
 int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo) {
   const fs::path run_dir = fs::absolute(fs::path(cfg.run.out_dir) / cfg.run.name);
   fs::create_directories(run_dir / "logs");
@@ -532,66 +610,52 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
   else
     fs::copy_file(cfg.tokenizer.path.empty() ? fs::path(cfg.model.path) / "tokenizer.json" : fs::path(cfg.tokenizer.path),
                   run_dir / "tokenizer.json", fs::copy_options::overwrite_existing);
-  const std::string weights = fmt::format("rlx-{}-{}", cfg.run.name, ::getpid());
-  auto argv = [&](const char* role) {
-    return std::vector<std::string>{exe, "role", role, "--config", resolved.string(), "--run-dir", run_dir.string(),
-                                    "--weights", weights, "--exe", exe};
-  };
   // SIGINT/SIGTERM: the learner checkpoints and exits; then the rest is stopped.
   struct sigaction sa {};
   sa.sa_handler = on_launcher_signal;
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
-  const std::vector<std::string> env{fmt::format("RLX_LAUNCHER_PID={}", ::getpid())};
   std::cerr << fmt::format("rlx run: {} (logs in {})", run_dir.string(), (run_dir / "logs").string()) << std::endl;
-  dist::LocalGroup hub({.world_size = 1, .argv = argv("hub"), .env = env, .log_dir = run_dir / "logs" / "hub"});
-  dist::LocalGroup learner({.world_size = static_cast<int>(cfg.train.learner_ranks), .argv = argv("learner"), .env = env,
-                            .log_dir = run_dir / "logs" / "learner"});
-  dist::LocalGroup workers({.world_size = static_cast<int>(cfg.rollout.workers), .argv = argv("worker"), .env = env,
-                            .log_dir = run_dir / "logs" / "worker"});
-  struct Watched {
-    const char* role;
-    dist::LocalGroup* group;
-  };
-  const std::vector<Watched> all{{"hub", &hub}, {"learner", &learner}, {"worker", &workers}};
-  auto failure = [&]() -> std::string {
-    for (const auto& w : all)
-      for (size_t r = 0; r < w.group->ranks().size(); ++r)
-        if (!w.group->running(static_cast<int>(r)) && !w.group->ranks()[r].ok())
-          return fmt::format("{} {} ended: {} (log: {})", w.role, r, w.group->ranks()[r].describe(),
-                             w.group->ranks()[r].err.string());
-    return "";
-  };
+
   int stopped_by = 0;
-  double stop_deadline = 0;
-  for (;;) {
-    hub.poll();
-    workers.poll();
-    const bool learner_done = learner.poll();
-    if (const int sig = g_launcher_signal.exchange(0); sig != 0 && stopped_by == 0) {
-      stopped_by = sig;
-      stop_deadline = now_s() + 300;
-      std::cerr << fmt::format("rlx run: {}: the learner checkpoints, then the run stops", strsignal(sig)) << std::endl;
-      for (int r = 0; r < static_cast<int>(cfg.train.learner_ranks); ++r) learner.signal(r, SIGTERM);
+  for (uint32_t attempt = 0;; ++attempt) {
+    std::string why;
+    {
+      Roles roles(cfg, run_dir, exe, static_cast<int>(attempt));
+      double stop_deadline = 0;
+      Roles::State state = Roles::State::running;
+      while ((state = roles.poll(stopped_by != 0, why)) == Roles::State::running) {
+        if (const int sig = g_launcher_signal.exchange(0); sig != 0 && stopped_by == 0) {
+          stopped_by = sig;
+          stop_deadline = now_s() + 300;
+          std::cerr << fmt::format("rlx run: {}: the learner checkpoints, then the run stops", strsignal(sig)) << std::endl;
+          roles.signal_learner(SIGTERM);
+        }
+        RLX_CHECK(stopped_by == 0 || now_s() < stop_deadline, "rlx run: the learner did not stop within 300 s of {}",
+                  strsignal(stopped_by));
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      if (state == Roles::State::learner_done) {
+        roles.stop_rest();
+        break;
+      }
+      if (stopped_by != 0) {
+        std::cerr << "rlx run: learner 0 ended while stopping: " << roles.learner_exit().describe() << std::endl;
+        return 1;
+      }
+    }  // every role of this attempt is stopped here
+    // The hub or a learner rank died, or a worker beyond its restarts: every role starts
+    // again from the last committed checkpoint (the learner's and the hub's, saved together).
+    if (attempt >= cfg.train.max_restarts) {
+      std::cerr << fmt::format("rlx run: {}; the run was restarted {} times (train.max_restarts); stopping", why, attempt)
+                << std::endl;
+      return 1;
     }
-    if (learner_done) break;
-    if (stopped_by != 0) {
-      RLX_CHECK(now_s() < stop_deadline, "rlx run: the learner did not stop within 300 s of {}", strsignal(stopped_by));
-    } else if (auto f = failure(); !f.empty()) {
-      std::cerr << "rlx run: " << f << "; stopping the run" << std::endl;
-      return 1;  // the groups' destructors stop what still runs
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  // The learner finished: stop the workers, then the hub (it saves its state on the way out).
-  for (int r = 0; r < static_cast<int>(cfg.rollout.workers); ++r) workers.signal(r, SIGTERM);
-  workers.wait(30);
-  hub.signal(0, SIGTERM);
-  hub.wait(30);
-  if (const auto& l = learner.ranks()[0]; !l.ok()) {
-    std::cerr << fmt::format("rlx run: learner 0 ended: {} (log: {})", l.describe(), l.err.string()) << std::endl;
-    return 1;
+    std::cerr << fmt::format("rlx run: {}; restarting the run from its last checkpoint ({}/{})", why, attempt + 1,
+                             cfg.train.max_restarts)
+              << std::endl;
+    prepare_resume(run_dir);
   }
   if (stopped_by != 0) {
     std::cerr << fmt::format("rlx run: stopped; `rlx run {} --resume` continues from the last checkpoint",

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# `rlx run` end to end with real processes: a synchronous GRPO run with the hub, the
+# learner and 2 rollout workers; SIGINT + --resume; SIGKILL of a worker, the hub and the
+# learner. In synchronous mode each of these must end with the same final parameters as
+# the fault-free run, and the trajectory log must hold every lease exactly once.
+#   run_test.sh RLX_BINARY WORK_DIR
+set -uo pipefail
+rlx=$1 work=$2
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+failures=0
+fail() { failures=$((failures + 1)); echo "FAIL: $*"; }
+ok() { echo "ok: $*"; }
+
+cat > grpo.yaml <<'Y'
+run: {name: clean, out_dir: runs, seed: 1, threads: 1}
+model: {preset: tiny}
+hub: {group_size: 4}
+env: {name: arithmetic, options: {digits: 1, terms: 2}}
+learner: {lr: 1e-3, checkpoint_every: 2}
+algorithm: {name: grpo}
+rollout: {workers: 2, max_new_tokens: 4}
+train: {mode: sync, steps: 6, groups_per_step: 4, generated_tasks: 500}
+Y
+
+# --- bad configs fail before any process starts, naming the key ---
+out=$("$rlx" run grpo.yaml train.stepz=3 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "train.stepz" <<<"$out" && grep -q "did you mean 'train.steps'" <<<"$out" && [ ! -d runs ] \
+  && ok "unknown key" || fail "unknown key: rc $rc: $out"
+out=$("$rlx" run grpo.yaml train.steps=many 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "train.steps" <<<"$out" && [ ! -d runs ] && ok "wrong type" || fail "wrong type: rc $rc: $out"
+out=$("$rlx" run grpo.yaml train.learner_ranks=2 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "train.learner_ranks" <<<"$out" && [ ! -d runs ] && ok "impossible placement" || fail "placement: rc $rc: $out"
+
+# --- the fault-free run ---
+"$rlx" run grpo.yaml > clean.log 2>&1; rc=$?
+[ $rc = 0 ] || { fail "clean run: rc $rc"; cat clean.log runs/clean/logs/*/rank-0.err | tail -40; exit 1; }
+python3 - runs/clean/metrics.jsonl <<'P' && ok "clean run: 6 steps, on-policy (lag 0), versions advance" || fail "clean run metrics"
+import json, sys
+m = [json.loads(l) for l in open(sys.argv[1])]
+assert [x["step"] for x in m] == [1, 2, 3, 4, 5, 6], m
+assert all(x["version_lag"] == 0 and x["sample_version_min"] == x["step"] - 1 for x in m), m
+assert all(x["samples"] == 16 for x in m)
+P
+exactly_once() {  # every lease and prompt once in the trajectory log
+  "$rlx" inspect trajectories "$1/trajectories.h5" | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+assert s["groups"] == s["distinct_leases"] == s["distinct_prompts"], s
+print(s["groups"], "groups")'
+}
+exactly_once runs/clean >/dev/null && ok "clean run: each lease once in trajectories.h5" || fail "clean run: duplicates"
+[ -f runs/clean/final/model.safetensors ] && [ -f runs/clean/final/config.json ] && ok "final HF export" || fail "no final export"
+out=$("$rlx" run grpo.yaml 2>&1); rc=$?
+[ $rc = 2 ] || [ $rc = 1 ] && grep -q -- "--resume continues it, --force" <<<"$out" && ok "refuses a used run directory" \
+  || fail "used run directory: rc $rc: $out"
+
+same_as_clean() {
+  if cmp -s runs/clean/final/model.safetensors "runs/$1/final/model.safetensors"; then ok "$1: final parameters equal the clean run's"
+  else fail "$1: final parameters differ from the clean run's"; fi
+  exactly_once "runs/$1" >/dev/null && ok "$1: each lease once" || fail "$1: a lease twice in trajectories.h5"
+}
+wait_steps() {  # wait_steps NAME N: until the run has N metrics lines (bounded)
+  for _ in $(seq 1 1200); do
+    [ "$(cat "runs/$1/metrics.jsonl" 2>/dev/null | wc -l)" -ge "$2" ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# --- SIGINT, then --resume ---
+"$rlx" run grpo.yaml run.name=int > int.log 2>&1 &
+pid=$!
+wait_steps int 3 || fail "int: no progress"
+kill -INT $pid; wait $pid; rc=$?
+[ $rc = 130 ] && grep -q -- "--resume" int.log && ls runs/int/checkpoints | grep -q step_ && ok "SIGINT: checkpoint, exit 130" \
+  || fail "SIGINT: rc $rc: $(tail -3 int.log)"
+[ ! -d runs/int/final ] || fail "SIGINT: stopped early but wrote final"
+"$rlx" run grpo.yaml run.name=int --resume > int2.log 2>&1 || fail "resume: $(tail -3 int2.log)"
+grep -q "resuming" int2.log || fail "resume: did not resume"
+same_as_clean int
+[ "$(wc -l < runs/int/metrics.jsonl)" = 6 ] && ok "resume: 6 metrics lines" || fail "resume: metrics lines"
+
+# --- SIGKILL of one role mid-run: the run completes ---
+kill_role() {  # kill_role NAME ROLE_PATTERN
+  "$rlx" run grpo.yaml "run.name=$1" > "$1.log" 2>&1 &
+  local pid=$!
+  wait_steps "$1" 3 || fail "$1: no progress"
+  local victim
+  victim=$(pgrep -f -- "$2.*runs/$1" | head -1)
+  [ -n "$victim" ] && kill -9 "$victim" || fail "$1: no process matching $2"
+  wait $pid; local rc=$?
+  [ $rc = 0 ] && grep -q restart "$1.log" && ok "$1: killed, restarted, completed" || fail "$1: rc $rc: $(tail -5 "$1.log")"
+  same_as_clean "$1"
+}
+kill_role killworker "role worker"
+kill_role killhub "role hub"
+kill_role killlearner "role learner"
+
+echo "$failures failures"
+[ "$failures" = 0 ]
