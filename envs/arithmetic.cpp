@@ -28,6 +28,8 @@ class Arithmetic final : public TextEnv {
     return r;
   }
 
+  std::vector<std::string> stop_strings() const override { return {"\n"}; }  // the answer's line ends the turn
+
   std::string save_state() const override { return nlohmann::json{{"answer", answer_}, {"done", done_}}.dump(); }
   void load_state(std::string_view s) override {
     const auto j = parse_state(s, "arithmetic");

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "commands.hpp"
 #include "rlx/launch/roles.hpp"
@@ -33,6 +34,28 @@ void add_run_commands(CLI::App& app, Action& action) {
       cfg.learner.validate();
       cfg.algorithm.validate();
       return launch::launch(cfg, std::filesystem::read_symlink("/proc/self/exe").string(), args->launch);
+    };
+  });
+
+  auto sft_args = std::make_shared<RunArgs>();
+  auto* sft = app.add_subcommand("sft", "Warm-start CONFIG's model with SFT on its environment's tasks (writes RUN_DIR/final)");
+  sft->add_option("config", sft_args->file, "YAML run config (sections sft, env, model)")->required();
+  sft->add_option("overrides", sft_args->overrides, "section.key=value overrides");
+  sft->callback([sft_args, &action] {
+    action = [sft_args] { return launch::run_sft(config::load_file<RunConfig>(sft_args->file, sft_args->overrides)); };
+  });
+  auto eval_args = std::make_shared<RunArgs>();
+  auto* ev = app.add_subcommand("eval", "Greedy held-out accuracy of CONFIG's model (model.path=DIR) on its environment");
+  ev->add_option("config", eval_args->file, "YAML run config")->required();
+  ev->add_option("overrides", eval_args->overrides, "section.key=value overrides");
+  ev->callback([eval_args, &action] {
+    action = [eval_args] {
+      const auto cfg = config::load_file<RunConfig>(eval_args->file, eval_args->overrides);
+      std::cout << nlohmann::json{{"accuracy", launch::evaluate(cfg)}, {"tasks", cfg.sft.eval_tasks},
+                                  {"model", cfg.model.path.empty() ? cfg.model.preset : cfg.model.path}}
+                       .dump()
+                << std::endl;
+      return 0;
     };
   });
 

@@ -49,6 +49,14 @@ std::shared_ptr<Transformer> initial_model(const RunConfig& cfg, const Tokenizer
   return model;
 }
 
+void write_tokenizer(const RunConfig& cfg, const fs::path& file) {
+  if (const auto tok = run_tokenizer(cfg); auto* ct = dynamic_cast<const CharTokenizer*>(tok.get()))
+    ct->save(file);
+  else
+    fs::copy_file(cfg.tokenizer.path.empty() ? fs::path(cfg.model.path) / "tokenizer.json" : fs::path(cfg.tokenizer.path),
+                  file, fs::copy_options::overwrite_existing);
+}
+
 namespace {
 
 // Threads per process: the configured number, else the cores shared among the roles.
@@ -254,6 +262,7 @@ int run_learner(const RoleContext& ctx) {
     return 0;
   }
   export_hf(policy, ctx.run_dir / "final");
+  write_tokenizer(cfg, ctx.run_dir / "final" / "tokenizer.json");
   return 0;
 }
 
@@ -278,7 +287,7 @@ class WorkerEnvs {
     // Environments that run code get a sandbox of their own inside the server, which then
     // runs outside one (namespaces do not nest under the sandbox's filter).
     const bool runs_code = e.name == "python_code";
-    if (e.servers == 0 && runs_code) {
+    if (runs_code) {  // (with servers, only to ask the environment for its stop strings)
       sandbox_ = std::make_unique<Sandbox>(e.sandbox);
       context_.sandbox = sandbox_.get();
     }
@@ -288,12 +297,29 @@ class WorkerEnvs {
                                     (ctx.run_dir / "tokenizer.json").string(), "--options", context_.options.dump(),
                                     "--seed", std::to_string(ctx.cfg.run.seed)};
       if (runs_code) argv.push_back("--code-sandbox");
+      // The server's binary and its libraries must be visible (read-only) inside.
+      // A server lives as long as the worker: the time limits bound one server's life,
+      // a stuck call is caught by env.timeout_s.
+      auto sandbox = e.sandbox;
+      sandbox.limits.wall_s = sandbox.limits.cpu_s = 86400;
+      const auto bin = fs::path(ctx.exe).parent_path();
+      for (const auto& dir : {bin, bin.parent_path() / "lib"})
+        if (fs::exists(dir) && std::find(sandbox.readonly_paths.begin(), sandbox.readonly_paths.end(), dir.string()) ==
+                                   sandbox.readonly_paths.end())
+          sandbox.readonly_paths.push_back(dir.string());
       servers_.push_back(std::make_unique<env::EnvServerProcess>(env::EnvServerProcess::Options{
-          .argv = argv, .rlx = ctx.exe, .sandboxed = !runs_code, .sandbox = e.sandbox,
+          .argv = argv, .rlx = ctx.exe, .sandboxed = !runs_code, .sandbox = sandbox,
           .writable = {ctx.run_dir.string()}, .max_restarts = e.max_restarts}));
       addresses_.push_back("ipc://" + sock.string());
     }
   }
+  // The sampler's stop sequences: asked of an in-process instance (a server's RemoteEnv
+  // does not carry them).
+  std::vector<std::string> stop_strings() {
+    if (!stops_) stops_ = env::Registry::global().make(ctx_.cfg.env.name, context_)->stop_strings();
+    return *stops_;
+  }
+
   std::unique_ptr<env::Env> make() {
     const auto& e = ctx_.cfg.env;
     if (servers_.empty()) return env::Registry::global().make(e.name, context_);
@@ -311,6 +337,7 @@ class WorkerEnvs {
   std::vector<std::unique_ptr<env::EnvServerProcess>> servers_;
   std::vector<std::string> addresses_;
   size_t next_ = 0;
+  std::optional<std::vector<std::string>> stops_;
 };
 
 // Runs every lease's group to the end: turn 0 samples each group's shared prompt once
@@ -321,7 +348,7 @@ std::vector<GroupRollout> rollout_groups(const RoleContext& ctx, Engine& engine,
                                          const std::vector<bus::Lease>& leases) {
   const auto& cfg = ctx.cfg;
   std::vector<GroupRollout> groups(leases.size());
-  std::vector<std::string> stops;
+  const auto stops = envs.stop_strings();
   for (size_t g = 0; g < leases.size(); ++g) {
     auto& gr = groups[g];
     gr.lease = leases[g];
@@ -329,11 +356,10 @@ std::vector<GroupRollout> rollout_groups(const RoleContext& ctx, Engine& engine,
       const auto task = json::parse(gr.lease.task);
       for (uint32_t k = 0; k < gr.lease.group_size; ++k) {
         gr.envs.push_back(envs.make());
-        if (stops.empty()) stops = gr.envs.back()->stop_strings();
         gr.episodes.emplace_back().start(gr.envs.back()->reset(task));
         gr.versions.emplace_back(gr.episodes.back().tokens.size(), -1);
       }
-    } catch (const std::exception& e) {
+    } catch (const env::InfraError& e) {  // anything else (a server past its restarts) ends the worker
       gr.error = e.what();
     }
   }
@@ -393,6 +419,104 @@ std::vector<GroupRollout> rollout_groups(const RoleContext& ctx, Engine& engine,
 }
 
 }  // namespace
+
+namespace {
+// Held-out tasks come from a generator stream that training never draws from.
+constexpr uint64_t kHeldOutSeed = 0x68656c646f7574;  // "heldout"
+
+std::vector<bus::Lease> generated_leases(const RunConfig& cfg, uint64_t seed, uint64_t first, uint64_t count) {
+  std::vector<bus::Lease> out;
+  const auto options = cfg.env.options_json();
+  for (uint64_t i = 0; i < count; ++i)
+    out.push_back({.lease_id = first + i, .prompt_index = first + i, .group_size = 1,
+                   .task = env::Registry::global().generate(cfg.env.name, seed, first + i, options).dump()});
+  return out;
+}
+
+double greedy_accuracy(const RunConfig& cfg, const std::shared_ptr<Transformer>& model,
+                       const std::shared_ptr<const Tokenizer>& tok) {
+  RoleContext ctx{.cfg = cfg};
+  ctx.cfg.rollout.temperature = 0;
+  ctx.cfg.env.servers = 0;
+  Engine engine(model, {.block_size = static_cast<int32_t>(cfg.rollout.block_size), .kv_cache_blocks = cfg.rollout.kv_cache_blocks},
+                tok);
+  WorkerEnvs envs(ctx, tok);
+  double total = 0;
+  for (const auto& g : rollout_groups(ctx, engine, envs, generated_leases(cfg, cfg.run.seed ^ kHeldOutSeed, 0, cfg.sft.eval_tasks))) {
+    RLX_CHECK(g.error.empty(), "eval: task {}: {}", g.lease.prompt_index, g.error);
+    total += g.episodes[0].reward;
+  }
+  return total / cfg.sft.eval_tasks;
+}
+}  // namespace
+
+double evaluate(const RunConfig& cfg) {
+  set_threads(cfg);
+  env::register_bundled();
+  auto tok = run_tokenizer(cfg);
+  return greedy_accuracy(cfg, initial_model(cfg, *tok), tok);
+}
+
+int run_sft(const RunConfig& cfg) {
+  set_threads(cfg);
+  env::register_bundled();
+  algo::register_bundled_algorithms();
+  const fs::path run_dir = fs::absolute(fs::path(cfg.run.out_dir) / cfg.run.name);
+  fs::create_directories(run_dir);
+  auto tok = run_tokenizer(cfg);
+  auto model = initial_model(cfg, *tok);
+  const double before = greedy_accuracy(cfg, model, tok);
+  std::cerr << fmt::format("sft: held-out accuracy before {:.3f} ({} tasks)", before, cfg.sft.eval_tasks) << std::endl;
+  auto comm = dist::single_process();
+  auto ao = cfg.algorithm;
+  ao.name = "sft";
+  auto sft = algo::make_algorithm(ao);
+  auto lo = cfg.learner.options(cfg.run.seed);
+  lo.optimizer.lr = cfg.sft.lr;
+  Learner learner(model->config(), *comm, lo);
+  learner.load_from(*model);
+  const auto options = cfg.env.options_json();
+  std::ofstream metrics_out(run_dir / "metrics.jsonl", std::ios::trunc);
+  for (int64_t step = 0; step < cfg.sft.steps; ++step) {
+    std::vector<Sequence> seqs;
+    for (uint32_t b = 0; b < cfg.sft.batch; ++b) {
+      const auto task = env::Registry::global().generate(cfg.env.name, cfg.run.seed,
+                                                         static_cast<uint64_t>(step) * cfg.sft.batch + b, options);
+      auto env = env::Registry::global().make(cfg.env.name, {.tokenizer = tok.get(), .options = options, .seed = cfg.run.seed});
+      const auto prompt = env->reset(task);
+      std::string completion;
+      if (task.contains("completion")) completion = task["completion"].get<std::string>();
+      else if (task.contains("answer")) completion = (task["answer"].is_string() ? task["answer"].get<std::string>() : task["answer"].dump()) + "\n";
+      else throw Error(fmt::format("sft: the {} task has neither \"completion\" nor \"answer\"", cfg.env.name));
+      const auto target = tok->encode(completion);
+      Sequence s;
+      s.tokens.assign(prompt.begin(), prompt.end());
+      s.tokens.insert(s.tokens.end(), target.begin(), target.end());
+      s.loss_mask.assign(prompt.size(), 0);
+      s.loss_mask.insert(s.loss_mask.end(), target.size(), 1);
+      seqs.push_back(std::move(s));
+    }
+    const std::vector<double> rewards(seqs.size(), 0.0);
+    const std::vector<size_t> sizes(seqs.size(), 1);
+    auto m = train_on_batch(*sft, {.policy = learner}, seqs, rewards, sizes);
+    json line = {{"step", step + 1}};
+    for (const auto& [k, v] : m) line[k] = v;
+    metrics_out << line.dump() << std::endl;
+    if ((step + 1) % 25 == 0 || step + 1 == cfg.sft.steps)
+      std::cerr << fmt::format("sft step {}/{}  nll/token {:.3f}", step + 1, cfg.sft.steps,
+                               m["nll"] / std::max(1.0, m["tokens"]))
+                << std::endl;
+  }
+  export_hf(learner, run_dir / "final");
+  write_tokenizer(cfg, run_dir / "final" / "tokenizer.json");
+  auto tuned = cfg;
+  tuned.model.path = (run_dir / "final").string();
+  const double after = evaluate(tuned);
+  std::cerr << fmt::format("sft: held-out accuracy after {:.3f}; model in {}", after, (run_dir / "final").string()) << std::endl;
+  std::cout << json{{"accuracy_before", before}, {"accuracy_after", after}, {"model", (run_dir / "final").string()}}.dump()
+            << std::endl;
+  return 0;
+}
 
 int run_worker(const RoleContext& ctx) {
   const auto& cfg = ctx.cfg;
@@ -466,7 +590,7 @@ bool holds_run(const fs::path& dir) {
 }
 
 void clear_run(const fs::path& dir) {
-  for (const char* p : {"hub.state", "trajectories.h5", "metrics.jsonl", "checkpoints", "checkpoints-critic", "final"})
+  for (const char* p : {"hub.state", "trajectories.h5", "metrics.jsonl", "checkpoints", "checkpoints-critic", "final", "logs"})
     fs::remove_all(dir / p);
   for (const auto& e : fs::directory_iterator(dir))
     if (e.path().filename().string().starts_with("hub-step_")) fs::remove(e.path());
@@ -605,11 +729,7 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
     RLX_CHECK(f.good(), "cannot write {}", resolved.string());
   }
   // Env servers load the run's tokenizer from the run directory.
-  if (const auto tok = run_tokenizer(cfg); auto* ct = dynamic_cast<const CharTokenizer*>(tok.get()))
-    ct->save(run_dir / "tokenizer.json");
-  else
-    fs::copy_file(cfg.tokenizer.path.empty() ? fs::path(cfg.model.path) / "tokenizer.json" : fs::path(cfg.tokenizer.path),
-                  run_dir / "tokenizer.json", fs::copy_options::overwrite_existing);
+  write_tokenizer(cfg, run_dir / "tokenizer.json");
   // SIGINT/SIGTERM: the learner checkpoints and exits; then the rest is stopped.
   struct sigaction sa {};
   sa.sa_handler = on_launcher_signal;

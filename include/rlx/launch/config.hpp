@@ -131,6 +131,23 @@ struct TrainSection {
   }
 };
 
+// The SFT warm start (`rlx sft`): supervised steps on the environment's generated tasks
+// with their reference completions, before RL.
+struct SftSection {
+  int64_t steps = 200;       // optimizer steps
+  uint32_t batch = 32;       // tasks per step
+  double lr = 1e-3;
+  uint32_t eval_tasks = 200; // held-out tasks for `rlx eval` and the accuracy sft prints
+
+  template <class V>
+  void visit(V& v) {
+    v("steps", steps, "SFT optimizer steps", config::in_range(0, 100000000));
+    v("batch", batch, "tasks per SFT step", config::in_range(1, 1 << 20));
+    v("lr", lr, "SFT learning rate", config::greater_than(0));
+    v("eval_tasks", eval_tasks, "held-out tasks (greedy) for accuracy", config::in_range(1, 1 << 20));
+  }
+};
+
 struct RunConfig {
   RunSection run;
   LogSection log;
@@ -143,6 +160,7 @@ struct RunConfig {
   algo::AlgoOptions algorithm;
   RolloutSection rollout;
   TrainSection train;
+  SftSection sft;
 
   template <class V>
   void visit(V& v) {
@@ -157,6 +175,7 @@ struct RunConfig {
     v("algorithm", algorithm, "RL algorithm: advantages, clipping, KL, entropy, aggregation");
     v("rollout", rollout, "rollout workers and sampling");
     v("train", train, "the training loop: steps, groups per step, learner ranks");
+    v("sft", sft, "the SFT warm start (`rlx sft`) and held-out evaluation (`rlx eval`)");
   }
 };
 

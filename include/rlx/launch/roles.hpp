@@ -42,11 +42,22 @@ struct RoleContext {
 std::shared_ptr<const Tokenizer> run_tokenizer(const RunConfig& cfg);
 // The policy's starting weights: model.path, else the preset (vocabulary sized to the
 // tokenizer) initialised from run.seed. Every role builds the same one.
+// Writes the run's tokenizer as tokenizer.json (env servers and exported models load it).
+void write_tokenizer(const RunConfig& cfg, const std::filesystem::path& file);
 std::shared_ptr<Transformer> initial_model(const RunConfig& cfg, const Tokenizer& tokenizer);
 
 int run_hub(const RoleContext& ctx);
 int run_learner(const RoleContext& ctx);
 int run_worker(const RoleContext& ctx);
+
+// `rlx sft`: warm-starts the model on the environment's generated tasks and their
+// reference completions (task "completion", else "answer" as text and a newline), then
+// writes an HF directory to run_dir/final. Prints the held-out accuracy before and after.
+int run_sft(const RunConfig& cfg);
+
+// Greedy held-out accuracy (mean episode reward) of `cfg`'s model on sft.eval_tasks tasks
+// drawn from the environment's generator with a seed disjoint from training's.
+double evaluate(const RunConfig& cfg);
 
 struct LaunchOptions {
   bool resume = false;  // continue the run directory from its newest checkpoint
