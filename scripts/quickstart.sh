@@ -1,26 +1,47 @@
 #!/usr/bin/env bash
-# The main job, on CPU. Until the end-to-end GRPO quickstart exists (issue 9) this
-# runs the most complete real path there is: install, build, create a small
-# Qwen2-shaped model with a character tokenizer, sample from it through the KV
-# cache, validate what was written, and measure the model's throughput.
+# The main job, on CPU: install, build, warm-start a tiny Qwen2-shaped model on
+# arithmetic with SFT (reused when it exists), then train it with GRPO as separate
+# processes — the replay hub, the learner, a rollout worker and its sandboxed env
+# server — and report the held-out accuracy before and after, with plots.
+#
+#   scripts/quickstart.sh                 # everything
+#   RLX_STEPS=40 scripts/quickstart.sh    # a shorter GRPO run
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${RLX_BUILD_DIR:-$root/build/release}
-run=${RLX_RUN_DIR:-$root/runs/quickstart}
+runs=${RLX_RUNS_DIR:-$root/runs}
 "$root/scripts/install-deps.sh"
-mkdir -p "$(dirname "$build")" "$run"
+mkdir -p "$(dirname "$build")" "$runs"
 "$root/scripts/build.sh" "$build"
 rlx="$build/rlx"
+cd "$root"
+sft_cfg=examples/configs/sft_arithmetic.yaml grpo_cfg=examples/configs/grpo_arithmetic.yaml
+warm="$runs/sft_arithmetic/final"
 
-echo "== 1. a character tokenizer for arithmetic, and a model with random weights"
-printf '{"type": "char", "alphabet": "0123456789+-*= \\n", "special_tokens": ["<pad>", "<bos>", "<eos>", "<unk>"]}\n' > "$run/char.json"
-"$rlx" model init --arch qwen2 --preset small --seed 0 --tokenizer "$run/char.json" --out "$run/model"
-echo "== 2. tokenize a prompt"
-"$rlx" tokenize --tokenizer "$run/char.json" "12+34="
-echo "== 3. sample 24 tokens through the KV cache (random weights: random digits)"
-"$build/examples/rlx_example_generate" "$run/model" "12+34=" 24
-echo "== 4. validate the checkpoint"
-"$rlx" inspect safetensors "$run/model/model.safetensors" | tail -n 1
-echo "== 5. throughput"
-"$rlx" bench model --preset small --batch 8 --seq 128 --iters 3
-echo "quickstart: done; the model directory is $run/model (HF format: transformers can load it)"
+echo "== 1. SFT warm start ($sft_cfg)"
+if [ -f "$warm/model.safetensors" ] && [ -f "$warm/tokenizer.json" ]; then
+  echo "reusing the warm start in $warm (delete it to make it again)"
+else
+  "$rlx" sft "$sft_cfg" "run.out_dir=$runs"
+fi
+
+echo "== 2. held-out accuracy of the warm start (greedy)"
+before=$("$rlx" eval "$grpo_cfg" "model.path=$warm" | tail -n 1)
+echo "$before"
+
+echo "== 3. GRPO: hub + learner + rollout worker + sandboxed env server ($grpo_cfg)"
+"$rlx" run "$grpo_cfg" "run.out_dir=$runs" "model.path=$warm" ${RLX_STEPS:+train.steps=$RLX_STEPS} --force
+
+echo "== 4. held-out accuracy after GRPO (greedy)"
+after=$("$rlx" eval "$grpo_cfg" "model.path=$runs/grpo_arithmetic/final" | tail -n 1)
+echo "$after"
+
+# Debian's python3 has python3-matplotlib (a python3 earlier on PATH may not).
+py=/usr/bin/python3; [ -x "$py" ] || py=python3
+plots=$("$py" "$root/scripts/plot_metrics.py" "$runs/grpo_arithmetic")
+python3 - "$before" "$after" "$plots" "$runs/grpo_arithmetic" <<'P'
+import json, sys
+b, a = json.loads(sys.argv[1])["accuracy"], json.loads(sys.argv[2])["accuracy"]
+print(f"quickstart: held-out accuracy {b:.3f} -> {a:.3f} after GRPO")
+print(f"quickstart: metrics {sys.argv[4]}/metrics.jsonl, plots in {sys.argv[3]}, model {sys.argv[4]}/final")
+P

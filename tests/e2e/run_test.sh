@@ -96,5 +96,17 @@ kill_role killworker "role worker"
 kill_role killhub "role hub"
 kill_role killlearner "role learner"
 
+# --- SFT warm start, then its greedy held-out accuracy through `rlx eval` ---
+sft_json=$("$rlx" sft grpo.yaml run.name=sft sft.steps=3 sft.batch=8 sft.eval_tasks=8 2>sft.log | tail -n 1)
+[ -f runs/sft/final/model.safetensors ] && [ -f runs/sft/final/tokenizer.json ] && ok "sft: final model and tokenizer" \
+  || fail "sft: no final model: $(tail -3 sft.log)"
+eval_json=$("$rlx" eval grpo.yaml model.path=runs/sft/final sft.eval_tasks=8 | tail -n 1)
+python3 - "$sft_json" "$eval_json" <<'P' && ok "eval: same held-out accuracy as sft reported" || fail "eval: $sft_json vs $eval_json"
+import json, sys
+s, e = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert 0 <= s["accuracy_after"] <= 1 and e["tasks"] == 8, (s, e)
+assert abs(s["accuracy_after"] - e["accuracy"]) < 1e-9, (s, e)
+P
+
 echo "$failures failures"
 [ "$failures" = 0 ]
