@@ -239,7 +239,7 @@ int run_learner(const RoleContext& ctx) {
     json line = {{"step", step},
                  {"time_s", now_s() - t_start},
                  {"groups", batch.groups.size()},
-                 {"tokens", tokens},
+                 {"sequence_tokens", tokens},  // prompts, actions and observations
                  {"tokens_per_s", static_cast<double>(tokens) / std::max(now_s() - t0, 1e-9)},
                  {"sample_version_min", vmin == INT64_MAX ? -1 : vmin},
                  {"sample_version_max", vmax},
