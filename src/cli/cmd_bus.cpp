@@ -19,6 +19,7 @@
 #include <zmq.hpp>
 
 #include "commands.hpp"
+#include "rlx/core/signals.hpp"
 #include "rlx/core/clock.hpp"
 #include "rlx/bus/client.hpp"
 #include "rlx/bus/h5store.hpp"
@@ -33,13 +34,7 @@ namespace {
 std::atomic<bool> g_stop{false};
 extern "C" void on_stop_signal(int) { g_stop = true; }
 
-void install_stop_handlers() {
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-}
+void install_stop_handlers() { on_stop_signals(on_stop_signal); }
 
 nlohmann::json to_json(const std::vector<std::pair<std::string, double>>& values) {
   nlohmann::json j = nlohmann::json::object();

@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "commands.hpp"
+#include "rlx/core/signals.hpp"
 #include "rlx/core/clock.hpp"
 #include "rlx/core/error.hpp"
 #include "rlx/env/bundled.hpp"
@@ -173,10 +174,7 @@ void add_env_serve(CLI::App& app, Action& action) {
         throw ConfigError(fmt::format("--options: not JSON: {}", e.what()));
       }
       env::register_bundled();
-      struct sigaction sa {};
-      sa.sa_handler = [](int) { g_serve_stop = true; };
-      ::sigaction(SIGTERM, &sa, nullptr);
-      ::sigaction(SIGINT, &sa, nullptr);
+      on_stop_signals([](int) { g_serve_stop = true; });
       env::serve_envs(a->server, env::Registry::global(),
                       {.tokenizer = tok.get(), .sandbox = code_sandbox.get(), .options = options, .seed = a->seed}, g_serve_stop);
       return 0;
@@ -237,10 +235,7 @@ void add_env_commands(CLI::App& app, Action& action) {
       Sandbox sandbox(a->options);
       // SIGTERM / SIGINT end the sandbox first (its whole pid namespace), then this process.
       static std::atomic<bool> cancel{false};
-      struct sigaction sa {};
-      sa.sa_handler = [](int) { cancel = true; };
-      ::sigaction(SIGTERM, &sa, nullptr);
-      ::sigaction(SIGINT, &sa, nullptr);
+      on_stop_signals([](int) { cancel = true; });
       req.cancel = &cancel;
       const SandboxResult r = sandbox.run(req);
       if (a->json) {

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <thread>
@@ -13,8 +14,8 @@
 #include "rlx/bus/hub.hpp"
 #include "rlx/core/clock.hpp"
 #include "rlx/core/log.hpp"
+#include "rlx/core/signals.hpp"
 #include "rlx/core/threads.hpp"
-#include <cstring>
 #include "rlx/dist/local_group.hpp"
 #include "rlx/dist/weight_sync.hpp"
 #include "rlx/env/bundled.hpp"
@@ -83,13 +84,7 @@ bus::HubOptions hub_options(const RoleContext& ctx) {
 namespace {
 std::atomic<bool> g_stop{false};
 extern "C" void on_stop(int) { g_stop = true; }
-void install_stop_handler() {
-  struct sigaction sa {};
-  sa.sa_handler = on_stop;
-  sigemptyset(&sa.sa_mask);
-  ::sigaction(SIGINT, &sa, nullptr);
-  ::sigaction(SIGTERM, &sa, nullptr);
-}
+void install_stop_handler() { on_stop_signals(on_stop); }
 }  // namespace
 
 int run_hub(const RoleContext& ctx) {
@@ -731,11 +726,7 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
   // Env servers load the run's tokenizer from the run directory.
   write_tokenizer(cfg, run_dir / "tokenizer.json");
   // SIGINT/SIGTERM: the learner checkpoints and exits; then the rest is stopped.
-  struct sigaction sa {};
-  sa.sa_handler = on_launcher_signal;
-  sigemptyset(&sa.sa_mask);
-  ::sigaction(SIGINT, &sa, nullptr);
-  ::sigaction(SIGTERM, &sa, nullptr);
+  on_stop_signals(on_launcher_signal);
   std::cerr << fmt::format("rlx run: {} (logs in {})", run_dir.string(), (run_dir / "logs").string()) << std::endl;
 
   int stopped_by = 0;

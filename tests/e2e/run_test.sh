@@ -96,6 +96,22 @@ kill_role killworker "role worker"
 kill_role killhub "role hub"
 kill_role killlearner "role learner"
 
+# --- multi-turn episodes through a sandboxed env server, async mode ---
+"$rlx" run grpo.yaml run.name=turns env.name=guess_number env.max_turns=3 env.servers=1 rollout.max_new_tokens=6 \
+  rollout.workers=1 train.mode=async train.steps=2 learner.checkpoint_every=0 > turns.log 2>&1 \
+  || fail "multi-turn run: $(tail -3 turns.log)"
+"$rlx" inspect trajectories runs/turns/trajectories.h5 --dump 100 | grep '^{"' | python3 -c '
+import json, sys
+turns = []
+for line in sys.stdin:
+    for t in json.loads(line)["samples"]:
+        m, v = t["loss_mask"], t["versions"]
+        assert len(m) == len(v) == len(t["tokens"]) == len(t["logprobs"])
+        assert all((x >= 0) == (k == 1) for x, k in zip(v, m)), "a version outside an action, or none inside one"
+        turns.append(sum(1 for i in range(1, len(m)) if m[i] == 1 and m[i - 1] == 0))
+assert turns and max(turns) >= 2 and all(1 <= n <= 3 for n in turns), turns
+' && ok "multi-turn: actions and observations interleave, versions on actions only" || fail "multi-turn trajectories"
+
 # --- SFT warm start, then its greedy held-out accuracy through `rlx eval` ---
 sft_json=$("$rlx" sft grpo.yaml run.name=sft sft.steps=3 sft.batch=8 sft.eval_tasks=8 2>sft.log | tail -n 1)
 [ -f runs/sft/final/model.safetensors ] && [ -f runs/sft/final/tokenizer.json ] && ok "sft: final model and tokenizer" \
