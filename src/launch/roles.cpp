@@ -1,6 +1,8 @@
 #include "rlx/launch/roles.hpp"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -48,6 +50,26 @@ std::shared_ptr<Transformer> initial_model(const RunConfig& cfg, const Tokenizer
   auto model = std::make_shared<Transformer>(mc, dtype, at::Device(cfg.model.device));
   model->init_weights(cfg.run.seed);
   return model;
+}
+
+namespace {
+fs::path heartbeat_file(const fs::path& run_dir, const std::string& role, int index) {
+  return run_dir / "heartbeats" / fmt::format("{}-{}", role, index);
+}
+}  // namespace
+
+void start_heartbeat(const fs::path& run_dir, const std::string& role, int index) {
+  const auto file = heartbeat_file(run_dir, role, index);
+  fs::create_directories(file.parent_path());
+  std::thread([file] {
+    for (;;) {
+      if (const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT, 0644); fd >= 0) {
+        ::futimens(fd, nullptr);  // mtime = now
+        ::close(fd);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+  }).detach();
 }
 
 void write_tokenizer(const RunConfig& cfg, const fs::path& file) {
@@ -585,7 +607,8 @@ bool holds_run(const fs::path& dir) {
 }
 
 void clear_run(const fs::path& dir) {
-  for (const char* p : {"hub.state", "trajectories.h5", "metrics.jsonl", "checkpoints", "checkpoints-critic", "final", "logs"})
+  for (const char* p : {"hub.state", "trajectories.h5", "metrics.jsonl", "checkpoints", "checkpoints-critic", "final", "logs",
+                        "heartbeats"})
     fs::remove_all(dir / p);
   for (const auto& e : fs::directory_iterator(dir))
     if (e.path().filename().string().starts_with("hub-step_")) fs::remove(e.path());
@@ -649,6 +672,7 @@ class Roles {
   enum class State { running, learner_done, failed };
   // Polls every role once; restarts dead workers (bounded). `why` names a failure.
   State poll(bool stopping, std::string& why) {
+    if (!stopping) kill_stuck();
     hub_->poll();
     const bool learner_done = learner_->poll();
     if (learner_done && learner_->ranks()[0].ok()) return State::learner_done;
@@ -680,7 +704,34 @@ class Roles {
   const dist::RankExit& learner_exit() const { return learner_->ranks()[0]; }
 
  private:
+  // A role whose heartbeat (or, before its first, its start) is older than the timeout
+  // is stuck: it is reported and killed, and the ordinary restart policy follows.
+  void kill_stuck() {
+    auto check = [&](const char* role, int index, dist::LocalGroup& g, int rank) {
+      if (!g.running(rank)) return;
+      const auto key = fmt::format("{}-{}", role, index);
+      double last = started_.at(key);
+      struct stat st {};
+      if (::stat(heartbeat_file(run_dir_, role, index).c_str(), &st) == 0)
+        last = std::max(last, static_cast<double>(st.st_mtim.tv_sec) + 1e-9 * static_cast<double>(st.st_mtim.tv_nsec));
+      const double silent = wall_now() - last;
+      if (silent <= cfg_.train.heartbeat_timeout_s) return;
+      std::cerr << fmt::format("rlx run: {} {} (pid {}) is stuck: no heartbeat for {:.0f} s (train.heartbeat_timeout_s); "
+                               "killing it",
+                               role, index, g.ranks()[static_cast<size_t>(rank)].pid, silent)
+                << std::endl;
+      g.signal(rank, SIGKILL);
+    };
+    check("hub", 0, *hub_, 0);
+    for (int r = 0; r < static_cast<int>(cfg_.train.learner_ranks); ++r) check("learner", r, *learner_, r);
+    for (size_t w = 0; w < workers_.size(); ++w) check("worker", static_cast<int>(w), *workers_[w], 0);
+  }
+  static double wall_now() {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  }
+
   std::unique_ptr<dist::LocalGroup> start(const char* role, int index, int world = 1) {
+    for (int r = 0; r < world; ++r) started_[fmt::format("{}-{}", role, index + r)] = wall_now();
     const auto resolved = run_dir_ / "config.yaml";
     auto log_dir = run_dir_ / "logs" / fmt::format("{}-{}", role, index);
     if (attempt_ > 0 || (std::string_view(role) == "worker" && !worker_restarts_.empty() &&
@@ -704,6 +755,7 @@ class Roles {
   std::unique_ptr<dist::LocalGroup> hub_, learner_;
   std::vector<std::unique_ptr<dist::LocalGroup>> workers_;
   std::vector<uint32_t> worker_restarts_;
+  std::map<std::string, double> started_;  // role-index -> when it was (re)started (wall clock)
 };
 
 }  // namespace

@@ -81,13 +81,16 @@ same_as_clean int
 [ "$(wc -l < runs/int/metrics.jsonl)" = 6 ] && ok "resume: 6 metrics lines" || fail "resume: metrics lines"
 
 # --- SIGKILL of one role mid-run: the run completes ---
-kill_role() {  # kill_role NAME ROLE_PATTERN
-  "$rlx" run grpo.yaml "run.name=$1" > "$1.log" 2>&1 &
+kill_role() {  # kill_role NAME ROLE_PATTERN [SIGNAL [OVERRIDES...]]
+  local name=$1 pattern=$2 sig=${3:-KILL}
+  shift 3 2>/dev/null || shift $#
+  "$rlx" run grpo.yaml "run.name=$name" "$@" > "$name.log" 2>&1 &
   local pid=$!
+  set -- "$name" "$pattern"
   wait_steps "$1" 3 || fail "$1: no progress"
   local victim
   victim=$(pgrep -f -- "$2.*runs/$1" | head -1)
-  [ -n "$victim" ] && kill -9 "$victim" || fail "$1: no process matching $2"
+  [ -n "$victim" ] && kill -"$sig" "$victim" || fail "$1: no process matching $2"
   wait $pid; local rc=$?
   [ $rc = 0 ] && grep -q restart "$1.log" && ok "$1: killed, restarted, completed" || fail "$1: rc $rc: $(tail -5 "$1.log")"
   same_as_clean "$1"
@@ -95,6 +98,12 @@ kill_role() {  # kill_role NAME ROLE_PATTERN
 kill_role killworker "role worker"
 kill_role killhub "role hub"
 kill_role killlearner "role learner"
+# A stopped (SIGSTOP) role beats no more: the launcher reports it, kills it, and restarts.
+kill_role stopworker "role worker" STOP train.heartbeat_timeout_s=3 rollout.workers=1
+grep -q "worker 0 (pid [0-9]*) is stuck: no heartbeat" stopworker.log && ok "stopworker: reported as stuck" \
+  || fail "stopworker: not reported: $(tail -3 stopworker.log)"
+kill_role stoplearner "role learner" STOP train.heartbeat_timeout_s=3
+grep -q "learner 0 (pid [0-9]*) is stuck" stoplearner.log && ok "stoplearner: reported as stuck" || fail "stoplearner: not reported"
 
 # --- multi-turn episodes through a sandboxed env server, async mode ---
 "$rlx" run grpo.yaml run.name=turns env.name=guess_number env.max_turns=3 env.servers=1 rollout.max_new_tokens=6 \

@@ -116,6 +116,7 @@ struct TrainSection {
   uint64_t generated_tasks = 100000;  // tasks drawn from the environment's generator when hub.dataset is empty
   double batch_timeout_s = 600;       // a learner waits this long for a batch before failing
   uint32_t max_restarts = 3;          // restarts of the whole run from its last checkpoint
+  double heartbeat_timeout_s = 60;    // a role silent this long is stuck: killed, then restarted
 
   template <class V>
   void visit(V& v) {
@@ -128,6 +129,9 @@ struct TrainSection {
     v("batch_timeout_s", batch_timeout_s, "a learner waits this long for a batch before failing", config::greater_than(0));
     v("max_restarts", max_restarts,
       "restarts of the run from its last checkpoint after the hub or a learner rank dies", config::in_range(0, 1000));
+    v("heartbeat_timeout_s", heartbeat_timeout_s,
+      "a role whose heartbeat is older than this (stopped, frozen) is reported, killed and restarted",
+      config::in_range(1, 86400));
   }
 };
 

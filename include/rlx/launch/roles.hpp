@@ -46,6 +46,10 @@ std::shared_ptr<const Tokenizer> run_tokenizer(const RunConfig& cfg);
 void write_tokenizer(const RunConfig& cfg, const std::filesystem::path& file);
 std::shared_ptr<Transformer> initial_model(const RunConfig& cfg, const Tokenizer& tokenizer);
 
+// A role's heartbeat: a thread touches run_dir/heartbeats/ROLE-INDEX every 0.5 s while
+// the process runs (a SIGSTOPped or frozen process stops beating; the launcher notices).
+void start_heartbeat(const std::filesystem::path& run_dir, const std::string& role, int index);
+
 int run_hub(const RoleContext& ctx);
 int run_learner(const RoleContext& ctx);
 int run_worker(const RoleContext& ctx);
