@@ -33,6 +33,10 @@ void add_run_commands(CLI::App& app, Action& action) {
       cfg.model.validate();
       cfg.learner.validate();
       cfg.algorithm.validate();
+      // Placement: every learner rank trains at least one group of a step.
+      if (cfg.train.learner_ranks > cfg.train.groups_per_step)
+        throw ConfigError(fmt::format("train.learner_ranks = {}: more learner ranks than train.groups_per_step = {}",
+                                      cfg.train.learner_ranks, cfg.train.groups_per_step));
       return launch::launch(cfg, std::filesystem::read_symlink("/proc/self/exe").string(), args->launch);
     };
   });

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 #include <iostream>
 #include <thread>
 
@@ -18,7 +19,9 @@
 #include "rlx/core/log.hpp"
 #include "rlx/core/signals.hpp"
 #include "rlx/core/threads.hpp"
+#include "rlx/dist/comm.hpp"
 #include "rlx/dist/local_group.hpp"
+#include "rlx/dist/rendezvous.hpp"
 #include "rlx/dist/weight_sync.hpp"
 #include "rlx/env/bundled.hpp"
 #include "rlx/env/env.hpp"
@@ -133,13 +136,55 @@ int run_hub(const RoleContext& ctx) {
   return 0;
 }
 
+namespace {
+// Rank 0's value on every rank.
+int64_t broadcast_value(dist::Communicator& comm, int64_t value, const char* what) {
+  if (comm.size() == 1) return value;
+  auto t = at::tensor({value}, at::kLong);
+  comm.broadcast(t, 0, what)->wait();
+  return t.item<int64_t>();
+}
+
+// Rank 0's batch on every rank (cereal bytes; bounded by the hub's frame limit).
+bus::Batch broadcast_batch(dist::Communicator& comm, bus::Batch batch) {
+  std::string bytes;
+  if (comm.rank() == 0) {
+    std::ostringstream out;
+    {
+      cereal::BinaryOutputArchive ar(out);
+      ar(batch);
+    }
+    bytes = out.str();
+  }
+  const auto n = broadcast_value(comm, static_cast<int64_t>(bytes.size()), "learner: batch size");
+  RLX_CHECK(n >= 0 && n <= (int64_t{1} << 34), "learner: a batch of {} bytes", n);
+  bytes.resize(static_cast<size_t>(n));
+  auto t = at::from_blob(bytes.data(), {n}, at::kByte);
+  comm.broadcast(t, 0, "learner: batch")->wait();
+  if (comm.rank() == 0) return batch;
+  bus::Batch out;
+  std::istringstream in(bytes);
+  cereal::BinaryInputArchive ar(in);
+  ar(out);
+  return out;
+}
+}  // namespace
+
 int run_learner(const RoleContext& ctx) {
   const auto& cfg = ctx.cfg;
   install_stop_handler();
   set_threads(cfg);
   auto tok = run_tokenizer(cfg);
   auto start = initial_model(cfg, *tok);
-  auto comm = dist::single_process();
+  // The learner group: ranks wait in collectives while rank 0 waits for a batch.
+  std::unique_ptr<dist::Communicator> comm;
+  if (cfg.train.learner_ranks > 1) {
+    auto ro = dist::rendezvous_from_env();
+    ro.timeout_s = std::max(ro.timeout_s, cfg.train.batch_timeout_s + 60);
+    comm = dist::connect(ro);
+  } else {
+    comm = dist::single_process();
+  }
   algo::register_bundled_algorithms();
   auto algorithm = algo::make_algorithm(cfg.algorithm);
   auto lo = cfg.learner.options(cfg.run.seed);
@@ -179,65 +224,94 @@ int run_learner(const RoleContext& ctx) {
     algorithm->set_kl_coef(loaded->references.value("kl_coef", algorithm->kl_coef()));  // adaptive KL's state
     log::info("learner: resumed from {} (step {})", loaded->dir.string(), step);
   }
+  // Rank 0 talks to the hub and publishes weights; every rank trains its share.
+  const bool lead = comm->rank() == 0;
+  const int world = comm->size();
   auto params = policy.model().gather_parameters();
-  dist::ShmWeightPublisher pub({.name = ctx.weights}, dist::WeightLayout::of(params, to_scalar_type(cfg.model.dtype)));
-  bus::Client client({.address = ctx.hub_address(), .who = fmt::format("learner-{}", ctx.index), .role = "learner"});
-  if (step > 0) {
-    pub.publish(step, params);
-    client.publish_version(step);
+  std::unique_ptr<dist::ShmWeightPublisher> pub;
+  std::unique_ptr<bus::Client> client;
+  if (lead) {
+    pub = std::make_unique<dist::ShmWeightPublisher>(dist::ShmSyncOptions{.name = ctx.weights},
+                                                     dist::WeightLayout::of(params, to_scalar_type(cfg.model.dtype)));
+    client = std::make_unique<bus::Client>(
+        bus::ClientOptions{.address = ctx.hub_address(), .who = "learner", .role = "learner"});
+    if (step > 0) {
+      pub->publish(step, params);
+      client->publish_version(step);
+    }
   }
   uint64_t trained_batch = 0;  // the hub's id of the last batch trained
-  auto checkpoint = [&] {
+  auto checkpoint = [&] {      // collective
     const auto name = fmt::format("hub-step_{:08d}.state", step);
-    client.control(fmt::format("checkpoint {} {}", name, trained_batch));  // confirms it; saves the hub beside it
+    if (lead) client->control(fmt::format("checkpoint {} {}", name, trained_batch));  // confirms it; saves the hub
     if (critic) save_checkpoint(*critic, critic_ckpt);
     save_checkpoint(policy, policy_ckpt, {{"hub_state", name}, {"weights_version", step}, {"kl_coef", algorithm->kl_coef()}});
   };
 
-  std::ofstream metrics_out(ctx.run_dir / "metrics.jsonl", std::ios::app);
+  std::ofstream metrics_out;
+  if (lead) metrics_out.open(ctx.run_dir / "metrics.jsonl", std::ios::app);
   const double t_start = now_s();
-  bool saved = step > 0;
-  while (step < cfg.train.steps && !g_stop) {
+  bool saved = step > 0, stopped = false;
+  for (;;) {
     const double t0 = now_s();
-    // Waits in slices so that SIGINT/SIGTERM is noticed while rollout is slow.
+    // Rank 0 takes the batch (waiting in slices so that SIGINT/SIGTERM is noticed while
+    // rollout is slow) and decides for every rank: train it, or stop.
     bus::Batch batch;
-    for (;;) {
-      try {
-        batch = client.next_batch({.max_groups = cfg.train.groups_per_step, .num_ranks = 1}, 1.0);
-        break;
-      } catch (const bus::TimeoutError&) {
-        RLX_CHECK(now_s() - t0 < cfg.train.batch_timeout_s, "learner: no batch from the hub within {} s (step {})",
-                  cfg.train.batch_timeout_s, step + 1);
-        if (g_stop) break;
+    enum : int64_t { kTrain = 0, kStop = 1, kEnd = 2 };
+    int64_t what = kTrain;
+    if (lead) {
+      if (step >= cfg.train.steps) what = kEnd;
+      while (what == kTrain && !g_stop) {
+        try {
+          batch = client->next_batch({.max_groups = cfg.train.groups_per_step, .num_ranks = 1}, 1.0);
+          break;
+        } catch (const bus::TimeoutError&) {
+          RLX_CHECK(now_s() - t0 < cfg.train.batch_timeout_s, "learner: no batch from the hub within {} s (step {})",
+                    cfg.train.batch_timeout_s, step + 1);
+        }
       }
+      if (what == kTrain && batch.groups.empty()) {
+        if (g_stop) {
+          what = kStop;
+        } else {
+          RLX_CHECK(batch.end, "learner: the hub sent an empty batch that is not the end");
+          log::info("learner: the hub has no more groups; stopping at step {}", step);
+          what = kEnd;
+        }
+      }
+      RLX_CHECK(what != kTrain || batch.groups.size() >= static_cast<size_t>(world),
+                "learner: a batch of {} groups cannot feed {} ranks", batch.groups.size(), world);
     }
-    if (g_stop && batch.groups.empty()) break;
-    const double t_wait = now_s() - t0;
-    if (batch.groups.empty()) {
-      RLX_CHECK(batch.end, "learner: the hub sent an empty batch that is not the end");
-      log::info("learner: the hub has no more groups; stopping at step {}", step);
+    what = broadcast_value(*comm, what, "learner: train or stop");
+    if (what != kTrain) {
+      stopped = what == kStop;
       break;
     }
-    // Groups in prompt order: the step does not depend on which worker finished first.
-    std::sort(batch.groups.begin(), batch.groups.end(), [](const auto& a, const auto& b) {
-      return std::tie(a.epoch, a.prompt_index) < std::tie(b.epoch, b.prompt_index);
+    const double t_wait = now_s() - t0;
+    if (world > 1) batch = broadcast_batch(*comm, std::move(batch));
+    // Groups in prompt order: the step does not depend on which worker finished first;
+    // rank r trains groups r, r + world, ...
+    std::sort(batch.groups.begin(), batch.groups.end(), [](const auto& x, const auto& y) {
+      return std::tie(x.epoch, x.prompt_index) < std::tie(y.epoch, y.prompt_index);
     });
     std::vector<Sequence> seqs;
     std::vector<double> rewards;
     std::vector<size_t> sizes;
     int64_t vmin = INT64_MAX, vmax = -1, tokens = 0;
-    for (const auto& g : batch.groups) {
-      sizes.push_back(g.samples.size());
+    for (size_t gi = 0; gi < batch.groups.size(); ++gi) {
+      const auto& g = batch.groups[gi];
       const auto [lo_v, hi_v] = g.version_range();
       if (lo_v >= 0) vmin = std::min(vmin, lo_v), vmax = std::max(vmax, hi_v);
+      for (const auto& t : g.samples) tokens += static_cast<int64_t>(t.tokens.size());
+      if (static_cast<int>(gi % static_cast<size_t>(world)) != comm->rank()) continue;
+      sizes.push_back(g.samples.size());
       for (const auto& t : g.samples) {
-        Sequence s;
-        s.tokens.assign(t.tokens.begin(), t.tokens.end());
-        s.loss_mask = t.loss_mask;
-        s.values["behaviour_logprobs"] = t.logprobs;
+        Sequence sq;
+        sq.tokens.assign(t.tokens.begin(), t.tokens.end());
+        sq.loss_mask = t.loss_mask;
+        sq.values["behaviour_logprobs"] = t.logprobs;
         rewards.push_back(t.reward);
-        tokens += static_cast<int64_t>(t.tokens.size());
-        seqs.push_back(std::move(s));
+        seqs.push_back(std::move(sq));
       }
     }
     const double t1 = now_s();
@@ -248,14 +322,18 @@ int run_learner(const RoleContext& ctx) {
     trained_batch = batch.batch_id;
     params = policy.model().gather_parameters();
     const double t2 = now_s();
-    pub.publish(step, params);
-    client.publish_version(step);
+    if (lead) {
+      pub->publish(step, params);
+      client->publish_version(step);
+    }
     const double t_sync = now_s() - t2;
     saved = false;
     if (cfg.learner.checkpoint_every > 0 && step % cfg.learner.checkpoint_every == 0) checkpoint(), saved = true;
+    if (!lead) continue;
     json line = {{"step", step},
                  {"time_s", now_s() - t_start},
                  {"groups", batch.groups.size()},
+                 {"learner_ranks", world},
                  {"sequence_tokens", tokens},  // prompts, actions and observations
                  {"tokens_per_s", static_cast<double>(tokens) / std::max(now_s() - t0, 1e-9)},
                  {"sample_version_min", vmin == INT64_MAX ? -1 : vmin},
@@ -274,12 +352,12 @@ int run_learner(const RoleContext& ctx) {
   }
   // The end, or SIGINT/SIGTERM: a checkpoint of the last finished step.
   if (!saved) checkpoint();
-  if (g_stop) {
+  if (stopped) {
     log::info("learner: stopped at step {}; `rlx run --resume` continues", step);
     return 0;
   }
   export_hf(policy, ctx.run_dir / "final");
-  write_tokenizer(cfg, ctx.run_dir / "final" / "tokenizer.json");
+  if (lead) write_tokenizer(cfg, ctx.run_dir / "final" / "tokenizer.json");
   return 0;
 }
 

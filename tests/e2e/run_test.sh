@@ -28,8 +28,9 @@ out=$("$rlx" run grpo.yaml train.stepz=3 2>&1); rc=$?
   && ok "unknown key" || fail "unknown key: rc $rc: $out"
 out=$("$rlx" run grpo.yaml train.steps=many 2>&1); rc=$?
 [ $rc = 2 ] && grep -q "train.steps" <<<"$out" && [ ! -d runs ] && ok "wrong type" || fail "wrong type: rc $rc: $out"
-out=$("$rlx" run grpo.yaml train.learner_ranks=2 2>&1); rc=$?
-[ $rc = 2 ] && grep -q "train.learner_ranks" <<<"$out" && [ ! -d runs ] && ok "impossible placement" || fail "placement: rc $rc: $out"
+out=$("$rlx" run grpo.yaml train.learner_ranks=5 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "train.learner_ranks = 5: more learner ranks than train.groups_per_step = 4" <<<"$out" && [ ! -d runs ] \
+  && ok "impossible placement" || fail "placement: rc $rc: $out"
 
 # --- the fault-free run ---
 "$rlx" run grpo.yaml > clean.log 2>&1; rc=$?
@@ -54,9 +55,10 @@ out=$("$rlx" run grpo.yaml 2>&1); rc=$?
 [ $rc = 2 ] || [ $rc = 1 ] && grep -q -- "--resume continues it, --force" <<<"$out" && ok "refuses a used run directory" \
   || fail "used run directory: rc $rc: $out"
 
-same_as_clean() {
-  if cmp -s runs/clean/final/model.safetensors "runs/$1/final/model.safetensors"; then ok "$1: final parameters equal the clean run's"
-  else fail "$1: final parameters differ from the clean run's"; fi
+same_as_clean() {  # same_as_clean NAME [REFERENCE_RUN]
+  local ref=${2:-clean}
+  if cmp -s "runs/$ref/final/model.safetensors" "runs/$1/final/model.safetensors"; then ok "$1: final parameters equal the $ref run's"
+  else fail "$1: final parameters differ from the $ref run's"; fi
   exactly_once "runs/$1" >/dev/null && ok "$1: each lease once" || fail "$1: a lease twice in trajectories.h5"
 }
 wait_steps() {  # wait_steps NAME N: until the run has N metrics lines (bounded)
@@ -89,11 +91,11 @@ kill_role() {  # kill_role NAME ROLE_PATTERN [SIGNAL [OVERRIDES...]]
   set -- "$name" "$pattern"
   wait_steps "$1" 3 || fail "$1: no progress"
   local victim
-  victim=$(pgrep -f -- "$2.*runs/$1" | head -1)
+  victim=$(pgrep -f -- "$2.*runs/$1" | ${PICK:-head} -1)  # PICK=tail: the newest (learner rank 1)
   [ -n "$victim" ] && kill -"$sig" "$victim" || fail "$1: no process matching $2"
   wait $pid; local rc=$?
   [ $rc = 0 ] && grep -q restart "$1.log" && ok "$1: killed, restarted, completed" || fail "$1: rc $rc: $(tail -5 "$1.log")"
-  same_as_clean "$1"
+  same_as_clean "$1" "${REF:-clean}"
 }
 kill_role killworker "role worker"
 kill_role killhub "role hub"
@@ -104,6 +106,16 @@ grep -q "worker 0 (pid [0-9]*) is stuck: no heartbeat" stopworker.log && ok "sto
   || fail "stopworker: not reported: $(tail -3 stopworker.log)"
 kill_role stoplearner "role learner" STOP train.heartbeat_timeout_s=3
 grep -q "learner 0 (pid [0-9]*) is stuck" stoplearner.log && ok "stoplearner: reported as stuck" || fail "stoplearner: not reported"
+
+# --- a learner group of 2 ranks (FSDP-style sharded), and the death of its rank 1 ---
+"$rlx" run grpo.yaml run.name=clean2 train.learner_ranks=2 > clean2.log 2>&1 || fail "2 ranks: $(tail -3 clean2.log)"
+python3 - runs/clean2/metrics.jsonl <<'P' && ok "2 ranks: 6 steps, batch-wide metrics" || fail "2 ranks: metrics"
+import json, sys
+m = [json.loads(l) for l in open(sys.argv[1])]
+assert len(m) == 6 and all(x["learner_ranks"] == 2 and x["samples"] == 16 and x["version_lag"] == 0 for x in m), m
+P
+exactly_once runs/clean2 >/dev/null && ok "2 ranks: each lease once" || fail "2 ranks: duplicates"
+REF=clean2 PICK=tail kill_role killrank1 "role learner" KILL train.learner_ranks=2
 
 # --- multi-turn episodes through a sandboxed env server, async mode ---
 "$rlx" run grpo.yaml run.name=turns env.name=guess_number env.max_turns=3 env.servers=1 rollout.max_new_tokens=6 \
