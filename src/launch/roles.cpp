@@ -726,6 +726,45 @@ void prepare_resume(const fs::path& dir) {
   std::cerr << fmt::format("rlx run: resuming {} at step {}", dir.string(), step) << std::endl;
 }
 
+// The launcher's progress line: the newest step of metrics.jsonl. On a terminal it is
+// rewritten in place; otherwise a line is printed every 10 steps and at the last one.
+class Progress {
+ public:
+  Progress(fs::path metrics, int64_t steps) : file_(std::move(metrics)), steps_(steps), tty_(::isatty(2) != 0) {}
+  void poll() {
+    std::ifstream in(file_);
+    if (!in) return;
+    in.seekg(offset_);
+    for (std::string line; std::getline(in, line);) {
+      if (in.eof()) break;  // a line still being written
+      offset_ += static_cast<std::streamoff>(line.size() + 1);
+      auto j = json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.contains("step")) continue;
+      show(j);
+    }
+  }
+  ~Progress() {
+    if (tty_ && shown_) std::cerr << std::endl;
+  }
+
+ private:
+  void show(const json& j) {
+    const auto step = j.value("step", int64_t{0});
+    const double t = j.value("time_s", 0.0);
+    const double eta = step > 0 ? t / static_cast<double>(step) * static_cast<double>(steps_ - step) : 0;
+    const auto text = fmt::format("step {}/{}  reward {:.3f}  tokens/s {:.0f}  lag {}  eta {:.0f}s", step, steps_,
+                                  j.value("reward_mean", 0.0), j.value("tokens_per_s", 0.0), j.value("version_lag", 0), eta);
+    if (tty_) std::cerr << "\r" << text << "\x1b[K" << std::flush;
+    else if (step % 10 == 0 || step == steps_ || step == 1) std::cerr << "rlx run: " << text << std::endl;
+    shown_ = true;
+  }
+  fs::path file_;
+  int64_t steps_;
+  bool tty_;
+  bool shown_ = false;
+  std::streamoff offset_ = 0;
+};
+
 std::atomic<int> g_launcher_signal{0};
 extern "C" void on_launcher_signal(int sig) { g_launcher_signal = sig; }
 
@@ -864,6 +903,7 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
     std::string why;
     {
       Roles roles(cfg, run_dir, exe, static_cast<int>(attempt));
+      Progress progress(run_dir / "metrics.jsonl", cfg.train.steps);
       double stop_deadline = 0;
       Roles::State state = Roles::State::running;
       while ((state = roles.poll(stopped_by != 0, why)) == Roles::State::running) {
@@ -875,8 +915,10 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
         }
         RLX_CHECK(stopped_by == 0 || now_s() < stop_deadline, "rlx run: the learner did not stop within 300 s of {}",
                   strsignal(stopped_by));
+        progress.poll();
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
+      progress.poll();
       if (state == Roles::State::learner_done) {
         roles.stop_rest();
         break;
