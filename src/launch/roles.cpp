@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <iostream>
 #include <thread>
@@ -137,6 +138,20 @@ int run_hub(const RoleContext& ctx) {
 }
 
 namespace {
+// Removes the hub states that no kept checkpoint references (they go with the checkpoints).
+void prune_hub_states(const fs::path& run_dir) {
+  std::set<std::string> kept;
+  for (const auto& c : list_checkpoints(run_dir / "checkpoints"))
+    if (std::ifstream f(c / "learner.json"); f) {
+      const auto j = json::parse(f, nullptr, false);
+      if (!j.is_discarded()) kept.insert(j.value("references", json::object()).value("hub_state", std::string()));
+    }
+  for (const auto& e : fs::directory_iterator(run_dir)) {
+    const auto name = e.path().filename().string();
+    if (name.starts_with("hub-step_") && !kept.contains(name)) fs::remove(e.path());
+  }
+}
+
 // Rank 0's value on every rank.
 int64_t broadcast_value(dist::Communicator& comm, int64_t value, const char* what) {
   if (comm.size() == 1) return value;
@@ -246,6 +261,7 @@ int run_learner(const RoleContext& ctx) {
     if (lead) client->control(fmt::format("checkpoint {} {}", name, trained_batch));  // confirms it; saves the hub
     if (critic) save_checkpoint(*critic, critic_ckpt);
     save_checkpoint(policy, policy_ckpt, {{"hub_state", name}, {"weights_version", step}, {"kl_coef", algorithm->kl_coef()}});
+    if (lead) prune_hub_states(ctx.run_dir);
   };
 
   std::ofstream metrics_out;

@@ -129,7 +129,12 @@ TEST_CASE_METHOD(Fixture, "fork bombs (python and shell) end at the wall limit",
   auto r = attack({.argv = py("import os\nwhile True:\n    try: os.fork()\n    except OSError: pass")}, options.limits.wall_s);
   CHECK(r.verdict == SandboxVerdict::timeout);
   r = attack({.argv = {"sh", "-c", "b() { b | b & }; b; while :; do sleep 1; done"}}, options.limits.wall_s);
-  CHECK(r.verdict == SandboxVerdict::timeout);
+  // The shell ends at the wall limit, or earlier when the process limit leaves its own
+  // loop unable to fork `sleep` (dash then exits with "Cannot fork"); attack() has checked
+  // that nothing escaped and the next run is clean either way.
+  INFO("stderr: " << r.stderr_text.substr(0, 500));
+  CHECK((r.verdict == SandboxVerdict::timeout ||
+         (r.verdict == SandboxVerdict::ok && r.exit_code != 0 && r.stderr_text.find("fork") != std::string::npos)));
 }
 
 TEST_CASE_METHOD(Fixture, "a loop that ignores signals and spawns a setsid grandchild is killed whole", "[adversarial]") {

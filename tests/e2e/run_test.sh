@@ -33,7 +33,7 @@ out=$("$rlx" run grpo.yaml train.learner_ranks=5 2>&1); rc=$?
   && ok "impossible placement" || fail "placement: rc $rc: $out"
 
 # --- the fault-free run ---
-"$rlx" run grpo.yaml > clean.log 2>&1; rc=$?
+"$rlx" run grpo.yaml learner.checkpoint_keep_last=2 > clean.log 2>&1; rc=$?
 [ $rc = 0 ] || { fail "clean run: rc $rc"; cat clean.log runs/clean/logs/*/rank-0.err | tail -40; exit 1; }
 python3 - runs/clean/metrics.jsonl <<'P' && ok "clean run: 6 steps, on-policy (lag 0), versions advance" || fail "clean run metrics"
 import json, sys
@@ -51,6 +51,8 @@ print(s["groups"], "groups")'
 }
 exactly_once runs/clean >/dev/null && ok "clean run: each lease once in trajectories.h5" || fail "clean run: duplicates"
 [ -f runs/clean/final/model.safetensors ] && [ -f runs/clean/final/config.json ] && ok "final HF export" || fail "no final export"
+[ "$(ls runs/clean/checkpoints | grep -c step_)" = 2 ] && [ "$(ls runs/clean | grep -c '^hub-step_')" = 2 ] \
+  && ok "hub states pruned with their checkpoints" || fail "hub states: $(ls runs/clean runs/clean/checkpoints)"
 out=$("$rlx" run grpo.yaml 2>&1); rc=$?
 [ $rc = 2 ] || [ $rc = 1 ] && grep -q -- "--resume continues it, --force" <<<"$out" && ok "refuses a used run directory" \
   || fail "used run directory: rc $rc: $out"
