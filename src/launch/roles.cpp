@@ -386,7 +386,8 @@ struct GroupRollout {
   std::vector<std::unique_ptr<env::Env>> envs;
   std::vector<env::Episode> episodes;
   std::vector<std::vector<int64_t>> versions;  // per token: the weight version, -1 outside actions
-  std::string error;                           // an infra error ends the group
+  std::string error;                           // an error ends the group (reported to the hub)
+  std::string error_kind = "infra";            // infra: retried elsewhere; data: the task is bad
 };
 
 // Environments of a worker: in-process, or behind sandboxed env servers (env.servers).
@@ -463,15 +464,26 @@ std::vector<GroupRollout> rollout_groups(const RoleContext& ctx, Engine& engine,
   for (size_t g = 0; g < leases.size(); ++g) {
     auto& gr = groups[g];
     gr.lease = leases[g];
+    // An environment that failed (InfraError) sends the lease back to be retried; a task
+    // the environment rejects ends the lease as a data error. A server past its restarts
+    // (envs.make() throws) ends the worker.
+    json task;
     try {
-      const auto task = json::parse(gr.lease.task);
-      for (uint32_t k = 0; k < gr.lease.group_size; ++k) {
-        gr.envs.push_back(envs.make());
+      task = json::parse(gr.lease.task);
+    } catch (const json::exception& e) {
+      gr.error_kind = "data", gr.error = fmt::format("lease {}: the task is not JSON: {}", gr.lease.lease_id, e.what());
+      continue;
+    }
+    for (uint32_t k = 0; k < gr.lease.group_size && gr.error.empty(); ++k) {
+      gr.envs.push_back(envs.make());
+      try {
         gr.episodes.emplace_back().start(gr.envs.back()->reset(task));
         gr.versions.emplace_back(gr.episodes.back().tokens.size(), -1);
+      } catch (const env::InfraError& e) {
+        gr.error_kind = "infra", gr.error = e.what();
+      } catch (const Error& e) {
+        gr.error_kind = "data", gr.error = e.what();
       }
-    } catch (const env::InfraError& e) {  // anything else (a server past its restarts) ends the worker
-      gr.error = e.what();
     }
   }
   for (int turn = 0; turn < cfg.env.max_turns; ++turn) {
@@ -521,7 +533,9 @@ std::vector<GroupRollout> rollout_groups(const RoleContext& ctx, Engine& engine,
             ver.resize(ep.tokens.size(), -1);
           }
         } catch (const env::InfraError& e) {
-          gr.error = e.what();
+          gr.error_kind = "infra", gr.error = e.what();
+        } catch (const Error& e) {
+          gr.error_kind = "data", gr.error = e.what();
         }
       }
     }
@@ -667,7 +681,9 @@ int run_worker(const RoleContext& ctx) {
     }
     for (auto& gr : rollout_groups(ctx, engine, envs, grant.leases)) {
       if (!gr.error.empty()) {
-        client.report_error(gr.lease.lease_id, "infra", gr.error);
+        log::warn("{}: lease {} (prompt {}): {} error: {}", who, gr.lease.lease_id, gr.lease.prompt_index, gr.error_kind,
+                  gr.error);
+        client.report_error(gr.lease.lease_id, gr.error_kind, gr.error);
         continue;
       }
       bus::TrajectoryGroup group{.lease_id = gr.lease.lease_id, .prompt_index = gr.lease.prompt_index,

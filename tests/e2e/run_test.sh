@@ -135,6 +135,19 @@ for line in sys.stdin:
 assert turns and max(turns) >= 2 and all(1 <= n <= 3 for n in turns), turns
 ' && ok "multi-turn: actions and observations interleave, versions on actions only" || fail "multi-turn trajectories"
 
+# --- a dataset with a task the environment rejects: that lease ends as a data error, the run goes on ---
+python3 - <<'P' > tasks.jsonl
+import json
+print(json.dumps({"prompt": "Compute 1 + 1.\n"}))  # no answer
+for i in range(40):
+    a, b = i % 10, (i * 7) % 10
+    print(json.dumps({"prompt": f"Compute {a} + {b}. Give the final answer as a number.\n", "answer": a + b}))
+P
+"$rlx" run grpo.yaml run.name=baddata hub.dataset=tasks.jsonl hub.shuffle=false train.steps=3 > baddata.log 2>&1 \
+  && grep -q "lease [0-9]* (prompt 0): data error: .*answer" runs/baddata/logs/worker-*/rank-0.err \
+  && ok "a bad task: a data error naming the prompt and the field; the run completes" \
+  || fail "bad task: $(tail -3 baddata.log; grep -h error runs/baddata/logs/*/rank-0.err | tail -3)"
+
 # --- SFT warm start, then its greedy held-out accuracy through `rlx eval` ---
 sft_json=$("$rlx" sft grpo.yaml run.name=sft sft.steps=3 sft.batch=8 sft.eval_tasks=8 2>sft.log | tail -n 1)
 [ -f runs/sft/final/model.safetensors ] && [ -f runs/sft/final/tokenizer.json ] && ok "sft: final model and tokenizer" \
