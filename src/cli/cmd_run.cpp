@@ -63,6 +63,22 @@ void add_run_commands(CLI::App& app, Action& action) {
     };
   });
 
+  struct ScaleArgs {
+    std::string run_dir;
+    uint32_t workers = 0;
+  };
+  auto sc = std::make_shared<ScaleArgs>();
+  auto* scale = app.add_subcommand("scale", "Change the number of rollout workers of a running `rlx run`");
+  scale->add_option("run_dir", sc->run_dir, "the run directory (run.out_dir/run.name)")->required();
+  scale->add_option("--workers", sc->workers, "rollout workers wanted (1 to 1024)")->required();
+  scale->callback([sc, &action] {
+    action = [sc] {
+      launch::scale(sc->run_dir, sc->workers);
+      std::cerr << fmt::format("rlx scale: {} asked for {} rollout workers", sc->run_dir, sc->workers) << std::endl;
+      return 0;
+    };
+  });
+
   struct RoleArgs {
     std::string role, config, run_dir, weights, exe;
     int index = 0;

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <sstream>
 #include <iostream>
@@ -17,6 +18,8 @@
 #include "rlx/bus/client.hpp"
 #include "rlx/bus/hub.hpp"
 #include "rlx/core/clock.hpp"
+#include "rlx/core/files.hpp"
+#include "rlx/core/rng.hpp"
 #include "rlx/core/log.hpp"
 #include "rlx/core/signals.hpp"
 #include "rlx/core/threads.hpp"
@@ -388,6 +391,7 @@ struct GroupRollout {
   std::vector<std::vector<int64_t>> versions;  // per token: the weight version, -1 outside actions
   std::string error;                           // an error ends the group (reported to the hub)
   std::string error_kind = "infra";            // infra: retried elsewhere; data: the task is bad
+  int start_turn = 0;                          // > 0: continued from an episode checkpoint
 };
 
 // Environments of a worker: in-process, or behind sandboxed env servers (env.servers).
@@ -452,12 +456,89 @@ class WorkerEnvs {
   std::optional<std::vector<std::string>> stops_;
 };
 
+// Checkpoints of unfinished multi-turn episodes, one file per lease in run_dir/episodes/
+// (p{prompt}.e{epoch}), replaced atomically every rollout.episode_checkpoint_turns turns
+// and removed when the group is sent. Whoever takes the lease next (this worker restarted,
+// or another) continues from it: each sample's tokens, masks, log-probs, versions and
+// reward so far, and its environment's saved state. Sampling is keyed by (prompt, epoch,
+// sample, turn), so the turns after it sample what an uninterrupted worker would have.
+// The file is the xxh64 of its body (16 hex digits), a newline, then the body (JSON).
+class EpisodeCheckpoints {
+ public:
+  EpisodeCheckpoints(fs::path dir, uint32_t every) : dir_(std::move(dir)), every_(every) {}
+
+  bool due(int finished_turns) const { return every_ > 0 && finished_turns % static_cast<int>(every_) == 0; }
+
+  void save(const GroupRollout& g, int next_turn) {
+    json samples = json::array();
+    for (size_t k = 0; k < g.episodes.size(); ++k)
+      samples.push_back({{"episode", g.episodes[k].to_json()}, {"env_state", g.envs[k]->save_state()},
+                         {"versions", g.versions[k]}});
+    const auto body = json{{"format", "rlx-episodes/1"}, {"prompt_index", g.lease.prompt_index}, {"epoch", g.lease.epoch},
+                           {"task_xxh64", hash_name(g.lease.task)}, {"next_turn", next_turn}, {"samples", samples}}
+                          .dump();
+    fs::create_directories(dir_);
+    write_file_atomic(file(g.lease), fmt::format("{:016x}\n{}", hash_name(body), body));
+    ++saved_;
+  }
+
+  // Continues `g` from its lease's checkpoint, if there is one that matches the lease.
+  // A damaged or mismatched checkpoint is reported and removed; the group starts over.
+  bool restore(GroupRollout& g, WorkerEnvs& envs);
+
+  void remove(const bus::Lease& l) {
+    std::error_code ec;
+    fs::remove(file(l), ec);
+  }
+  uint64_t saved() const { return saved_; }
+
+ private:
+  fs::path file(const bus::Lease& l) const { return dir_ / fmt::format("p{}.e{}", l.prompt_index, l.epoch); }
+  fs::path dir_;
+  uint32_t every_;
+  uint64_t saved_ = 0;
+};
+
+bool EpisodeCheckpoints::restore(GroupRollout& g, WorkerEnvs& envs) {
+  const auto path = file(g.lease);
+  if (every_ == 0 || !fs::exists(path)) return false;
+  try {
+    const auto text = read_file(path, uint64_t{1} << 30);
+    const auto nl = text.find('\n');
+    RLX_CHECK(nl == 16, "no checksum line");
+    const std::string_view body = std::string_view(text).substr(17);
+    RLX_CHECK(fmt::format("{:016x}", hash_name(body)) == text.substr(0, 16), "checksum mismatch (damaged file)");
+    const auto j = json::parse(body);
+    RLX_CHECK(j.at("format") == "rlx-episodes/1", "unknown format {}", j.at("format").dump());
+    RLX_CHECK(j.at("prompt_index").get<uint64_t>() == g.lease.prompt_index && j.at("epoch").get<uint64_t>() == g.lease.epoch &&
+                  j.at("task_xxh64").get<uint64_t>() == hash_name(g.lease.task),
+              "it belongs to another task");
+    const auto& samples = j.at("samples");
+    RLX_CHECK(samples.size() == g.lease.group_size, "{} samples, the lease has {}", samples.size(), g.lease.group_size);
+    for (const auto& s : samples) {
+      g.envs.push_back(envs.make());
+      g.envs.back()->load_state(s.at("env_state").get<std::string>());
+      g.episodes.push_back(env::Episode::from_json(s.at("episode")));
+      g.versions.push_back(s.at("versions").get<std::vector<int64_t>>());
+      RLX_CHECK(g.versions.back().size() == g.episodes.back().tokens.size(), "versions do not match the tokens");
+    }
+    g.start_turn = j.at("next_turn").get<int>();
+    return true;
+  } catch (const std::exception& e) {
+    log::warn("episode checkpoint {}: {}; the episode starts over", path.string(), e.what());
+    g.envs.clear(), g.episodes.clear(), g.versions.clear();
+    remove(g.lease);
+    return false;
+  }
+}
+
 // Runs every lease's group to the end: turn 0 samples each group's shared prompt once
 // with n = group size (the samples share its KV blocks); later turns continue each
 // unfinished episode. Sampling randomness is keyed by the prompt, epoch, sample and turn,
 // so a re-issued lease samples the same tokens under the same weights.
 std::vector<GroupRollout> rollout_groups(const RoleContext& ctx, Engine& engine, WorkerEnvs& envs,
-                                         const std::vector<bus::Lease>& leases) {
+                                         const std::vector<bus::Lease>& leases, EpisodeCheckpoints* checkpoints = nullptr,
+                                         const std::function<void()>& after_checkpoint = {}) {
   const auto& cfg = ctx.cfg;
   std::vector<GroupRollout> groups(leases.size());
   const auto stops = envs.stop_strings();
@@ -472,6 +553,11 @@ std::vector<GroupRollout> rollout_groups(const RoleContext& ctx, Engine& engine,
       task = json::parse(gr.lease.task);
     } catch (const json::exception& e) {
       gr.error_kind = "data", gr.error = fmt::format("lease {}: the task is not JSON: {}", gr.lease.lease_id, e.what());
+      continue;
+    }
+    if (checkpoints && checkpoints->restore(gr, envs)) {
+      log::info("lease {} (prompt {}): continues its episodes at turn {}", gr.lease.lease_id, gr.lease.prompt_index,
+                gr.start_turn);
       continue;
     }
     for (uint32_t k = 0; k < gr.lease.group_size && gr.error.empty(); ++k) {
@@ -493,7 +579,7 @@ std::vector<GroupRollout> rollout_groups(const RoleContext& ctx, Engine& engine,
                                  .stop_strings = stops};
     for (size_t g = 0; g < groups.size(); ++g) {
       auto& gr = groups[g];
-      if (!gr.error.empty()) continue;
+      if (!gr.error.empty() || turn < gr.start_turn) continue;
       const auto& l = gr.lease;
       const bool shared = turn == 0 && std::all_of(gr.episodes.begin(), gr.episodes.end(),
                                                    [&](const env::Episode& e) { return e.tokens == gr.episodes[0].tokens; });
@@ -539,6 +625,21 @@ std::vector<GroupRollout> rollout_groups(const RoleContext& ctx, Engine& engine,
         }
       }
     }
+    // Unfinished episodes are saved every K turns (not after the last one).
+    if (!checkpoints || !checkpoints->due(turn + 1) || turn + 1 >= cfg.env.max_turns) continue;
+    bool saved = false;
+    for (auto& gr : groups) {
+      if (!gr.error.empty() || turn < gr.start_turn ||
+          std::all_of(gr.episodes.begin(), gr.episodes.end(), [](const env::Episode& e) { return e.done; }))
+        continue;
+      try {
+        checkpoints->save(gr, turn + 1);
+        saved = true;
+      } catch (const env::InfraError& e) {  // a remote environment's state could not be read
+        gr.error_kind = "infra", gr.error = e.what();
+      }
+    }
+    if (saved && after_checkpoint) after_checkpoint();
   }
   return groups;
 }
@@ -643,9 +744,15 @@ int run_sft(const RunConfig& cfg) {
   return 0;
 }
 
+namespace {
+std::atomic<bool> g_leave{false};
+extern "C" void on_leave(int) { g_leave = true; }
+}  // namespace
+
 int run_worker(const RoleContext& ctx) {
   const auto& cfg = ctx.cfg;
-  ::signal(SIGINT, SIG_IGN);  // a terminal's SIGINT is the launcher's: it stops workers after the learner
+  ::signal(SIGUSR1, on_leave);  // `rlx scale` down: finish the leases held, send them, exit
+  ::signal(SIGINT, SIG_IGN);    // a terminal's SIGINT is the launcher's: it stops workers after the learner
   set_threads(cfg);
   env::register_bundled();
   auto tok = run_tokenizer(cfg);
@@ -659,8 +766,24 @@ int run_worker(const RoleContext& ctx) {
   auto apply_weights = [&] {
     if (auto u = weights.poll()) engine.update_weights(u->version, u->tensors);
   };
+  EpisodeCheckpoints episodes(ctx.run_dir / "episodes", cfg.rollout.episode_checkpoint_turns);
+  // Fault injection for tests: RLX_FAULT=kill-after-episode-checkpoint:W:N makes worker W
+  // kill itself (SIGKILL) right after its N-th episode checkpoint, once per run directory.
+  std::function<void()> after_checkpoint;
+  if (const char* f = std::getenv("RLX_FAULT"); f && std::string_view(f).starts_with("kill-after-episode-checkpoint:")) {
+    int w = -1;
+    uint64_t n = 0;
+    RLX_CHECK(std::sscanf(f, "kill-after-episode-checkpoint:%d:%lu", &w, &n) == 2, "RLX_FAULT={}: expected kill-after-episode-checkpoint:W:N", f);
+    const auto marker = ctx.run_dir / "fault-injected";
+    if (w == ctx.index && !fs::exists(marker))
+      after_checkpoint = [&episodes, n, marker] {
+        if (episodes.saved() < n) return;
+        write_file_atomic(marker, "kill-after-episode-checkpoint\n");
+        ::raise(SIGKILL);
+      };
+  }
   int64_t groups_sent = 0;
-  for (;;) {
+  while (!g_leave) {
     apply_weights();
     auto grant = client.request_leases(cfg.rollout.leases_per_request);
     if (grant.exhausted) break;
@@ -679,8 +802,9 @@ int run_worker(const RoleContext& ctx) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
       apply_weights();
     }
-    for (auto& gr : rollout_groups(ctx, engine, envs, grant.leases)) {
+    for (auto& gr : rollout_groups(ctx, engine, envs, grant.leases, &episodes, after_checkpoint)) {
       if (!gr.error.empty()) {
+        if (gr.error_kind == "data") episodes.remove(gr.lease);  // infra: the retry continues from it
         log::warn("{}: lease {} (prompt {}): {} error: {}", who, gr.lease.lease_id, gr.lease.prompt_index, gr.error_kind,
                   gr.error);
         client.report_error(gr.lease.lease_id, gr.error_kind, gr.error);
@@ -701,12 +825,22 @@ int run_worker(const RoleContext& ctx) {
         group.samples.push_back(std::move(t));
       }
       client.submit(std::move(group));
+      episodes.remove(gr.lease);
       ++groups_sent;
     }
   }
   client.flush(30);
-  log::info("{}: {} groups sent", who, groups_sent);
+  log::info("{}: {} groups sent{}", who, groups_sent, g_leave ? "; leaving (rlx scale)" : "");
   return 0;
+}
+
+void scale(const fs::path& run_dir, uint32_t workers) {
+  RLX_CHECK(workers >= 1 && workers <= 1024, "rlx scale: {} workers; 1 to 1024 can run", workers);
+  const auto pid_file = run_dir / "launcher.pid";
+  RLX_CHECK(fs::exists(pid_file), "rlx scale: {} is not a run directory (no launcher.pid)", run_dir.string());
+  const auto pid = std::atoi(read_file(pid_file, 64).c_str());
+  RLX_CHECK(pid > 0 && ::kill(pid, 0) == 0, "rlx scale: the run in {} is not running (launcher pid {})", run_dir.string(), pid);
+  write_file_atomic(run_dir / "scale.json", json{{"workers", workers}}.dump() + "\n");
 }
 
 namespace {
@@ -718,7 +852,7 @@ bool holds_run(const fs::path& dir) {
 
 void clear_run(const fs::path& dir) {
   for (const char* p : {"hub.state", "trajectories.h5", "metrics.jsonl", "checkpoints", "checkpoints-critic", "final", "logs",
-                        "heartbeats"})
+                        "heartbeats", "episodes", "fault-injected", "scale.json"})
     fs::remove_all(dir / p);
   for (const auto& e : fs::directory_iterator(dir))
     if (e.path().filename().string().starts_with("hub-step_")) fs::remove(e.path());
@@ -737,6 +871,9 @@ void prepare_resume(const fs::path& dir) {
     RLX_CHECK(!hub_state.empty() && fs::exists(dir / hub_state), "resume: {} names no hub state, or {} is missing",
               c.string(), (dir / hub_state).string());
     fs::copy_file(dir / hub_state, dir / "hub.state", fs::copy_options::overwrite_existing);
+    // Episodes saved after that checkpoint may carry versions the resumed learner has not
+    // made yet: their leases start over.
+    fs::remove_all(dir / "episodes");
     step = info.step;
     break;
   }
@@ -804,8 +941,22 @@ extern "C" void on_launcher_signal(int sig) { g_launcher_signal = sig; }
 
 namespace {
 
+// The number of rollout workers asked for by `rlx scale` (run_dir/scale.json), else `fallback`.
+uint32_t scaled_workers(const fs::path& run_dir, uint32_t fallback) {
+  std::ifstream f(run_dir / "scale.json");
+  if (!f) return fallback;
+  const auto j = json::parse(f, nullptr, false);
+  const auto n = j.is_object() ? j.value("workers", int64_t{0}) : 0;
+  if (n < 1 || n > 1024) {
+    log::warn("{}: \"workers\" must be 1 to 1024; keeping {}", (run_dir / "scale.json").string(), fallback);
+    return fallback;
+  }
+  return static_cast<uint32_t>(n);
+}
+
 // The processes of one attempt of a run: the hub, the learner group, and each rollout
-// worker in a group of its own (restarted alone when it dies).
+// worker in a group of its own (restarted alone when it dies; started or asked to leave
+// when `rlx scale` changes their number).
 class Roles {
  public:
   Roles(const RunConfig& cfg, const fs::path& run_dir, const std::string& exe, int attempt)
@@ -814,8 +965,7 @@ class Roles {
     env_ = {fmt::format("RLX_LAUNCHER_PID={}", ::getpid())};
     hub_ = start("hub", 0);
     learner_ = start("learner", 0, static_cast<int>(cfg.train.learner_ranks));
-    for (uint32_t w = 0; w < cfg.rollout.workers; ++w) workers_.push_back(start("worker", static_cast<int>(w)));
-    worker_restarts_.assign(cfg.rollout.workers, 0);
+    scale(scaled_workers(run_dir_, cfg.rollout.workers));
   }
 
   enum class State { running, learner_done, failed };
@@ -828,25 +978,67 @@ class Roles {
     if (learner_done && !stopping) return why = describe("learner", 0, learner_->ranks()[0]), State::failed;
     if (!hub_->running(0) && !stopping) return why = describe("hub", 0, hub_->ranks()[0]), State::failed;
     for (size_t w = 0; w < workers_.size() && !stopping; ++w) {
-      if (!workers_[w]->poll() || workers_[w]->ranks()[0].ok()) continue;
-      const auto what = describe("worker", static_cast<int>(w), workers_[w]->ranks()[0]);
-      if (worker_restarts_[w] >= cfg_.rollout.max_restarts)
-        return why = fmt::format("{}; it was restarted {} times (rollout.max_restarts)", what, worker_restarts_[w]),
-               State::failed;
-      ++worker_restarts_[w];
-      std::cerr << fmt::format("rlx run: {}; restarting it ({}/{})", what, worker_restarts_[w], cfg_.rollout.max_restarts)
+      auto& slot = workers_[w];
+      if (!slot.group || !slot.group->poll()) {
+        if (slot.group && slot.leaving && now_s() > slot.leave_deadline) {
+          std::cerr << fmt::format("rlx run: worker {} did not leave within {} s; killing it", w, cfg_.train.batch_timeout_s)
+                    << std::endl;
+          slot.group->signal(0, SIGKILL);
+        }
+        continue;
+      }
+      const auto& e = slot.group->ranks()[0];
+      if (slot.leaving) {  // its leases were sent, or the hub issues them again
+        std::cerr << fmt::format("rlx run: worker {} left ({})", w, e.ok() ? "clean" : e.describe()) << std::endl;
+        slot.group.reset();
+        continue;
+      }
+      if (e.ok()) continue;
+      const auto what = describe("worker", static_cast<int>(w), e);
+      if (slot.restarts >= cfg_.rollout.max_restarts)
+        return why = fmt::format("{}; it was restarted {} times (rollout.max_restarts)", what, slot.restarts), State::failed;
+      ++slot.restarts;
+      std::cerr << fmt::format("rlx run: {}; restarting it ({}/{})", what, slot.restarts, cfg_.rollout.max_restarts)
                 << std::endl;
-      workers_[w] = start("worker", static_cast<int>(w));  // its leases are issued again by the hub
+      start_worker(w);  // its leases are issued again by the hub; its episodes continue from their checkpoints
+    }
+    if (!stopping) {
+      const auto wanted = scaled_workers(run_dir_, cfg_.rollout.workers);
+      if (wanted != active_workers()) {
+        std::cerr << fmt::format("rlx run: rollout workers {} -> {} (rlx scale)", active_workers(), wanted) << std::endl;
+        scale(wanted);
+      }
     }
     return State::running;
+  }
+  // Starts workers, or asks the newest ones to leave (SIGUSR1: each finishes and sends the
+  // groups it holds, then exits), until `n` are active.
+  void scale(uint32_t n) {
+    for (size_t w = 0; active_workers() < n; ++w) {
+      if (w == workers_.size()) workers_.emplace_back();
+      if (!workers_[w].group) start_worker(w);
+    }
+    for (size_t w = workers_.size(); active_workers() > n && w-- > 0;) {
+      auto& slot = workers_[w];
+      if (!slot.group || slot.leaving) continue;
+      slot.leaving = true;
+      slot.leave_deadline = now_s() + cfg_.train.batch_timeout_s;
+      slot.group->signal(0, SIGUSR1);
+    }
+  }
+  uint32_t active_workers() const {
+    return static_cast<uint32_t>(
+        std::count_if(workers_.begin(), workers_.end(), [](const WorkerSlot& s) { return s.group && !s.leaving; }));
   }
   void signal_learner(int sig) {
     for (int r = 0; r < static_cast<int>(cfg_.train.learner_ranks); ++r) learner_->signal(r, sig);
   }
   // The learner finished: stop the workers, then the hub (it saves its state).
   void stop_rest() {
-    for (auto& w : workers_) w->signal(0, SIGTERM);
-    for (auto& w : workers_) w->wait(30);
+    for (auto& w : workers_)
+      if (w.group) w.group->signal(0, SIGTERM);
+    for (auto& w : workers_)
+      if (w.group) w.group->wait(30);
     hub_->signal(0, SIGTERM);
     hub_->wait(30);
   }
@@ -873,19 +1065,24 @@ class Roles {
     };
     check("hub", 0, *hub_, 0);
     for (int r = 0; r < static_cast<int>(cfg_.train.learner_ranks); ++r) check("learner", r, *learner_, r);
-    for (size_t w = 0; w < workers_.size(); ++w) check("worker", static_cast<int>(w), *workers_[w], 0);
+    for (size_t w = 0; w < workers_.size(); ++w)
+      if (workers_[w].group) check("worker", static_cast<int>(w), *workers_[w].group, 0);
   }
   static double wall_now() {
     return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   }
 
-  std::unique_ptr<dist::LocalGroup> start(const char* role, int index, int world = 1) {
+  void start_worker(size_t w) {
+    auto& slot = workers_[w];
+    slot.group = start("worker", static_cast<int>(w), 1, slot.starts++);
+    slot.leaving = false;
+  }
+  // `earlier`: how many times this role and index were started before in this attempt.
+  std::unique_ptr<dist::LocalGroup> start(const char* role, int index, int world = 1, uint32_t earlier = 0) {
     for (int r = 0; r < world; ++r) started_[fmt::format("{}-{}", role, index + r)] = wall_now();
     const auto resolved = run_dir_ / "config.yaml";
     auto log_dir = run_dir_ / "logs" / fmt::format("{}-{}", role, index);
-    if (attempt_ > 0 || (std::string_view(role) == "worker" && !worker_restarts_.empty() &&
-                         worker_restarts_[static_cast<size_t>(index)] > 0))
-      log_dir += fmt::format(".{}", attempt_ * 1000 + (worker_restarts_.empty() ? 0 : worker_restarts_[static_cast<size_t>(index)]));
+    if (attempt_ > 0 || earlier > 0) log_dir += fmt::format(".{}", attempt_ * 1000 + static_cast<int>(earlier));
     return std::make_unique<dist::LocalGroup>(dist::LocalGroupOptions{
         .world_size = world,
         .argv = {exe_, "role", role, "--config", resolved.string(), "--run-dir", run_dir_.string(), "--weights", weights_,
@@ -902,8 +1099,14 @@ class Roles {
   int attempt_;
   std::vector<std::string> env_;
   std::unique_ptr<dist::LocalGroup> hub_, learner_;
-  std::vector<std::unique_ptr<dist::LocalGroup>> workers_;
-  std::vector<uint32_t> worker_restarts_;
+  struct WorkerSlot {  // worker index = position
+    std::unique_ptr<dist::LocalGroup> group;  // null: not running (scaled down)
+    uint32_t restarts = 0;                    // after deaths (rollout.max_restarts)
+    uint32_t starts = 0;
+    bool leaving = false;  // asked to leave by a scale-down
+    double leave_deadline = 0;
+  };
+  std::vector<WorkerSlot> workers_;
   std::map<std::string, double> started_;  // role-index -> when it was (re)started (wall clock)
 };
 
@@ -926,6 +1129,7 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
   }
   // Env servers load the run's tokenizer from the run directory.
   write_tokenizer(cfg, run_dir / "tokenizer.json");
+  write_file_atomic(run_dir / "launcher.pid", fmt::format("{}\n", ::getpid()));  // for `rlx scale`
   // SIGINT/SIGTERM: the learner checkpoints and exits; then the rest is stopped.
   on_stop_signals(on_launcher_signal);
   std::cerr << fmt::format("rlx run: {} (logs in {})", run_dir.string(), (run_dir / "logs").string()) << std::endl;
@@ -953,6 +1157,7 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
       progress.poll();
       if (state == Roles::State::learner_done) {
         roles.stop_rest();
+        fs::remove_all(run_dir / "episodes");  // of leases past the last step
         break;
       }
       if (stopped_by != 0) {

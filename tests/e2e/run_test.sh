@@ -135,6 +135,34 @@ for line in sys.stdin:
 assert turns and max(turns) >= 2 and all(1 <= n <= 3 for n in turns), turns
 ' && ok "multi-turn: actions and observations interleave, versions on actions only" || fail "multi-turn trajectories"
 
+# --- a worker killed mid-episode: its episodes continue from their checkpoint, not from turn 0 ---
+long="env.name=guess_number env.max_turns=4 env.servers=1 rollout.max_new_tokens=6 rollout.workers=1 train.steps=2
+  learner.checkpoint_every=0 rollout.episode_checkpoint_turns=1"
+# shellcheck disable=SC2086
+"$rlx" run grpo.yaml run.name=long $long > long.log 2>&1 || fail "long: $(tail -3 long.log)"
+# shellcheck disable=SC2086
+RLX_FAULT=kill-after-episode-checkpoint:0:3 "$rlx" run grpo.yaml run.name=longkill $long > longkill.log 2>&1 \
+  && grep -q "worker 0 ended: killed by signal 9" longkill.log && [ -f runs/longkill/fault-injected ] \
+  && grep -q "continues its episodes at turn [1-3]" runs/longkill/logs/worker-0.*/rank-0.err \
+  && ok "longkill: a worker killed after an episode checkpoint; its successor continued the episodes mid-way" \
+  || fail "longkill: $(tail -3 longkill.log; tail -3 runs/longkill/logs/worker-0*/rank-0.err)"
+same_as_clean longkill long
+[ -z "$(ls runs/longkill/episodes 2>/dev/null)" ] && ok "longkill: no episode checkpoint left" || fail "longkill: stale episode checkpoints"
+
+# --- rollout workers join and leave a running job (rlx scale) without loss ---
+"$rlx" run grpo.yaml run.name=ten train.steps=10 > ten.log 2>&1 || fail "ten: $(tail -3 ten.log)"
+"$rlx" run grpo.yaml run.name=scale train.steps=10 rollout.workers=1 > scale.log 2>&1 &
+pid=$!
+wait_steps scale 2 && "$rlx" scale runs/scale --workers 3 2>>scale.err || fail "scale up: $(cat scale.err)"
+wait_steps scale 5 && "$rlx" scale runs/scale --workers 1 2>>scale.err || fail "scale down: $(cat scale.err)"
+wait $pid; rc=$?
+[ $rc = 0 ] && grep -q "rollout workers 1 -> 3" scale.log && grep -q "rollout workers 3 -> 1" scale.log \
+  && [ "$(grep -c "worker [12] left (clean)" scale.log)" = 2 ] && grep -q "leaving (rlx scale)" runs/scale/logs/worker-2/rank-0.err \
+  && ok "scale: 1 -> 3 -> 1 rollout workers; the two that left sent what they held" || fail "scale: rc $rc: $(tail -5 scale.log)"
+same_as_clean scale ten
+out=$("$rlx" scale runs/scale --workers 2 2>&1); rc=$?
+[ $rc != 0 ] && grep -q "is not running" <<<"$out" && ok "scale: a finished run is refused" || fail "scale after the end: rc $rc: $out"
+
 # --- a dataset with a task the environment rejects: that lease ends as a data error, the run goes on ---
 python3 - <<'P' > tasks.jsonl
 import json

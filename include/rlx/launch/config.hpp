@@ -87,6 +87,9 @@ struct RolloutSection {
   int64_t kv_cache_blocks = 1024;
   uint32_t leases_per_request = 2;
   uint32_t max_restarts = 3;      // per worker
+  // Multi-turn episodes are saved every K turns (environment state, tokens so far, the
+  // sampling position), so that a restarted or other worker continues them mid-way.
+  uint32_t episode_checkpoint_turns = 2;
 
   template <class V>
   void visit(V& v) {
@@ -97,6 +100,8 @@ struct RolloutSection {
     v("kv_cache_blocks", kv_cache_blocks, "KV-cache blocks per worker", config::in_range(1, 1 << 24));
     v("leases_per_request", leases_per_request, "prompts a worker takes per request", config::in_range(1, 4096));
     v("max_restarts", max_restarts, "restarts of one rollout worker before the run restarts", config::in_range(0, 1000));
+    v("episode_checkpoint_turns", episode_checkpoint_turns,
+      "save unfinished episodes every K turns so another worker continues them (0: never)", config::in_range(0, 1 << 20));
   }
 };
 

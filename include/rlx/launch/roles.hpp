@@ -72,4 +72,9 @@ struct LaunchOptions {
 // Returns the exit code (128 + signal when SIGINT/SIGTERM stopped it after a checkpoint).
 int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& options = {});
 
+// `rlx scale RUN_DIR N`: asks the running launcher of RUN_DIR for N rollout workers. New
+// workers join at once (they catch up to the current weights); surplus ones finish and
+// send the leases they hold, then exit. Nothing is lost or repeated either way.
+void scale(const std::filesystem::path& run_dir, uint32_t workers);
+
 }  // namespace rlx::launch
