@@ -21,6 +21,7 @@ packages=(
   libgloo-dev                             # headers of the Gloo that LibTorch's c10d links (CPU collectives)
   clang-14 libclang-rt-14-dev             # libFuzzer + sanitizers for the bus decoder's fuzz test
   python3 python3-matplotlib            # plots of a run's curves (scripts/plot_metrics.py)
+  munge slurmctld slurmd slurm-client   # a real single-node Slurm for the `rlx run` under Slurm test
 )
 # node + npm make the tokenizer parity fixtures (scripts/make_tokenizer_fixtures.sh);
 # a machine that already has them (from any source) keeps its own.

@@ -27,6 +27,9 @@ LocalGroup::LocalGroup(LocalGroupOptions options) : opt_(std::move(options)) {
   RLX_CHECK(opt_.world_size >= 1 && opt_.world_size <= 1024, "local group: world size {} is not in [1, 1024]",
             opt_.world_size);
   RLX_CHECK(!opt_.argv.empty(), "local group: no command");
+  RLX_CHECK(opt_.store.empty() || (opt_.first_rank >= 0 && opt_.first_rank + opt_.world_size <= opt_.group_size),
+            "local group: ranks {}..{} are not in a group of {}", opt_.first_rank, opt_.first_rank + opt_.world_size - 1,
+            opt_.group_size);
   if (!opt_.log_dir.empty()) std::filesystem::create_directories(opt_.log_dir);
   std::vector<std::string> base;
   for (char** e = environ; *e; ++e) {
@@ -38,9 +41,10 @@ LocalGroup::LocalGroup(LocalGroupOptions options) : opt_(std::move(options)) {
   done_.assign(static_cast<size_t>(opt_.world_size), false);
   for (int r = 0; r < opt_.world_size; ++r) {
     auto env = base;
-    env.push_back(fmt::format("RLX_RANK={}", r));
-    env.push_back(fmt::format("RLX_WORLD_SIZE={}", opt_.world_size));
-    env.push_back(fmt::format("RLX_STORE={}:{}", store_.host(), store_.port()));
+    env.push_back(fmt::format("RLX_RANK={}", opt_.first_rank + r));
+    env.push_back(fmt::format("RLX_WORLD_SIZE={}", opt_.store.empty() ? opt_.world_size : opt_.group_size));
+    env.push_back(opt_.store.empty() ? fmt::format("RLX_STORE={}:{}", store_.host(), store_.port())
+                                     : fmt::format("RLX_STORE={}", opt_.store));
     std::vector<char*> envp, argv;
     for (auto& s : env) envp.push_back(s.data());
     envp.push_back(nullptr);

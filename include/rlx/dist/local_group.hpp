@@ -26,6 +26,12 @@ struct LocalGroupOptions {
   std::filesystem::path log_dir;       // empty: ranks inherit stdout/stderr; else rank-R.out / rank-R.err
   bool fail_fast = true;               // a failed rank stops the others
   double grace_s = 5;                  // after a rank fails: SIGTERM, then SIGKILL this much later
+  // Part of a larger group (one task of a Slurm job): these processes are ranks
+  // first_rank .. first_rank + world_size - 1 of group_size, whose store is at `store`
+  // (host:port). Empty `store`: this group is the whole group and hosts its store.
+  int first_rank = 0;
+  int group_size = 0;
+  std::string store;
 };
 
 struct RankExit {

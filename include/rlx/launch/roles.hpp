@@ -20,6 +20,7 @@
 
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "rlx/launch/config.hpp"
@@ -49,6 +50,7 @@ std::shared_ptr<Transformer> initial_model(const RunConfig& cfg, const Tokenizer
 // A role's heartbeat: a thread touches run_dir/heartbeats/ROLE-INDEX every 0.5 s while
 // the process runs (a SIGSTOPped or frozen process stops beating; the launcher notices).
 void start_heartbeat(const std::filesystem::path& run_dir, const std::string& role, int index);
+std::filesystem::path heartbeat_file(const std::filesystem::path& run_dir, const std::string& role, int index);
 
 int run_hub(const RoleContext& ctx);
 int run_learner(const RoleContext& ctx);
@@ -71,6 +73,25 @@ struct LaunchOptions {
 // `rlx run`: the run directory, the roles as processes of `exe`, and their watch.
 // Returns the exit code (128 + signal when SIGINT/SIGTERM stopped it after a checkpoint).
 int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& options = {});
+
+// Under Slurm (`srun -n T rlx run CONFIG`, T > 1) every task is one role of the plan, by
+// SLURM_PROCID: 0 the hub (it also prepares the run directory, hosts the learner group's
+// store and prints the progress), 1..L the learner ranks (train.learner_ranks), then the
+// W rollout workers (rollout.workers): T must be 1 + L + W. Each task runs its role as a
+// child with the local launcher's policies (heartbeats; a worker is restarted up to
+// rollout.max_restarts times); a dead hub or learner rank fails the job step with an
+// error naming it, and `--resume` (or a requeued job) continues from the last checkpoint.
+// The tasks coordinate through files in run_dir/slurm/JOB.STEP/, so the job runs on one
+// node (weights travel through shared memory).
+struct SlurmTask {
+  int procid = 0, ntasks = 1;
+  std::string step;  // JOB.STEP
+  std::string role;  // hub, learner or worker
+  int index = 0;     // learner rank or worker index
+};
+// The task of this process, or none outside a Slurm step of more than one task. A plan that
+// does not fit the tasks is a ConfigError naming the keys.
+std::optional<SlurmTask> slurm_task_from_env(const RunConfig& cfg);
 
 // `rlx scale RUN_DIR N`: asks the running launcher of RUN_DIR for N rollout workers. New
 // workers join at once (they catch up to the current weights); surplus ones finish and

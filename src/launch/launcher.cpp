@@ -1,0 +1,575 @@
+// The launcher of `rlx run`: the run directory, the roles as processes, their watch and
+// restarts, `rlx scale`, and the tasks of a run under Slurm.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "rlx/core/clock.hpp"
+#include "rlx/core/files.hpp"
+#include "rlx/core/log.hpp"
+#include "rlx/core/signals.hpp"
+#include "rlx/dist/local_group.hpp"
+#include "rlx/launch/roles.hpp"
+#include "rlx/learner/checkpoint.hpp"
+
+namespace rlx::launch {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+double wall_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
+
+// Seconds since the role's last heartbeat, or since `started` (wall clock) before its first.
+double heartbeat_silence(const fs::path& run_dir, const std::string& role, int index, double started) {
+  double last = started;
+  struct stat st {};
+  if (::stat(heartbeat_file(run_dir, role, index).c_str(), &st) == 0)
+    last = std::max(last, static_cast<double>(st.st_mtim.tv_sec) + 1e-9 * static_cast<double>(st.st_mtim.tv_nsec));
+  return wall_now() - last;
+}
+}  // namespace
+
+void scale(const fs::path& run_dir, uint32_t workers) {
+  RLX_CHECK(workers >= 1 && workers <= 1024, "rlx scale: {} workers; 1 to 1024 can run", workers);
+  const auto pid_file = run_dir / "launcher.pid";
+  RLX_CHECK(fs::exists(pid_file), "rlx scale: {} is not a run directory (no launcher.pid)", run_dir.string());
+  const auto pid = std::atoi(read_file(pid_file, 64).c_str());
+  RLX_CHECK(pid > 0 && ::kill(pid, 0) == 0, "rlx scale: the run in {} is not running (launcher pid {})", run_dir.string(), pid);
+  write_file_atomic(run_dir / "scale.json", json{{"workers", workers}}.dump() + "\n");
+}
+
+namespace {
+
+// What a run directory holds of a previous run.
+bool holds_run(const fs::path& dir) {
+  return fs::exists(dir / "hub.state") || fs::exists(dir / "checkpoints") || fs::exists(dir / "metrics.jsonl");
+}
+
+void clear_run(const fs::path& dir) {
+  for (const char* p : {"hub.state", "trajectories.h5", "metrics.jsonl", "checkpoints", "checkpoints-critic", "final", "logs",
+                        "heartbeats", "episodes", "fault-injected", "scale.json"})
+    fs::remove_all(dir / p);
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().starts_with("hub-step_")) fs::remove(e.path());
+}
+
+// --resume: the hub as it was at the newest verified checkpoint, and the metrics up to it.
+void prepare_resume(const fs::path& dir) {
+  int64_t step = 0;
+  for (const auto& c : list_checkpoints(dir / "checkpoints")) {
+    auto info = verify_checkpoint(c);
+    if (!info.ok) {
+      log::warn("resume: skipping {}: {}", c.string(), info.problem);
+      continue;
+    }
+    const auto hub_state = info.learner.value("references", json::object()).value("hub_state", std::string());
+    RLX_CHECK(!hub_state.empty() && fs::exists(dir / hub_state), "resume: {} names no hub state, or {} is missing",
+              c.string(), (dir / hub_state).string());
+    fs::copy_file(dir / hub_state, dir / "hub.state", fs::copy_options::overwrite_existing);
+    // Episodes saved after that checkpoint may carry versions the resumed learner has not
+    // made yet: their leases start over.
+    fs::remove_all(dir / "episodes");
+    step = info.step;
+    break;
+  }
+  if (step == 0) {
+    log::warn("resume: {} has no checkpoint yet; starting from step 0", dir.string());
+    clear_run(dir);
+    return;
+  }
+  // metrics.jsonl keeps the lines of the steps the checkpoint holds.
+  std::vector<std::string> keep;
+  if (std::ifstream in(dir / "metrics.jsonl"); in) {
+    for (std::string line; std::getline(in, line);) {
+      auto j = json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.value("step", int64_t{0}) <= step) keep.push_back(line);
+    }
+  }
+  std::ofstream out(dir / "metrics.jsonl", std::ios::trunc);
+  for (const auto& l : keep) out << l << "\n";
+  std::cerr << fmt::format("rlx run: resuming {} at step {}", dir.string(), step) << std::endl;
+}
+
+// The launcher's progress line: the newest step of metrics.jsonl. On a terminal it is
+// rewritten in place; otherwise a line is printed every 10 steps and at the last one.
+class Progress {
+ public:
+  Progress(fs::path metrics, int64_t steps) : file_(std::move(metrics)), steps_(steps), tty_(::isatty(2) != 0) {}
+  void poll() {
+    std::ifstream in(file_);
+    if (!in) return;
+    in.seekg(offset_);
+    for (std::string line; std::getline(in, line);) {
+      if (in.eof()) break;  // a line still being written
+      offset_ += static_cast<std::streamoff>(line.size() + 1);
+      auto j = json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.contains("step")) continue;
+      show(j);
+    }
+  }
+  ~Progress() {
+    if (tty_ && shown_) std::cerr << std::endl;
+  }
+
+ private:
+  void show(const json& j) {
+    const auto step = j.value("step", int64_t{0});
+    const double t = j.value("time_s", 0.0);
+    const double eta = step > 0 ? t / static_cast<double>(step) * static_cast<double>(steps_ - step) : 0;
+    const auto text = fmt::format("step {}/{}  reward {:.3f}  tokens/s {:.0f}  lag {}  eta {:.0f}s", step, steps_,
+                                  j.value("reward_mean", 0.0), j.value("tokens_per_s", 0.0), j.value("version_lag", 0), eta);
+    if (tty_) std::cerr << "\r" << text << "\x1b[K" << std::flush;
+    else if (step % 10 == 0 || step == steps_ || step == 1) std::cerr << "rlx run: " << text << std::endl;
+    shown_ = true;
+  }
+  fs::path file_;
+  int64_t steps_;
+  bool tty_;
+  bool shown_ = false;
+  std::streamoff offset_ = 0;
+};
+
+std::atomic<int> g_launcher_signal{0};
+extern "C" void on_launcher_signal(int sig) { g_launcher_signal = sig; }
+
+}  // namespace
+
+namespace {
+
+// The number of rollout workers asked for by `rlx scale` (run_dir/scale.json), else `fallback`.
+uint32_t scaled_workers(const fs::path& run_dir, uint32_t fallback) {
+  std::ifstream f(run_dir / "scale.json");
+  if (!f) return fallback;
+  const auto j = json::parse(f, nullptr, false);
+  const auto n = j.is_object() ? j.value("workers", int64_t{0}) : 0;
+  if (n < 1 || n > 1024) {
+    log::warn("{}: \"workers\" must be 1 to 1024; keeping {}", (run_dir / "scale.json").string(), fallback);
+    return fallback;
+  }
+  return static_cast<uint32_t>(n);
+}
+
+// The processes of one attempt of a run: the hub, the learner group, and each rollout
+// worker in a group of its own (restarted alone when it dies; started or asked to leave
+// when `rlx scale` changes their number).
+class Roles {
+ public:
+  Roles(const RunConfig& cfg, const fs::path& run_dir, const std::string& exe, int attempt)
+      : cfg_(cfg), run_dir_(run_dir), exe_(exe), attempt_(attempt) {
+    weights_ = fmt::format("rlx-{}-{}-{}", cfg.run.name, ::getpid(), attempt);
+    env_ = {fmt::format("RLX_LAUNCHER_PID={}", ::getpid())};
+    hub_ = start("hub", 0);
+    learner_ = start("learner", 0, static_cast<int>(cfg.train.learner_ranks));
+    scale(scaled_workers(run_dir_, cfg.rollout.workers));
+  }
+
+  enum class State { running, learner_done, failed };
+  // Polls every role once; restarts dead workers (bounded). `why` names a failure.
+  State poll(bool stopping, std::string& why) {
+    if (!stopping) kill_stuck();
+    hub_->poll();
+    const bool learner_done = learner_->poll();
+    if (learner_done && learner_->ranks()[0].ok()) return State::learner_done;
+    if (learner_done && !stopping) return why = describe("learner", 0, learner_->ranks()[0]), State::failed;
+    if (!hub_->running(0) && !stopping) return why = describe("hub", 0, hub_->ranks()[0]), State::failed;
+    for (size_t w = 0; w < workers_.size() && !stopping; ++w) {
+      auto& slot = workers_[w];
+      if (!slot.group || !slot.group->poll()) {
+        if (slot.group && slot.leaving && now_s() > slot.leave_deadline) {
+          std::cerr << fmt::format("rlx run: worker {} did not leave within {} s; killing it", w, cfg_.train.batch_timeout_s)
+                    << std::endl;
+          slot.group->signal(0, SIGKILL);
+        }
+        continue;
+      }
+      const auto& e = slot.group->ranks()[0];
+      if (slot.leaving) {  // its leases were sent, or the hub issues them again
+        std::cerr << fmt::format("rlx run: worker {} left ({})", w, e.ok() ? "clean" : e.describe()) << std::endl;
+        slot.group.reset();
+        continue;
+      }
+      if (e.ok()) continue;
+      const auto what = describe("worker", static_cast<int>(w), e);
+      if (slot.restarts >= cfg_.rollout.max_restarts)
+        return why = fmt::format("{}; it was restarted {} times (rollout.max_restarts)", what, slot.restarts), State::failed;
+      ++slot.restarts;
+      std::cerr << fmt::format("rlx run: {}; restarting it ({}/{})", what, slot.restarts, cfg_.rollout.max_restarts)
+                << std::endl;
+      start_worker(w);  // its leases are issued again by the hub; its episodes continue from their checkpoints
+    }
+    if (!stopping) {
+      const auto wanted = scaled_workers(run_dir_, cfg_.rollout.workers);
+      if (wanted != active_workers()) {
+        std::cerr << fmt::format("rlx run: rollout workers {} -> {} (rlx scale)", active_workers(), wanted) << std::endl;
+        scale(wanted);
+      }
+    }
+    return State::running;
+  }
+  // Starts workers, or asks the newest ones to leave (SIGUSR1: each finishes and sends the
+  // groups it holds, then exits), until `n` are active.
+  void scale(uint32_t n) {
+    for (size_t w = 0; active_workers() < n; ++w) {
+      if (w == workers_.size()) workers_.emplace_back();
+      if (!workers_[w].group) start_worker(w);
+    }
+    for (size_t w = workers_.size(); active_workers() > n && w-- > 0;) {
+      auto& slot = workers_[w];
+      if (!slot.group || slot.leaving) continue;
+      slot.leaving = true;
+      slot.leave_deadline = now_s() + cfg_.train.batch_timeout_s;
+      slot.group->signal(0, SIGUSR1);
+    }
+  }
+  uint32_t active_workers() const {
+    return static_cast<uint32_t>(
+        std::count_if(workers_.begin(), workers_.end(), [](const WorkerSlot& s) { return s.group && !s.leaving; }));
+  }
+  void signal_learner(int sig) {
+    for (int r = 0; r < static_cast<int>(cfg_.train.learner_ranks); ++r) learner_->signal(r, sig);
+  }
+  // The learner finished: stop the workers, then the hub (it saves its state).
+  void stop_rest() {
+    for (auto& w : workers_)
+      if (w.group) w.group->signal(0, SIGTERM);
+    for (auto& w : workers_)
+      if (w.group) w.group->wait(30);
+    hub_->signal(0, SIGTERM);
+    hub_->wait(30);
+  }
+  const dist::RankExit& learner_exit() const { return learner_->ranks()[0]; }
+
+ private:
+  // A role whose heartbeat (or, before its first, its start) is older than the timeout
+  // is stuck: it is reported and killed, and the ordinary restart policy follows.
+  void kill_stuck() {
+    auto check = [&](const char* role, int index, dist::LocalGroup& g, int rank) {
+      if (!g.running(rank)) return;
+      const double silent = heartbeat_silence(run_dir_, role, index, started_.at(fmt::format("{}-{}", role, index)));
+      if (silent <= cfg_.train.heartbeat_timeout_s) return;
+      std::cerr << fmt::format("rlx run: {} {} (pid {}) is stuck: no heartbeat for {:.0f} s (train.heartbeat_timeout_s); "
+                               "killing it",
+                               role, index, g.ranks()[static_cast<size_t>(rank)].pid, silent)
+                << std::endl;
+      g.signal(rank, SIGKILL);
+    };
+    check("hub", 0, *hub_, 0);
+    for (int r = 0; r < static_cast<int>(cfg_.train.learner_ranks); ++r) check("learner", r, *learner_, r);
+    for (size_t w = 0; w < workers_.size(); ++w)
+      if (workers_[w].group) check("worker", static_cast<int>(w), *workers_[w].group, 0);
+  }
+  void start_worker(size_t w) {
+    auto& slot = workers_[w];
+    slot.group = start("worker", static_cast<int>(w), 1, slot.starts++);
+    slot.leaving = false;
+  }
+  // `earlier`: how many times this role and index were started before in this attempt.
+  std::unique_ptr<dist::LocalGroup> start(const char* role, int index, int world = 1, uint32_t earlier = 0) {
+    for (int r = 0; r < world; ++r) started_[fmt::format("{}-{}", role, index + r)] = wall_now();
+    const auto resolved = run_dir_ / "config.yaml";
+    auto log_dir = run_dir_ / "logs" / fmt::format("{}-{}", role, index);
+    if (attempt_ > 0 || earlier > 0) log_dir += fmt::format(".{}", attempt_ * 1000 + static_cast<int>(earlier));
+    return std::make_unique<dist::LocalGroup>(dist::LocalGroupOptions{
+        .world_size = world,
+        .argv = {exe_, "role", role, "--config", resolved.string(), "--run-dir", run_dir_.string(), "--weights", weights_,
+                 "--exe", exe_, "--index", std::to_string(index)},
+        .env = env_,
+        .log_dir = log_dir});
+  }
+  static std::string describe(const char* role, int index, const dist::RankExit& e) {
+    return fmt::format("{} {} ended: {} (log: {})", role, index, e.describe(), e.err.string());
+  }
+  const RunConfig& cfg_;
+  fs::path run_dir_;
+  std::string exe_, weights_;
+  int attempt_;
+  std::vector<std::string> env_;
+  std::unique_ptr<dist::LocalGroup> hub_, learner_;
+  struct WorkerSlot {  // worker index = position
+    std::unique_ptr<dist::LocalGroup> group;  // null: not running (scaled down)
+    uint32_t restarts = 0;                    // after deaths (rollout.max_restarts)
+    uint32_t starts = 0;
+    bool leaving = false;  // asked to leave by a scale-down
+    double leave_deadline = 0;
+  };
+  std::vector<WorkerSlot> workers_;
+  std::map<std::string, double> started_;  // role-index -> when it was (re)started (wall clock)
+};
+
+}  // namespace
+
+namespace {
+
+// The run directory, ready for the roles: continued (--resume), refused or cleared when it
+// holds a run (--force), with the resolved config and the run's tokenizer written.
+fs::path prepare_run_dir(const RunConfig& cfg, const LaunchOptions& lo) {
+  const fs::path run_dir = fs::absolute(fs::path(cfg.run.out_dir) / cfg.run.name);
+  fs::create_directories(run_dir / "logs");
+  if (lo.resume) {
+    prepare_resume(run_dir);
+  } else if (holds_run(run_dir)) {
+    RLX_CHECK(lo.force, "run directory {} holds a run: --resume continues it, --force starts it over", run_dir.string());
+    clear_run(run_dir);
+  }
+  write_file_atomic(run_dir / "config.yaml", config::to_yaml(cfg));
+  // Env servers load the run's tokenizer from the run directory.
+  write_tokenizer(cfg, run_dir / "tokenizer.json");
+  write_file_atomic(run_dir / "launcher.pid", fmt::format("{}\n", ::getpid()));  // for `rlx scale`
+  return run_dir;
+}
+
+int launch_slurm_task(const RunConfig& cfg, const SlurmTask& task, const std::string& exe, const LaunchOptions& lo);
+
+}  // namespace
+
+int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo) {
+  if (const auto task = slurm_task_from_env(cfg)) return launch_slurm_task(cfg, *task, exe, lo);
+  const fs::path run_dir = prepare_run_dir(cfg, lo);
+  // SIGINT/SIGTERM: the learner checkpoints and exits; then the rest is stopped.
+  on_stop_signals(on_launcher_signal);
+  std::cerr << fmt::format("rlx run: {} (logs in {})", run_dir.string(), (run_dir / "logs").string()) << std::endl;
+
+  int stopped_by = 0;
+  for (uint32_t attempt = 0;; ++attempt) {
+    std::string why;
+    {
+      Roles roles(cfg, run_dir, exe, static_cast<int>(attempt));
+      Progress progress(run_dir / "metrics.jsonl", cfg.train.steps);
+      double stop_deadline = 0;
+      Roles::State state = Roles::State::running;
+      while ((state = roles.poll(stopped_by != 0, why)) == Roles::State::running) {
+        if (const int sig = g_launcher_signal.exchange(0); sig != 0 && stopped_by == 0) {
+          stopped_by = sig;
+          stop_deadline = now_s() + 300;
+          std::cerr << fmt::format("rlx run: {}: the learner checkpoints, then the run stops", strsignal(sig)) << std::endl;
+          roles.signal_learner(SIGTERM);
+        }
+        RLX_CHECK(stopped_by == 0 || now_s() < stop_deadline, "rlx run: the learner did not stop within 300 s of {}",
+                  strsignal(stopped_by));
+        progress.poll();
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      progress.poll();
+      if (state == Roles::State::learner_done) {
+        roles.stop_rest();
+        fs::remove_all(run_dir / "episodes");  // of leases past the last step
+        break;
+      }
+      if (stopped_by != 0) {
+        std::cerr << "rlx run: learner 0 ended while stopping: " << roles.learner_exit().describe() << std::endl;
+        return 1;
+      }
+    }  // every role of this attempt is stopped here
+    // The hub or a learner rank died, or a worker beyond its restarts: every role starts
+    // again from the last committed checkpoint (the learner's and the hub's, saved together).
+    if (attempt >= cfg.train.max_restarts) {
+      std::cerr << fmt::format("rlx run: {}; the run was restarted {} times (train.max_restarts); stopping", why, attempt)
+                << std::endl;
+      return 1;
+    }
+    std::cerr << fmt::format("rlx run: {}; restarting the run from its last checkpoint ({}/{})", why, attempt + 1,
+                             cfg.train.max_restarts)
+              << std::endl;
+    prepare_resume(run_dir);
+  }
+  if (stopped_by != 0) {
+    std::cerr << fmt::format("rlx run: stopped; `rlx run {} --resume` continues from the last checkpoint",
+                             (run_dir / "config.yaml").string())
+              << std::endl;
+    return 128 + stopped_by;
+  }
+  std::cerr << fmt::format("rlx run: done; metrics {}, final weights {}", (run_dir / "metrics.jsonl").string(),
+                           (run_dir / "final").string())
+            << std::endl;
+  return 0;
+}
+
+}  // namespace rlx::launch
+
+namespace rlx::launch {
+
+std::optional<SlurmTask> slurm_task_from_env(const RunConfig& cfg) {
+  const char* procid = std::getenv("SLURM_PROCID");
+  const char* ntasks = std::getenv("SLURM_NTASKS");
+  if (!procid || !ntasks) return std::nullopt;
+  SlurmTask t;
+  try {
+    t.procid = std::stoi(procid);
+    t.ntasks = std::stoi(ntasks);
+  } catch (const std::exception&) {
+    throw ConfigError(fmt::format("SLURM_PROCID={} / SLURM_NTASKS={}: not numbers", procid, ntasks));
+  }
+  if (t.ntasks <= 1) return std::nullopt;  // one task: it launches every role itself
+  const int learners = static_cast<int>(cfg.train.learner_ranks), workers = static_cast<int>(cfg.rollout.workers);
+  if (t.ntasks != 1 + learners + workers)
+    throw ConfigError(fmt::format(
+        "placement under Slurm: {} tasks (SLURM_NTASKS), but the plan has 1 hub + {} learner ranks (train.learner_ranks) "
+        "+ {} rollout workers (rollout.workers) = {}",
+        t.ntasks, learners, workers, 1 + learners + workers));
+  if (const char* nodes = std::getenv("SLURM_NNODES"); nodes && std::atoi(nodes) > 1)
+    throw ConfigError(fmt::format("placement under Slurm: {} nodes (SLURM_NNODES); a run spans one node (its weights travel "
+                                  "through shared memory)",
+                                  nodes));
+  RLX_CHECK(t.procid >= 0 && t.procid < t.ntasks, "SLURM_PROCID={} is not below SLURM_NTASKS={}", t.procid, t.ntasks);
+  const char* job = std::getenv("SLURM_JOB_ID");
+  const char* step = std::getenv("SLURM_STEP_ID");
+  const char* requeued = std::getenv("SLURM_RESTART_COUNT");  // a requeued job keeps its id
+  t.step = fmt::format("{}.{}.{}", job ? job : "0", step ? step : "0", requeued ? requeued : "0");
+  if (t.procid == 0) t.role = "hub";
+  else if (t.procid <= learners) t.role = "learner", t.index = t.procid - 1;
+  else t.role = "worker", t.index = t.procid - 1 - learners;
+  return t;
+}
+
+namespace {
+
+// One Slurm task: its role as a child process, and the step's shared state as files in
+// run_dir/slurm/JOB.STEP/: ready (the run directory is prepared; the store's address),
+// stop (SIGINT/SIGTERM reached task 0), learner-done, done, failed (the first failure).
+class SlurmTaskRunner {
+ public:
+  SlurmTaskRunner(const RunConfig& cfg, SlurmTask task, std::string exe)
+      : cfg_(cfg), task_(std::move(task)), exe_(std::move(exe)),
+        run_dir_(fs::absolute(fs::path(cfg.run.out_dir) / cfg.run.name)), coord_(run_dir_ / "slurm" / task_.step) {}
+
+  int run(const LaunchOptions& lo) {
+    on_stop_signals(on_launcher_signal);
+    const std::string me = fmt::format("rlx run [task {}/{}: {} {}]", task_.procid, task_.ntasks, task_.role, task_.index);
+    json ready;
+    std::unique_ptr<dist::StoreServer> store;
+    if (task_.procid == 0) {
+      prepare_run_dir(cfg_, lo);
+      fs::remove_all(run_dir_ / "slurm");
+      fs::create_directories(coord_);
+      if (cfg_.train.learner_ranks > 1) store = std::make_unique<dist::StoreServer>("127.0.0.1", 0);
+      ready = {{"store", store ? fmt::format("127.0.0.1:{}", store->port()) : ""}};
+      write_file_atomic(coord_ / "ready", ready.dump());
+      std::cerr << fmt::format("{}: {} (logs in {})", me, run_dir_.string(), (run_dir_ / "logs").string()) << std::endl;
+    } else {
+      ready = wait_ready();
+    }
+    const auto weights = fmt::format("rlx-{}-slurm-{}", cfg_.run.name, task_.step);
+    uint32_t starts = 0, restarts = 0;
+    auto start = [&] {
+      auto log_dir = run_dir_ / "logs" / fmt::format("{}-{}", task_.role, task_.index);
+      if (starts > 0) log_dir += fmt::format(".{}", starts);
+      ++starts;
+      started_ = wall_now();
+      dist::LocalGroupOptions o{
+          .argv = {exe_, "role", task_.role, "--config", (run_dir_ / "config.yaml").string(), "--run-dir", run_dir_.string(),
+                   "--weights", weights, "--exe", exe_, "--index", std::to_string(task_.index)},
+          .env = {fmt::format("RLX_LAUNCHER_PID={}", ::getpid())},
+          .log_dir = log_dir};
+      if (task_.role == "learner")
+        o.first_rank = task_.index, o.group_size = static_cast<int>(cfg_.train.learner_ranks),
+        o.store = ready.value("store", std::string());
+      if (o.store.empty()) o.group_size = 0, o.first_rank = 0;
+      return std::make_unique<dist::LocalGroup>(o);
+    };
+    auto child = start();
+    std::optional<Progress> progress;
+    if (task_.procid == 0) progress.emplace(run_dir_ / "metrics.jsonl", cfg_.train.steps);
+    bool stopping = false;
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (progress) progress->poll();
+      if (const int sig = g_launcher_signal.exchange(0); sig != 0 && !stopping) {
+        stopping = true;
+        if (task_.procid == 0) write_file_atomic(coord_ / "stop", strsignal(sig));
+      }
+      if (fs::exists(coord_ / "failed")) {
+        child->signal(0, SIGTERM);
+        child->wait(30);
+        return 1;
+      }
+      if (task_.role == "learner" && (stopping || fs::exists(coord_ / "stop")) && !stop_sent_) {
+        stop_sent_ = true;
+        child->signal(0, SIGTERM);  // the learner checkpoints, then exits
+      }
+      const bool finished = fs::exists(coord_ / (task_.role == "hub" ? "learner-done" : "done"));
+      if (finished && task_.role != "learner") {
+        child->signal(0, SIGTERM);  // the hub saves its state; a worker stops
+        child->wait(30);
+        if (task_.role == "hub") {
+          write_file_atomic(coord_ / "done", "");
+          if (progress) progress.reset();
+          const bool stopped = fs::exists(coord_ / "stop");
+          std::cerr << fmt::format("{}: {}", me,
+                                   stopped ? "stopped; `rlx run CONFIG --resume` in a new step continues from the last checkpoint"
+                                           : fmt::format("done; final weights {}", (run_dir_ / "final").string()))
+                    << std::endl;
+          return stopped ? 130 : 0;
+        }
+        return 0;
+      }
+      if (!stopping && silent() > cfg_.train.heartbeat_timeout_s) {
+        std::cerr << fmt::format("{}: stuck: no heartbeat for {:.0f} s (train.heartbeat_timeout_s); killing it", me, silent())
+                  << std::endl;
+        child->signal(0, SIGKILL);
+      }
+      if (!child->poll()) continue;
+      const auto& e = child->ranks()[0];
+      if (task_.role == "learner" && e.ok()) {
+        if (task_.index == 0) write_file_atomic(coord_ / "learner-done", "");
+        return 0;
+      }
+      if (task_.role == "worker" && e.ok()) continue;  // the hub has nothing more; wait for the end
+      const auto why = fmt::format("{} {} ended: {} (log: {})", task_.role, task_.index, e.describe(), e.err.string());
+      if (task_.role == "worker" && restarts < cfg_.rollout.max_restarts) {
+        ++restarts;
+        std::cerr << fmt::format("{}: {}; restarting it ({}/{})", me, why, restarts, cfg_.rollout.max_restarts) << std::endl;
+        child = start();
+        continue;
+      }
+      return fail(me, why);
+    }
+  }
+
+ private:
+  int fail(const std::string& me, const std::string& why) {
+    std::cerr << fmt::format("{}: {}; the job step fails (`rlx run CONFIG --resume` continues from the last checkpoint)",
+                             me, why)
+              << std::endl;
+    if (!fs::exists(coord_ / "failed")) write_file_atomic(coord_ / "failed", why + "\n");
+    return 1;
+  }
+  json wait_ready() {
+    const double deadline = now_s() + 300;
+    // Task 0 clears run_dir/slurm before it writes `ready`: wait for this step's.
+    while (now_s() < deadline) {
+      if (fs::exists(coord_ / "ready")) {
+        auto j = json::parse(read_file(coord_ / "ready", 1 << 16), nullptr, false);
+        if (!j.is_discarded()) return j;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    throw Error(fmt::format("rlx run [task {}]: task 0 (the hub) did not prepare {} within 300 s", task_.procid,
+                            run_dir_.string()));
+  }
+  double silent() const { return heartbeat_silence(run_dir_, task_.role, task_.index, started_); }
+
+  const RunConfig& cfg_;
+  SlurmTask task_;
+  std::string exe_;
+  fs::path run_dir_, coord_;
+  double started_ = 0;
+  bool stop_sent_ = false;
+};
+
+int launch_slurm_task(const RunConfig& cfg, const SlurmTask& task, const std::string& exe, const LaunchOptions& lo) {
+  return SlurmTaskRunner(cfg, task, exe).run(lo);
+}
+
+}  // namespace
+
+}  // namespace rlx::launch

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# `rlx run` under a real single-node Slurm that this test starts itself: `srun -n T rlx run`
+# gives each task its role from SLURM_PROCID/SLURM_NTASKS (hub, learner ranks, workers).
+# In synchronous mode the run must end with the same final parameters as the same config
+# run by the local launcher, with every lease exactly once; a killed worker is restarted
+# by its task; a plan that does not fit the tasks fails naming the keys.
+#   run_test.sh RLX_BINARY WORK_DIR         (needs root: it starts munged, slurmctld, slurmd)
+set -uo pipefail
+rlx=$1 work=$2 here=$(cd "$(dirname "$0")" && pwd)
+[ "$(id -u)" = 0 ] || { echo "FAIL: the Slurm test starts munged/slurmctld/slurmd and needs root"; exit 1; }
+for b in munged slurmctld slurmd srun; do
+  command -v $b >/dev/null || [ -x /usr/sbin/$b ] || { echo "FAIL: $b missing (scripts/install-deps.sh installs Slurm)"; exit 1; }
+done
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+# shellcheck source=slurm_env.sh
+source "$here/slurm_env.sh"
+trap 'slurm_down "$work/slurm"' EXIT
+slurm_up "$work/slurm" || { echo "FAIL: slurm did not start"; exit 1; }
+failures=0
+fail() { failures=$((failures + 1)); echo "FAIL: $*"; }
+ok() { echo "ok: $*"; }
+exactly_once() {
+  "$rlx" inspect trajectories "$1/trajectories.h5" | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+assert s["groups"] == s["distinct_leases"] == s["distinct_prompts"] > 0, s'
+}
+
+cat > grpo.yaml <<'Y'
+run: {name: local, out_dir: runs, seed: 1, threads: 1}
+model: {preset: tiny}
+hub: {group_size: 4}
+env: {name: arithmetic, options: {digits: 1, terms: 2}}
+learner: {lr: 1e-3, checkpoint_every: 2}
+algorithm: {name: grpo}
+rollout: {workers: 2, max_new_tokens: 4}
+train: {mode: sync, steps: 4, groups_per_step: 4, generated_tasks: 500}
+Y
+"$rlx" run grpo.yaml > local.log 2>&1 || fail "local run: $(tail -3 local.log)"
+"$rlx" run grpo.yaml run.name=local2 train.learner_ranks=2 > local2.log 2>&1 || fail "local 2-rank run: $(tail -3 local2.log)"
+
+same_as() {  # same_as RUN REF
+  cmp -s "runs/$2/final/model.safetensors" "runs/$1/final/model.safetensors" \
+    && ok "$1: final parameters equal the local launcher's ($2)" || fail "$1: final parameters differ from $2's"
+  exactly_once "runs/$1" && ok "$1: each lease once" || fail "$1: a lease missing or twice"
+}
+
+# 1 hub + 1 learner + 2 workers = 4 tasks
+timeout 300 srun -n4 --kill-on-bad-exit=1 "$rlx" run grpo.yaml run.name=slurm > slurm.log 2>&1; rc=$?
+[ $rc = 0 ] && grep -q "task 0/4: hub 0.*done" slurm.log && ls runs/slurm/logs | grep -q "^worker-1$" \
+  && ok "srun -n4: hub, learner, 2 workers as tasks; done" || fail "srun -n4: rc $rc: $(tail -5 slurm.log)"
+same_as slurm local
+
+# 1 hub + 2 learner ranks (store hosted by task 0) + 2 workers = 5 tasks
+timeout 300 srun -n5 --kill-on-bad-exit=1 "$rlx" run grpo.yaml run.name=slurm2 train.learner_ranks=2 > slurm2.log 2>&1; rc=$?
+[ $rc = 0 ] && ls runs/slurm2/logs | grep -q "^learner-1$" && ok "srun -n5: 2 learner ranks as tasks" \
+  || fail "srun -n5: rc $rc: $(tail -5 slurm2.log)"
+same_as slurm2 local2
+
+# a worker SIGKILLed mid-run: its task restarts it
+timeout 300 srun -n4 --kill-on-bad-exit=1 "$rlx" run grpo.yaml run.name=slurmkill train.steps=8 > slurmkill.log 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do [ "$(cat runs/slurmkill/metrics.jsonl 2>/dev/null | wc -l)" -ge 2 ] && break; sleep 0.1; done
+victim=$(pgrep -f -- "role worker.*runs/slurmkill.*--index 1" | head -1)
+[ -n "$victim" ] && kill -9 "$victim" || fail "slurmkill: no worker 1 to kill"
+wait $pid; rc=$?
+"$rlx" run grpo.yaml run.name=local8 train.steps=8 > local8.log 2>&1 || fail "local8: $(tail -3 local8.log)"
+[ $rc = 0 ] && grep -q "worker 1 ended: killed by signal 9.*restarting it" slurmkill.log \
+  && ok "slurmkill: worker 1 killed, restarted by its task, run completed" || fail "slurmkill: rc $rc: $(tail -5 slurmkill.log)"
+same_as slurmkill local8
+
+# a plan that does not fit the tasks: every task fails before starting a role, naming the keys
+out=$(timeout 120 srun -n3 "$rlx" run grpo.yaml run.name=misfit 2>&1); rc=$?
+[ $rc != 0 ] && grep -q "3 tasks (SLURM_NTASKS).*train.learner_ranks.*rollout.workers" <<<"$out" && [ ! -d runs/misfit ] \
+  && ok "srun -n3: the misfit plan is refused, naming the keys" || fail "misfit: rc $rc: $out"
+
+echo "$failures failures"
+[ "$failures" = 0 ]
