@@ -14,6 +14,19 @@
 
 namespace rlx::cli {
 
+namespace {
+// The whole config, checked before any process starts.
+void validate_run_config(const RunConfig& cfg) {
+  cfg.model.validate();
+  cfg.learner.validate();
+  cfg.algorithm.validate();
+  // Placement: every learner rank trains at least one group of a step.
+  if (cfg.train.learner_ranks > cfg.train.groups_per_step)
+    throw ConfigError(fmt::format("train.learner_ranks = {}: more learner ranks than train.groups_per_step = {}",
+                                  cfg.train.learner_ranks, cfg.train.groups_per_step));
+}
+}  // namespace
+
 void add_run_commands(CLI::App& app, Action& action) {
   struct RunArgs {
     std::string file;
@@ -30,13 +43,7 @@ void add_run_commands(CLI::App& app, Action& action) {
     action = [args] {
       // The whole config is checked before any process starts.
       auto cfg = config::load_file<RunConfig>(args->file, args->overrides);
-      cfg.model.validate();
-      cfg.learner.validate();
-      cfg.algorithm.validate();
-      // Placement: every learner rank trains at least one group of a step.
-      if (cfg.train.learner_ranks > cfg.train.groups_per_step)
-        throw ConfigError(fmt::format("train.learner_ranks = {}: more learner ranks than train.groups_per_step = {}",
-                                      cfg.train.learner_ranks, cfg.train.groups_per_step));
+      validate_run_config(cfg);
       return launch::launch(cfg, std::filesystem::read_symlink("/proc/self/exe").string(), args->launch);
     };
   });
@@ -75,6 +82,30 @@ void add_run_commands(CLI::App& app, Action& action) {
     action = [sc] {
       launch::scale(sc->run_dir, sc->workers);
       std::cerr << fmt::format("rlx scale: {} asked for {} rollout workers", sc->run_dir, sc->workers) << std::endl;
+      return 0;
+    };
+  });
+
+  struct K8sArgs {
+    std::string file;
+    std::vector<std::string> overrides;
+    launch::K8sOptions k8s;
+  };
+  auto ka = std::make_shared<K8sArgs>();
+  auto* k8s = app.add_subcommand("k8s", "Kubernetes manifests of a run")->require_subcommand(1);
+  auto* render = k8s->add_subcommand("render", "Print a headless Service, a ConfigMap and an Indexed Job that run CONFIG's plan");
+  render->add_option("config", ka->file, "YAML run config")->required();
+  render->add_option("overrides", ka->overrides, "section.key=value overrides");
+  render->add_option("--image", ka->k8s.image, "container image with rlx on its PATH")->capture_default_str();
+  render->add_option("--namespace", ka->k8s.namespace_, "namespace of the objects (default: the current one)");
+  render->add_option("--host-path", ka->k8s.host_path, "the node's directory of run directories")->capture_default_str();
+  render->add_option("--claim", ka->k8s.claim, "a ReadWriteMany PersistentVolumeClaim for the run directories instead");
+  render->add_flag("--resume", ka->k8s.resume, "the pods continue the run from its last checkpoint");
+  render->callback([ka, &action] {
+    action = [ka] {
+      auto cfg = config::load_file<RunConfig>(ka->file, ka->overrides);
+      validate_run_config(cfg);
+      std::cout << launch::render_k8s(cfg, ka->k8s);
       return 0;
     };
   });

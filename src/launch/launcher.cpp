@@ -328,12 +328,12 @@ fs::path prepare_run_dir(const RunConfig& cfg, const LaunchOptions& lo) {
   return run_dir;
 }
 
-int launch_slurm_task(const RunConfig& cfg, const SlurmTask& task, const std::string& exe, const LaunchOptions& lo);
+int launch_task(const RunConfig& cfg, const RoleTask& task, const std::string& exe, const LaunchOptions& lo);
 
 }  // namespace
 
 int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo) {
-  if (const auto task = slurm_task_from_env(cfg)) return launch_slurm_task(cfg, *task, exe, lo);
+  if (const auto task = task_from_env(cfg)) return launch_task(cfg, *task, exe, lo);
   const fs::path run_dir = prepare_run_dir(cfg, lo);
   // SIGINT/SIGTERM: the learner checkpoints and exits; then the rest is stopped.
   on_stop_signals(on_launcher_signal);
@@ -398,33 +398,44 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
 
 namespace rlx::launch {
 
-std::optional<SlurmTask> slurm_task_from_env(const RunConfig& cfg) {
-  const char* procid = std::getenv("SLURM_PROCID");
-  const char* ntasks = std::getenv("SLURM_NTASKS");
+std::optional<RoleTask> task_from_env(const RunConfig& cfg) {
+  // Slurm's variables, else those of a rendered Kubernetes Indexed Job (rlx k8s render).
+  const bool slurm = std::getenv("SLURM_PROCID") != nullptr;
+  const char* index_var = slurm ? "SLURM_PROCID" : "RLX_TASK_INDEX";
+  const char* count_var = slurm ? "SLURM_NTASKS" : "RLX_NUM_TASKS";
+  const char* procid = std::getenv(index_var);
+  const char* ntasks = std::getenv(count_var);
   if (!procid || !ntasks) return std::nullopt;
-  SlurmTask t;
+  RoleTask t;
   try {
     t.procid = std::stoi(procid);
     t.ntasks = std::stoi(ntasks);
   } catch (const std::exception&) {
-    throw ConfigError(fmt::format("SLURM_PROCID={} / SLURM_NTASKS={}: not numbers", procid, ntasks));
+    throw ConfigError(fmt::format("{}={} / {}={}: not numbers", index_var, procid, count_var, ntasks));
   }
   if (t.ntasks <= 1) return std::nullopt;  // one task: it launches every role itself
   const int learners = static_cast<int>(cfg.train.learner_ranks), workers = static_cast<int>(cfg.rollout.workers);
   if (t.ntasks != 1 + learners + workers)
     throw ConfigError(fmt::format(
-        "placement under Slurm: {} tasks (SLURM_NTASKS), but the plan has 1 hub + {} learner ranks (train.learner_ranks) "
-        "+ {} rollout workers (rollout.workers) = {}",
-        t.ntasks, learners, workers, 1 + learners + workers));
-  if (const char* nodes = std::getenv("SLURM_NNODES"); nodes && std::atoi(nodes) > 1)
+        "placement: {} tasks ({}), but the plan has 1 hub + {} learner ranks (train.learner_ranks) + {} rollout workers "
+        "(rollout.workers) = {}",
+        t.ntasks, count_var, learners, workers, 1 + learners + workers));
+  if (const char* nodes = std::getenv("SLURM_NNODES"); slurm && nodes && std::atoi(nodes) > 1)
     throw ConfigError(fmt::format("placement under Slurm: {} nodes (SLURM_NNODES); a run spans one node (its weights travel "
                                   "through shared memory)",
                                   nodes));
-  RLX_CHECK(t.procid >= 0 && t.procid < t.ntasks, "SLURM_PROCID={} is not below SLURM_NTASKS={}", t.procid, t.ntasks);
-  const char* job = std::getenv("SLURM_JOB_ID");
-  const char* step = std::getenv("SLURM_STEP_ID");
-  const char* requeued = std::getenv("SLURM_RESTART_COUNT");  // a requeued job keeps its id
-  t.step = fmt::format("{}.{}.{}", job ? job : "0", step ? step : "0", requeued ? requeued : "0");
+  RLX_CHECK(t.procid >= 0 && t.procid < t.ntasks, "{}={} is not below {}={}", index_var, t.procid, count_var, t.ntasks);
+  if (slurm) {
+    const char* job = std::getenv("SLURM_JOB_ID");
+    const char* step = std::getenv("SLURM_STEP_ID");
+    const char* requeued = std::getenv("SLURM_RESTART_COUNT");  // a requeued job keeps its id
+    t.group = fmt::format("slurm-{}.{}.{}", job ? job : "0", step ? step : "0", requeued ? requeued : "0");
+  } else {
+    const char* group = std::getenv("RLX_TASK_GROUP");
+    t.group = group && *group ? group : "tasks";
+    RLX_CHECK(t.group.size() <= 128 && t.group.find('/') == std::string::npos && t.group[0] != '.',
+              "RLX_TASK_GROUP='{}': a plain name (no '/'), at most 128 characters", t.group);
+  }
   if (t.procid == 0) t.role = "hub";
   else if (t.procid <= learners) t.role = "learner", t.index = t.procid - 1;
   else t.role = "worker", t.index = t.procid - 1 - learners;
@@ -433,14 +444,14 @@ std::optional<SlurmTask> slurm_task_from_env(const RunConfig& cfg) {
 
 namespace {
 
-// One Slurm task: its role as a child process, and the step's shared state as files in
-// run_dir/slurm/JOB.STEP/: ready (the run directory is prepared; the store's address),
+// One task of a run started as many (Slurm, a Kubernetes Indexed Job): its role as a child
+// process, and the group's shared state as files in run_dir/tasks/GROUP/: ready (the run directory is prepared; the store's address),
 // stop (SIGINT/SIGTERM reached task 0), learner-done, done, failed (the first failure).
-class SlurmTaskRunner {
+class TaskRunner {
  public:
-  SlurmTaskRunner(const RunConfig& cfg, SlurmTask task, std::string exe)
+  TaskRunner(const RunConfig& cfg, RoleTask task, std::string exe)
       : cfg_(cfg), task_(std::move(task)), exe_(std::move(exe)),
-        run_dir_(fs::absolute(fs::path(cfg.run.out_dir) / cfg.run.name)), coord_(run_dir_ / "slurm" / task_.step) {}
+        run_dir_(fs::absolute(fs::path(cfg.run.out_dir) / cfg.run.name)), coord_(run_dir_ / "tasks" / task_.group) {}
 
   int run(const LaunchOptions& lo) {
     on_stop_signals(on_launcher_signal);
@@ -449,7 +460,7 @@ class SlurmTaskRunner {
     std::unique_ptr<dist::StoreServer> store;
     if (task_.procid == 0) {
       prepare_run_dir(cfg_, lo);
-      fs::remove_all(run_dir_ / "slurm");
+      fs::remove_all(run_dir_ / "tasks");
       fs::create_directories(coord_);
       if (cfg_.train.learner_ranks > 1) store = std::make_unique<dist::StoreServer>("127.0.0.1", 0);
       ready = {{"store", store ? fmt::format("127.0.0.1:{}", store->port()) : ""}};
@@ -458,7 +469,7 @@ class SlurmTaskRunner {
     } else {
       ready = wait_ready();
     }
-    const auto weights = fmt::format("rlx-{}-slurm-{}", cfg_.run.name, task_.step);
+    const auto weights = fmt::format("rlx-{}-{}", cfg_.run.name, task_.group);
     uint32_t starts = 0, restarts = 0;
     auto start = [&] {
       auto log_dir = run_dir_ / "logs" / fmt::format("{}-{}", task_.role, task_.index);
@@ -545,7 +556,7 @@ class SlurmTaskRunner {
   }
   json wait_ready() {
     const double deadline = now_s() + 300;
-    // Task 0 clears run_dir/slurm before it writes `ready`: wait for this step's.
+    // Task 0 clears run_dir/tasks before it writes `ready`: wait for this step's.
     while (now_s() < deadline) {
       if (fs::exists(coord_ / "ready")) {
         auto j = json::parse(read_file(coord_ / "ready", 1 << 16), nullptr, false);
@@ -559,15 +570,15 @@ class SlurmTaskRunner {
   double silent() const { return heartbeat_silence(run_dir_, task_.role, task_.index, started_); }
 
   const RunConfig& cfg_;
-  SlurmTask task_;
+  RoleTask task_;
   std::string exe_;
   fs::path run_dir_, coord_;
   double started_ = 0;
   bool stop_sent_ = false;
 };
 
-int launch_slurm_task(const RunConfig& cfg, const SlurmTask& task, const std::string& exe, const LaunchOptions& lo) {
-  return SlurmTaskRunner(cfg, task, exe).run(lo);
+int launch_task(const RunConfig& cfg, const RoleTask& task, const std::string& exe, const LaunchOptions& lo) {
+  return TaskRunner(cfg, task, exe).run(lo);
 }
 
 }  // namespace

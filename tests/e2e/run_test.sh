@@ -163,6 +163,46 @@ same_as_clean scale ten
 out=$("$rlx" scale runs/scale --workers 2 2>&1); rc=$?
 [ $rc != 0 ] && grep -q "is not running" <<<"$out" && ok "scale: a finished run is refused" || fail "scale after the end: rc $rc: $out"
 
+# --- rlx k8s render: parse the manifest, then run its Job's pods as local processes ---
+"$rlx" k8s render grpo.yaml run.name=k8s --image registry.example/rlx:1 > k8s.yaml 2>k8s.err || fail "k8s render: $(cat k8s.err)"
+pods=$(python3 - k8s.yaml <<'P'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+assert [d["kind"] for d in docs] == ["Service", "ConfigMap", "Job"], [d["kind"] for d in docs]
+svc, cm, job = docs
+assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["selector"] == {"rlx/run": "k8s"}
+spec = job["spec"]
+assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == 4, spec  # hub + learner + 2 workers
+pod = spec["template"]["spec"]
+assert pod["subdomain"] == svc["metadata"]["name"] and pod["restartPolicy"] == "Never"
+assert spec["template"]["metadata"]["labels"]["rlx/run"] == "k8s"
+c = pod["containers"][0]
+assert c["image"] == "registry.example/rlx:1" and c["command"][:2] == ["rlx", "run"], c
+env = {e["name"]: e for e in c["env"]}
+assert env["RLX_TASK_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"].endswith("job-completion-index']")
+assert all(isinstance(e.get("value", ""), str) for e in c["env"]), "env values must be strings"
+mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+volumes = {v["name"]: v for v in pod["volumes"]}
+assert volumes[mounts["/etc/rlx"]]["configMap"]["name"] == cm["metadata"]["name"]
+assert "/dev/shm" in mounts and "/runs" in mounts
+config = yaml.safe_load(cm["data"]["config.yaml"])
+assert config["run"]["out_dir"] == "/runs" and config["rollout"]["workers"] == 2
+open("k8s-config.yaml", "w").write(cm["data"]["config.yaml"])
+print(env["RLX_NUM_TASKS"]["value"], env["RLX_TASK_GROUP"]["value"], " ".join(c["command"][3:]))
+P
+) && ok "k8s render: Service (headless), ConfigMap, Indexed Job of 4 pods" || fail "k8s manifest"
+read -r ntasks group extra <<<"$pods"
+pids=()
+for i in $(seq 0 $((ntasks - 1))); do
+  # shellcheck disable=SC2086
+  RLX_TASK_INDEX=$i RLX_NUM_TASKS=$ntasks RLX_TASK_GROUP=$group "$rlx" run k8s-config.yaml run.out_dir=runs $extra > "k8s-$i.log" 2>&1 &
+  pids+=($!)
+done
+rcs=""; for p in "${pids[@]}"; do wait "$p"; rcs="$rcs$?"; done
+[ "$rcs" = 0000 ] && grep -q "task 0/4: hub 0.*done" k8s-0.log && ok "k8s: the Job's 4 pods as processes ran the plan" \
+  || fail "k8s pods: exit codes $rcs: $(tail -3 k8s-0.log)"
+same_as_clean k8s
+
 # --- a dataset with a task the environment rejects: that lease ends as a data error, the run goes on ---
 python3 - <<'P' > tasks.jsonl
 import json

@@ -74,24 +74,38 @@ struct LaunchOptions {
 // Returns the exit code (128 + signal when SIGINT/SIGTERM stopped it after a checkpoint).
 int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& options = {});
 
-// Under Slurm (`srun -n T rlx run CONFIG`, T > 1) every task is one role of the plan, by
-// SLURM_PROCID: 0 the hub (it also prepares the run directory, hosts the learner group's
-// store and prints the progress), 1..L the learner ranks (train.learner_ranks), then the
-// W rollout workers (rollout.workers): T must be 1 + L + W. Each task runs its role as a
-// child with the local launcher's policies (heartbeats; a worker is restarted up to
-// rollout.max_restarts times); a dead hub or learner rank fails the job step with an
-// error naming it, and `--resume` (or a requeued job) continues from the last checkpoint.
-// The tasks coordinate through files in run_dir/slurm/JOB.STEP/, so the job runs on one
-// node (weights travel through shared memory).
-struct SlurmTask {
+// A run as many tasks: under Slurm (`srun -n T rlx run CONFIG`, T > 1, by SLURM_PROCID
+// and SLURM_NTASKS) or as a Kubernetes Indexed Job (`rlx k8s render`: RLX_TASK_INDEX,
+// RLX_NUM_TASKS, RLX_TASK_GROUP), each task is one role of the plan: 0 the hub (it also
+// prepares the run directory, hosts the learner group's store and prints the progress),
+// 1..L the learner ranks (train.learner_ranks), then the W rollout workers
+// (rollout.workers): T must be 1 + L + W. Each task runs its role as a child with the local
+// launcher's policies (heartbeats; a worker is restarted up to rollout.max_restarts times);
+// a dead hub or learner rank fails the whole group with an error naming it, and `--resume`
+// (or a requeued job) continues from the last checkpoint. The tasks coordinate through
+// files in run_dir/tasks/GROUP/ and share weights through /dev/shm: they run on one node.
+struct RoleTask {
   int procid = 0, ntasks = 1;
-  std::string step;  // JOB.STEP
-  std::string role;  // hub, learner or worker
-  int index = 0;     // learner rank or worker index
+  std::string group;  // names this start of the tasks (slurm-JOB.STEP.RESTARTS, or RLX_TASK_GROUP)
+  std::string role;   // hub, learner or worker
+  int index = 0;      // learner rank or worker index
 };
-// The task of this process, or none outside a Slurm step of more than one task. A plan that
+// The task of this process, or none (a single process launches every role). A plan that
 // does not fit the tasks is a ConfigError naming the keys.
-std::optional<SlurmTask> slurm_task_from_env(const RunConfig& cfg);
+std::optional<RoleTask> task_from_env(const RunConfig& cfg);
+
+// `rlx k8s render`: a headless Service, a ConfigMap with the resolved config, and an
+// Indexed Job of 1 + L + W pods, each running `rlx run` as one task of the plan. The pods
+// share one node (pod affinity), its network and /dev/shm, and the run directory
+// (a hostPath, or a ReadWriteMany claim).
+struct K8sOptions {
+  std::string image = "rlx:latest";
+  std::string namespace_;      // empty: the current one
+  std::string host_path = "/var/lib/rlx/runs";  // the run directories on the node
+  std::string claim;           // a PersistentVolumeClaim instead of the hostPath
+  bool resume = false;         // the pods run `rlx run --resume`
+};
+std::string render_k8s(const RunConfig& cfg, const K8sOptions& options);
 
 // `rlx scale RUN_DIR N`: asks the running launcher of RUN_DIR for N rollout workers. New
 // workers join at once (they catch up to the current weights); surplus ones finish and
