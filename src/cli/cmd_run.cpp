@@ -130,6 +130,7 @@ void add_run_commands(CLI::App& app, Action& action) {
       launch::RoleContext ctx{.cfg = config::load_file<RunConfig>(ra->config), .run_dir = ra->run_dir, .weights = ra->weights, .exe = ra->exe};
       ctx.index = ra->role == "learner" && std::getenv("RLX_RANK") ? std::atoi(std::getenv("RLX_RANK")) : ra->index;
       launch::start_heartbeat(ctx.run_dir, ra->role, ctx.index);
+      launch::start_trace(ctx, ra->role);
       if (ra->role == "hub") return launch::run_hub(ctx);
       if (ra->role == "learner") return launch::run_learner(ctx);
       return launch::run_worker(ctx);

@@ -57,7 +57,7 @@ bool holds_run(const fs::path& dir) {
 
 void clear_run(const fs::path& dir) {
   for (const char* p : {"hub.state", "trajectories.h5", "metrics.jsonl", "checkpoints", "checkpoints-critic", "final", "logs",
-                        "heartbeats", "episodes", "fault-injected", "scale.json"})
+                        "heartbeats", "episodes", "fault-injected", "scale.json", "traces", "trace.json", "stats", "tasks"})
     fs::remove_all(dir / p);
   for (const auto& e : fs::directory_iterator(dir))
     if (e.path().filename().string().starts_with("hub-step_")) fs::remove(e.path());
@@ -330,6 +330,14 @@ fs::path prepare_run_dir(const RunConfig& cfg, const LaunchOptions& lo) {
 
 int launch_task(const RunConfig& cfg, const RoleTask& task, const std::string& exe, const LaunchOptions& lo);
 
+// The end of a run (done or stopped): the roles' traces merged into trace.json.
+void finish_run(const RunConfig& cfg, const fs::path& run_dir) {
+  if (!cfg.trace.enabled) return;
+  const auto events = merge_traces(run_dir);
+  std::cerr << fmt::format("rlx run: trace {} ({} events; ui.perfetto.dev opens it)", (run_dir / "trace.json").string(), events)
+            << std::endl;
+}
+
 }  // namespace
 
 int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo) {
@@ -383,6 +391,7 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
     prepare_resume(run_dir);
   }
   if (stopped_by != 0) {
+    finish_run(cfg, run_dir);
     std::cerr << fmt::format("rlx run: stopped; `rlx run {} --resume` continues from the last checkpoint",
                              (run_dir / "config.yaml").string())
               << std::endl;
@@ -391,6 +400,7 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
   std::cerr << fmt::format("rlx run: done; metrics {}, final weights {}", (run_dir / "metrics.jsonl").string(),
                            (run_dir / "final").string())
             << std::endl;
+  finish_run(cfg, run_dir);
   return 0;
 }
 
@@ -514,6 +524,7 @@ class TaskRunner {
         if (task_.role == "hub") {
           write_file_atomic(coord_ / "done", "");
           if (progress) progress.reset();
+          finish_run(cfg_, run_dir_);
           const bool stopped = fs::exists(coord_ / "stop");
           std::cerr << fmt::format("{}: {}", me,
                                    stopped ? "stopped; `rlx run CONFIG --resume` in a new step continues from the last checkpoint"

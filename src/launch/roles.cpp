@@ -22,6 +22,7 @@
 #include "rlx/core/rng.hpp"
 #include "rlx/core/log.hpp"
 #include "rlx/core/signals.hpp"
+#include "rlx/core/trace.hpp"
 #include "rlx/core/threads.hpp"
 #include "rlx/dist/comm.hpp"
 #include "rlx/dist/local_group.hpp"
@@ -75,6 +76,42 @@ void start_heartbeat(const fs::path& run_dir, const std::string& role, int index
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
     }
   }).detach();
+}
+
+void start_trace(const RoleContext& ctx, const std::string& role) {
+  if (!ctx.cfg.trace.enabled) return;
+  const auto dir = ctx.run_dir / "traces";
+  fs::create_directories(dir);
+  TraceWriter::install(std::make_shared<TraceWriter>((dir / fmt::format("{}-{}.{}.json", role, ctx.index, ::getpid())).string(),
+                                                     fmt::format("{} {}", role, ctx.index)));
+}
+
+size_t merge_traces(const fs::path& run_dir) {
+  const auto dir = run_dir / "traces";
+  if (!fs::exists(dir)) return 0;
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".json") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  const auto tmp = run_dir / "trace.json.tmp";
+  std::ofstream out(tmp, std::ios::trunc);
+  out << "[\n";
+  size_t events = 0;
+  for (const auto& f : files) {
+    std::ifstream in(f);
+    // One event per line; a process killed mid-write leaves its last line cut: skipped.
+    for (std::string line; std::getline(in, line);) {
+      while (!line.empty() && (line.back() == ',' || line.back() == ' ')) line.pop_back();
+      if (line.empty() || line[0] != '{') continue;
+      if (json::parse(line, nullptr, false).is_discarded()) continue;
+      out << (events++ > 0 ? ",\n" : "") << line;
+    }
+  }
+  out << "\n]\n";
+  out.close();
+  RLX_CHECK(out.good(), "cannot write {}", tmp.string());
+  fs::rename(tmp, run_dir / "trace.json");
+  return events;
 }
 
 void write_tokenizer(const RunConfig& cfg, const fs::path& file) {
@@ -186,6 +223,52 @@ bus::Batch broadcast_batch(dist::Communicator& comm, bus::Batch batch) {
 }
 }  // namespace
 
+namespace {
+// A span from start_us to now in this process's trace (trace.enabled).
+void trace_span(const char* name, int64_t start_us) {
+  if (auto* t = TraceWriter::installed()) t->complete(name, "", start_us, TraceWriter::now_us() - start_us);
+}
+
+// Busy fractions of the rollout workers: each worker keeps run_dir/stats/worker-N.json
+// (its pid, seconds alive, seconds rolling out); the learner reports each worker's busy
+// share since the previous step (busy_worker_N) and their mean (busy_rollout).
+class RolloutBusy {
+ public:
+  explicit RolloutBusy(fs::path run_dir) : dir_(std::move(run_dir) / "stats") {}
+  void add_to(json& line) {
+    std::error_code ec;
+    double sum = 0;
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(dir_, ec)) {
+      const auto name = e.path().stem().string();
+      if (!name.starts_with("worker-") || e.path().extension() != ".json") continue;
+      std::ifstream f(e.path());
+      const auto j = json::parse(f, nullptr, false);
+      if (j.is_discarded() || !j.is_object()) continue;
+      const auto pid = j.value("pid", int64_t{0});
+      const double wall = j.value("wall_s", 0.0), busy = j.value("busy_s", 0.0);
+      auto& last = last_[name];
+      const bool same = last.pid == pid;
+      const double dw = wall - (same ? last.wall : 0), db = busy - (same ? last.busy : 0);
+      last = {pid, wall, busy};
+      if (dw <= 0) continue;
+      const double frac = std::clamp(db / dw, 0.0, 1.0);
+      line["busy_" + name.substr(0, 6) + "_" + name.substr(7)] = frac;
+      sum += frac, ++n;
+    }
+    if (n > 0) line["busy_rollout"] = sum / n;
+  }
+
+ private:
+  struct Seen {
+    int64_t pid = -1;
+    double wall = 0, busy = 0;
+  };
+  fs::path dir_;
+  std::map<std::string, Seen> last_;
+};
+}  // namespace
+
 int run_learner(const RoleContext& ctx) {
   const auto& cfg = ctx.cfg;
   install_stop_handler();
@@ -269,8 +352,10 @@ int run_learner(const RoleContext& ctx) {
   if (lead) metrics_out.open(ctx.run_dir / "metrics.jsonl", std::ios::app);
   const double t_start = now_s();
   bool saved = step > 0, stopped = false;
+  RolloutBusy rollout_busy(ctx.run_dir);
   for (;;) {
     const double t0 = now_s();
+    const int64_t t0_us = TraceWriter::now_us();
     // Rank 0 takes the batch (waiting in slices so that SIGINT/SIGTERM is noticed while
     // rollout is slow) and decides for every rank: train it, or stop.
     bus::Batch batch;
@@ -305,6 +390,7 @@ int run_learner(const RoleContext& ctx) {
       break;
     }
     const double t_wait = now_s() - t0;
+    trace_span("wait_batch", t0_us);
     if (world > 1) batch = broadcast_batch(*comm, std::move(batch));
     // Groups in prompt order: the step does not depend on which worker finished first;
     // rank r trains groups r, r + world, ...
@@ -332,20 +418,31 @@ int run_learner(const RoleContext& ctx) {
       }
     }
     const double t1 = now_s();
+    const int64_t t1_us = TraceWriter::now_us();
     auto m = train_on_batch(*algorithm, {.policy = policy, .critic = critic.get(), .reference = reference.get()}, seqs,
                             rewards, sizes);
     const double t_train = now_s() - t1;
+    trace_span("train", t1_us);
     ++step;
     trained_batch = batch.batch_id;
     params = policy.model().gather_parameters();
     const double t2 = now_s();
+    const int64_t t2_us = TraceWriter::now_us();
     if (lead) {
       pub->publish(step, params);
       client->publish_version(step);
     }
     const double t_sync = now_s() - t2;
+    trace_span("publish_weights", t2_us);
     saved = false;
-    if (cfg.learner.checkpoint_every > 0 && step % cfg.learner.checkpoint_every == 0) checkpoint(), saved = true;
+    const double t3 = now_s();
+    if (cfg.learner.checkpoint_every > 0 && step % cfg.learner.checkpoint_every == 0) {
+      const int64_t t3_us = TraceWriter::now_us();
+      checkpoint(), saved = true;
+      trace_span("checkpoint", t3_us);
+    }
+    const double t_ckpt = now_s() - t3;
+    if (auto* t = TraceWriter::installed()) t->flush();
     if (!lead) continue;
     json line = {{"step", step},
                  {"time_s", now_s() - t_start},
@@ -358,7 +455,11 @@ int run_learner(const RoleContext& ctx) {
                  {"version_lag", vmin == INT64_MAX ? 0 : step - 1 - vmin},  // trained version minus oldest sample
                  {"wait_s", t_wait},
                  {"train_s", t_train},
-                 {"sync_s", t_sync}};
+                 {"sync_s", t_sync},
+                 {"checkpoint_s", t_ckpt},
+                 // the learner's share of the step spent working (training, publishing, checkpointing)
+                 {"busy_learner", (t_train + t_sync + t_ckpt) / std::max(now_s() - t0, 1e-9)}};
+    rollout_busy.add_to(line);
     for (const auto& [k, v] : m) line[k] = v;
     metrics_out << line.dump() << std::endl;
     const double per_step = (now_s() - t_start) / static_cast<double>(step);
@@ -597,7 +698,10 @@ std::vector<GroupRollout> rollout_groups(const RoleContext& ctx, Engine& engine,
       }
     }
     if (requests.empty()) break;
+    const int64_t gen_us = TraceWriter::now_us();
     auto results = engine.generate(std::move(requests));
+    trace_span("generate", gen_us);
+    const int64_t env_us = TraceWriter::now_us();
     for (size_t r = 0; r < results.size(); ++r) {
       auto& gr = groups[owner[r].first];
       for (size_t s = 0; s < results[r].samples.size() && gr.error.empty(); ++s) {
@@ -623,6 +727,7 @@ std::vector<GroupRollout> rollout_groups(const RoleContext& ctx, Engine& engine,
         }
       }
     }
+    trace_span("env_step", env_us);
     // Unfinished episodes are saved every K turns (not after the last one).
     if (!checkpoints || !checkpoints->due(turn + 1) || turn + 1 >= cfg.env.max_turns) continue;
     bool saved = false;
@@ -781,12 +886,25 @@ int run_worker(const RoleContext& ctx) {
       };
   }
   int64_t groups_sent = 0;
+  // Seconds alive and seconds rolling out (run_dir/stats/worker-N.json, for busy fractions).
+  const double born = now_s();
+  double busy_s = 0;
+  const auto stats_file = ctx.run_dir / "stats" / fmt::format("worker-{}.json", ctx.index);
+  fs::create_directories(stats_file.parent_path());
+  auto write_stats = [&] {
+    const auto tmp = stats_file.string() + ".tmp";
+    std::ofstream(tmp) << json{{"pid", ::getpid()}, {"wall_s", now_s() - born}, {"busy_s", busy_s}, {"groups", groups_sent}};
+    std::error_code ec;
+    fs::rename(tmp, stats_file, ec);
+  };
+  int64_t wait_us = TraceWriter::now_us();  // since the last grant was done
   while (!g_leave) {
     apply_weights();
     auto grant = client.request_leases(cfg.rollout.leases_per_request);
     if (grant.exhausted) break;
     if (grant.leases.empty()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      write_stats();
       continue;
     }
     // A lease asks for weights at least as new as its min_version (synchronous mode:
@@ -800,6 +918,9 @@ int run_worker(const RoleContext& ctx) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
       apply_weights();
     }
+    trace_span("wait_leases", wait_us);
+    const double busy_from = now_s();
+    const int64_t rollout_us = TraceWriter::now_us();
     for (auto& gr : rollout_groups(ctx, engine, envs, grant.leases, &episodes, after_checkpoint)) {
       if (!gr.error.empty()) {
         if (gr.error_kind == "data") episodes.remove(gr.lease);  // infra: the retry continues from it
@@ -826,6 +947,11 @@ int run_worker(const RoleContext& ctx) {
       episodes.remove(gr.lease);
       ++groups_sent;
     }
+    trace_span("rollout", rollout_us);
+    wait_us = TraceWriter::now_us();
+    busy_s += now_s() - busy_from;
+    write_stats();
+    if (auto* t = TraceWriter::installed()) t->flush();
   }
   client.flush(30);
   log::info("{}: {} groups sent{}", who, groups_sent, g_leave ? "; leaving (rlx scale)" : "");

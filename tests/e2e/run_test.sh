@@ -33,7 +33,7 @@ out=$("$rlx" run grpo.yaml train.learner_ranks=5 2>&1); rc=$?
   && ok "impossible placement" || fail "placement: rc $rc: $out"
 
 # --- the fault-free run ---
-"$rlx" run grpo.yaml learner.checkpoint_keep_last=2 > clean.log 2>&1; rc=$?
+"$rlx" run grpo.yaml learner.checkpoint_keep_last=2 trace.enabled=true > clean.log 2>&1; rc=$?
 [ $rc = 0 ] || { fail "clean run: rc $rc"; cat clean.log runs/clean/logs/*/rank-0.err | tail -40; exit 1; }
 python3 - runs/clean/metrics.jsonl <<'P' && ok "clean run: 6 steps, on-policy (lag 0), versions advance" || fail "clean run metrics"
 import json, sys
@@ -50,6 +50,18 @@ assert s["groups"] == s["distinct_leases"] == s["distinct_prompts"], s
 print(s["groups"], "groups")'
 }
 exactly_once runs/clean >/dev/null && ok "clean run: each lease once in trajectories.h5" || fail "clean run: duplicates"
+python3 - runs/clean <<'P' && ok "trace.json: every process's spans; busy fractions in metrics" || fail "trace/busy: see above"
+import json, sys, collections
+t = json.load(open(sys.argv[1] + "/trace.json"))
+names = {e["args"]["name"] for e in t if e["name"] == "process_name"}
+assert names == {"hub 0", "learner 0", "worker 0", "worker 1"}, names
+n = collections.Counter(e["name"] for e in t if e.get("ph") == "X")
+assert n["train"] == 6 and n["publish_weights"] == 6 and n["generate"] >= 6 and n["rollout"] >= 6, n
+assert all(e["dur"] >= 0 for e in t if e.get("ph") == "X")
+m = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
+assert all(0 <= x["busy_learner"] <= 1 for x in m), [x["busy_learner"] for x in m]
+assert any("busy_rollout" in x and 0 <= x["busy_rollout"] <= 1 for x in m), m[-1]
+P
 [ -f runs/clean/final/model.safetensors ] && [ -f runs/clean/final/config.json ] && ok "final HF export" || fail "no final export"
 [ "$(ls runs/clean/checkpoints | grep -c step_)" = 2 ] && [ "$(ls runs/clean | grep -c '^hub-step_')" = 2 ] \
   && ok "hub states pruned with their checkpoints" || fail "hub states: $(ls runs/clean runs/clean/checkpoints)"

@@ -50,6 +50,13 @@ std::shared_ptr<Transformer> initial_model(const RunConfig& cfg, const Tokenizer
 // A role's heartbeat: a thread touches run_dir/heartbeats/ROLE-INDEX every 0.5 s while
 // the process runs (a SIGSTOPped or frozen process stops beating; the launcher notices).
 void start_heartbeat(const std::filesystem::path& run_dir, const std::string& role, int index);
+// With trace.enabled, a role writes its spans (wait, train, publish, rollout, generate,
+// env steps, ...) to run_dir/traces/ROLE-INDEX.PID.json; the launcher merges every
+// process's file into run_dir/trace.json (ui.perfetto.dev opens it) when the run ends.
+void start_trace(const RoleContext& ctx, const std::string& role);
+// Merges run_dir/traces/*.json (also those a killed process left unterminated) into
+// run_dir/trace.json. Returns the number of events.
+size_t merge_traces(const std::filesystem::path& run_dir);
 std::filesystem::path heartbeat_file(const std::filesystem::path& run_dir, const std::string& role, int index);
 
 int run_hub(const RoleContext& ctx);
