@@ -29,44 +29,6 @@ namespace rlx::cli {
 
 namespace {
 
-nlohmann::json to_json(const SandboxResult& r) {
-  return {{"verdict", std::string(config::enum_to_string(r.verdict))},
-          {"exit_code", r.exit_code},
-          {"signal", r.signal},
-          {"wall_s", r.wall_s},
-          {"cpu_s", r.cpu_s},
-          {"max_rss_kb", r.max_rss_kb},
-          {"detail", r.detail},
-          {"stdout", r.stdout_text},
-          {"stderr", r.stderr_text},
-          {"stdout_truncated", r.stdout_truncated},
-          {"stderr_truncated", r.stderr_truncated},
-          {"isolation", r.isolation}};
-}
-
-// The exit code a shell user expects: the command's own, 124 on timeout (as timeout(1)),
-// 125 when the sandbox itself failed, 128 + signal when a signal or a limit ended it.
-int exit_code_of(const SandboxResult& r) {
-  switch (r.verdict) {
-    case SandboxVerdict::ok:
-    case SandboxVerdict::memory: return r.exit_code;
-    case SandboxVerdict::timeout: return 124;
-    case SandboxVerdict::setup_error: return 125;
-    case SandboxVerdict::cancelled: return 128 + SIGTERM;
-    case SandboxVerdict::output_limit: return 128 + 9;
-    default: return 128 + r.signal;
-  }
-}
-
-std::string read_host_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  RLX_CHECK(in, "cannot read {}", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -141,45 +103,9 @@ void add_bench_env(CLI::App& app, Action& action) {
   });
 }
 
-std::atomic<bool> g_serve_stop{false};
-
-void add_env_serve(CLI::App& app, Action& action) {
-  auto* envc = app.add_subcommand("env", "Environments: list them, serve them to rollout workers");
-  envc->require_subcommand(1);
-  struct Args {
-    env::EnvServerOptions server;
-    std::string tokenizer, options = "{}";
-    uint64_t seed = 0;
-    bool code_sandbox = false;
-  };
-  auto a = std::make_shared<Args>();
-  auto* serve = envc->add_subcommand("serve", "Serve the registered environments on a socket (until SIGTERM)");
-  serve->add_option("--address", a->server.address, "ipc://PATH or tcp://HOST:PORT")->required();
-  serve->add_option("--tokenizer", a->tokenizer, "tokenizer.json (observations are token ids)")->required();
-  serve->add_option("--options", a->options, "environment options (JSON object)")->capture_default_str();
-  serve->add_option("--seed", a->seed, "seed given to environments")->capture_default_str();
-  serve->add_option("--max-episodes", a->server.max_episodes, "open episodes at once")->capture_default_str();
-  serve->add_flag("--code-sandbox", a->code_sandbox,
-                  "give environments that run code (python_code) a sandbox of their own; the server itself must then "
-                  "run outside one (namespaces do not nest under the sandbox's filter)");
-  serve->callback([a, &action] {
-    action = [a] {
-      const auto tok = load_tokenizer(a->tokenizer);
-      std::unique_ptr<Sandbox> code_sandbox;
-      if (a->code_sandbox) code_sandbox = std::make_unique<Sandbox>();
-      nlohmann::json options;
-      try {
-        options = nlohmann::json::parse(a->options);
-      } catch (const nlohmann::json::exception& e) {
-        throw ConfigError(fmt::format("--options: not JSON: {}", e.what()));
-      }
-      env::register_bundled();
-      on_stop_signals([](int) { g_serve_stop = true; });
-      env::serve_envs(a->server, env::Registry::global(),
-                      {.tokenizer = tok.get(), .sandbox = code_sandbox.get(), .options = options, .seed = a->seed}, g_serve_stop);
-      return 0;
-    };
-  });
+// `env list`, in the `env` group of the trainer commands (which holds `env serve`).
+void add_env_list(CLI::App& app, Action& action) {
+  auto* envc = app.get_subcommand("env");
   auto* list = envc->add_subcommand("list", "The registered environments");
   list->callback([&action] {
     action = [] {
@@ -193,64 +119,8 @@ void add_env_serve(CLI::App& app, Action& action) {
 }  // namespace
 
 void add_env_commands(CLI::App& app, Action& action) {
-  auto* sb = app.add_subcommand("sandbox", "Run commands in the sandbox (namespaces, read-only root, seccomp, limits)");
-  sb->require_subcommand(1);
-
-  struct RunArgs {
-    SandboxOptions options;
-    std::vector<std::string> readonly, writable, files, command;
-    std::string stdin_file;
-    bool warn = false, json = false;
-  };
-  auto a = std::make_shared<RunArgs>();
-  auto* run = sb->add_subcommand("run", "Run one command in a fresh sandbox: its output, then a verdict line on stderr");
-  auto& L = a->options.limits;
-  run->add_option("--wall-s", L.wall_s, "wall-clock limit (s)")->capture_default_str();
-  run->add_option("--cpu-s", L.cpu_s, "CPU limit per process (s)")->capture_default_str();
-  run->add_option("--memory-mb", L.memory_mb, "address space per process (MiB)")->capture_default_str();
-  run->add_option("--processes", L.processes, "processes at once")->capture_default_str();
-  run->add_option("--file-mb", L.file_mb, "largest file written (MiB)")->capture_default_str();
-  run->add_option("--open-files", L.open_files, "open files per process")->capture_default_str();
-  run->add_option("--output-bytes", L.output_bytes, "captured stdout, and stderr, each")->capture_default_str();
-  run->add_option("--scratch-mb", L.scratch_mb, "size of /scratch (MiB)")->capture_default_str();
-  run->add_option("--ro", a->readonly, "host path visible read-only (repeat; replaces the default set)")->allow_extra_args(false);
-  run->add_option("--rw", a->writable, "host path visible and writable (repeat; e.g. a socket directory)")->allow_extra_args(false);
-  run->add_option("--file", a->files, "NAME=HOSTPATH: copy a host file into /scratch/NAME first (repeat)")->allow_extra_args(false);
-  run->add_option("--stdin", a->stdin_file, "feed this file to the command's stdin");
-  run->add_flag("--warn-missing", a->warn, "run even where the kernel refuses namespaces (loudly, without isolation)");
-  run->add_flag("--json", a->json, "print the whole result (output included) as one JSON line instead");
-  run->add_option("command", a->command, "the command and its arguments (after --)")->required();
-  run->callback([a, &action] {
-    action = [a] {
-      if (!a->readonly.empty()) a->options.readonly_paths = a->readonly;
-      a->options.writable_paths = a->writable;
-      if (a->warn) a->options.missing_layer = MissingLayer::warn;
-      SandboxRequest req{.argv = a->command};
-      if (!a->stdin_file.empty()) req.stdin_data = read_host_file(a->stdin_file);
-      for (const auto& f : a->files) {
-        const auto eq = f.find('=');
-        RLX_CHECK(eq != std::string::npos && eq > 0, "--file '{}': expected NAME=HOSTPATH", f);
-        req.files.emplace_back(f.substr(0, eq), read_host_file(f.substr(eq + 1)));
-      }
-      Sandbox sandbox(a->options);
-      // SIGTERM / SIGINT end the sandbox first (its whole pid namespace), then this process.
-      static std::atomic<bool> cancel{false};
-      on_stop_signals([](int) { cancel = true; });
-      req.cancel = &cancel;
-      const SandboxResult r = sandbox.run(req);
-      if (a->json) {
-        std::cout << to_json(r).dump() << std::endl;
-      } else {
-        std::cout << r.stdout_text << std::flush;
-        std::cerr << r.stderr_text;
-        std::cerr << fmt::format("sandbox: {} exit={} signal={} wall={:.3f}s cpu={:.3f}s{}{}\n",
-                                 config::enum_to_string(r.verdict), r.exit_code, r.signal, r.wall_s, r.cpu_s,
-                                 r.detail.empty() ? "" : " -- ", r.detail);
-      }
-      return exit_code_of(r);
-    };
-  });
-
+  // `sandbox run` comes with the trainer commands (env servers run in it); `check` joins it.
+  auto* sb = app.get_subcommand("sandbox");
   auto* check = sb->add_subcommand("check", "Print the isolation layers this machine grants (JSON)");
   auto warn = std::make_shared<bool>(false);
   check->add_flag("--warn-missing", *warn, "report instead of failing where namespaces are refused");
@@ -269,7 +139,7 @@ void add_env_commands(CLI::App& app, Action& action) {
     };
   });
   add_bench_env(app, action);
-  add_env_serve(app, action);
+  add_env_list(app, action);
 }
 
 }  // namespace rlx::cli

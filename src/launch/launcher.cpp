@@ -55,10 +55,13 @@ bool holds_run(const fs::path& dir) {
   return fs::exists(dir / "hub.state") || fs::exists(dir / "checkpoints") || fs::exists(dir / "metrics.jsonl");
 }
 
-void clear_run(const fs::path& dir) {
-  for (const char* p : {"hub.state", "trajectories.h5", "metrics.jsonl", "checkpoints", "checkpoints-critic", "final", "logs",
-                        "heartbeats", "episodes", "fault-injected", "scale.json", "traces", "trace.json", "stats", "tasks"})
+// `logs`: false keeps the logs and the fault-injection marker (a run restarted before its
+// first checkpoint).
+void clear_run(const fs::path& dir, bool logs = true) {
+  for (const char* p : {"hub.state", "trajectories.h5", "metrics.jsonl", "checkpoints", "checkpoints-critic", "final",
+                        "heartbeats", "episodes", "scale.json", "traces", "trace.json", "stats", "tasks", "env-sockets"})
     fs::remove_all(dir / p);
+  if (logs) fs::remove_all(dir / "logs"), fs::remove_all(dir / "fault-injected");
   for (const auto& e : fs::directory_iterator(dir))
     if (e.path().filename().string().starts_with("hub-step_")) fs::remove(e.path());
 }
@@ -84,7 +87,7 @@ void prepare_resume(const fs::path& dir) {
   }
   if (step == 0) {
     log::warn("resume: {} has no checkpoint yet; starting from step 0", dir.string());
-    clear_run(dir);
+    clear_run(dir, /*logs=*/false);
     return;
   }
   // metrics.jsonl keeps the lines of the steps the checkpoint holds.

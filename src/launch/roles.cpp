@@ -1,5 +1,6 @@
 #include "rlx/launch/roles.hpp"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -493,6 +494,13 @@ struct GroupRollout {
   int start_turn = 0;                          // > 0: continued from an episode checkpoint
 };
 
+// The directory of librlx (a trainer's binary may live elsewhere; its servers load it).
+fs::path library_dir() {
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<const void*>(&library_dir), &info) == 0 || !info.dli_fname) return {};
+  return fs::canonical(info.dli_fname).parent_path();
+}
+
 // Environments of a worker: in-process, or behind sandboxed env servers (env.servers).
 class WorkerEnvs {
  public:
@@ -507,9 +515,14 @@ class WorkerEnvs {
       context_.sandbox = sandbox_.get();
     }
     for (uint32_t s = 0; s < e.servers; ++s) {
-      const auto sock = ctx.run_dir / fmt::format("env-{}-{}.sock", ctx.index, s);
+      // Each server's socket in a directory of its own: the sandbox makes its writable
+      // paths its own user's, so servers (and the run directory) must not share one.
+      const auto sock_dir = ctx.run_dir / "env-sockets" / fmt::format("worker-{}.{}", ctx.index, s);
+      fs::create_directories(sock_dir);
+      const auto sock = sock_dir / "env.sock";
+      fs::copy_file(ctx.run_dir / "tokenizer.json", sock_dir / "tokenizer.json", fs::copy_options::overwrite_existing);
       std::vector<std::string> argv{ctx.exe, "env", "serve", "--address", "ipc://" + sock.string(), "--tokenizer",
-                                    (ctx.run_dir / "tokenizer.json").string(), "--options", context_.options.dump(),
+                                    (sock_dir / "tokenizer.json").string(), "--options", context_.options.dump(),
                                     "--seed", std::to_string(ctx.cfg.run.seed)};
       if (runs_code) argv.push_back("--code-sandbox");
       // The server's binary and its libraries must be visible (read-only) inside.
@@ -518,13 +531,13 @@ class WorkerEnvs {
       auto sandbox = e.sandbox;
       sandbox.limits.wall_s = sandbox.limits.cpu_s = 86400;
       const auto bin = fs::path(ctx.exe).parent_path();
-      for (const auto& dir : {bin, bin.parent_path() / "lib"})
-        if (fs::exists(dir) && std::find(sandbox.readonly_paths.begin(), sandbox.readonly_paths.end(), dir.string()) ==
+      for (const auto& dir : {bin, bin.parent_path() / "lib", library_dir()})
+        if (!dir.empty() && fs::exists(dir) && std::find(sandbox.readonly_paths.begin(), sandbox.readonly_paths.end(), dir.string()) ==
                                    sandbox.readonly_paths.end())
           sandbox.readonly_paths.push_back(dir.string());
       servers_.push_back(std::make_unique<env::EnvServerProcess>(env::EnvServerProcess::Options{
           .argv = argv, .rlx = ctx.exe, .sandboxed = !runs_code, .sandbox = sandbox,
-          .writable = {ctx.run_dir.string()}, .max_restarts = e.max_restarts}));
+          .writable = {sock_dir.string()}, .max_restarts = e.max_restarts}));
       addresses_.push_back("ipc://" + sock.string());
     }
   }

@@ -3,9 +3,9 @@
 # learner and 2 rollout workers; SIGINT + --resume; SIGKILL of a worker, the hub and the
 # learner. In synchronous mode each of these must end with the same final parameters as
 # the fault-free run, and the trajectory log must hold every lease exactly once.
-#   run_test.sh RLX_BINARY WORK_DIR
+#   run_test.sh RLX_BINARY WORK_DIR [TRAINER_EXAMPLE]
 set -uo pipefail
-rlx=$1 work=$2
+rlx=$1 work=$2 trainer=${3:-}
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
 failures=0
 fail() { failures=$((failures + 1)); echo "FAIL: $*"; }
@@ -214,6 +214,18 @@ rcs=""; for p in "${pids[@]}"; do wait "$p"; rcs="$rcs$?"; done
 [ "$rcs" = 0000 ] && grep -q "task 0/4: hub 0.*done" k8s-0.log && ok "k8s: the Job's 4 pods as processes ran the plan" \
   || fail "k8s pods: exit codes $rcs: $(tail -3 k8s-0.log)"
 same_as_clean k8s
+
+# --- a trainer of one's own (examples/reverse_trainer.cpp): its environment in every role and env server ---
+if [ -n "$trainer" ]; then
+  out=$("$trainer" run grpo.yaml run.name=mine env.name=reversd 2>&1); rc=$?
+  [ $rc = 2 ] && grep -q "env.name: unknown environment 'reversd'.*did you mean 'reverse'" <<<"$out" && [ ! -d runs/mine ] \
+    && ok "trainer: an unknown environment fails before any process, naming env.name" || fail "trainer env.name: rc $rc: $out"
+  "$trainer" run grpo.yaml run.name=mine env.name=reverse 'env.options={}' env.servers=1 train.steps=3 > mine.log 2>&1; rc=$?
+  [ $rc = 0 ] && [ -f runs/mine/final/model.safetensors ] && exactly_once runs/mine >/dev/null \
+    && ! grep -q "error" runs/mine/logs/worker-*/rank-0.err \
+    && ok "trainer: reverse_trainer ran its own environment behind sandboxed env servers" \
+    || fail "trainer run: rc $rc: $(tail -3 mine.log; grep -h error runs/mine/logs/worker-*/rank-0.err | tail -2)"
+fi
 
 # --- a dataset with a task the environment rejects: that lease ends as a data error, the run goes on ---
 python3 - <<'P' > tasks.jsonl
