@@ -252,5 +252,13 @@ assert 0 <= s["accuracy_after"] <= 1 and e["tasks"] == 8, (s, e)
 assert abs(s["accuracy_after"] - e["accuracy"]) < 1e-9, (s, e)
 P
 
+# --- every example config runs (2 short steps; the arithmetic ones from the SFT warm start above) ---
+examples=$(cd "$(dirname "$0")/../../examples/configs" && pwd)
+for c in grpo_arithmetic ppo_arithmetic grpo_code grpo_calculator; do
+  warm=(); [[ $c == *arithmetic ]] && warm=("model.path=$PWD/runs/sft/final")
+  "$rlx" run "$examples/$c.yaml" run.out_dir=examples "${warm[@]}" train.steps=2 train.groups_per_step=2 hub.group_size=4 rollout.max_new_tokens=24 run.threads=1 > "example-$c.log" 2>&1 \
+    && [ -f "examples/$c/final/model.safetensors" ] && ok "example $c.yaml runs" || fail "example $c: $(tail -3 "example-$c.log")"
+done
+
 echo "$failures failures"
 [ "$failures" = 0 ]
