@@ -5,22 +5,13 @@
 # the fault-free run, and the trajectory log must hold every lease exactly once.
 #   run_test.sh RLX_BINARY WORK_DIR [TRAINER_EXAMPLE]
 set -uo pipefail
-rlx=$1 work=$2 trainer=${3:-}
+rlx=$1 work=$2 trainer=${3:-} here=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
 failures=0
 fail() { failures=$((failures + 1)); echo "FAIL: $*"; }
 ok() { echo "ok: $*"; }
 
-cat > grpo.yaml <<'Y'
-run: {name: clean, out_dir: runs, seed: 1, threads: 1}
-model: {preset: tiny}
-hub: {group_size: 4}
-env: {name: arithmetic, options: {digits: 1, terms: 2}}
-learner: {lr: 1e-3, checkpoint_every: 2}
-algorithm: {name: grpo}
-rollout: {workers: 2, max_new_tokens: 4}
-train: {mode: sync, steps: 6, groups_per_step: 4, generated_tasks: 500}
-Y
+cp "$here/grpo.yaml" grpo.yaml
 
 # --- bad configs fail before any process starts, naming the key ---
 out=$("$rlx" run grpo.yaml train.stepz=3 2>&1); rc=$?
@@ -114,6 +105,17 @@ kill_role() {  # kill_role NAME ROLE_PATTERN [SIGNAL [OVERRIDES...]]
 kill_role killworker "role worker"
 kill_role killhub "role hub"
 kill_role killlearner "role learner"
+# An env server SIGKILLed mid-run: its worker restarts it; the episodes it held are retried.
+"$rlx" run grpo.yaml run.name=killenv env.servers=1 > killenv.log 2>&1 &
+pid=$!
+wait_steps killenv 3 || fail "killenv: no progress"
+victim=$(pgrep -f -- "env serve --address ipc://$PWD/runs/killenv/" | tail -1)
+[ -n "$victim" ] && kill -KILL "$victim" || fail "killenv: no env server to kill"
+wait $pid; rc=$?
+[ $rc = 0 ] && grep -q "env server .* ended (exit 137)" runs/killenv/logs/worker-*/rank-0.err \
+  && ok "killenv: env server killed, restarted by its worker, run completed" \
+  || fail "killenv: rc $rc: $(tail -3 killenv.log; grep -h "env server" runs/killenv/logs/worker-*/rank-0.err | tail -2)"
+same_as_clean killenv
 # A stopped (SIGSTOP) role beats no more: the launcher reports it, kills it, and restarts.
 kill_role stopworker "role worker" STOP train.heartbeat_timeout_s=3 rollout.workers=1
 grep -q "worker 0 (pid [0-9]*) is stuck: no heartbeat" stopworker.log && ok "stopworker: reported as stuck" \
@@ -253,7 +255,7 @@ assert abs(s["accuracy_after"] - e["accuracy"]) < 1e-9, (s, e)
 P
 
 # --- every example config runs (2 short steps; the arithmetic ones from the SFT warm start above) ---
-examples=$(cd "$(dirname "$0")/../../examples/configs" && pwd)
+examples=$(cd "$here/../../examples/configs" && pwd)
 for c in grpo_arithmetic ppo_arithmetic grpo_code grpo_calculator; do
   warm=(); [[ $c == *arithmetic ]] && warm=("model.path=$PWD/runs/sft/final")
   "$rlx" run "$examples/$c.yaml" run.out_dir=examples "${warm[@]}" train.steps=2 train.groups_per_step=2 hub.group_size=4 rollout.max_new_tokens=24 run.threads=1 > "example-$c.log" 2>&1 \

@@ -26,16 +26,9 @@ s = json.load(sys.stdin)
 assert s["groups"] == s["distinct_leases"] == s["distinct_prompts"] > 0, s'
 }
 
-cat > grpo.yaml <<'Y'
-run: {name: local, out_dir: runs, seed: 1, threads: 1}
-model: {preset: tiny}
-hub: {group_size: 4}
-env: {name: arithmetic, options: {digits: 1, terms: 2}}
-learner: {lr: 1e-3, checkpoint_every: 2}
-algorithm: {name: grpo}
-rollout: {workers: 2, max_new_tokens: 4}
-train: {mode: sync, steps: 4, groups_per_step: 4, generated_tasks: 500}
-Y
+# the e2e suite's config, 4 steps, run name "local"
+sed -e 's/steps: 6,/steps: 4,/' -e 's/name: clean,/name: local,/' "$here/../e2e/grpo.yaml" > grpo.yaml
+grep -q "steps: 4," grpo.yaml && grep -q "name: local," grpo.yaml || { echo "FAIL: tests/e2e/grpo.yaml changed shape"; exit 1; }
 "$rlx" run grpo.yaml > local.log 2>&1 || fail "local run: $(tail -3 local.log)"
 "$rlx" run grpo.yaml run.name=local2 train.learner_ranks=2 > local2.log 2>&1 || fail "local 2-rank run: $(tail -3 local2.log)"
 
