@@ -7,11 +7,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <iostream>
+#include <thread>
 #include <nlohmann/json.hpp>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
 
 #include "commands.hpp"
+#include "rlx/bus/hub.hpp"
 #include "rlx/core/clock.hpp"
 #include "rlx/core/config.hpp"
 #include "rlx/core/files.hpp"
@@ -222,11 +227,92 @@ struct SyncBenchArgs {
   int64_t versions = 10;
   std::string dtype = "bfloat16";
   double changed = 0.125;  // delta mode: the fraction of tensors that change per version
+  std::string path = "shm";  // shm or tcp
 };
+
+namespace {
+// The tcp path's ceiling: raw ZeroMQ PUSH -> PULL over tcp://127.0.0.1 moving the same
+// tensors as one zero-copy multipart message per version, in frames of at most 1 MiB as
+// the path sends them (larger frames are slower: malloc maps and faults each one afresh).
+// Seconds per version.
+std::vector<double> raw_zmq_tcp(const std::vector<std::pair<std::string, at::Tensor>>& w, int64_t versions) {
+  zmq::context_t send_ctx(1), recv_ctx(1);  // an I/O thread each, as publisher and subscriber have
+  zmq::socket_t push(send_ctx, zmq::socket_type::push), pull(recv_ctx, zmq::socket_type::pull);
+  push.set(zmq::sockopt::linger, 0);
+  pull.bind("tcp://127.0.0.1:0");
+  push.connect(pull.get(zmq::sockopt::last_endpoint));
+  std::vector<double> out;
+  size_t frames = 0;
+  for (const auto& [n, t] : w) frames += std::max<size_t>(1, (static_cast<size_t>(t.nbytes()) + (1 << 20) - 1) >> 20);
+  std::atomic<int64_t> received{0};
+  std::thread receiver([&] {  // as the subscriber: its own thread takes the frames
+    for (int64_t v = 0; v <= versions; ++v) {
+      for (size_t f = 0; f < frames; ++f) {
+        zmq::message_t m;
+        RLX_CHECK(pull.recv(m), "bench sync: raw tcp lost frames");
+      }
+      received = v + 1;
+    }
+  });
+  for (int64_t v = 0; v <= versions; ++v) {  // the first is a warm-up
+    const double t0 = now_s();
+    for (size_t i = 0; i < w.size(); ++i) {
+      auto* p = static_cast<char*>(w[i].second.data_ptr());
+      const auto n = static_cast<size_t>(w[i].second.nbytes());
+      size_t at = 0;
+      do {
+        const auto len = std::min(size_t{1} << 20, n - at);
+        zmq::message_t m(p + at, len, [](void*, void*) {}, nullptr);
+        push.send(m, zmq::send_flags::none);
+        at += len;
+      } while (at < n);
+    }
+    while (received.load() < v + 1) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    if (v > 0) out.push_back(now_s() - t0);
+  }
+  receiver.join();
+  return out;
+}
+
+// The tcp path: publish, then poll until the subscriber holds the version. Seconds per
+// version (publish and delivery), and the bytes that travelled.
+std::pair<std::vector<double>, std::vector<double>> tcp_versions(std::vector<std::pair<std::string, at::Tensor>>& w,
+                                                                  const dist::WeightLayout& layout, bool delta,
+                                                                  const SyncBenchArgs& a, int64_t& moved) {
+  dist::TcpWeightPublisher pub({.bind = "tcp://127.0.0.1:0", .advertise_host = "127.0.0.1", .delta = delta, .full_every = 1000},
+                               layout);
+  pub.publish(1, w);
+  dist::TcpWeightSubscriber sub({.endpoint = pub.endpoint()});
+  RLX_CHECK(sub.poll(), "bench sync: the tcp subscriber did not get version 1");
+  std::vector<double> pub_s, total_s;
+  // Versions 2 and 3 are a warm-up: the publisher's second snapshot and the subscriber's
+  // second buffer are touched for the first time.
+  const int64_t warm = 2;
+  for (int64_t v = 2; v < 2 + warm + a.versions; ++v) {
+    const auto n_changed = delta ? std::max<int64_t>(1, static_cast<int64_t>(a.changed * a.tensors)) : a.tensors;
+    for (int64_t i = 0; i < n_changed; ++i) w[static_cast<size_t>((v + i) % a.tensors)].second.fill_(static_cast<double>(v));
+    const double t0 = now_s();
+    pub.publish(v, w);
+    pub_s.push_back(now_s() - t0);
+    std::optional<dist::WeightUpdate> u;
+    while (!(u = sub.poll()) && now_s() - t0 < 120) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    total_s.push_back(now_s() - t0);
+    RLX_CHECK(u && u->version == v, "bench sync: the tcp subscriber did not get version {}", v);
+    if (v < 2 + warm) {
+      pub_s.pop_back(), total_s.pop_back();
+      continue;
+    }
+    moved += u->bytes_copied;
+  }
+  return {pub_s, total_s};
+}
+}  // namespace
 
 int bench_sync(const SyncBenchArgs& a) {
   RLX_CHECK(a.mb > 0 && a.mb <= 65536 && a.tensors >= 1 && a.tensors <= 4096 && a.versions >= 2,
             "bench sync: --mb in (0, 65536], --tensors in [1, 4096], --versions >= 2");
+  RLX_CHECK(a.path == "shm" || a.path == "tcp", "bench sync: --path {:?} is not shm or tcp", a.path);
+  bus::keep_frame_memory();  // as the roles do: frames from malloc's heap, not a fresh mmap each
   const auto dtype = to_scalar_type(config::parse_enum<DType>(a.dtype, "bench sync --dtype"));
   const int64_t per = std::max<int64_t>(1, static_cast<int64_t>(a.mb * 1e6) / a.tensors /
                                                static_cast<int64_t>(c10::elementSize(dtype)));
@@ -247,6 +333,29 @@ int bench_sync(const SyncBenchArgs& a) {
     copy_s.push_back(now_s() - t0);
   }
   json runs = json::array();
+  if (a.path == "tcp") {
+    const double ceiling = bytes / median(raw_zmq_tcp(w, a.versions)) / 1e9;
+    for (const bool delta : {false, true}) {
+      int64_t moved = 0;
+      const auto [pub_s, total_s] = tcp_versions(w, layout, delta, a, moved);
+      runs.push_back({{"mode", delta ? "delta" : "full"},
+                      {"changed_fraction", delta ? a.changed : 1.0},
+                      {"publish_ms", median(pub_s) * 1e3},
+                      {"ms_per_version", median(total_s) * 1e3},
+                      {"bytes_sent_per_version", static_cast<double>(moved) / static_cast<double>(a.versions)},
+                      {"gbps", bytes / median(total_s) / 1e9}});
+    }
+    json j = {{"bench", "sync"},
+              {"path", "tcp"},
+              {"bytes_per_version", bytes},
+              {"tensors", a.tensors},
+              {"dtype", a.dtype},
+              {"raw_zmq_tcp_gbps", ceiling},
+              {"full_vs_ceiling", runs[0]["gbps"].get<double>() / ceiling},
+              {"runs", runs}};
+    std::cout << j.dump() << std::endl;
+    return 0;
+  }
   for (const bool delta : {false, true}) {
     const std::string name = fmt::format("rlx-bench-sync-{}", ::getpid());
     dist::ShmWeightPublisher pub({.name = name, .delta = delta, .full_every = 1000}, layout);
@@ -332,12 +441,13 @@ void add_learner_commands(CLI::App& app, Action& action) {
 
   auto sa = std::make_shared<SyncBenchArgs>();
   auto* bs = app.get_subcommand("bench")->add_subcommand(
-      "sync", "Weight sync over shared memory: GB/s and ms per version, full and delta, against memcpy");
+      "sync", "Weight sync (shared memory or tcp): GB/s and ms per version, full and delta, against the path's ceiling");
   bs->add_option("--mb", sa->mb, "megabytes per version");
   bs->add_option("--tensors", sa->tensors, "tensors per version");
   bs->add_option("--versions", sa->versions, "timed versions per mode");
   bs->add_option("--dtype", sa->dtype, "float32 or bfloat16");
   bs->add_option("--changed", sa->changed, "delta mode: the fraction of tensors changed per version");
+  bs->add_option("--path", sa->path, "shm (memcpy ceiling) or tcp (loopback; raw ZeroMQ ceiling)");
   bs->callback([sa, &action] { action = [sa] { return bench_sync(*sa); }; });
 
   auto* d = app.add_subcommand("dist", "Distributed groups on this machine");

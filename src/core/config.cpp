@@ -120,6 +120,30 @@ YAML::Node parse_file(const std::filesystem::path& file) {
   return parse_string(ss.str(), file.string());
 }
 
+namespace {
+void collect_changes(const YAML::Node& a, const YAML::Node& b, const std::string& path, std::vector<std::string>& out) {
+  if (a.IsMap() && b.IsMap()) {
+    std::vector<std::string> seen;
+    for (const auto& kv : a) {
+      const auto key = kv.first.as<std::string>();
+      seen.push_back(key);
+      collect_changes(kv.second, b[key], path.empty() ? key : path + "." + key, out);
+    }
+    for (const auto& kv : b)
+      if (const auto key = kv.first.as<std::string>(); std::find(seen.begin(), seen.end(), key) == seen.end())
+        out.push_back(path.empty() ? key : path + "." + key);
+    return;
+  }
+  if (a.IsDefined() != b.IsDefined() || YAML::Dump(a) != YAML::Dump(b)) out.push_back(path);
+}
+}  // namespace
+
+std::vector<std::string> changed_keys(const YAML::Node& a, const YAML::Node& b) {
+  std::vector<std::string> out;
+  collect_changes(a, b, "", out);
+  return out;
+}
+
 void apply_overrides(YAML::Node& root, std::span<const std::string> overrides) {
   for (const std::string& o : overrides) {
     auto eq = o.find('=');

@@ -88,8 +88,7 @@ void check_name(const std::string& name) {
 
 SyncPath choose_sync_path(bool same_process, bool same_host) {
   if (same_process) return SyncPath::colocated;
-  RLX_CHECK(same_host, "weight sync: learner and engine on different hosts need the Gloo or NCCL path, not built yet");
-  return SyncPath::shm;
+  return same_host ? SyncPath::shm : SyncPath::tcp;
 }
 
 WeightLayout WeightLayout::of(const std::vector<std::pair<std::string, at::Tensor>>& tensors, at::ScalarType dtype) {
@@ -101,12 +100,32 @@ WeightLayout WeightLayout::of(const std::vector<std::pair<std::string, at::Tenso
 
 int64_t WeightLayout::bytes() const {
   int64_t total = 0;
+  for (const auto& [offset, bytes] : spans()) total = offset + align64(bytes);
+  return total;
+}
+
+std::vector<std::pair<int64_t, int64_t>> WeightLayout::spans() const {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  int64_t offset = 0;
   for (const auto& [name, shape] : tensors) {
     int64_t n = 1;
     for (auto d : shape) n *= d;
-    total += align64(n * static_cast<int64_t>(c10::elementSize(dtype)));
+    const int64_t bytes = n * static_cast<int64_t>(c10::elementSize(dtype));
+    out.emplace_back(offset, bytes);
+    offset += align64(bytes);
   }
-  return total;
+  return out;
+}
+
+void WeightLayout::check(const std::vector<std::pair<std::string, at::Tensor>>& given) const {
+  RLX_CHECK(given.size() == tensors.size(), "weight sync: {} tensors given, the layout has {}", given.size(),
+            tensors.size());
+  for (size_t i = 0; i < given.size(); ++i) {
+    const auto& [name, shape] = tensors[i];
+    RLX_CHECK(given[i].first == name && given[i].second.sizes().vec() == shape,
+              "weight sync: tensor {} is {:?} {}, the layout says {:?} {}", i, given[i].first, given[i].second.sizes(),
+              name, c10::IntArrayRef(shape));
+  }
 }
 
 // --- publisher ---------------------------------------------------------------------
@@ -180,14 +199,7 @@ ShmWeightPublisher::~ShmWeightPublisher() {
 
 int64_t ShmWeightPublisher::publish(int64_t version, const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
   RLX_CHECK(version > version_, "weight sync: version {} after {}: versions must increase", version, version_);
-  RLX_CHECK(tensors.size() == layout_.tensors.size(), "weight sync: {} tensors given, the layout has {}",
-            tensors.size(), layout_.tensors.size());
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const auto& [name, shape] = layout_.tensors[i];
-    RLX_CHECK(tensors[i].first == name && tensors[i].second.sizes().vec() == shape,
-              "weight sync: tensor {} is {:?} {}, the layout says {:?} {}", i, tensors[i].first,
-              tensors[i].second.sizes(), name, c10::IntArrayRef(shape));
-  }
+  layout_.check(tensors);
   auto& m = impl_->map;
   auto* h = m.header();
   auto* table = m.table();

@@ -2,6 +2,7 @@
 // restarts, `rlx scale`, and the tasks of a run under Slurm.
 #include <signal.h>
 #include <sys/stat.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -18,6 +19,7 @@
 #include "rlx/core/log.hpp"
 #include "rlx/core/signals.hpp"
 #include "rlx/dist/local_group.hpp"
+#include "rlx/dist/rendezvous.hpp"
 #include "rlx/launch/roles.hpp"
 #include "rlx/learner/checkpoint.hpp"
 
@@ -27,6 +29,12 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
+// The endpoint files of a tcp run (written again by each start of the hub and learner).
+void remove_endpoints(const fs::path& run_dir) {
+  fs::remove(run_dir / kHubEndpointFile);
+  fs::remove(run_dir / kWeightsEndpointFile);
+}
+
 double wall_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 // Seconds since the role's last heartbeat, or since `started` (wall clock) before its first.
@@ -59,7 +67,8 @@ bool holds_run(const fs::path& dir) {
 // first checkpoint).
 void clear_run(const fs::path& dir, bool logs = true) {
   for (const char* p : {"hub.state", "trajectories.h5", "metrics.jsonl", "checkpoints", "checkpoints-critic", "final",
-                        "heartbeats", "episodes", "scale.json", "traces", "trace.json", "stats", "tasks", "env-sockets"})
+                        "heartbeats", "episodes", "scale.json", "traces", "trace.json", "stats", "tasks", "env-sockets",
+                        kHubEndpointFile, kWeightsEndpointFile})
     fs::remove_all(dir / p);
   if (logs) fs::remove_all(dir / "logs"), fs::remove_all(dir / "fault-injected");
   for (const auto& e : fs::directory_iterator(dir))
@@ -144,6 +153,8 @@ class Progress {
 
 std::atomic<int> g_launcher_signal{0};
 extern "C" void on_launcher_signal(int sig) { g_launcher_signal = sig; }
+std::atomic<bool> g_reload{false};
+extern "C" void on_reload_signal(int) { g_reload = true; }
 
 }  // namespace
 
@@ -162,6 +173,40 @@ uint32_t scaled_workers(const fs::path& run_dir, uint32_t fallback) {
   return static_cast<uint32_t>(n);
 }
 
+// SIGHUP: the config is read again; a new rollout.workers is applied as `rlx scale` would
+// (the workers stay at that number across restarts of the run), other changes are named.
+void reload_config(const RunConfig& running, const LaunchOptions& lo, const fs::path& run_dir) {
+  if (!lo.reload) {
+    std::cerr << "rlx run: SIGHUP: this launcher has no config file to read again; nothing changes" << std::endl;
+    return;
+  }
+  RunConfig fresh;
+  try {
+    fresh = lo.reload();
+  } catch (const std::exception& e) {
+    std::cerr << fmt::format("rlx run: SIGHUP: the config does not load, nothing changes: {}", e.what()) << std::endl;
+    return;
+  }
+  std::vector<std::string> ignored;
+  bool workers = false;
+  for (const auto& key : config::changed_keys(running, fresh)) {
+    if (key == "rollout.workers") workers = true;
+    else if (key != "run.name" && key != "run.out_dir") ignored.push_back(key);  // --resume may name the run differently
+  }
+  if (!ignored.empty())
+    std::cerr << fmt::format("rlx run: SIGHUP: {} changed; a running job applies only rollout.workers (stop it and "
+                             "--resume to apply the rest)",
+                             fmt::join(ignored, ", "))
+              << std::endl;
+  const auto current = scaled_workers(run_dir, running.rollout.workers);
+  if (workers && fresh.rollout.workers != current) {
+    write_file_atomic(run_dir / "scale.json", json{{"workers", fresh.rollout.workers}}.dump() + "\n");
+    std::cerr << fmt::format("rlx run: SIGHUP: rollout.workers {} -> {}", current, fresh.rollout.workers) << std::endl;
+  } else if (ignored.empty()) {
+    std::cerr << "rlx run: SIGHUP: the config is unchanged" << std::endl;
+  }
+}
+
 // The processes of one attempt of a run: the hub, the learner group, and each rollout
 // worker in a group of its own (restarted alone when it dies; started or asked to leave
 // when `rlx scale` changes their number).
@@ -171,6 +216,8 @@ class Roles {
       : cfg_(cfg), run_dir_(run_dir), exe_(exe), attempt_(attempt) {
     weights_ = fmt::format("rlx-{}-{}-{}", cfg.run.name, ::getpid(), attempt);
     env_ = {fmt::format("RLX_LAUNCHER_PID={}", ::getpid())};
+    tcp_ = cfg.train.transport == Transport::tcp;
+    remove_endpoints(run_dir);  // a former attempt's: roles wait for this one's
     hub_ = start("hub", 0);
     learner_ = start("learner", 0, static_cast<int>(cfg.train.learner_ranks));
     scale(scaled_workers(run_dir_, cfg.rollout.workers));
@@ -285,7 +332,7 @@ class Roles {
     return std::make_unique<dist::LocalGroup>(dist::LocalGroupOptions{
         .world_size = world,
         .argv = {exe_, "role", role, "--config", resolved.string(), "--run-dir", run_dir_.string(), "--weights", weights_,
-                 "--exe", exe_, "--index", std::to_string(index)},
+                 "--exe", exe_, "--index", std::to_string(index), "--transport", tcp_ ? "tcp" : "local"},
         .env = env_,
         .log_dir = log_dir});
   }
@@ -296,6 +343,7 @@ class Roles {
   fs::path run_dir_;
   std::string exe_, weights_;
   int attempt_;
+  bool tcp_ = false;
   std::vector<std::string> env_;
   std::unique_ptr<dist::LocalGroup> hub_, learner_;
   struct WorkerSlot {  // worker index = position
@@ -348,6 +396,7 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
   const fs::path run_dir = prepare_run_dir(cfg, lo);
   // SIGINT/SIGTERM: the learner checkpoints and exits; then the rest is stopped.
   on_stop_signals(on_launcher_signal);
+  on_stop_signals(on_reload_signal, {SIGHUP});
   std::cerr << fmt::format("rlx run: {} (logs in {})", run_dir.string(), (run_dir / "logs").string()) << std::endl;
 
   int stopped_by = 0;
@@ -367,6 +416,7 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
         }
         RLX_CHECK(stopped_by == 0 || now_s() < stop_deadline, "rlx run: the learner did not stop within 300 s of {}",
                   strsignal(stopped_by));
+        if (g_reload.exchange(false) && stopped_by == 0) reload_config(cfg, lo, run_dir);
         progress.poll();
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
@@ -433,10 +483,13 @@ std::optional<RoleTask> task_from_env(const RunConfig& cfg) {
         "placement: {} tasks ({}), but the plan has 1 hub + {} learner ranks (train.learner_ranks) + {} rollout workers "
         "(rollout.workers) = {}",
         t.ntasks, count_var, learners, workers, 1 + learners + workers));
-  if (const char* nodes = std::getenv("SLURM_NNODES"); slurm && nodes && std::atoi(nodes) > 1)
-    throw ConfigError(fmt::format("placement under Slurm: {} nodes (SLURM_NNODES); a run spans one node (its weights travel "
-                                  "through shared memory)",
+  const char* nodes = std::getenv("SLURM_NNODES");
+  const bool many_nodes = slurm && nodes && std::atoi(nodes) > 1;
+  if (many_nodes && cfg.train.transport == Transport::local)
+    throw ConfigError(fmt::format("placement under Slurm: {} nodes (SLURM_NNODES) with train.transport = local (shared "
+                                  "memory and ipc:// reach one node only); use auto or tcp",
                                   nodes));
+  t.tcp = cfg.train.transport == Transport::tcp || (cfg.train.transport == Transport::auto_ && many_nodes);
   RLX_CHECK(t.procid >= 0 && t.procid < t.ntasks, "{}={} is not below {}={}", index_var, t.procid, count_var, t.ntasks);
   if (slurm) {
     const char* job = std::getenv("SLURM_JOB_ID");
@@ -471,12 +524,15 @@ class TaskRunner {
     const std::string me = fmt::format("rlx run [task {}/{}: {} {}]", task_.procid, task_.ntasks, task_.role, task_.index);
     json ready;
     std::unique_ptr<dist::StoreServer> store;
+    // Across nodes the learner group's store and its Gloo connections use this host's name.
+    const std::string host = task_.tcp ? dist::host_name() : "127.0.0.1";
     if (task_.procid == 0) {
       prepare_run_dir(cfg_, lo);
       fs::remove_all(run_dir_ / "tasks");
+      remove_endpoints(run_dir_);
       fs::create_directories(coord_);
-      if (cfg_.train.learner_ranks > 1) store = std::make_unique<dist::StoreServer>("127.0.0.1", 0);
-      ready = {{"store", store ? fmt::format("127.0.0.1:{}", store->port()) : ""}};
+      if (cfg_.train.learner_ranks > 1) store = std::make_unique<dist::StoreServer>(host, 0);
+      ready = {{"store", store ? fmt::format("{}:{}", host, store->port()) : ""}};
       write_file_atomic(coord_ / "ready", ready.dump());
       std::cerr << fmt::format("{}: {} (logs in {})", me, run_dir_.string(), (run_dir_ / "logs").string()) << std::endl;
     } else {
@@ -491,9 +547,11 @@ class TaskRunner {
       started_ = wall_now();
       dist::LocalGroupOptions o{
           .argv = {exe_, "role", task_.role, "--config", (run_dir_ / "config.yaml").string(), "--run-dir", run_dir_.string(),
-                   "--weights", weights, "--exe", exe_, "--index", std::to_string(task_.index)},
+                   "--weights", weights, "--exe", exe_, "--index", std::to_string(task_.index), "--transport",
+                   task_.tcp ? "tcp" : "local"},
           .env = {fmt::format("RLX_LAUNCHER_PID={}", ::getpid())},
           .log_dir = log_dir};
+      if (task_.tcp) o.env.push_back("RLX_COMM_INTERFACE=" + host);
       if (task_.role == "learner")
         o.first_rank = task_.index, o.group_size = static_cast<int>(cfg_.train.learner_ranks),
         o.store = ready.value("store", std::string());

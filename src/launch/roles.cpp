@@ -43,7 +43,41 @@ namespace rlx::launch {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string RoleContext::hub_address() const { return "ipc://" + (run_dir / "hub.sock").string(); }
+namespace {
+// An endpoint another role wrote to run_dir/FILE once it listened (tcp transport).
+std::string wait_endpoint(const fs::path& file, double timeout_s) {
+  const double deadline = now_s() + timeout_s;
+  for (;;) {
+    if (fs::exists(file)) {
+      auto text = read_file(file, 4096);
+      while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+      RLX_CHECK(text.starts_with("tcp://"), "{} holds {:?}, not a tcp:// endpoint", file.string(), text);
+      return text;
+    }
+    RLX_CHECK(now_s() < deadline, "{} was not written within {} s (train.batch_timeout_s): is the role that writes it running?",
+              file.string(), timeout_s);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+}  // namespace
+
+std::string RoleContext::hub_address() const {
+  if (!tcp) return "ipc://" + (run_dir / "hub.sock").string();
+  return wait_endpoint(run_dir / kHubEndpointFile, cfg.train.batch_timeout_s);
+}
+
+std::unique_ptr<dist::WeightPublisher> RoleContext::weight_publisher(const dist::WeightLayout& layout) const {
+  if (!tcp) return std::make_unique<dist::ShmWeightPublisher>(dist::ShmSyncOptions{.name = weights}, layout);
+  return std::make_unique<dist::TcpWeightPublisher>(
+      dist::TcpSyncOptions{.bind = "tcp://0.0.0.0:0", .endpoint_file = run_dir / kWeightsEndpointFile}, layout);
+}
+
+std::unique_ptr<dist::WeightSubscriber> RoleContext::weight_subscriber() const {
+  if (!tcp) return std::make_unique<dist::ShmWeightSubscriber>(dist::ShmSyncOptions{.name = weights, .attach_timeout_s = 120});
+  // The learner may still be loading its checkpoint: wait as long as for a batch.
+  return std::make_unique<dist::TcpWeightSubscriber>(dist::TcpSyncOptions{
+      .endpoint_file = run_dir / kWeightsEndpointFile, .attach_timeout_s = std::max(120.0, cfg.train.batch_timeout_s)});
+}
 
 std::shared_ptr<const Tokenizer> run_tokenizer(const RunConfig& cfg) {
   if (!cfg.tokenizer.path.empty()) return load_tokenizer(cfg.tokenizer.path);
@@ -134,7 +168,7 @@ void set_threads(const RunConfig& cfg) {
 
 bus::HubOptions hub_options(const RoleContext& ctx) {
   auto o = ctx.cfg.hub;
-  o.address = ctx.hub_address();
+  o.address = ctx.tcp ? "tcp://0.0.0.0:0" : ctx.hub_address();
   // Leases run at most max_staleness versions ahead of the learner; synchronous mode is
   // on-policy: every group of step k is sampled by version k - 1.
   if (o.groups_per_version == 0) o.groups_per_version = ctx.cfg.train.groups_per_step;
@@ -154,6 +188,7 @@ void install_stop_handler() { on_stop_signals(on_stop); }
 
 int run_hub(const RoleContext& ctx) {
   set_compute_threads(1);
+  bus::keep_frame_memory();
   auto o = hub_options(ctx);
   std::unique_ptr<bus::Hub> hub;
   if (!o.dataset.empty()) {
@@ -170,6 +205,11 @@ int run_hub(const RoleContext& ctx) {
   // terminal's SIGINT is the launcher's to handle.
   install_stop_handler();
   ::signal(SIGINT, SIG_IGN);
+  if (ctx.tcp) {  // peers on any host find it by the run directory's hub.endpoint
+    const auto bound = hub->endpoint();
+    write_file_atomic(ctx.run_dir / kHubEndpointFile,
+                      fmt::format("tcp://{}:{}\n", dist::host_name(), bound.substr(bound.rfind(':') + 1)));
+  }
   log::info("hub: serving {} ({} groups of {} per step)", hub->endpoint(), ctx.cfg.train.groups_per_step,
             o.group_size);
   hub->run(g_stop);
@@ -274,6 +314,7 @@ int run_learner(const RoleContext& ctx) {
   const auto& cfg = ctx.cfg;
   install_stop_handler();
   set_threads(cfg);
+  bus::keep_frame_memory();  // batches from the hub, weights out
   auto tok = run_tokenizer(cfg);
   auto start = initial_model(cfg, *tok);
   // The learner group: ranks wait in collectives while rank 0 waits for a batch.
@@ -328,11 +369,10 @@ int run_learner(const RoleContext& ctx) {
   const bool lead = comm->rank() == 0;
   const int world = comm->size();
   auto params = policy.model().gather_parameters();
-  std::unique_ptr<dist::ShmWeightPublisher> pub;
+  std::unique_ptr<dist::WeightPublisher> pub;
   std::unique_ptr<bus::Client> client;
   if (lead) {
-    pub = std::make_unique<dist::ShmWeightPublisher>(dist::ShmSyncOptions{.name = ctx.weights},
-                                                     dist::WeightLayout::of(params, to_scalar_type(cfg.model.dtype)));
+    pub = ctx.weight_publisher(dist::WeightLayout::of(params, to_scalar_type(cfg.model.dtype)));
     client = std::make_unique<bus::Client>(
         bus::ClientOptions{.address = ctx.hub_address(), .who = "learner", .role = "learner"});
     if (step > 0) {
@@ -870,12 +910,14 @@ int run_worker(const RoleContext& ctx) {
   ::signal(SIGUSR1, on_leave);  // `rlx scale` down: finish the leases held, send them, exit
   ::signal(SIGINT, SIG_IGN);    // a terminal's SIGINT is the launcher's: it stops workers after the learner
   set_threads(cfg);
+  bus::keep_frame_memory();  // trajectory groups out, weights in (tcp)
   env::register_bundled();
   auto tok = run_tokenizer(cfg);
   auto model = initial_model(cfg, *tok);
   Engine engine(model, {.block_size = static_cast<int32_t>(cfg.rollout.block_size), .kv_cache_blocks = cfg.rollout.kv_cache_blocks},
                 tok);
-  dist::ShmWeightSubscriber weights({.name = ctx.weights, .attach_timeout_s = 120});
+  auto subscriber = ctx.weight_subscriber();
+  auto& weights = *subscriber;
   WorkerEnvs envs(ctx, tok);
   const std::string who = fmt::format("worker-{}", ctx.index);
   bus::Client client({.address = ctx.hub_address(), .who = who});

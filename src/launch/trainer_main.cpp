@@ -213,9 +213,13 @@ void add_trainer_commands(CLI::App& app, Action& action) {
   run->callback([args, &action] {
     action = [args] {
       // The whole config is checked before any process starts.
-      auto cfg = config::load_file<RunConfig>(args->file, args->overrides);
-      validate_run_config(cfg);
-      return launch(cfg, std::filesystem::read_symlink("/proc/self/exe").string(), args->launch);
+      auto load = [args] {
+        auto cfg = config::load_file<RunConfig>(args->file, args->overrides);
+        validate_run_config(cfg);
+        return cfg;
+      };
+      args->launch.reload = load;  // SIGHUP
+      return launch(load(), std::filesystem::read_symlink("/proc/self/exe").string(), args->launch);
     };
   });
 
@@ -282,7 +286,7 @@ void add_trainer_commands(CLI::App& app, Action& action) {
   });
 
   struct RoleArgs {
-    std::string role, config, run_dir, weights, exe;
+    std::string role, config, run_dir, weights, exe, transport = "local";
     int index = 0;
   };
   auto ra = std::make_shared<RoleArgs>();
@@ -293,6 +297,8 @@ void add_trainer_commands(CLI::App& app, Action& action) {
   role->add_option("--weights", ra->weights, "the weight-sync segment")->required();
   role->add_option("--exe", ra->exe, "the rlx binary")->required();
   role->add_option("--index", ra->index, "worker index")->required();
+  role->add_option("--transport", ra->transport, "local (ipc hub, shared-memory weights) or tcp")
+      ->check(CLI::IsMember({"local", "tcp"}));
   role->callback([ra, &action] {
     action = [ra] {
       // A role dies with its launcher (SIGTERM: the learner checkpoints, the hub saves).
@@ -300,6 +306,7 @@ void add_trainer_commands(CLI::App& app, Action& action) {
       if (const char* p = std::getenv("RLX_LAUNCHER_PID"); p && ::getppid() != std::atoi(p)) return 1;
       RoleContext ctx{.cfg = config::load_file<RunConfig>(ra->config), .run_dir = ra->run_dir, .weights = ra->weights, .exe = ra->exe};
       ctx.index = ra->role == "learner" && std::getenv("RLX_RANK") ? std::atoi(std::getenv("RLX_RANK")) : ra->index;
+      ctx.tcp = ra->transport == "tcp";
       start_heartbeat(ctx.run_dir, ra->role, ctx.index);
       start_trace(ctx, ra->role);
       if (ra->role == "hub") return run_hub(ctx);

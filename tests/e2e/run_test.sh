@@ -132,6 +132,11 @@ assert len(m) == 6 and all(x["learner_ranks"] == 2 and x["samples"] == 16 and x[
 P
 exactly_once runs/clean2 >/dev/null && ok "2 ranks: each lease once" || fail "2 ranks: duplicates"
 REF=clean2 PICK=tail kill_role killrank1 "role learner" KILL train.learner_ranks=2
+# The tcp transport (for tasks on many hosts), here on one: the same run, the same parameters.
+"$rlx" run grpo.yaml run.name=tcp train.learner_ranks=2 train.transport=tcp > tcp.log 2>&1 \
+  && grep -q "serving tcp://" runs/tcp/logs/hub-0/rank-0.err && grep -q "^tcp://" runs/tcp/weights.endpoint \
+  && ok "tcp transport: hub and weights over tcp" || fail "tcp transport: $(tail -3 tcp.log)"
+same_as_clean tcp clean2
 
 # --- multi-turn episodes through a sandboxed env server, async mode ---
 "$rlx" run grpo.yaml run.name=turns env.name=guess_number env.max_turns=3 env.servers=1 rollout.max_new_tokens=6 \
@@ -176,6 +181,29 @@ wait $pid; rc=$?
 same_as_clean scale ten
 out=$("$rlx" scale runs/scale --workers 2 2>&1); rc=$?
 [ $rc != 0 ] && grep -q "is not running" <<<"$out" && ok "scale: a finished run is refused" || fail "scale after the end: rc $rc: $out"
+
+# --- the same through the config file reloaded (SIGHUP to the launcher) ---
+sed 's/workers: 2/workers: 1/' grpo.yaml > reload.yaml
+"$rlx" run reload.yaml run.name=reload train.steps=10 > reload.log 2>&1 &
+pid=$!
+hup_until() {  # hup_until PATTERN: SIGHUP, then wait (bounded) for the launcher to answer
+  kill -HUP $pid
+  for _ in $(seq 1 100); do grep -q "$1" reload.log && return 0; sleep 0.1; done
+  return 1
+}
+wait_steps reload 2 && sed -i 's/workers: 1/workers: 3/; s/lr: 1e-3/lr: 2e-3/' reload.yaml && hup_until "rollout.workers 1 -> 3" \
+  || fail "reload up: $(tail -3 reload.log)"
+sed 's/groups_per_step: 4/groups_per_step: four/' reload.yaml > reload.bad && cp reload.yaml reload.good && mv reload.bad reload.yaml \
+  && hup_until "does not load, nothing changes: .*train.groups_per_step" || fail "reload of a broken config: $(tail -3 reload.log)"
+mv reload.good reload.yaml
+wait_steps reload 5 && sed -i 's/workers: 3/workers: 1/' reload.yaml && hup_until "rollout.workers 3 -> 1" \
+  || fail "reload down: $(tail -3 reload.log)"
+wait $pid; rc=$?
+[ $rc = 0 ] && grep -q "learner.lr changed; a running job applies only rollout.workers" reload.log \
+  && [ "$(grep -c "worker [12] left (clean)" reload.log)" = 2 ] \
+  && ok "reload: SIGHUP with rollout.workers edited 1 -> 3 -> 1; a broken file and other keys change nothing" \
+  || fail "reload: rc $rc: $(tail -5 reload.log)"
+same_as_clean reload ten
 
 # --- rlx k8s render: parse the manifest, then run its Job's pods as local processes ---
 "$rlx" k8s render grpo.yaml run.name=k8s --image registry.example/rlx:1 > k8s.yaml 2>k8s.err || fail "k8s render: $(cat k8s.err)"

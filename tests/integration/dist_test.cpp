@@ -16,6 +16,8 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
 
 #include "../unit/helpers.hpp"
 #include "../unit/test_models.hpp"
@@ -324,9 +326,39 @@ rlx::ModelConfig worker_model() {
   return rlx::test::test_model(
       {.vocab = 37, .hidden = 24, .layers = 3, .heads = 3, .head_dim = 8, .intermediate = 41, .qwen2 = true, .tied = false});
 }
+
+// One path's publisher, and the arguments that make dist_worker subscribe to it.
+struct SyncUnderTest {
+  std::unique_ptr<rlx::dist::WeightPublisher> pub;
+  std::vector<std::string> sub;  // --shm NAME or --tcp ENDPOINT
+
+  std::vector<std::string> args(std::vector<std::string> rest) const {
+    std::vector<std::string> a{"--mode", "subscribe"};
+    a.insert(a.end(), sub.begin(), sub.end());
+    a.insert(a.end(), rest.begin(), rest.end());
+    return a;
+  }
+};
+SyncUnderTest sync_path(const std::string& path, const std::string& tag, const rlx::dist::WeightLayout& layout,
+                        bool delta = false, int64_t full_every = 10) {
+  if (path == "shm") {
+    const auto name = shm_name(tag);
+    return {std::make_unique<rlx::dist::ShmWeightPublisher>(
+                rlx::dist::ShmSyncOptions{.name = name, .delta = delta, .full_every = full_every}, layout),
+            {"--shm", name}};
+  }
+  auto pub = std::make_unique<rlx::dist::TcpWeightPublisher>(
+      rlx::dist::TcpSyncOptions{
+          .bind = "tcp://127.0.0.1:0", .advertise_host = "127.0.0.1", .delta = delta, .full_every = full_every},
+      layout);
+  std::vector<std::string> sub{"--tcp", pub->endpoint()};
+  return {std::move(pub), std::move(sub)};
+}
 }  // namespace
 
-TEST_CASE("weight sync over shared memory: the engine's logits equal the learner's after a sync", "[dist][sync]") {
+TEST_CASE("weight sync: the engine's logits equal the learner's after a sync", "[dist][sync]") {
+  const std::string path = GENERATE(as<std::string>{}, "shm", "tcp");
+  INFO("path " << path);
   rlx::test::TempDir dir;
   auto comm = rlx::dist::single_process();
   rlx::LearnerOptions o;
@@ -340,11 +372,9 @@ TEST_CASE("weight sync over shared memory: the engine's logits equal the learner
     return -(out.logprobs * mb.loss_mask).sum() / ctx.global_loss_tokens;
   });
   auto params = learner.model().gather_parameters();
-  const auto name = shm_name("logits");
-  rlx::dist::ShmWeightPublisher pub({.name = name}, rlx::dist::WeightLayout::of(params, at::kFloat));
-  pub.publish(1, params);
-  Group sub(1, {"--mode", "subscribe", "--shm", name, "--until", "1", "--engine", "--out", (dir.path / "logits.st").string()},
-            dir.path, "sub");
+  auto sync = sync_path(path, "logits", rlx::dist::WeightLayout::of(params, at::kFloat));
+  sync.pub->publish(1, params);
+  Group sub(1, sync.args({"--until", "1", "--engine", "--out", (dir.path / "logits.st").string()}), dir.path, "sub");
   REQUIRE(sub.all_ok(120));
   at::NoGradGuard g;
   auto ids = at::arange(1, 11, at::kLong).unsqueeze(0);
@@ -356,22 +386,23 @@ TEST_CASE("weight sync over shared memory: the engine's logits equal the learner
 }
 
 TEST_CASE("weight sync: no version is ever torn or mixed while the learner publishes as fast as it can", "[dist][sync]") {
+  const std::string path = GENERATE(as<std::string>{}, "shm", "tcp");
+  INFO("path " << path);
   rlx::test::TempDir dir;
   const auto cfg = worker_model();
-  const auto name = shm_name("torn");
-  rlx::dist::ShmWeightPublisher pub({.name = name, .delta = true, .full_every = 4},
-                                    rlx::dist::WeightLayout::of(uniform_weights(cfg, 1), at::kFloat));
+  auto sync = sync_path(path, "torn", rlx::dist::WeightLayout::of(uniform_weights(cfg, 1), at::kFloat), true, 4);
   auto w = uniform_weights(cfg, 1);
-  pub.publish(1, w);
+  sync.pub->publish(1, w);
   // The subscriber applies 40 versions to its engine, a generation step after each, while
-  // the learner publishes back to back: most versions it sees were overwritten mid-way.
-  Group sub(1, {"--mode", "subscribe", "--shm", name, "--until", "1000000000", "--count", "40", "--engine", "--uniform"}, dir.path, "sub");
+  // the learner publishes back to back (delta mode): most versions it sees were
+  // overwritten mid-way (shm) or are several versions past its spare buffer (tcp).
+  Group sub(1, sync.args({"--until", "1000000000", "--count", "40", "--engine", "--uniform"}), dir.path, "sub");
   int64_t v = 1;
   const double end = rlx::now_s() + 120;
   while (sub.g.running(0) && rlx::now_s() < end) {
     ++v;
     for (auto& [n, t] : w) t.fill_(static_cast<float>(static_cast<double>(v) * 1e-3));
-    pub.publish(v, w);
+    sync.pub->publish(v, w);
     sub.g.poll();
   }
   REQUIRE(sub.all_ok(30));
@@ -382,21 +413,22 @@ TEST_CASE("weight sync: no version is ever torn or mixed while the learner publi
 }
 
 TEST_CASE("weight sync: a subscriber killed mid-copy does not stop the learner; a new one catches up", "[dist][sync]") {
+  const std::string path = GENERATE(as<std::string>{}, "shm", "tcp");
+  INFO("path " << path);
   rlx::test::TempDir dir;
-  const auto name = shm_name("kill");
   // 16 x 4 MB: copies take long enough that a kill lands in one.
   std::vector<std::pair<std::string, at::Tensor>> w;
   for (int i = 0; i < 16; ++i) w.emplace_back(fmt::format("w{}", i), at::zeros({1 << 20}));
-  rlx::dist::ShmWeightPublisher pub({.name = name}, rlx::dist::WeightLayout::of(w, at::kFloat));
+  auto sync = sync_path(path, "kill", rlx::dist::WeightLayout::of(w, at::kFloat));
   int64_t v = 0;
   auto publish = [&] {
     ++v;
     for (auto& [n, t] : w) t.fill_(static_cast<float>(static_cast<double>(v) * 1e-3));
-    pub.publish(v, w);
+    sync.pub->publish(v, w);
   };
   publish();
   {
-    Group first(1, {"--mode", "subscribe", "--shm", name, "--until", "1000000", "--uniform"}, dir.path, "first");
+    Group first(1, sync.args({"--until", "1000000", "--uniform"}), dir.path, "first");
     const double end = rlx::now_s() + 60;
     while (first.out(0).find("applied 3") == std::string::npos && rlx::now_s() < end) publish();
     REQUIRE(first.out(0).find("applied 3") != std::string::npos);
@@ -408,8 +440,7 @@ TEST_CASE("weight sync: a subscriber killed mid-copy does not stop the learner; 
   // The learner goes on publishing with nobody listening.
   for (int i = 0; i < 5; ++i) publish();
   const int64_t current = v;
-  Group second(1, {"--mode", "subscribe", "--shm", name, "--until", std::to_string(current), "--uniform"}, dir.path,
-               "second");
+  Group second(1, sync.args({"--until", std::to_string(current), "--uniform"}), dir.path, "second");
   REQUIRE(second.all_ok(60));
   const auto out = second.out(0);
   INFO(out);
@@ -437,4 +468,86 @@ TEST_CASE("weight sync: bad input is refused with the reason", "[dist][sync]") {
   CHECK(u->tensors.size() == 2);
   CHECK(u->tensors[1].second.sizes() == at::IntArrayRef({2, 3}));
   CHECK_FALSE(sub.poll());
+}
+
+namespace {
+// Polls until a version arrives (bounded).
+std::optional<rlx::dist::WeightUpdate> next_update(rlx::dist::WeightSubscriber& sub, double timeout_s = 30) {
+  const double end = rlx::now_s() + timeout_s;
+  while (rlx::now_s() < end) {
+    if (auto u = sub.poll()) return u;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return std::nullopt;
+}
+}  // namespace
+
+TEST_CASE("weight sync over tcp: delta sends only what changed since the spare buffer; bad peers are refused", "[dist][sync]") {
+  rlx::test::TempDir dir;
+  std::vector<std::pair<std::string, at::Tensor>> w{
+      {"a", at::full({1000}, 1.0)}, {"b", at::full({10, 30}, 1.0)}, {"c", at::full({7}, 1.0)}};
+  rlx::dist::TcpWeightPublisher pub({.bind = "tcp://127.0.0.1:0", .advertise_host = "127.0.0.1",
+                                     .endpoint_file = dir.path / "weights.endpoint", .delta = true, .full_every = 100},
+                                    rlx::dist::WeightLayout::of(w, at::kFloat));
+  pub.publish(1, w);
+  rlx::dist::TcpWeightSubscriber sub({.endpoint_file = dir.path / "weights.endpoint"});
+  auto u = next_update(sub);
+  REQUIRE(u);
+  CHECK(u->version == 1);
+  CHECK(u->bytes_copied == (1000 + 300 + 7) * 4);
+  w[1].second.fill_(2.0);
+  pub.publish(2, w);
+  u = next_update(sub);
+  REQUIRE(u);
+  CHECK(u->version == 2);  // the spare buffer was empty: everything travels
+  w[2].second.fill_(3.0);
+  pub.publish(3, w);
+  u = next_update(sub);
+  REQUIRE(u);
+  CHECK(u->version == 3);
+  CHECK(u->bytes_copied == (300 + 7) * 4);  // b and c changed since version 1, which the spare buffer held
+  CHECK(u->tensors[0].second.eq(1.0).all().item<bool>());
+  CHECK(u->tensors[1].second.eq(2.0).all().item<bool>());
+  CHECK(u->tensors[2].second.eq(3.0).all().item<bool>());
+  CHECK_FALSE(sub.poll());
+
+  // Garbage on the publisher's socket is dropped and counted; the subscriber is still served.
+  zmq::context_t ctx;
+  zmq::socket_t rogue(ctx, zmq::socket_type::dealer);
+  rogue.set(zmq::sockopt::linger, 0);
+  rogue.connect(pub.endpoint());
+  rogue.send(zmq::str_buffer("GET /weights HTTP/1.1 with more bytes than a request"), zmq::send_flags::none);
+  rogue.send(zmq::str_buffer("RLWQ"), zmq::send_flags::none);
+  w[0].second.fill_(4.0);
+  pub.publish(4, w);
+  u = next_update(sub);
+  REQUIRE(u);
+  CHECK(u->version == 4);
+  CHECK(u->tensors[0].second.eq(4.0).all().item<bool>());
+  const double end = rlx::now_s() + 10;
+  while (pub.counters().refused < 1 && rlx::now_s() < end) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  CHECK(pub.counters().refused >= 1);
+
+  CHECK_THROWS_WITH(rlx::dist::TcpWeightSubscriber({.endpoint_file = dir.path / "nobody", .attach_timeout_s = 0.2}),
+                    Catch::Contains("no publisher wrote"));
+  CHECK_THROWS_WITH(rlx::dist::TcpWeightSubscriber({.endpoint = "tcp://127.0.0.1:1", .attach_timeout_s = 0.3}),
+                    Catch::Contains("no answer from tcp://127.0.0.1:1"));
+
+  // A publisher whose answer lies: the subscriber names what was wrong.
+  zmq::socket_t fake(ctx, zmq::socket_type::router);
+  fake.set(zmq::sockopt::linger, 0);
+  fake.bind("tcp://127.0.0.1:0");
+  const auto fake_endpoint = fake.get(zmq::sockopt::last_endpoint);
+  std::thread liar([&] {
+    std::vector<zmq::message_t> req;
+    if (!zmq::recv_multipart(fake, std::back_inserter(req))) return;
+    const std::string head =
+        R"({"format":1,"incarnation":7,"version":1,"layout":{"dtype":6,"chunk_bytes":4096,"tensors":[["x",[4]]]},"parts":[[3,0]]})";
+    fake.send(req[0], zmq::send_flags::sndmore);
+    fake.send(zmq::buffer(head), zmq::send_flags::sndmore);
+    fake.send(zmq::str_buffer("0123456789abcdef"), zmq::send_flags::none);
+  });
+  CHECK_THROWS_WITH(rlx::dist::TcpWeightSubscriber({.endpoint = fake_endpoint, .attach_timeout_s = 10}),
+                    Catch::Contains("names chunk 3 (of 1)"));
+  liar.join();
 }

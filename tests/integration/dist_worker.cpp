@@ -209,8 +209,12 @@ int run_ppo(int64_t steps, int64_t batch, int64_t epochs, const std::string& out
 // test model and runs a generation step after it; with --uniform it checks that every
 // version it gets has every element equal to version x 1e-3 (what the test publishes),
 // and that after each engine step the engine's parameters hold exactly one version.
-int run_subscriber(const std::string& name, int64_t until, int64_t count, bool engine_on, bool uniform, const std::string& out) {
-  rlx::dist::ShmWeightSubscriber sub({.name = name, .attach_timeout_s = 30});
+int run_subscriber(const std::string& name, const std::string& tcp, int64_t until, int64_t count, bool engine_on, bool uniform,
+                   const std::string& out) {
+  std::unique_ptr<rlx::dist::WeightSubscriber> subscriber;
+  if (tcp.empty()) subscriber = std::make_unique<rlx::dist::ShmWeightSubscriber>(rlx::dist::ShmSyncOptions{.name = name, .attach_timeout_s = 30});
+  else subscriber = std::make_unique<rlx::dist::TcpWeightSubscriber>(rlx::dist::TcpSyncOptions{.endpoint = tcp});
+  auto& sub = *subscriber;
   auto model = std::make_shared<rlx::Transformer>(test_model());
   model->init_weights(1);
   std::unique_ptr<rlx::Engine> engine;
@@ -266,6 +270,8 @@ int main(int argc, char** argv) {
   int64_t until = 1;
   bool engine_on = false, uniform = false;
   app.add_option("--shm", shm, "subscribe: the weight-sync segment");
+  std::string tcp;
+  app.add_option("--tcp", tcp, "subscribe: the tcp weight-sync publisher's endpoint (instead of --shm)");
   app.add_option("--until", until, "subscribe: run until this version is applied");
   int64_t count = std::numeric_limits<int64_t>::max();
   app.add_option("--count", count, "subscribe: run until this many versions are applied");
@@ -289,7 +295,7 @@ int main(int argc, char** argv) {
   try {
     if (mode == "reference") return run_reference(steps, batch, out);
     if (mode == "ppo") return run_ppo(steps, batch, epochs, out, timeout_s);
-    if (mode == "subscribe") return run_subscriber(shm, until, count, engine_on, uniform, out);
+    if (mode == "subscribe") return run_subscriber(shm, tcp, until, count, engine_on, uniform, out);
     std::unique_ptr<rlx::algo::Algorithm> algorithm;
     if (!algo.empty()) {
       rlx::algo::register_bundled_algorithms();

@@ -50,6 +50,19 @@ timeout 300 srun -n5 --kill-on-bad-exit=1 "$rlx" run grpo.yaml run.name=slurm2 t
   || fail "srun -n5: rc $rc: $(tail -5 slurm2.log)"
 same_as slurm2 local2
 
+# the transport of tasks on many nodes (train.transport=tcp): the hub, the learner group's
+# store and Gloo, and the weights over tcp by this host's name; the same parameters
+timeout 300 srun -n5 --kill-on-bad-exit=1 "$rlx" run grpo.yaml run.name=slurmtcp train.learner_ranks=2 train.transport=tcp \
+  > slurmtcp.log 2>&1; rc=$?
+[ $rc = 0 ] && grep -q "^tcp://$(hostname):[0-9]*$" runs/slurmtcp/hub.endpoint \
+  && grep -q "^tcp://$(hostname):[0-9]*$" runs/slurmtcp/weights.endpoint \
+  && ok "srun -n5, train.transport=tcp: hub and weights served over tcp by host name" \
+  || fail "slurmtcp: rc $rc: $(tail -5 slurmtcp.log)"
+same_as slurmtcp local2
+out=$(SLURM_PROCID=1 SLURM_NTASKS=4 SLURM_NNODES=2 "$rlx" run grpo.yaml run.name=twonodes train.transport=local 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "2 nodes (SLURM_NNODES) with train.transport = local" <<<"$out" \
+  && ok "tasks on 2 nodes with train.transport=local are refused" || fail "2 nodes, local: rc $rc: $out"
+
 # a worker SIGKILLed mid-run: its task restarts it
 timeout 300 srun -n4 --kill-on-bad-exit=1 "$rlx" run grpo.yaml run.name=slurmkill train.steps=8 > slurmkill.log 2>&1 &
 pid=$!

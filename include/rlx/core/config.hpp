@@ -379,6 +379,14 @@ std::string to_yaml(const T& value) {
   return std::string(out.c_str()) + "\n";
 }
 
+// The full key paths ("rollout.workers", "env.options.digits") whose values differ
+// between two configs of one type, in the first one's order (a list is one value).
+std::vector<std::string> changed_keys(const YAML::Node& a, const YAML::Node& b);
+template <Section T>
+std::vector<std::string> changed_keys(const T& a, const T& b) {
+  return changed_keys(YAML::Load(to_yaml(a)), YAML::Load(to_yaml(b)));
+}
+
 template <Section T>
 std::vector<FieldDoc> document(const T& value = T{}) {
   std::vector<FieldDoc> out;

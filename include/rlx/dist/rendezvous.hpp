@@ -15,6 +15,9 @@
 
 namespace rlx::dist {
 
+// This host's name (gethostname), as peers on other hosts reach it.
+std::string host_name();
+
 struct RendezvousOptions {
   int rank = 0;
   int world_size = 1;

@@ -112,6 +112,14 @@ constexpr std::array<std::pair<TrainMode, std::string_view>, 2> enum_names(Train
   return {{{TrainMode::sync, "sync"}, {TrainMode::async, "async"}}};
 }
 
+// How roles reach each other: local (ipc:// hub, shared-memory weights, one host) or
+// tcp (tcp:// hub, weights served over tcp by learner rank 0: tasks on any hosts); auto
+// is tcp when the tasks of a run span nodes (SLURM_NNODES > 1), else local.
+enum class Transport { auto_, local, tcp };
+constexpr std::array<std::pair<Transport, std::string_view>, 3> enum_names(Transport) {
+  return {{{Transport::auto_, "auto"}, {Transport::local, "local"}, {Transport::tcp, "tcp"}}};
+}
+
 // The training loop.
 struct TrainSection {
   TrainMode mode = TrainMode::sync;
@@ -122,6 +130,7 @@ struct TrainSection {
   double batch_timeout_s = 600;       // a learner waits this long for a batch before failing
   uint32_t max_restarts = 3;          // restarts of the whole run from its last checkpoint
   double heartbeat_timeout_s = 60;    // a role silent this long is stuck: killed, then restarted
+  Transport transport = Transport::auto_;
 
   template <class V>
   void visit(V& v) {
@@ -138,6 +147,9 @@ struct TrainSection {
     v("heartbeat_timeout_s", heartbeat_timeout_s,
       "a role whose heartbeat is older than this (stopped, frozen) is reported, killed and restarted",
       config::in_range(1, 86400));
+    v("transport", transport,
+      "local (ipc:// hub, shared-memory weights: one host), tcp (tcp:// hub and weights: any hosts), or auto (tcp "
+      "when the run's tasks span nodes)");
   }
 };
 

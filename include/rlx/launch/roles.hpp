@@ -19,10 +19,12 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 
+#include "rlx/dist/weight_sync.hpp"
 #include "rlx/launch/config.hpp"
 #include "rlx/model/tokenizer.hpp"
 #include "rlx/model/transformer.hpp"
@@ -35,8 +37,17 @@ struct RoleContext {
   std::string weights;  // the weight-sync segment's name
   std::string exe;      // this binary (env servers are started from it)
   int index = 0;        // worker index or learner rank
+  bool tcp = false;     // tcp transport: the hub listens on tcp://, weights travel over tcp
+  // The hub's endpoint: ipc://RUN_DIR/hub.sock, or (tcp) what the hub wrote to
+  // RUN_DIR/hub.endpoint once it listens (waited for, bounded by train.batch_timeout_s).
   std::string hub_address() const;
+  // The weight-sync ends of this run's transport (learner rank 0; rollout workers).
+  std::unique_ptr<dist::WeightPublisher> weight_publisher(const dist::WeightLayout& layout) const;
+  std::unique_ptr<dist::WeightSubscriber> weight_subscriber() const;
 };
+// The files a tcp run's hub and learner rank 0 write their endpoints to.
+inline constexpr const char* kHubEndpointFile = "hub.endpoint";
+inline constexpr const char* kWeightsEndpointFile = "weights.endpoint";
 
 // The tokenizer of a run: tokenizer.path, else the model directory's, else (a preset
 // model) the character tokenizer of toy tasks.
@@ -75,6 +86,11 @@ double evaluate(const RunConfig& cfg);
 struct LaunchOptions {
   bool resume = false;  // continue the run directory from its newest checkpoint
   bool force = false;   // start over in a run directory that holds a run
+  // SIGHUP to the launcher reads the config again through this (the file and the command
+  // line's overrides, validated): a changed rollout.workers scales the workers as `rlx
+  // scale` does; other changed keys are named and left as they are (they need a restart,
+  // --resume). A config that no longer loads is reported and the run goes on unchanged.
+  std::function<RunConfig()> reload;
 };
 
 // `rlx run`: the run directory, the roles as processes of `exe`, and their watch.
@@ -90,12 +106,15 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& op
 // launcher's policies (heartbeats; a worker is restarted up to rollout.max_restarts times);
 // a dead hub or learner rank fails the whole group with an error naming it, and `--resume`
 // (or a requeued job) continues from the last checkpoint. The tasks coordinate through
-// files in run_dir/tasks/GROUP/ and share weights through /dev/shm: they run on one node.
+// files in run_dir/tasks/GROUP/, so the run directory must be shared (NFS, Lustre) when
+// they span nodes; weights go through /dev/shm on one node, over tcp across nodes
+// (train.transport).
 struct RoleTask {
   int procid = 0, ntasks = 1;
   std::string group;  // names this start of the tasks (slurm-JOB.STEP.RESTARTS, or RLX_TASK_GROUP)
   std::string role;   // hub, learner or worker
   int index = 0;      // learner rank or worker index
+  bool tcp = false;   // train.transport: tcp (or auto, and the tasks span nodes)
 };
 // The task of this process, or none (a single process launches every role). A plan that
 // does not fit the tasks is a ConfigError naming the keys.

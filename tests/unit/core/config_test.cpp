@@ -173,6 +173,21 @@ TEST_CASE("config: to_yaml reads back to the same values", "[config]") {
   CHECK(config::to_yaml(rc2) == config::to_yaml(rc));
 }
 
+TEST_CASE("config: changed_keys names every key whose value differs", "[config]") {
+  Outer a, b;
+  CHECK(config::changed_keys(a, b).empty());
+  b.steps = 11;
+  b.inner.sizes = {1, 2, 3};  // a list is one value
+  b.inner.note = "now set";   // absent in a's YAML
+  b.extra = {{"k", 1}};
+  CHECK(config::changed_keys(a, b) == std::vector<std::string>{"steps", "inner.sizes", "inner.note", "extra.k"});
+  CHECK(config::changed_keys(b, a) == std::vector<std::string>{"steps", "inner.sizes", "inner.note", "extra.k"});
+
+  RunConfig r1, r2;
+  r2.rollout.workers = r1.rollout.workers + 2;
+  CHECK(config::changed_keys(r1, r2) == std::vector<std::string>{"rollout.workers"});
+}
+
 TEST_CASE("config: the run config validates model presets and devices", "[config]") {
   auto msg = rlx::test::error_of([] { config::load_string<RunConfig>("model:\n  preset: tinyy\n"); });
   CHECK_THAT(msg, Contains("model"));
