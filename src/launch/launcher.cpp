@@ -156,6 +156,15 @@ extern "C" void on_launcher_signal(int sig) { g_launcher_signal = sig; }
 std::atomic<bool> g_reload{false};
 extern "C" void on_reload_signal(int) { g_reload = true; }
 
+// Roles inherit SIGUSR1 blocked: a worker asked to leave while it is still starting gets
+// the signal once it installed its handler (run_worker unblocks it), instead of dying.
+void block_leave_signal() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGUSR1);
+  ::pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
 }  // namespace
 
 namespace {
@@ -187,9 +196,13 @@ void reload_config(const RunConfig& running, const LaunchOptions& lo, const fs::
     std::cerr << fmt::format("rlx run: SIGHUP: the config does not load, nothing changes: {}", e.what()) << std::endl;
     return;
   }
+  // Compared with what runs now: the workers as last scaled (rlx scale, or an earlier reload).
+  RunConfig now = running;
+  const auto current = scaled_workers(run_dir, running.rollout.workers);
+  now.rollout.workers = current;
   std::vector<std::string> ignored;
   bool workers = false;
-  for (const auto& key : config::changed_keys(running, fresh)) {
+  for (const auto& key : config::changed_keys(now, fresh)) {
     if (key == "rollout.workers") workers = true;
     else if (key != "run.name" && key != "run.out_dir") ignored.push_back(key);  // --resume may name the run differently
   }
@@ -198,8 +211,7 @@ void reload_config(const RunConfig& running, const LaunchOptions& lo, const fs::
                              "--resume to apply the rest)",
                              fmt::join(ignored, ", "))
               << std::endl;
-  const auto current = scaled_workers(run_dir, running.rollout.workers);
-  if (workers && fresh.rollout.workers != current) {
+  if (workers) {
     write_file_atomic(run_dir / "scale.json", json{{"workers", fresh.rollout.workers}}.dump() + "\n");
     std::cerr << fmt::format("rlx run: SIGHUP: rollout.workers {} -> {}", current, fresh.rollout.workers) << std::endl;
   } else if (ignored.empty()) {
@@ -397,6 +409,7 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
   // SIGINT/SIGTERM: the learner checkpoints and exits; then the rest is stopped.
   on_stop_signals(on_launcher_signal);
   on_stop_signals(on_reload_signal, {SIGHUP});
+  block_leave_signal();
   std::cerr << fmt::format("rlx run: {} (logs in {})", run_dir.string(), (run_dir / "logs").string()) << std::endl;
 
   int stopped_by = 0;

@@ -908,6 +908,10 @@ extern "C" void on_leave(int) { g_leave = true; }
 int run_worker(const RoleContext& ctx) {
   const auto& cfg = ctx.cfg;
   ::signal(SIGUSR1, on_leave);  // `rlx scale` down: finish the leases held, send them, exit
+  sigset_t leave;               // the launcher started it with SIGUSR1 blocked: one sent meanwhile arrives now
+  sigemptyset(&leave);
+  sigaddset(&leave, SIGUSR1);
+  ::pthread_sigmask(SIG_UNBLOCK, &leave, nullptr);
   ::signal(SIGINT, SIG_IGN);    // a terminal's SIGINT is the launcher's: it stops workers after the learner
   set_threads(cfg);
   bus::keep_frame_memory();  // trajectory groups out, weights in (tcp)
