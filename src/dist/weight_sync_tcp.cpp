@@ -103,6 +103,22 @@ std::string host_name() {
   return name;
 }
 
+std::string wait_endpoint_file(const std::filesystem::path& file, double timeout_s) {
+  const double deadline = now_s() + timeout_s;
+  for (;;) {
+    std::error_code ec;
+    if (std::filesystem::exists(file, ec)) {
+      auto text = read_file(file, 4096);
+      while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+      RLX_CHECK(text.starts_with("tcp://"), "{} holds {:?}, not a tcp:// endpoint", file.string(), text);
+      return text;
+    }
+    RLX_CHECK(now_s() < deadline, "no process wrote {} within {} s: is the role that writes it running?", file.string(),
+              timeout_s);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 // --- publisher ---------------------------------------------------------------------
 
 struct TcpWeightPublisher::Impl {
@@ -354,19 +370,7 @@ struct TcpWeightSubscriber::Impl {
   std::string read_endpoint(double deadline) const {
     if (!o.endpoint.empty()) return o.endpoint;
     RLX_CHECK(!o.endpoint_file.empty(), "weight sync: a tcp subscriber needs an endpoint or an endpoint file");
-    for (;;) {
-      std::error_code ec;
-      if (std::filesystem::exists(o.endpoint_file, ec)) {
-        auto text = read_file(o.endpoint_file, 4096);
-        while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
-        RLX_CHECK(text.rfind("tcp://", 0) == 0, "weight sync: {} holds {:?}, not a tcp:// endpoint",
-                  o.endpoint_file.string(), text);
-        return text;
-      }
-      RLX_CHECK(now_s() < deadline, "weight sync: no publisher wrote {} within {} s", o.endpoint_file.string(),
-                o.attach_timeout_s);
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    return wait_endpoint_file(o.endpoint_file, std::max(0.0, deadline - now_s()));
   }
 
   void connect(double deadline) {

@@ -43,27 +43,9 @@ namespace rlx::launch {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-namespace {
-// An endpoint another role wrote to run_dir/FILE once it listened (tcp transport).
-std::string wait_endpoint(const fs::path& file, double timeout_s) {
-  const double deadline = now_s() + timeout_s;
-  for (;;) {
-    if (fs::exists(file)) {
-      auto text = read_file(file, 4096);
-      while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
-      RLX_CHECK(text.starts_with("tcp://"), "{} holds {:?}, not a tcp:// endpoint", file.string(), text);
-      return text;
-    }
-    RLX_CHECK(now_s() < deadline, "{} was not written within {} s (train.batch_timeout_s): is the role that writes it running?",
-              file.string(), timeout_s);
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-}
-}  // namespace
-
 std::string RoleContext::hub_address() const {
   if (!tcp) return "ipc://" + (run_dir / "hub.sock").string();
-  return wait_endpoint(run_dir / kHubEndpointFile, cfg.train.batch_timeout_s);
+  return dist::wait_endpoint_file(run_dir / kHubEndpointFile, cfg.train.batch_timeout_s);
 }
 
 std::unique_ptr<dist::WeightPublisher> RoleContext::weight_publisher(const dist::WeightLayout& layout) const {

@@ -529,7 +529,7 @@ TEST_CASE("weight sync over tcp: delta sends only what changed since the spare b
   CHECK(pub.counters().refused >= 1);
 
   CHECK_THROWS_WITH(rlx::dist::TcpWeightSubscriber({.endpoint_file = dir.path / "nobody", .attach_timeout_s = 0.2}),
-                    Catch::Contains("no publisher wrote"));
+                    Catch::Contains("no process wrote"));
   CHECK_THROWS_WITH(rlx::dist::TcpWeightSubscriber({.endpoint = "tcp://127.0.0.1:1", .attach_timeout_s = 0.3}),
                     Catch::Contains("no answer from tcp://127.0.0.1:1"));
 

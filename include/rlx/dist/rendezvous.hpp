@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -17,6 +18,9 @@ namespace rlx::dist {
 
 // This host's name (gethostname), as peers on other hosts reach it.
 std::string host_name();
+// The tcp:// endpoint another process wrote to `file` once it listened, waiting for the
+// file up to timeout_s (rlx::Error naming the file otherwise, or what it holds).
+std::string wait_endpoint_file(const std::filesystem::path& file, double timeout_s);
 
 struct RendezvousOptions {
   int rank = 0;
