@@ -37,13 +37,22 @@ void remove_endpoints(const fs::path& run_dir) {
 
 double wall_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
-// Seconds since the role's last heartbeat, or since `started` (wall clock) before its first.
-double heartbeat_silence(const fs::path& run_dir, const std::string& role, int index, double started) {
-  double last = started;
+// A role is stuck when its last heartbeat is older than train.heartbeat_timeout_s, or, before
+// its first (a process still loading its libraries and model), when its start is older than
+// train.start_timeout_s. `started`: wall clock at its start. Returns what to report, or "".
+std::string stuck_reason(const TrainSection& train, const fs::path& run_dir, const std::string& role, int index,
+                         double started) {
   struct stat st {};
-  if (::stat(heartbeat_file(run_dir, role, index).c_str(), &st) == 0)
-    last = std::max(last, static_cast<double>(st.st_mtim.tv_sec) + 1e-9 * static_cast<double>(st.st_mtim.tv_nsec));
-  return wall_now() - last;
+  const bool beaten = ::stat(heartbeat_file(run_dir, role, index).c_str(), &st) == 0 &&
+                      static_cast<double>(st.st_mtim.tv_sec) + 1e-9 * static_cast<double>(st.st_mtim.tv_nsec) >= started;
+  const double last =
+      beaten ? static_cast<double>(st.st_mtim.tv_sec) + 1e-9 * static_cast<double>(st.st_mtim.tv_nsec) : started;
+  const double silent = wall_now() - last;
+  if (beaten && silent > train.heartbeat_timeout_s)
+    return fmt::format("no heartbeat for {:.0f} s (train.heartbeat_timeout_s)", silent);
+  if (!beaten && silent > train.start_timeout_s)
+    return fmt::format("no first heartbeat {:.0f} s after its start (train.start_timeout_s)", silent);
+  return "";
 }
 }  // namespace
 
@@ -317,11 +326,10 @@ class Roles {
   void kill_stuck() {
     auto check = [&](const char* role, int index, dist::LocalGroup& g, int rank) {
       if (!g.running(rank)) return;
-      const double silent = heartbeat_silence(run_dir_, role, index, started_.at(fmt::format("{}-{}", role, index)));
-      if (silent <= cfg_.train.heartbeat_timeout_s) return;
-      std::cerr << fmt::format("rlx run: {} {} (pid {}) is stuck: no heartbeat for {:.0f} s (train.heartbeat_timeout_s); "
-                               "killing it",
-                               role, index, g.ranks()[static_cast<size_t>(rank)].pid, silent)
+      const auto why = stuck_reason(cfg_.train, run_dir_, role, index, started_.at(fmt::format("{}-{}", role, index)));
+      if (why.empty()) return;
+      std::cerr << fmt::format("rlx run: {} {} (pid {}) is stuck: {}; killing it", role, index,
+                               g.ranks()[static_cast<size_t>(rank)].pid, why)
                 << std::endl;
       g.signal(rank, SIGKILL);
     };
@@ -608,9 +616,8 @@ class TaskRunner {
         }
         return 0;
       }
-      if (!stopping && silent() > cfg_.train.heartbeat_timeout_s) {
-        std::cerr << fmt::format("{}: stuck: no heartbeat for {:.0f} s (train.heartbeat_timeout_s); killing it", me, silent())
-                  << std::endl;
+      if (const auto why = stuck_reason(cfg_.train, run_dir_, task_.role, task_.index, started_); !stopping && !why.empty()) {
+        std::cerr << fmt::format("{}: stuck: {}; killing it", me, why) << std::endl;
         child->signal(0, SIGKILL);
       }
       if (!child->poll()) continue;
@@ -652,7 +659,6 @@ class TaskRunner {
     throw Error(fmt::format("rlx run [task {}]: task 0 (the hub) did not prepare {} within 300 s", task_.procid,
                             run_dir_.string()));
   }
-  double silent() const { return heartbeat_silence(run_dir_, task_.role, task_.index, started_); }
 
   const RunConfig& cfg_;
   RoleTask task_;

@@ -14,12 +14,14 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <thread>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "launch/trainer_commands.hpp"
 #include "rlx/algo/algorithm.hpp"
+#include "rlx/core/files.hpp"
 #include "rlx/core/signals.hpp"
 #include "rlx/env/bundled.hpp"
 #include "rlx/env/sandbox.hpp"
@@ -307,6 +309,19 @@ void add_trainer_commands(CLI::App& app, Action& action) {
       RoleContext ctx{.cfg = config::load_file<RunConfig>(ra->config), .run_dir = ra->run_dir, .weights = ra->weights, .exe = ra->exe};
       ctx.index = ra->role == "learner" && std::getenv("RLX_RANK") ? std::atoi(std::getenv("RLX_RANK")) : ra->index;
       ctx.tcp = ra->transport == "tcp";
+      // Fault injection for tests: RLX_FAULT=slow-start:ROLE:SECONDS makes the first start of
+      // ROLE (index 0) in a run directory take SECONDS longer before its first heartbeat.
+      if (const char* f = std::getenv("RLX_FAULT"); f && std::string_view(f).starts_with("slow-start:")) {
+        char who[16] = {};
+        double seconds = 0;
+        RLX_CHECK(std::sscanf(f, "slow-start:%15[a-z]:%lf", who, &seconds) == 2 && seconds >= 0 && seconds <= 600,
+                  "RLX_FAULT={}: expected slow-start:ROLE:SECONDS (0 to 600)", f);
+        const auto marker = ctx.run_dir / "fault-injected";
+        if (ra->role == who && ctx.index == 0 && !std::filesystem::exists(marker)) {
+          write_file_atomic(marker, "slow-start\n");
+          std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+        }
+      }
       start_heartbeat(ctx.run_dir, ra->role, ctx.index);
       start_trace(ctx, ra->role);
       if (ra->role == "hub") return run_hub(ctx);

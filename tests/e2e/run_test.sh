@@ -122,6 +122,16 @@ grep -q "worker 0 (pid [0-9]*) is stuck: no heartbeat" stopworker.log && ok "sto
   || fail "stopworker: not reported: $(tail -3 stopworker.log)"
 kill_role stoplearner "role learner" STOP train.heartbeat_timeout_s=3
 grep -q "learner 0 (pid [0-9]*) is stuck" stoplearner.log && ok "stoplearner: reported as stuck" || fail "stoplearner: not reported"
+# A role slow to start (loading, a busy host) is not taken for stuck: before its first heartbeat
+# it has train.start_timeout_s, not the (here 2 s) heartbeat timeout. One that overruns that is.
+RLX_FAULT=slow-start:learner:4 "$rlx" run grpo.yaml run.name=slowstart train.heartbeat_timeout_s=2 > slowstart.log 2>&1 \
+  && [ -f runs/slowstart/fault-injected ] && ! grep -q stuck slowstart.log \
+  && ok "slowstart: a learner 4 s late to its first heartbeat is waited for" || fail "slowstart: $(tail -3 slowstart.log)"
+same_as_clean slowstart
+RLX_FAULT=slow-start:learner:4 "$rlx" run grpo.yaml run.name=startout train.heartbeat_timeout_s=2 train.start_timeout_s=2 \
+  > startout.log 2>&1 && grep -q "learner 0 (pid [0-9]*) is stuck: no first heartbeat .*(train.start_timeout_s)" startout.log \
+  && ok "startout: a learner past train.start_timeout_s is reported, killed, restarted" || fail "startout: $(tail -3 startout.log)"
+same_as_clean startout
 
 # --- a learner group of 2 ranks (FSDP-style sharded), and the death of its rank 1 ---
 "$rlx" run grpo.yaml run.name=clean2 train.learner_ranks=2 > clean2.log 2>&1 || fail "2 ranks: $(tail -3 clean2.log)"

@@ -130,6 +130,7 @@ struct TrainSection {
   double batch_timeout_s = 600;       // a learner waits this long for a batch before failing
   uint32_t max_restarts = 3;          // restarts of the whole run from its last checkpoint
   double heartbeat_timeout_s = 60;    // a role silent this long is stuck: killed, then restarted
+  double start_timeout_s = 600;       // the same before a role's first heartbeat (loading libraries, a model)
   Transport transport = Transport::auto_;
 
   template <class V>
@@ -146,6 +147,10 @@ struct TrainSection {
       "restarts of the run from its last checkpoint after the hub or a learner rank dies", config::in_range(0, 1000));
     v("heartbeat_timeout_s", heartbeat_timeout_s,
       "a role whose heartbeat is older than this (stopped, frozen) is reported, killed and restarted",
+      config::in_range(1, 86400));
+    v("start_timeout_s", start_timeout_s,
+      "a role that has not sent its first heartbeat this long after its start (still loading, or hung while "
+      "starting) is reported, killed and restarted",
       config::in_range(1, 86400));
     v("transport", transport,
       "local (ipc:// hub, shared-memory weights: one host), tcp (tcp:// hub and weights: any hosts), or auto (tcp "
