@@ -24,6 +24,7 @@ namespace rlx::bus {
 void keep_frame_memory() {
   ::mallopt(M_MMAP_THRESHOLD, 64 << 20);
   ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  ::mallopt(M_ARENA_MAX, 1);
 }
 
 using detail::seconds_now;

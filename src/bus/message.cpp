@@ -5,8 +5,7 @@
 #include <bit>
 #include <limits>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
+#include "rlx/core/hash.hpp"
 
 namespace rlx::bus {
 
@@ -72,7 +71,7 @@ void seal_frame(std::string& frame, MsgType type, uint64_t seq) {
   put<uint32_t>(frame, 8, 0);
   put<uint64_t>(frame, 12, seq);
   put<uint64_t>(frame, 20, n);
-  put<uint64_t>(frame, 28, XXH64(frame.data() + kHeaderBytes, n, static_cast<uint16_t>(type)));
+  put<uint64_t>(frame, 28, hash64(frame.data() + kHeaderBytes, n, static_cast<uint16_t>(type)));
   put<uint32_t>(frame, 36, 0);
 }
 
@@ -102,7 +101,7 @@ Frame decode_frame(std::string_view bytes, const Limits& limits) {
     throw FrameError(Reject::length_mismatch,
                      fmt::format("header says {} payload bytes, the frame has {}", len, bytes.size() - kHeaderBytes));
   const auto payload = bytes.substr(kHeaderBytes);
-  if (XXH64(payload.data(), payload.size(), type) != get<uint64_t>(bytes, 28))
+  if (hash64(payload.data(), payload.size(), type) != get<uint64_t>(bytes, 28))
     throw FrameError(Reject::checksum, "payload checksum mismatch");
   return {static_cast<MsgType>(type), get<uint64_t>(bytes, 12), payload};
 }

@@ -6,6 +6,7 @@
 // rlx bench bus                            trajectory groups through the hub vs raw ZeroMQ PUSH/PULL
 #include <fmt/format.h>
 #include <pthread.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -303,13 +304,24 @@ struct BenchArgs {
   int reps = 3;
 };
 
+// CPU seconds this process has used (every thread, user and system).
+double cpu_s() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
 
-// Raw ZeroMQ: PUSH -> PULL of `n` messages of `bytes` each; seconds.
-double raw_push_pull(const std::string& address, int n, size_t bytes) {
+struct Timed {
+  double wall_s, cpu_s;
+};
+
+// Raw ZeroMQ: PUSH -> PULL of `n` messages of `bytes` each.
+Timed raw_push_pull(const std::string& address, int n, size_t bytes) {
   zmq::context_t ctx(1);
   zmq::socket_t pull(ctx, zmq::socket_type::pull), push(ctx, zmq::socket_type::push);
   pull.set(zmq::sockopt::rcvhwm, 16);
@@ -322,7 +334,7 @@ double raw_push_pull(const std::string& address, int n, size_t bytes) {
   push.send(zmq::buffer(payload));
   zmq::message_t msg;
   (void)pull.recv(msg);
-  const double t0 = now_s();
+  const double t0 = now_s(), c0 = cpu_s();
   std::thread producer([&] {
     for (int i = 0; i < n; ++i) push.send(zmq::buffer(payload));
   });
@@ -334,11 +346,12 @@ double raw_push_pull(const std::string& address, int n, size_t bytes) {
   const double dt = now_s() - t0;
   producer.join();
   RLX_CHECK(got == bytes * static_cast<size_t>(n), "raw bench lost bytes");
-  return dt;
+  return {dt, cpu_s() - c0};
 }
 
 struct BusResult {
   double ingest_s, drain_s;
+  double ingest_cpu_s, drain_cpu_s;
   size_t frame_bytes;
 };
 
@@ -369,17 +382,19 @@ BusResult bus_roundtrip(const std::string& address, const BenchArgs& a) {
     std::vector<bus::TrajectoryGroup> groups;
     for (const auto& l : grant.leases) groups.push_back(synthetic_group(l, a.tokens, 64));
     r.frame_bytes = bus::pack(groups.front()).size();
-    const double t0 = now_s();
+    const double t0 = now_s(), c0 = cpu_s();
     for (auto& g : groups) worker.submit(std::move(g));
     RLX_CHECK(worker.flush(120), "bench: groups not acknowledged");
     r.ingest_s = now_s() - t0;
+    r.ingest_cpu_s = cpu_s() - c0;
     RLX_CHECK(worker.counters().verdicts["accepted"] == static_cast<uint64_t>(a.groups), "bench: not every group accepted");
     bus::Client learner({.address = endpoint, .who = "bench-learner", .role = "learner", .request_timeout_s = 120});
-    const double t1 = now_s();
+    const double t1 = now_s(), c1 = cpu_s();
     size_t got = 0;
     while (got < static_cast<size_t>(a.groups))
       got += learner.next_batch({.max_groups = static_cast<uint32_t>(a.batch_groups)}, 120).groups.size();
     r.drain_s = now_s() - t1;
+    r.drain_cpu_s = cpu_s() - c1;
   } catch (...) {
     stop = true;
     hub_thread.join();
@@ -418,17 +433,22 @@ void add_bench_bus(CLI::App& app, Action& action) {
         // One untimed pass each warms the allocator and the sockets; then raw and bus
         // alternate so both see the same machine state.
         BusResult bus_r = bus_roundtrip(addr, *a);
-        raw_push_pull(raw_addr, a->groups, bus_r.frame_bytes);
-        std::vector<double> raw_v, ingest_v, drain_v;
+        (void)raw_push_pull(raw_addr, a->groups, bus_r.frame_bytes);
+        std::vector<double> raw_v, ingest_v, drain_v, raw_cpu_v, ingest_cpu_v, drain_cpu_v;
         for (int r = 0; r < std::max(1, a->reps); ++r) {
-          raw_v.push_back(raw_push_pull(raw_addr, a->groups, bus_r.frame_bytes));
+          const auto raw = raw_push_pull(raw_addr, a->groups, bus_r.frame_bytes);
+          raw_v.push_back(raw.wall_s);
+          raw_cpu_v.push_back(raw.cpu_s);
           const auto b = bus_roundtrip(addr, *a);
           ingest_v.push_back(b.ingest_s);
           drain_v.push_back(b.drain_s);
+          ingest_cpu_v.push_back(b.ingest_cpu_s);
+          drain_cpu_v.push_back(b.drain_cpu_s);
         }
         const double raw_s = median(raw_v);
         bus_r.ingest_s = median(ingest_v);
         bus_r.drain_s = median(drain_v);
+        const double us_per = 1e6 / a->groups;  // CPU microseconds (all threads) per message
         const double bytes = static_cast<double>(bus_r.frame_bytes) * a->groups;
         nlohmann::json j = {{"frame_bytes", bus_r.frame_bytes},
                             {"raw_msgs_per_s", a->groups / raw_s},
@@ -438,7 +458,10 @@ void add_bench_bus(CLI::App& app, Action& action) {
                             {"drain_msgs_per_s", a->groups / bus_r.drain_s},
                             {"drain_gb_per_s", bytes / bus_r.drain_s / 1e9},
                             {"ingest_vs_raw", raw_s / bus_r.ingest_s},
-                            {"drain_vs_raw", raw_s / bus_r.drain_s}};
+                            {"drain_vs_raw", raw_s / bus_r.drain_s},
+                            {"raw_cpu_us_per_msg", median(raw_cpu_v) * us_per},
+                            {"ingest_cpu_us_per_group", median(ingest_cpu_v) * us_per},
+                            {"drain_cpu_us_per_group", median(drain_cpu_v) * us_per}};
         std::cerr << t << ": " << j.dump() << "\n";
         result[t] = j;
       }

@@ -4,8 +4,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#define XXH_INLINE_ALL
-#include <xxhash.h>
+#include "rlx/core/hash.hpp"
 
 #include <atomic>
 #include <cstring>
@@ -218,7 +217,7 @@ int64_t ShmWeightPublisher::publish(int64_t version, const std::vector<std::pair
       continue;
     }
     converted[i] = tensors[i].second.detach().to(at::kCPU, layout_.dtype).contiguous();
-    const uint64_t hash = XXH3_64bits(converted[i].data_ptr(), static_cast<size_t>(table[i].bytes));
+    const uint64_t hash = hash64(converted[i].data_ptr(), static_cast<size_t>(table[i].bytes));
     if (full || hash != hashes_[i]) table[i].last_changed.store(version, std::memory_order_relaxed);
     hashes_[i] = hash;
   }

@@ -17,8 +17,7 @@
 // another incarnation), else after keepalive_s with no parts, so the subscriber can tell
 // a quiet publisher from a lost one.
 #include <unistd.h>
-#define XXH_INLINE_ALL
-#include <xxhash.h>
+#include "rlx/core/hash.hpp"
 
 #include <nlohmann/json.hpp>
 #include <zmq.hpp>
@@ -334,7 +333,7 @@ int64_t TcpWeightPublisher::publish(int64_t version, const std::vector<std::pair
   snap->hashes.resize(I.chunks.size());
   for (size_t k = 0; k < I.chunks.size(); ++k) {
     const auto& c = I.chunks[k];
-    snap->hashes[k] = XXH3_64bits(base + c.offset, static_cast<size_t>(c.bytes));
+    snap->hashes[k] = hash64(base + c.offset, static_cast<size_t>(c.bytes));
     if (!I.o.delta || full || snap->hashes[k] != I.hashes[k]) I.last_changed[c.tensor] = version;
   }
   I.hashes = snap->hashes;
@@ -448,7 +447,7 @@ struct TcpWeightSubscriber::Impl {
       const auto& f = frames[k + 1];
       if (f.size() != static_cast<size_t>(c.bytes))
         bad(fmt::format("chunk {} of tensor {:?} has {} bytes, the layout says {}", i, name, f.size(), c.bytes));
-      if (XXH3_64bits(f.data(), f.size()) != p[1].get<uint64_t>())
+      if (hash64(f.data(), f.size()) != p[1].get<uint64_t>())
         bad(fmt::format("chunk {} of tensor {:?} fails its checksum", i, name));
       std::memcpy(dst + c.offset, f.data(), f.size());
       copied += static_cast<int64_t>(f.size());

@@ -21,6 +21,7 @@
 
 #include "launch/trainer_commands.hpp"
 #include "rlx/algo/algorithm.hpp"
+#include "rlx/bus/hub.hpp"
 #include "rlx/core/files.hpp"
 #include "rlx/core/signals.hpp"
 #include "rlx/env/bundled.hpp"
@@ -305,6 +306,7 @@ void add_trainer_commands(CLI::App& app, Action& action) {
     action = [ra] {
       // A role dies with its launcher (SIGTERM: the learner checkpoints, the hub saves).
       ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      bus::keep_frame_memory();  // before any thread starts: M_ARENA_MAX binds only threads yet to allocate
       if (const char* p = std::getenv("RLX_LAUNCHER_PID"); p && ::getppid() != std::atoi(p)) return 1;
       RoleContext ctx{.cfg = config::load_file<RunConfig>(ra->config), .run_dir = ra->run_dir, .weights = ra->weights, .exe = ra->exe};
       ctx.index = ra->role == "learner" && std::getenv("RLX_RANK") ? std::atoi(std::getenv("RLX_RANK")) : ra->index;

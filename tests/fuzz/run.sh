@@ -7,7 +7,7 @@ mkdir -p "$work/corpus" && cd "$work"  # crash artifacts land in $work
 cxx=$(command -v clang++-14 || command -v clang++ || true)
 if [ -z "$cxx" ]; then echo "clang++ is required for the fuzz test (scripts/install-deps.sh installs it)"; exit 1; fi
 flags=(-std=c++20 -O1 -g -I"$src/include" -I"$gen_include")
-sources=("$src/src/bus/message.cpp" "$src/src/core/error.cpp")
+sources=("$src/src/bus/message.cpp" "$src/src/core/error.cpp" "$src/src/core/hash.cpp")
 "$cxx" "${flags[@]}" "${sources[@]}" "$src/tests/fuzz/seed_corpus.cpp" -lfmt -o "$work/seed_corpus"
 "$work/seed_corpus" "$work/corpus"
 "$cxx" "${flags[@]}" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \

@@ -115,7 +115,11 @@ HubSnapshot read_snapshot(const std::string& path, const Limits& limits = {});
 // Process-wide malloc settings for moving large frames: allocations up to 64 MiB come from
 // the heap (not a fresh mmap each, which page-faults every byte again) and freed memory stays
 // in the process up to 1 GiB. Without it a 300 KB frame costs ~70 page faults per hop.
-// `rlx hub serve`, `rlx bus worker|learner` and `rlx bench bus` call it; a trainer main may.
+// Every thread allocates from the one main arena: a thread's own arena lives in 64 MiB heaps
+// that glibc unmaps whenever one empties, whatever the trim threshold, so a ZeroMQ I/O thread
+// receiving a 256 MB weight version page-faulted all of it again on every version when it
+// happened to get one (the slow mode of `rlx bench sync --path tcp`: 0.9 s instead of 0.12 s).
+// `rlx hub serve`, `rlx bus worker|learner`, the roles of `rlx run` and the benches call it.
 void keep_frame_memory();
 
 class Hub {

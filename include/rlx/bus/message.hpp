@@ -3,7 +3,7 @@
 //
 // A frame is a 40-byte little-endian header and a payload:
 //   magic "RLXB" | protocol version u16 | type u16 | reserved u32 | seq u64 |
-//   payload length u64 | xxh64(payload, seed = type)
+//   payload length u64 | xxh3-64(payload, seed = type) (rlx::hash64)
 // decode_frame() rejects a frame whose magic, version, type, length or checksum is
 // wrong, naming the reason (FrameError::reason, for counters). unpack() reads the
 // payload with BoundedInputArchive: a vector or string length is checked against
@@ -38,7 +38,7 @@
 namespace rlx::bus {
 
 inline constexpr uint32_t kMagic = 0x42584c52;  // "RLXB" little-endian
-inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint16_t kProtocolVersion = 2;  // 2: the checksum is XXH3-64 (1: XXH64)
 inline constexpr size_t kHeaderBytes = 40;
 
 enum class MsgType : uint16_t {

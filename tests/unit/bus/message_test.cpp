@@ -70,8 +70,8 @@ TEST_CASE("bus messages: malformed frames are rejected with a reason", "[bus]") 
   bad[0] = 'X';
   CHECK(reason_of([&] { decode_frame(bad, limits); }) == Reject::bad_magic);
   bad = good;
-  bad[4] = 2;  // protocol version 2
-  CHECK_THAT(rlx::test::error_of([&] { decode_frame(bad, limits); }), Contains("protocol version 2"));
+  bad[4] = 1;  // protocol version 1 (XXH64 checksums): refused, not misread
+  CHECK_THAT(rlx::test::error_of([&] { decode_frame(bad, limits); }), Contains("protocol version 1 (this build speaks 2)"));
   CHECK(reason_of([&] { decode_frame(bad, limits); }) == Reject::bad_version);
   bad = good;
   bad[6] = 99;
