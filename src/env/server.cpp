@@ -90,7 +90,10 @@ void serve_envs(const EnvServerOptions& o, const Registry& registry, const Conte
             it->second.env->load_state(req.payload);
           }
         } else if (req.op == "step") {
-          RLX_CHECK(it != episodes.end() && it->second.env, "episode {:x} is not open on this server", req.episode);
+          // Not the task's fault: this server never opened the episode, or lost it when it was
+          // restarted. Infra, so the lease is retried rather than ended as bad data.
+          if (it == episodes.end() || !it->second.env)
+            throw InfraError(fmt::format("episode {:x} is not open on this server (restarted since its reset?)", req.episode));
           if (req.turn != it->second.turn + 1)
             throw InfraError(fmt::format("episode {:x}: turn {} after turn {}", req.episode, req.turn, it->second.turn));
           StepResult r = it->second.env->step(req.action);
@@ -238,12 +241,15 @@ struct RemoteEnv::Impl {
     for (uint32_t attempt = 0;; ++attempt) {
       if (auto rep = try_call(req)) {
         if (rep->error_kind == "data") throw Error(fmt::format("environment {} at {}: {}", o.env, o.address, rep->error));
-        if (!rep->error.empty()) throw InfraError(fmt::format("environment {} at {}: {}", o.env, o.address, rep->error));
-        return *rep;
-      }
-      if (attempt >= o.retries)
+        if (rep->error.empty()) return *rep;
+        // An infra answer (the server does not have the episode: another client restarted
+        // it since this episode's reset) is recovered like no answer, within the retries.
+        if (attempt >= o.retries) throw InfraError(fmt::format("environment {} at {}: {}", o.env, o.address, rep->error));
+        log::warn("remote env: {} at {}: {}; putting the episode back", o.env, o.address, rep->error);
+      } else if (attempt >= o.retries) {
         throw InfraError(fmt::format("environment {} at {}: no answer to {} (turn {}) after {} tries of {} s", o.env,
                                      o.address, req.op, req.turn, attempt + 1, o.timeout_s));
+      }
       // Recover: restart a dead server, reconnect, and put the episode back where the last
       // answer left it (a restarted server has lost it; a live one gets the same state).
       ++recoveries;

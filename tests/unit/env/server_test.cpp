@@ -95,6 +95,35 @@ TEST_CASE("env server: a sandboxed server process, killed mid-episode, recovers 
   CHECK(remote.reset(task).size() > 0);
 }
 
+TEST_CASE("env server: an episode whose server another client restarted is put back, not failed as bad data",
+          "[env][server]") {
+  REQUIRE(fs::exists(kTokenizer));
+  rlx::test::TempDir dir;
+  rlx::env::EnvServerProcess server(server_options(dir));
+  const std::string address = "ipc://" + (dir / "env.sock").string();
+  // Two episodes on one supervised server, as a rollout worker runs them.
+  rlx::env::RemoteEnv a({.address = address, .env = "guess_number", .timeout_s = 30, .retries = 4, .server = &server});
+  rlx::env::RemoteEnv b({.address = address, .env = "guess_number", .timeout_s = 30, .retries = 4, .server = &server});
+  const json task = {{"target", 42}, {"range", 100}};
+  REQUIRE(a.reset(task).size() > 0);
+  REQUIRE(b.reset(task).size() > 0);
+  REQUIRE(b.step(ids("50")).observation.size() > 0);
+  REQUIRE(::kill(server.pid(), SIGKILL) == 0);
+  const std::string serve_marker = "env serve --address " + address;
+  for (int i = 0; i < 500 && process_with(serve_marker); ++i) ::usleep(10000);
+  REQUIRE_FALSE(process_with(serve_marker));
+  // a notices the death and restarts the server; b's next step then reaches a live server
+  // that never saw b's episode. It must come back from b's last state, not end as a data error.
+  CHECK(a.step(ids("10")).observation.size() > 0);
+  CHECK(server.restarts() == 1);
+  const auto before = b.recoveries();
+  const auto r = b.step(ids("42"));
+  CHECK(r.done);
+  CHECK(r.reward == 1.0);
+  CHECK(b.recoveries() > before);
+  CHECK(json::parse(b.save_state())["guesses"] == json::array({50, 42}));
+}
+
 TEST_CASE("env server: a dead server without a supervisor is an infra error", "[env][server]") {
   rlx::test::TempDir dir;
   auto server = std::make_unique<rlx::env::EnvServerProcess>(server_options(dir));
