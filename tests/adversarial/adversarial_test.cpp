@@ -18,6 +18,7 @@
 #include <set>
 #include <thread>
 
+#include "../unit/helpers.hpp"
 #include "rlx/env/bundled.hpp"
 #include "rlx/env/sandbox.hpp"
 
@@ -32,10 +33,8 @@ namespace {
 // process, since ctest runs test cases as parallel processes.
 const uint32_t kUidBase = 400000 + static_cast<uint32_t>(::getpid() % 4096) * 65536;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+// A process that exits while its /proc entry is read must not fail the scan.
+std::string slurp(const fs::path& p) { return rlx::test::read_file(p); }
 
 // Processes on the host whose real uid is in the suite's sandbox range (only meaningful
 // as root, where sandboxes get their own uids), and this process's descendants.

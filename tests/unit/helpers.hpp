@@ -3,6 +3,8 @@
 
 #include <unistd.h>
 
+#include <cstdio>
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -33,9 +35,17 @@ inline void write_file(const std::filesystem::path& p, const std::string& conten
   REQUIRE(out.good());
 }
 
+// The file's bytes: "" when it cannot be opened, and what was read before an error. A /proc
+// entry whose process exits mid-read fails with ESRCH, which an ifstream turns into an
+// exception (basic_filebuf::underflow).
 inline std::string read_file(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
+  std::FILE* f = std::fopen(p.c_str(), "rb");
+  if (!f) return {};
+  std::string out;
+  char buf[65536];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+  std::fclose(f);
+  return out;
 }
 
 // The message of the rlx::Error that f throws ("" if it throws nothing).
