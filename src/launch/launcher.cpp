@@ -43,11 +43,11 @@ double wall_now() { return std::chrono::duration<double>(std::chrono::system_clo
 std::string stuck_reason(const TrainSection& train, const fs::path& run_dir, const std::string& role, int index,
                          double started) {
   struct stat st {};
-  const bool beaten = ::stat(heartbeat_file(run_dir, role, index).c_str(), &st) == 0 &&
-                      static_cast<double>(st.st_mtim.tv_sec) + 1e-9 * static_cast<double>(st.st_mtim.tv_nsec) >= started;
-  const double last =
-      beaten ? static_cast<double>(st.st_mtim.tv_sec) + 1e-9 * static_cast<double>(st.st_mtim.tv_nsec) : started;
-  const double silent = wall_now() - last;
+  double beat = -1;  // the heartbeat file's mtime; a file older than this start is a predecessor's
+  if (::stat(heartbeat_file(run_dir, role, index).c_str(), &st) == 0)
+    beat = static_cast<double>(st.st_mtim.tv_sec) + 1e-9 * static_cast<double>(st.st_mtim.tv_nsec);
+  const bool beaten = beat >= started;
+  const double silent = wall_now() - (beaten ? beat : started);
   if (beaten && silent > train.heartbeat_timeout_s)
     return fmt::format("no heartbeat for {:.0f} s (train.heartbeat_timeout_s)", silent);
   if (!beaten && silent > train.start_timeout_s)
@@ -326,11 +326,12 @@ class Roles {
   void kill_stuck() {
     auto check = [&](const char* role, int index, dist::LocalGroup& g, int rank) {
       if (!g.running(rank)) return;
+      const auto pid = g.ranks()[static_cast<size_t>(rank)].pid;
+      if (killed_stuck_.contains(pid)) return;  // killed, not reaped yet
       const auto why = stuck_reason(cfg_.train, run_dir_, role, index, started_.at(fmt::format("{}-{}", role, index)));
       if (why.empty()) return;
-      std::cerr << fmt::format("rlx run: {} {} (pid {}) is stuck: {}; killing it", role, index,
-                               g.ranks()[static_cast<size_t>(rank)].pid, why)
-                << std::endl;
+      killed_stuck_.insert(pid);
+      std::cerr << fmt::format("rlx run: {} {} (pid {}) is stuck: {}; killing it", role, index, pid, why) << std::endl;
       g.signal(rank, SIGKILL);
     };
     check("hub", 0, *hub_, 0);
@@ -375,6 +376,7 @@ class Roles {
   };
   std::vector<WorkerSlot> workers_;
   std::map<std::string, double> started_;  // role-index -> when it was (re)started (wall clock)
+  std::set<pid_t> killed_stuck_;           // roles killed as stuck (reported once)
 };
 
 }  // namespace
@@ -582,7 +584,7 @@ class TaskRunner {
     auto child = start();
     std::optional<Progress> progress;
     if (task_.procid == 0) progress.emplace(run_dir_ / "metrics.jsonl", cfg_.train.steps);
-    bool stopping = false;
+    bool stopping = false, killed_stuck = false;
     for (;;) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       if (progress) progress->poll();
@@ -616,9 +618,11 @@ class TaskRunner {
         }
         return 0;
       }
-      if (const auto why = stuck_reason(cfg_.train, run_dir_, task_.role, task_.index, started_); !stopping && !why.empty()) {
+      if (const auto why = stopping || killed_stuck ? "" : stuck_reason(cfg_.train, run_dir_, task_.role, task_.index, started_);
+          !why.empty()) {
         std::cerr << fmt::format("{}: stuck: {}; killing it", me, why) << std::endl;
         child->signal(0, SIGKILL);
+        killed_stuck = true;  // reported once, until it is reaped and restarted
       }
       if (!child->poll()) continue;
       const auto& e = child->ranks()[0];
@@ -632,6 +636,7 @@ class TaskRunner {
         ++restarts;
         std::cerr << fmt::format("{}: {}; restarting it ({}/{})", me, why, restarts, cfg_.rollout.max_restarts) << std::endl;
         child = start();
+        killed_stuck = false;
         continue;
       }
       return fail(me, why);

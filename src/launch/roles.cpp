@@ -170,7 +170,6 @@ void install_stop_handler() { on_stop_signals(on_stop); }
 
 int run_hub(const RoleContext& ctx) {
   set_compute_threads(1);
-  bus::keep_frame_memory();
   auto o = hub_options(ctx);
   std::unique_ptr<bus::Hub> hub;
   if (!o.dataset.empty()) {
@@ -296,7 +295,6 @@ int run_learner(const RoleContext& ctx) {
   const auto& cfg = ctx.cfg;
   install_stop_handler();
   set_threads(cfg);
-  bus::keep_frame_memory();  // batches from the hub, weights out
   auto tok = run_tokenizer(cfg);
   auto start = initial_model(cfg, *tok);
   // The learner group: ranks wait in collectives while rank 0 waits for a batch.
@@ -896,7 +894,6 @@ int run_worker(const RoleContext& ctx) {
   ::pthread_sigmask(SIG_UNBLOCK, &leave, nullptr);
   ::signal(SIGINT, SIG_IGN);    // a terminal's SIGINT is the launcher's: it stops workers after the learner
   set_threads(cfg);
-  bus::keep_frame_memory();  // trajectory groups out, weights in (tcp)
   env::register_bundled();
   auto tok = run_tokenizer(cfg);
   auto model = initial_model(cfg, *tok);

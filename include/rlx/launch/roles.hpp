@@ -70,6 +70,8 @@ void start_trace(const RoleContext& ctx, const std::string& role);
 size_t merge_traces(const std::filesystem::path& run_dir);
 std::filesystem::path heartbeat_file(const std::filesystem::path& run_dir, const std::string& role, int index);
 
+// The roles. Their process calls bus::keep_frame_memory() first, before any thread starts
+// (`rlx role` does, in trainer_main): its one-arena setting binds only threads yet to allocate.
 int run_hub(const RoleContext& ctx);
 int run_learner(const RoleContext& ctx);
 int run_worker(const RoleContext& ctx);
