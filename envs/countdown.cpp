@@ -2,6 +2,7 @@
 // the answer's first line that holds an expression is evaluated (anything after '=' is
 // ignored); reward 1 for an exact hit using only the given numbers.
 // Task: {"numbers": [...], "target": N, "prompt"?: ...}. Options: count (4), max (25).
+#include <fmt/ranges.h>
 #include <algorithm>
 
 #include "common.hpp"

@@ -5,6 +5,7 @@
 //   ./rlx_example_generate /tmp/tiny "12+34=" 32
 //   // prompt: "12+34="
 //   // continuation (32 tokens, seed 0): ... (random weights give random text)
+#include <c10/core/GradMode.h>
 #include <iostream>
 #include <string>
 
@@ -28,7 +29,7 @@ int main(int argc, char** argv) {
     std::vector<rlx::TokenId> ids = tok->encode(prompt);
     RLX_CHECK(!ids.empty(), "the prompt encodes to no tokens");
 
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     rlx::DenseKVCache cache(model->config(), 1, static_cast<int64_t>(ids.size()) + new_tokens, model->dtype(), model->device());
     auto input = at::tensor(std::vector<int64_t>(ids.begin(), ids.end())).unsqueeze(0);
     rlx::RngStream rng(/*seed=*/0);

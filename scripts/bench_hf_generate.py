@@ -49,7 +49,7 @@ def main():
     model_dir = os.path.join(args.out, "qwen2.5-0.5b-random")
     cfg = AutoConfig.for_model("qwen2", **QWEN25_05B)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16).cuda().eval()
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).cuda().eval()
     model.save_pretrained(model_dir, safe_serialization=True)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 2
@@ -62,7 +62,7 @@ def main():
         proc = subprocess.run([args.rlx, "bench", "sampler", "--model", model_dir, "--dtype", "bfloat16",
                                "--device", "cuda", "--batch", str(b), "--prompt", str(args.prompt), "--new",
                                str(args.new), "--iters", "1", "--kv-cache-mb", "16384",
-                               "--max-batch-tokens", "16384"], capture_output=True, text=True)
+                               "--max-batch-tokens", "16384"], capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
             rlx = {"error": proc.stderr[-2000:]}
         else:

@@ -1,5 +1,6 @@
 #include "rlx/algo/algorithm.hpp"
 
+#include <fmt/ranges.h>
 #include <algorithm>
 #include <cmath>
 #include <mutex>

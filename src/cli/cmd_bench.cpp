@@ -6,6 +6,7 @@
 // The rollout engine generating B requests (x G samples) of P prompt tokens and N new
 // tokens: output tokens/s, ms per decode step, prefill tokens/s, peak memory; with
 // --naive the same generation by full recompute (no KV cache) and the ratio.
+#include <c10/core/GradMode.h>
 #include <ATen/Parallel.h>
 #include <sys/resource.h>
 
@@ -131,7 +132,7 @@ int bench_sampler(const SamplerArgs& a) {
                            tokens_per_s, r["decode_step_ms"].get<double>(), r["prefill_tokens_per_s"].get<double>());
   if (a.naive) {
     // The same generation without a KV cache: every step recomputes the whole sequence.
-    at::NoGradGuard g;
+    c10::NoGradGuard g;
     const int64_t rows = a.batch * a.n;
     auto tokens = at::empty({rows, a.prompt}, at::TensorOptions().dtype(at::kLong));
     for (int64_t i = 0; i < rows; ++i) {
@@ -192,7 +193,7 @@ void add_bench_commands(CLI::App& app, Action& action) {
         if (device.is_cuda()) m.hf_parameters().front().second.cpu();  // waits for the stream
       };
       const double fwd_s = seconds_per_call(a->iters, [&] {
-        at::NoGradGuard g;
+        c10::NoGradGuard g;
         m.forward({.tokens = tokens});
         sync();
       });
@@ -207,7 +208,7 @@ void add_bench_commands(CLI::App& app, Action& action) {
       double decode_s = 0;
       if (a->decode_steps > 0) {
         for (int it = 0; it <= a->iters; ++it) {  // iteration 0 warms up
-          at::NoGradGuard g;
+          c10::NoGradGuard g;
           DenseKVCache cache(cfg, a->batch, a->seq + a->decode_steps, dtype, device);
           auto next = m.forward({.tokens = tokens}, &cache).select(1, a->seq - 1).argmax(-1).unsqueeze(1);
           sync();

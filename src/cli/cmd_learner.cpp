@@ -22,6 +22,7 @@
 #include "rlx/core/files.hpp"
 #include "rlx/core/rng.hpp"
 #include "rlx/core/threads.hpp"
+#include "rlx/core/torch_compat.hpp"
 #include "rlx/dist/local_group.hpp"
 #include "rlx/dist/weight_sync.hpp"
 #include "rlx/learner/checkpoint.hpp"
@@ -78,7 +79,7 @@ int inspect_checkpoint(const fs::path& dir, bool as_json) {
 }
 
 struct BenchArgs {
-  std::string preset = "small", arch = "qwen2", dtype = "float32";
+  std::string preset = "small", arch = "qwen2", dtype = "float32", device = "cpu";
   int64_t seq = 256, batch_seqs = 8, micro_batch_tokens = 2048, steps = 3;
   std::vector<int> ranks{1, 2};
   int threads = 0;
@@ -91,17 +92,23 @@ double peak_rss_mb() {
   return static_cast<double>(u.ru_maxrss) / 1024.0;
 }
 
-// Measured fp32 GEMM throughput of this process's threads: the "peak" MFU is relative to.
-double gemm_gflops() {
-  auto a = at::randn({1024, 1024}), b = at::randn({1024, 1024});
+// Measured GEMM throughput, the "peak" MFU is relative to: fp32 on this process's threads,
+// or on a CUDA device a large product in the compute dtype.
+double gemm_gflops(at::Device device, at::ScalarType dtype) {
+  const int64_t n = device.is_cuda() ? 8192 : 1024;
+  const auto o = at::TensorOptions().device(device).dtype(device.is_cuda() ? dtype : at::kFloat);
+  auto a = at::randn({n, n}, o), b = at::randn({n, n}, o);
+  auto sync = [&] { (void)at::mm(a.narrow(0, 0, 1), b.narrow(1, 0, 1)).cpu(); };
   at::mm(a, b);
+  sync();
   const double t0 = now_s();
-  int n = 0;
-  while (now_s() - t0 < 1.0 || n < 3) {
+  int k = 0;
+  while (now_s() - t0 < 1.0 || k < 3) {
     at::mm(a, b);
-    ++n;
+    if (device.is_cuda()) sync();
+    ++k;
   }
-  return 2.0 * 1024 * 1024 * 1024 * n / (now_s() - t0) / 1e9;
+  return 2.0 * static_cast<double>(n * n * n) * k / (now_s() - t0) / 1e9;
 }
 
 // Training FLOPs per token (forward + backward = 3x forward): 6 per matmul weight,
@@ -129,9 +136,10 @@ json bench_rank(const BenchArgs& a) {
   o.packing.micro_batch_tokens = std::max(a.micro_batch_tokens, a.seq);
   o.fsdp.activation_checkpointing = a.checkpointing;
   o.fsdp.compute_dtype = to_scalar_type(*config::enum_from_string<DType>(a.dtype));
+  o.fsdp.device = at::Device(a.device);
   Learner learner(cfg, *comm, o);
   learner.init_weights(0);
-  auto peak = at::tensor({gemm_gflops()}, at::kDouble);
+  auto peak = at::tensor({gemm_gflops(o.fsdp.device, o.fsdp.compute_dtype)}, at::kDouble);
   comm->all_reduce(peak, dist::ReduceOp::sum, "bench: gemm peak")->wait();
   RngStream rng(1, 0);
   std::vector<double> times;
@@ -158,6 +166,7 @@ json bench_rank(const BenchArgs& a) {
   const double step_s = times[times.size() / 2];
   auto rss = at::tensor({peak_rss_mb()}, at::kDouble);
   comm->all_reduce(rss, dist::ReduceOp::max, "bench: peak memory")->wait();
+  const double device_peak_mb = static_cast<double>(compat::device_peak_bytes(o.fsdp.device)) / (1 << 20);
   const double flops = train_flops_per_token(cfg, static_cast<double>(a.seq) / 2) * static_cast<double>(tokens);
   const double achieved = flops / step_s / 1e9;
   return {{"ranks", comm->size()},
@@ -169,7 +178,8 @@ json bench_rank(const BenchArgs& a) {
           {"model_gflops_per_step", flops / 1e9},
           {"achieved_gflops", achieved},
           {"gemm_peak_gflops", peak.item<double>()},
-          {"mfu", achieved / peak.item<double>()}};
+          {"mfu", achieved / peak.item<double>()},
+          {"device_peak_mb", device_peak_mb >= 0 ? json(device_peak_mb) : json(nullptr)}};
 }
 
 int bench_learner(const BenchArgs& a, const std::vector<std::string>& self_args) {
@@ -201,12 +211,13 @@ int bench_learner(const BenchArgs& a, const std::vector<std::string>& self_args)
                              n, run["tokens_per_s"].get<double>(), run["step_s"].get<double>(),
                              run["peak_rss_mb"].get<double>(), 100 * run["mfu"].get<double>());
     runs.push_back(run);
-    fs::remove_all(tmp);
+    rlx::remove_tree(tmp);
   }
   json j = {{"bench", "learner"},
             {"preset", a.preset},
             {"arch", a.arch},
             {"dtype", a.dtype},
+            {"device", a.device},
             {"seq", a.seq},
             {"batch_seqs", a.batch_seqs},
             {"micro_batch_tokens", a.micro_batch_tokens},
@@ -413,6 +424,7 @@ void add_learner_commands(CLI::App& app, Action& action) {
   b->add_option("--preset", a->preset, "model preset");
   b->add_option("--arch", a->arch, "llama or qwen2");
   b->add_option("--dtype", a->dtype, "compute dtype: float32, bfloat16");
+  b->add_option("--device", a->device, "cpu or cuda[:N] (every rank on that device)");
   b->add_option("--seq", a->seq, "tokens per sequence");
   b->add_option("--batch-seqs", a->batch_seqs, "sequences per step (the whole group's batch)");
   b->add_option("--micro-batch-tokens", a->micro_batch_tokens, "tokens per micro-batch (accumulation above it)");

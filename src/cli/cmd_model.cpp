@@ -4,6 +4,7 @@
 // random weights that `transformers` can load.
 // rlx model logits --model DIR --tokens '[[1, 2, 3]]' [--dtype D] [--device DEV]
 // Prints the full-forward logits as one JSON line (for parity checks against peers).
+#include <c10/core/GradMode.h>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -92,7 +93,7 @@ void add_model_commands(CLI::App& app, Action& action) {
       const int64_t B = static_cast<int64_t>(ids.size()), T = static_cast<int64_t>(ids[0].size());
       auto m = load_hf(l->model, {.dtype = to_scalar_type(*config::enum_from_string<DType>(l->dtype)),
                                   .device = at::Device(l->device)});
-      at::NoGradGuard g;
+      c10::NoGradGuard g;
       auto out = m->forward({.tokens = at::tensor(flat).view({B, T})}).to(at::kFloat).cpu().contiguous();
       nlohmann::json rows = nlohmann::json::array();
       const float* p = out.data_ptr<float>();

@@ -1,6 +1,8 @@
 #include "rlx/core/files.hpp"
 
 #include <fcntl.h>
+#include <ftw.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -95,6 +97,45 @@ std::string read_file(const std::filesystem::path& path, uint64_t max_bytes) {
   }
   out.resize(done);
   return out;
+}
+
+namespace {
+// nftw hands its callback no context: the walk's counters live per thread.
+thread_local uintmax_t tree_removed = 0;
+thread_local int tree_errno = 0;
+
+int remove_entry(const char* path, const struct stat*, int type, struct FTW*) {
+  const int rc = type == FTW_DP ? ::rmdir(path) : ::unlink(path);
+  if (rc != 0 && errno != ENOENT) {
+    tree_errno = errno;
+    return 1;  // stop the walk
+  }
+  if (rc == 0) ++tree_removed;
+  return 0;
+}
+}  // namespace
+
+uintmax_t remove_tree(const std::filesystem::path& path, std::error_code& ec) noexcept {
+  ec.clear();
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno != ENOENT) ec.assign(errno, std::generic_category());
+    return 0;
+  }
+  tree_removed = 0;
+  tree_errno = 0;
+  // Depth first (children before their directory), not following symbolic links, at most
+  // 64 directory descriptors open at once.
+  const int rc = ::nftw(path.c_str(), remove_entry, 64, FTW_DEPTH | FTW_PHYS);
+  if (rc != 0) ec.assign(tree_errno ? tree_errno : (errno ? errno : EIO), std::generic_category());
+  return tree_removed;
+}
+
+uintmax_t remove_tree(const std::filesystem::path& path) {
+  std::error_code ec;
+  const auto n = remove_tree(path, ec);
+  RLX_CHECK(!ec, "cannot remove {}: {}", path.string(), ec.message());
+  return n;
 }
 
 }  // namespace rlx

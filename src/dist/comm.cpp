@@ -2,6 +2,8 @@
 // and the heartbeats that make a failed collective attributable.
 #include "rlx/dist/comm.hpp"
 
+#include <fmt/ranges.h>
+
 #if RLX_WITH_GLOO
 #define USE_C10D_GLOO 1
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -48,6 +50,7 @@ int env_int(const char* name, int fallback, int lo, int hi) {
   return out;
 }
 
+#if RLX_WITH_GLOO
 c10::intrusive_ptr<c10d::TCPStore> store_client(const std::string& host, int port, int world, double timeout_s) {
   c10d::TCPStoreOptions o;
   o.port = static_cast<uint16_t>(port);
@@ -63,6 +66,7 @@ int64_t read_counter(c10d::Store& store, const std::string& key) { return store.
 
 std::string hb_key(int rank) { return fmt::format("rlx/heartbeat/{}", rank); }
 std::string done_key(int rank) { return fmt::format("rlx/done/{}", rank); }
+#endif
 
 // -- single process ----------------------------------------------------------------
 
@@ -357,7 +361,8 @@ int StoreServer::port() const { return impl_->store->getPort(); }
 std::unique_ptr<Communicator> single_process() { return std::make_unique<SingleProcess>(); }
 
 std::unique_ptr<Communicator> connect(const RendezvousOptions& options) {
-  if (options.world_size == 1 && !options.host_store && options.store_port == 0) return single_process();
+  // A group of one needs no collectives (nor Gloo), whether or not a store was named.
+  if (options.world_size == 1 && !options.host_store) return single_process();
 #if RLX_WITH_GLOO
   return std::make_unique<Gloo>(options);
 #else

@@ -1,5 +1,7 @@
 #include "rlx/dist/fsdp.hpp"
 
+#include <fmt/ranges.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -38,7 +40,7 @@ struct BlockFunction : torch::autograd::Function<BlockFunction> {
       out = self->module().layer(unit - 1, h, *st);
       ctx->saved_data["input"] = h;
     } else {
-      at::AutoGradMode grad(true);
+      c10::AutoGradMode grad(true);
       auto leaf = h.detach().requires_grad_(true);
       auto inner = self->module().layer(unit - 1, leaf, *st);
       ctx->saved_data["input"] = leaf;
@@ -57,7 +59,7 @@ struct BlockFunction : torch::autograd::Function<BlockFunction> {
     if (self->options().prefetch && u > 1) self->start_gather(u - 1);
     Variable input, output;
     {
-      at::AutoGradMode grad(true);
+      c10::AutoGradMode grad(true);
       if (self->options().activation_checkpointing) {
         ForwardState st;
         st.batch = ctx->saved_data["batch"].toInt();
@@ -118,7 +120,7 @@ ShardedTransformer::ShardedTransformer(const ModelConfig& cfg, Communicator& com
     params_[u].push_back(p);
   }
   const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(opt_.device);
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   for (size_t u = 0; u < units_.size(); ++u) {
     auto& unit = units_[u];
     unit.padded = round_up(unit.numel, world);
@@ -218,7 +220,7 @@ at::Tensor ShardedTransformer::forward_hidden(const ForwardInput& in) {
   auto st = model_->begin_forward(in);
   if (opt_.prefetch && units_.size() > 1) start_gather(1);
   auto h = model_->embed(st);
-  const bool grad = at::GradMode::is_enabled();
+  const bool grad = c10::GradMode::is_enabled();
   for (size_t u = 1; u < units_.size(); ++u) {
     if (grad) {
       h = BlockFunction::apply(this, static_cast<int64_t>(u), &st, units_[u].shard, h);
@@ -263,7 +265,7 @@ void ShardedTransformer::load_from(const Transformer& full) {
             "fsdp: the model to shard has a different shape");
   std::map<std::string, at::Tensor> by_name;
   for (auto& [name, p] : full.hf_parameters()) by_name[name] = p;
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   for (auto& u : units_) {
     auto flat = at::zeros({u.padded}, at::TensorOptions().dtype(at::kFloat));
     for (const auto& s : u.slots) {

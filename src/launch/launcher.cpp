@@ -78,8 +78,8 @@ void clear_run(const fs::path& dir, bool logs = true) {
   for (const char* p : {"hub.state", "trajectories.h5", "metrics.jsonl", "checkpoints", "checkpoints-critic", "final",
                         "heartbeats", "episodes", "scale.json", "traces", "trace.json", "stats", "tasks", "env-sockets",
                         kHubEndpointFile, kWeightsEndpointFile})
-    fs::remove_all(dir / p);
-  if (logs) fs::remove_all(dir / "logs"), fs::remove_all(dir / "fault-injected");
+    rlx::remove_tree(dir / p);
+  if (logs) rlx::remove_tree(dir / "logs"), rlx::remove_tree(dir / "fault-injected");
   for (const auto& e : fs::directory_iterator(dir))
     if (e.path().filename().string().starts_with("hub-step_")) fs::remove(e.path());
 }
@@ -99,7 +99,7 @@ void prepare_resume(const fs::path& dir) {
     fs::copy_file(dir / hub_state, dir / "hub.state", fs::copy_options::overwrite_existing);
     // Episodes saved after that checkpoint may carry versions the resumed learner has not
     // made yet: their leases start over.
-    fs::remove_all(dir / "episodes");
+    rlx::remove_tree(dir / "episodes");
     step = info.step;
     break;
   }
@@ -446,7 +446,7 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
       progress.poll();
       if (state == Roles::State::learner_done) {
         roles.stop_rest();
-        fs::remove_all(run_dir / "episodes");  // of leases past the last step
+        rlx::remove_tree(run_dir / "episodes");  // of leases past the last step
         break;
       }
       if (stopped_by != 0) {
@@ -551,7 +551,7 @@ class TaskRunner {
     const std::string host = task_.tcp ? dist::host_name() : "127.0.0.1";
     if (task_.procid == 0) {
       prepare_run_dir(cfg_, lo);
-      fs::remove_all(run_dir_ / "tasks");
+      rlx::remove_tree(run_dir_ / "tasks");
       remove_endpoints(run_dir_);
       fs::create_directories(coord_);
       if (cfg_.train.learner_ranks > 1) store = std::make_unique<dist::StoreServer>(host, 0);

@@ -6,6 +6,7 @@
 // rlx role NAME --config F ...      one role of a run (what `rlx run` starts; internal)
 // rlx env serve --address A ...     an environment server (what workers start; internal)
 // rlx sandbox run [limits] -- CMD   one command in the sandbox (how env servers are started)
+#include <fmt/ranges.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>

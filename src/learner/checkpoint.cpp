@@ -1,5 +1,6 @@
 #include "rlx/learner/checkpoint.hpp"
 
+#include <c10/core/GradMode.h>
 #include <csignal>
 #include <cstdlib>
 #include <map>
@@ -40,7 +41,7 @@ void remove_partials(const fs::path& root) {
   for (const auto& e : fs::directory_iterator(root, ec)) {
     const auto name = e.path().filename().string();
     if (name.rfind(".partial-", 0) == 0) {
-      fs::remove_all(e.path(), ec);
+      rlx::remove_tree(e.path(), ec);
       if (ec) log::warn("checkpoint: cannot remove the partial {}: {}", e.path().string(), ec.message());
     }
   }
@@ -57,7 +58,7 @@ json units_json(Learner& l) {
 // group size differs. `shards(k)` returns old rank k's [param, exp_avg, exp_avg_sq].
 void restore_unit(dist::ShardedUnit& u, AdamW::Slot& slot, int rank, int old_world, int64_t old_shard,
                   const std::function<std::vector<at::Tensor>(int)>& shards) {
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   std::vector<at::Tensor> targets{u.shard, slot.exp_avg, slot.exp_avg_sq};
   const int64_t begin = static_cast<int64_t>(rank) * u.shard_numel;
   for (auto& t : targets) t.zero_();
@@ -211,7 +212,7 @@ fs::path save_checkpoint(Learner& learner, const CheckpointOptions& o, const jso
     fsync_path(partial);
     crash_point("manifest", rank);
     std::error_code ec;
-    if (fs::exists(final_dir)) fs::remove_all(final_dir);  // the same step saved again
+    if (fs::exists(final_dir)) rlx::remove_tree(final_dir);  // the same step saved again
     fs::rename(partial, final_dir);
     fsync_path(o.root);
     crash_point("renamed", rank);
@@ -219,7 +220,7 @@ fs::path save_checkpoint(Learner& learner, const CheckpointOptions& o, const jso
     int kept = 0;
     for (const auto& d : all) {
       if (!verify_checkpoint(d).ok && d != final_dir) continue;  // damaged ones do not count as kept
-      if (++kept > o.keep_last) fs::remove_all(d, ec);
+      if (++kept > o.keep_last) rlx::remove_tree(d, ec);
     }
   }
   comm.barrier("checkpoint: committed");
@@ -270,7 +271,7 @@ std::optional<LoadedCheckpoint> load_latest_checkpoint(Learner& learner, const C
     RLX_CHECK(saved_head == learner.value_head().defined(), "checkpoint {}: {} a value head, this learner {}",
               dir.string(), saved_head ? "has" : "has no", saved_head ? "has none" : "has one");
     if (saved_head) {
-      at::NoGradGuard no_grad;
+      c10::NoGradGuard no_grad;
       auto& f = file(old_world == world ? rank : 0);
       auto& slot = slots[units.size()];
       learner.value_head().copy_(f.tensor("value_head.param"));
@@ -301,7 +302,7 @@ void export_hf(Learner& learner, const fs::path& dir, at::ScalarType dtype) {
   if (learner.comm().rank() == 0) {
     Transformer model(learner.model().config(), dtype, at::kCPU);
     std::map<std::string, at::Tensor> by_name(params.begin(), params.end());
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     for (auto& [name, p] : model.hf_parameters()) p.copy_(by_name.at(name));
     save_hf(model, dir);
   }

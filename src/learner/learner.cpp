@@ -1,5 +1,6 @@
 #include "rlx/learner/learner.hpp"
 
+#include <c10/core/GradMode.h>
 #include <algorithm>
 
 #include "rlx/core/clock.hpp"
@@ -61,7 +62,7 @@ TokenOutputs Learner::outputs(const MicroBatch& mb, bool entropy) {
 
 at::Tensor Learner::logprobs(const MicroBatch& mb) {
   RLX_CHECK(opt_.policy_head, "Learner::logprobs: this learner has no policy head");
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   auto out = outputs(mb, false).logprobs;
   model_.release_all();
   return out;
@@ -71,7 +72,7 @@ void Learner::annotate(std::vector<Sequence>& seqs, const std::string& logprobs_
   RLX_CHECK(logprobs_key.empty() || opt_.policy_head, "Learner::annotate: no policy head for {:?}", logprobs_key);
   RLX_CHECK(values_key.empty() || opt_.value_head, "Learner::annotate: no value head for {:?}", values_key);
   annotate_sequences(seqs, opt_.packing, comm_, [&](const MicroBatch& mb) {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     auto out = outputs(mb, false);
     model_.release_all();
     std::map<std::string, at::Tensor> named;
@@ -115,6 +116,19 @@ void annotate_sequences(std::vector<Sequence>& seqs, const PackOptions& packing,
   }
 }
 
+namespace {
+// The micro-batch's tensors on the learner's device, so that a loss function combines them
+// with the model's outputs there (the host copy keeps serving the bookkeeping).
+MicroBatch on_device(const MicroBatch& mb, at::Device device) {
+  if (device.is_cpu()) return mb;
+  MicroBatch d = mb;
+  for (auto* t : {&d.tokens, &d.segments, &d.targets, &d.loss_mask, &d.sequence})
+    if (t->defined()) *t = t->to(device, /*non_blocking=*/false);
+  for (auto& [name, v] : d.values) v = v.to(device);
+  return d;
+}
+}  // namespace
+
 StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_fn,
                          const std::vector<std::string>& metric_names) {
   const double t0 = now_s();
@@ -145,7 +159,8 @@ StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_
     at::Tensor loss;
     if (i < mbs.size()) {
       const auto& mb = mbs[i];
-      loss = loss_fn(mb, outputs(mb, opt_.entropy), ctx, metrics);
+      const auto dmb = on_device(mb, opt_.fsdp.device);
+      loss = loss_fn(dmb, outputs(dmb, opt_.entropy), ctx, metrics);
       RLX_CHECK(loss.defined() && loss.numel() == 1, "loss function must return a scalar tensor");
       r.tokens += (mb.segments > 0).sum().item<int64_t>();
       r.padded_tokens += mb.tokens.numel();

@@ -1,5 +1,6 @@
 #include "rlx/learner/optimizer.hpp"
 
+#include <c10/core/GradMode.h>
 #include <cmath>
 #include <numbers>
 
@@ -25,12 +26,12 @@ void AdamW::add(const at::Tensor& param, const at::Tensor& decay_mask) {
             c10::toString(param.scalar_type()));
   RLX_CHECK(decay_mask.sizes() == param.sizes(), "AdamW: decay mask shape {} differs from parameter shape {}",
             decay_mask.sizes(), param.sizes());
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   slots_.push_back({param, decay_mask, at::zeros_like(param.detach()), at::zeros_like(param.detach())});
 }
 
 void AdamW::step(double lr) {
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   ++step_;
   const double bc1 = 1.0 - std::pow(opt_.beta1, static_cast<double>(step_));
   const double bc2_sqrt = std::sqrt(1.0 - std::pow(opt_.beta2, static_cast<double>(step_)));
@@ -81,7 +82,7 @@ double grad_sq_norm(const std::vector<at::Tensor>& params) {
 double clip_grads(const std::vector<at::Tensor>& params, double total_norm, double max_norm) {
   const double factor = std::min(1.0, max_norm / (total_norm + 1e-6));
   if (factor < 1.0) {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     for (const auto& p : params)
       if (p.grad().defined()) p.mutable_grad().mul_(factor);
   }

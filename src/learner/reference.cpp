@@ -1,6 +1,7 @@
 #include "rlx/learner/reference.hpp"
 
 #include "rlx/learner/learner.hpp"
+#include <c10/core/GradMode.h>
 
 namespace rlx {
 
@@ -10,7 +11,7 @@ ReferenceModel::ReferenceModel(const ModelConfig& cfg, dist::Communicator& comm,
 }
 
 at::Tensor ReferenceModel::logprobs(const MicroBatch& mb) {
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   auto hidden = model_.forward_hidden({.tokens = mb.tokens, .segments = mb.segments});
   auto out = gather_logprobs(model_.logits(hidden), mb.targets.to(hidden.device()));
   model_.release_all();

@@ -1,5 +1,6 @@
 #include "rlx/model/hf.hpp"
 
+#include <c10/core/GradMode.h>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -202,7 +203,7 @@ std::shared_ptr<Transformer> load_hf(const fs::path& dir, HfLoadOptions options)
   }
 
   auto model = std::make_shared<Transformer>(cfg, options.dtype, options.device);
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   std::set<std::string> used;
   for (auto& [name, p] : model->hf_parameters()) {
     auto it = where.find(name);

@@ -3,14 +3,27 @@
 #include <limits>
 
 #include "rlx/core/error.hpp"
+#include "rlx/core/torch_compat.hpp"
 
 namespace rlx {
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed,
-                     double scale) {
+                     double scale, bool fused) {
   const int64_t B = q.size(0), Tq = q.size(1), Hq = q.size(2), D = q.size(3);
   const int64_t Tk = k.size(1), Hkv = k.size(2), G = Hq / Hkv;
   RLX_ASSERT(Hq % Hkv == 0 && k.size(0) == B && v.sizes() == k.sizes(), "attention: bad shapes");
+#if RLX_TORCH_AT_LEAST(2, 1)
+  if (fused && q.is_cuda()) {
+    // LibTorch's fused attention (the memory-efficient kernel takes a boolean mask) never
+    // materialises the [Tq, Tk] scores per head; the K/V heads are repeated for it, which
+    // costs [B, Tk, Hq, D], small next to the scores.
+    auto kq = G == 1 ? k : k.repeat_interleave(G, 2);
+    auto vq = G == 1 ? v : v.repeat_interleave(G, 2);
+    return at::scaled_dot_product_attention(q.transpose(1, 2), kq.transpose(1, 2), vq.transpose(1, 2),
+                                            allowed.view({B, 1, Tq, Tk}), 0.0, false, scale)
+        .transpose(1, 2);
+  }
+#endif
   // [B, Hkv, G, Tq, D] x [B, Hkv, 1, D, Tk]: the G query heads of a group share one K/V head
   // without materialising repeated keys.
   auto qh = q.view({B, Tq, Hkv, G, D}).permute({0, 2, 3, 1, 4});

@@ -1,5 +1,6 @@
 #include "rlx/model/transformer.hpp"
 
+#include <c10/core/GradMode.h>
 #include <ATen/Parallel.h>
 #include <torch/nn/modules/container/modulelist.h>
 
@@ -210,7 +211,7 @@ at::Tensor Transformer::layer(int64_t index, const at::Tensor& h_in, const Forwa
   auto q = apply_rope((*att.q_proj)(x).view({B, T, Hq, D}), st.cos, st.sin);
   auto k = apply_rope((*att.k_proj)(x).view({B, T, Hkv, D}), st.cos, st.sin);
   auto v = (*att.v_proj)(x).view({B, T, Hkv, D});
-  auto a = st.cache ? st.cache->attend(index, q, k, v, scale) : attention(q, k, v, st.mask, scale);
+  auto a = st.cache ? st.cache->attend(index, q, k, v, scale) : attention(q, k, v, st.mask, scale, /*fused=*/true);
   auto h = h_in + (*att.o_proj)(a.reshape({B, T, Hq * D}));
   return h + (*blk.mlp)((*blk.post_attention_layernorm)(h));
 }
@@ -232,7 +233,7 @@ at::Tensor Transformer::logits(const at::Tensor& hidden) {
 }
 
 void Transformer::init_weights(uint64_t seed) {
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   for (auto& [name, p] : hf_parameters()) {
     const bool is_norm = name.find("norm.weight") != std::string::npos;
     const bool is_bias = name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0;

@@ -1,5 +1,6 @@
 #include "rlx/rollout/engine.hpp"
 
+#include <c10/core/GradMode.h>
 #include <algorithm>
 #include <limits>
 #include <map>
@@ -271,7 +272,7 @@ bool Engine::maybe_apply_update() {
       break;
   }
   {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     std::map<std::string, at::Tensor> params;
     for (auto& [name, p] : model_->hf_parameters()) params.emplace(name, p);
     for (const auto& [name, t] : update_->tensors) params.at(name).copy_(t);
@@ -408,7 +409,7 @@ void Engine::forward_and_sample() {
   }
   const auto device = model_->device();
   auto long_opts = at::TensorOptions().dtype(at::kLong);
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   cache_.copy_blocks(copies_);
   cache_.plan(entries);
   auto tokens = at::tensor(packed, long_opts).to(device).view({1, static_cast<int64_t>(packed.size())});

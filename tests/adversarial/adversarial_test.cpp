@@ -104,7 +104,7 @@ struct Fixture {
   }
   ~Fixture() {
     std::error_code ec;
-    fs::remove_all(dir, ec);
+    rlx::remove_tree(dir, ec);
   }
 
   // Runs an attack and checks containment; returns the result for verdict checks.

@@ -1,6 +1,7 @@
 // The distributed learner with real processes over Gloo: sharded training equals
 // unsharded training, exact resume, crashes during a save, and a rank killed or
 // stopped mid-step (tests/integration/dist_worker.cpp is one rank).
+#include <c10/core/GradMode.h>
 #include <signal.h>
 
 // LibTorch's headers (through c10's logging) define a CHECK of their own: they come
@@ -376,7 +377,7 @@ TEST_CASE("weight sync: the engine's logits equal the learner's after a sync", "
   sync.pub->publish(1, params);
   Group sub(1, sync.args({"--until", "1", "--engine", "--out", (dir.path / "logits.st").string()}), dir.path, "sub");
   REQUIRE(sub.all_ok(120));
-  at::NoGradGuard g;
+  c10::NoGradGuard g;
   auto ids = at::arange(1, 11, at::kLong).unsqueeze(0);
   auto expected = learner.model().logits(learner.model().forward_hidden({.tokens = ids}));
   learner.model().release_all();

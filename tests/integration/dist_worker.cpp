@@ -6,6 +6,7 @@
 //   --mode reference  an unsharded model trained with plain autograd in one process
 //   --mode ppo        PPO through train_on_batch: policy, separate critic, reference, adaptive KL
 //   --mode subscribe  a weight-sync subscriber (tests/integration/dist_test.cpp publishes)
+#include <c10/core/GradMode.h>
 #include <CLI/CLI.hpp>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -244,7 +245,7 @@ int run_subscriber(const std::string& name, const std::string& tcp, int64_t unti
     }
   }
   if (engine && !out.empty()) {
-    at::NoGradGuard g;
+    c10::NoGradGuard g;
     auto logits = model->forward({.tokens = at::arange(1, 11, at::kLong).unsqueeze(0)});
     rlx::save_safetensors(out, {{"logits", logits.contiguous()}});
   }

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "rlx/core/error.hpp"
+#include "rlx/core/files.hpp"
 
 namespace rlx::test {
 
@@ -24,7 +25,7 @@ struct TempDir {
   }
   ~TempDir() {
     std::error_code ec;
-    std::filesystem::remove_all(path, ec);
+    rlx::remove_tree(path, ec);
   }
   std::filesystem::path operator/(const std::string& name) const { return path / name; }
 };

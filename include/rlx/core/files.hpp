@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <system_error>
 
 namespace rlx {
 
@@ -20,5 +21,13 @@ void fsync_path(const std::filesystem::path& path);
 uint64_t file_xxh64(const std::filesystem::path& path);
 // The whole file, bounded: a file larger than max_bytes is an error naming it.
 std::string read_file(const std::filesystem::path& path, uint64_t max_bytes);
+// Removes a file or a directory tree (symbolic links themselves, never what they point
+// to); a missing path removes nothing. Returns the entries removed. It stands in for
+// std::filesystem::remove_all, which PyTorch 2.x wheels interpose with a broken copy of
+// their own: libtorch.so exports libstdc++'s filesystem symbols (pytorch/pytorch#133437),
+// and a call bound to its remove_all crashed (seen with torch 2.11 on the CUDA machine).
+uintmax_t remove_tree(const std::filesystem::path& path, std::error_code& ec) noexcept;
+// As above; throws rlx::Error naming the path and the cause.
+uintmax_t remove_tree(const std::filesystem::path& path);
 
 }  // namespace rlx

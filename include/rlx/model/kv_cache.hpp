@@ -30,8 +30,12 @@ struct ForwardInput {
 // Scaled dot-product attention with grouped-query heads.
 // q [B, Tq, Hq, D]; k, v [B, Tk, Hkv, D]; allowed [B, Tq, Tk] bool (every row must allow at
 // least one key). Scores and softmax in fp32; returns [B, Tq, Hq, D] in q's dtype.
+// `fused` (the full-sequence path): on CUDA with LibTorch >= 2.1, LibTorch's fused kernel,
+// which never holds the [Tq, Tk] scores (training memory). The cached paths keep the plain
+// one: for their shapes (a few queries against a gathered context) the fused kernel with a
+// mask measured 4x slower per decode step (docs/PERF.md).
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed,
-                     double scale);
+                     double scale, bool fused = false);
 
 // The mask of the full-sequence path: causal, within a segment, padding masked
 // (a padding query sees only itself, so no row is empty).

@@ -68,7 +68,7 @@ TEST_CASE("checkpoints: saved, verified, the last K kept, and damage detected wi
   const auto backup = dir / "backup";
   fs::copy(newest, backup);
   auto restore = [&] {
-    fs::remove_all(newest);
+    rlx::remove_tree(newest);
     fs::copy(backup, newest);
     REQUIRE(rlx::verify_checkpoint(newest).ok);
   };

@@ -1,5 +1,6 @@
 #include "rlx/model/hf.hpp"
 
+#include <c10/core/GradMode.h>
 #include <nlohmann/json.hpp>
 
 #include "../helpers.hpp"
@@ -74,7 +75,7 @@ TEST_CASE("hf: save then load is bit-exact and gives the same logits", "[hf]") {
     CHECK(at::equal(a[i].second, b[i].second));
   }
   auto t = at::randint(c.vocab_size, {2, 7}, at::kLong);
-  at::NoGradGuard g;
+  c10::NoGradGuard g;
   CHECK(at::equal(m.forward({.tokens = t}), loaded->forward({.tokens = t})));
   // HF names and the format metadata transformers requires.
   auto f = rlx::SafetensorsFile::open(dir / "model.safetensors");

@@ -1,5 +1,6 @@
 #include "rlx/model/transformer.hpp"
 
+#include <c10/core/GradMode.h>
 #include <cmath>
 
 #include "../helpers.hpp"
@@ -25,7 +26,7 @@ std::shared_ptr<rlx::Transformer> make_model(const rlx::ModelConfig& c, uint64_t
   auto m = std::make_shared<rlx::Transformer>(c);
   m->init_weights(seed);
   // Non-trivial norms and biases, so the test exercises them.
-  at::NoGradGuard g;
+  c10::NoGradGuard g;
   for (auto& [name, p] : m->hf_parameters())
     if (name.find("norm") != std::string::npos || name.find("bias") != std::string::npos)
       p.add_(at::randn(p.sizes(), at::TensorOptions().dtype(p.scalar_type())) * 0.1);
@@ -42,7 +43,7 @@ TEST_CASE("transformer: incremental KV-cache decoding equals the full forward (f
   const auto rope = GENERATE(rlx::RopeType::none, rlx::RopeType::llama3);
   auto cfg = small_config(bias, tied, rope);
   auto model = make_model(cfg);
-  at::NoGradGuard g;
+  c10::NoGradGuard g;
 
   // Three sequences of different lengths, right-padded to T.
   const std::vector<int64_t> lengths = {11, 5, 17};
@@ -92,7 +93,7 @@ TEST_CASE("transformer: packed sequences equal separate forwards", "[model]") {
   at::manual_seed(1);
   auto cfg = small_config(true, false);
   auto model = make_model(cfg);
-  at::NoGradGuard g;
+  c10::NoGradGuard g;
   auto a = at::randint(cfg.vocab_size, {1, 6}, at::kLong), b = at::randint(cfg.vocab_size, {1, 9}, at::kLong);
   auto packed = at::cat({a, b, at::zeros({1, 2}, at::kLong)}, 1);
   auto seg = at::cat({at::full({1, 6}, 1, at::kLong), at::full({1, 9}, 2, at::kLong), at::zeros({1, 2}, at::kLong)}, 1);
@@ -105,7 +106,7 @@ TEST_CASE("transformer: packed sequences equal separate forwards", "[model]") {
 TEST_CASE("transformer: explicit positions shift RoPE like a longer context", "[model]") {
   auto cfg = small_config();
   auto model = make_model(cfg);
-  at::NoGradGuard g;
+  c10::NoGradGuard g;
   auto t = at::randint(cfg.vocab_size, {1, 5}, at::kLong);
   auto base = model->forward({.tokens = t});
   auto same = model->forward({.tokens = t, .positions = at::arange(5, at::kLong).unsqueeze(0)});
@@ -142,7 +143,7 @@ TEST_CASE("transformer: bf16 forward stays close to fp32 and gradients flow", "[
   auto ref = model->forward({.tokens = t}).detach();
   rlx::Transformer half(cfg, at::kBFloat16);
   {
-    at::NoGradGuard g;
+    c10::NoGradGuard g;
     auto src = model->hf_parameters(), dst = half.hf_parameters();
     for (size_t i = 0; i < src.size(); ++i) dst[i].second.copy_(src[i].second);
   }

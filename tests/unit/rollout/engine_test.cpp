@@ -1,5 +1,6 @@
 #include "rlx/rollout/engine.hpp"
 
+#include <c10/core/GradMode.h>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -42,7 +43,7 @@ at::Tensor ids_tensor(const std::vector<TokenId>& ids) {
 
 // Greedy decoding with the full forward (no cache): the reference.
 std::vector<TokenId> greedy_reference(rlx::Transformer& m, std::vector<TokenId> tokens, int64_t new_tokens) {
-  at::NoGradGuard g;
+  c10::NoGradGuard g;
   std::vector<TokenId> out;
   for (int64_t i = 0; i < new_tokens; ++i) {
     auto logits = m.forward({.tokens = ids_tensor(tokens)})[0][-1];
@@ -55,7 +56,7 @@ std::vector<TokenId> greedy_reference(rlx::Transformer& m, std::vector<TokenId> 
 // log_softmax(logits / T) of each generated token under the full forward.
 std::vector<float> full_logprobs(rlx::Transformer& m, const std::vector<TokenId>& prompt,
                                  const std::vector<TokenId>& gen, double temperature) {
-  at::NoGradGuard g;
+  c10::NoGradGuard g;
   auto all = prompt;
   all.insert(all.end(), gen.begin(), gen.end());
   auto logp = at::log_softmax(m.forward({.tokens = ids_tensor(all)})[0] / temperature, -1);

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The GPU half of rlx's checks, on a CUDA machine without network (../shared/notes/cuda.md):
+# builds with RLX_CUDA=ON against the LibTorch inside PyTorch 2.x and runs the GPU tests,
+# the HF parity check and the GPU benchmarks, each bounded in time. Everything it prints
+# goes to OUT/log.txt; each step's JSON result to OUT/STEP.json.
+#
+#   source .device/setup.sh; scripts/cuda_check.sh OUT [STEP...]
+#   steps (default all, in this order): build parity model learner gpu_tests unit sampler
+set -uo pipefail
+out=${1:?usage: cuda_check.sh OUT [STEP...]}
+shift
+steps=${*:-build parity model learner gpu_tests unit sampler}
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+build=${RLX_CUDA_BUILD:-$root/build/cuda}
+rlx=$build/rlx
+mkdir -p "$out"
+log=$out/log.txt
+say() { echo "== $(date +%T) $*" | tee -a "$log"; }
+# step NAME SECONDS CMD...: runs CMD with a time limit; its output is appended to the log.
+step() {
+  local name=$1 limit=$2 t0=$SECONDS rc
+  shift 2
+  say "$name: $*"
+  timeout --kill-after=10 "$limit" "$@" >> "$log" 2>&1
+  rc=$?
+  say "$name: rc $rc after $((SECONDS - t0)) s"
+  return $rc
+}
+# json NAME: the last line of the log that is a JSON object is appended to OUT/NAME.json.
+json() { grep '^{' "$log" | tail -1 >> "$out/$1.json"; }
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$log" 2>&1
+python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' >> "$log" 2>&1
+
+for s in $steps; do
+  case $s in
+    build)
+      # The image may hold Catch2 v3; the tests are written for v2 (carried in .device/debs).
+      c2=/tmp/rlx-catch2; rm -rf $c2; dpkg -x .device/debs/catch2_*.deb $c2
+      step configure 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRLX_CUDA=ON \
+        -DRLX_BUILD_EXAMPLES=OFF -DCatch2_DIR=$c2/usr/lib/cmake/Catch2 || exit 1
+      step build 420 cmake --build "$build" -j"$(nproc)" --target rlx_cli rlx_tests -- -k 0 ||
+        { grep -E -A4 "error:|FAILED|undefined reference" "$log" | grep -v "^/opt/gcc/bin" | head -200; exit 1; } ;;
+    parity)
+      step parity 180 python3 scripts/hf_parity.py --rlx "$rlx" --out /tmp/rlx-parity --device cuda && json parity ;;
+    model)
+      # Training-shaped forward/backward, then the bare model's KV-cache decode step at the
+      # sampler's batch sizes (what the engine's step costs without paging or sampling).
+      step model 120 "$rlx" bench model --preset qwen2.5-0.5b --arch qwen2 --dtype bfloat16 --device cuda \
+        --batch 8 --seq 2048 --iters 3 && json model
+      for b in 1 64 256; do
+        step model_decode_b$b 120 "$rlx" bench model --preset qwen2.5-0.5b --arch qwen2 --dtype bfloat16 \
+          --device cuda --batch $b --seq 512 --decode-steps 64 --iters 2 && json model
+      done ;;
+    sampler)
+      step sampler 300 python3 scripts/bench_hf_generate.py --rlx "$rlx" --out /tmp/rlx-sampler \
+        --batches "${RLX_SAMPLER_BATCHES:-1,64,256}" && json sampler ;;
+    learner)
+      step learner_torch 150 python3 scripts/bench_torch_train.py --seq 2048 --batch-seqs 8 && json learner_torch
+      step learner 200 "$rlx" bench learner --device cuda --preset qwen2.5-0.5b --arch qwen2 --dtype bfloat16 \
+        --seq 2048 --batch-seqs 8 --micro-batch-tokens 16384 --steps 5 --ranks 1 && json learner
+      step learner_mb4k 200 "$rlx" bench learner --device cuda --preset qwen2.5-0.5b --arch qwen2 --dtype bfloat16 \
+        --seq 2048 --batch-seqs 8 --micro-batch-tokens 4096 --steps 5 --ranks 1 && json learner_mb4k ;;
+    gpu_tests)
+      step gpu_tests 240 "$build/tests/rlx_tests" "[cuda]" ;;
+    unit)
+      # The CPU unit suite against this LibTorch. Tokenizer parity needs the npm fixtures,
+      # which are fetched where there is network; without them those cases fail by design.
+      (cd "$build" && step unit 300 ctest -L unit -j"$(nproc)" --timeout 120 --output-on-failure) ;;
+    *) say "unknown step $s"; exit 2 ;;
+  esac
+done
+say "done"

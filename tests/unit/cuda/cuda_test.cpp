@@ -1,0 +1,131 @@
+// GPU checks (built only with RLX_CUDA; run on a CUDA machine by scripts/cuda_check.sh):
+// the CUDA paths compute what the CPU paths compute.
+#include <c10/core/GradMode.h>
+#include <torch/cuda.h>
+
+#include "../helpers.hpp"
+#include "rlx/dist/comm.hpp"
+#include "rlx/learner/learner.hpp"
+#include "rlx/rollout/engine.hpp"
+
+namespace {
+
+using rlx::TokenId;
+
+std::shared_ptr<rlx::Transformer> tiny(uint64_t seed, at::Device device) {
+  auto c = rlx::model_preset("tiny", rlx::Arch::qwen2);
+  c.initializer_range = 0.08;  // peaked logits: greedy choices are not near-ties
+  auto cpu = std::make_shared<rlx::Transformer>(c);
+  cpu->init_weights(seed);
+  if (device.is_cpu()) return cpu;
+  auto gpu = std::make_shared<rlx::Transformer>(c, at::kFloat, device);
+  c10::NoGradGuard g;
+  auto src = cpu->hf_parameters();
+  auto dst = gpu->hf_parameters();
+  REQUIRE(src.size() == dst.size());
+  for (size_t i = 0; i < src.size(); ++i) {
+    REQUIRE(src[i].first == dst[i].first);
+    dst[i].second.copy_(src[i].second);
+  }
+  return gpu;
+}
+
+double max_abs(const at::Tensor& a, const at::Tensor& b) { return (a.cpu() - b.cpu()).abs().max().item<double>(); }
+
+}  // namespace
+
+TEST_CASE("cuda: the transformer's logits on the GPU equal the CPU's (fp32, packed rows with padding)", "[cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  auto cpu = tiny(1, at::kCPU);
+  auto gpu = tiny(1, at::Device(at::kCUDA, 0));
+  auto tokens = at::randint(512, {2, 12}, at::TensorOptions().dtype(at::kLong));
+  // Row 0: two packed sequences then padding; row 1: one sequence.
+  auto segments = at::tensor({1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+                             at::TensorOptions().dtype(at::kLong))
+                      .view({2, 12});
+  c10::NoGradGuard g;
+  auto a = cpu->forward({.tokens = tokens, .segments = segments});
+  auto b = gpu->forward({.tokens = tokens.cuda(), .segments = segments.cuda()});
+  auto real = (segments > 0).unsqueeze(2);
+  CHECK(max_abs(a * real, b.cpu() * real) <= 1e-4);
+}
+
+TEST_CASE("cuda: the engine's greedy tokens and log-probs on the GPU equal the CPU full forward", "[cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  auto cpu = tiny(2, at::kCPU);
+  auto gpu = tiny(2, at::Device(at::kCUDA, 0));
+  rlx::Engine engine(gpu, {.block_size = 4});
+  std::vector<rlx::GenerationRequest> reqs;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<TokenId> prompt;
+    for (int t = 0; t < 5 + 7 * i; ++t) prompt.push_back(static_cast<TokenId>((37 * t + 11 * i + 3) % 512));
+    reqs.push_back({.id = "r" + std::to_string(i), .prompt = prompt,
+                    .params = {.temperature = 0, .max_new_tokens = 16, .n = 2}, .seed = 1});
+  }
+  auto results = engine.generate(reqs);
+  REQUIRE(results.size() == reqs.size());
+  c10::NoGradGuard g;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto tokens = reqs[i].prompt;
+    for (int k = 0; k < 16; ++k) {
+      auto ids = at::tensor(std::vector<int64_t>(tokens.begin(), tokens.end()), at::kLong).unsqueeze(0);
+      tokens.push_back(static_cast<TokenId>(cpu->forward({.tokens = ids})[0][-1].argmax().item<int64_t>()));
+    }
+    std::vector<TokenId> expect(tokens.begin() + static_cast<int64_t>(reqs[i].prompt.size()), tokens.end());
+    auto ids = at::tensor(std::vector<int64_t>(tokens.begin(), tokens.end()), at::kLong).unsqueeze(0);
+    auto logp = at::log_softmax(cpu->forward({.tokens = ids})[0], -1);
+    REQUIRE(results[i].samples.size() == 2);
+    for (const auto& s : results[i].samples) {
+      CHECK(s.tokens == expect);
+      REQUIRE(s.logprobs.size() == expect.size());
+      double d = 0;
+      for (size_t k = 0; k < expect.size(); ++k)
+        d = std::max(d, std::abs(logp[static_cast<int64_t>(reqs[i].prompt.size() + k) - 1][expect[k]].item<double>() -
+                                 s.logprobs[k]));
+      CHECK(d <= 1e-4);
+    }
+  }
+  CHECK(engine.blocks().num_free() == engine.blocks().num_blocks());
+}
+
+TEST_CASE("cuda: sharded learner steps on the GPU give the CPU's parameters (fp32)", "[cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  auto cfg = rlx::model_preset("tiny", rlx::Arch::qwen2);
+  std::vector<rlx::Sequence> batch;
+  for (int i = 0; i < 4; ++i) {
+    rlx::Sequence s;
+    for (int t = 0; t < 9 + 5 * i; ++t) {
+      s.tokens.push_back((13 * t + 7 * i + 1) % 512);
+      s.loss_mask.push_back(t >= 3 ? 1 : 0);
+    }
+    batch.push_back(std::move(s));
+  }
+  auto loss = [](const rlx::MicroBatch& mb, const rlx::TokenOutputs& out, const rlx::StepContext& ctx, rlx::Metrics&) {
+    return -(out.logprobs * mb.loss_mask).sum() / ctx.global_loss_tokens;
+  };
+  std::vector<std::vector<at::Tensor>> params;
+  std::vector<double> losses;
+  for (auto device : {at::Device(at::kCPU), at::Device(at::kCUDA, 0)}) {
+    auto comm = rlx::dist::single_process();
+    rlx::LearnerOptions o;
+    o.optimizer.lr = 1e-2;
+    o.max_grad_norm = 1.0;
+    o.packing.row_tokens = 32;
+    o.packing.micro_batch_tokens = 32;  // several micro-batches: accumulation
+    o.fsdp.device = device;
+    rlx::Learner learner(cfg, *comm, o);
+    learner.init_weights(3);
+    double last = 0;
+    for (int s = 0; s < 3; ++s) last = learner.step(batch, loss).loss;
+    losses.push_back(last);
+    std::vector<at::Tensor> p;
+    for (const auto& t : learner.trained_tensors()) p.push_back(t.detach().cpu());
+    params.push_back(std::move(p));
+  }
+  CHECK(std::abs(losses[0] - losses[1]) <= 1e-4 * std::abs(losses[0]));
+  REQUIRE(params[0].size() == params[1].size());
+  for (size_t i = 0; i < params[0].size(); ++i) {
+    const double scale = params[0][i].abs().max().item<double>();
+    CHECK(max_abs(params[0][i], params[1][i]) <= 1e-4 * std::max(scale, 1.0));
+  }
+}
