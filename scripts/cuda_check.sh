@@ -5,6 +5,10 @@
 # goes to OUT/log.txt; each step's JSON result to OUT/STEP.json.
 #
 #   source .device/setup.sh; scripts/cuda_check.sh OUT [STEP...]
+# .device comes from ../shared/device/fetch-debs.sh on the Debian machine, with
+#   EXTRA_DEBS="nlohmann-json3-dev libcli11-dev libicu-dev libicu72 libpcre2-dev libpcre2-8-0
+#   libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libseccomp-dev libseccomp2 libxxhash-dev
+#   libxxhash0 pkgconf pkgconf-bin libpkgconf3 pkg-config libsodium-dev"
 #   steps (default all, in this order): build parity model learner gpu_tests unit sampler
 set -uo pipefail
 out=${1:?usage: cuda_check.sh OUT [STEP...]}
