@@ -107,7 +107,7 @@ int bench_sampler(const SamplerArgs& a) {
   const auto st = engine.stats();
   nlohmann::json r = {{"bench", "sampler"},
                       {"model", name},
-                      {"arch", a.arch},
+                      {"arch", std::string(config::enum_to_string(cfg.arch))},
                       {"dtype", a.dtype},
                       {"device", a.device},
                       {"threads", plan.threads()},
