@@ -670,7 +670,8 @@ bool EpisodeCheckpoints::restore(GroupRollout& g, WorkerEnvs& envs) {
 // so a re-issued lease samples the same tokens under the same weights.
 std::vector<GroupRollout> rollout_groups(const RoleContext& ctx, Engine& engine, WorkerEnvs& envs,
                                          const std::vector<bus::Lease>& leases, EpisodeCheckpoints* checkpoints = nullptr,
-                                         const std::function<void()>& after_checkpoint = {}) {
+                                         const std::function<void()>& after_checkpoint = {},
+                                         const std::atomic<bool>* stop = nullptr) {
   const auto& cfg = ctx.cfg;
   std::vector<GroupRollout> groups(leases.size());
   const auto stops = envs.stop_strings();
@@ -732,8 +733,13 @@ std::vector<GroupRollout> rollout_groups(const RoleContext& ctx, Engine& engine,
     }
     if (requests.empty()) break;
     const int64_t gen_us = TraceWriter::now_us();
-    auto results = engine.generate(std::move(requests));
+    auto results = engine.generate(std::move(requests), stop);
     trace_span("generate", gen_us);
+    if (stop && *stop) {  // the samples are cut short: nothing of these groups may be sent
+      for (auto& gr : groups)
+        if (gr.error.empty()) gr.error_kind = "infra", gr.error = "the worker was stopped";
+      return groups;
+    }
     const int64_t env_us = TraceWriter::now_us();
     for (size_t r = 0; r < results.size(); ++r) {
       auto& gr = groups[owner[r].first];
@@ -883,6 +889,8 @@ int run_sft(const RunConfig& cfg) {
 namespace {
 std::atomic<bool> g_leave{false};
 extern "C" void on_leave(int) { g_leave = true; }
+std::atomic<bool> g_end{false};
+extern "C" void on_end(int) { g_end = true; }
 }  // namespace
 
 int run_worker(const RoleContext& ctx) {
@@ -893,6 +901,9 @@ int run_worker(const RoleContext& ctx) {
   sigaddset(&leave, SIGUSR1);
   ::pthread_sigmask(SIG_UNBLOCK, &leave, nullptr);
   ::signal(SIGINT, SIG_IGN);    // a terminal's SIGINT is the launcher's: it stops workers after the learner
+  // SIGTERM (the run is over, or the launcher died): stop at the next lease boundary, so that
+  // the env servers are shut down and their logs and this worker's summary reach its log.
+  ::signal(SIGTERM, on_end);
   set_threads(cfg);
   env::register_bundled();
   auto tok = run_tokenizer(cfg);
@@ -936,7 +947,7 @@ int run_worker(const RoleContext& ctx) {
     fs::rename(tmp, stats_file, ec);
   };
   int64_t wait_us = TraceWriter::now_us();  // since the last grant was done
-  while (!g_leave) {
+  while (!g_leave && !g_end) {
     apply_weights();
     auto grant = client.request_leases(cfg.rollout.leases_per_request);
     if (grant.exhausted) break;
@@ -950,16 +961,19 @@ int run_worker(const RoleContext& ctx) {
     int64_t need = 0;
     for (const auto& l : grant.leases) need = std::max(need, l.min_version);
     const double deadline = now_s() + cfg.train.batch_timeout_s;
-    while (weights.version() < need) {  // staged in the engine, applied before its next step
+    while (weights.version() < need && !g_end) {  // staged in the engine, applied before its next step
       RLX_CHECK(now_s() < deadline, "{}: weights version {} did not arrive within {} s (have {})", who, need,
                 cfg.train.batch_timeout_s, weights.version());
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
       apply_weights();
     }
+    if (g_end) break;  // the leases held are re-issued if the run goes on
     trace_span("wait_leases", wait_us);
     const double busy_from = now_s();
     const int64_t rollout_us = TraceWriter::now_us();
-    for (auto& gr : rollout_groups(ctx, engine, envs, grant.leases, &episodes, after_checkpoint)) {
+    auto groups = rollout_groups(ctx, engine, envs, grant.leases, &episodes, after_checkpoint, &g_end);
+    if (g_end) break;  // cut short: the hub re-issues these leases if the run goes on
+    for (auto& gr : groups) {
       if (!gr.error.empty()) {
         if (gr.error_kind == "data") episodes.remove(gr.lease);  // infra: the retry continues from it
         log::warn("{}: lease {} (prompt {}): {} error: {}", who, gr.lease.lease_id, gr.lease.prompt_index, gr.error_kind,
@@ -991,8 +1005,8 @@ int run_worker(const RoleContext& ctx) {
     write_stats();
     if (auto* t = TraceWriter::installed()) t->flush();
   }
-  client.flush(30);
-  log::info("{}: {} groups sent{}", who, groups_sent, g_leave ? "; leaving (rlx scale)" : "");
+  client.flush(g_end ? 5 : 30);  // SIGTERM: the hub may be gone too (the launcher died)
+  log::info("{}: {} groups sent{}", who, groups_sent, g_leave ? "; leaving (rlx scale)" : g_end ? "; stopped (SIGTERM)" : "");
   return 0;
 }
 

@@ -195,13 +195,20 @@ std::vector<GenerationResult> Engine::run() {
   return out;
 }
 
-std::vector<GenerationResult> Engine::generate(std::vector<GenerationRequest> requests) {
+std::vector<GenerationResult> Engine::generate(std::vector<GenerationRequest> requests,
+                                               const std::atomic<bool>* cancel) {
   std::vector<std::string> ids;
   for (const auto& r : requests) ids.push_back(r.id);
   for (auto& r : requests) add(std::move(r));
   std::unordered_map<std::string, GenerationResult> done;
   std::vector<GenerationResult> others;
+  bool cancelled = false;
   while (done.size() < ids.size()) {
+    if (cancel && !cancelled && cancel->load()) {
+      cancelled = true;
+      for (const auto& id : ids)
+        if (!done.contains(id)) abort(id);
+    }
     RLX_CHECK(!paused(), "generate: the engine is paused with {} requests unfinished", ids.size() - done.size());
     for (auto& r : step()) {
       if (std::find(ids.begin(), ids.end(), r.id) != ids.end()) done.emplace(r.id, std::move(r));

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -135,8 +136,10 @@ class Engine {
   std::vector<GenerationResult> step();
   // Steps until nothing is in flight (or the engine is paused); returns everything finished.
   std::vector<GenerationResult> run();
-  // Adds the requests, runs them to completion and returns them in the given order.
-  std::vector<GenerationResult> generate(std::vector<GenerationRequest> requests);
+  // Adds the requests, runs them to completion and returns them in the given order. Once
+  // `cancel` reads true, the requests still running are aborted (finish reason abort).
+  std::vector<GenerationResult> generate(std::vector<GenerationRequest> requests,
+                                         const std::atomic<bool>* cancel = nullptr);
   bool has_work() const;
 
   // Stages a complete set of weights (HF names and shapes, as Transformer::hf_parameters)

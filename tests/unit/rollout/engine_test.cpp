@@ -175,6 +175,39 @@ TEST_CASE("engine: the same seed gives the same tokens whatever the batch, its o
   CHECK(alone.generate({t2})[0].samples[0].tokens != a.samples[0].tokens);
 }
 
+TEST_CASE("engine: generate with a cancel flag aborts what is still running", "[rollout][engine]") {
+  auto model = make_model(4);
+  Engine engine(model, {.block_size = 16, .kv_cache_blocks = 1200});
+  std::atomic<bool> cancel{false};
+  auto all_aborted = [&](const std::vector<GenerationResult>& out, size_t max_tokens) {
+    REQUIRE(out.size() == 6);
+    for (const auto& r : out)
+      for (const auto& s : r.samples) {
+        CHECK(s.finish == FinishReason::abort);
+        CHECK(s.tokens.size() < max_tokens);
+      }
+    CHECK(engine.blocks().num_free() == engine.blocks().num_blocks());
+    CHECK_FALSE(engine.has_work());
+  };
+  SECTION("not raised: every request runs to its length") {
+    for (const auto& r : engine.generate(mixed_requests({.temperature = 1.0, .max_new_tokens = 12}, 2), &cancel))
+      for (const auto& s : r.samples) CHECK(s.finish == FinishReason::length);
+  }
+  SECTION("raised before: nothing is generated") {
+    cancel = true;
+    all_aborted(engine.generate(mixed_requests({.temperature = 1.0, .max_new_tokens = 50}, 2), &cancel), 2);
+  }
+  SECTION("raised from another thread mid-way: everything ends early, the blocks come back") {
+    std::thread raiser([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      cancel = true;
+    });
+    auto out = engine.generate(mixed_requests({.temperature = 1.0, .max_new_tokens = 1500}, 2), &cancel);
+    raiser.join();
+    all_aborted(out, 1500);
+  }
+}
+
 TEST_CASE("engine: after finished, aborted and preempted requests every block is free", "[rollout][engine]") {
   auto model = make_model(4);
   Engine engine(model, {.block_size = 4, .kv_cache_blocks = 40, .max_batch_tokens = 64});
