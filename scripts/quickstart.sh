@@ -36,9 +36,7 @@ echo "== 4. held-out accuracy after GRPO (greedy)"
 after=$("$rlx" eval "$grpo_cfg" "model.path=$runs/grpo_arithmetic/final" | tail -n 1)
 echo "$after"
 
-# Debian's python3 has python3-matplotlib (a python3 earlier on PATH may not).
-py=/usr/bin/python3; [ -x "$py" ] || py=python3
-plots=$("$py" "$root/scripts/plot_metrics.py" "$runs/grpo_arithmetic")
+plots="$runs/grpo_arithmetic/plots"  # `rlx run` wrote them at its end (run.plots)
 python3 - "$before" "$after" "$plots" "$runs/grpo_arithmetic" <<'P'
 import json, sys
 b, a = json.loads(sys.argv[1])["accuracy"], json.loads(sys.argv[2])["accuracy"]

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -251,13 +252,23 @@ struct Client::Impl {
 
   std::string wait(const ItemPtr& item, double timeout_s, const char* what) {
     std::unique_lock lock(m);
-    const bool ok = cv.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return item->reply.has_value(); });
-    if (!ok) {
-      forget_locked(item);
-      throw TimeoutError(fmt::format("client {}: the hub at {} did not answer {} within {:.1f} s", o.who, o.address, what, timeout_s));
+    const double end = seconds_now() + timeout_s;
+    for (;;) {
+      const double slice = give_up ? std::min(0.5, end - seconds_now()) : end - seconds_now();
+      if (cv.wait_for(lock, std::chrono::duration<double>(std::max(0.0, slice)), [&] { return item->reply.has_value(); }))
+        return std::move(*item->reply);
+      if (seconds_now() >= end) {
+        forget_locked(item);
+        throw TimeoutError(
+            fmt::format("client {}: the hub at {} did not answer {} within {:.1f} s", o.who, o.address, what, timeout_s));
+      }
+      if (give_up && give_up()) {
+        forget_locked(item);
+        throw Error(fmt::format("client {}: gave up waiting for the hub's answer to {}", o.who, what));
+      }
     }
-    return std::move(*item->reply);
   }
+  std::function<bool()> give_up;  // set before any request (read by API callers only)
 
   template <class Reply, class Request>
   Reply call(const Request& req, double timeout_s) {
@@ -326,6 +337,17 @@ bool Client::flush(double timeout_s) {
     return std::none_of(I.outbox.begin(), I.outbox.end(), pending) &&
            std::none_of(I.sent.begin(), I.sent.end(), [&](const auto& kv) { return pending(kv.second); });
   });
+}
+
+void Client::give_up_when(std::function<bool()> give_up) { impl_->give_up = std::move(give_up); }
+
+bool Client::close(double timeout_s) {
+  const bool all = flush(timeout_s);
+  auto& I = *impl_;
+  std::lock_guard lock(I.m);
+  I.outbox.clear();
+  I.sent.clear();
+  return all;
 }
 
 Batch Client::next_batch(BatchRequest request, double timeout_s) {

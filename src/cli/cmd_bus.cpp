@@ -13,8 +13,10 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <zmq.hpp>
@@ -320,6 +322,38 @@ struct Timed {
   double wall_s, cpu_s;
 };
 
+// Per thread name (threads that share one are summed): nanoseconds on a CPU and context
+// switches, from /proc/self/task/*/{schedstat,status}.
+struct ThreadUse {
+  double cpu_ns = 0, switches = 0;
+};
+std::map<std::string, ThreadUse> thread_use() {
+  std::map<std::string, ThreadUse> out;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream comm(task.path() / "comm"), sched(task.path() / "schedstat"), status(task.path() / "status");
+    std::string name;
+    double ns = 0;
+    if (!std::getline(comm, name) || !(sched >> ns)) continue;  // the thread ended meanwhile
+    auto& u = out[name];
+    u.cpu_ns += ns;
+    for (std::string line; std::getline(status, line);)
+      if (line.find("ctxt_switches:") != std::string::npos) u.switches += std::stod(line.substr(line.find(':') + 1));
+  }
+  return out;
+}
+// What each thread used between two snapshots, per message.
+nlohmann::json thread_use_per(const std::map<std::string, ThreadUse>& before, const std::map<std::string, ThreadUse>& after,
+                              int messages) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [name, a] : after) {
+    const auto it = before.find(name);
+    const ThreadUse b = it == before.end() ? ThreadUse{} : it->second;
+    j[name] = {{"cpu_us", (a.cpu_ns - b.cpu_ns) / 1e3 / messages}, {"switches", (a.switches - b.switches) / messages}};
+  }
+  return j;
+}
+
 // Raw ZeroMQ: PUSH -> PULL of `n` messages of `bytes` each.
 Timed raw_push_pull(const std::string& address, int n, size_t bytes) {
   zmq::context_t ctx(1);
@@ -353,6 +387,7 @@ struct BusResult {
   double ingest_s, drain_s;
   double ingest_cpu_s, drain_cpu_s;
   size_t frame_bytes;
+  nlohmann::json ingest_threads;  // per thread: CPU us and context switches per group
 };
 
 // Groups through the hub: a worker submits `n` groups (ingest, until every ack), then a
@@ -382,16 +417,18 @@ BusResult bus_roundtrip(const std::string& address, const BenchArgs& a) {
     std::vector<bus::TrajectoryGroup> groups;
     for (const auto& l : grant.leases) groups.push_back(synthetic_group(l, a.tokens, 64));
     r.frame_bytes = bus::pack(groups.front()).size();
+    const auto use0 = thread_use();
     const double t0 = now_s(), c0 = cpu_s();
     for (auto& g : groups) worker.submit(std::move(g));
     RLX_CHECK(worker.flush(120), "bench: groups not acknowledged");
     r.ingest_s = now_s() - t0;
     r.ingest_cpu_s = cpu_s() - c0;
+    r.ingest_threads = thread_use_per(use0, thread_use(), a.groups);
     RLX_CHECK(worker.counters().verdicts["accepted"] == static_cast<uint64_t>(a.groups), "bench: not every group accepted");
     bus::Client learner({.address = endpoint, .who = "bench-learner", .role = "learner", .request_timeout_s = 120});
     const double t1 = now_s(), c1 = cpu_s();
     size_t got = 0;
-    while (got < static_cast<size_t>(a.groups))
+    while (!std::getenv("RLX_BENCH_NO_DRAIN") && got < static_cast<size_t>(a.groups))
       got += learner.next_batch({.max_groups = static_cast<uint32_t>(a.batch_groups)}, 120).groups.size();
     r.drain_s = now_s() - t1;
     r.drain_cpu_s = cpu_s() - c1;
@@ -440,6 +477,7 @@ void add_bench_bus(CLI::App& app, Action& action) {
           raw_v.push_back(raw.wall_s);
           raw_cpu_v.push_back(raw.cpu_s);
           const auto b = bus_roundtrip(addr, *a);
+          bus_r.ingest_threads = b.ingest_threads;  // the last measurement's
           ingest_v.push_back(b.ingest_s);
           drain_v.push_back(b.drain_s);
           ingest_cpu_v.push_back(b.ingest_cpu_s);
@@ -461,7 +499,8 @@ void add_bench_bus(CLI::App& app, Action& action) {
                             {"drain_vs_raw", raw_s / bus_r.drain_s},
                             {"raw_cpu_us_per_msg", median(raw_cpu_v) * us_per},
                             {"ingest_cpu_us_per_group", median(ingest_cpu_v) * us_per},
-                            {"drain_cpu_us_per_group", median(drain_cpu_v) * us_per}};
+                            {"drain_cpu_us_per_group", median(drain_cpu_v) * us_per},
+                            {"ingest_threads", bus_r.ingest_threads}};
         std::cerr << t << ": " << j.dump() << "\n";
         result[t] = j;
       }

@@ -1,7 +1,9 @@
 // The launcher of `rlx run`: the run directory, the roles as processes, their watch and
 // restarts, `rlx scale`, and the tasks of a run under Slurm.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <fmt/ranges.h>
 #include <unistd.h>
 
@@ -404,7 +406,54 @@ fs::path prepare_run_dir(const RunConfig& cfg, const LaunchOptions& lo) {
 int launch_task(const RunConfig& cfg, const RoleTask& task, const std::string& exe, const LaunchOptions& lo);
 
 // The end of a run (done or stopped): the roles' traces merged into trace.json.
+// The plotting script: $RLX_PLOT_SCRIPT, else the source tree's, else the installed one.
+fs::path plot_script() {
+  if (const char* env = std::getenv("RLX_PLOT_SCRIPT")) return env;
+  for (const char* path : {RLX_PLOT_SCRIPT_SOURCE, RLX_PLOT_SCRIPT_INSTALL})
+    if (::access(path, R_OK) == 0) return path;
+  return {};
+}
+
+// PNG curves of metrics.jsonl in run_dir/plots, by scripts/plot_metrics.py under Debian's
+// python3 (it has python3-matplotlib). Bounded to 120 s; a failure is reported, not fatal.
+void write_plots(const fs::path& run_dir) {
+  const fs::path script = plot_script();
+  if (script.empty()) {
+    std::cerr << "rlx run: no plots: plot_metrics.py not found (set RLX_PLOT_SCRIPT)" << std::endl;
+    return;
+  }
+  const std::string python = ::access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
+  const fs::path log_file = run_dir / "logs" / "plots.log";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) ::dup2(fd, 1), ::dup2(fd, 2);
+    ::execlp(python.c_str(), python.c_str(), script.c_str(), run_dir.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  if (pid < 0) {
+    std::cerr << "rlx run: no plots: fork: " << std::strerror(errno) << std::endl;
+    return;
+  }
+  int status = 0;
+  const double deadline = now_s() + 120;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (now_s() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      std::cerr << fmt::format("rlx run: no plots: {} ran past 120 s", script.string()) << std::endl;
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+    std::cerr << fmt::format("rlx run: plots {}", (run_dir / "plots").string()) << std::endl;
+  else
+    std::cerr << fmt::format("rlx run: no plots: {} failed (see {})", script.string(), log_file.string()) << std::endl;
+}
+
 void finish_run(const RunConfig& cfg, const fs::path& run_dir) {
+  if (cfg.run.plots) write_plots(run_dir);
   if (!cfg.trace.enabled) return;
   const auto events = merge_traces(run_dir);
   std::cerr << fmt::format("rlx run: trace {} ({} events; ui.perfetto.dev opens it)", (run_dir / "trace.json").string(), events)

@@ -162,6 +162,11 @@ bus::HubOptions hub_options(const RoleContext& ctx) {
 
 }  // namespace
 
+bool launcher_gone() {
+  const char* p = std::getenv("RLX_LAUNCHER_PID");
+  return p && ::getppid() != std::atoi(p);
+}
+
 namespace {
 std::atomic<bool> g_stop{false};
 extern "C" void on_stop(int) { g_stop = true; }
@@ -355,6 +360,7 @@ int run_learner(const RoleContext& ctx) {
     pub = ctx.weight_publisher(dist::WeightLayout::of(params, to_scalar_type(cfg.model.dtype)));
     client = std::make_unique<bus::Client>(
         bus::ClientOptions{.address = ctx.hub_address(), .who = "learner", .role = "learner"});
+    client->give_up_when(launcher_gone);  // the hub stops with the launcher
     if (step > 0) {
       pub->publish(step, params);
       client->publish_version(step);
@@ -489,7 +495,13 @@ int run_learner(const RoleContext& ctx) {
                              per_step * static_cast<double>(cfg.train.steps - step))
               << std::endl;
   }
-  // The end, or SIGINT/SIGTERM: a checkpoint of the last finished step.
+  // The end, or SIGINT/SIGTERM: a checkpoint of the last finished step. Not when the
+  // launcher died (PDEATHSIG): the hub stops at the same moment, and a checkpoint needs
+  // it to save its state; the last committed one stays the place to resume from.
+  if (stopped && launcher_gone()) {
+    log::warn("learner: the launcher is gone; stopping at step {} without a checkpoint of it", step);
+    return 1;
+  }
   if (!saved) checkpoint();
   if (stopped) {
     log::info("learner: stopped at step {}; `rlx run --resume` continues", step);
@@ -915,6 +927,7 @@ int run_worker(const RoleContext& ctx) {
   WorkerEnvs envs(ctx, tok);
   const std::string who = fmt::format("worker-{}", ctx.index);
   bus::Client client({.address = ctx.hub_address(), .who = who});
+  client.give_up_when(launcher_gone);  // the hub stops with the launcher
   auto apply_weights = [&] {
     if (auto u = weights.poll()) engine.update_weights(u->version, u->tensors);
   };
@@ -1005,7 +1018,7 @@ int run_worker(const RoleContext& ctx) {
     write_stats();
     if (auto* t = TraceWriter::installed()) t->flush();
   }
-  client.flush(g_end ? 5 : 30);  // SIGTERM: the hub may be gone too (the launcher died)
+  client.close(g_end ? 5 : 30);  // SIGTERM: the hub may be gone too (the launcher died)
   log::info("{}: {} groups sent{}", who, groups_sent, g_leave ? "; leaving (rlx scale)" : g_end ? "; stopped (SIGTERM)" : "");
   return 0;
 }

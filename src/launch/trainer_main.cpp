@@ -308,7 +308,7 @@ void add_trainer_commands(CLI::App& app, Action& action) {
       // A role dies with its launcher (SIGTERM: the learner checkpoints, the hub saves).
       ::prctl(PR_SET_PDEATHSIG, SIGTERM);
       bus::keep_frame_memory();  // before any thread starts: M_ARENA_MAX binds only threads yet to allocate
-      if (const char* p = std::getenv("RLX_LAUNCHER_PID"); p && ::getppid() != std::atoi(p)) return 1;
+      if (launcher_gone()) return 1;  // it died before the line above took effect
       RoleContext ctx{.cfg = config::load_file<RunConfig>(ra->config), .run_dir = ra->run_dir, .weights = ra->weights, .exe = ra->exe};
       ctx.index = ra->role == "learner" && std::getenv("RLX_RANK") ? std::atoi(std::getenv("RLX_RANK")) : ra->index;
       ctx.tcp = ra->transport == "tcp";

@@ -24,7 +24,7 @@ out=$("$rlx" run grpo.yaml train.learner_ranks=5 2>&1); rc=$?
   && ok "impossible placement" || fail "placement: rc $rc: $out"
 
 # --- the fault-free run ---
-"$rlx" run grpo.yaml learner.checkpoint_keep_last=2 trace.enabled=true > clean.log 2>&1; rc=$?
+"$rlx" run grpo.yaml learner.checkpoint_keep_last=2 trace.enabled=true run.plots=true > clean.log 2>&1; rc=$?
 [ $rc = 0 ] || { fail "clean run: rc $rc"; cat clean.log runs/clean/logs/*/rank-0.err | tail -40; exit 1; }
 python3 - runs/clean/metrics.jsonl <<'P' && ok "clean run: 6 steps, on-policy (lag 0), versions advance" || fail "clean run metrics"
 import json, sys
@@ -54,6 +54,8 @@ assert all(0 <= x["busy_learner"] <= 1 for x in m), [x["busy_learner"] for x in 
 assert any("busy_rollout" in x and 0 <= x["busy_rollout"] <= 1 for x in m), m[-1]
 P
 [ -f runs/clean/final/model.safetensors ] && [ -f runs/clean/final/config.json ] && ok "final HF export" || fail "no final export"
+[ "$(ls runs/clean/plots/*.png 2>/dev/null | wc -l)" -ge 5 ] && grep -q "rlx run: plots $PWD/runs/clean/plots" clean.log \
+  && ok "PNG plots of the curves at the end" || fail "plots: $(ls runs/clean/plots; cat runs/clean/logs/plots.log)"
 [ "$(ls runs/clean/checkpoints | grep -c step_)" = 2 ] && [ "$(ls runs/clean | grep -c '^hub-step_')" = 2 ] \
   && ok "hub states pruned with their checkpoints" || fail "hub states: $(ls runs/clean runs/clean/checkpoints)"
 out=$("$rlx" run grpo.yaml 2>&1); rc=$?
@@ -116,6 +118,27 @@ wait $pid; rc=$?
   && ok "killenv: env server killed, restarted by its worker, run completed" \
   || fail "killenv: rc $rc: $(tail -3 killenv.log; grep -h "env server" runs/killenv/logs/worker-*/rank-0.err | tail -2)"
 same_as_clean killenv
+# Restarts are bounded: past rollout.max_restarts and train.max_restarts the run fails cleanly,
+# naming the role, its index and the cause.
+"$rlx" run grpo.yaml run.name=giveup rollout.max_restarts=0 train.max_restarts=0 > giveup.log 2>&1 &
+pid=$!
+wait_steps giveup 2 || fail "giveup: no progress"
+victim=$(pgrep -f -- "role worker.*runs/giveup" | head -1)
+[ -n "$victim" ] && kill -KILL "$victim" || fail "giveup: no worker to kill"
+wait $pid; rc=$?
+[ $rc = 1 ] && grep -q "worker [01] ended: killed by signal 9" giveup.log && grep -q "train.max_restarts); stopping" giveup.log \
+  && [ -z "$(pgrep -f -- "runs/giveup")" ] && ok "giveup: past its restarts the run fails, naming worker, index and signal" \
+  || fail "giveup: rc $rc: $(tail -3 giveup.log)"
+# The launcher killed with SIGKILL: every role and env server goes with it (PDEATHSIG).
+"$rlx" run grpo.yaml run.name=orphans env.servers=1 train.steps=200 > orphans.log 2>&1 &
+pid=$!
+wait_steps orphans 2 || fail "orphans: no progress"
+[ "$(pgrep -f -- "runs/orphans" | wc -l)" -ge 6 ] || fail "orphans: not every role found: $(pgrep -af -- runs/orphans)"
+kill -KILL $pid; wait $pid 2>/dev/null
+for _ in $(seq 1 300); do [ -z "$(pgrep -f -- "runs/orphans")" ] && break; sleep 0.1; done
+left=$(pgrep -af -- "runs/orphans")
+[ -z "$left" ] && ok "orphans: the launcher SIGKILLed, every child ended within 30 s" || fail "orphans: left running: $left"
+pkill -KILL -f -- "runs/orphans" 2>/dev/null
 # A stopped (SIGSTOP) role beats no more: the launcher reports it, kills it, and restarts.
 kill_role stopworker "role worker" STOP train.heartbeat_timeout_s=3 rollout.workers=1
 grep -q "worker 0 (pid [0-9]*) is stuck: no heartbeat" stopworker.log && ok "stopworker: reported as stuck" \

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -81,6 +82,13 @@ class Client {
   void report_error(uint64_t lease_id, const std::string& kind, const std::string& reason);
   // Waits until every group and error record is acknowledged; false on timeout.
   bool flush(double timeout_s);
+  // A request waiting for its answer checks `give_up` twice a second and, once it returns
+  // true, fails at once (rlx::Error) instead of waiting out request_timeout_s. For example
+  // a role whose launcher died: the hub goes with it. Call before any request.
+  void give_up_when(std::function<bool()> give_up);
+  // flush(), then drops whatever is still unacknowledged (the hub re-issues those leases),
+  // so that the destructor does not wait again. Returns flush()'s answer.
+  bool close(double timeout_s);
 
   // Learners: the next batch (confirming the previous one). Throws on timeout.
   Batch next_batch(BatchRequest request, double timeout_s);

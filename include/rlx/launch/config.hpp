@@ -22,6 +22,7 @@ struct RunSection {
   uint64_t seed = 0;              // root of every RNG stream
   int threads = 0;                // intra-op threads per process (0: all cores / processes)
   bool deterministic = false;     // deterministic kernels and ordering (exact resume)
+  bool plots = true;              // PNG curves in run_dir/plots at the end (python3-matplotlib)
 
   template <class V>
   void visit(V& v) {
@@ -30,6 +31,7 @@ struct RunSection {
     v("seed", seed, "root seed of every random stream");
     v("threads", threads, "intra-op threads per process; 0 divides the cores among processes", config::in_range(0, 1024));
     v("deterministic", deterministic, "deterministic kernels and ordering (needed for bit-exact resume)");
+    v("plots", plots, "write PNG curves of metrics.jsonl to plots/ at the end (scripts/plot_metrics.py, python3-matplotlib)");
   }
 };
 

@@ -60,6 +60,9 @@ std::shared_ptr<Transformer> initial_model(const RunConfig& cfg, const Tokenizer
 
 // A role's heartbeat: a thread touches run_dir/heartbeats/ROLE-INDEX every 0.5 s while
 // the process runs (a SIGSTOPped or frozen process stops beating; the launcher notices).
+// True when RLX_LAUNCHER_PID (set by the launcher for its roles) is no longer this
+// process's parent: the launcher died.
+bool launcher_gone();
 void start_heartbeat(const std::filesystem::path& run_dir, const std::string& role, int index);
 // With trace.enabled, a role writes its spans (wait, train, publish, rollout, generate,
 // env steps, ...) to run_dir/traces/ROLE-INDEX.PID.json; the launcher merges every

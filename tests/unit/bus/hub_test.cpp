@@ -272,3 +272,21 @@ TEST_CASE("bus: the staleness gate issues leases at most max_staleness versions 
   CHECK(batch.groups.size() == 2);
   CHECK((batch.ranks == std::vector<uint32_t>{0, 1}));
 }
+
+TEST_CASE("client: a request gives up as soon as give_up_when says so, not at its timeout", "[bus][client]") {
+  TempDir dir;
+  // Nobody serves this address: the request waits, then gives up.
+  Client c({.address = "ipc://" + (dir.path / "nobody.sock").string(), .who = "w", .request_timeout_s = 60});
+  std::atomic<bool> gone{false};
+  c.give_up_when([&] { return gone.load(); });
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    gone = true;
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto err = rlx::test::error_of([&] { (void)c.request_leases(1); });
+  later.join();
+  CHECK_THAT(err, Contains("gave up waiting for the hub's answer to lease_request"));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));
+  CHECK(c.close(0.1));  // the forgotten request is not pending: close returns at once
+}
