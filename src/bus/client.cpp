@@ -21,11 +21,22 @@ namespace rlx::bus {
 using detail::seconds_now;
 
 struct Client::Impl {
+  // An answer from the hub: the message as received (not copied) and its frame, already
+  // verified by decode_frame (kept as an offset: a small message's bytes move with it).
+  struct Reply {
+    zmq::message_t msg;
+    MsgType type{};
+    uint64_t seq = 0;
+    Frame frame() const {
+      const std::string_view bytes(static_cast<const char*>(msg.data()), msg.size());
+      return {type, seq, bytes.substr(kHeaderBytes)};
+    }
+  };
   // One frame to send, and its answer once it comes.
   struct Item {
     MsgType type;
     std::shared_ptr<std::string> frame;  // packed; the seq in its header is stamped at each send
-    std::optional<std::string> reply;
+    std::optional<Reply> reply;
     bool failed = false;
   };
   using ItemPtr = std::shared_ptr<Item>;
@@ -146,7 +157,9 @@ struct Client::Impl {
     cv.notify_all();
   }
 
-  void on_frame_locked(std::string_view bytes) {
+  // Takes `msg` when it answers a request (it is then left empty).
+  void on_frame_locked(zmq::message_t& msg) {
+    const std::string_view bytes(static_cast<const char*>(msg.data()), msg.size());
     Frame f;
     try {
       f = decode_frame(bytes, limits);
@@ -167,7 +180,7 @@ struct Client::Impl {
             }
             return;
           }
-          answer_locked(f.seq, bytes);
+          answer_locked(f, msg);
           hub_credits = w.credits;
           credit_base = f.seq;
           return;
@@ -183,27 +196,28 @@ struct Client::Impl {
               } else {
                 ++counters.groups_acked;
                 ++counters.verdicts[a.verdict];
-                answer_locked(a.seq, bytes);
+                answer_locked(f, msg, a.seq);
               }
             } else {
-              answer_locked(a.seq, bytes);
+              answer_locked(f, msg, a.seq);
             }
           }
           if (o.role == "worker") hub_credits = a.credits, credit_base = a.seq;
           return;
         }
         default:
-          answer_locked(f.seq, bytes);
+          answer_locked(f, msg);
       }
     } catch (const FrameError& e) {
       log::warn("client {}: bad {} from the hub: {}", o.who, to_string(f.type), e.what());
     }
   }
 
-  void answer_locked(uint64_t seq, std::string_view bytes) {
-    auto it = sent.find(seq);
+  // `seq`: the request answered (an ack names it; otherwise the frame's own seq).
+  void answer_locked(const Frame& f, zmq::message_t& msg, std::optional<uint64_t> seq = std::nullopt) {
+    auto it = sent.find(seq.value_or(f.seq));
     if (it == sent.end()) return;  // an answer nobody waits for any more
-    it->second->reply = std::string(bytes);
+    it->second->reply = Reply{std::move(msg), f.type, f.seq};
     sent.erase(it);
     cv.notify_all();
   }
@@ -219,7 +233,7 @@ struct Client::Impl {
         }
       std::lock_guard lock(m);
       for (int i = 0; i < 256 && dealer.recv(msg, zmq::recv_flags::dontwait); ++i)
-        on_frame_locked(std::string_view(static_cast<const char*>(msg.data()), msg.size()));
+        on_frame_locked(msg);
       const double now = seconds_now();
       if (now - last_heard > o.hub_timeout_s && now - last_connect > o.hub_timeout_s) {
         log::warn("client {}: nothing from the hub for {:.1f} s; reconnecting to {}", o.who, now - last_heard, o.address);
@@ -250,7 +264,7 @@ struct Client::Impl {
     std::erase_if(sent, [&](const auto& kv) { return kv.second == item; });
   }
 
-  std::string wait(const ItemPtr& item, double timeout_s, const char* what) {
+  Reply wait(const ItemPtr& item, double timeout_s, const char* what) {
     std::unique_lock lock(m);
     const double end = seconds_now() + timeout_s;
     for (;;) {
@@ -270,18 +284,18 @@ struct Client::Impl {
   }
   std::function<bool()> give_up;  // set before any request (read by API callers only)
 
-  template <class Reply, class Request>
-  Reply call(const Request& req, double timeout_s) {
+  template <class Answer, class Request>
+  Answer call(const Request& req, double timeout_s) {
     auto item = enqueue(Request::kType, pack(req));
-    const std::string bytes = wait(item, timeout_s, std::string(to_string(Request::kType)).c_str());
-    const Frame f = decode_frame(bytes, limits);
+    const Reply reply = wait(item, timeout_s, std::string(to_string(Request::kType)).c_str());
+    const Frame f = reply.frame();
     if (f.type == MsgType::ack) {  // the hub refused the request, or acknowledged it
       auto a = unpack<Ack>(f, limits);
       if (a.verdict.starts_with("error: "))
         throw Error(fmt::format("client {}: the hub refused {}: {}", o.who, to_string(Request::kType), a.verdict.substr(7)));
-      if constexpr (std::is_same_v<Reply, Ack>) return a;
+      if constexpr (std::is_same_v<Answer, Ack>) return a;
     }
-    return unpack<Reply>(f, limits);
+    return unpack<Answer>(f, limits);
   }
 };
 

@@ -428,7 +428,7 @@ BusResult bus_roundtrip(const std::string& address, const BenchArgs& a) {
     bus::Client learner({.address = endpoint, .who = "bench-learner", .role = "learner", .request_timeout_s = 120});
     const double t1 = now_s(), c1 = cpu_s();
     size_t got = 0;
-    while (!std::getenv("RLX_BENCH_NO_DRAIN") && got < static_cast<size_t>(a.groups))
+    while (got < static_cast<size_t>(a.groups))
       got += learner.next_batch({.max_groups = static_cast<uint32_t>(a.batch_groups)}, 120).groups.size();
     r.drain_s = now_s() - t1;
     r.drain_cpu_s = cpu_s() - c1;

@@ -203,28 +203,33 @@ same_as_clean longkill long
 [ -z "$(ls runs/longkill/episodes 2>/dev/null)" ] && ok "longkill: no episode checkpoint left" || fail "longkill: stale episode checkpoints"
 
 # --- rollout workers join and leave a running job (rlx scale) without loss ---
-# 20 steps: a scale or reload command (a process start of its own) lands well before the end.
-"$rlx" run grpo.yaml run.name=twenty train.steps=20 > twenty.log 2>&1 || fail "twenty: $(tail -3 twenty.log)"
-"$rlx" run grpo.yaml run.name=scale train.steps=20 rollout.workers=1 > scale.log 2>&1 &
+# 60 steps (about 12 s here): each scale command is a process start of its own, slowed by
+# the workers starting beside it; the next is sent once the launcher answered the last.
+"$rlx" run grpo.yaml run.name=sixty train.steps=60 > sixty.log 2>&1 || fail "sixty: $(tail -3 sixty.log)"
+"$rlx" run grpo.yaml run.name=scale train.steps=60 rollout.workers=1 > scale.log 2>&1 &
 pid=$!
-wait_steps scale 2 && "$rlx" scale runs/scale --workers 3 2>>scale.err || fail "scale up: $(cat scale.err)"
-wait_steps scale 5 && "$rlx" scale runs/scale --workers 1 2>>scale.err || fail "scale down: $(cat scale.err)"
+answered() {  # answered LOG PATTERN: wait (bounded) until the launcher logged it
+  for _ in $(seq 1 300); do grep -q "$2" "$1" && return 0; sleep 0.1; done
+  return 1
+}
+wait_steps scale 2 && "$rlx" scale runs/scale --workers 3 2>>scale.err && answered scale.log "rollout workers 1 -> 3" \
+  || fail "scale up: $(cat scale.err)"
+"$rlx" scale runs/scale --workers 1 2>>scale.err && answered scale.log "rollout workers 3 -> 1" || fail "scale down: $(cat scale.err)"
 wait $pid; rc=$?
 [ $rc = 0 ] && grep -q "rollout workers 1 -> 3" scale.log && grep -q "rollout workers 3 -> 1" scale.log \
   && [ "$(grep -c "worker [12] left (clean)" scale.log)" = 2 ] && grep -q "leaving (rlx scale)" runs/scale/logs/worker-2/rank-0.err \
   && ok "scale: 1 -> 3 -> 1 rollout workers; the two that left sent what they held" || fail "scale: rc $rc: $(tail -5 scale.log)"
-same_as_clean scale twenty
+same_as_clean scale sixty
 out=$("$rlx" scale runs/scale --workers 2 2>&1); rc=$?
 [ $rc != 0 ] && grep -q "is not running" <<<"$out" && ok "scale: a finished run is refused" || fail "scale after the end: rc $rc: $out"
 
 # --- the same through the config file reloaded (SIGHUP to the launcher) ---
 sed 's/workers: 2/workers: 1/' grpo.yaml > reload.yaml
-"$rlx" run reload.yaml run.name=reload train.steps=20 > reload.log 2>&1 &
+"$rlx" run reload.yaml run.name=reload train.steps=60 > reload.log 2>&1 &
 pid=$!
 hup_until() {  # hup_until PATTERN: SIGHUP, then wait (bounded) for the launcher to answer
   kill -HUP $pid
-  for _ in $(seq 1 100); do grep -q "$1" reload.log && return 0; sleep 0.1; done
-  return 1
+  answered reload.log "$1"
 }
 wait_steps reload 2 && sed -i 's/workers: 1/workers: 3/; s/lr: 1e-3/lr: 2e-3/' reload.yaml && hup_until "rollout.workers 1 -> 3" \
   || fail "reload up: $(tail -3 reload.log)"
@@ -238,7 +243,7 @@ wait $pid; rc=$?
   && ! grep -q "left (killed" reload.log \
   && ok "reload: SIGHUP with rollout.workers edited 1 -> 3 -> 1; a broken file and other keys change nothing" \
   || fail "reload: rc $rc: $(tail -5 reload.log)"
-same_as_clean reload twenty
+same_as_clean reload sixty
 
 # --- rlx k8s render: parse the manifest, then run its Job's pods as local processes ---
 "$rlx" k8s render grpo.yaml run.name=k8s --image registry.example/rlx:1 > k8s.yaml 2>k8s.err || fail "k8s render: $(cat k8s.err)"
