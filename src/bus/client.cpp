@@ -44,11 +44,19 @@ struct Client::Impl {
   ClientOptions o;
   Limits limits;
   zmq::context_t& context;
-  zmq::socket_t dealer, bell_in, bell_out;  // bell: wakes the I/O thread
-  std::string bell_address;
+  // The socket is used only with m held, by whichever thread needs it: a caller sends its
+  // frame itself, and a caller that waits (for an answer, for credit) receives and sends
+  // while it waits. The I/O thread serves the socket only while no caller waits (drivers
+  // == 0): frames that arrive between calls, heartbeats, reconnects. Waiting is a poll of
+  // the socket's ZMQ_FD without m; every use of the socket ends in service_locked(), which
+  // leaves no readable frame behind (the fd signals only new arrivals).
+  zmq::socket_t dealer;
+  int dealer_fd = -1;
+  zmq::message_t in;  // the frame being received
 
   mutable std::mutex m;
-  std::condition_variable cv;
+  std::condition_variable io_cv;  // the I/O thread waits here while a caller drives
+  int drivers = 0;                // callers now waiting on the socket
   std::deque<ItemPtr> outbox;       // not yet handed to ZeroMQ
   std::map<uint64_t, ItemPtr> sent;  // by seq: sent, not yet answered
   uint64_t next_seq = 0, hello_seq = 0;
@@ -57,25 +65,18 @@ struct Client::Impl {
   double last_heard = 0, last_beat = 0, last_connect = 0;
   Counters counters;
   std::atomic<bool> stop{false};
-  std::atomic<bool> rung{false};  // the bell rang and the I/O thread has not looked at the outbox since
   std::thread io;
 
   explicit Impl(ClientOptions options)
       : o(std::move(options)),
         limits{.max_frame_bytes = o.max_frame_mb << 20},
-        context(detail::shared_context()),
-        bell_in(context, zmq::socket_type::pair),
-        bell_out(context, zmq::socket_type::pair) {
+        context(detail::shared_context()) {
     config::check_bounds(o, "client");
     RLX_CHECK(!o.who.empty(), "client: `who` (a unique peer name) is required");
     RLX_CHECK(o.role == "worker" || o.role == "learner" || o.role == "monitor",
               "client {}: role '{}' is not worker, learner or monitor", o.who, o.role);
     if (o.incarnation == 0)
       o.incarnation = (static_cast<uint64_t>(::getpid()) << 32) ^ static_cast<uint64_t>(seconds_now() * 1e6);
-    static std::atomic<uint64_t> clients{0};  // names are never reused (sockets close asynchronously)
-    bell_address = fmt::format("inproc://rlx-client-bell-{}", ++clients);
-    bell_in.bind(bell_address);
-    bell_out.connect(bell_address);
     std::lock_guard lock(m);
     connect_locked();
     io = std::thread([this] {
@@ -85,20 +86,15 @@ struct Client::Impl {
   }
 
   ~Impl() {
-    stop = true;
-    ring();
-    io.join();
+    {
+      std::lock_guard lock(m);
+      stop = true;
+    }
+    io_cv.notify_all();
+    io.join();  // within one poll slice (50 ms)
   }
 
-  void ring() {
-    // Under m or not: the bell socket is only used by API callers, serialised here.
-    static thread_local char one = 1;
-    std::lock_guard lock(bell_mutex);
-    (void)bell_out.send(zmq::buffer(&one, 1), zmq::send_flags::dontwait);
-  }
-  std::mutex bell_mutex;
-
-  // --- called with m held, from the I/O thread (or the constructor) ---
+  // --- called with m held ---
   void connect_locked() {
     dealer = zmq::socket_t(context, zmq::socket_type::dealer);
     detail::configure_socket(dealer, limits, o.queue_depth);
@@ -108,6 +104,7 @@ struct Client::Impl {
     } catch (const zmq::error_t& e) {
       throw Error(fmt::format("client {}: cannot connect to {}: {}", o.who, o.address, e.what()));
     }
+    dealer_fd = static_cast<int>(dealer.get(zmq::sockopt::fd));
     last_heard = last_connect = seconds_now();
     hello_locked();
   }
@@ -154,7 +151,6 @@ struct Client::Impl {
       if (group) --credits, ++counters.groups_sent;
       it = outbox.erase(it);
     }
-    cv.notify_all();
   }
 
   // Takes `msg` when it answers a request (it is then left empty).
@@ -219,21 +215,12 @@ struct Client::Impl {
     if (it == sent.end()) return;  // an answer nobody waits for any more
     it->second->reply = Reply{std::move(msg), f.type, f.seq};
     sent.erase(it);
-    cv.notify_all();
   }
 
-  void loop() {
-    zmq::message_t msg;
-    while (!stop) {
-      zmq::pollitem_t items[] = {{dealer.handle(), 0, ZMQ_POLLIN, 0}, {bell_in.handle(), 0, ZMQ_POLLIN, 0}};
-      detail::poll(items, 2, std::chrono::milliseconds(50));
-      rung = false;  // before reading the outbox: a caller that enqueues after this rings again
-      if (items[1].revents & ZMQ_POLLIN)
-        while (bell_in.recv(msg, zmq::recv_flags::dontwait)) {
-        }
-      std::lock_guard lock(m);
-      for (int i = 0; i < 256 && dealer.recv(msg, zmq::recv_flags::dontwait); ++i)
-        on_frame_locked(msg);
+  // Frames in, timers, frames out, until no frame is left to read.
+  void service_locked() {
+    for (int round = 0; round < 64; ++round) {
+      for (int i = 0; i < 256 && dealer.recv(in, zmq::recv_flags::dontwait); ++i) on_frame_locked(in);
       const double now = seconds_now();
       if (now - last_heard > o.hub_timeout_s && now - last_connect > o.hub_timeout_s) {
         log::warn("client {}: nothing from the hub for {:.1f} s; reconnecting to {}", o.who, now - last_heard, o.address);
@@ -245,18 +232,61 @@ struct Client::Impl {
         detail::try_send(dealer, pack(Heartbeat{o.who}, 0));
       }
       send_locked();
+      if (!(dealer.get(zmq::sockopt::events) & ZMQ_POLLIN)) return;
+    }
+  }
+
+  // One wait for the socket to have something (or `timeout`), without m.
+  void wait_on_socket(std::unique_lock<std::mutex>& lock, double timeout_s) {
+    zmq::pollitem_t item{nullptr, dealer_fd, ZMQ_POLLIN, 0};
+    lock.unlock();
+    detail::poll(&item, 1, std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(timeout_s * 1e3))));
+    lock.lock();
+  }
+
+  // A caller's wait: serves the socket until done() or `timeout_s` passed; returns done().
+  template <class Done>
+  bool drive(std::unique_lock<std::mutex>& lock, double timeout_s, Done&& done) {
+    const double end = seconds_now() + timeout_s;
+    ++drivers;
+    struct Leave {
+      Impl& I;
+      ~Leave() {
+        if (--I.drivers == 0) I.io_cv.notify_one();
+      }
+    } leave{*this};
+    for (;;) {
+      service_locked();
+      if (done()) return true;
+      const double left = end - seconds_now();
+      if (left <= 0) return false;
+      wait_on_socket(lock, std::min(left, 0.05));
+    }
+  }
+
+  void loop() {
+    std::unique_lock lock(m);
+    while (!stop) {
+      if (drivers > 0) {  // a caller serves the socket
+        io_cv.wait_for(lock, std::chrono::milliseconds(50));
+        continue;
+      }
+      service_locked();
+      wait_on_socket(lock, 0.05);
     }
   }
 
   // --- API side ---
-  ItemPtr enqueue(MsgType type, std::string frame) {
+  // Queues the frame and sends what can go now, from the calling thread.
+  ItemPtr enqueue_locked(MsgType type, std::string frame) {
     auto item = std::make_shared<Item>(Item{type, std::make_shared<std::string>(std::move(frame))});
-    {
-      std::lock_guard lock(m);
-      outbox.push_back(item);
-    }
-    if (!rung.exchange(true)) ring();  // one wake-up per batch of enqueued frames
+    outbox.push_back(item);
+    service_locked();
     return item;
+  }
+  ItemPtr enqueue(MsgType type, std::string frame) {
+    std::lock_guard lock(m);
+    return enqueue_locked(type, std::move(frame));
   }
 
   void forget_locked(const ItemPtr& item) {
@@ -269,8 +299,7 @@ struct Client::Impl {
     const double end = seconds_now() + timeout_s;
     for (;;) {
       const double slice = give_up ? std::min(0.5, end - seconds_now()) : end - seconds_now();
-      if (cv.wait_for(lock, std::chrono::duration<double>(std::max(0.0, slice)), [&] { return item->reply.has_value(); }))
-        return std::move(*item->reply);
+      if (drive(lock, std::max(0.0, slice), [&] { return item->reply.has_value(); })) return std::move(*item->reply);
       if (seconds_now() >= end) {
         forget_locked(item);
         throw TimeoutError(
@@ -326,7 +355,7 @@ void Client::submit(TrajectoryGroup group) {
   };
   if (waiting() > 0) {
     ++I.counters.credit_waits;
-    const bool ok = I.cv.wait_for(lock, std::chrono::duration<double>(I.o.credit_wait_s), [&] { return waiting() == 0; });
+    const bool ok = I.drive(lock, I.o.credit_wait_s, [&] { return waiting() == 0; });
     I.counters.credit_wait_s += seconds_now() - start;
     if (!ok)
       throw Error(fmt::format("client {}: no credit from the hub for {:.0f} s (its replay buffer is full: are the learners "
@@ -344,7 +373,7 @@ void Client::report_error(uint64_t lease_id, const std::string& kind, const std:
 bool Client::flush(double timeout_s) {
   auto& I = *impl_;
   std::unique_lock lock(I.m);
-  return I.cv.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] {
+  return I.drive(lock, timeout_s, [&] {
     auto pending = [](const auto& item) {
       return item->type == MsgType::trajectory_group || item->type == MsgType::error_record;
     };
