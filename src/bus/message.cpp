@@ -107,11 +107,17 @@ Frame decode_frame(std::string_view bytes, const Limits& limits) {
 }
 
 std::pair<int64_t, int64_t> TrajectoryGroup::version_range() const {
-  int64_t lo = std::numeric_limits<int64_t>::max(), hi = -1;
+  // Branch-free (the hub runs this on every group): a negative version (no version, outside
+  // actions) counts as +inf for the minimum and as -1 for the maximum.
+  constexpr uint64_t kNone = std::numeric_limits<int64_t>::max();
+  uint64_t lo = kNone;
+  int64_t hi = -1;
   for (const auto& s : samples)
-    for (size_t i = 0; i < s.versions.size(); ++i)
-      if (s.versions[i] >= 0) lo = std::min(lo, s.versions[i]), hi = std::max(hi, s.versions[i]);
-  return hi < 0 ? std::pair<int64_t, int64_t>{-1, -1} : std::pair{lo, hi};
+    for (const int64_t v : s.versions) {
+      lo = std::min(lo, v < 0 ? kNone : static_cast<uint64_t>(v));
+      hi = std::max(hi, v);
+    }
+  return hi < 0 ? std::pair<int64_t, int64_t>{-1, -1} : std::pair{static_cast<int64_t>(lo), hi};
 }
 
 int64_t TrajectoryGroup::num_tokens() const {

@@ -37,6 +37,19 @@ std::string raw(T v) {
 }
 }  // namespace
 
+TEST_CASE("bus messages: a group's version range skips tokens without a version", "[bus]") {
+  TrajectoryGroup g;
+  g.samples.resize(2);
+  CHECK(g.version_range() == std::pair<int64_t, int64_t>{-1, -1});  // no tokens
+  g.samples[0].versions = {-1, -1, 7, 9, -1};
+  g.samples[1].versions = {-1, 12, 8};
+  CHECK(g.version_range() == std::pair<int64_t, int64_t>{7, 12});
+  g.samples[1].versions = {-1, 0, -3};
+  CHECK(g.version_range() == std::pair<int64_t, int64_t>{0, 9});
+  for (auto& s : g.samples) s.versions.assign(1000, -1);
+  CHECK(g.version_range() == std::pair<int64_t, int64_t>{-1, -1});  // prompts and observations only
+}
+
 TEST_CASE("bus messages: every type round-trips through a frame", "[bus]") {
   const Limits limits;
   auto g = sample_group();
