@@ -138,6 +138,9 @@ struct Hub::Impl {
   uint64_t accepted_total = 0;
   uint64_t next_batch_id = 1;
   std::map<std::string, uint64_t> counts;
+  // Acks of the groups of one burst of input, sent together after it: ZeroMQ wakes its
+  // I/O thread once for them instead of once per ack.
+  std::vector<std::pair<std::string, std::string>> acks_out;  // route, frame
   double last_tick = 0, last_heartbeat = 0, last_save = 0;
   bool stop_requested = false;
   static constexpr size_t kMaxPeers = 4096;
@@ -187,6 +190,11 @@ struct Hub::Impl {
   template <class T>
   void send_route(const std::string& route, const T& msg, uint64_t seq) {
     if (!detail::try_send_to(router, route, pack(msg, seq))) count("send_failed");
+  }
+  void flush_acks() {
+    for (auto& [route, frame] : acks_out)
+      if (!detail::try_send_to(router, route, std::move(frame))) count("send_failed");
+    acks_out.clear();
   }
 
   // --- credits ---
@@ -357,7 +365,8 @@ struct Hub::Impl {
     }
     count("groups_" + verdict);
     top_up(p);
-    send(p, Ack{.seq = seq, .credits = p.credits, .duplicate = verdict == "duplicate", .verdict = verdict}, seq);
+    if (p.connected)
+      acks_out.emplace_back(p.route, pack(Ack{.seq = seq, .credits = p.credits, .duplicate = verdict == "duplicate", .verdict = verdict}, seq));
     serve_learners();
   }
 
@@ -550,6 +559,7 @@ struct Hub::Impl {
       }
       on_frame(route.to_string(), std::string_view(static_cast<const char*>(body.data()), body.size()));
     }
+    flush_acks();
     if (seconds_now() - last_tick >= std::min(0.25, o.heartbeat_s / 2)) tick();
   }
 
