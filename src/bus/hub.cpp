@@ -139,7 +139,8 @@ struct Hub::Impl {
   uint64_t next_batch_id = 1;
   std::map<std::string, uint64_t> counts;
   // Acks of the groups of one burst of input, sent together after it: ZeroMQ wakes its
-  // I/O thread once for them instead of once per ack.
+  // I/O thread once for them instead of once per ack. Any other frame flushes them first
+  // (a credit update must not overtake an older ack: the worker keeps the latest credits).
   std::vector<std::pair<std::string, std::string>> acks_out;  // route, frame
   double last_tick = 0, last_heartbeat = 0, last_save = 0;
   bool stop_requested = false;
@@ -182,6 +183,7 @@ struct Hub::Impl {
   // --- sending ---
   template <class T>
   bool send(Peer& p, const T& msg, uint64_t seq) {
+    flush_acks();  // first: a worker takes its credits from the latest ack, so order matters
     if (!p.connected) return false;
     if (detail::try_send_to(router, p.route, pack(msg, seq))) return true;
     count("send_failed");
@@ -189,6 +191,7 @@ struct Hub::Impl {
   }
   template <class T>
   void send_route(const std::string& route, const T& msg, uint64_t seq) {
+    flush_acks();
     if (!detail::try_send_to(router, route, pack(msg, seq))) count("send_failed");
   }
   void flush_acks() {
