@@ -278,15 +278,12 @@ struct Client::Impl {
 
   // --- API side ---
   // Queues the frame and sends what can go now, from the calling thread.
-  ItemPtr enqueue_locked(MsgType type, std::string frame) {
+  ItemPtr enqueue(MsgType type, std::string frame) {
     auto item = std::make_shared<Item>(Item{type, std::make_shared<std::string>(std::move(frame))});
+    std::lock_guard lock(m);
     outbox.push_back(item);
     service_locked();
     return item;
-  }
-  ItemPtr enqueue(MsgType type, std::string frame) {
-    std::lock_guard lock(m);
-    return enqueue_locked(type, std::move(frame));
   }
 
   void forget_locked(const ItemPtr& item) {

@@ -1,9 +1,7 @@
 // The launcher of `rlx run`: the run directory, the roles as processes, their watch and
 // restarts, `rlx scale`, and the tasks of a run under Slurm.
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <fmt/ranges.h>
 #include <unistd.h>
 
@@ -405,7 +403,6 @@ fs::path prepare_run_dir(const RunConfig& cfg, const LaunchOptions& lo) {
 
 int launch_task(const RunConfig& cfg, const RoleTask& task, const std::string& exe, const LaunchOptions& lo);
 
-// The end of a run (done or stopped): the roles' traces merged into trace.json.
 // The plotting script: $RLX_PLOT_SCRIPT, else the source tree's, else the installed one.
 fs::path plot_script() {
   if (const char* env = std::getenv("RLX_PLOT_SCRIPT")) return env;
@@ -423,35 +420,15 @@ void write_plots(const fs::path& run_dir) {
     return;
   }
   const std::string python = ::access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
-  const fs::path log_file = run_dir / "logs" / "plots.log";
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int fd = ::open(log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd >= 0) ::dup2(fd, 1), ::dup2(fd, 2);
-    ::execlp(python.c_str(), python.c_str(), script.c_str(), run_dir.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  if (pid < 0) {
-    std::cerr << "rlx run: no plots: fork: " << std::strerror(errno) << std::endl;
-    return;
-  }
-  int status = 0;
-  const double deadline = now_s() + 120;
-  while (::waitpid(pid, &status, WNOHANG) == 0) {
-    if (now_s() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      std::cerr << fmt::format("rlx run: no plots: {} ran past 120 s", script.string()) << std::endl;
-      return;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+  dist::LocalGroup plot({.argv = {python, script.string(), run_dir.string()}, .log_dir = run_dir / "logs" / "plots"});
+  const auto& e = plot.wait(120).front();
+  if (e.ok())
     std::cerr << fmt::format("rlx run: plots {}", (run_dir / "plots").string()) << std::endl;
   else
-    std::cerr << fmt::format("rlx run: no plots: {} failed (see {})", script.string(), log_file.string()) << std::endl;
+    std::cerr << fmt::format("rlx run: no plots: {} {} (see {})", script.string(), e.describe(), e.err.string()) << std::endl;
 }
 
+// The end of a run (done or stopped): plots, and the roles' traces merged into trace.json.
 void finish_run(const RunConfig& cfg, const fs::path& run_dir) {
   if (cfg.run.plots) write_plots(run_dir);
   if (!cfg.trace.enabled) return;

@@ -55,7 +55,7 @@ assert any("busy_rollout" in x and 0 <= x["busy_rollout"] <= 1 for x in m), m[-1
 P
 [ -f runs/clean/final/model.safetensors ] && [ -f runs/clean/final/config.json ] && ok "final HF export" || fail "no final export"
 [ "$(ls runs/clean/plots/*.png 2>/dev/null | wc -l)" -ge 5 ] && grep -q "rlx run: plots $PWD/runs/clean/plots" clean.log \
-  && ok "PNG plots of the curves at the end" || fail "plots: $(ls runs/clean/plots; cat runs/clean/logs/plots.log)"
+  && ok "PNG plots of the curves at the end" || fail "plots: $(ls runs/clean/plots; cat runs/clean/logs/plots/rank-0.err)"
 [ "$(ls runs/clean/checkpoints | grep -c step_)" = 2 ] && [ "$(ls runs/clean | grep -c '^hub-step_')" = 2 ] \
   && ok "hub states pruned with their checkpoints" || fail "hub states: $(ls runs/clean runs/clean/checkpoints)"
 out=$("$rlx" run grpo.yaml 2>&1); rc=$?
