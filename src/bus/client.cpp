@@ -25,6 +25,7 @@ struct Client::Impl {
   // verified by decode_frame (kept as an offset: a small message's bytes move with it).
   struct Reply {
     zmq::message_t msg;
+    std::vector<zmq::message_t> parts;  // a multipart answer's other parts (a batch's groups)
     MsgType type{};
     uint64_t seq = 0;
     Frame frame() const {
@@ -52,7 +53,8 @@ struct Client::Impl {
   // leaves no readable frame behind (the fd signals only new arrivals).
   zmq::socket_t dealer;
   int dealer_fd = -1;
-  zmq::message_t in;  // the frame being received
+  zmq::message_t in;                // the frame being received
+  std::vector<zmq::message_t> more;  // and the message's other parts, if any
 
   mutable std::mutex m;
   std::condition_variable io_cv;  // the I/O thread waits here while a caller drives
@@ -153,8 +155,8 @@ struct Client::Impl {
     }
   }
 
-  // Takes `msg` when it answers a request (it is then left empty).
-  void on_frame_locked(zmq::message_t& msg) {
+  // Takes `msg` (and `parts`) when it answers a request (they are then left empty).
+  void on_frame_locked(zmq::message_t& msg, std::vector<zmq::message_t>& parts) {
     const std::string_view bytes(static_cast<const char*>(msg.data()), msg.size());
     Frame f;
     try {
@@ -176,7 +178,7 @@ struct Client::Impl {
             }
             return;
           }
-          answer_locked(f, msg);
+          answer_locked(f, msg, parts);
           hub_credits = w.credits;
           credit_base = f.seq;
           return;
@@ -192,17 +194,17 @@ struct Client::Impl {
               } else {
                 ++counters.groups_acked;
                 ++counters.verdicts[a.verdict];
-                answer_locked(f, msg, a.seq);
+                answer_locked(f, msg, parts, a.seq);
               }
             } else {
-              answer_locked(f, msg, a.seq);
+              answer_locked(f, msg, parts, a.seq);
             }
           }
           if (o.role == "worker") hub_credits = a.credits, credit_base = a.seq;
           return;
         }
         default:
-          answer_locked(f, msg);
+          answer_locked(f, msg, parts);
       }
     } catch (const FrameError& e) {
       log::warn("client {}: bad {} from the hub: {}", o.who, to_string(f.type), e.what());
@@ -210,17 +212,19 @@ struct Client::Impl {
   }
 
   // `seq`: the request answered (an ack names it; otherwise the frame's own seq).
-  void answer_locked(const Frame& f, zmq::message_t& msg, std::optional<uint64_t> seq = std::nullopt) {
+  void answer_locked(const Frame& f, zmq::message_t& msg, std::vector<zmq::message_t>& parts,
+                     std::optional<uint64_t> seq = std::nullopt) {
     auto it = sent.find(seq.value_or(f.seq));
     if (it == sent.end()) return;  // an answer nobody waits for any more
-    it->second->reply = Reply{std::move(msg), f.type, f.seq};
+    it->second->reply = Reply{std::move(msg), std::move(parts), f.type, f.seq};
     sent.erase(it);
   }
 
   // Frames in, timers, frames out, until no frame is left to read.
   void service_locked() {
     for (int round = 0; round < 64; ++round) {
-      for (int i = 0; i < 256 && dealer.recv(in, zmq::recv_flags::dontwait); ++i) on_frame_locked(in);
+      for (int i = 0; i < 256 && dealer.recv(in, zmq::recv_flags::dontwait); ++i)
+        if (receive_rest_locked()) on_frame_locked(in, more);
       const double now = seconds_now();
       if (now - last_heard > o.hub_timeout_s && now - last_connect > o.hub_timeout_s) {
         log::warn("client {}: nothing from the hub for {:.1f} s; reconnecting to {}", o.who, now - last_heard, o.address);
@@ -234,6 +238,22 @@ struct Client::Impl {
       send_locked();
       if (!(dealer.get(zmq::sockopt::events) & ZMQ_POLLIN)) return;
     }
+  }
+
+  // The other parts of the message whose first part is `in` (all of them are there once the
+  // first is); false when there are more than a batch can have (dropped).
+  bool receive_rest_locked() {
+    more.clear();
+    bool ok = true;
+    for (bool next = in.more(); next;) {
+      zmq::message_t part;
+      (void)dealer.recv(part, zmq::recv_flags::none);
+      next = part.more();
+      if (more.size() > kMaxBatchGroups) ok = false;
+      else more.push_back(std::move(part));
+    }
+    if (!ok) log::warn("client {}: dropped a message of more than {} parts from the hub", o.who, kMaxBatchGroups + 1);
+    return ok;
   }
 
   // One wait for the socket to have something (or `timeout`), without m.
@@ -310,18 +330,42 @@ struct Client::Impl {
   }
   std::function<bool()> give_up;  // set before any request (read by API callers only)
 
-  template <class Answer, class Request>
-  Answer call(const Request& req, double timeout_s) {
+  // Sends the request and waits for its answer; the hub's refusal is an rlx::Error.
+  template <class Request>
+  Reply request(const Request& req, double timeout_s) {
     auto item = enqueue(Request::kType, pack(req));
-    const Reply reply = wait(item, timeout_s, std::string(to_string(Request::kType)).c_str());
-    const Frame f = reply.frame();
-    if (f.type == MsgType::ack) {  // the hub refused the request, or acknowledged it
-      auto a = unpack<Ack>(f, limits);
+    Reply reply = wait(item, timeout_s, std::string(to_string(Request::kType)).c_str());
+    if (reply.type == MsgType::ack) {
+      auto a = unpack<Ack>(reply.frame(), limits);
       if (a.verdict.starts_with("error: "))
         throw Error(fmt::format("client {}: the hub refused {}: {}", o.who, to_string(Request::kType), a.verdict.substr(7)));
-      if constexpr (std::is_same_v<Answer, Ack>) return a;
     }
-    return unpack<Answer>(f, limits);
+    return reply;
+  }
+  template <class Answer, class Request>
+  Answer call(const Request& req, double timeout_s) {
+    return unpack<Answer>(request(req, timeout_s).frame(), limits);
+  }
+
+  // A batch: its head, then each group's frame as the worker sent it (checksum included).
+  Batch assemble_batch(const Reply& reply) const {
+    const auto head = unpack<BatchHead>(reply.frame(), limits);
+    RLX_CHECK(head.groups == reply.parts.size() && head.ranks.size() == reply.parts.size(),
+              "client {}: batch {} from the hub names {} groups and {} ranks, and {} group frames came", o.who,
+              head.batch_id, head.groups, head.ranks.size(), reply.parts.size());
+    Batch b{.batch_id = head.batch_id, .ranks = head.ranks, .end = head.end};
+    b.groups.reserve(reply.parts.size());
+    for (size_t i = 0; i < reply.parts.size(); ++i) {
+      const auto& part = reply.parts[i];
+      try {
+        b.groups.push_back(
+            unpack<TrajectoryGroup>(decode_frame({static_cast<const char*>(part.data()), part.size()}, limits), limits));
+      } catch (const FrameError& e) {
+        throw Error(fmt::format("client {}: group {} of batch {} from the hub is damaged ({}): {}", o.who, i, head.batch_id,
+                                to_string(e.reason()), e.what()));
+      }
+    }
+    return b;
   }
 };
 
@@ -397,7 +441,7 @@ Batch Client::next_batch(BatchRequest request, double timeout_s) {
     std::lock_guard lock(I.m);
     request.ack_batch_id = I.last_batch_id;
   }
-  Batch b = I.call<Batch>(request, timeout_s);
+  Batch b = I.assemble_batch(I.request(request, timeout_s));
   std::lock_guard lock(I.m);
   if (!b.groups.empty()) I.last_batch_id = b.batch_id;
   return b;

@@ -225,7 +225,7 @@ TrajectoryStore::TrajectoryStore(const std::filesystem::path& file) : impl_(std:
 
 TrajectoryStore::~TrajectoryStore() = default;
 
-void TrajectoryStore::append(const TrajectoryGroup& g, int64_t accepted_version) {
+void TrajectoryStore::append(const GroupView& g, int64_t accepted_version) {
   auto& c = impl_->cols;
   const std::string& f = c.path;
   std::vector<int32_t> tokens;
@@ -234,23 +234,25 @@ void TrajectoryStore::append(const TrajectoryGroup& g, int64_t accepted_version)
   std::vector<int64_t> versions, offset, length;
   std::vector<int32_t> prompt_len;
   std::vector<float> reward;
+  std::vector<std::string> text;  // finish and metadata, NUL-terminated (views are not)
+  text.reserve(2 * g.samples.size());
   std::vector<const char*> finish, metadata;
   int64_t at = static_cast<int64_t>(impl_->tokens);
   for (const auto& s : g.samples) {
     const size_t n = s.tokens.size();
     RLX_CHECK(s.loss_mask.size() == n && s.logprobs.size() == n && s.versions.size() == n,
               "lease {}: a sample's tokens, loss_mask, logprobs and versions differ in length", g.lease_id);
-    tokens.insert(tokens.end(), s.tokens.begin(), s.tokens.end());
-    mask.insert(mask.end(), s.loss_mask.begin(), s.loss_mask.end());
-    logprobs.insert(logprobs.end(), s.logprobs.begin(), s.logprobs.end());
-    versions.insert(versions.end(), s.versions.begin(), s.versions.end());
+    s.tokens.append_to(tokens);
+    s.loss_mask.append_to(mask);
+    s.logprobs.append_to(logprobs);
+    s.versions.append_to(versions);
     offset.push_back(at);
     length.push_back(static_cast<int64_t>(n));
     at += static_cast<int64_t>(n);
     prompt_len.push_back(s.prompt_len);
     reward.push_back(s.reward);
-    finish.push_back(s.finish.c_str());
-    metadata.push_back(s.metadata.c_str());
+    finish.push_back(text.emplace_back(s.finish).c_str());
+    metadata.push_back(text.emplace_back(s.metadata).c_str());
   }
   c.tokens.append(tokens.data(), tokens.size(), f);
   c.loss_mask.append(mask.data(), mask.size(), f);
@@ -263,7 +265,8 @@ void TrajectoryStore::append(const TrajectoryGroup& g, int64_t accepted_version)
   c.finish.append(finish.data(), finish.size(), f);
   c.metadata.append(metadata.data(), metadata.size(), f);
   const int64_t first = static_cast<int64_t>(impl_->samples), count = static_cast<int64_t>(g.samples.size());
-  const char* worker = g.worker.c_str();
+  const std::string worker_name(g.worker);
+  const char* worker = worker_name.c_str();
   c.lease_id.append(&g.lease_id, 1, f);
   c.prompt_index.append(&g.prompt_index, 1, f);
   c.epoch.append(&g.epoch, 1, f);

@@ -101,6 +101,13 @@ HubSnapshot read_snapshot(const std::string& path, const Limits& limits) {
 // --- the hub ---------------------------------------------------------------------------------
 
 struct Hub::Impl {
+  // A batch sent to a learner, kept until the learner confirms it.
+  struct SentBatch {
+    uint64_t batch_id = 0;
+    std::vector<StoredGroup> groups;
+    std::vector<uint32_t> ranks;
+    bool end = false;
+  };
   struct Waiting {
     uint64_t seq;
     BatchRequest request;
@@ -112,7 +119,7 @@ struct Hub::Impl {
     double last_heard = 0;
     uint64_t credits = 0;
     uint64_t last_seq = 0;
-    std::optional<Batch> in_flight;  // learners: sent, not yet confirmed
+    std::optional<SentBatch> in_flight;  // learners: sent, not yet confirmed
     std::optional<Waiting> waiting;  // learners: a request not yet answered
   };
 
@@ -193,6 +200,18 @@ struct Hub::Impl {
   void send_route(const std::string& route, const T& msg, uint64_t seq) {
     flush_acks();
     if (!detail::try_send_to(router, route, pack(msg, seq))) count("send_failed");
+  }
+  // A batch is [BatchHead, group frames...]: the frames go as the workers sent them, no copy.
+  bool send_batch(Peer& p, const SentBatch& b, uint64_t seq) {
+    flush_acks();
+    if (!p.connected) return false;
+    std::vector<detail::SharedBytes> frames;
+    frames.reserve(b.groups.size());
+    for (const auto& g : b.groups) frames.push_back({g.frame, g.frame_bytes});
+    const BatchHead head{.batch_id = b.batch_id, .ranks = b.ranks, .end = b.end, .groups = b.groups.size()};
+    if (detail::try_send_to(router, p.route, pack(head, seq), frames)) return true;
+    count("send_failed");
+    return false;
   }
   void flush_acks() {
     for (auto& [route, frame] : acks_out)
@@ -295,19 +314,12 @@ struct Hub::Impl {
     send(p, grant, seq);
   }
 
-  static bool token_valid(const Trajectory& s, size_t t) {
+  static bool token_valid(const SampleView& s, size_t t) {
     return s.tokens[t] >= 0 && s.loss_mask[t] <= 1 && std::isfinite(s.logprobs[t]);
-  }
-  static bool tokens_valid(const Trajectory& s) {
-    unsigned bad = 0;
-    for (size_t t = 0; t < s.tokens.size(); ++t)
-      bad |= static_cast<unsigned>(s.tokens[t] < 0) | static_cast<unsigned>(s.loss_mask[t] > 1) |
-             static_cast<unsigned>(!(std::fabs(s.logprobs[t]) <= std::numeric_limits<float>::max()));
-    return bad == 0;
   }
 
   // Why a group cannot be a result of its lease, or nothing.
-  std::optional<std::string> invalid(const TrajectoryGroup& g, const Lease& lease) const {
+  std::optional<std::string> invalid(const GroupView& g, const Lease& lease) const {
     if (g.samples.size() != lease.group_size)
       return fmt::format("{} samples, the lease asked for {}", g.samples.size(), lease.group_size);
     if (g.prompt_index != lease.prompt_index || g.epoch != lease.epoch)
@@ -321,7 +333,7 @@ struct Hub::Impl {
         return fmt::format("sample {}: tokens, loss_mask, logprobs and versions differ in length", i);
       if (s.prompt_len < 0 || static_cast<size_t>(s.prompt_len) > n)
         return fmt::format("sample {}: prompt_len {} is outside [0, {}]", i, s.prompt_len, n);
-      if (!tokens_valid(s)) {  // a branch-free scan first (vectorised); the slow search only on failure
+      if (!s.tokens_valid()) {  // a branch-free scan first (vectorised); the slow search only on failure
         size_t t = 0;
         while (t < n && token_valid(s, t)) ++t;
         return fmt::format("sample {} token {}: negative id, mask not 0/1, or non-finite log-prob", i, t);
@@ -331,7 +343,8 @@ struct Hub::Impl {
     return std::nullopt;
   }
 
-  void on_group(Peer& p, uint64_t seq, TrajectoryGroup g) {
+  // `g` is read in place from `body`, which the buffer keeps when the group is accepted.
+  void on_group(Peer& p, uint64_t seq, const GroupView& g, const std::shared_ptr<zmq::message_t>& body) {
     RLX_CHECK(p.role == "worker", "{} sent a trajectory group but is a {}", p.who, p.role);
     if (p.credits > 0) --p.credits;
     else count("groups_over_credit");
@@ -345,13 +358,15 @@ struct Hub::Impl {
       leases.fail(g.lease_id, "data", "invalid trajectory group: " + *why);
       verdict = "invalid";
     } else {
-      switch (buffer.admit(g, version)) {
+      StoredGroup stored = StoredGroup::of(std::shared_ptr<const char>(body, static_cast<const char*>(body->data())),
+                                           body->size(), g);
+      switch (buffer.admit(stored, version)) {
         case ReplayBuffer::Verdict::accepted:
           verdict = "accepted";
           leases.complete(g.lease_id);
           if (store) store->append(g, version);
           ++accepted_total;
-          buffer.push_accepted(std::move(g));
+          buffer.push_accepted(std::move(stored));
           break;
         case ReplayBuffer::Verdict::stale:
           verdict = "stale";  // re-issued: the prompt is not skipped
@@ -389,7 +404,7 @@ struct Hub::Impl {
     if (p.in_flight && req.ack_batch_id == p.in_flight->batch_id) p.in_flight.reset();
     if (p.in_flight) {  // the learner reconnected without having it: send it again
       count("batches_resent");
-      send(p, *p.in_flight, seq);
+      send_batch(p, *p.in_flight, seq);
       return;
     }
     if (!p.waiting) waiting_order.push_back(p.who);
@@ -407,15 +422,15 @@ struct Hub::Impl {
         ++it;
         continue;
       }
-      Batch b;
-      b.batch_id = next_batch_id++;
-      b.groups = buffer.pop(r.max_groups, r.max_tokens);
-      b.ranks = assign_ranks(b.groups, r.num_ranks);
+      SentBatch b{.batch_id = next_batch_id++, .groups = buffer.pop(r.max_groups, r.max_tokens)};
+      std::vector<int64_t> tokens;
+      for (const auto& g : b.groups) tokens.push_back(g.tokens);
+      b.ranks = assign_ranks(tokens, r.num_ranks);
       b.end = leases.done() && buffer.size() == 0;
       const uint64_t seq = p.waiting->seq;
       p.waiting.reset();
       it = waiting_order.erase(it);
-      if (!send(p, b, seq)) {
+      if (!send_batch(p, b, seq)) {
         buffer.requeue_front(std::move(b.groups));
         continue;
       }
@@ -466,10 +481,21 @@ struct Hub::Impl {
     send(p, Ack{.seq = seq, .verdict = verdict}, seq);
   }
 
-  void on_frame(const std::string& route, std::string_view bytes) {
+  // A peer that has not said Hello (a restarted hub, or a peer declared lost) is asked to.
+  bool introduced(Peer* peer, const std::string& route, uint64_t seq) {
+    if (!peer) {
+      count("frames_from_unknown_peers");
+      send_route(route, Welcome{.heartbeat_s = o.heartbeat_s, .lease_timeout_s = o.lease_timeout_s, .rehello = true}, seq);
+      return false;
+    }
+    peer->last_heard = seconds_now();
+    return true;
+  }
+
+  void on_frame(const std::string& route, const std::shared_ptr<zmq::message_t>& body) {
     Frame frame;
     try {
-      frame = decode_frame(bytes, limits);
+      frame = decode_frame(std::string_view(static_cast<const char*>(body->data()), body->size()), limits);
     } catch (const FrameError& e) {
       reject(route, std::string(to_string(e.reason())), e.what());
       return;
@@ -477,20 +503,19 @@ struct Hub::Impl {
     const auto r = by_route.find(route);
     Peer* peer = r == by_route.end() ? nullptr : &peers.at(r->second);
     try {
+      if (frame.type == MsgType::trajectory_group) {  // read in place: the frame is kept, never copied
+        const GroupView g = parse_group(frame, limits);
+        if (introduced(peer, route, frame.seq)) on_group(*peer, frame.seq, g, body);
+        return;
+      }
       dispatch(frame, limits, [&](auto msg) {
         using T = decltype(msg);
         if constexpr (std::is_same_v<T, Hello>) {
           on_hello(route, frame.seq, std::move(msg));
           return;
         }
-        if (!peer) {  // restarted hub, or a peer declared lost: it must introduce itself again
-          count("frames_from_unknown_peers");
-          send_route(route, Welcome{.heartbeat_s = o.heartbeat_s, .lease_timeout_s = o.lease_timeout_s, .rehello = true}, frame.seq);
-          return;
-        }
-        peer->last_heard = seconds_now();
+        if (!introduced(peer, route, frame.seq)) return;
         if constexpr (std::is_same_v<T, LeaseRequest>) on_lease_request(*peer, frame.seq, msg);
-        else if constexpr (std::is_same_v<T, TrajectoryGroup>) on_group(*peer, frame.seq, std::move(msg));
         else if constexpr (std::is_same_v<T, ErrorRecord>) on_error_record(*peer, frame.seq, msg);
         else if constexpr (std::is_same_v<T, BatchRequest>) on_batch_request(*peer, frame.seq, msg);
         else if constexpr (std::is_same_v<T, VersionUpdate>) on_version(*peer, frame.seq, msg);
@@ -548,19 +573,20 @@ struct Hub::Impl {
     if (!detail::poll(&item, 1, std::chrono::milliseconds(static_cast<int64_t>(1000 * std::min(timeout_s, until_tick)))))
       return;
     for (int i = 0; i < 256; ++i) {  // drain a bounded number per turn
-      zmq::message_t route, body;
+      zmq::message_t route;
+      auto body = std::make_shared<zmq::message_t>();  // shared: an accepted group's frame stays in the buffer
       if (!router.recv(route, zmq::recv_flags::dontwait)) break;
       if (!route.more()) {
         count("rejected_parts");
         continue;
       }
-      (void)router.recv(body, zmq::recv_flags::none);
-      if (body.more()) {  // more than [route, frame]: drop the rest
+      (void)router.recv(*body, zmq::recv_flags::none);
+      if (body->more()) {  // more than [route, frame]: drop the rest
         count("rejected_parts");
-        while (body.more()) (void)router.recv(body, zmq::recv_flags::none);
+        while (body->more()) (void)router.recv(*body, zmq::recv_flags::none);
         continue;
       }
-      on_frame(route.to_string(), std::string_view(static_cast<const char*>(body.data()), body.size()));
+      on_frame(route.to_string(), body);
     }
     flush_acks();
     if (seconds_now() - last_tick >= std::min(0.25, o.heartbeat_s / 2)) tick();
@@ -570,14 +596,18 @@ struct Hub::Impl {
     HubSnapshot s;
     s.cursor = source.cursor();
     s.leases = leases.state(seconds_now());
-    s.buffer.assign(buffer.contents().begin(), buffer.contents().end());
+    for (const auto& g : buffer.contents()) s.buffer.push_back(g.unpack(limits));
     s.replay_counts = buffer.counts();
     s.version = version;
     s.accepted_total = accepted_total;
     s.next_batch_id = next_batch_id;
     s.stored_groups = store ? store->groups() : 0;
     for (const auto& [who, p] : peers)
-      if (p.in_flight) s.in_flight.push_back({who, *p.in_flight});
+      if (const auto& b = p.in_flight) {
+        Batch batch{.batch_id = b->batch_id, .ranks = b->ranks, .end = b->end};
+        for (const auto& g : b->groups) batch.groups.push_back(g.unpack(limits));
+        s.in_flight.push_back({who, std::move(batch)});
+      }
     return s;
   }
 
@@ -592,9 +622,9 @@ struct Hub::Impl {
     source.restore(s.cursor);
     leases.restore(s.leases, seconds_now());
     for (const auto& a : s.leases.active) restored_holders[a.worker] = seconds_now() + o.peer_timeout_s;
-    buffer.restore(std::deque<TrajectoryGroup>(std::make_move_iterator(s.buffer.begin()),
-                                               std::make_move_iterator(s.buffer.end())),
-                   s.replay_counts);
+    std::deque<StoredGroup> buffered;
+    for (const auto& g : s.buffer) buffered.push_back(StoredGroup::of(g));
+    buffer.restore(std::move(buffered), s.replay_counts);
     version = s.version;
     accepted_total = s.accepted_total;
     next_batch_id = s.next_batch_id;
@@ -605,8 +635,11 @@ struct Hub::Impl {
     }
     // Unconfirmed batches wait for their learner: sent again if it reconnects, returned
     // to the buffer if it restarts.
-    for (auto& f : s.in_flight)
-      peers.emplace(f.learner, Peer{.who = f.learner, .role = "learner", .in_flight = std::move(f.batch)});
+    for (auto& f : s.in_flight) {
+      SentBatch b{.batch_id = f.batch.batch_id, .ranks = f.batch.ranks, .end = f.batch.end};
+      for (const auto& g : f.batch.groups) b.groups.push_back(StoredGroup::of(g));
+      peers.emplace(f.learner, Peer{.who = f.learner, .role = "learner", .in_flight = std::move(b)});
+    }
     log::info("hub: restored {} (epoch {} position {}, {} leases out, {} groups buffered)", o.state_file,
               s.cursor.epoch, s.cursor.position, leases.outstanding(), buffer.size());
   }

@@ -175,36 +175,52 @@ std::vector<ErrorRecord> LeaseTable::worker_lost(const std::string& worker) {
   return out;
 }
 
-ReplayBuffer::Verdict ReplayBuffer::push(TrajectoryGroup group, int64_t current_version) {
+StoredGroup StoredGroup::of(std::shared_ptr<const char> frame, size_t frame_bytes, const GroupView& view) {
+  bool uniform = view.samples.size() > 1;
+  for (const auto& s : view.samples) uniform &= s.reward == view.samples.front().reward;
+  return {.frame = std::move(frame),
+          .frame_bytes = frame_bytes,
+          .lease_id = view.lease_id,
+          .tokens = view.num_tokens(),
+          .oldest_version = view.version_range().first,
+          .uniform_rewards = uniform};
+}
+
+StoredGroup StoredGroup::of(const TrajectoryGroup& group) {
+  auto bytes = std::make_shared<const std::string>(pack(group));
+  std::shared_ptr<const char> frame(bytes, bytes->data());
+  return of(std::move(frame), bytes->size(), view_of(group));
+}
+
+TrajectoryGroup StoredGroup::unpack(const Limits& limits) const {
+  return bus::unpack<TrajectoryGroup>(decode_frame(bytes(), limits), limits);
+}
+
+ReplayBuffer::Verdict ReplayBuffer::push(StoredGroup group, int64_t current_version) {
   const Verdict v = admit(group, current_version);
   if (v == Verdict::accepted) push_accepted(std::move(group));
   return v;
 }
 
-void ReplayBuffer::push_accepted(TrajectoryGroup group) {
+void ReplayBuffer::push_accepted(StoredGroup group) {
   groups_.push_back(std::move(group));
   ++counts_.accepted;
 }
 
 uint64_t ReplayBuffer::tokens() const {
   uint64_t n = 0;
-  for (const auto& g : groups_) n += static_cast<uint64_t>(g.num_tokens());
+  for (const auto& g : groups_) n += static_cast<uint64_t>(g.tokens);
   return n;
 }
 
-ReplayBuffer::Verdict ReplayBuffer::admit(const TrajectoryGroup& group, int64_t current_version) {
-  const auto [oldest, newest] = group.version_range();
-  if (oldest >= 0 && oldest < current_version - options_.max_staleness) {
+ReplayBuffer::Verdict ReplayBuffer::admit(const StoredGroup& group, int64_t current_version) {
+  if (too_stale(group, current_version)) {
     ++counts_.stale;
     return Verdict::stale;
   }
-  if (options_.drop_uniform_rewards && group.samples.size() > 1) {
-    bool uniform = true;
-    for (const auto& s : group.samples) uniform &= s.reward == group.samples.front().reward;
-    if (uniform) {
-      ++counts_.filtered;
-      return Verdict::filtered;
-    }
+  if (options_.drop_uniform_rewards && group.uniform_rewards) {
+    ++counts_.filtered;
+    return Verdict::filtered;
   }
   if (groups_.size() >= options_.capacity_groups) {
     ++counts_.full;
@@ -214,45 +230,40 @@ ReplayBuffer::Verdict ReplayBuffer::admit(const TrajectoryGroup& group, int64_t 
 }
 
 size_t ReplayBuffer::evict_stale(int64_t current_version) {
-  const size_t before = groups_.size();
-  std::erase_if(groups_, [&](const TrajectoryGroup& g) {
-    const int64_t oldest = g.version_range().first;
-    return oldest >= 0 && oldest < current_version - options_.max_staleness;
-  });
-  counts_.evicted_stale += before - groups_.size();
-  return before - groups_.size();
+  const size_t evicted = std::erase_if(groups_, [&](const StoredGroup& g) { return too_stale(g, current_version); });
+  counts_.evicted_stale += evicted;
+  return evicted;
 }
 
-void ReplayBuffer::requeue_front(std::vector<TrajectoryGroup> groups) {
+void ReplayBuffer::requeue_front(std::vector<StoredGroup> groups) {
   for (auto it = groups.rbegin(); it != groups.rend(); ++it) groups_.push_front(std::move(*it));
 }
 
-void ReplayBuffer::restore(std::deque<TrajectoryGroup> groups, Counts counts) {
+void ReplayBuffer::restore(std::deque<StoredGroup> groups, Counts counts) {
   groups_ = std::move(groups);
   counts_ = counts;
 }
 
-std::vector<uint32_t> assign_ranks(const std::vector<TrajectoryGroup>& groups, uint32_t num_ranks) {
+std::vector<uint32_t> assign_ranks(const std::vector<int64_t>& group_tokens, uint32_t num_ranks) {
   RLX_CHECK(num_ranks >= 1, "assign_ranks: num_ranks must be at least 1");
-  std::vector<size_t> order(groups.size());
+  std::vector<size_t> order(group_tokens.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return groups[a].num_tokens() > groups[b].num_tokens(); });
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return group_tokens[a] > group_tokens[b]; });
   std::vector<int64_t> load(num_ranks, 0);
-  std::vector<uint32_t> rank(groups.size(), 0);
+  std::vector<uint32_t> rank(group_tokens.size(), 0);
   for (size_t i : order) {
     const auto r = static_cast<uint32_t>(std::min_element(load.begin(), load.end()) - load.begin());
     rank[i] = r;
-    load[r] += groups[i].num_tokens();
+    load[r] += group_tokens[i];
   }
   return rank;
 }
 
-std::vector<TrajectoryGroup> ReplayBuffer::pop(size_t max_groups, uint64_t max_tokens) {
-  std::vector<TrajectoryGroup> out;
+std::vector<StoredGroup> ReplayBuffer::pop(size_t max_groups, uint64_t max_tokens) {
+  std::vector<StoredGroup> out;
   uint64_t tokens = 0;
   while (!groups_.empty()) {
-    const auto n = static_cast<uint64_t>(groups_.front().num_tokens());
+    const auto n = static_cast<uint64_t>(groups_.front().tokens);
     if (!out.empty() && ((max_groups && out.size() >= max_groups) || (max_tokens && tokens + n > max_tokens))) break;
     tokens += n;
     out.push_back(std::move(groups_.front()));

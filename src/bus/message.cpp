@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <bit>
+#include <cmath>
 #include <limits>
 
 #include "rlx/core/hash.hpp"
@@ -106,24 +107,147 @@ Frame decode_frame(std::string_view bytes, const Limits& limits) {
   return {static_cast<MsgType>(type), get<uint64_t>(bytes, 12), payload};
 }
 
-std::pair<int64_t, int64_t> TrajectoryGroup::version_range() const {
-  // Branch-free (the hub runs this on every group): a negative version (no version, outside
-  // actions) counts as +inf for the minimum and as -1 for the maximum.
-  constexpr uint64_t kNone = std::numeric_limits<int64_t>::max();
-  uint64_t lo = kNone;
+namespace {
+// A length-prefixed array, checked exactly as BoundedInputArchive checks a vector.
+template <class T>
+Unaligned<T> take_array(BoundedInputArchive& ar) {
+  uint64_t n = 0;
+  ar.read(&n, sizeof(n));
+  ar.check_length(n, sizeof(T), "a vector");
+  return {ar.take(static_cast<size_t>(n) * sizeof(T)), static_cast<size_t>(n)};
+}
+std::string_view take_string(BoundedInputArchive& ar) {
+  uint64_t n = 0;
+  ar.read(&n, sizeof(n));
+  ar.check_length(n, 1, "a string");
+  return {ar.take(static_cast<size_t>(n)), static_cast<size_t>(n)};
+}
+template <class T>
+Unaligned<T> over(const std::vector<T>& v) {
+  return {reinterpret_cast<const char*>(v.data()), v.size()};
+}
+}  // namespace
+
+GroupView parse_group(const Frame& frame, const Limits& limits) {
+  if (frame.type != MsgType::trajectory_group)
+    throw FrameError(Reject::malformed, "expected a trajectory_group message, got " + std::string(to_string(frame.type)));
+  // The layout cereal writes for TrajectoryGroup (see its serialize()).
+  BoundedInputArchive ar(frame.payload, limits);
+  GroupView g;
+  ar(g.lease_id, g.prompt_index, g.epoch);
+  g.worker = take_string(ar);
+  uint64_t n = 0;
+  ar.read(&n, sizeof(n));
+  ar.check_length(n, 1, "a vector");
+  g.samples.reserve(static_cast<size_t>(n));
+  for (uint64_t i = 0; i < n; ++i) {
+    SampleView& s = g.samples.emplace_back();
+    s.tokens = take_array<int32_t>(ar);
+    s.loss_mask = take_array<uint8_t>(ar);
+    s.logprobs = take_array<float>(ar);
+    s.versions = take_array<int64_t>(ar);
+    ar(s.prompt_len, s.reward);
+    s.finish = take_string(ar);
+    s.metadata = take_string(ar);
+  }
+  if (ar.remaining() != 0)
+    throw FrameError(Reject::malformed, std::to_string(ar.remaining()) + " trailing bytes after a trajectory_group message");
+  return g;
+}
+
+GroupView view_of(const TrajectoryGroup& group) {
+  GroupView g{.lease_id = group.lease_id, .prompt_index = group.prompt_index, .epoch = group.epoch, .worker = group.worker};
+  g.samples.reserve(group.samples.size());
+  for (const auto& s : group.samples)
+    g.samples.push_back({over(s.tokens), over(s.loss_mask), over(s.logprobs), over(s.versions), s.prompt_len, s.reward,
+                         s.finish, s.metadata});
+  return g;
+}
+
+TrajectoryGroup to_group(const GroupView& view) {
+  TrajectoryGroup g{.lease_id = view.lease_id, .prompt_index = view.prompt_index, .epoch = view.epoch,
+                    .worker = std::string(view.worker)};
+  g.samples.reserve(view.samples.size());
+  for (const auto& s : view.samples) {
+    Trajectory& t = g.samples.emplace_back();
+    s.tokens.append_to(t.tokens);
+    s.loss_mask.append_to(t.loss_mask);
+    s.logprobs.append_to(t.logprobs);
+    s.versions.append_to(t.versions);
+    t.prompt_len = s.prompt_len;
+    t.reward = s.reward;
+    t.finish = s.finish;
+    t.metadata = s.metadata;
+  }
+  return g;
+}
+
+// The hub scans every token of every group it receives. These loops are also built for
+// AVX-512 and AVX2, and the dynamic loader picks the clone the CPU runs (16 us -> 1.5 us
+// for a 16k-token version scan on cpu2; the baseline x86-64 has no 64-bit vector min).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define RLX_SCAN_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define RLX_SCAN_CLONES
+#endif
+
+namespace {
+// The smallest (as unsigned) and largest version of `n` at `p`. Locals, not references:
+// the bytes read could alias an output, which would keep the loop scalar.
+RLX_SCAN_CLONES std::pair<uint64_t, int64_t> scan_versions(const char* p, size_t n) {
+  // Branch-free: a negative version (no version, outside actions) is above every real one
+  // as unsigned (the minimum skips it) and below 0 as signed (the maximum skips it).
+  uint64_t lo = std::numeric_limits<uint64_t>::max();
   int64_t hi = -1;
-  for (const auto& s : samples)
-    for (const int64_t v : s.versions) {
-      lo = std::min(lo, v < 0 ? kNone : static_cast<uint64_t>(v));
-      hi = std::max(hi, v);
-    }
+  for (size_t i = 0; i < n; ++i) {
+    int64_t v;
+    std::memcpy(&v, p + i * sizeof(v), sizeof(v));
+    lo = std::min(lo, static_cast<uint64_t>(v));
+    hi = std::max(hi, v);
+  }
+  return {lo, hi};
+}
+
+RLX_SCAN_CLONES bool scan_tokens(const char* tokens, const char* mask, const char* logprobs, size_t n) {
+  unsigned bad = 0;
+  for (size_t t = 0; t < n; ++t) {
+    int32_t id;
+    uint8_t m;
+    float lp;
+    std::memcpy(&id, tokens + t * sizeof(id), sizeof(id));
+    std::memcpy(&m, mask + t, 1);
+    std::memcpy(&lp, logprobs + t * sizeof(lp), sizeof(lp));
+    bad |= static_cast<unsigned>(id < 0) | static_cast<unsigned>(m > 1) |
+           static_cast<unsigned>(!(std::fabs(lp) <= std::numeric_limits<float>::max()));
+  }
+  return bad == 0;
+}
+}  // namespace
+
+bool SampleView::tokens_valid() const {
+  const size_t n = tokens.size();
+  RLX_ASSERT(loss_mask.size() == n && logprobs.size() == n, "tokens_valid: arrays of different lengths");
+  return scan_tokens(tokens.p, loss_mask.p, logprobs.p, n);
+}
+
+std::pair<int64_t, int64_t> GroupView::version_range() const {
+  uint64_t lo = std::numeric_limits<uint64_t>::max();
+  int64_t hi = -1;
+  for (const auto& s : samples) {
+    const auto [l, h] = scan_versions(s.versions.p, s.versions.size());
+    lo = std::min(lo, l);
+    hi = std::max(hi, h);
+  }
   return hi < 0 ? std::pair<int64_t, int64_t>{-1, -1} : std::pair{static_cast<int64_t>(lo), hi};
 }
 
-int64_t TrajectoryGroup::num_tokens() const {
+int64_t GroupView::num_tokens() const {
   int64_t n = 0;
   for (const auto& s : samples) n += static_cast<int64_t>(s.tokens.size());
   return n;
 }
+
+std::pair<int64_t, int64_t> TrajectoryGroup::version_range() const { return view_of(*this).version_range(); }
+int64_t TrajectoryGroup::num_tokens() const { return view_of(*this).num_tokens(); }
 
 }  // namespace rlx::bus

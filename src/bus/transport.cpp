@@ -175,13 +175,18 @@ void ZapHandler::serve() {
 }
 
 namespace {
-// Large frames go to ZeroMQ without a copy: the message keeps the string alive.
-zmq::message_t as_message(std::shared_ptr<const std::string> frame) {
-  if (frame->size() < 4096) return zmq::message_t(frame->data(), frame->size());
-  auto* keep = new std::shared_ptr<const std::string>(std::move(frame));
+// Large frames go to ZeroMQ without a copy: the message keeps the bytes' owner alive.
+zmq::message_t as_message(SharedBytes bytes) {
+  if (bytes.size < 4096) return zmq::message_t(bytes.data.get(), bytes.size);
+  const char* data = bytes.data.get();
+  auto* keep = new std::shared_ptr<const char>(std::move(bytes.data));
   return zmq::message_t(
-      const_cast<char*>((*keep)->data()), (*keep)->size(),
-      [](void*, void* hint) { delete static_cast<std::shared_ptr<const std::string>*>(hint); }, keep);
+      const_cast<char*>(data), bytes.size, [](void*, void* hint) { delete static_cast<std::shared_ptr<const char>*>(hint); },
+      keep);
+}
+zmq::message_t as_message(std::shared_ptr<const std::string> frame) {
+  const size_t n = frame->size();
+  return as_message(SharedBytes{std::shared_ptr<const char>(frame, frame->data()), n});
 }
 }  // namespace
 
@@ -202,11 +207,20 @@ bool try_send(zmq::socket_t& socket, const std::string& frame) {
   }
 }
 
-bool try_send_to(zmq::socket_t& router, const std::string& routing_id, std::string frame) {
+bool try_send_to(zmq::socket_t& router, const std::string& routing_id, std::string frame, std::span<const SharedBytes> more) {
   try {
+    // Only the first part can fail for lack of room: the rest of a message follows it.
     if (!router.send(zmq::buffer(routing_id), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) return false;
-    auto msg = as_message(std::make_shared<const std::string>(std::move(frame)));
-    return router.send(msg, zmq::send_flags::dontwait).has_value();
+    auto head = as_message(std::make_shared<const std::string>(std::move(frame)));
+    const auto flags = more.empty() ? zmq::send_flags::dontwait : zmq::send_flags::sndmore | zmq::send_flags::dontwait;
+    if (!router.send(head, flags)) return false;
+    for (size_t i = 0; i < more.size(); ++i) {
+      auto part = as_message(more[i]);
+      if (!router.send(part, i + 1 < more.size() ? zmq::send_flags::sndmore | zmq::send_flags::dontwait
+                                                  : zmq::send_flags::dontwait))
+        return false;
+    }
+    return true;
   } catch (const zmq::error_t&) {
     return false;  // EHOSTUNREACH: the peer is gone (ROUTER_MANDATORY)
   }

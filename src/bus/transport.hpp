@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 
@@ -60,6 +61,12 @@ inline double seconds_now() {
 bool try_send(zmq::socket_t& socket, const std::string& frame);
 // Without copying a large frame (ZeroMQ holds a reference until it is written).
 bool try_send(zmq::socket_t& socket, std::shared_ptr<const std::string> frame);
-bool try_send_to(zmq::socket_t& router, const std::string& routing_id, std::string frame);
+// Bytes kept alive by their owner (a received message, a packed string).
+struct SharedBytes {
+  std::shared_ptr<const char> data;
+  size_t size = 0;
+};
+// [routing id, frame, more...] as one message; `more` goes without a copy.
+bool try_send_to(zmq::socket_t& router, const std::string& routing_id, std::string frame, std::span<const SharedBytes> more = {});
 
 }  // namespace rlx::bus::detail

@@ -313,6 +313,13 @@ double cpu_s() {
   return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
+// Minor page faults of this process so far (fresh heap memory touched for the first time).
+double page_faults() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_minflt);
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -354,8 +361,10 @@ nlohmann::json thread_use_per(const std::map<std::string, ThreadUse>& before, co
   return j;
 }
 
-// Raw ZeroMQ: PUSH -> PULL of `n` messages of `bytes` each.
-Timed raw_push_pull(const std::string& address, int n, size_t bytes) {
+// Raw ZeroMQ: PUSH -> PULL of `n` messages of `bytes` each. `distinct`: each message
+// from its own buffer, built before timing like the bus's groups (memory the producer
+// reads cold); otherwise one buffer sent `n` times (it stays in the cache).
+Timed raw_push_pull(const std::string& address, int n, size_t bytes, bool distinct) {
   zmq::context_t ctx(1);
   zmq::socket_t pull(ctx, zmq::socket_type::pull), push(ctx, zmq::socket_type::push);
   pull.set(zmq::sockopt::rcvhwm, 16);
@@ -363,14 +372,15 @@ Timed raw_push_pull(const std::string& address, int n, size_t bytes) {
   pull.bind(address);
   const std::string endpoint = pull.get(zmq::sockopt::last_endpoint);
   push.connect(endpoint);
-  const std::string payload(bytes, 'x');
+  std::vector<std::string> payloads(distinct ? static_cast<size_t>(n) : 1);
+  for (size_t i = 0; i < payloads.size(); ++i) payloads[i].assign(bytes, static_cast<char>('a' + i % 26));
   // Warm the connection.
-  push.send(zmq::buffer(payload));
+  push.send(zmq::buffer(payloads[0]));
   zmq::message_t msg;
   (void)pull.recv(msg);
   const double t0 = now_s(), c0 = cpu_s();
   std::thread producer([&] {
-    for (int i = 0; i < n; ++i) push.send(zmq::buffer(payload));
+    for (size_t i = 0; i < static_cast<size_t>(n); ++i) push.send(zmq::buffer(payloads[i % payloads.size()]));
   });
   size_t got = 0;
   for (int i = 0; i < n; ++i) {
@@ -386,6 +396,7 @@ Timed raw_push_pull(const std::string& address, int n, size_t bytes) {
 struct BusResult {
   double ingest_s, drain_s;
   double ingest_cpu_s, drain_cpu_s;
+  double ingest_faults, drain_faults;
   size_t frame_bytes;
   nlohmann::json ingest_threads;  // per thread: CPU us and context switches per group
 };
@@ -418,20 +429,22 @@ BusResult bus_roundtrip(const std::string& address, const BenchArgs& a) {
     for (const auto& l : grant.leases) groups.push_back(synthetic_group(l, a.tokens, 64));
     r.frame_bytes = bus::pack(groups.front()).size();
     const auto use0 = thread_use();
-    const double t0 = now_s(), c0 = cpu_s();
+    const double t0 = now_s(), c0 = cpu_s(), f0 = page_faults();
     for (auto& g : groups) worker.submit(std::move(g));
     RLX_CHECK(worker.flush(120), "bench: groups not acknowledged");
     r.ingest_s = now_s() - t0;
     r.ingest_cpu_s = cpu_s() - c0;
+    r.ingest_faults = page_faults() - f0;
     r.ingest_threads = thread_use_per(use0, thread_use(), a.groups);
     RLX_CHECK(worker.counters().verdicts["accepted"] == static_cast<uint64_t>(a.groups), "bench: not every group accepted");
     bus::Client learner({.address = endpoint, .who = "bench-learner", .role = "learner", .request_timeout_s = 120});
-    const double t1 = now_s(), c1 = cpu_s();
+    const double t1 = now_s(), c1 = cpu_s(), f1 = page_faults();
     size_t got = 0;
     while (got < static_cast<size_t>(a.groups))
       got += learner.next_batch({.max_groups = static_cast<uint32_t>(a.batch_groups)}, 120).groups.size();
     r.drain_s = now_s() - t1;
     r.drain_cpu_s = cpu_s() - c1;
+    r.drain_faults = page_faults() - f1;
   } catch (...) {
     stop = true;
     hub_thread.join();
@@ -470,20 +483,23 @@ void add_bench_bus(CLI::App& app, Action& action) {
         // One untimed pass each warms the allocator and the sockets; then raw and bus
         // alternate so both see the same machine state.
         BusResult bus_r = bus_roundtrip(addr, *a);
-        (void)raw_push_pull(raw_addr, a->groups, bus_r.frame_bytes);
-        std::vector<double> raw_v, ingest_v, drain_v, raw_cpu_v, ingest_cpu_v, drain_cpu_v;
+        (void)raw_push_pull(raw_addr, a->groups, bus_r.frame_bytes, true);
+        std::vector<double> raw_v, raw_hot_v, ingest_v, drain_v, raw_cpu_v, ingest_cpu_v, drain_cpu_v;
         for (int r = 0; r < std::max(1, a->reps); ++r) {
-          const auto raw = raw_push_pull(raw_addr, a->groups, bus_r.frame_bytes);
+          const auto raw = raw_push_pull(raw_addr, a->groups, bus_r.frame_bytes, true);
           raw_v.push_back(raw.wall_s);
           raw_cpu_v.push_back(raw.cpu_s);
+          raw_hot_v.push_back(raw_push_pull(raw_addr, a->groups, bus_r.frame_bytes, false).wall_s);
           const auto b = bus_roundtrip(addr, *a);
           bus_r.ingest_threads = b.ingest_threads;  // the last measurement's
+          bus_r.ingest_faults = b.ingest_faults;
+          bus_r.drain_faults = b.drain_faults;
           ingest_v.push_back(b.ingest_s);
           drain_v.push_back(b.drain_s);
           ingest_cpu_v.push_back(b.ingest_cpu_s);
           drain_cpu_v.push_back(b.drain_cpu_s);
         }
-        const double raw_s = median(raw_v);
+        const double raw_s = median(raw_v), raw_hot_s = median(raw_hot_v);
         bus_r.ingest_s = median(ingest_v);
         bus_r.drain_s = median(drain_v);
         const double us_per = 1e6 / a->groups;  // CPU microseconds (all threads) per message
@@ -491,15 +507,20 @@ void add_bench_bus(CLI::App& app, Action& action) {
         nlohmann::json j = {{"frame_bytes", bus_r.frame_bytes},
                             {"raw_msgs_per_s", a->groups / raw_s},
                             {"raw_gb_per_s", bytes / raw_s / 1e9},
+                            {"raw_hot_gb_per_s", bytes / raw_hot_s / 1e9},
                             {"ingest_msgs_per_s", a->groups / bus_r.ingest_s},
                             {"ingest_gb_per_s", bytes / bus_r.ingest_s / 1e9},
                             {"drain_msgs_per_s", a->groups / bus_r.drain_s},
                             {"drain_gb_per_s", bytes / bus_r.drain_s / 1e9},
                             {"ingest_vs_raw", raw_s / bus_r.ingest_s},
                             {"drain_vs_raw", raw_s / bus_r.drain_s},
+                            {"ingest_vs_raw_hot", raw_hot_s / bus_r.ingest_s},
+                            {"drain_vs_raw_hot", raw_hot_s / bus_r.drain_s},
                             {"raw_cpu_us_per_msg", median(raw_cpu_v) * us_per},
                             {"ingest_cpu_us_per_group", median(ingest_cpu_v) * us_per},
                             {"drain_cpu_us_per_group", median(drain_cpu_v) * us_per},
+                            {"ingest_page_faults_per_group", bus_r.ingest_faults / a->groups},
+                            {"drain_page_faults_per_group", bus_r.drain_faults / a->groups},
                             {"ingest_threads", bus_r.ingest_threads}};
         std::cerr << t << ": " << j.dump() << "\n";
         result[t] = j;

@@ -1,8 +1,12 @@
 // libFuzzer target for the bus decoder: any bytes go through decode_frame and the
-// unpack of the type the header names; the only allowed failure is FrameError.
+// unpack of the type the header names; the only allowed failure is FrameError. A
+// trajectory group is also read in place (parse_group, as the hub does): it must accept
+// exactly what unpack accepts and read the same group.
 //   clang++ -std=c++20 -fsanitize=fuzzer,address,undefined ... (see tests/fuzz/run.sh)
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <optional>
 
 #include "rlx/bus/message.hpp"
 
@@ -10,10 +14,23 @@ using namespace rlx::bus;
 
 namespace {
 void decode(std::string_view bytes, const Limits& limits) {
+  std::optional<Frame> frame;
   try {
-    dispatch(decode_frame(bytes, limits), limits, [](auto&& msg) { (void)msg; });
+    frame = decode_frame(bytes, limits);
+    dispatch(*frame, limits, [](auto&& msg) { (void)msg; });
   } catch (const FrameError&) {
   }
+  if (!frame || frame->type != MsgType::trajectory_group) return;
+  std::optional<std::string> in_place, unpacked;  // the group re-packed: compared bytewise (NaN-safe)
+  try {
+    in_place = pack(to_group(parse_group(*frame, limits)));
+  } catch (const FrameError&) {
+  }
+  try {
+    unpacked = pack(unpack<TrajectoryGroup>(*frame, limits));
+  } catch (const FrameError&) {
+  }
+  if (in_place != unpacked) std::abort();  // the hub and the learner would disagree
 }
 }  // namespace
 

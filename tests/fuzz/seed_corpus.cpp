@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
       {"stats", pack(Stats{{{"x", 1.0}}})},
       {"error", pack(ErrorRecord{1, "infra", "timeout"})},
       {"batch_request", pack(BatchRequest{4, 0})},
-      {"batch", pack(Batch{.batch_id = 1, .groups = {g}, .ranks = {0}})},
+      {"batch", pack(BatchHead{.batch_id = 1, .ranks = {0}, .groups = 1})},
       {"version", pack(VersionUpdate{3})},
       {"control", pack(Control{"save"})},
   };

@@ -33,7 +33,8 @@ class TrajectoryStore {
   TrajectoryStore(const TrajectoryStore&) = delete;
   TrajectoryStore& operator=(const TrajectoryStore&) = delete;
 
-  void append(const TrajectoryGroup& group, int64_t accepted_version);
+  void append(const GroupView& group, int64_t accepted_version);
+  void append(const TrajectoryGroup& group, int64_t accepted_version) { append(view_of(group), accepted_version); }
   // Keeps the first `groups` groups (a hub restored from a saved state drops what it
   // accepted after that save, so the file never holds a group twice).
   void truncate(uint64_t groups);

@@ -12,6 +12,7 @@
 #include <deque>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -150,26 +151,44 @@ struct ReplayOptions {
   }
 };
 
+// A trajectory group as it arrived: its frame, shared and never copied (the hub forwards
+// it to a learner as it came, so each worker's checksum is checked end to end), and what
+// the replay buffer needs to know of it.
+struct StoredGroup {
+  std::shared_ptr<const char> frame;  // the whole frame, header included
+  size_t frame_bytes = 0;
+  uint64_t lease_id = 0;
+  int64_t tokens = 0;
+  int64_t oldest_version = -1;   // of its generated tokens (-1: none)
+  bool uniform_rewards = false;  // more than one sample, all with the same reward
+
+  // `frame` holds a valid trajectory_group frame and `view` is its parse.
+  static StoredGroup of(std::shared_ptr<const char> frame, size_t frame_bytes, const GroupView& view);
+  static StoredGroup of(const TrajectoryGroup& group);  // packs it
+  std::string_view bytes() const { return {frame.get(), frame_bytes}; }
+  TrajectoryGroup unpack(const Limits& limits) const;
+};
+
 // FIFO of trajectory groups with a staleness bound applied per group.
 class ReplayBuffer {
  public:
   explicit ReplayBuffer(ReplayOptions options) : options_(options) {}
   enum class Verdict { accepted, stale, filtered, full };
-  Verdict push(TrajectoryGroup group, int64_t current_version);
+  Verdict push(StoredGroup group, int64_t current_version);
   // The verdict push() would give, counting a rejection; push_accepted() then adds it.
-  Verdict admit(const TrajectoryGroup& group, int64_t current_version);
-  void push_accepted(TrajectoryGroup group);
+  Verdict admit(const StoredGroup& group, int64_t current_version);
+  void push_accepted(StoredGroup group);
   uint64_t tokens() const;  // tokens of the buffered groups
   // Drops groups that became too stale while waiting; returns how many.
   size_t evict_stale(int64_t current_version);
   // Up to max_groups groups (0: no limit) and max_tokens tokens (0: no limit), oldest first;
   // always at least one group when any is buffered.
-  std::vector<TrajectoryGroup> pop(size_t max_groups, uint64_t max_tokens);
+  std::vector<StoredGroup> pop(size_t max_groups, uint64_t max_tokens);
   size_t size() const { return groups_.size(); }
   size_t free_slots() const { return options_.capacity_groups - groups_.size(); }
-  const std::deque<TrajectoryGroup>& contents() const { return groups_; }
+  const std::deque<StoredGroup>& contents() const { return groups_; }
   // Groups handed to a learner that did not confirm them go back to the front, in order.
-  void requeue_front(std::vector<TrajectoryGroup> groups);
+  void requeue_front(std::vector<StoredGroup> groups);
   struct Counts {
     uint64_t accepted = 0, stale = 0, filtered = 0, full = 0, evicted_stale = 0;
     template <class Ar> void serialize(Ar& ar) { ar(accepted, stale, filtered, full, evicted_stale); }
@@ -177,16 +196,20 @@ class ReplayBuffer {
   };
   const Counts& counts() const { return counts_; }
   // Restores saved contents and counters (the hub's saved state).
-  void restore(std::deque<TrajectoryGroup> groups, Counts counts);
+  void restore(std::deque<StoredGroup> groups, Counts counts);
 
  private:
+  bool too_stale(const StoredGroup& g, int64_t current_version) const {
+    return g.oldest_version >= 0 && g.oldest_version < current_version - options_.max_staleness;
+  }
   ReplayOptions options_;
-  std::deque<TrajectoryGroup> groups_;
+  std::deque<StoredGroup> groups_;
   Counts counts_;
 };
 
-// Assigns each group to one of `num_ranks` learner ranks so that token counts are balanced
-// (largest group first to the rank with the fewest tokens; ties to the lower rank).
-std::vector<uint32_t> assign_ranks(const std::vector<TrajectoryGroup>& groups, uint32_t num_ranks);
+// Assigns each group (given by its token count) to one of `num_ranks` learner ranks so that
+// token counts are balanced (largest group first to the rank with the fewest tokens; ties
+// to the lower rank).
+std::vector<uint32_t> assign_ranks(const std::vector<int64_t>& group_tokens, uint32_t num_ranks);
 
 }  // namespace rlx::bus

@@ -38,7 +38,9 @@
 namespace rlx::bus {
 
 inline constexpr uint32_t kMagic = 0x42584c52;  // "RLXB" little-endian
-inline constexpr uint16_t kProtocolVersion = 2;  // 2: the checksum is XXH3-64 (1: XXH64)
+// 3: a batch is a multipart message (a BatchHead frame, then its groups' frames as the
+// workers sent them); 2: the checksum is XXH3-64 (1: XXH64).
+inline constexpr uint16_t kProtocolVersion = 3;
 inline constexpr size_t kHeaderBytes = 40;
 
 enum class MsgType : uint16_t {
@@ -105,6 +107,15 @@ class BoundedInputArchive : public cereal::InputArchive<BoundedInputArchive, cer
     pos_ += n;
   }
   size_t remaining() const { return data_.size() - pos_; }
+  // The next `n` bytes in place (no copy), checked like read().
+  const char* take(size_t n) {
+    if (n > remaining())
+      throw FrameError(Reject::malformed, "payload ends early: " + std::to_string(n) + " bytes wanted, " +
+                                              std::to_string(remaining()) + " left");
+    const char* p = data_.data() + pos_;
+    pos_ += n;
+    return p;
+  }
   // A container of `n` elements, each at least `min_wire_bytes` on the wire, may follow.
   void check_length(uint64_t n, size_t min_wire_bytes, std::string_view what) const {
     if (n > limits_.max_elements || n > remaining() / std::max<size_t>(1, min_wire_bytes))
@@ -291,8 +302,10 @@ struct BatchRequest {
   template <class Ar> void serialize(Ar& ar) { ar(max_groups, max_tokens, num_ranks, ack_batch_id); }
 };
 
+// The groups a learner trains next. On the wire a batch is a multipart message: a
+// BatchHead frame, then the frame of each group exactly as its worker sent it (the hub
+// forwards them without a copy, and the learner checks each worker's checksum).
 struct Batch {
-  static constexpr MsgType kType = MsgType::batch;
   uint64_t batch_id = 0;
   std::vector<TrajectoryGroup> groups;
   std::vector<uint32_t> ranks;  // per group: the learner rank that trains it (balanced by tokens)
@@ -300,6 +313,18 @@ struct Batch {
   template <class Ar> void serialize(Ar& ar) { ar(batch_id, groups, ranks, end); }
   bool operator==(const Batch&) const = default;
 };
+
+// The first part of a batch message; `groups` trajectory_group frames follow it.
+struct BatchHead {
+  static constexpr MsgType kType = MsgType::batch;
+  uint64_t batch_id = 0;
+  std::vector<uint32_t> ranks;
+  bool end = false;
+  uint64_t groups = 0;
+  template <class Ar> void serialize(Ar& ar) { ar(batch_id, ranks, end, groups); }
+};
+// A batch has at most this many groups (a learner asks for tens to thousands).
+inline constexpr uint64_t kMaxBatchGroups = uint64_t{1} << 16;
 
 // A learner published new weights: groups older than the staleness bound are evicted.
 struct VersionUpdate {
@@ -423,6 +448,54 @@ T unpack(const Frame& frame, const Limits& limits) {
   return msg;
 }
 
+// --- trajectory groups read in place ----------------------------------------------------
+
+// `n` values of T at `p`, as they lie in a payload (unaligned: each is read with memcpy).
+template <class T>
+struct Unaligned {
+  const char* p = nullptr;
+  size_t n = 0;
+  size_t size() const { return n; }
+  T operator[](size_t i) const {
+    T v;
+    std::memcpy(&v, p + i * sizeof(T), sizeof(T));
+    return v;
+  }
+  void append_to(std::vector<T>& out) const {
+    const size_t at = out.size();
+    out.resize(at + n);
+    if (n) std::memcpy(out.data() + at, p, n * sizeof(T));
+  }
+};
+
+struct SampleView {
+  Unaligned<int32_t> tokens;
+  Unaligned<uint8_t> loss_mask;
+  Unaligned<float> logprobs;
+  Unaligned<int64_t> versions;
+  int32_t prompt_len = 0;
+  float reward = 0;
+  std::string_view finish, metadata;
+  // Every token id >= 0, every mask 0 or 1, every log-prob finite (arrays of equal length).
+  bool tokens_valid() const;
+};
+
+// A trajectory group without copying its arrays: either read from a frame's payload
+// (parse_group, exactly the bounds and layout unpack<TrajectoryGroup> applies) or laid
+// over a TrajectoryGroup's vectors (view_of). The hub validates, stores and forwards
+// groups through views; the bytes must outlive the view.
+struct GroupView {
+  uint64_t lease_id = 0, prompt_index = 0, epoch = 0;
+  std::string_view worker;
+  std::vector<SampleView> samples;
+  // Smallest and largest weight version over the generated tokens (-1, -1 if none).
+  std::pair<int64_t, int64_t> version_range() const;
+  int64_t num_tokens() const;
+};
+GroupView parse_group(const Frame& frame, const Limits& limits);  // throws FrameError
+GroupView view_of(const TrajectoryGroup& group);
+TrajectoryGroup to_group(const GroupView& view);  // copies the arrays out
+
 // Unpacks the frame as the type its header names and calls f(message). A hub_state frame
 // is a file, not a message: FrameError.
 template <class F>
@@ -438,7 +511,7 @@ void dispatch(const Frame& frame, const Limits& limits, F&& f) {
     case MsgType::stats: return f(unpack<Stats>(frame, limits));
     case MsgType::error_record: return f(unpack<ErrorRecord>(frame, limits));
     case MsgType::batch_request: return f(unpack<BatchRequest>(frame, limits));
-    case MsgType::batch: return f(unpack<Batch>(frame, limits));
+    case MsgType::batch: return f(unpack<BatchHead>(frame, limits));
     case MsgType::version_update: return f(unpack<VersionUpdate>(frame, limits));
     case MsgType::control: return f(unpack<Control>(frame, limits));
     case MsgType::env_request: return f(unpack<EnvRequest>(frame, limits));

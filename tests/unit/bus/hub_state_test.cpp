@@ -115,12 +115,12 @@ TEST_CASE("hub: infra failures are retried up to max_attempts, data failures end
 
 TEST_CASE("hub: the replay buffer bounds staleness and size, filters, and batches by groups or tokens", "[bus]") {
   ReplayBuffer buf({.capacity_groups = 3, .max_staleness = 1, .drop_uniform_rewards = true});
-  CHECK(buf.push(group(1, {0, 1}, 5), 6) == ReplayBuffer::Verdict::accepted);
-  CHECK(buf.push(group(2, {0, 1}, 4), 6) == ReplayBuffer::Verdict::stale);
-  CHECK(buf.push(group(3, {1, 1}, 6), 6) == ReplayBuffer::Verdict::filtered);
-  CHECK(buf.push(group(4, {0, 1}, 6, 10), 6) == ReplayBuffer::Verdict::accepted);
-  CHECK(buf.push(group(5, {0, 1}, 6), 6) == ReplayBuffer::Verdict::accepted);
-  CHECK(buf.push(group(6, {0, 1}, 6), 6) == ReplayBuffer::Verdict::full);
+  CHECK(buf.push(StoredGroup::of(group(1, {0, 1}, 5)), 6) == ReplayBuffer::Verdict::accepted);
+  CHECK(buf.push(StoredGroup::of(group(2, {0, 1}, 4)), 6) == ReplayBuffer::Verdict::stale);
+  CHECK(buf.push(StoredGroup::of(group(3, {1, 1}, 6)), 6) == ReplayBuffer::Verdict::filtered);
+  CHECK(buf.push(StoredGroup::of(group(4, {0, 1}, 6, 10)), 6) == ReplayBuffer::Verdict::accepted);
+  CHECK(buf.push(StoredGroup::of(group(5, {0, 1}, 6)), 6) == ReplayBuffer::Verdict::accepted);
+  CHECK(buf.push(StoredGroup::of(group(6, {0, 1}, 6)), 6) == ReplayBuffer::Verdict::full);
   CHECK(buf.counts().stale == 1);
   CHECK(buf.counts().filtered == 1);
   // Version 7 makes group 1 (version 5) too stale.

@@ -3,6 +3,7 @@
 #include "rlx/bus/hub.hpp"
 
 #include <zmq.hpp>
+#include <zmq_addon.hpp>
 
 #include <atomic>
 #include <random>
@@ -289,4 +290,52 @@ TEST_CASE("client: a request gives up as soon as give_up_when says so, not at it
   CHECK_THAT(err, Contains("gave up waiting for the hub's answer to lease_request"));
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));
   CHECK(c.close(0.1));  // the forgotten request is not pending: close returns at once
+}
+
+TEST_CASE("bus: a learner's batch carries each group's frame as its worker sent it", "[bus]") {
+  TempDir dir;
+  auto o = options(dir, "hub");
+  HubThread h(o, prompts(4));
+  Client w(worker(o.address, "w0"));
+  auto grant = w.request_leases(2);  // the worker's frames: hello 1, lease request 2
+  REQUIRE(grant.leases.size() == 2);
+  std::vector<TrajectoryGroup> sent;
+  for (const auto& l : grant.leases) {
+    sent.push_back(answer(l, 3000));  // large frames (sent and forwarded without a copy)
+    sent.back().worker = "w0";
+    w.submit(sent.back());  // groups 3 and 4
+  }
+  REQUIRE(w.flush(10));
+  // A learner speaking the wire protocol directly.
+  zmq::context_t ctx(1);
+  zmq::socket_t learner(ctx, zmq::socket_type::dealer);
+  learner.set(zmq::sockopt::linger, 0);
+  learner.set(zmq::sockopt::rcvtimeo, 10000);
+  learner.connect(o.address);
+  const Limits limits;
+  auto recv_parts = [&] {
+    std::vector<zmq::message_t> parts;
+    REQUIRE(zmq::recv_multipart(learner, std::back_inserter(parts)));
+    return parts;
+  };
+  auto text = [](const zmq::message_t& m) { return std::string(static_cast<const char*>(m.data()), m.size()); };
+  learner.send(zmq::buffer(pack(Hello{"L", "learner", 1}, 1)));
+  CHECK(decode_frame(text(recv_parts().at(0)), limits).type == MsgType::welcome);
+  learner.send(zmq::buffer(pack(BatchRequest{.max_groups = 2, .num_ranks = 2}, 2)));
+  auto parts = recv_parts();
+  while (decode_frame(text(parts.at(0)), limits).type == MsgType::heartbeat) parts = recv_parts();
+  REQUIRE(parts.size() == 3);
+  const std::string head_bytes = text(parts[0]);
+  const Frame head_frame = decode_frame(head_bytes, limits);
+  CHECK(head_frame.seq == 2);
+  const auto head = unpack<BatchHead>(head_frame, limits);
+  CHECK(head.groups == 2);
+  CHECK(head.ranks.size() == 2);
+  CHECK(head.ranks[0] != head.ranks[1]);  // equal groups: one per rank
+  for (size_t i = 0; i < 2; ++i) {
+    const std::string bytes = text(parts[i + 1]);
+    const Frame f = decode_frame(bytes, limits);  // the worker's checksum, checked here
+    CHECK(f.seq == 3 + i);                         // the worker's sequence number: not re-packed
+    CHECK(bytes == pack(sent[i], 3 + i));
+  }
 }

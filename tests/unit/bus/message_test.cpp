@@ -1,5 +1,7 @@
 #include "rlx/bus/message.hpp"
 
+#include <optional>
+
 #include "../helpers.hpp"
 #include "rlx/core/rng.hpp"
 
@@ -68,8 +70,11 @@ TEST_CASE("bus messages: every type round-trips through a frame", "[bus]") {
   CHECK(unpack<ErrorRecord>(decode_frame(pack(ErrorRecord{1, "data", "bad task"}), limits), limits).reason == "bad task");
   Stats st{.values = {{"a", 1.5}, {"b", -2}}};
   CHECK((unpack<Stats>(decode_frame(pack(st), limits), limits).values == st.values));
-  Batch b{.groups = {g, g}};
-  CHECK(unpack<Batch>(decode_frame(pack(b), limits), limits).groups.size() == 2);
+  BatchHead head{.batch_id = 4, .ranks = {0, 1}, .end = true, .groups = 2};
+  auto got_head = unpack<BatchHead>(decode_frame(pack(head), limits), limits);
+  CHECK(got_head.batch_id == 4);
+  CHECK(got_head.ranks == head.ranks);
+  CHECK(got_head.groups == 2);
 }
 
 TEST_CASE("bus messages: malformed frames are rejected with a reason", "[bus]") {
@@ -83,8 +88,8 @@ TEST_CASE("bus messages: malformed frames are rejected with a reason", "[bus]") 
   bad[0] = 'X';
   CHECK(reason_of([&] { decode_frame(bad, limits); }) == Reject::bad_magic);
   bad = good;
-  bad[4] = 1;  // protocol version 1 (XXH64 checksums): refused, not misread
-  CHECK_THAT(rlx::test::error_of([&] { decode_frame(bad, limits); }), Contains("protocol version 1 (this build speaks 2)"));
+  bad[4] = 2;  // protocol version 2 (a batch in one frame): refused, not misread
+  CHECK_THAT(rlx::test::error_of([&] { decode_frame(bad, limits); }), Contains("protocol version 2 (this build speaks 3)"));
   CHECK(reason_of([&] { decode_frame(bad, limits); }) == Reject::bad_version);
   bad = good;
   bad[6] = 99;
@@ -113,6 +118,53 @@ TEST_CASE("bus messages: malformed frames are rejected with a reason", "[bus]") 
   CHECK_THAT(rlx::test::error_of([&] { unpack<TrajectoryGroup>(f(payload + "zz"), limits); }), Contains("2 trailing bytes"));
   CHECK_THAT(rlx::test::error_of([&] { unpack<Ack>(decode_frame(good, limits), limits); }),
              Contains("expected a ack message, got trajectory_group"));
+}
+
+TEST_CASE("bus messages: a group read in place agrees with unpack on every payload", "[bus]") {
+  const Limits limits{.max_frame_bytes = 1 << 20, .max_elements = 1 << 20};
+  const TrajectoryGroup g = sample_group();
+  const std::string good = pack(g, 3);
+  const Frame f = decode_frame(good, limits);
+  const GroupView view = parse_group(f, limits);
+  CHECK(to_group(view) == g);
+  CHECK(view.num_tokens() == g.num_tokens());
+  CHECK(view.version_range() == g.version_range());
+  CHECK(view.samples[1].logprobs[3] == -1.25f);
+  CHECK(reason_of([&] { parse_group(decode_frame(pack(Heartbeat{"w"}), limits), limits); }) == Reject::malformed);
+  // Truncated and bit-flipped payloads: parse_group fails exactly when unpack fails, and
+  // reads the same group when both succeed (the hub validates with one, the learner reads
+  // with the other).
+  rlx::RngStream rng(11, 0);
+  const std::string payload = good.substr(kHeaderBytes);
+  int both_ok = 0, both_failed = 0;
+  for (int i = 0; i < 3000; ++i) {
+    std::string p = payload;
+    if (i % 3 == 0) p.resize(static_cast<size_t>(rng.uniform_int(0, static_cast<int64_t>(p.size()) - 1)));
+    else
+      for (int k = 0; k < 1 + i % 4; ++k)
+        p[static_cast<size_t>(rng.uniform_int(0, static_cast<int64_t>(p.size()) - 1))] ^=
+            static_cast<char>(1 << rng.uniform_int(0, 7));
+    const std::string framed = frame_with_payload(MsgType::trajectory_group, p);
+    const Frame mf = decode_frame(framed, limits);
+    std::optional<TrajectoryGroup> a, b;
+    try {
+      a = to_group(parse_group(mf, limits));
+    } catch (const FrameError&) {
+    }
+    try {
+      b = unpack<TrajectoryGroup>(mf, limits);
+    } catch (const FrameError&) {
+    }
+    REQUIRE(a.has_value() == b.has_value());
+    if (a) {
+      REQUIRE(pack(*a) == pack(*b));  // bytewise: a flipped bit may make a NaN
+      ++both_ok;
+    } else {
+      ++both_failed;
+    }
+  }
+  CHECK(both_ok > 100);  // flipped bits inside arrays still parse
+  CHECK(both_failed > 100);
 }
 
 TEST_CASE("bus messages: random bytes never crash the decoder", "[bus]") {
