@@ -9,11 +9,11 @@
 #   EXTRA_DEBS="nlohmann-json3-dev libcli11-dev libicu-dev libicu72 libpcre2-dev libpcre2-8-0
 #   libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libseccomp-dev libseccomp2 libxxhash-dev
 #   libxxhash0 pkgconf pkgconf-bin libpkgconf3 pkg-config libsodium-dev"
-#   steps (default all, in this order): build parity model learner gpu_tests unit sampler
+#   steps (default all, in this order): build parity model learner sync gpu_tests unit sampler
 set -uo pipefail
 out=${1:?usage: cuda_check.sh OUT [STEP...]}
 shift
-steps=${*:-build parity model learner gpu_tests unit sampler}
+steps=${*:-build parity model learner sync gpu_tests unit sampler}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 build=${RLX_CUDA_BUILD:-$root/build/cuda}
@@ -66,6 +66,11 @@ for s in $steps; do
         --seq 2048 --batch-seqs 8 --micro-batch-tokens 16384 --steps 5 --ranks 1 && json learner
       step learner_mb4k 200 "$rlx" bench learner --device cuda --preset qwen2.5-0.5b --arch qwen2 --dtype bfloat16 \
         --seq 2048 --batch-seqs 8 --micro-batch-tokens 4096 --steps 5 --ranks 1 && json learner_mb4k ;;
+    sync)
+      # Weight sync by CUDA IPC (a subscriber process, device-to-device copies; the
+      # subscriber checks every version's values) against a device copy of the same bytes.
+      step sync_cuda_ipc 120 "$rlx" bench sync --path cuda-ipc --mb 1000 --versions 10 && json sync_cuda_ipc
+      step sync_shm 120 "$rlx" bench sync --path shm --mb 1000 --versions 10 && json sync_shm ;;
     gpu_tests)
       step gpu_tests 240 "$build/tests/rlx_tests" "[cuda]" ;;
     unit)

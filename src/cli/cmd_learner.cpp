@@ -4,6 +4,9 @@
 // rlx dist run --nproc N -- CMD   N local ranks of CMD with the rendezvous set up (like torchrun)
 #include <ATen/Parallel.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <csignal>
+#include <torch/cuda.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -238,7 +241,7 @@ struct SyncBenchArgs {
   int64_t versions = 10;
   std::string dtype = "bfloat16";
   double changed = 0.125;  // delta mode: the fraction of tensors that change per version
-  std::string path = "shm";  // shm or tcp
+  std::string path = "shm";  // shm, tcp or cuda-ipc
 };
 
 namespace {
@@ -317,16 +320,119 @@ std::pair<std::vector<double>, std::vector<double>> tcp_versions(std::vector<std
   }
   return {pub_s, total_s};
 }
+
+// The CUDA IPC path (a CUDA build on a GPU): a subscriber process forked before this one
+// touches CUDA (CUDA opens an IPC handle only in another process) polls for each version
+// and reports when it has it; the publisher here times publish() until that report. The
+// ceiling is a device-to-device copy of the same bytes. Versions are filled with their
+// number, which the subscriber checks. Returns the JSON line's fields.
+json cuda_ipc_versions(int64_t tensors, int64_t per, at::ScalarType dtype, int64_t versions) {
+  RLX_CHECK(RLX_WITH_CUDA, "bench sync --path cuda-ipc needs a build of rlx with CUDA (RLX_CUDA)");
+  const std::string name = fmt::format("rlx-bench-sync-cuda-{}", ::getpid());
+  int fds[2];
+  RLX_CHECK(::pipe(fds) == 0, "bench sync: pipe: {}", std::strerror(errno));
+  const pid_t child = ::fork();
+  RLX_CHECK(child >= 0, "bench sync: fork: {}", std::strerror(errno));
+  if (child == 0) {  // the subscriber: each version's number and arrival time, then whether it was right
+    ::close(fds[0]);
+    int rc = 0;
+    try {
+      dist::ShmWeightSubscriber sub({.name = name, .attach_timeout_s = 60});
+      for (int64_t v = 1; v <= versions + 1;) {
+        auto u = sub.poll();
+        if (!u) continue;
+        const double at = now_s();
+        const bool right = u->version == v && u->tensors.back().second.flatten()[per - 1].item<double>() == static_cast<double>(v);
+        const double report[3] = {static_cast<double>(u->version), at, right ? 1.0 : 0.0};
+        if (::write(fds[1], report, sizeof report) != static_cast<ssize_t>(sizeof report)) break;
+        if (!right) rc = 1;
+        v = u->version + 1;
+      }
+    } catch (const std::exception& e) {
+      std::cerr << "bench sync: subscriber: " << e.what() << "\n";
+      rc = 1;
+    }
+    ::_exit(rc);
+  }
+  ::close(fds[1]);
+  struct Reap {  // the subscriber does not outlive a failure here
+    pid_t pid;
+    bool done = false;
+    ~Reap() {
+      if (done) return;
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } reap{child};
+  const at::Device dev(at::kCUDA, 0);
+  std::vector<std::pair<std::string, at::Tensor>> w;
+  for (int64_t i = 0; i < tensors; ++i) w.emplace_back(fmt::format("t{}", i), at::zeros({per}, at::TensorOptions().dtype(dtype).device(dev)));
+  const auto layout = dist::WeightLayout::of(w, dtype);
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::vector<double> pub_s, total_s, copy_s;
+  bool all_right = true;
+  {
+    dist::ShmWeightPublisher pub({.name = name, .device = "cuda:0"}, layout);
+    for (int64_t v = 1; v <= versions + 1; ++v) {
+      for (auto& [n, t] : w) t.fill_(static_cast<double>(v));
+      torch::cuda::synchronize();
+      const double t0 = now_s();
+      pub.publish(v, w);
+      const double t1 = now_s();
+      double report[3] = {0, 0, 0};
+      while (report[0] < static_cast<double>(v))
+        RLX_CHECK(::read(fds[0], report, sizeof report) == static_cast<ssize_t>(sizeof report),
+                  "bench sync: the CUDA IPC subscriber stopped before version {}", v);
+      all_right &= report[2] == 1.0;
+      if (v == 1) continue;  // the first version maps the handles
+      pub_s.push_back(t1 - t0);
+      total_s.push_back(report[1] - t0);
+    }
+    // The ceiling: one device-to-device copy of a version's bytes.
+    auto src = at::empty({layout.bytes()}, at::TensorOptions().dtype(at::kByte).device(dev)), dst = at::empty_like(src);
+    for (int64_t i = 0; i <= versions; ++i) {
+      torch::cuda::synchronize();
+      const double t0 = now_s();
+      dst.copy_(src);
+      torch::cuda::synchronize();
+      if (i > 0) copy_s.push_back(now_s() - t0);
+    }
+  }
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  reap.done = true;
+  RLX_CHECK(all_right && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+            "bench sync: the CUDA IPC subscriber got a wrong version or failed (exit status {})", status);
+  const double bytes = static_cast<double>(layout.bytes());
+  const double ceiling = bytes / median(copy_s) / 1e9, gbps = bytes / median(total_s) / 1e9;
+  return {{"bytes_per_version", bytes},
+          {"d2d_copy_gbps", ceiling},
+          {"publish_ms", median(pub_s) * 1e3},
+          {"ms_per_version", median(total_s) * 1e3},
+          {"gbps", gbps},
+          {"full_vs_ceiling", gbps / ceiling}};
+}
 }  // namespace
 
 int bench_sync(const SyncBenchArgs& a) {
   RLX_CHECK(a.mb > 0 && a.mb <= 65536 && a.tensors >= 1 && a.tensors <= 4096 && a.versions >= 2,
             "bench sync: --mb in (0, 65536], --tensors in [1, 4096], --versions >= 2");
-  RLX_CHECK(a.path == "shm" || a.path == "tcp", "bench sync: --path {:?} is not shm or tcp", a.path);
+  RLX_CHECK(a.path == "shm" || a.path == "tcp" || a.path == "cuda-ipc", "bench sync: --path {:?} is not shm, tcp or cuda-ipc",
+            a.path);
   bus::keep_frame_memory();  // as the roles do: frames from malloc's heap, not a fresh mmap each
   const auto dtype = to_scalar_type(config::parse_enum<DType>(a.dtype, "bench sync --dtype"));
   const int64_t per = std::max<int64_t>(1, static_cast<int64_t>(a.mb * 1e6) / a.tensors /
                                                static_cast<int64_t>(c10::elementSize(dtype)));
+  if (a.path == "cuda-ipc") {  // before any tensor: the subscriber is forked first
+    json j = {{"bench", "sync"}, {"path", "cuda-ipc"}, {"tensors", a.tensors}, {"dtype", a.dtype}};
+    j.update(cuda_ipc_versions(a.tensors, per, dtype, a.versions));
+    std::cout << j.dump() << std::endl;
+    return 0;
+  }
   std::vector<std::pair<std::string, at::Tensor>> w;
   for (int64_t i = 0; i < a.tensors; ++i) w.emplace_back(fmt::format("t{}", i), at::zeros({per}, dtype));
   const auto layout = dist::WeightLayout::of(w, dtype);
@@ -459,7 +565,8 @@ void add_learner_commands(CLI::App& app, Action& action) {
   bs->add_option("--versions", sa->versions, "timed versions per mode");
   bs->add_option("--dtype", sa->dtype, "float32 or bfloat16");
   bs->add_option("--changed", sa->changed, "delta mode: the fraction of tensors changed per version");
-  bs->add_option("--path", sa->path, "shm (memcpy ceiling) or tcp (loopback; raw ZeroMQ ceiling)");
+  bs->add_option("--path", sa->path,
+                 "shm (memcpy ceiling), tcp (loopback; raw ZeroMQ ceiling) or cuda-ipc (a CUDA build; device copy ceiling)");
   bs->callback([sa, &action] { action = [sa] { return bench_sync(*sa); }; });
 
   auto* d = app.add_subcommand("dist", "Distributed groups on this machine");

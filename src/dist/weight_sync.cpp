@@ -10,6 +10,7 @@
 #include <cstring>
 #include <thread>
 
+#include "cuda_ipc.hpp"
 #include "rlx/core/clock.hpp"
 #include "rlx/core/error.hpp"
 #include "rlx/core/torch_compat.hpp"
@@ -19,7 +20,7 @@ namespace rlx::dist {
 namespace {
 
 constexpr char kMagic[8] = {'R', 'L', 'X', 'W', 'S', 'Y', 'N', '1'};
-constexpr uint32_t kFormat = 1;
+constexpr uint32_t kFormat = 2;  // 2: the slots may be CUDA device buffers
 constexpr int kMaxDims = 8;
 constexpr size_t kNameBytes = 192;
 
@@ -38,6 +39,8 @@ struct alignas(64) SegmentHeader {
   std::atomic<int64_t> published; // newest complete version (0: none yet)
   std::atomic<int32_t> active;    // the slot holding it
   std::atomic<int32_t> closed;    // the publisher shut down
+  int32_t device;                 // -1: the slots follow the table; >= 0: buffers on this CUDA device
+  detail::IpcHandles ipc_handles;  // device >= 0: each slot's cudaIpcMemHandle_t
   SlotHeader slots[2];
 };
 
@@ -132,6 +135,9 @@ void WeightLayout::check(const std::vector<std::pair<std::string, at::Tensor>>& 
 struct ShmWeightPublisher::Impl {
   Mapping map;
   int64_t last_full = 0;
+  at::Device device = at::kCPU;
+  detail::CudaIpcSlots cuda;  // device.is_cuda(): the slots
+  char* slot(int s) const { return device.is_cuda() ? cuda.slot(s) : map.slot(s); }
 };
 
 ShmWeightPublisher::ShmWeightPublisher(ShmSyncOptions options, WeightLayout layout)
@@ -146,7 +152,16 @@ ShmWeightPublisher::ShmWeightPublisher(ShmSyncOptions options, WeightLayout layo
   RLX_CHECK(slot_bytes <= kMaxSyncBytes, "weight sync: {} bytes per version exceeds {}", slot_bytes, kMaxSyncBytes);
   const int64_t table_offset = align64(sizeof(SegmentHeader));
   const int64_t data_offset = align64(table_offset + n * static_cast<int64_t>(sizeof(TableEntry)));
-  const int64_t total = data_offset + 2 * slot_bytes;
+  try {
+    impl_->device = at::Device(opt_.device);
+  } catch (const std::exception&) {
+    throw ConfigError(fmt::format("weight sync: device {:?} is not cpu or cuda:N", opt_.device));
+  }
+  RLX_CHECK(impl_->device.is_cpu() || impl_->device.is_cuda(), "weight sync: device {:?} is not cpu or cuda:N", opt_.device);
+  const bool on_device = impl_->device.is_cuda();
+  RLX_CHECK(!on_device || detail::CudaIpcSlots::available(),
+            "weight sync: device {} (CUDA IPC) needs a build of rlx with CUDA (RLX_CUDA)", opt_.device);
+  const int64_t total = data_offset + (on_device ? 0 : 2 * slot_bytes);
 
   auto& m = impl_->map;
   ::shm_unlink(shm_path(opt_.name).c_str());  // a segment left by a publisher that died
@@ -169,6 +184,15 @@ ShmWeightPublisher::ShmWeightPublisher(ShmSyncOptions options, WeightLayout layo
   h->table_offset = table_offset;
   h->data_offset = data_offset;
   h->total_bytes = total;
+  h->device = on_device ? (impl_->device.has_index() ? impl_->device.index() : 0) : -1;
+  if (on_device) {
+    try {
+      impl_->cuda.allocate(h->device, slot_bytes, h->ipc_handles);
+    } catch (...) {
+      ::shm_unlink(shm_path(opt_.name).c_str());
+      throw;
+    }
+  }
   auto* table = m.table();
   int64_t offset = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -226,14 +250,16 @@ int64_t ShmWeightPublisher::publish(int64_t version, const std::vector<std::pair
   sh.seq.fetch_add(1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
   int64_t written = 0;
-  char* base = m.slot(slot);
+  char* base = impl_->slot(slot);
+  const auto options = at::TensorOptions().dtype(layout_.dtype).device(impl_->device);
   for (size_t i = 0; i < tensors.size(); ++i) {
     auto& e = table[i];
     if (e.last_changed.load(std::memory_order_relaxed) <= slot_version) continue;  // the slot already has these bytes
-    auto dst = at::from_blob(base + e.offset, tensors[i].second.sizes(), at::TensorOptions().dtype(layout_.dtype));
+    auto dst = at::from_blob(base + e.offset, tensors[i].second.sizes(), options);
     dst.copy_(converted[i].defined() ? converted[i] : tensors[i].second.detach());
     written += e.bytes;
   }
+  if (impl_->device.is_cuda()) detail::CudaIpcSlots::finish();  // every byte is there before the slot is published
   sh.version.store(version, std::memory_order_relaxed);
   sh.seq.fetch_add(1, std::memory_order_release);
   h->active.store(slot, std::memory_order_release);
@@ -245,7 +271,9 @@ int64_t ShmWeightPublisher::publish(int64_t version, const std::vector<std::pair
 // --- subscriber ----------------------------------------------------------------------
 
 struct ShmWeightSubscriber::Impl {
+  std::unique_ptr<detail::CudaIpcSlots> cuda;  // the segment's slots are on a device (closed after the mapping goes)
   std::unique_ptr<Mapping> map;
+  const char* slot(int s) const { return cuda ? cuda->slot(s) : map->slot(s); }
 };
 
 ShmWeightSubscriber::ShmWeightSubscriber(ShmSyncOptions options)
@@ -276,7 +304,8 @@ void ShmWeightSubscriber::attach(double timeout_s) {
         RLX_CHECK(h->n_tensors > 0 && h->n_tensors <= kMaxSyncTensors && h->slot_bytes >= 0 &&
                       h->slot_bytes <= kMaxSyncBytes && h->table_offset >= static_cast<int64_t>(sizeof(SegmentHeader)) &&
                       h->data_offset >= h->table_offset + h->n_tensors * static_cast<int64_t>(sizeof(TableEntry)) &&
-                      h->total_bytes == h->data_offset + 2 * h->slot_bytes &&
+                      h->device >= -1 && h->device < 4096 &&
+                      h->total_bytes == h->data_offset + (h->device < 0 ? 2 * h->slot_bytes : 0) &&
                       h->total_bytes <= static_cast<int64_t>(m->size),
                   "weight sync: {} has an inconsistent header ({} tensors, {} bytes per slot, {} bytes mapped)", where,
                   h->n_tensors, h->slot_bytes, m->size);
@@ -301,9 +330,18 @@ void ShmWeightSubscriber::attach(double timeout_s) {
                     "weight sync: {}: tensor {} ({:?}) lies outside its slot", where, i, std::string(e.name, len));
           layout.tensors.emplace_back(std::string(e.name, len), std::move(shape));
         }
+        std::unique_ptr<detail::CudaIpcSlots> cuda;
+        auto buffer_options = at::TensorOptions().dtype(at::kByte);
+        if (h->device >= 0) {
+          cuda = std::make_unique<detail::CudaIpcSlots>();
+          cuda->open(h->device, h->ipc_handles);
+          buffer_options = buffer_options.device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(h->device)));
+        }
         layout_ = std::move(layout);
+        impl_->map.reset();
+        impl_->cuda = std::move(cuda);
         impl_->map = std::move(m);
-        for (auto& b : buffers_) b = at::empty({h->slot_bytes}, at::kByte);
+        for (auto& b : buffers_) b = at::empty({h->slot_bytes}, buffer_options);
         buffer_version_[0] = buffer_version_[1] = 0;
         version_ = 0;
         return;
@@ -344,14 +382,16 @@ std::optional<WeightUpdate> ShmWeightSubscriber::poll() {
     }
     const int64_t have = buffer_version_[target];
     char* dst = static_cast<char*>(buffers_[target].data_ptr());
-    const char* src = m->slot(s);
+    const char* src = impl_->slot(s);
     int64_t copied = 0;
     for (int64_t i = 0; i < h->n_tensors; ++i) {
       const auto& e = m->table()[i];
       if (have > 0 && e.last_changed.load(std::memory_order_relaxed) <= have) continue;  // unchanged since `have`
-      std::memcpy(dst + e.offset, src + e.offset, static_cast<size_t>(e.bytes));
+      if (impl_->cuda) detail::CudaIpcSlots::copy(dst + e.offset, src + e.offset, e.bytes);
+      else std::memcpy(dst + e.offset, src + e.offset, static_cast<size_t>(e.bytes));
       copied += e.bytes;
     }
+    if (impl_->cuda) detail::CudaIpcSlots::finish();  // the copy is complete before the seqlock is re-checked
     std::atomic_thread_fence(std::memory_order_acquire);
     if (h->slots[s].seq.load(std::memory_order_relaxed) != seq1) {
       buffer_version_[target] = 0;  // partly overwritten: the next attempt copies everything
@@ -365,7 +405,7 @@ std::optional<WeightUpdate> ShmWeightSubscriber::poll() {
     for (int64_t i = 0; i < h->n_tensors; ++i) {
       const auto& e = m->table()[i];
       const auto& [name, shape] = layout_.tensors[static_cast<size_t>(i)];
-      u.tensors.emplace_back(name, at::from_blob(dst + e.offset, shape, at::TensorOptions().dtype(layout_.dtype)));
+      u.tensors.emplace_back(name, at::from_blob(dst + e.offset, shape, buffers_[target].options().dtype(layout_.dtype)));
     }
     return u;
   }

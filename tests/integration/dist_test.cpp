@@ -461,6 +461,14 @@ TEST_CASE("weight sync: bad input is refused with the reason", "[dist][sync]") {
                     Catch::Contains("no publisher"));
   CHECK_THROWS_WITH(rlx::dist::ShmWeightPublisher({.name = "a/b"}, rlx::dist::WeightLayout::of(w, at::kFloat)),
                     Catch::Contains("without '/'"));
+  CHECK_THROWS_WITH(rlx::dist::ShmWeightPublisher({.name = name + "-dev", .device = "tpu:0"}, rlx::dist::WeightLayout::of(w, at::kFloat)),
+                    Catch::Contains("tpu:0"));
+#if !RLX_WITH_CUDA
+  // CUDA IPC on a build without CUDA: refused before a segment exists.
+  CHECK_THROWS_WITH(rlx::dist::ShmWeightPublisher({.name = name + "-dev", .device = "cuda:0"}, rlx::dist::WeightLayout::of(w, at::kFloat)),
+                    Catch::Contains("needs a build of rlx with CUDA"));
+  CHECK_FALSE(std::filesystem::exists("/dev/shm/" + name + "-dev"));
+#endif
   // In one process too: a subscriber reads the newest version, whole, then nothing new.
   rlx::dist::ShmWeightSubscriber sub({.name = name});
   auto u = sub.poll();

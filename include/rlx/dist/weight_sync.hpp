@@ -17,7 +17,12 @@
 //              sent zero-copy from an immutable snapshot. It switches buffers only when
 //              every tensor has arrived. Publishing never waits for subscribers; a dead
 //              one's request is dropped; a new one gets the newest version at once.
-//   (CUDA IPC and NCCL broadcast are the GPU paths; not built in this tree yet.)
+//   shm with a CUDA device (CUDA IPC; same host, CUDA builds): the same segment, seqlocks
+//              and table, but the two slots are device buffers the publisher allocates
+//              and exports (cudaIpcGetMemHandle; the handles are in the segment). A
+//              subscriber in another process maps them once and copies device to device
+//              into its own double buffer on each version. Not yet run on a GPU.
+//   (NCCL broadcast across hosts is not built yet.)
 //
 // The publisher never waits for subscribers: one that dies mid-copy costs nothing,
 // and a new one attaching reads the newest version at once. In delta mode only the
@@ -96,6 +101,9 @@ struct ShmSyncOptions {
   int64_t full_every = 10;            // delta mode: a full write at least every K versions
   double attach_timeout_s = 30;       // subscriber: how long to wait for the segment
   int max_retries = 64;               // subscriber: copies redone after racing a write
+  // Publisher: where the two slots live: "cpu" (in the segment) or "cuda:N" (CUDA IPC; a
+  // CUDA build). A subscriber takes the device from the segment.
+  std::string device = "cpu";
 };
 
 // Bounds on what a segment may describe (checked on both sides).
