@@ -24,7 +24,8 @@ struct Sequence {
 
 struct PackOptions {
   int64_t micro_batch_tokens = 8192;  // rows x row length per micro-batch, padding included
-  int64_t row_tokens = 2048;          // longest row; a longer sequence is an error
+  int64_t row_tokens = 2048;          // longest row; a longer sequence is an error. Rows are
+                                      // only as long as the batch's longest sequence.
   bool pack = true;                   // several sequences per row (false: one per row)
 };
 

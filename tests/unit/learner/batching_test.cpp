@@ -72,3 +72,15 @@ TEST_CASE("packing rejects what it cannot hold, naming the sequence", "[learner]
   CHECK_THROWS_WITH(rlx::pack_micro_batches({}, {.micro_batch_tokens = 8, .row_tokens = 16}),
                     Catch::Contains("micro_batch_tokens"));
 }
+
+TEST_CASE("packed rows are no longer than the longest sequence (attention is dense over a row)", "[learner]") {
+  std::vector<rlx::Sequence> seqs;
+  for (int i = 0; i < 10; ++i) seqs.push_back(seq(i % 2 ? 8 : 3, 100 * i));  // 8 and 3 tokens
+  auto mbs = rlx::pack_micro_batches(seqs, {.micro_batch_tokens = 4096, .row_tokens = 2048});
+  int64_t rows = 0;
+  for (const auto& mb : mbs) {
+    CHECK(mb.tokens.size(1) == 8);  // not a 2048-token row holding all ten
+    rows += mb.tokens.size(0);
+  }
+  CHECK(rows == 8);  // five full 8-token rows; the five 3-token ones as 3 + 3, 3 + 3, 3
+}
