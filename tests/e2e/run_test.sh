@@ -26,10 +26,10 @@ out=$("$rlx" run grpo.yaml train.learner_ranks=5 2>&1); rc=$?
 # --- the fault-free run ---
 "$rlx" run grpo.yaml learner.checkpoint_keep_last=2 trace.enabled=true run.plots=true > clean.log 2>&1; rc=$?
 [ $rc = 0 ] || { fail "clean run: rc $rc"; cat clean.log runs/clean/logs/*/rank-0.err | tail -40; exit 1; }
-python3 - runs/clean/metrics.jsonl <<'P' && ok "clean run: 6 steps, on-policy (lag 0), versions advance" || fail "clean run metrics"
+python3 - runs/clean/metrics.jsonl <<'P' && ok "clean run: 20 steps, on-policy (lag 0), versions advance" || fail "clean run metrics"
 import json, sys
 m = [json.loads(l) for l in open(sys.argv[1])]
-assert [x["step"] for x in m] == [1, 2, 3, 4, 5, 6], m
+assert [x["step"] for x in m] == list(range(1, 21)), m
 assert all(x["version_lag"] == 0 and x["sample_version_min"] == x["step"] - 1 for x in m), m
 assert all(x["samples"] == 16 for x in m)
 P
@@ -47,7 +47,7 @@ t = json.load(open(sys.argv[1] + "/trace.json"))
 names = {e["args"]["name"] for e in t if e["name"] == "process_name"}
 assert names == {"hub 0", "learner 0", "worker 0", "worker 1"}, names
 n = collections.Counter(e["name"] for e in t if e.get("ph") == "X")
-assert n["train"] == 6 and n["publish_weights"] == 6 and n["generate"] >= 6 and n["rollout"] >= 6, n
+assert n["train"] == 20 and n["publish_weights"] == 20 and n["generate"] >= 20 and n["rollout"] >= 20, n
 assert all(e["dur"] >= 0 for e in t if e.get("ph") == "X")
 m = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
 assert all(0 <= x["busy_learner"] <= 1 for x in m), [x["busy_learner"] for x in m]
@@ -87,7 +87,7 @@ kill -INT $pid; wait $pid; rc=$?
 "$rlx" run grpo.yaml run.name=int --resume > int2.log 2>&1 || fail "resume: $(tail -3 int2.log)"
 grep -q "resuming" int2.log || fail "resume: did not resume"
 same_as_clean int
-[ "$(wc -l < runs/int/metrics.jsonl)" = 6 ] && ok "resume: 6 metrics lines" || fail "resume: metrics lines"
+[ "$(wc -l < runs/int/metrics.jsonl)" = 20 ] && ok "resume: 20 metrics lines" || fail "resume: metrics lines"
 
 # --- SIGKILL of one role mid-run: the run completes ---
 kill_role() {  # kill_role NAME ROLE_PATTERN [SIGNAL [OVERRIDES...]]
@@ -161,10 +161,10 @@ same_as_clean startout
 
 # --- a learner group of 2 ranks (FSDP-style sharded), and the death of its rank 1 ---
 "$rlx" run grpo.yaml run.name=clean2 train.learner_ranks=2 > clean2.log 2>&1 || fail "2 ranks: $(tail -3 clean2.log)"
-python3 - runs/clean2/metrics.jsonl <<'P' && ok "2 ranks: 6 steps, batch-wide metrics" || fail "2 ranks: metrics"
+python3 - runs/clean2/metrics.jsonl <<'P' && ok "2 ranks: 20 steps, batch-wide metrics" || fail "2 ranks: metrics"
 import json, sys
 m = [json.loads(l) for l in open(sys.argv[1])]
-assert len(m) == 6 and all(x["learner_ranks"] == 2 and x["samples"] == 16 and x["version_lag"] == 0 for x in m), m
+assert len(m) == 20 and all(x["learner_ranks"] == 2 and x["samples"] == 16 and x["version_lag"] == 0 for x in m), m
 P
 exactly_once runs/clean2 >/dev/null && ok "2 ranks: each lease once" || fail "2 ranks: duplicates"
 REF=clean2 PICK=tail kill_role killrank1 "role learner" KILL train.learner_ranks=2
@@ -205,10 +205,10 @@ same_as_clean longkill long
 [ -z "$(ls runs/longkill/episodes 2>/dev/null)" ] && ok "longkill: no episode checkpoint left" || fail "longkill: stale episode checkpoints"
 
 # --- rollout workers join and leave a running job (rlx scale) without loss ---
-# 60 steps (about 12 s here): each scale command is a process start of its own, slowed by
+# 200 steps (about 10 s here): each scale command is a process start of its own, slowed by
 # the workers starting beside it; the next is sent once the launcher answered the last.
-"$rlx" run grpo.yaml run.name=sixty train.steps=60 > sixty.log 2>&1 || fail "sixty: $(tail -3 sixty.log)"
-"$rlx" run grpo.yaml run.name=scale train.steps=60 rollout.workers=1 > scale.log 2>&1 &
+"$rlx" run grpo.yaml run.name=scaleref train.steps=200 > scaleref.log 2>&1 || fail "scaleref: $(tail -3 scaleref.log)"
+"$rlx" run grpo.yaml run.name=scale train.steps=200 rollout.workers=1 > scale.log 2>&1 &
 pid=$!
 answered() {  # answered LOG PATTERN: wait (bounded) until the launcher logged it
   for _ in $(seq 1 300); do grep -q "$2" "$1" && return 0; sleep 0.1; done
@@ -221,13 +221,13 @@ wait $pid; rc=$?
 [ $rc = 0 ] && grep -q "rollout workers 1 -> 3" scale.log && grep -q "rollout workers 3 -> 1" scale.log \
   && [ "$(grep -c "worker [12] left (clean)" scale.log)" = 2 ] && grep -q "leaving (rlx scale)" runs/scale/logs/worker-2/rank-0.err \
   && ok "scale: 1 -> 3 -> 1 rollout workers; the two that left sent what they held" || fail "scale: rc $rc: $(tail -5 scale.log)"
-same_as_clean scale sixty
+same_as_clean scale scaleref
 out=$("$rlx" scale runs/scale --workers 2 2>&1); rc=$?
 [ $rc != 0 ] && grep -q "is not running" <<<"$out" && ok "scale: a finished run is refused" || fail "scale after the end: rc $rc: $out"
 
 # --- the same through the config file reloaded (SIGHUP to the launcher) ---
 sed 's/workers: 2/workers: 1/' grpo.yaml > reload.yaml
-"$rlx" run reload.yaml run.name=reload train.steps=60 > reload.log 2>&1 &
+"$rlx" run reload.yaml run.name=reload train.steps=200 > reload.log 2>&1 &
 pid=$!
 hup_until() {  # hup_until PATTERN: SIGHUP, then wait (bounded) for the launcher to answer
   kill -HUP $pid
@@ -245,7 +245,7 @@ wait $pid; rc=$?
   && ! grep -q "left (killed" reload.log \
   && ok "reload: SIGHUP with rollout.workers edited 1 -> 3 -> 1; a broken file and other keys change nothing" \
   || fail "reload: rc $rc: $(tail -5 reload.log)"
-same_as_clean reload sixty
+same_as_clean reload scaleref
 
 # --- rlx k8s render: parse the manifest, then run its Job's pods as local processes ---
 "$rlx" k8s render grpo.yaml run.name=k8s --image registry.example/rlx:1 > k8s.yaml 2>k8s.err || fail "k8s render: $(cat k8s.err)"

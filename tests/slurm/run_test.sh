@@ -27,7 +27,7 @@ assert s["groups"] == s["distinct_leases"] == s["distinct_prompts"] > 0, s'
 }
 
 # the e2e suite's config, 4 steps, run name "local"
-sed -e 's/steps: 6,/steps: 4,/' -e 's/name: clean,/name: local,/' "$here/../e2e/grpo.yaml" > grpo.yaml
+sed -e 's/steps: 20,/steps: 4,/' -e 's/name: clean,/name: local,/' "$here/../e2e/grpo.yaml" > grpo.yaml
 grep -q "steps: 4," grpo.yaml && grep -q "name: local," grpo.yaml || { echo "FAIL: tests/e2e/grpo.yaml changed shape"; exit 1; }
 "$rlx" run grpo.yaml > local.log 2>&1 || fail "local run: $(tail -3 local.log)"
 "$rlx" run grpo.yaml run.name=local2 train.learner_ranks=2 > local2.log 2>&1 || fail "local 2-rank run: $(tail -3 local2.log)"
@@ -63,17 +63,17 @@ out=$(SLURM_PROCID=1 SLURM_NTASKS=4 SLURM_NNODES=2 "$rlx" run grpo.yaml run.name
 [ $rc = 2 ] && grep -q "2 nodes (SLURM_NNODES) with train.transport = local" <<<"$out" \
   && ok "tasks on 2 nodes with train.transport=local are refused" || fail "2 nodes, local: rc $rc: $out"
 
-# a worker SIGKILLed mid-run: its task restarts it
-timeout 300 srun -n4 --kill-on-bad-exit=1 "$rlx" run grpo.yaml run.name=slurmkill train.steps=8 > slurmkill.log 2>&1 &
+# a worker SIGKILLed mid-run (30 steps of about 0.05 s: still running at step 2): its task restarts it
+timeout 300 srun -n4 --kill-on-bad-exit=1 "$rlx" run grpo.yaml run.name=slurmkill train.steps=30 > slurmkill.log 2>&1 &
 pid=$!
 for _ in $(seq 1 600); do [ "$(cat runs/slurmkill/metrics.jsonl 2>/dev/null | wc -l)" -ge 2 ] && break; sleep 0.1; done
 victim=$(pgrep -f -- "role worker.*runs/slurmkill.*--index 1" | head -1)
 [ -n "$victim" ] && kill -9 "$victim" || fail "slurmkill: no worker 1 to kill"
 wait $pid; rc=$?
-"$rlx" run grpo.yaml run.name=local8 train.steps=8 > local8.log 2>&1 || fail "local8: $(tail -3 local8.log)"
+"$rlx" run grpo.yaml run.name=local30 train.steps=30 > local30.log 2>&1 || fail "local30: $(tail -3 local30.log)"
 [ $rc = 0 ] && grep -q "worker 1 ended: killed by signal 9.*restarting it" slurmkill.log \
   && ok "slurmkill: worker 1 killed, restarted by its task, run completed" || fail "slurmkill: rc $rc: $(tail -5 slurmkill.log)"
-same_as slurmkill local8
+same_as slurmkill local30
 
 # a plan that does not fit the tasks: every task fails before starting a role, naming the keys
 out=$(timeout 120 srun -n3 "$rlx" run grpo.yaml run.name=misfit 2>&1); rc=$?
