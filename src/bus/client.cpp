@@ -249,7 +249,7 @@ struct Client::Impl {
       zmq::message_t part;
       (void)dealer.recv(part, zmq::recv_flags::none);
       next = part.more();
-      if (more.size() > kMaxBatchGroups) ok = false;
+      if (more.size() >= kMaxBatchGroups) ok = false;  // a head and at most kMaxBatchGroups groups
       else more.push_back(std::move(part));
     }
     if (!ok) log::warn("client {}: dropped a message of more than {} parts from the hub", o.who, kMaxBatchGroups + 1);

@@ -574,12 +574,12 @@ struct Hub::Impl {
       return;
     for (int i = 0; i < 256; ++i) {  // drain a bounded number per turn
       zmq::message_t route;
-      auto body = std::make_shared<zmq::message_t>();  // shared: an accepted group's frame stays in the buffer
       if (!router.recv(route, zmq::recv_flags::dontwait)) break;
       if (!route.more()) {
         count("rejected_parts");
         continue;
       }
+      auto body = std::make_shared<zmq::message_t>();  // shared: an accepted group's frame stays in the buffer
       (void)router.recv(*body, zmq::recv_flags::none);
       if (body->more()) {  // more than [route, frame]: drop the rest
         count("rejected_parts");
