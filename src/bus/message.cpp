@@ -139,8 +139,7 @@ GroupView parse_group(const Frame& frame, const Limits& limits) {
   uint64_t n = 0;
   ar.read(&n, sizeof(n));
   ar.check_length(n, 1, "a vector");
-  g.samples.reserve(static_cast<size_t>(n));
-  for (uint64_t i = 0; i < n; ++i) {
+  for (uint64_t i = 0; i < n; ++i) {  // grows only as samples arrive (no reserve of a claimed count)
     SampleView& s = g.samples.emplace_back();
     s.tokens = take_array<int32_t>(ar);
     s.loss_mask = take_array<uint8_t>(ar);

@@ -338,7 +338,6 @@ void ShmWeightSubscriber::attach(double timeout_s) {
           buffer_options = buffer_options.device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(h->device)));
         }
         layout_ = std::move(layout);
-        impl_->map.reset();
         impl_->cuda = std::move(cuda);
         impl_->map = std::move(m);
         for (auto& b : buffers_) b = at::empty({h->slot_bytes}, buffer_options);
