@@ -63,7 +63,11 @@ struct Client::Impl {
   std::map<uint64_t, ItemPtr> sent;  // by seq: sent, not yet answered
   uint64_t next_seq = 0, hello_seq = 0;
   uint64_t hub_credits = 0, credit_base = 0;
-  uint64_t last_batch_id = 0;
+  uint64_t last_batch_id = 0;  // the newest batch handed to the caller
+  // Learners with prefetch_batches: the request for the next batch, sent when the last one
+  // came (and what it asked for).
+  ItemPtr ahead;
+  BatchRequest ahead_request;
   double last_heard = 0, last_beat = 0, last_connect = 0;
   Counters counters;
   std::atomic<bool> stop{false};
@@ -333,12 +337,14 @@ struct Client::Impl {
   // Sends the request and waits for its answer; the hub's refusal is an rlx::Error.
   template <class Request>
   Reply request(const Request& req, double timeout_s) {
-    auto item = enqueue(Request::kType, pack(req));
-    Reply reply = wait(item, timeout_s, std::string(to_string(Request::kType)).c_str());
+    return answer(enqueue(Request::kType, pack(req)), Request::kType, timeout_s);
+  }
+  Reply answer(const ItemPtr& item, MsgType type, double timeout_s) {
+    Reply reply = wait(item, timeout_s, std::string(to_string(type)).c_str());
     if (reply.type == MsgType::ack) {
       auto a = unpack<Ack>(reply.frame(), limits);
       if (a.verdict.starts_with("error: "))
-        throw Error(fmt::format("client {}: the hub refused {}: {}", o.who, to_string(Request::kType), a.verdict.substr(7)));
+        throw Error(fmt::format("client {}: the hub refused {}: {}", o.who, to_string(type), a.verdict.substr(7)));
     }
     return reply;
   }
@@ -441,7 +447,42 @@ Batch Client::next_batch(BatchRequest request, double timeout_s) {
     std::lock_guard lock(I.m);
     request.ack_batch_id = I.last_batch_id;
   }
-  Batch b = I.assemble_batch(I.request(request, timeout_s));
+  Impl::ItemPtr item;
+  {
+    std::lock_guard lock(I.m);
+    if (I.ahead) {
+      const auto& a = I.ahead_request;
+      RLX_CHECK(a.max_groups == request.max_groups && a.max_tokens == request.max_tokens && a.num_ranks == request.num_ranks,
+                "client {}: next_batch asks for max_groups {}, max_tokens {}, num_ranks {}, but the batch requested ahead "
+                "(prefetch_batches) is for {}, {}, {}: keep the request the same, or set prefetch_batches to 0",
+                I.o.who, request.max_groups, request.max_tokens, request.num_ranks, a.max_groups, a.max_tokens, a.num_ranks);
+      item = std::exchange(I.ahead, nullptr);
+    }
+    request.ack_batch_id = request.have_batch_id = I.last_batch_id;
+  }
+  // No lock while waiting: wait() takes it. A timeout forgets the request; the next one
+  // says which batches arrived, and the hub sends again any that did not.
+  if (!item) item = I.enqueue(MsgType::batch_request, pack(request));
+  Impl::Reply reply = I.answer(item, MsgType::batch_request, timeout_s);
+  const auto head = unpack<BatchHead>(reply.frame(), I.limits);
+  // Ask for the next batch now, so that it travels while the caller trains this one. It
+  // confirms the batch before this one (trained: the caller asked again).
+  if (I.o.prefetch_batches > 0 && head.groups > 0 && !head.end) {
+    BatchRequest next = request;
+    next.have_batch_id = head.batch_id;
+    auto ahead = I.enqueue(MsgType::batch_request, pack(next));
+    std::lock_guard lock(I.m);
+    I.ahead = std::move(ahead);
+    I.ahead_request = next;
+  }
+  Batch b;
+  try {
+    b = I.assemble_batch(reply);
+  } catch (...) {
+    std::lock_guard lock(I.m);
+    if (I.ahead) I.forget_locked(std::exchange(I.ahead, nullptr));  // the next request asks for this batch again
+    throw;
+  }
   std::lock_guard lock(I.m);
   if (!b.groups.empty()) I.last_batch_id = b.batch_id;
   return b;

@@ -119,7 +119,9 @@ struct Hub::Impl {
     double last_heard = 0;
     uint64_t credits = 0;
     uint64_t last_seq = 0;
-    std::optional<SentBatch> in_flight;  // learners: sent, not yet confirmed
+    // Learners: sent, not yet confirmed, oldest first; at most kMaxBatchesInFlight (the
+    // batch a learner trains and the one it asked for ahead, ClientOptions::prefetch_batches).
+    std::deque<SentBatch> in_flight;
     std::optional<Waiting> waiting;  // learners: a request not yet answered
   };
 
@@ -152,6 +154,7 @@ struct Hub::Impl {
   double last_tick = 0, last_heartbeat = 0, last_save = 0;
   bool stop_requested = false;
   static constexpr size_t kMaxPeers = 4096;
+  static constexpr size_t kMaxBatchesInFlight = 2;
 
   Impl(HubOptions options, std::vector<std::string> records)
       : o(std::move(options)),
@@ -258,11 +261,16 @@ struct Hub::Impl {
       for (const auto& rec : leases.worker_lost(p.who)) log::warn("hub: lease {} ended: {}", rec.lease_id, rec.reason);
     }
   }
-  void requeue_in_flight(Peer& p) {
-    if (!p.in_flight) return;
-    count("batches_requeued");
-    buffer.requeue_front(std::move(p.in_flight->groups));
-    p.in_flight.reset();
+  void requeue_in_flight(Peer& p) {  // newest first, so that the oldest ends up in front
+    for (auto it = p.in_flight.rbegin(); it != p.in_flight.rend(); ++it) {
+      count("batches_requeued");
+      buffer.requeue_front(std::move(it->groups));
+    }
+    p.in_flight.clear();
+  }
+  // Batches up to `batch_id` are confirmed: trained, never to be sent again.
+  static void confirm(Peer& p, uint64_t batch_id) {
+    while (!p.in_flight.empty() && p.in_flight.front().batch_id <= batch_id) p.in_flight.pop_front();
   }
 
   void on_hello(const std::string& route, uint64_t seq, Hello h) {
@@ -401,12 +409,20 @@ struct Hub::Impl {
   void on_batch_request(Peer& p, uint64_t seq, const BatchRequest& req) {
     RLX_CHECK(p.role == "learner", "{} asked for a batch but is a {}", p.who, p.role);
     RLX_CHECK(req.num_ranks >= 1 && req.num_ranks <= 65536, "batch request: num_ranks {} is outside [1, 65536]", req.num_ranks);
-    if (p.in_flight && req.ack_batch_id == p.in_flight->batch_id) p.in_flight.reset();
-    if (p.in_flight) {  // the learner reconnected without having it: send it again
-      count("batches_resent");
-      send_batch(p, *p.in_flight, seq);
-      return;
-    }
+    RLX_CHECK(req.have_batch_id >= req.ack_batch_id, "batch request: it confirms batch {} but has only received up to {}",
+              req.ack_batch_id, req.have_batch_id);
+    confirm(p, req.ack_batch_id);
+    // A batch sent that the learner does not have (a reply lost to a reconnect, or to a
+    // request it gave up on): send it again, the oldest first.
+    for (const auto& b : p.in_flight)
+      if (b.batch_id > req.have_batch_id) {
+        count("batches_resent");
+        send_batch(p, b, seq);
+        return;
+      }
+    RLX_CHECK(p.in_flight.size() < kMaxBatchesInFlight,
+              "learner {} asked for a batch while holding {} it has not confirmed (batches {} and {}): confirm one first",
+              p.who, p.in_flight.size(), p.in_flight.front().batch_id, p.in_flight.back().batch_id);
     if (!p.waiting) waiting_order.push_back(p.who);
     p.waiting = Waiting{seq, req};
     serve_learners();
@@ -436,7 +452,7 @@ struct Hub::Impl {
       }
       count("batches_sent");
       count("groups_delivered", b.groups.size());
-      if (!b.groups.empty()) p.in_flight = std::move(b);
+      if (!b.groups.empty()) p.in_flight.push_back(std::move(b));
     }
     distribute_credits();
   }
@@ -471,7 +487,7 @@ struct Hub::Impl {
                     name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") ==
                         std::string::npos,
                 "control checkpoint: '{}' is not a plain file name (letters, digits, _ . -; at most 128)", name);
-      if (p.in_flight && p.in_flight->batch_id == batch_id) p.in_flight.reset();
+      confirm(p, batch_id);
       save((std::filesystem::path(o.state_file).parent_path() / name).string());
     } else if (c.command == "stop") {
       stop_requested = true;
@@ -555,7 +571,7 @@ struct Hub::Impl {
     for (auto& [_, p] : peers)
       if (p.connected && now - p.last_heard > o.peer_timeout_s)
         lose(p, fmt::format("silent for {:.1f} s", now - p.last_heard));
-    std::erase_if(peers, [](const auto& kv) { return !kv.second.connected && !kv.second.in_flight; });
+    std::erase_if(peers, [](const auto& kv) { return !kv.second.connected && kv.second.in_flight.empty(); });
     if (now - last_heartbeat >= o.heartbeat_s) {
       last_heartbeat = now;
       for (auto& [_, p] : peers) send(p, Heartbeat{"hub"}, 0);
@@ -603,9 +619,9 @@ struct Hub::Impl {
     s.next_batch_id = next_batch_id;
     s.stored_groups = store ? store->groups() : 0;
     for (const auto& [who, p] : peers)
-      if (const auto& b = p.in_flight) {
-        Batch batch{.batch_id = b->batch_id, .ranks = b->ranks, .end = b->end};
-        for (const auto& g : b->groups) batch.groups.push_back(g.unpack(limits));
+      for (const auto& b : p.in_flight) {
+        Batch batch{.batch_id = b.batch_id, .ranks = b.ranks, .end = b.end};
+        for (const auto& g : b.groups) batch.groups.push_back(g.unpack(limits));
         s.in_flight.push_back({who, std::move(batch)});
       }
     return s;
@@ -638,7 +654,11 @@ struct Hub::Impl {
     for (auto& f : s.in_flight) {
       SentBatch b{.batch_id = f.batch.batch_id, .ranks = f.batch.ranks, .end = f.batch.end};
       for (const auto& g : f.batch.groups) b.groups.push_back(StoredGroup::of(g));
-      peers.emplace(f.learner, Peer{.who = f.learner, .role = "learner", .in_flight = std::move(b)});
+      auto& p = peers.try_emplace(f.learner, Peer{.who = f.learner, .role = "learner"}).first->second;
+      RLX_CHECK(p.in_flight.size() < kMaxBatchesInFlight && (p.in_flight.empty() || p.in_flight.back().batch_id < b.batch_id),
+                "{}: learner {} has more than {} unconfirmed batches, or they are out of order", o.state_file, f.learner,
+                kMaxBatchesInFlight);
+      p.in_flight.push_back(std::move(b));
     }
     log::info("hub: restored {} (epoch {} position {}, {} leases out, {} groups buffered)", o.state_file,
               s.cursor.epoch, s.cursor.position, leases.outstanding(), buffer.size());

@@ -327,6 +327,7 @@ double median(std::vector<double> v) {
 
 struct Timed {
   double wall_s, cpu_s;
+  nlohmann::json threads;  // per thread: CPU us and context switches per message
 };
 
 // Per thread name (threads that share one are summed): nanoseconds on a CPU and context
@@ -378,8 +379,10 @@ Timed raw_push_pull(const std::string& address, int n, size_t bytes, bool distin
   push.send(zmq::buffer(payloads[0]));
   zmq::message_t msg;
   (void)pull.recv(msg);
+  const auto use0 = thread_use();
   const double t0 = now_s(), c0 = cpu_s();
   std::thread producer([&] {
+    ::pthread_setname_np(::pthread_self(), "rlx-raw-push");
     for (size_t i = 0; i < static_cast<size_t>(n); ++i) push.send(zmq::buffer(payloads[i % payloads.size()]));
   });
   size_t got = 0;
@@ -388,9 +391,10 @@ Timed raw_push_pull(const std::string& address, int n, size_t bytes, bool distin
     got += msg.size();
   }
   const double dt = now_s() - t0;
+  const auto use1 = thread_use();  // before the producer ends, to count it
   producer.join();
   RLX_CHECK(got == bytes * static_cast<size_t>(n), "raw bench lost bytes");
-  return {dt, cpu_s() - c0};
+  return {dt, cpu_s() - c0, thread_use_per(use0, use1, n)};
 }
 
 struct BusResult {
@@ -402,8 +406,8 @@ struct BusResult {
 };
 
 // Groups through the hub: a worker submits `n` groups (ingest, until every ack), then a
-// learner drains them (drain).
-BusResult bus_roundtrip(const std::string& address, const BenchArgs& a) {
+// learner drains them (drain), asking for `prefetch` batches ahead.
+BusResult bus_roundtrip(const std::string& address, const BenchArgs& a, int prefetch) {
   bus::HubOptions ho;
   ho.address = address;
   ho.group_size = static_cast<uint32_t>(a.samples);
@@ -437,7 +441,8 @@ BusResult bus_roundtrip(const std::string& address, const BenchArgs& a) {
     r.ingest_faults = page_faults() - f0;
     r.ingest_threads = thread_use_per(use0, thread_use(), a.groups);
     RLX_CHECK(worker.counters().verdicts["accepted"] == static_cast<uint64_t>(a.groups), "bench: not every group accepted");
-    bus::Client learner({.address = endpoint, .who = "bench-learner", .role = "learner", .request_timeout_s = 120});
+    bus::Client learner(
+        {.address = endpoint, .who = "bench-learner", .role = "learner", .request_timeout_s = 120, .prefetch_batches = prefetch});
     const double t1 = now_s(), c1 = cpu_s(), f1 = page_faults();
     size_t got = 0;
     while (got < static_cast<size_t>(a.groups))
@@ -482,15 +487,19 @@ void add_bench_bus(CLI::App& app, Action& action) {
         const std::string raw_addr = t == "ipc" ? fmt::format("ipc:///tmp/rlx-bench-raw-{}.sock", ::getpid()) : "tcp://127.0.0.1:0";
         // One untimed pass each warms the allocator and the sockets; then raw and bus
         // alternate so both see the same machine state.
-        BusResult bus_r = bus_roundtrip(addr, *a);
+        BusResult bus_r = bus_roundtrip(addr, *a, 0);
         (void)raw_push_pull(raw_addr, a->groups, bus_r.frame_bytes, true);
-        std::vector<double> raw_v, raw_hot_v, ingest_v, drain_v, raw_cpu_v, ingest_cpu_v, drain_cpu_v;
+        nlohmann::json raw_threads;
+        std::vector<double> raw_v, raw_hot_v, ingest_v, drain_v, raw_cpu_v, ingest_cpu_v, drain_cpu_v, ahead_v, ahead_cpu_v;
         for (int r = 0; r < std::max(1, a->reps); ++r) {
           const auto raw = raw_push_pull(raw_addr, a->groups, bus_r.frame_bytes, true);
           raw_v.push_back(raw.wall_s);
           raw_cpu_v.push_back(raw.cpu_s);
+          raw_threads = raw.threads;  // the last measurement's
           raw_hot_v.push_back(raw_push_pull(raw_addr, a->groups, bus_r.frame_bytes, false).wall_s);
-          const auto b = bus_roundtrip(addr, *a);
+          const auto b = bus_roundtrip(addr, *a, 0), ahead = bus_roundtrip(addr, *a, 1);
+          ahead_v.push_back(ahead.drain_s);
+          ahead_cpu_v.push_back(ahead.drain_cpu_s);
           bus_r.ingest_threads = b.ingest_threads;  // the last measurement's
           bus_r.ingest_faults = b.ingest_faults;
           bus_r.drain_faults = b.drain_faults;
@@ -514,6 +523,9 @@ void add_bench_bus(CLI::App& app, Action& action) {
                             {"drain_gb_per_s", bytes / bus_r.drain_s / 1e9},
                             {"ingest_vs_raw", raw_s / bus_r.ingest_s},
                             {"drain_vs_raw", raw_s / bus_r.drain_s},
+                            {"drain_prefetch_gb_per_s", bytes / median(ahead_v) / 1e9},
+                            {"drain_prefetch_vs_raw", raw_s / median(ahead_v)},
+                            {"drain_prefetch_cpu_us_per_group", median(ahead_cpu_v) * us_per},
                             {"ingest_vs_raw_hot", raw_hot_s / bus_r.ingest_s},
                             {"drain_vs_raw_hot", raw_hot_s / bus_r.drain_s},
                             {"raw_cpu_us_per_msg", median(raw_cpu_v) * us_per},
@@ -521,6 +533,7 @@ void add_bench_bus(CLI::App& app, Action& action) {
                             {"drain_cpu_us_per_group", median(drain_cpu_v) * us_per},
                             {"ingest_page_faults_per_group", bus_r.ingest_faults / a->groups},
                             {"drain_page_faults_per_group", bus_r.drain_faults / a->groups},
+                            {"raw_threads", raw_threads},
                             {"ingest_threads", bus_r.ingest_threads}};
         std::cerr << t << ": " << j.dump() << "\n";
         result[t] = j;

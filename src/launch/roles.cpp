@@ -359,7 +359,10 @@ int run_learner(const RoleContext& ctx) {
   if (lead) {
     pub = ctx.weight_publisher(dist::WeightLayout::of(params, to_scalar_type(cfg.model.dtype)));
     client = std::make_unique<bus::Client>(
-        bus::ClientOptions{.address = ctx.hub_address(), .who = "learner", .role = "learner"});
+        bus::ClientOptions{.address = ctx.hub_address(),
+                           .who = "learner",
+                           .role = "learner",
+                           .prefetch_batches = cfg.learner.prefetch_batch ? 1 : 0});
     client->give_up_when(launcher_gone);  // the hub stops with the launcher
     if (step > 0) {
       pub->publish(step, params);

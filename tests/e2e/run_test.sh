@@ -173,6 +173,11 @@ REF=clean2 PICK=tail kill_role killrank1 "role learner" KILL train.learner_ranks
   && grep -q "serving tcp://" runs/tcp/logs/hub-0/rank-0.err && grep -q "^tcp://" runs/tcp/weights.endpoint \
   && ok "tcp transport: hub and weights over tcp" || fail "tcp transport: $(tail -3 tcp.log)"
 same_as_clean tcp clean2
+# The learner asking for its next batch while it trains (learner.prefetch_batch): in this
+# synchronous run the batch asked ahead waits for the new weights' groups, so nothing changes.
+"$rlx" run grpo.yaml run.name=prefetch learner.prefetch_batch=true > prefetch.log 2>&1 \
+  || fail "prefetch: $(tail -3 prefetch.log)"
+same_as_clean prefetch
 
 # --- multi-turn episodes through a sandboxed env server, async mode ---
 "$rlx" run grpo.yaml run.name=turns env.name=guess_number env.max_turns=3 env.servers=1 rollout.max_new_tokens=6 \

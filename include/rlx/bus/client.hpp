@@ -42,6 +42,12 @@ struct ClientOptions {
   double credit_wait_s = 60.0;     // submit() waits at most this long for credit
   uint64_t max_frame_mb = 256;
   int queue_depth = 1000;
+  // Learners: batches asked for ahead. With 1, next_batch() sends the request for the next
+  // batch as soon as a batch arrives, so it travels while the caller trains. The hub then
+  // picks that batch one weight version earlier: its groups can be one version staler than
+  // replay.max_staleness allows by the time they are trained. Every request must ask for
+  // the same batch shape.
+  int prefetch_batches = 0;
   CurveOptions curve;
 
   template <class V>
@@ -56,6 +62,7 @@ struct ClientOptions {
     v("credit_wait_s", credit_wait_s, "submit() waits at most this long for credit", config::greater_than(0));
     v("max_frame_mb", max_frame_mb, "largest frame accepted, in MiB", config::in_range(1, 4096));
     v("queue_depth", queue_depth, "ZeroMQ high-water mark, in messages", config::in_range(1, 1000000));
+    v("prefetch_batches", prefetch_batches, "learners: batches asked for ahead (0 or 1)", config::in_range(0, 1));
     v("curve", curve, "CURVE keys (tcp://)");
   }
 };

@@ -38,9 +38,10 @@
 namespace rlx::bus {
 
 inline constexpr uint32_t kMagic = 0x42584c52;  // "RLXB" little-endian
-// 3: a batch is a multipart message (a BatchHead frame, then its groups' frames as the
+// 4: a batch request says which batches the learner has received (it may ask for one
+// ahead); 3: a batch is a multipart message (a BatchHead frame, then its groups' frames as the
 // workers sent them); 2: the checksum is XXH3-64 (1: XXH64).
-inline constexpr uint16_t kProtocolVersion = 3;
+inline constexpr uint16_t kProtocolVersion = 4;
 inline constexpr size_t kHeaderBytes = 40;
 
 enum class MsgType : uint16_t {
@@ -288,9 +289,11 @@ struct Stats {
 
 // A learner asks for the next batch: `max_groups` groups (0: no limit) and at most
 // `max_tokens` tokens (0: no limit), split across `num_ranks` learner ranks.
-// `ack_batch_id` confirms the previous batch: until then the hub keeps it and sends it
-// again to this learner after a reconnect, or returns it to the buffer if the learner
-// restarts (a new incarnation), so no batch is lost or trained twice.
+// `ack_batch_id` confirms the batches trained: until then the hub keeps a batch and sends
+// it again to this learner if the request's `have_batch_id` says it never arrived (a
+// reconnect), or returns it to the buffer if the learner restarts (a new incarnation), so
+// no batch is lost or trained twice. A learner holds at most two unconfirmed batches: the
+// one it trains and the one it asked for ahead (ClientOptions::prefetch_batches).
 // The hub answers when it has `max_groups` groups (or `max_tokens` tokens), or when the
 // run's data is finished (Batch::end).
 struct BatchRequest {
@@ -298,8 +301,9 @@ struct BatchRequest {
   uint32_t max_groups = 0;
   uint64_t max_tokens = 0;
   uint32_t num_ranks = 1;
-  uint64_t ack_batch_id = 0;
-  template <class Ar> void serialize(Ar& ar) { ar(max_groups, max_tokens, num_ranks, ack_batch_id); }
+  uint64_t ack_batch_id = 0;   // the newest batch trained: it and older ones are confirmed
+  uint64_t have_batch_id = 0;  // the newest batch received (>= ack_batch_id; newer ones are sent again)
+  template <class Ar> void serialize(Ar& ar) { ar(max_groups, max_tokens, num_ranks, ack_batch_id, have_batch_id); }
 };
 
 // The groups a learner trains next. On the wire a batch is a multipart message: a

@@ -24,6 +24,7 @@ struct LearnerSection {
   bool activation_checkpointing = false;
   int checkpoint_keep_last = 3;
   int64_t checkpoint_every = 0;
+  bool prefetch_batch = false;
 
   template <class V>
   void visit(V& v) {
@@ -46,6 +47,9 @@ struct LearnerSection {
     v("activation_checkpointing", activation_checkpointing, "recompute each block in backward");
     v("checkpoint_keep_last", checkpoint_keep_last, "complete checkpoints kept", config::in_range(1, 1000));
     v("checkpoint_every", checkpoint_every, "save every N steps; 0: only at the end", config::at_least(0));
+    v("prefetch_batch", prefetch_batch,
+      "ask the hub for the next batch while training this one (its groups can then be one version staler than "
+      "hub.replay.max_staleness)");
   }
   void validate() const {
     RLX_CHECK(micro_batch_tokens >= row_tokens, "learner.micro_batch_tokens ({}) must be >= learner.row_tokens ({})",

@@ -5,7 +5,9 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <numeric>
 #include <random>
 #include <thread>
 
@@ -338,4 +340,126 @@ TEST_CASE("bus: a learner's batch carries each group's frame as its worker sent 
     CHECK(f.seq == 3 + i);                         // the worker's sequence number: not re-packed
     CHECK(bytes == pack(sent[i], 3 + i));
   }
+}
+
+TEST_CASE("bus: a learner holds at most one batch ahead; a batch it never got is sent again", "[bus]") {
+  TempDir dir;
+  auto o = options(dir, "hub");
+  HubThread h(o, prompts(8));
+  Client w(worker(o.address, "w0"));
+  auto grant = w.request_leases(8);
+  REQUIRE(grant.leases.size() == 8);
+  for (const auto& l : grant.leases) w.submit(answer(l));
+  REQUIRE(w.flush(10));
+  // A learner speaking the wire protocol directly: every request names the newest batch
+  // trained (ack) and the newest received (have).
+  zmq::context_t ctx(1);
+  zmq::socket_t learner(ctx, zmq::socket_type::dealer);
+  learner.set(zmq::sockopt::linger, 0);
+  learner.set(zmq::sockopt::rcvtimeo, 10000);
+  learner.connect(o.address);
+  const Limits limits;
+  auto text = [](const zmq::message_t& m) { return std::string(static_cast<const char*>(m.data()), m.size()); };
+  uint64_t seq = 0;
+  // Sends one frame; returns the answer's parts (heartbeats skipped).
+  auto ask = [&](const auto& msg) {
+    learner.send(zmq::buffer(pack(msg, ++seq)));
+    for (;;) {
+      std::vector<zmq::message_t> parts;
+      REQUIRE(zmq::recv_multipart(learner, std::back_inserter(parts)));
+      if (decode_frame(text(parts.at(0)), limits).type != MsgType::heartbeat) return parts;
+    }
+  };
+  struct Got {
+    uint64_t batch_id = 0;
+    std::vector<uint64_t> prompts;
+    std::string refused;
+  };
+  auto batch = [&](uint64_t ack, uint64_t have) {
+    const auto parts = ask(BatchRequest{.max_groups = 2, .ack_batch_id = ack, .have_batch_id = have});
+    const std::string head_bytes = text(parts.at(0));
+    const Frame f = decode_frame(head_bytes, limits);
+    Got g;
+    if (f.type == MsgType::ack) {
+      g.refused = unpack<Ack>(f, limits).verdict;
+      return g;
+    }
+    g.batch_id = unpack<BatchHead>(f, limits).batch_id;
+    for (size_t i = 1; i < parts.size(); ++i) {
+      const std::string bytes = text(parts[i]);
+      g.prompts.push_back(unpack<TrajectoryGroup>(decode_frame(bytes, limits), limits).prompt_index);
+    }
+    return g;
+  };
+  (void)ask(Hello{"L", "learner", 1});
+  const Got b1 = batch(0, 0);
+  REQUIRE(b1.batch_id == 1);
+  REQUIRE(b1.prompts.size() == 2);
+  const Got b2 = batch(0, 1);  // ahead: batch 1 is being trained
+  REQUIRE(b2.batch_id == 2);
+  // A third unconfirmed batch is refused, naming the two held.
+  CHECK_THAT(batch(0, 2).refused, Contains("holding 2 it has not confirmed (batches 1 and 2)"));
+  // Batch 1 trained, batch 2's reply lost (have 1): the same batch 2 comes again.
+  const Got again = batch(1, 1);
+  CHECK(again.batch_id == 2);
+  CHECK(again.prompts == b2.prompts);
+  CHECK_THAT(batch(3, 2).refused, Contains("confirms batch 3 but has only received up to 2"));
+  const Got b3 = batch(1, 2);
+  CHECK(b3.batch_id == 3);
+  const Got b4 = batch(2, 3);
+  CHECK(b4.batch_id == 4);
+  // Every group exactly once across the batches (batch 2 counted once).
+  std::vector<uint64_t> all;
+  for (const Got* g : {&b1, &b2, &b3, &b4}) all.insert(all.end(), g->prompts.begin(), g->prompts.end());
+  std::sort(all.begin(), all.end());
+  CHECK((all == std::vector<uint64_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  Client monitor({.address = o.address, .who = "m", .role = "monitor"});
+  CHECK(stat(monitor.hub_stats(), "batches_resent") == 1);
+}
+
+TEST_CASE("bus: a prefetching learner gets every group once, and its restart returns both unconfirmed batches", "[bus]") {
+  TempDir dir;
+  auto o = options(dir, "hub");
+  o.state_file = (dir / "state.bin").string();
+  HubThread h(o, prompts(12));
+  Client w(worker(o.address, "w0"));
+  auto grant = w.request_leases(12);
+  REQUIRE(grant.leases.size() == 12);
+  for (const auto& l : grant.leases) w.submit(answer(l));
+  REQUIRE(w.flush(10));
+  ClientOptions lo{.address = o.address, .who = "L", .role = "learner", .incarnation = 1, .request_timeout_s = 10,
+                   .prefetch_batches = 1};
+  std::vector<uint64_t> first, second;
+  Client monitor({.address = o.address, .who = "m", .role = "monitor"});
+  {
+    Client learner(lo);
+    for (const auto& g : learner.next_batch({.max_groups = 2}, 10).groups) first.push_back(g.prompt_index);
+    for (const auto& g : learner.next_batch({.max_groups = 2}, 10).groups) second.push_back(g.prompt_index);
+    CHECK_THAT(rlx::test::error_of([&] { (void)learner.next_batch({.max_groups = 3}, 10); }),
+               Contains("keep the request the same, or set prefetch_batches to 0"));
+    // Batch 1 is confirmed; batch 2 is being trained and batch 3 was asked for ahead.
+    for (int i = 0; i < 200 && stat(monitor.hub_stats(), "batches_sent") < 3; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    REQUIRE(stat(monitor.hub_stats(), "batches_sent") == 3);
+    monitor.control("save");
+    const auto saved = read_snapshot(o.state_file);
+    REQUIRE(saved.in_flight.size() == 2);
+    CHECK(saved.in_flight[0].batch.batch_id == 2);
+    CHECK(saved.in_flight[1].batch.batch_id == 3);
+  }
+  // The learner restarts (a new incarnation): batches 2 and 3 go back to the buffer, in
+  // order, and nothing is lost or repeated.
+  lo.incarnation = 2;
+  Client learner(lo);
+  std::vector<uint64_t> after;
+  for (int i = 0; i < 5; ++i)
+    for (const auto& g : learner.next_batch({.max_groups = 2}, 10).groups) after.push_back(g.prompt_index);
+  CHECK((std::vector<uint64_t>(after.begin(), after.begin() + 2) == second));
+  std::vector<uint64_t> all = first;
+  all.insert(all.end(), after.begin(), after.end());
+  std::sort(all.begin(), all.end());
+  std::vector<uint64_t> expected(12);
+  std::iota(expected.begin(), expected.end(), 0);
+  CHECK(all == expected);
+  CHECK(stat(monitor.hub_stats(), "batches_requeued") == 2);
 }

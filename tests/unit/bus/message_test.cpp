@@ -88,8 +88,8 @@ TEST_CASE("bus messages: malformed frames are rejected with a reason", "[bus]") 
   bad[0] = 'X';
   CHECK(reason_of([&] { decode_frame(bad, limits); }) == Reject::bad_magic);
   bad = good;
-  bad[4] = 2;  // protocol version 2 (a batch in one frame): refused, not misread
-  CHECK_THAT(rlx::test::error_of([&] { decode_frame(bad, limits); }), Contains("protocol version 2 (this build speaks 3)"));
+  bad[4] = 3;  // protocol version 3 (batch requests without have_batch_id): refused, not misread
+  CHECK_THAT(rlx::test::error_of([&] { decode_frame(bad, limits); }), Contains("protocol version 3 (this build speaks 4)"));
   CHECK(reason_of([&] { decode_frame(bad, limits); }) == Reject::bad_version);
   bad = good;
   bad[6] = 99;
