@@ -147,10 +147,12 @@ struct Hub::Impl {
   uint64_t accepted_total = 0;
   uint64_t next_batch_id = 1;
   std::map<std::string, uint64_t> counts;
-  // Acks of the groups of one burst of input, sent together after it: ZeroMQ wakes its
-  // I/O thread once for them instead of once per ack. Any other frame flushes them first
-  // (a credit update must not overtake an older ack: the worker keeps the latest credits).
+  // Acks of accepted input, sent together: after ack_delay_ms, or once credits_per_peer/2
+  // wait, so that ZeroMQ and the worker wake once for several. Any other frame flushes them
+  // first (a credit update must not overtake an older ack: the worker keeps the latest
+  // credits).
   std::vector<std::pair<std::string, std::string>> acks_out;  // route, frame
+  double acks_since = 0;                                      // when the oldest of acks_out was made
   double last_tick = 0, last_heartbeat = 0, last_save = 0;
   bool stop_requested = false;
   static constexpr size_t kMaxPeers = 4096;
@@ -215,6 +217,10 @@ struct Hub::Impl {
     if (detail::try_send_to(router, p.route, pack(head, seq), frames)) return true;
     count("send_failed");
     return false;
+  }
+  void flush_acks_due() {
+    if (acks_out.size() >= std::max<size_t>(1, o.credits_per_peer / 2) || seconds_now() - acks_since >= o.ack_delay_ms / 1e3)
+      flush_acks();
   }
   void flush_acks() {
     for (auto& [route, frame] : acks_out)
@@ -391,8 +397,10 @@ struct Hub::Impl {
     }
     count("groups_" + verdict);
     top_up(p);
-    if (p.connected)
+    if (p.connected) {
+      if (acks_out.empty()) acks_since = seconds_now();
       acks_out.emplace_back(p.route, pack(Ack{.seq = seq, .credits = p.credits, .duplicate = verdict == "duplicate", .verdict = verdict}, seq));
+    }
     serve_learners();
   }
 
@@ -584,10 +592,15 @@ struct Hub::Impl {
 
   void poll(double timeout_s) {
     zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
-    const double until_tick = std::max(0.0, last_tick + std::min(0.25, o.heartbeat_s / 2) - seconds_now());
-    // A signal (SIGTERM asks to stop) interrupts the wait: the caller checks its flag.
-    if (!detail::poll(&item, 1, std::chrono::milliseconds(static_cast<int64_t>(1000 * std::min(timeout_s, until_tick)))))
+    double wait_s = std::min(timeout_s, std::max(0.0, last_tick + std::min(0.25, o.heartbeat_s / 2) - seconds_now()));
+    if (!acks_out.empty()) wait_s = std::min(wait_s, std::max(0.0, acks_since + o.ack_delay_ms / 1e3 - seconds_now()));
+    // Whole milliseconds (zmq_poll's unit), rounded up while acks wait: no busy loop. A
+    // signal (SIGTERM asks to stop) interrupts the wait: the caller checks its flag.
+    const auto wait_ms = static_cast<int64_t>(acks_out.empty() ? 1000 * wait_s : std::ceil(1000 * wait_s));
+    if (!detail::poll(&item, 1, std::chrono::milliseconds(wait_ms))) {
+      flush_acks_due();
       return;
+    }
     for (int i = 0; i < 256; ++i) {  // drain a bounded number per turn
       zmq::message_t route;
       if (!router.recv(route, zmq::recv_flags::dontwait)) break;
@@ -604,7 +617,7 @@ struct Hub::Impl {
       }
       on_frame(route.to_string(), body);
     }
-    flush_acks();
+    flush_acks_due();
     if (seconds_now() - last_tick >= std::min(0.25, o.heartbeat_s / 2)) tick();
   }
 
@@ -698,6 +711,7 @@ Hub::~Hub() = default;
 void Hub::run(const std::atomic<bool>& stop) {
   while (!stop && !impl_->stop_requested) impl_->poll(0.1);
   if (!impl_->o.state_file.empty()) impl_->save(impl_->o.state_file);
+  impl_->flush_acks();  // the groups they answer are in the saved state
 }
 void Hub::poll(double timeout_s) { impl_->poll(timeout_s); }
 std::string Hub::endpoint() const { return impl_->endpoint; }

@@ -44,6 +44,9 @@ struct HubOptions {
   uint32_t groups_per_version = 0;     // groups a learner step consumes (staleness gate; 0: off)
   ReplayOptions replay;
   uint32_t credits_per_peer = 4;       // trajectory groups a worker may have unacknowledged
+  // Acks wait up to this long to go out together, or until half a worker's credits wait
+  // on them (0: sent after each burst of input). Fewer, larger sends: fewer wake-ups.
+  double ack_delay_ms = 1.0;
   double heartbeat_s = 1.0;
   double peer_timeout_s = 10.0;        // a peer silent this long is lost
   uint64_t max_frame_mb = 256;
@@ -69,6 +72,9 @@ struct HubOptions {
       "leases are issued, so long rollouts are not dropped for staleness (0: no gate)");
     v("replay", replay, "replay buffer");
     v("credits_per_peer", credits_per_peer, "trajectory groups a worker may have unacknowledged", config::in_range(1, 4096));
+    v("ack_delay_ms", ack_delay_ms,
+      "acks wait up to this long to go together, or until credits_per_peer/2 of them wait (0: after each burst)",
+      config::in_range(0, 100));
     v("heartbeat_s", heartbeat_s, "heartbeat interval, both ways", config::greater_than(0));
     v("peer_timeout_s", peer_timeout_s, "a peer silent this long is declared lost", config::greater_than(0));
     v("max_frame_mb", max_frame_mb, "largest frame accepted, in MiB", config::in_range(1, 4096));

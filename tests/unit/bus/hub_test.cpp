@@ -463,3 +463,22 @@ TEST_CASE("bus: a prefetching learner gets every group once, and its restart ret
   CHECK(all == expected);
   CHECK(stat(monitor.hub_stats(), "batches_requeued") == 2);
 }
+
+TEST_CASE("bus: acks held for ack_delay_ms go out when it passes, with no other traffic", "[bus]") {
+  TempDir dir;
+  auto o = options(dir, "hub");
+  o.credits_per_peer = 8;  // acks go early once 4 wait; here 1 does
+  o.ack_delay_ms = 100;
+  o.heartbeat_s = 30;  // no heartbeat flushes them either
+  o.peer_timeout_s = 60;
+  HubThread h(o, prompts(4));
+  auto wo = worker(o.address, "w0");
+  wo.heartbeat_s = 30;
+  wo.hub_timeout_s = 60;
+  Client w(wo);
+  auto grant = w.request_leases(1);
+  REQUIRE(grant.leases.size() == 1);
+  w.submit(answer(grant.leases[0]));
+  CHECK(w.flush(5));
+  CHECK(w.counters().verdicts["accepted"] == 1);
+}
