@@ -301,7 +301,9 @@ void add_synthetic_peers(CLI::App& app, Action& action) {
 struct BenchArgs {
   int groups = 100, samples = 8, tokens = 2048;
   std::string transports = "ipc,tcp";
-  int credits = 8;
+  // Groups a worker may have in flight: 32, the messages raw PUSH/PULL may have queued
+  // (its two high-water marks of 16).
+  int credits = 32;
   int batch_groups = 16;
   int reps = 3;
 };
