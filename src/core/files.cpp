@@ -34,19 +34,23 @@ void fsync_path(const std::filesystem::path& path) {
   if (::fsync(f.fd) != 0) fail(path, "fsync");
 }
 
+bool write_all(int fd, std::string_view bytes) noexcept {
+  while (!bytes.empty()) {
+    const ssize_t n = ::write(fd, bytes.data(), bytes.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return false;
+    bytes.remove_prefix(static_cast<size_t>(n));
+  }
+  return true;
+}
+
 void write_file_atomic(const std::filesystem::path& path, std::string_view bytes) {
   auto tmp = path;
   tmp += fmt::format(".tmp-{}", ::getpid());
   {
     Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
     if (f.fd < 0) fail(tmp, "open");
-    size_t done = 0;
-    while (done < bytes.size()) {
-      const ssize_t n = ::write(f.fd, bytes.data() + done, bytes.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) fail(tmp, "write");
-      done += static_cast<size_t>(n);
-    }
+    if (!write_all(f.fd, bytes)) fail(tmp, "write");
     if (::fsync(f.fd) != 0) fail(tmp, "fsync");
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {

@@ -12,6 +12,7 @@
 #include <mutex>
 
 #include "rlx/core/error.hpp"
+#include "rlx/core/files.hpp"
 
 namespace rlx::log {
 
@@ -30,16 +31,6 @@ std::atomic<int> g_level{static_cast<int>(Level::info)};
 
 constexpr std::array<char, 6> kLetters = {'T', 'D', 'I', 'W', 'E', '-'};
 
-void write_all(int fd, std::string_view s) {
-  while (!s.empty()) {
-    ssize_t n = ::write(fd, s.data(), s.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return;  // a log line is never worth failing the caller
-    }
-    s.remove_prefix(static_cast<size_t>(n));
-  }
-}
 }  // namespace
 
 Level parse_level(std::string_view name) {

@@ -394,6 +394,7 @@ SandboxResult Sandbox::Impl::run(const SandboxRequest& req) const {
   int fds[3] = {status_p[0], out_p[0], err_p[0]};
   std::string* sinks[3] = {&status_buf, &res.stdout_text, &res.stderr_text};
   bool* truncated[3] = {nullptr, &res.stdout_truncated, &res.stderr_truncated};
+  size_t streamed_bytes[3] = {0, 0, 0};  // what went to req.on_output
   const double deadline = t0 + L.wall_s;
   bool timed_out = false, cancelled = false;
   while (fds[0] >= 0 || fds[1] >= 0 || fds[2] >= 0) {
@@ -467,14 +468,22 @@ SandboxResult Sandbox::Impl::run(const SandboxRequest& req) const {
         continue;
       }
       std::string& sink = *sinks[i];
-      if (i > 0 && sink.size() + static_cast<size_t>(r) > L.output_bytes) {
-        sink.append(buf, L.output_bytes - sink.size());
+      const bool streamed = i > 0 && req.on_output;
+      const size_t had = streamed ? streamed_bytes[i] : sink.size();
+      size_t take = static_cast<size_t>(r);
+      if (i > 0 && had + take > L.output_bytes) {
+        take = L.output_bytes - had;
         *truncated[i] = true;
         kill_all();
         // keep draining (discarding) so nothing blocks; the pipes close when the namespace dies
-        continue;
       }
-      sink.append(buf, static_cast<size_t>(r));
+      if (take == 0) continue;
+      if (streamed) {
+        streamed_bytes[i] += take;
+        req.on_output(i, std::string_view(buf, take));
+      } else {
+        sink.append(buf, take);
+      }
     }
     if (killed && now_s() > deadline + 5) break;  // bounded even if something holds a pipe open
   }

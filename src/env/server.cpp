@@ -149,7 +149,7 @@ void EnvServerProcess::start() {
   std::vector<std::string> argv;
   if (o_.sandboxed) {
     const auto& L = o_.sandbox.limits;
-    argv = {o_.rlx, "sandbox", "run", "--wall-s", fmt::format("{}", L.wall_s), "--cpu-s", fmt::format("{}", L.cpu_s),
+    argv = {o_.rlx, "sandbox", "run", "--stream", "--wall-s", fmt::format("{}", L.wall_s), "--cpu-s", fmt::format("{}", L.cpu_s),
             "--memory-mb", std::to_string(L.memory_mb), "--processes", std::to_string(L.processes),
             "--open-files", std::to_string(L.open_files), "--scratch-mb", std::to_string(L.scratch_mb)};
     for (const auto& p : o_.sandbox.readonly_paths) argv.insert(argv.end(), {"--ro", p});

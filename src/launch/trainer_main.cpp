@@ -103,7 +103,7 @@ void add_sandbox_run(CLI::App& app, Action& action) {
     SandboxOptions options;
     std::vector<std::string> readonly, writable, files, command;
     std::string stdin_file;
-    bool warn = false, json = false;
+    bool warn = false, json = false, stream = false;
   };
   auto a = std::make_shared<RunArgs>();
   auto* run = sb->add_subcommand("run", "Run one command in a fresh sandbox: its output, then a verdict line on stderr");
@@ -122,6 +122,9 @@ void add_sandbox_run(CLI::App& app, Action& action) {
   run->add_option("--stdin", a->stdin_file, "feed this file to the command's stdin");
   run->add_flag("--warn-missing", a->warn, "run even where the kernel refuses namespaces (loudly, without isolation)");
   run->add_flag("--json", a->json, "print the whole result (output included) as one JSON line instead");
+  run->add_flag("--stream", a->stream,
+                "pass the command's output through as it comes (long-lived commands), not at the end; it still counts "
+                "against --output-bytes");
   run->add_option("command", a->command, "the command and its arguments (after --)")->required();
   run->callback([a, &action] {
     action = [a] {
@@ -140,6 +143,10 @@ void add_sandbox_run(CLI::App& app, Action& action) {
       static std::atomic<bool> cancel{false};
       on_stop_signals([](int) { cancel = true; });
       req.cancel = &cancel;
+      if (a->stream) {
+        RLX_CHECK(!a->json, "--stream and --json: choose one (--json prints the output at the end)");
+        req.on_output = [](int stream, std::string_view chunk) { (void)write_all(stream == 1 ? 1 : 2, chunk); };
+      }
       const SandboxResult r = sandbox.run(req);
       if (a->json) {
         std::cout << to_json(r).dump() << std::endl;

@@ -111,6 +111,9 @@ kill_role killlearner "role learner"
 "$rlx" run grpo.yaml run.name=killenv env.servers=1 > killenv.log 2>&1 &
 pid=$!
 wait_steps killenv 3 || fail "killenv: no progress"
+# The server's own output reaches its worker's log while it runs (streamed through the sandbox).
+grep -q "env server: serving" runs/killenv/logs/worker-*/rank-0.err && ok "killenv: the env server's log is live in its worker's" \
+  || fail "killenv: no env server output in the worker's log while it runs"
 victim=$(pgrep -f -- "env serve --address ipc://$PWD/runs/killenv/" | tail -1)
 [ -n "$victim" ] && kill -KILL "$victim" || fail "killenv: no env server to kill"
 wait $pid; rc=$?

@@ -13,6 +13,8 @@
 
 namespace rlx {
 
+// Writes all of `bytes` to `fd` (retrying short writes and EINTR); false on an error.
+bool write_all(int fd, std::string_view bytes) noexcept;
 // Writes `bytes` to `path` so that a crash leaves either the old file or the new one.
 void write_file_atomic(const std::filesystem::path& path, std::string_view bytes);
 // fsync of a file or a directory; throws rlx::Error naming the path.

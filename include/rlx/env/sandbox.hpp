@@ -33,6 +33,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string_view>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -124,6 +125,10 @@ struct SandboxRequest {
   std::vector<std::pair<std::string, std::string>> files;  // written into /scratch first: relative name, content
   std::vector<std::string> env;                     // extra NAME=VALUE entries
   const std::atomic<bool>* cancel = nullptr;        // set: the run is killed (checked every 100 ms)
+  // Set: output goes here as it arrives (stream 1: stdout, 2: stderr) instead of into the
+  // result, for long-lived commands such as an env server. It still counts against
+  // limits.output_bytes.
+  std::function<void(int stream, std::string_view chunk)> on_output;
 };
 
 struct SandboxResult {

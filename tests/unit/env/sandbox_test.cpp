@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "../helpers.hpp"
 #include "rlx/env/sandbox.hpp"
 
 using rlx::Sandbox;
@@ -67,4 +68,29 @@ TEST_CASE("sandbox: bad requests and missing commands are clear errors", "[sandb
   bad = {};
   bad.readonly_paths = {"relative/path"};
   CHECK_THROWS_WITH(Sandbox(bad), Catch::Contains("must be an absolute path"));
+}
+
+TEST_CASE("sandbox: streamed output arrives while the command runs, and still counts against the limit", "[sandbox]") {
+  rlx::test::TempDir dir;
+  const std::string go = (dir / "go").string();
+  Sandbox sb({.limits = {.wall_s = 10}, .writable_paths = {dir.path.string()}});
+  // The command waits for a file that the host makes only once "ready" has reached it: were
+  // the output held until the end, the run would end at its wall-clock limit instead.
+  std::string out, err;
+  auto r = sb.run({.argv = {"sh", "-c", "echo ready; while [ ! -e " + go + " ]; do sleep 0.02; done; echo done >&2"},
+                   .on_output = [&](int stream, std::string_view chunk) {
+                     (stream == 1 ? out : err).append(chunk);
+                     if (out == "ready\n" && stream == 1) rlx::test::write_file(go, "");
+                   }});
+  CHECK(r.verdict == SandboxVerdict::ok);
+  CHECK(r.ok());
+  CHECK(out == "ready\n");
+  CHECK(err == "done\n");
+  CHECK(r.stdout_text.empty());  // streamed, not kept
+
+  Sandbox small({.limits = {.wall_s = 10, .output_bytes = 1000}});
+  size_t got = 0;
+  r = small.run({.argv = {"sh", "-c", "head -c 5000 /dev/zero"}, .on_output = [&](int, std::string_view c) { got += c.size(); }});
+  CHECK(r.verdict == SandboxVerdict::output_limit);
+  CHECK(got == 1000);
 }
