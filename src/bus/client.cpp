@@ -224,23 +224,29 @@ struct Client::Impl {
     sent.erase(it);
   }
 
-  // Frames in, timers, frames out, until no frame is left to read.
+  // Frames out, frames in, timers, until no frame is left to read. A receive is tried only
+  // once ZMQ_EVENTS says a frame is there: an empty one costs ZeroMQ a check of its command
+  // mailbox (on this VM a few syscalls, its fork guard's getpid among them).
   void service_locked() {
     for (int round = 0; round < 64; ++round) {
-      for (int i = 0; i < 256 && dealer.recv(in, zmq::recv_flags::dontwait); ++i)
-        if (receive_rest_locked()) on_frame_locked(in, more);
-      const double now = seconds_now();
+      send_locked();
+      const bool ready = dealer.get(zmq::sockopt::events) & ZMQ_POLLIN;
+      if (ready)
+        for (int i = 0; i < 256 && dealer.recv(in, zmq::recv_flags::dontwait); ++i)
+          if (receive_rest_locked()) on_frame_locked(in, more);
+      const double now = seconds_now();  // after the frames: they count as heard
       if (now - last_heard > o.hub_timeout_s && now - last_connect > o.hub_timeout_s) {
         log::warn("client {}: nothing from the hub for {:.1f} s; reconnecting to {}", o.who, now - last_heard, o.address);
         ++counters.reconnects;
         connect_locked();
+        continue;
       }
       if (now - last_beat >= o.heartbeat_s) {
         last_beat = now;
         detail::try_send(dealer, pack(Heartbeat{o.who}, 0));
+        continue;  // a send may have taken the fd's signal: look at ZMQ_EVENTS again
       }
-      send_locked();
-      if (!(dealer.get(zmq::sockopt::events) & ZMQ_POLLIN)) return;
+      if (!ready) return;
     }
   }
 
