@@ -78,6 +78,39 @@ double stat(const std::vector<std::pair<std::string, double>>& s, const std::str
   return 0;
 }
 
+// A learner speaking the wire protocol directly, on a DEALER of its own.
+struct RawLearner {
+  zmq::context_t ctx{1};
+  zmq::socket_t dealer{ctx, zmq::socket_type::dealer};
+  explicit RawLearner(const std::string& address) {
+    dealer.set(zmq::sockopt::linger, 0);
+    dealer.set(zmq::sockopt::rcvtimeo, 10000);
+    dealer.connect(address);
+  }
+  static std::string text(const zmq::message_t& m) { return {static_cast<const char*>(m.data()), m.size()}; }
+  // The next message from the hub that is not a heartbeat, all its parts.
+  std::vector<zmq::message_t> receive() {
+    for (;;) {
+      std::vector<zmq::message_t> parts;
+      REQUIRE(zmq::recv_multipart(dealer, std::back_inserter(parts)));
+      if (decode_frame(text(parts.at(0)), Limits{}).type != MsgType::heartbeat) return parts;
+    }
+  }
+  std::vector<zmq::message_t> ask(const std::string& frame) {
+    dealer.send(zmq::buffer(frame));
+    return receive();
+  }
+};
+
+// A worker that takes `n` leases and submits a group for each, all acknowledged.
+void submit_all(const std::string& address, int n) {
+  Client w(worker(address, "w0"));
+  auto grant = w.request_leases(static_cast<uint32_t>(n));
+  REQUIRE(grant.leases.size() == static_cast<size_t>(n));
+  for (const auto& l : grant.leases) w.submit(answer(l));
+  REQUIRE(w.flush(10));
+}
+
 HubSnapshot without_deadlines(HubSnapshot s) {
   for (auto& a : s.leases.active) a.remaining_s = 0;
   return s;
@@ -308,24 +341,11 @@ TEST_CASE("bus: a learner's batch carries each group's frame as its worker sent 
     w.submit(sent.back());  // groups 3 and 4
   }
   REQUIRE(w.flush(10));
-  // A learner speaking the wire protocol directly.
-  zmq::context_t ctx(1);
-  zmq::socket_t learner(ctx, zmq::socket_type::dealer);
-  learner.set(zmq::sockopt::linger, 0);
-  learner.set(zmq::sockopt::rcvtimeo, 10000);
-  learner.connect(o.address);
+  RawLearner learner(o.address);
   const Limits limits;
-  auto recv_parts = [&] {
-    std::vector<zmq::message_t> parts;
-    REQUIRE(zmq::recv_multipart(learner, std::back_inserter(parts)));
-    return parts;
-  };
-  auto text = [](const zmq::message_t& m) { return std::string(static_cast<const char*>(m.data()), m.size()); };
-  learner.send(zmq::buffer(pack(Hello{"L", "learner", 1}, 1)));
-  CHECK(decode_frame(text(recv_parts().at(0)), limits).type == MsgType::welcome);
-  learner.send(zmq::buffer(pack(BatchRequest{.max_groups = 2, .num_ranks = 2}, 2)));
-  auto parts = recv_parts();
-  while (decode_frame(text(parts.at(0)), limits).type == MsgType::heartbeat) parts = recv_parts();
+  const auto text = RawLearner::text;
+  CHECK(decode_frame(text(learner.ask(pack(Hello{"L", "learner", 1}, 1)).at(0)), limits).type == MsgType::welcome);
+  auto parts = learner.ask(pack(BatchRequest{.max_groups = 2, .num_ranks = 2}, 2));
   REQUIRE(parts.size() == 3);
   const std::string head_bytes = text(parts[0]);
   const Frame head_frame = decode_frame(head_bytes, limits);
@@ -346,30 +366,13 @@ TEST_CASE("bus: a learner holds at most one batch ahead; a batch it never got is
   TempDir dir;
   auto o = options(dir, "hub");
   HubThread h(o, prompts(8));
-  Client w(worker(o.address, "w0"));
-  auto grant = w.request_leases(8);
-  REQUIRE(grant.leases.size() == 8);
-  for (const auto& l : grant.leases) w.submit(answer(l));
-  REQUIRE(w.flush(10));
-  // A learner speaking the wire protocol directly: every request names the newest batch
-  // trained (ack) and the newest received (have).
-  zmq::context_t ctx(1);
-  zmq::socket_t learner(ctx, zmq::socket_type::dealer);
-  learner.set(zmq::sockopt::linger, 0);
-  learner.set(zmq::sockopt::rcvtimeo, 10000);
-  learner.connect(o.address);
+  submit_all(o.address, 8);
+  // Every request names the newest batch trained (ack) and the newest received (have).
+  RawLearner learner(o.address);
   const Limits limits;
-  auto text = [](const zmq::message_t& m) { return std::string(static_cast<const char*>(m.data()), m.size()); };
+  const auto text = RawLearner::text;
   uint64_t seq = 0;
-  // Sends one frame; returns the answer's parts (heartbeats skipped).
-  auto ask = [&](const auto& msg) {
-    learner.send(zmq::buffer(pack(msg, ++seq)));
-    for (;;) {
-      std::vector<zmq::message_t> parts;
-      REQUIRE(zmq::recv_multipart(learner, std::back_inserter(parts)));
-      if (decode_frame(text(parts.at(0)), limits).type != MsgType::heartbeat) return parts;
-    }
-  };
+  auto ask = [&](const auto& msg) { return learner.ask(pack(msg, ++seq)); };
   struct Got {
     uint64_t batch_id = 0;
     std::vector<uint64_t> prompts;
@@ -422,11 +425,7 @@ TEST_CASE("bus: a prefetching learner gets every group once, and its restart ret
   auto o = options(dir, "hub");
   o.state_file = (dir / "state.bin").string();
   HubThread h(o, prompts(12));
-  Client w(worker(o.address, "w0"));
-  auto grant = w.request_leases(12);
-  REQUIRE(grant.leases.size() == 12);
-  for (const auto& l : grant.leases) w.submit(answer(l));
-  REQUIRE(w.flush(10));
+  submit_all(o.address, 12);
   ClientOptions lo{.address = o.address, .who = "L", .role = "learner", .incarnation = 1, .request_timeout_s = 10,
                    .prefetch_batches = 1};
   std::vector<uint64_t> first, second;
