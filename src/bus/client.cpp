@@ -64,6 +64,7 @@ struct Client::Impl {
   uint64_t next_seq = 0, hello_seq = 0;
   uint64_t hub_credits = 0, credit_base = 0;
   uint64_t last_batch_id = 0;  // the newest batch handed to the caller
+  int64_t published = -1;      // the newest weight version this learner published
   // Learners with prefetch_batches: the request for the next batch, sent when the last one
   // came (and what it asked for).
   ItemPtr ahead;
@@ -476,6 +477,12 @@ Batch Client::next_batch(BatchRequest request, double timeout_s) {
   if (I.o.prefetch_batches > 0 && head.groups > 0 && !head.end) {
     BatchRequest next = request;
     next.have_batch_id = head.batch_id;
+    {
+      // A learner that publishes a version per batch trains the next one after its next
+      // publish: only groups still within max_staleness then are picked.
+      std::lock_guard lock(I.m);
+      if (I.published >= 0) next.train_version = I.published + 1;
+    }
     auto ahead = I.enqueue(MsgType::batch_request, pack(next));
     std::lock_guard lock(I.m);
     I.ahead = std::move(ahead);
@@ -496,6 +503,8 @@ Batch Client::next_batch(BatchRequest request, double timeout_s) {
 
 void Client::publish_version(int64_t version) {
   (void)impl_->call<Ack>(VersionUpdate{version}, impl_->o.request_timeout_s);
+  std::lock_guard lock(impl_->m);
+  impl_->published = std::max(impl_->published, version);
 }
 
 std::vector<std::pair<std::string, double>> Client::hub_stats() {

@@ -440,17 +440,21 @@ struct Hub::Impl {
     for (auto it = waiting_order.begin(); it != waiting_order.end();) {
       Peer& p = peers.at(*it);
       const BatchRequest& r = p.waiting->request;
-      const bool enough = r.max_groups ? buffer.size() >= r.max_groups
-                                       : (r.max_tokens ? buffer.tokens() >= r.max_tokens : buffer.size() >= 1);
+      // A batch asked for ahead takes only groups still fresh at the version it will be
+      // trained with; the rest wait to be evicted when that version comes.
+      const int64_t train_version = std::max(version, r.train_version);
+      const auto [groups, tokens_fresh] = buffer.fresh(train_version);
+      const bool enough = r.max_groups ? groups >= r.max_groups : (r.max_tokens ? tokens_fresh >= r.max_tokens : groups >= 1);
       if (!enough && !leases.done()) {
         ++it;
         continue;
       }
-      SentBatch b{.batch_id = next_batch_id++, .groups = buffer.pop(r.max_groups, r.max_tokens)};
+      SentBatch b{.batch_id = next_batch_id++, .groups = buffer.pop(r.max_groups, r.max_tokens, train_version)};
       std::vector<int64_t> tokens;
       for (const auto& g : b.groups) tokens.push_back(g.tokens);
       b.ranks = assign_ranks(tokens, r.num_ranks);
-      b.end = leases.done() && buffer.size() == 0;
+      // The end: no lease left, and nothing this learner could still train.
+      b.end = leases.done() && buffer.fresh(train_version).first == 0;
       const uint64_t seq = p.waiting->seq;
       p.waiting.reset();
       it = waiting_order.erase(it);

@@ -259,17 +259,28 @@ std::vector<uint32_t> assign_ranks(const std::vector<int64_t>& group_tokens, uin
   return rank;
 }
 
-std::vector<StoredGroup> ReplayBuffer::pop(size_t max_groups, uint64_t max_tokens) {
+std::vector<StoredGroup> ReplayBuffer::pop(size_t max_groups, uint64_t max_tokens, int64_t train_version) {
   std::vector<StoredGroup> out;
   uint64_t tokens = 0;
-  while (!groups_.empty()) {
-    const auto n = static_cast<uint64_t>(groups_.front().tokens);
+  for (auto it = groups_.begin(); it != groups_.end();) {
+    if (too_stale(*it, train_version)) {
+      ++it;  // stale by then: left for evict_stale
+      continue;
+    }
+    const auto n = static_cast<uint64_t>(it->tokens);
     if (!out.empty() && ((max_groups && out.size() >= max_groups) || (max_tokens && tokens + n > max_tokens))) break;
     tokens += n;
-    out.push_back(std::move(groups_.front()));
-    groups_.pop_front();
+    out.push_back(std::move(*it));
+    it = groups_.erase(it);
   }
   return out;
+}
+
+std::pair<size_t, uint64_t> ReplayBuffer::fresh(int64_t train_version) const {
+  std::pair<size_t, uint64_t> n{0, 0};
+  for (const auto& g : groups_)
+    if (!too_stale(g, train_version)) ++n.first, n.second += static_cast<uint64_t>(g.tokens);
+  return n;
 }
 
 }  // namespace rlx::bus

@@ -367,6 +367,8 @@ int run_learner(const RoleContext& ctx) {
     if (step > 0) {
       pub->publish(step, params);
       client->publish_version(step);
+    } else if (cfg.learner.prefetch_batch) {
+      client->publish_version(0);  // so that the batch asked ahead of step 1 is picked for version 1
     }
   }
   uint64_t trained_batch = 0;  // the hub's id of the last batch trained

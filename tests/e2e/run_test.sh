@@ -181,6 +181,16 @@ same_as_clean tcp clean2
 "$rlx" run grpo.yaml run.name=prefetch learner.prefetch_batch=true > prefetch.log 2>&1 \
   || fail "prefetch: $(tail -3 prefetch.log)"
 same_as_clean prefetch
+# Asynchronous, it still trains no group staler than hub.replay.max_staleness (1 here): the
+# batch asked ahead holds only groups fresh at the version it will be trained with.
+"$rlx" run grpo.yaml run.name=asyncprefetch train.mode=async train.steps=30 learner.prefetch_batch=true \
+  > asyncprefetch.log 2>&1 || fail "async prefetch: $(tail -3 asyncprefetch.log)"
+python3 - runs/asyncprefetch/metrics.jsonl <<'P' && ok "async prefetch: 30 steps, lag within max_staleness" || fail "async prefetch: lag"
+import json, sys
+m = [json.loads(l) for l in open(sys.argv[1])]
+assert len(m) == 30 and all(0 <= x["version_lag"] <= 1 for x in m), [x["version_lag"] for x in m]
+P
+exactly_once runs/asyncprefetch >/dev/null && ok "async prefetch: each lease once" || fail "async prefetch: duplicates"
 
 # --- multi-turn episodes through a sandboxed env server, async mode ---
 "$rlx" run grpo.yaml run.name=turns env.name=guess_number env.max_turns=3 env.servers=1 rollout.max_new_tokens=6 \

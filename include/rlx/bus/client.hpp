@@ -43,10 +43,10 @@ struct ClientOptions {
   uint64_t max_frame_mb = 256;
   int queue_depth = 1000;
   // Learners: batches asked for ahead. With 1, next_batch() sends the request for the next
-  // batch as soon as a batch arrives, so it travels while the caller trains. The hub then
-  // picks that batch one weight version earlier: its groups can be one version staler than
-  // replay.max_staleness allows by the time they are trained. Every request must ask for
-  // the same batch shape.
+  // batch as soon as a batch arrives, so it travels while the caller trains. A learner that
+  // publishes a weight version per batch trains that one after its next publish, so the
+  // hub picks only groups that will still be within replay.max_staleness then (the others
+  // are evicted when that version comes). Every request must ask for the same batch shape.
   int prefetch_batches = 0;
   CurveOptions curve;
 

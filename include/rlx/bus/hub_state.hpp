@@ -182,8 +182,11 @@ class ReplayBuffer {
   // Drops groups that became too stale while waiting; returns how many.
   size_t evict_stale(int64_t current_version);
   // Up to max_groups groups (0: no limit) and max_tokens tokens (0: no limit), oldest first;
-  // always at least one group when any is buffered.
-  std::vector<StoredGroup> pop(size_t max_groups, uint64_t max_tokens);
+  // at least one group when any fits. Only groups within max_staleness of `train_version`
+  // are taken (the others stay, for evict_stale): a batch trained after a later version.
+  std::vector<StoredGroup> pop(size_t max_groups, uint64_t max_tokens, int64_t train_version = -1);
+  // Groups, and their tokens, that pop() would consider for `train_version`.
+  std::pair<size_t, uint64_t> fresh(int64_t train_version) const;
   size_t size() const { return groups_.size(); }
   size_t free_slots() const { return options_.capacity_groups - groups_.size(); }
   const std::deque<StoredGroup>& contents() const { return groups_; }

@@ -293,7 +293,8 @@ struct Stats {
 // it again to this learner if the request's `have_batch_id` says it never arrived (a
 // reconnect), or returns it to the buffer if the learner restarts (a new incarnation), so
 // no batch is lost or trained twice. A learner holds at most two unconfirmed batches: the
-// one it trains and the one it asked for ahead (ClientOptions::prefetch_batches).
+// one it trains and the one it asked for ahead (ClientOptions::prefetch_batches), which
+// holds only groups that will still be within max_staleness of `train_version`.
 // The hub answers when it has `max_groups` groups (or `max_tokens` tokens), or when the
 // run's data is finished (Batch::end).
 struct BatchRequest {
@@ -303,7 +304,12 @@ struct BatchRequest {
   uint32_t num_ranks = 1;
   uint64_t ack_batch_id = 0;   // the newest batch trained: it and older ones are confirmed
   uint64_t have_batch_id = 0;  // the newest batch received (>= ack_batch_id; newer ones are sent again)
-  template <class Ar> void serialize(Ar& ar) { ar(max_groups, max_tokens, num_ranks, ack_batch_id, have_batch_id); }
+  // The weight version the batch will be trained with, when later than the hub's (a batch
+  // asked for ahead): only groups within max_staleness of it are picked (-1: the hub's).
+  int64_t train_version = -1;
+  template <class Ar> void serialize(Ar& ar) {
+    ar(max_groups, max_tokens, num_ranks, ack_batch_id, have_batch_id, train_version);
+  }
 };
 
 // The groups a learner trains next. On the wire a batch is a multipart message: a

@@ -48,8 +48,8 @@ struct LearnerSection {
     v("checkpoint_keep_last", checkpoint_keep_last, "complete checkpoints kept", config::in_range(1, 1000));
     v("checkpoint_every", checkpoint_every, "save every N steps; 0: only at the end", config::at_least(0));
     v("prefetch_batch", prefetch_batch,
-      "ask the hub for the next batch while training this one (its groups can then be one version staler than "
-      "hub.replay.max_staleness)");
+      "ask the hub for the next batch while training this one (it holds only groups still within "
+      "hub.replay.max_staleness of the version it will be trained with)");
   }
   void validate() const {
     RLX_CHECK(micro_batch_tokens >= row_tokens, "learner.micro_batch_tokens ({}) must be >= learner.row_tokens ({})",

@@ -481,3 +481,39 @@ TEST_CASE("bus: acks held for ack_delay_ms go out when it passes, with no other 
   CHECK(w.flush(5));
   CHECK(w.counters().verdicts["accepted"] == 1);
 }
+
+TEST_CASE("bus: a batch asked ahead holds only groups within max_staleness of the version it will be trained with",
+          "[bus]") {
+  TempDir dir;
+  auto o = options(dir, "hub");
+  o.replay.max_staleness = 1;
+  HubThread h(o, prompts(6));
+  Client w(worker(o.address, "w0"));
+  const auto leases = w.request_leases(6).leases;
+  REQUIRE(leases.size() == 6);
+  auto at_version = [](TrajectoryGroup g, int64_t v) {
+    for (auto& s : g.samples)
+      for (auto& x : s.versions)
+        if (x >= 0) x = v;
+    return g;
+  };
+  Client learner({.address = o.address, .who = "L", .role = "learner", .request_timeout_s = 10, .prefetch_batches = 1});
+  learner.publish_version(1);
+  for (size_t i = 0; i < 4; ++i) w.submit(at_version(answer(leases[i]), 0));  // lag 1 now: fresh
+  REQUIRE(w.flush(10));
+  // Batch 1 is trained after version 1; the batch asked ahead with it, after version 2, when
+  // the two groups of version 0 left are two versions old: it waits for fresher ones.
+  const auto b1 = learner.next_batch({.max_groups = 2}, 10);
+  REQUIRE(b1.groups.size() == 2);
+  for (size_t i = 4; i < 6; ++i) w.submit(at_version(answer(leases[i]), 1));
+  REQUIRE(w.flush(10));
+  learner.publish_version(2);
+  const auto b2 = learner.next_batch({.max_groups = 2}, 10);
+  REQUIRE(b2.groups.size() == 2);
+  for (const auto& g : b2.groups) {
+    CHECK(g.version_range().first == 1);  // lag 1 at version 2, not 2
+    CHECK((g.lease_id == leases[4].lease_id || g.lease_id == leases[5].lease_id));
+  }
+  Client monitor({.address = o.address, .who = "m", .role = "monitor"});
+  CHECK(stat(monitor.hub_stats(), "replay_evicted_stale") == 2);  // the version-0 pair
+}
