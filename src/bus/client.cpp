@@ -450,10 +450,6 @@ bool Client::close(double timeout_s) {
 Batch Client::next_batch(BatchRequest request, double timeout_s) {
   auto& I = *impl_;
   RLX_CHECK(I.o.role == "learner", "client {}: only learners take batches", I.o.who);
-  {
-    std::lock_guard lock(I.m);
-    request.ack_batch_id = I.last_batch_id;
-  }
   Impl::ItemPtr item;
   {
     std::lock_guard lock(I.m);
