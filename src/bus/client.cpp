@@ -360,9 +360,9 @@ struct Client::Impl {
     return unpack<Answer>(request(req, timeout_s).frame(), limits);
   }
 
-  // A batch: its head, then each group's frame as the worker sent it (checksum included).
-  Batch assemble_batch(const Reply& reply) const {
-    const auto head = unpack<BatchHead>(reply.frame(), limits);
+  // A batch: its head (unpacked from reply's first part), then each group's frame as the
+  // worker sent it (checksum included).
+  Batch assemble_batch(const BatchHead& head, const Reply& reply) const {
     RLX_CHECK(head.groups == reply.parts.size() && head.ranks.size() == reply.parts.size(),
               "client {}: batch {} from the hub names {} groups and {} ranks, and {} group frames came", o.who,
               head.batch_id, head.groups, head.ranks.size(), reply.parts.size());
@@ -486,7 +486,7 @@ Batch Client::next_batch(BatchRequest request, double timeout_s) {
   }
   Batch b;
   try {
-    b = I.assemble_batch(reply);
+    b = I.assemble_batch(head, reply);
   } catch (...) {
     std::lock_guard lock(I.m);
     if (I.ahead) I.forget_locked(std::exchange(I.ahead, nullptr));  // the next request asks for this batch again

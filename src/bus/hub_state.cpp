@@ -207,12 +207,6 @@ void ReplayBuffer::push_accepted(StoredGroup group) {
   ++counts_.accepted;
 }
 
-uint64_t ReplayBuffer::tokens() const {
-  uint64_t n = 0;
-  for (const auto& g : groups_) n += static_cast<uint64_t>(g.tokens);
-  return n;
-}
-
 ReplayBuffer::Verdict ReplayBuffer::admit(const StoredGroup& group, int64_t current_version) {
   if (too_stale(group, current_version)) {
     ++counts_.stale;

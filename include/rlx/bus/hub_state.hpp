@@ -178,7 +178,6 @@ class ReplayBuffer {
   // The verdict push() would give, counting a rejection; push_accepted() then adds it.
   Verdict admit(const StoredGroup& group, int64_t current_version);
   void push_accepted(StoredGroup group);
-  uint64_t tokens() const;  // tokens of the buffered groups
   // Drops groups that became too stale while waiting; returns how many.
   size_t evict_stale(int64_t current_version);
   // Up to max_groups groups (0: no limit) and max_tokens tokens (0: no limit), oldest first;
