@@ -361,24 +361,18 @@ struct Client::Impl {
   }
 
   // A batch: its head (unpacked from reply's first part), then each group's frame as the
-  // worker sent it (checksum included).
-  Batch assemble_batch(const BatchHead& head, const Reply& reply) const {
-    RLX_CHECK(head.groups == reply.parts.size() && head.ranks.size() == reply.parts.size(),
-              "client {}: batch {} from the hub names {} groups and {} ranks, and {} group frames came", o.who,
-              head.batch_id, head.groups, head.ranks.size(), reply.parts.size());
-    Batch b{.batch_id = head.batch_id, .ranks = head.ranks, .end = head.end};
-    b.groups.reserve(reply.parts.size());
-    for (size_t i = 0; i < reply.parts.size(); ++i) {
-      const auto& part = reply.parts[i];
-      try {
-        b.groups.push_back(
-            unpack<TrajectoryGroup>(decode_frame({static_cast<const char*>(part.data()), part.size()}, limits), limits));
-      } catch (const FrameError& e) {
-        throw Error(fmt::format("client {}: group {} of batch {} from the hub is damaged ({}): {}", o.who, i, head.batch_id,
-                                to_string(e.reason()), e.what()));
-      }
+  // worker sent it (checksum included). The batch is laid over those frames, which it keeps
+  // (moved out of `reply`).
+  BatchView assemble_batch(const BatchHead& head, Reply& reply) const {
+    auto parts = std::make_shared<std::vector<zmq::message_t>>(std::move(reply.parts));
+    std::vector<std::string_view> frames;
+    frames.reserve(parts->size());
+    for (const auto& part : *parts) frames.emplace_back(static_cast<const char*>(part.data()), part.size());
+    try {
+      return read_batch(head, std::move(frames), std::move(parts), limits);
+    } catch (const Error& e) {
+      throw Error(fmt::format("client {}: from the hub: {}", o.who, e.what()));
     }
-    return b;
   }
 };
 
@@ -447,7 +441,9 @@ bool Client::close(double timeout_s) {
   return all;
 }
 
-Batch Client::next_batch(BatchRequest request, double timeout_s) {
+Batch Client::next_batch(BatchRequest request, double timeout_s) { return next_batch_view(request, timeout_s).copy(); }
+
+BatchView Client::next_batch_view(BatchRequest request, double timeout_s) {
   auto& I = *impl_;
   RLX_CHECK(I.o.role == "learner", "client {}: only learners take batches", I.o.who);
   Impl::ItemPtr item;
@@ -484,7 +480,7 @@ Batch Client::next_batch(BatchRequest request, double timeout_s) {
     I.ahead = std::move(ahead);
     I.ahead_request = next;
   }
-  Batch b;
+  BatchView b;
   try {
     b = I.assemble_batch(head, reply);
   } catch (...) {

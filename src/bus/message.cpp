@@ -181,6 +181,65 @@ TrajectoryGroup to_group(const GroupView& view) {
   return g;
 }
 
+Batch BatchView::copy() const {
+  Batch b{.batch_id = batch_id, .ranks = ranks, .end = end};
+  b.groups.reserve(groups.size());
+  for (const auto& g : groups) b.groups.push_back(to_group(g));
+  return b;
+}
+
+BatchView read_batch(const BatchHead& head, std::vector<std::string_view> frames, std::shared_ptr<const void> keep,
+                     const Limits& limits) {
+  RLX_CHECK(head.groups == frames.size() && head.ranks.size() == frames.size(),
+            "batch {} names {} groups and {} ranks, and {} group frames came", head.batch_id, head.groups,
+            head.ranks.size(), frames.size());
+  BatchView b{.batch_id = head.batch_id, .ranks = head.ranks, .end = head.end};
+  b.groups.reserve(frames.size());
+  for (size_t i = 0; i < frames.size(); ++i) {
+    try {
+      b.groups.push_back(parse_group(decode_frame(frames[i], limits), limits));
+    } catch (const FrameError& e) {
+      throw Error(fmt::format("group {} of batch {} is damaged ({}): {}", i, head.batch_id, to_string(e.reason()), e.what()));
+    }
+  }
+  b.frames = std::move(frames);
+  b.keep = std::move(keep);
+  return b;
+}
+
+std::string pack_batch(const BatchView& batch) {
+  std::string out = pack(BatchHead{.batch_id = batch.batch_id, .ranks = batch.ranks, .end = batch.end, .groups = batch.frames.size()});
+  for (const auto f : batch.frames) out.append(f);
+  return out;
+}
+
+BatchView unpack_batch(std::shared_ptr<const std::string> bytes, const Limits& limits) {
+  std::string_view rest = *bytes;
+  // The next frame of `rest`, as long as its header says (decode_frame checks the rest).
+  auto next = [&](std::string_view what) {
+    if (rest.size() < kHeaderBytes)
+      throw Error(fmt::format("packed batch: {} ends after {} bytes, short of a frame header", what, rest.size()));
+    const auto len = get<uint64_t>(rest, 20);
+    if (len > rest.size() - kHeaderBytes)
+      throw Error(fmt::format("packed batch: {} claims {} payload bytes, {} remain", what, len, rest.size() - kHeaderBytes));
+    const auto frame = rest.substr(0, kHeaderBytes + len);
+    rest.remove_prefix(frame.size());
+    return frame;
+  };
+  BatchHead head;
+  try {
+    head = unpack<BatchHead>(decode_frame(next("the head"), limits), limits);
+  } catch (const FrameError& e) {
+    throw Error(fmt::format("packed batch: damaged head ({}): {}", to_string(e.reason()), e.what()));
+  }
+  if (head.groups > kMaxBatchGroups)
+    throw Error(fmt::format("packed batch: {} groups, more than a batch has ({})", head.groups, kMaxBatchGroups));
+  std::vector<std::string_view> frames;
+  for (uint64_t i = 0; i < head.groups; ++i) frames.push_back(next(fmt::format("group {}", i)));
+  if (!rest.empty()) throw Error(fmt::format("packed batch: {} bytes after its {} groups", rest.size(), head.groups));
+  return read_batch(head, std::move(frames), std::move(bytes), limits);
+}
+
 // The hub scans every token of every group it receives. These loops are also built for
 // AVX-512 and AVX2, and the dynamic loader picks the clone the CPU runs (16 us -> 1.5 us
 // for a 16k-token version scan on cpu2; the baseline x86-64 has no 64-bit vector min).

@@ -275,12 +275,12 @@ void add_synthetic_peers(CLI::App& app, Action& action) {
       uint64_t batches = 0, groups = 0;
       int64_t version = 0;
       while (!g_stop) {
-        auto b = c.next_batch({.max_groups = l->batch_groups, .num_ranks = l->ranks}, l->peer.timeout_s);
+        const auto b = c.next_batch_view({.max_groups = l->batch_groups, .num_ranks = l->ranks}, l->peer.timeout_s);
         for (size_t i = 0; i < b.groups.size(); ++i) {
           const auto& g = b.groups[i];
           if (out.is_open())
             out << nlohmann::json{{"lease_id", g.lease_id}, {"prompt_index", g.prompt_index}, {"epoch", g.epoch},
-                                  {"worker", g.worker}, {"rank", b.ranks[i]}, {"batch", b.batch_id}}.dump()
+                                  {"worker", std::string(g.worker)}, {"rank", b.ranks[i]}, {"batch", b.batch_id}}.dump()
                 << "\n";
         }
         if (out.is_open()) out.flush();
@@ -408,7 +408,8 @@ struct BusResult {
 };
 
 // Groups through the hub: a worker submits `n` groups (ingest, until every ack), then a
-// learner drains them (drain), asking for `prefetch` batches ahead.
+// learner drains them (drain), asking for `prefetch` batches ahead. The learner reads each
+// batch as the launcher's learner does: in place (next_batch_view), every frame checked.
 BusResult bus_roundtrip(const std::string& address, const BenchArgs& a, int prefetch) {
   bus::HubOptions ho;
   ho.address = address;
@@ -448,7 +449,7 @@ BusResult bus_roundtrip(const std::string& address, const BenchArgs& a, int pref
     const double t1 = now_s(), c1 = cpu_s(), f1 = page_faults();
     size_t got = 0;
     while (got < static_cast<size_t>(a.groups))
-      got += learner.next_batch({.max_groups = static_cast<uint32_t>(a.batch_groups)}, 120).groups.size();
+      got += learner.next_batch_view({.max_groups = static_cast<uint32_t>(a.batch_groups)}, 120).groups.size();
     r.drain_s = now_s() - t1;
     r.drain_cpu_s = cpu_s() - c1;
     r.drain_faults = page_faults() - f1;

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <numeric>
 #include <set>
 #include <sstream>
 #include <iostream>
@@ -225,28 +226,19 @@ int64_t broadcast_value(dist::Communicator& comm, int64_t value, const char* wha
   return t.item<int64_t>();
 }
 
-// Rank 0's batch on every rank (cereal bytes; bounded by the hub's frame limit).
-bus::Batch broadcast_batch(dist::Communicator& comm, bus::Batch batch) {
-  std::string bytes;
-  if (comm.rank() == 0) {
-    std::ostringstream out;
-    {
-      cereal::BinaryOutputArchive ar(out);
-      ar(batch);
-    }
-    bytes = out.str();
-  }
-  const auto n = broadcast_value(comm, static_cast<int64_t>(bytes.size()), "learner: batch size");
+// Rank 0's batch on every rank: its head and group frames as they came from the hub, which
+// each rank checks and reads in place.
+bus::BatchView broadcast_batch(dist::Communicator& comm, bus::BatchView batch) {
+  auto bytes = std::make_shared<std::string>();
+  if (comm.rank() == 0) *bytes = bus::pack_batch(batch);
+  const auto n = broadcast_value(comm, static_cast<int64_t>(bytes->size()), "learner: batch size");
   RLX_CHECK(n >= 0 && n <= (int64_t{1} << 34), "learner: a batch of {} bytes", n);
-  bytes.resize(static_cast<size_t>(n));
-  auto t = at::from_blob(bytes.data(), {n}, at::kByte);
+  bytes->resize(static_cast<size_t>(n));
+  auto t = at::from_blob(bytes->data(), {n}, at::kByte);
   comm.broadcast(t, 0, "learner: batch")->wait();
   if (comm.rank() == 0) return batch;
-  bus::Batch out;
-  std::istringstream in(bytes);
-  cereal::BinaryInputArchive ar(in);
-  ar(out);
-  return out;
+  // Rank 0's client held the frames to its own max_frame_mb; here, its largest setting.
+  return bus::unpack_batch(std::move(bytes), bus::Limits{.max_frame_bytes = uint64_t{4096} << 20});
 }
 }  // namespace
 
@@ -390,14 +382,14 @@ int run_learner(const RoleContext& ctx) {
     const int64_t t0_us = TraceWriter::now_us();
     // Rank 0 takes the batch (waiting in slices so that SIGINT/SIGTERM is noticed while
     // rollout is slow) and decides for every rank: train it, or stop.
-    bus::Batch batch;
+    bus::BatchView batch;  // its groups read in place from the frames the hub sent
     enum : int64_t { kTrain = 0, kStop = 1, kEnd = 2 };
     int64_t what = kTrain;
     if (lead) {
       if (step >= cfg.train.steps) what = kEnd;
       while (what == kTrain && !g_stop) {
         try {
-          batch = client->next_batch({.max_groups = cfg.train.groups_per_step, .num_ranks = 1}, 1.0);
+          batch = client->next_batch_view({.max_groups = cfg.train.groups_per_step, .num_ranks = 1}, 1.0);
           break;
         } catch (const bus::TimeoutError&) {
           RLX_CHECK(now_s() - t0 < cfg.train.batch_timeout_s, "learner: no batch from the hub within {} s (step {})",
@@ -426,25 +418,29 @@ int run_learner(const RoleContext& ctx) {
     if (world > 1) batch = broadcast_batch(*comm, std::move(batch));
     // Groups in prompt order: the step does not depend on which worker finished first;
     // rank r trains groups r, r + world, ...
-    std::sort(batch.groups.begin(), batch.groups.end(), [](const auto& x, const auto& y) {
-      return std::tie(x.epoch, x.prompt_index) < std::tie(y.epoch, y.prompt_index);
+    std::vector<size_t> order(batch.groups.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+      const auto &a = batch.groups[x], &b = batch.groups[y];
+      return std::tie(a.epoch, a.prompt_index) < std::tie(b.epoch, b.prompt_index);
     });
     std::vector<Sequence> seqs;
     std::vector<double> rewards;
     std::vector<size_t> sizes;
     int64_t vmin = INT64_MAX, vmax = -1, tokens = 0;
-    for (size_t gi = 0; gi < batch.groups.size(); ++gi) {
-      const auto& g = batch.groups[gi];
+    for (size_t gi = 0; gi < order.size(); ++gi) {
+      const auto& g = batch.groups[order[gi]];
       const auto [lo_v, hi_v] = g.version_range();
       if (lo_v >= 0) vmin = std::min(vmin, lo_v), vmax = std::max(vmax, hi_v);
-      for (const auto& t : g.samples) tokens += static_cast<int64_t>(t.tokens.size());
+      tokens += g.num_tokens();
       if (static_cast<int>(gi % static_cast<size_t>(world)) != comm->rank()) continue;
       sizes.push_back(g.samples.size());
       for (const auto& t : g.samples) {
         Sequence sq;
-        sq.tokens.assign(t.tokens.begin(), t.tokens.end());
-        sq.loss_mask = t.loss_mask;
-        sq.values["behaviour_logprobs"] = t.logprobs;
+        sq.tokens.resize(t.tokens.size());
+        for (size_t i = 0; i < t.tokens.size(); ++i) sq.tokens[i] = t.tokens[i];
+        t.loss_mask.append_to(sq.loss_mask);
+        t.logprobs.append_to(sq.values["behaviour_logprobs"]);
         rewards.push_back(t.reward);
         seqs.push_back(std::move(sq));
       }

@@ -24,8 +24,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <span>
+#include <memory>
 #include <ostream>
+#include <span>
 #include <streambuf>
 #include <string>
 #include <string_view>
@@ -505,6 +506,28 @@ struct GroupView {
 GroupView parse_group(const Frame& frame, const Limits& limits);  // throws FrameError
 GroupView view_of(const TrajectoryGroup& group);
 TrajectoryGroup to_group(const GroupView& view);  // copies the arrays out
+
+// A batch whose groups are read in place from the frames that carried them: no copy of
+// a token. `frames` are those frames (header included) and `keep` holds their bytes: the
+// views stay valid as long as this BatchView (or a copy of `keep`) lives.
+struct BatchView {
+  uint64_t batch_id = 0;
+  std::vector<GroupView> groups;
+  std::vector<uint32_t> ranks;  // per group: the learner rank that trains it
+  bool end = false;
+  std::vector<std::string_view> frames;
+  std::shared_ptr<const void> keep;
+  Batch copy() const;  // the groups copied out (to_group)
+};
+// Checks each frame (decode_frame: header and checksum; parse_group: its layout) and
+// lays the batch over them. A damaged frame is an rlx::Error naming the group and batch.
+BatchView read_batch(const BatchHead& head, std::vector<std::string_view> frames, std::shared_ptr<const void> keep,
+                     const Limits& limits);
+// A batch as one string (its head frame, then its group frames as they came), to hand
+// on to another process (a learner's rank 0 broadcasts it to the others), and back: the
+// views point into `bytes`. Bad bytes are an rlx::Error that says what was wrong.
+std::string pack_batch(const BatchView& batch);
+BatchView unpack_batch(std::shared_ptr<const std::string> bytes, const Limits& limits);
 
 // Unpacks the frame as the type its header names and calls f(message). A hub_state frame
 // is a file, not a message: FrameError.

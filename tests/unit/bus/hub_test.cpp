@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <numeric>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "../helpers.hpp"
@@ -360,6 +362,41 @@ TEST_CASE("bus: a learner's batch carries each group's frame as its worker sent 
     CHECK(f.seq == 3 + i);                         // the worker's sequence number: not re-packed
     CHECK(bytes == pack(sent[i], 3 + i));
   }
+}
+
+TEST_CASE("bus: a learner reads batches in place; each stays valid while it is kept, and can be handed on", "[bus]") {
+  TempDir dir;
+  auto o = options(dir, "hub");
+  HubThread h(o, prompts(4));
+  Client w(worker(o.address, "w0"));
+  std::map<uint64_t, TrajectoryGroup> sent;
+  for (const auto& l : w.request_leases(4).leases) {
+    auto g = answer(l, 3000);
+    g.worker = "w0";
+    sent[l.lease_id] = g;
+    w.submit(g);
+  }
+  REQUIRE(w.flush(10));
+  Client learner({.address = o.address, .who = "L", .role = "learner", .request_timeout_s = 10});
+  const BatchView first = learner.next_batch_view({.max_groups = 2}, 10);
+  const BatchView second = learner.next_batch_view({.max_groups = 2}, 10);  // more frames arrive meanwhile
+  std::set<uint64_t> seen;
+  for (const BatchView* b : {&first, &second}) {
+    REQUIRE(b->groups.size() == 2);
+    REQUIRE(b->frames.size() == 2);
+    for (const auto& g : b->groups) {
+      REQUIRE(sent.count(g.lease_id) == 1);
+      CHECK(to_group(g) == sent[g.lease_id]);  // the first batch's bytes are still its own
+      seen.insert(g.lease_id);
+    }
+  }
+  CHECK(seen.size() == 4);
+  CHECK(first.copy().groups.size() == 2);
+  // Handed to another process (a learner's other ranks) as one string, and read back.
+  const BatchView again = unpack_batch(std::make_shared<const std::string>(pack_batch(second)), Limits{});
+  CHECK(again.batch_id == second.batch_id);
+  CHECK(again.ranks == second.ranks);
+  CHECK(again.copy() == second.copy());
 }
 
 TEST_CASE("bus: a learner holds at most one batch ahead; a batch it never got is sent again", "[bus]") {

@@ -120,6 +120,37 @@ TEST_CASE("bus messages: malformed frames are rejected with a reason", "[bus]") 
              Contains("expected a ack message, got trajectory_group"));
 }
 
+TEST_CASE("bus messages: a batch read in place names the damaged group; a packed batch's bad bytes are errors", "[bus]") {
+  const Limits limits;
+  auto g1 = sample_group(), g2 = sample_group();
+  g2.lease_id = 43;
+  const auto f1 = std::make_shared<std::string>(pack(g1, 5));
+  const auto f2 = std::make_shared<std::string>(pack(g2, 6));
+  const BatchHead head{.batch_id = 9, .ranks = {0, 1}, .groups = 2};
+  const auto batch = read_batch(head, {*f1, *f2}, f1, limits);
+  CHECK(to_group(batch.groups[1]) == g2);
+  CHECK((batch.copy().groups == std::vector<TrajectoryGroup>{g1, g2}));
+  // A flipped payload bit in the second group: named, with the reason.
+  std::string bad = *f2;
+  bad[kHeaderBytes + 9] ^= 1;
+  CHECK_THAT(rlx::test::error_of([&] { read_batch(head, {*f1, bad}, f1, limits); }),
+             Contains("group 1 of batch 9 is damaged (checksum)"));
+  CHECK_THAT(rlx::test::error_of([&] { read_batch(head, {*f1}, f1, limits); }), Contains("names 2 groups"));
+  // Round trip, then bytes that lie.
+  const std::string packed = pack_batch(batch);
+  const auto back = unpack_batch(std::make_shared<const std::string>(packed), limits);
+  CHECK(back.copy() == batch.copy());
+  CHECK(back.ranks == head.ranks);
+  auto unpack_text = [&](std::string bytes) {
+    return rlx::test::error_of([&] { unpack_batch(std::make_shared<const std::string>(std::move(bytes)), limits); });
+  };
+  CHECK_THAT(unpack_text(packed.substr(0, packed.size() - 1)), Contains("group 1 claims"));
+  CHECK_THAT(unpack_text(packed + "x"), Contains("1 bytes after its 2 groups"));
+  CHECK_THAT(unpack_text(packed.substr(0, 20)), Contains("the head ends after 20 bytes"));
+  CHECK_THAT(unpack_text(pack(BatchHead{.batch_id = 1, .groups = uint64_t{1} << 62})), Contains("more than a batch has"));
+  CHECK_THAT(unpack_text(pack(Ack{}) + *f1), Contains("damaged head"));
+}
+
 TEST_CASE("bus messages: a group read in place agrees with unpack on every payload", "[bus]") {
   const Limits limits{.max_frame_bytes = 1 << 20, .max_elements = 1 << 20};
   const TrajectoryGroup g = sample_group();
