@@ -26,6 +26,9 @@ int main(int argc, char** argv) {
       {"version", pack(VersionUpdate{3})},
       {"control", pack(Control{"save"})},
   };
+  const std::string group_frame = pack(g, 3);
+  const auto batch = read_batch(BatchHead{.batch_id = 1, .ranks = {0, 0}, .groups = 2}, {group_frame, group_frame}, nullptr, Limits{});
+  std::ofstream(dir + "/packed_batch", std::ios::binary) << pack_batch(batch);
   for (const auto& [name, bytes] : frames) std::ofstream(dir + "/" + name, std::ios::binary) << bytes;
   return 0;
 }
