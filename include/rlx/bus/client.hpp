@@ -99,7 +99,8 @@ class Client {
 
   // Learners: the next batch (confirming the previous one). Throws on timeout.
   // next_batch_view reads the groups in place from the frames as they arrived (each
-  // checked); next_batch copies them out into vectors.
+  // checked), and the BatchView keeps those frames alive; next_batch copies the groups out
+  // into vectors.
   BatchView next_batch_view(BatchRequest request, double timeout_s);
   Batch next_batch(BatchRequest request, double timeout_s);
   void publish_version(int64_t version);
