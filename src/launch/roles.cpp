@@ -13,7 +13,6 @@
 #include <functional>
 #include <numeric>
 #include <set>
-#include <sstream>
 #include <iostream>
 #include <thread>
 
