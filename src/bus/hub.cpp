@@ -443,9 +443,7 @@ struct Hub::Impl {
       // A batch asked for ahead takes only groups still fresh at the version it will be
       // trained with; the rest wait to be evicted when that version comes.
       const int64_t train_version = std::max(version, r.train_version);
-      const auto [groups, tokens_fresh] = buffer.fresh(train_version);
-      const bool enough = r.max_groups ? groups >= r.max_groups : (r.max_tokens ? tokens_fresh >= r.max_tokens : groups >= 1);
-      if (!enough && !leases.done()) {
+      if (!buffer.has_batch(r.max_groups, r.max_tokens, train_version) && !leases.done()) {
         ++it;
         continue;
       }
@@ -454,7 +452,7 @@ struct Hub::Impl {
       for (const auto& g : b.groups) tokens.push_back(g.tokens);
       b.ranks = assign_ranks(tokens, r.num_ranks);
       // The end: no lease left, and nothing this learner could still train.
-      b.end = leases.done() && buffer.fresh(train_version).first == 0;
+      b.end = leases.done() && !buffer.has_batch(0, 0, train_version);
       const uint64_t seq = p.waiting->seq;
       p.waiting.reset();
       it = waiting_order.erase(it);

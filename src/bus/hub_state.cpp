@@ -270,11 +270,16 @@ std::vector<StoredGroup> ReplayBuffer::pop(size_t max_groups, uint64_t max_token
   return out;
 }
 
-std::pair<size_t, uint64_t> ReplayBuffer::fresh(int64_t train_version) const {
-  std::pair<size_t, uint64_t> n{0, 0};
-  for (const auto& g : groups_)
-    if (!too_stale(g, train_version)) ++n.first, n.second += static_cast<uint64_t>(g.tokens);
-  return n;
+bool ReplayBuffer::has_batch(size_t max_groups, uint64_t max_tokens, int64_t train_version) const {
+  size_t groups = 0;
+  uint64_t tokens = 0;
+  for (const auto& g : groups_) {
+    if (too_stale(g, train_version)) continue;
+    ++groups;
+    tokens += static_cast<uint64_t>(g.tokens);
+    if (max_groups ? groups >= max_groups : (!max_tokens || tokens >= max_tokens)) return true;
+  }
+  return false;
 }
 
 }  // namespace rlx::bus

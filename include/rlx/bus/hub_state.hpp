@@ -184,8 +184,10 @@ class ReplayBuffer {
   // at least one group when any fits. Only groups within max_staleness of `train_version`
   // are taken (the others stay, for evict_stale): a batch trained after a later version.
   std::vector<StoredGroup> pop(size_t max_groups, uint64_t max_tokens, int64_t train_version = -1);
-  // Groups, and their tokens, that pop() would consider for `train_version`.
-  std::pair<size_t, uint64_t> fresh(int64_t train_version) const;
+  // Whether pop() for `train_version` would fill a batch: max_groups groups fresh then, or
+  // max_tokens of their tokens, or (both 0) any group. It stops counting once it knows:
+  // the hub asks on every group it receives while a learner waits.
+  bool has_batch(size_t max_groups, uint64_t max_tokens, int64_t train_version) const;
   size_t size() const { return groups_.size(); }
   size_t free_slots() const { return options_.capacity_groups - groups_.size(); }
   const std::deque<StoredGroup>& contents() const { return groups_; }

@@ -136,3 +136,23 @@ TEST_CASE("hub: the replay buffer bounds staleness and size, filters, and batche
   CHECK(batch[0].lease_id == 5);
   CHECK(buf.pop(4, 0).empty());
 }
+
+TEST_CASE("hub: a batch for a later version counts and takes only the groups still fresh then", "[bus]") {
+  ReplayBuffer buf({.capacity_groups = 10, .max_staleness = 1});
+  for (auto [lease, version] : {std::pair<uint64_t, int64_t>{1, 5}, {2, 6}, {3, 6}})
+    REQUIRE(buf.push(StoredGroup::of(group(lease, {0, 1}, version)), 6) == ReplayBuffer::Verdict::accepted);
+  const uint64_t t = static_cast<uint64_t>(StoredGroup::of(group(9, {0, 1}, 6)).tokens);
+  CHECK(buf.has_batch(3, 0, 6));
+  CHECK_FALSE(buf.has_batch(3, 0, 7));  // group 1 (version 5) is two versions behind 7
+  CHECK(buf.has_batch(2, 0, 7));
+  CHECK(buf.has_batch(0, 2 * t, 7));
+  CHECK_FALSE(buf.has_batch(0, 2 * t + 1, 7));
+  CHECK(buf.has_batch(0, 0, 7));
+  CHECK_FALSE(buf.has_batch(0, 0, 8));  // nothing is fresh at 8
+  const auto batch = buf.pop(3, 0, 7);
+  REQUIRE(batch.size() == 2);
+  CHECK(batch[0].lease_id == 2);
+  CHECK(batch[1].lease_id == 3);
+  CHECK(buf.size() == 1);  // group 1 stays, for evict_stale
+  CHECK(buf.evict_stale(7) == 1);
+}
