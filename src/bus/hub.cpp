@@ -4,6 +4,7 @@
 #include <sstream>
 #include <malloc.h>
 #include <fmt/format.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 
@@ -22,9 +24,22 @@
 namespace rlx::bus {
 
 void keep_frame_memory() {
-  ::mallopt(M_MMAP_THRESHOLD, 64 << 20);
-  ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  ::mallopt(M_ARENA_MAX, 1);
+  static std::once_flag once;
+  std::call_once(once, [] {
+    ::mallopt(M_MMAP_THRESHOLD, 64 << 20);
+    ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    ::mallopt(M_ARENA_MAX, 1);
+    if (std::getenv("RLX_NO_HUGE_HEAP")) return;
+    constexpr size_t kPad = size_t{512} << 20, kHuge = size_t{2} << 20;
+    ::mallopt(M_TOP_PAD, static_cast<int>(kPad));
+    auto* before = static_cast<char*>(::sbrk(0));
+    void* volatile grow = ::malloc(::mallinfo2().keepcost + 4096);  // more than the top chunk: the heap grows by it
+    ::free(grow);                                                     // and the pad (volatile: kept by the optimizer)
+    auto* after = static_cast<char*>(::sbrk(0));
+    ::mallopt(M_TOP_PAD, 128 << 10);  // glibc's default again
+    auto* from = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(before) + kHuge - 1) & ~(kHuge - 1));
+    if (after > from) ::madvise(from, static_cast<size_t>(after - from), MADV_HUGEPAGE);
+  });
 }
 
 using detail::seconds_now;

@@ -3,7 +3,7 @@
 // rlx keys generate --out DIR --name NAME  a CURVE key pair: NAME.key (secret) and NAME.pub
 // rlx inspect trajectories FILE.h5         summary of a trajectory store; --dump N prints records
 // rlx bus worker / rlx bus learner         synthetic peers: load a hub, or test it with real processes
-// rlx bench bus                            trajectory groups through the hub vs raw ZeroMQ PUSH/PULL
+// (rlx bench bus is in bench_bus.cpp.)
 #include <fmt/format.h>
 #include <pthread.h>
 #include <sys/resource.h>
@@ -21,7 +21,7 @@
 #include <thread>
 #include <zmq.hpp>
 
-#include "commands.hpp"
+#include "bus_commands.hpp"
 #include "rlx/core/signals.hpp"
 #include "rlx/core/clock.hpp"
 #include "rlx/bus/client.hpp"
@@ -69,28 +69,6 @@ struct PeerArgs {
     return o;
   }
 };
-
-// A group for a lease with deterministic synthetic contents.
-bus::TrajectoryGroup synthetic_group(const bus::Lease& lease, int tokens, int prompt_len) {
-  bus::TrajectoryGroup g{.lease_id = lease.lease_id, .prompt_index = lease.prompt_index, .epoch = lease.epoch};
-  for (uint32_t s = 0; s < lease.group_size; ++s) {
-    bus::Trajectory t;
-    t.prompt_len = std::min(prompt_len, tokens);
-    t.tokens.resize(static_cast<size_t>(tokens));
-    t.loss_mask.assign(static_cast<size_t>(tokens), 1);
-    t.logprobs.assign(static_cast<size_t>(tokens), -1.0f);
-    t.versions.assign(static_cast<size_t>(tokens), lease.min_version);
-    for (int i = 0; i < tokens; ++i) {
-      t.tokens[static_cast<size_t>(i)] = static_cast<int32_t>((lease.prompt_index * 31 + s * 7 + static_cast<uint64_t>(i)) % 50000);
-      if (i < t.prompt_len) t.loss_mask[static_cast<size_t>(i)] = 0, t.logprobs[static_cast<size_t>(i)] = 0, t.versions[static_cast<size_t>(i)] = -1;
-    }
-    t.reward = static_cast<float>((lease.prompt_index + s) % 2);
-    t.finish = "stop";
-    t.metadata = fmt::format("{{\"prompt_index\":{}}}", lease.prompt_index);
-    g.samples.push_back(std::move(t));
-  }
-  return g;
-}
 
 void add_hub_commands(CLI::App& app, Action& action) {
   auto* hub = app.add_subcommand("hub", "Run or query the replay hub");
@@ -296,258 +274,28 @@ void add_synthetic_peers(CLI::App& app, Action& action) {
   });
 }
 
-// --- rlx bench bus ---------------------------------------------------------------------------
-
-struct BenchArgs {
-  int groups = 100, samples = 8, tokens = 2048;
-  std::string transports = "ipc,tcp";
-  // Groups a worker may have in flight: 32, the messages raw PUSH/PULL may have queued
-  // (its two high-water marks of 16).
-  int credits = 32;
-  int batch_groups = 16;
-  int reps = 3;
-};
-
-// CPU seconds this process has used (every thread, user and system).
-double cpu_s() {
-  rusage u{};
-  ::getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-}
-
-// Minor page faults of this process so far (fresh heap memory touched for the first time).
-double page_faults() {
-  rusage u{};
-  ::getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_minflt);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-struct Timed {
-  double wall_s, cpu_s;
-  nlohmann::json threads;  // per thread: CPU us and context switches per message
-};
-
-// Per thread name (threads that share one are summed): nanoseconds on a CPU and context
-// switches, from /proc/self/task/*/{schedstat,status}.
-struct ThreadUse {
-  double cpu_ns = 0, switches = 0;
-};
-std::map<std::string, ThreadUse> thread_use() {
-  std::map<std::string, ThreadUse> out;
-  std::error_code ec;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
-    std::ifstream comm(task.path() / "comm"), sched(task.path() / "schedstat"), status(task.path() / "status");
-    std::string name;
-    double ns = 0;
-    if (!std::getline(comm, name) || !(sched >> ns)) continue;  // the thread ended meanwhile
-    auto& u = out[name];
-    u.cpu_ns += ns;
-    for (std::string line; std::getline(status, line);)
-      if (line.find("ctxt_switches:") != std::string::npos) u.switches += std::stod(line.substr(line.find(':') + 1));
-  }
-  return out;
-}
-// What each thread used between two snapshots, per message.
-nlohmann::json thread_use_per(const std::map<std::string, ThreadUse>& before, const std::map<std::string, ThreadUse>& after,
-                              int messages) {
-  nlohmann::json j = nlohmann::json::object();
-  for (const auto& [name, a] : after) {
-    const auto it = before.find(name);
-    const ThreadUse b = it == before.end() ? ThreadUse{} : it->second;
-    j[name] = {{"cpu_us", (a.cpu_ns - b.cpu_ns) / 1e3 / messages}, {"switches", (a.switches - b.switches) / messages}};
-  }
-  return j;
-}
-
-// Raw ZeroMQ: PUSH -> PULL of `n` messages of `bytes` each. `distinct`: each message
-// from its own buffer, built before timing like the bus's groups (memory the producer
-// reads cold); otherwise one buffer sent `n` times (it stays in the cache).
-Timed raw_push_pull(const std::string& address, int n, size_t bytes, bool distinct) {
-  zmq::context_t ctx(1);
-  zmq::socket_t pull(ctx, zmq::socket_type::pull), push(ctx, zmq::socket_type::push);
-  pull.set(zmq::sockopt::rcvhwm, 16);
-  push.set(zmq::sockopt::sndhwm, 16);
-  pull.bind(address);
-  const std::string endpoint = pull.get(zmq::sockopt::last_endpoint);
-  push.connect(endpoint);
-  std::vector<std::string> payloads(distinct ? static_cast<size_t>(n) : 1);
-  for (size_t i = 0; i < payloads.size(); ++i) payloads[i].assign(bytes, static_cast<char>('a' + i % 26));
-  // Warm the connection.
-  push.send(zmq::buffer(payloads[0]));
-  zmq::message_t msg;
-  (void)pull.recv(msg);
-  const auto use0 = thread_use();
-  const double t0 = now_s(), c0 = cpu_s();
-  std::thread producer([&] {
-    ::pthread_setname_np(::pthread_self(), "rlx-raw-push");
-    for (size_t i = 0; i < static_cast<size_t>(n); ++i) push.send(zmq::buffer(payloads[i % payloads.size()]));
-  });
-  size_t got = 0;
-  for (int i = 0; i < n; ++i) {
-    (void)pull.recv(msg);
-    got += msg.size();
-  }
-  const double dt = now_s() - t0;
-  const auto use1 = thread_use();  // before the producer ends, to count it
-  producer.join();
-  RLX_CHECK(got == bytes * static_cast<size_t>(n), "raw bench lost bytes");
-  return {dt, cpu_s() - c0, thread_use_per(use0, use1, n)};
-}
-
-struct BusResult {
-  double ingest_s, drain_s;
-  double ingest_cpu_s, drain_cpu_s;
-  double ingest_faults, drain_faults;
-  size_t frame_bytes;
-  nlohmann::json ingest_threads;  // per thread: CPU us and context switches per group
-};
-
-// Groups through the hub: a worker submits `n` groups (ingest, until every ack), then a
-// learner drains them (drain), asking for `prefetch` batches ahead. The learner reads each
-// batch as the launcher's learner does: in place (next_batch_view), every frame checked.
-BusResult bus_roundtrip(const std::string& address, const BenchArgs& a, int prefetch) {
-  bus::HubOptions ho;
-  ho.address = address;
-  ho.group_size = static_cast<uint32_t>(a.samples);
-  ho.max_leases_per_request = static_cast<uint32_t>(a.groups);
-  ho.replay.capacity_groups = static_cast<size_t>(a.groups) + 8;
-  ho.credits_per_peer = static_cast<uint32_t>(a.credits);
-  ho.replay.max_staleness = 1000;
-  std::vector<std::string> records;
-  for (int i = 0; i < a.groups; ++i) records.push_back(fmt::format("{{\"prompt\":\"p{}\"}}", i));
-  bus::Hub hub(ho, records);
-  std::atomic<bool> stop{false};
-  const std::string endpoint = hub.endpoint();
-  std::thread hub_thread([&] {
-    ::pthread_setname_np(::pthread_self(), "rlx-hub");
-    hub.run(stop);
-  });
-  BusResult r{};
-  try {
-    bus::Client worker({.address = endpoint, .who = "bench-worker", .request_timeout_s = 120, .credit_wait_s = 120});
-    auto grant = worker.request_leases(static_cast<uint32_t>(a.groups));
-    RLX_CHECK(grant.leases.size() == static_cast<size_t>(a.groups), "bench: got {} leases", grant.leases.size());
-    std::vector<bus::TrajectoryGroup> groups;
-    for (const auto& l : grant.leases) groups.push_back(synthetic_group(l, a.tokens, 64));
-    r.frame_bytes = bus::pack(groups.front()).size();
-    const auto use0 = thread_use();
-    const double t0 = now_s(), c0 = cpu_s(), f0 = page_faults();
-    for (auto& g : groups) worker.submit(std::move(g));
-    RLX_CHECK(worker.flush(120), "bench: groups not acknowledged");
-    r.ingest_s = now_s() - t0;
-    r.ingest_cpu_s = cpu_s() - c0;
-    r.ingest_faults = page_faults() - f0;
-    r.ingest_threads = thread_use_per(use0, thread_use(), a.groups);
-    RLX_CHECK(worker.counters().verdicts["accepted"] == static_cast<uint64_t>(a.groups), "bench: not every group accepted");
-    bus::Client learner(
-        {.address = endpoint, .who = "bench-learner", .role = "learner", .request_timeout_s = 120, .prefetch_batches = prefetch});
-    const double t1 = now_s(), c1 = cpu_s(), f1 = page_faults();
-    size_t got = 0;
-    while (got < static_cast<size_t>(a.groups))
-      got += learner.next_batch_view({.max_groups = static_cast<uint32_t>(a.batch_groups)}, 120).groups.size();
-    r.drain_s = now_s() - t1;
-    r.drain_cpu_s = cpu_s() - c1;
-    r.drain_faults = page_faults() - f1;
-  } catch (...) {
-    stop = true;
-    hub_thread.join();
-    throw;
-  }
-  stop = true;
-  hub_thread.join();
-  return r;
-}
-
-void add_bench_bus(CLI::App& app, Action& action) {
-  auto* bench = app.get_subcommand("bench");
-  auto a = std::make_shared<BenchArgs>();
-  auto* c = bench->add_subcommand("bus", "Trajectory groups through the hub vs raw ZeroMQ PUSH/PULL (same bytes, same run)");
-  c->add_option("--groups", a->groups, "trajectory groups per measurement")->capture_default_str();
-  c->add_option("--samples", a->samples, "samples per group")->capture_default_str();
-  c->add_option("--tokens", a->tokens, "tokens per sample")->capture_default_str();
-  c->add_option("--transports", a->transports, "comma-separated: ipc, tcp")->capture_default_str();
-  c->add_option("--credits", a->credits, "credits per worker")->capture_default_str();
-  c->add_option("--batch-groups", a->batch_groups, "groups per learner batch while draining")->capture_default_str();
-  c->add_option("--reps", a->reps, "measurements per path (after one warm-up each); medians reported")->capture_default_str();
-  c->callback([a, &action] {
-    action = [a] {
-      bus::keep_frame_memory();
-      log::set_level(log::Level::warn);
-      nlohmann::json result = {{"bench", "bus"}, {"groups", a->groups}, {"samples", a->samples}, {"tokens", a->tokens}};
-      a->batch_groups = std::min(a->batch_groups, a->groups);
-      result["drain_batch_groups"] = a->batch_groups;
-      RLX_CHECK(a->batch_groups > 0 && a->groups % a->batch_groups == 0, "--batch-groups {} must divide --groups {}",
-                a->batch_groups, a->groups);
-      std::stringstream ss(a->transports);
-      for (std::string t; std::getline(ss, t, ',');) {
-        RLX_CHECK(t == "ipc" || t == "tcp", "--transports: '{}' is not ipc or tcp", t);
-        const std::string addr = t == "ipc" ? fmt::format("ipc:///tmp/rlx-bench-bus-{}.sock", ::getpid()) : "tcp://127.0.0.1:0";
-        const std::string raw_addr = t == "ipc" ? fmt::format("ipc:///tmp/rlx-bench-raw-{}.sock", ::getpid()) : "tcp://127.0.0.1:0";
-        // One untimed pass each warms the allocator and the sockets; then raw and bus
-        // alternate so both see the same machine state.
-        BusResult bus_r = bus_roundtrip(addr, *a, 0);
-        (void)raw_push_pull(raw_addr, a->groups, bus_r.frame_bytes, true);
-        nlohmann::json raw_threads;
-        std::vector<double> raw_v, raw_hot_v, ingest_v, drain_v, raw_cpu_v, ingest_cpu_v, drain_cpu_v, ahead_v, ahead_cpu_v;
-        for (int r = 0; r < std::max(1, a->reps); ++r) {
-          const auto raw = raw_push_pull(raw_addr, a->groups, bus_r.frame_bytes, true);
-          raw_v.push_back(raw.wall_s);
-          raw_cpu_v.push_back(raw.cpu_s);
-          raw_threads = raw.threads;  // the last measurement's
-          raw_hot_v.push_back(raw_push_pull(raw_addr, a->groups, bus_r.frame_bytes, false).wall_s);
-          const auto b = bus_roundtrip(addr, *a, 0), ahead = bus_roundtrip(addr, *a, 1);
-          ahead_v.push_back(ahead.drain_s);
-          ahead_cpu_v.push_back(ahead.drain_cpu_s);
-          bus_r.ingest_threads = b.ingest_threads;  // the last measurement's
-          bus_r.ingest_faults = b.ingest_faults;
-          bus_r.drain_faults = b.drain_faults;
-          ingest_v.push_back(b.ingest_s);
-          drain_v.push_back(b.drain_s);
-          ingest_cpu_v.push_back(b.ingest_cpu_s);
-          drain_cpu_v.push_back(b.drain_cpu_s);
-        }
-        const double raw_s = median(raw_v), raw_hot_s = median(raw_hot_v);
-        bus_r.ingest_s = median(ingest_v);
-        bus_r.drain_s = median(drain_v);
-        const double us_per = 1e6 / a->groups;  // CPU microseconds (all threads) per message
-        const double bytes = static_cast<double>(bus_r.frame_bytes) * a->groups;
-        nlohmann::json j = {{"frame_bytes", bus_r.frame_bytes},
-                            {"raw_msgs_per_s", a->groups / raw_s},
-                            {"raw_gb_per_s", bytes / raw_s / 1e9},
-                            {"raw_hot_gb_per_s", bytes / raw_hot_s / 1e9},
-                            {"ingest_msgs_per_s", a->groups / bus_r.ingest_s},
-                            {"ingest_gb_per_s", bytes / bus_r.ingest_s / 1e9},
-                            {"drain_msgs_per_s", a->groups / bus_r.drain_s},
-                            {"drain_gb_per_s", bytes / bus_r.drain_s / 1e9},
-                            {"ingest_vs_raw", raw_s / bus_r.ingest_s},
-                            {"drain_vs_raw", raw_s / bus_r.drain_s},
-                            {"drain_prefetch_gb_per_s", bytes / median(ahead_v) / 1e9},
-                            {"drain_prefetch_vs_raw", raw_s / median(ahead_v)},
-                            {"drain_prefetch_cpu_us_per_group", median(ahead_cpu_v) * us_per},
-                            {"ingest_vs_raw_hot", raw_hot_s / bus_r.ingest_s},
-                            {"drain_vs_raw_hot", raw_hot_s / bus_r.drain_s},
-                            {"raw_cpu_us_per_msg", median(raw_cpu_v) * us_per},
-                            {"ingest_cpu_us_per_group", median(ingest_cpu_v) * us_per},
-                            {"drain_cpu_us_per_group", median(drain_cpu_v) * us_per},
-                            {"ingest_page_faults_per_group", bus_r.ingest_faults / a->groups},
-                            {"drain_page_faults_per_group", bus_r.drain_faults / a->groups},
-                            {"raw_threads", raw_threads},
-                            {"ingest_threads", bus_r.ingest_threads}};
-        std::cerr << t << ": " << j.dump() << "\n";
-        result[t] = j;
-      }
-      std::cout << result.dump() << std::endl;
-      return 0;
-    };
-  });
-}
-
 }  // namespace
+
+bus::TrajectoryGroup synthetic_group(const bus::Lease& lease, int tokens, int prompt_len) {
+  bus::TrajectoryGroup g{.lease_id = lease.lease_id, .prompt_index = lease.prompt_index, .epoch = lease.epoch};
+  for (uint32_t s = 0; s < lease.group_size; ++s) {
+    bus::Trajectory t;
+    t.prompt_len = std::min(prompt_len, tokens);
+    t.tokens.resize(static_cast<size_t>(tokens));
+    t.loss_mask.assign(static_cast<size_t>(tokens), 1);
+    t.logprobs.assign(static_cast<size_t>(tokens), -1.0f);
+    t.versions.assign(static_cast<size_t>(tokens), lease.min_version);
+    for (int i = 0; i < tokens; ++i) {
+      t.tokens[static_cast<size_t>(i)] = static_cast<int32_t>((lease.prompt_index * 31 + s * 7 + static_cast<uint64_t>(i)) % 50000);
+      if (i < t.prompt_len) t.loss_mask[static_cast<size_t>(i)] = 0, t.logprobs[static_cast<size_t>(i)] = 0, t.versions[static_cast<size_t>(i)] = -1;
+    }
+    t.reward = static_cast<float>((lease.prompt_index + s) % 2);
+    t.finish = "stop";
+    t.metadata = fmt::format("{{\"prompt_index\":{}}}", lease.prompt_index);
+    g.samples.push_back(std::move(t));
+  }
+  return g;
+}
 
 void add_bus_commands(CLI::App& app, Action& action) {
   add_hub_commands(app, action);

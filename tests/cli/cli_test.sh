@@ -94,6 +94,9 @@ expect "hub stats: no hub answers within the timeout" 1 'did not answer' -- "$rl
 expect "inspect trajectories rejects a non-HDF5 file" 1 'not an HDF5 file' -- "$rlx" inspect trajectories good.yaml
 expect "bench bus prints JSON last" 0 '^\{"bench":"bus".*"ingest_vs_raw"' -- \
   bash -c "'$rlx' bench bus --groups 4 --samples 2 --tokens 64 --transports ipc --reps 1 | tail -n 1"
+expect "bench bus --processes: hub, worker and learner in processes of their own" 0 \
+  '"drain_threads":\{"hub/.*"learner/.*"ingest_threads":\{"hub/.*"worker/.*"raw_threads":\{"pull/.*"push/.*"shape":"processes"' -- \
+  bash -c "'$rlx' bench bus --processes --groups 4 --samples 2 --tokens 64 --transports ipc --reps 1 | tail -n 1"
 expect "sandbox run: output and an ok verdict" 0 '^42$' -- "$rlx" sandbox run -- python3 -c 'print(6*7)'
 expect "sandbox run: the command's exit code" 3 'sandbox: ok exit=3' -- "$rlx" sandbox run -- sh -c 'exit 3'
 expect "sandbox run: timeout is exit 124" 124 'sandbox: timeout' -- "$rlx" sandbox run --wall-s 0.5 -- sh -c 'while :; do :; done'

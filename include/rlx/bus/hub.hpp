@@ -125,6 +125,11 @@ HubSnapshot read_snapshot(const std::string& path, const Limits& limits = {});
 // that glibc unmaps whenever one empties, whatever the trim threshold, so a ZeroMQ I/O thread
 // receiving a 256 MB weight version page-faulted all of it again on every version when it
 // happened to get one (the slow mode of `rlx bench sync --path tcp`: 0.9 s instead of 0.12 s).
+// The heap's top is then grown by 512 MiB of address space (no memory until touched) advised
+// for transparent huge pages, where large frames land: on this project's VM (shadow paging)
+// every 4 KiB page a process switch made it map again cost CPU in whatever touched it, which
+// doubled the CPU per group of a worker and hub in separate processes (`rlx bench bus
+// --processes`). RLX_NO_HUGE_HEAP=1 in the environment leaves this out. Once per process.
 // `rlx hub serve`, `rlx bus worker|learner`, the roles of `rlx run` and the benches call it.
 void keep_frame_memory();
 

@@ -2,11 +2,15 @@
 // malformed input, CURVE, and the HDF5 store.
 #include "rlx/bus/hub.hpp"
 
+#include <malloc.h>
+#include <unistd.h>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <fstream>
 #include <map>
 #include <numeric>
 #include <random>
@@ -553,4 +557,34 @@ TEST_CASE("bus: a batch asked ahead holds only groups within max_staleness of th
   }
   Client monitor({.address = o.address, .who = "m", .role = "monitor"});
   CHECK(stat(monitor.hub_stats(), "replay_evicted_stale") == 2);  // the version-0 pair
+}
+
+namespace {
+// The VmFlags of the mapping of this process that holds `address` ("" when none does).
+std::string vm_flags_at(uintptr_t address) {
+  std::ifstream smaps("/proc/self/smaps");
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t from = 0, to = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &from, &to) == 2 && line.find('-') < line.find(' ')) inside = from <= address && address < to;
+    else if (inside && line.rfind("VmFlags:", 0) == 0) return line;
+  }
+  return "";
+}
+}  // namespace
+
+TEST_CASE("bus: keep_frame_memory leaves a heap top of huge pages for the frames", "[bus]") {
+  ::unsetenv("RLX_NO_HUGE_HEAP");
+  keep_frame_memory();
+  keep_frame_memory();  // once only: a second call grows nothing
+  // The top chunk, where frames larger than any free chunk come from, is at least most of
+  // the 512 MiB pad, and its pages are advised huge ("hg").
+  CHECK(::mallinfo2().keepcost >= (size_t{256} << 20));
+  const auto top = reinterpret_cast<uintptr_t>(::sbrk(0)) - 1;
+  CHECK_THAT(vm_flags_at(top), Contains(" hg"));
+  CHECK_THAT(vm_flags_at(top - (size_t{128} << 20)), Contains(" hg"));
+  // A frame from there.
+  std::vector<char> frame(size_t{300} << 20);  // larger than any chunk freed before
+  frame.back() = 1;
+  CHECK_THAT(vm_flags_at(reinterpret_cast<uintptr_t>(frame.data() + frame.size() / 2)), Contains(" hg"));
 }
