@@ -147,7 +147,10 @@ class PeerProcess {
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, in[0], 0);  // dup2 leaves the copies open across exec
     posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    const int rc = ::posix_spawn(&pid_, "/proc/self/exe", &fa, nullptr, argv.data(), environ);
+    // By its path, not /proc/self/exe: the child's threads are then named after it, not "exe".
+    std::error_code ec;
+    const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    const int rc = ::posix_spawn(&pid_, ec ? "/proc/self/exe" : self.c_str(), &fa, nullptr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&fa);
     ::close(in[0]);
     ::close(out[1]);
