@@ -15,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include "rlx/bus/h5store.hpp"
 #include "rlx/core/error.hpp"
@@ -169,6 +170,10 @@ struct Hub::Impl {
   std::vector<std::pair<std::string, std::string>> acks_out;  // route, frame
   double acks_since = 0;                                      // when the oldest of acks_out was made
   double last_tick = 0, last_heartbeat = 0, last_save = 0;
+  // Coalescing (HubOptions::coalesce_us): groups taken this turn, when the last turn that
+  // took some began, and the interval between groups (all workers; 0: not known yet).
+  uint64_t turn_groups = 0;
+  double last_group_turn = 0, group_interval_s = 0;
   bool stop_requested = false;
   static constexpr size_t kMaxPeers = 4096;
   static constexpr size_t kMaxBatchesInFlight = 2;
@@ -545,6 +550,7 @@ struct Hub::Impl {
     Peer* peer = r == by_route.end() ? nullptr : &peers.at(r->second);
     try {
       if (frame.type == MsgType::trajectory_group) {  // read in place: the frame is kept, never copied
+        ++turn_groups;
         const GroupView g = parse_group(frame, limits);
         if (introduced(peer, route, frame.seq)) on_group(*peer, frame.seq, g, body);
         return;
@@ -618,6 +624,8 @@ struct Hub::Impl {
       flush_acks_due();
       return;
     }
+    const double turn_start = seconds_now();
+    turn_groups = 0;
     for (int i = 0; i < 256; ++i) {  // drain a bounded number per turn
       zmq::message_t route;
       if (!router.recv(route, zmq::recv_flags::dontwait)) break;
@@ -636,6 +644,24 @@ struct Hub::Impl {
     }
     flush_acks_due();
     if (seconds_now() - last_tick >= std::min(0.25, o.heartbeat_s / 2)) tick();
+    if (turn_groups > 0) coalesce(turn_start);
+  }
+
+  // After a turn that took groups: learn their pace, then wait a little so that the next
+  // turn takes several (one wake-up each costs the hub a context switch, and ZeroMQ's I/O
+  // thread a signal).
+  void coalesce(double turn_start) {
+    if (last_group_turn > 0 && turn_start - last_group_turn < 1.0) {  // a pause of a second or more says nothing
+      const double per = (turn_start - last_group_turn) / static_cast<double>(turn_groups);
+      group_interval_s = group_interval_s > 0 ? 0.8 * group_interval_s + 0.2 * per : per;
+    }
+    last_group_turn = turn_start;
+    const double now = seconds_now();
+    const double wait = coalesce_wait_s(o.coalesce_us / 1e6, group_interval_s, o.credits_per_peer,
+                                        acks_out.empty() ? -1.0 : acks_since + o.ack_delay_ms / 1e3 - now);
+    if (wait <= 0) return;
+    count("coalesce_waits");
+    std::this_thread::sleep_for(std::chrono::duration<double>(wait));
   }
 
   HubSnapshot snapshot() const {

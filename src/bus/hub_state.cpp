@@ -282,4 +282,11 @@ bool ReplayBuffer::has_batch(size_t max_groups, uint64_t max_tokens, int64_t tra
   return false;
 }
 
+double coalesce_wait_s(double coalesce_s, double group_interval_s, uint32_t credits_per_peer, double acks_due_in_s) {
+  if (coalesce_s <= 0 || group_interval_s <= 0) return 0;
+  double wait = std::min(coalesce_s, group_interval_s * (credits_per_peer / 2));
+  if (acks_due_in_s >= 0) wait = std::min(wait, acks_due_in_s);
+  return std::max(0.0, wait);
+}
+
 }  // namespace rlx::bus

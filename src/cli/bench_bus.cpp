@@ -48,6 +48,7 @@ struct BenchArgs {
   int credits = 32;
   int batch_groups = 16;
   int reps = 3;
+  double coalesce_us = bus::HubOptions{}.coalesce_us;
   bool processes = false;
 };
 
@@ -350,6 +351,7 @@ class BenchHub {
     ho.replay.capacity_groups = static_cast<size_t>(a.groups) + 8;
     ho.credits_per_peer = static_cast<uint32_t>(a.credits);
     ho.replay.max_staleness = 1000;
+    ho.coalesce_us = a.coalesce_us;
     return ho;
   }
   static std::vector<std::string> prompts(int n) {
@@ -532,6 +534,7 @@ void add_bench_bus(CLI::App& app, Action& action) {
   c->add_option("--credits", a->credits, "credits per worker")->capture_default_str();
   c->add_option("--batch-groups", a->batch_groups, "groups per learner batch while draining")->capture_default_str();
   c->add_option("--reps", a->reps, "measurements per path (after one warm-up each); medians reported")->capture_default_str();
+  c->add_option("--coalesce-us", a->coalesce_us, "the hub's hub.coalesce_us")->capture_default_str()->check(CLI::Range(0.0, 10000.0));
   c->add_flag("--processes", a->processes,
               "every peer a process of its own (hub, worker, learner; raw PUSH and PULL), as in a real run; "
               "default: threads of one process");
@@ -543,6 +546,7 @@ void add_bench_bus(CLI::App& app, Action& action) {
                                {"shape", a->processes ? "processes" : "threads"}};
       a->batch_groups = std::min(a->batch_groups, a->groups);
       result["drain_batch_groups"] = a->batch_groups;
+      result["coalesce_us"] = a->coalesce_us;
       RLX_CHECK(a->batch_groups > 0 && a->groups % a->batch_groups == 0, "--batch-groups {} must divide --groups {}",
                 a->batch_groups, a->groups);
       std::stringstream ss(a->transports);

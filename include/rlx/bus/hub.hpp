@@ -47,6 +47,10 @@ struct HubOptions {
   // Acks wait up to this long to go out together, or until half a worker's credits wait
   // on them (0: sent after each burst of input). Fewer, larger sends: fewer wake-ups.
   double ack_delay_ms = 1.0;
+  // While trajectory groups arrive, the hub waits up to this long between turns, so that it
+  // takes several per wake-up (fewer wake-ups of the hub and of the I/O threads signalling
+  // it). Shorter when a worker's credits or held acks would not last (coalesce_wait_s).
+  double coalesce_us = 800;
   double heartbeat_s = 1.0;
   double peer_timeout_s = 10.0;        // a peer silent this long is lost
   uint64_t max_frame_mb = 256;
@@ -75,6 +79,10 @@ struct HubOptions {
     v("ack_delay_ms", ack_delay_ms,
       "acks wait up to this long to go together, or until credits_per_peer/2 of them wait (0: after each burst)",
       config::in_range(0, 100));
+    v("coalesce_us", coalesce_us,
+      "while groups arrive, wait up to this long between turns to take several per wake-up; never so long that a "
+      "worker runs out of credit or held acks are late (0: off)",
+      config::in_range(0, 10000));
     v("heartbeat_s", heartbeat_s, "heartbeat interval, both ways", config::greater_than(0));
     v("peer_timeout_s", peer_timeout_s, "a peer silent this long is declared lost", config::greater_than(0));
     v("max_frame_mb", max_frame_mb, "largest frame accepted, in MiB", config::in_range(1, 4096));

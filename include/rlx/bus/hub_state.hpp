@@ -216,4 +216,12 @@ class ReplayBuffer {
 // to the lower rank).
 std::vector<uint32_t> assign_ranks(const std::vector<int64_t>& group_tokens, uint32_t num_ranks);
 
+// How long the hub waits before its next turn after one that took trajectory groups
+// (HubOptions::coalesce_us): at most `coalesce_s`; nothing while the interval between
+// groups (`group_interval_s`, all workers together) is unknown (0); at most the time in
+// which a worker sending at that pace uses half its credits (acks go out once half its
+// credits wait on them, so it keeps sending meanwhile); and not past the held acks'
+// deadline (`acks_due_in_s`; negative: none held).
+double coalesce_wait_s(double coalesce_s, double group_interval_s, uint32_t credits_per_peer, double acks_due_in_s);
+
 }  // namespace rlx::bus

@@ -156,3 +156,18 @@ TEST_CASE("hub: a batch for a later version counts and takes only the groups sti
   CHECK(buf.size() == 1);  // group 1 stays, for evict_stale
   CHECK(buf.evict_stale(7) == 1);
 }
+
+TEST_CASE("hub: the wait between turns is bounded by coalesce_us, half a worker's credits, and the held acks", "[bus]") {
+  // No pace measured yet, or coalescing off: no wait.
+  CHECK(coalesce_wait_s(800e-6, 0, 32, -1) == 0);
+  CHECK(coalesce_wait_s(0, 50e-6, 32, -1) == 0);
+  // At most coalesce_us.
+  CHECK(coalesce_wait_s(800e-6, 100e-6, 32, -1) == Approx(800e-6));
+  // A group every 50 us and 4 credits: two groups' time, so the worker still has credit left.
+  CHECK(coalesce_wait_s(800e-6, 50e-6, 4, -1) == Approx(100e-6));
+  // One credit: the worker waits on every ack, so the hub never does.
+  CHECK(coalesce_wait_s(800e-6, 50e-6, 1, -1) == 0);
+  // Held acks due in 300 us: not past that; due already: no wait.
+  CHECK(coalesce_wait_s(800e-6, 100e-6, 32, 300e-6) == Approx(300e-6));
+  CHECK(coalesce_wait_s(800e-6, 100e-6, 32, 0) == 0);
+}

@@ -588,3 +588,32 @@ TEST_CASE("bus: keep_frame_memory leaves a heap top of huge pages for the frames
   frame.back() = 1;
   CHECK_THAT(vm_flags_at(reinterpret_cast<uintptr_t>(frame.data() + frame.size() / 2)), Contains(" hg"));
 }
+
+TEST_CASE("bus: while a worker's groups stream in, the hub waits between turns to take several per wake-up", "[bus]") {
+  TempDir dir;
+  auto o = options(dir, "hub");
+  o.credits_per_peer = 16;
+  o.replay.capacity_groups = 200;
+  o.max_leases_per_request = 200;
+  o.coalesce_us = 2000;
+  HubThread h(o, prompts(120));
+  Client w(worker(o.address, "w0"));
+  const auto grant = w.request_leases(120);
+  REQUIRE(grant.leases.size() == 120);
+  for (const auto& l : grant.leases) w.submit(answer(l, 2000));
+  CHECK(w.flush(30));
+  CHECK(w.counters().verdicts["accepted"] == 120);  // none lost, none refused for credit
+  const auto s = h.hub.stats();
+  CHECK(stat(s, "groups_accepted") == 120);
+  CHECK(stat(s, "coalesce_waits") >= 1);
+  // Off: no waits.
+  TempDir dir2;
+  auto o2 = options(dir2, "hub2");
+  o2.coalesce_us = 0;
+  HubThread h2(o2, prompts(8));
+  Client w2(worker(o2.address, "w1"));
+  for (const auto& l : w2.request_leases(8).leases) w2.submit(answer(l, 2000));
+  CHECK(w2.flush(30));
+  CHECK(stat(h2.hub.stats(), "coalesce_waits") == 0);
+  CHECK(stat(h2.hub.stats(), "groups_accepted") == 8);
+}
