@@ -139,6 +139,10 @@ struct Hub::Impl {
     // batch a learner trains and the one it asked for ahead, ClientOptions::prefetch_batches).
     std::deque<SentBatch> in_flight;
     std::optional<Waiting> waiting;  // learners: a request not yet answered
+    // Workers, for coalescing: groups taken this turn, when its last turn with groups
+    // began, and its pace (seconds between its groups; 0: not known yet).
+    uint64_t turn_groups = 0;
+    double last_group_turn = 0, group_interval_s = 0;
   };
 
   HubOptions o;
@@ -170,10 +174,7 @@ struct Hub::Impl {
   std::vector<std::pair<std::string, std::string>> acks_out;  // route, frame
   double acks_since = 0;                                      // when the oldest of acks_out was made
   double last_tick = 0, last_heartbeat = 0, last_save = 0;
-  // Coalescing (HubOptions::coalesce_us): groups taken this turn, when the last turn that
-  // took some began, and the interval between groups (all workers; 0: not known yet).
-  uint64_t turn_groups = 0;
-  double last_group_turn = 0, group_interval_s = 0;
+  uint64_t turn_groups = 0;  // trajectory groups taken this turn (coalescing)
   bool stop_requested = false;
   static constexpr size_t kMaxPeers = 4096;
   static constexpr size_t kMaxBatchesInFlight = 2;
@@ -383,6 +384,7 @@ struct Hub::Impl {
     if (p.credits > 0) --p.credits;
     else count("groups_over_credit");
     p.last_seq = seq;
+    ++p.turn_groups;
     std::string verdict;
     const Lease* lease = leases.find(g.lease_id);
     if (!lease) {
@@ -647,17 +649,27 @@ struct Hub::Impl {
     if (turn_groups > 0) coalesce(turn_start);
   }
 
-  // After a turn that took groups: learn their pace, then wait a little so that the next
-  // turn takes several (one wake-up each costs the hub a context switch, and ZeroMQ's I/O
-  // thread a signal).
+  // After a turn that took groups: learn each worker's pace, then wait a little so that
+  // the next turn takes several (one wake-up each costs the hub a context switch, and
+  // ZeroMQ's I/O thread a signal). The fastest worker sending lately bounds the wait.
   void coalesce(double turn_start) {
-    if (last_group_turn > 0 && turn_start - last_group_turn < 1.0) {  // a pause of a second or more says nothing
-      const double per = (turn_start - last_group_turn) / static_cast<double>(turn_groups);
-      group_interval_s = group_interval_s > 0 ? 0.8 * group_interval_s + 0.2 * per : per;
+    double fastest = std::numeric_limits<double>::infinity();
+    for (auto& [_, p] : peers) {
+      if (p.role != "worker") continue;
+      if (p.turn_groups > 0) {
+        if (p.last_group_turn > 0 && turn_start - p.last_group_turn < 1.0) {  // a pause of a second or more says nothing
+          const double per = (turn_start - p.last_group_turn) / static_cast<double>(p.turn_groups);
+          p.group_interval_s = p.group_interval_s > 0 ? 0.8 * p.group_interval_s + 0.2 * per : per;
+        }
+        p.last_group_turn = turn_start;
+        p.turn_groups = 0;
+      }
+      if (p.connected && p.last_group_turn > 0 && turn_start - p.last_group_turn < 1.0)
+        fastest = std::min(fastest, p.group_interval_s);  // 0 (pace unknown): no wait
     }
-    last_group_turn = turn_start;
+    if (!std::isfinite(fastest)) return;
     const double now = seconds_now();
-    const double wait = coalesce_wait_s(o.coalesce_us / 1e6, group_interval_s, o.credits_per_peer,
+    const double wait = coalesce_wait_s(o.coalesce_us / 1e6, fastest, o.credits_per_peer,
                                         acks_out.empty() ? -1.0 : acks_since + o.ack_delay_ms / 1e3 - now);
     if (wait <= 0) return;
     count("coalesce_waits");

@@ -218,8 +218,8 @@ std::vector<uint32_t> assign_ranks(const std::vector<int64_t>& group_tokens, uin
 
 // How long the hub waits before its next turn after one that took trajectory groups
 // (HubOptions::coalesce_us): at most `coalesce_s`; nothing while the interval between
-// groups (`group_interval_s`, all workers together) is unknown (0); at most the time in
-// which a worker sending at that pace uses half its credits (acks go out once half its
+// groups of the fastest worker sending lately (`group_interval_s`) is unknown (0); at most
+// the time in which that worker uses half its credits (acks go out once half its
 // credits wait on them, so it keeps sending meanwhile); and not past the held acks'
 // deadline (`acks_due_in_s`; negative: none held).
 double coalesce_wait_s(double coalesce_s, double group_interval_s, uint32_t credits_per_peer, double acks_due_in_s);

@@ -593,10 +593,10 @@ TEST_CASE("bus: while a worker's groups stream in, the hub waits between turns t
   TempDir dir;
   auto o = options(dir, "hub");
   o.credits_per_peer = 16;
-  o.replay.capacity_groups = 200;
+  o.replay.capacity_groups = 300;
   o.max_leases_per_request = 200;
   o.coalesce_us = 2000;
-  HubThread h(o, prompts(120));
+  HubThread h(o, prompts(200));
   Client w(worker(o.address, "w0"));
   const auto grant = w.request_leases(120);
   REQUIRE(grant.leases.size() == 120);
@@ -606,6 +606,20 @@ TEST_CASE("bus: while a worker's groups stream in, the hub waits between turns t
   const auto s = h.hub.stats();
   CHECK(stat(s, "groups_accepted") == 120);
   CHECK(stat(s, "coalesce_waits") >= 1);
+  // Two workers at once: each one's pace bounds the wait; every group still accepted.
+  Client wa(worker(o.address, "wa")), wb(worker(o.address, "wb"));
+  std::vector<Lease> la, lb;
+  for (int i = 0; i < 40; ++i) {
+    if (la.empty()) la = wa.request_leases(20).leases;
+    if (lb.empty()) lb = wb.request_leases(20).leases;
+    REQUIRE((!la.empty() && !lb.empty()));
+    wa.submit(answer(la.back(), 2000)), la.pop_back();
+    wb.submit(answer(lb.back(), 2000)), lb.pop_back();
+  }
+  CHECK(wa.flush(30));
+  CHECK(wb.flush(30));
+  CHECK(wa.counters().verdicts["accepted"] + wb.counters().verdicts["accepted"] == 80);
+  CHECK(stat(h.hub.stats(), "coalesce_waits") > stat(s, "coalesce_waits"));
   // Off: no waits.
   TempDir dir2;
   auto o2 = options(dir2, "hub2");
