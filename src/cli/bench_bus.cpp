@@ -49,6 +49,7 @@ struct BenchArgs {
   int batch_groups = 16;
   int reps = 3;
   double coalesce_us = bus::HubOptions{}.coalesce_us;
+  bool store = false;  // the hub appends every accepted group to an HDF5 file (hub.trajectory_file)
   bool processes = false;
 };
 
@@ -330,7 +331,9 @@ Timed raw_push_pull(const std::string& address, int n, size_t bytes, bool distin
 // The hub of one measurement, serving from a thread of this process until destroyed.
 class BenchHub {
  public:
-  BenchHub(const std::string& address, const BenchArgs& a) : hub_(options(address, a), prompts(a.groups)) {
+  BenchHub(const std::string& address, const BenchArgs& a)
+      : store_(a.store ? fmt::format("/tmp/rlx-bench-bus-{}.h5", ::getpid()) : ""),
+        hub_(options(address, a, store_), prompts(a.groups)) {
     thread_ = std::thread([this] {
       ::pthread_setname_np(::pthread_self(), "rlx-hub");
       hub_.run(stop_);
@@ -339,11 +342,13 @@ class BenchHub {
   ~BenchHub() {
     stop_ = true;
     thread_.join();
+    std::error_code ec;
+    if (!store_.empty()) std::filesystem::remove(store_, ec);
   }
   std::string endpoint() const { return hub_.endpoint(); }
 
  private:
-  static bus::HubOptions options(const std::string& address, const BenchArgs& a) {
+  static bus::HubOptions options(const std::string& address, const BenchArgs& a, const std::string& store) {
     bus::HubOptions ho;
     ho.address = address;
     ho.group_size = static_cast<uint32_t>(a.samples);
@@ -352,6 +357,8 @@ class BenchHub {
     ho.credits_per_peer = static_cast<uint32_t>(a.credits);
     ho.replay.max_staleness = 1000;
     ho.coalesce_us = a.coalesce_us;
+    ho.trajectory_file = store;
+    if (!store.empty()) std::filesystem::remove(store);  // a fresh file per measurement
     return ho;
   }
   static std::vector<std::string> prompts(int n) {
@@ -359,6 +366,7 @@ class BenchHub {
     for (int i = 0; i < n; ++i) records.push_back(fmt::format("{{\"prompt\":\"p{}\"}}", i));
     return records;
   }
+  std::string store_;
   std::atomic<bool> stop_{false};
   bus::Hub hub_;
   std::thread thread_;
@@ -535,6 +543,7 @@ void add_bench_bus(CLI::App& app, Action& action) {
   c->add_option("--batch-groups", a->batch_groups, "groups per learner batch while draining")->capture_default_str();
   c->add_option("--reps", a->reps, "measurements per path (after one warm-up each); medians reported")->capture_default_str();
   c->add_option("--coalesce-us", a->coalesce_us, "the hub's hub.coalesce_us")->capture_default_str()->check(CLI::Range(0.0, 10000.0));
+  c->add_flag("--store", a->store, "the hub also appends every accepted group to an HDF5 file (hub.trajectory_file, in /tmp)");
   c->add_flag("--processes", a->processes,
               "every peer a process of its own (hub, worker, learner; raw PUSH and PULL), as in a real run; "
               "default: threads of one process");
@@ -547,6 +556,7 @@ void add_bench_bus(CLI::App& app, Action& action) {
       a->batch_groups = std::min(a->batch_groups, a->groups);
       result["drain_batch_groups"] = a->batch_groups;
       result["coalesce_us"] = a->coalesce_us;
+      result["store"] = a->store;
       RLX_CHECK(a->batch_groups > 0 && a->groups % a->batch_groups == 0, "--batch-groups {} must divide --groups {}",
                 a->batch_groups, a->groups);
       std::stringstream ss(a->transports);
