@@ -159,6 +159,30 @@ TEST_CASE("bus: the HDF5 store round-trips groups and truncates to a saved count
   CHECK_THAT(rlx::test::error_of([&] { summarize_trajectories(dir / "bad.h5"); }), Contains("not an HDF5 file"));
 }
 
+TEST_CASE("bus: the HDF5 store writes appends in bulk; truncate, flush and close write what waits first", "[bus]") {
+  TempDir dir;
+  const auto file = dir / "bulk.h5";
+  std::vector<TrajectoryGroup> groups;
+  for (uint64_t i = 0; i < 35; ++i)  // 4 x 12,000 tokens: 0.8 MB each, so 10 fill the 8 MiB stage
+    groups.push_back(answer(Lease{.lease_id = i + 1, .prompt_index = i, .group_size = 4}, 12000 + static_cast<int>(i)));
+  {
+    TrajectoryStore store(file);
+    for (uint64_t i = 0; i < 35; ++i) store.append(groups[i], static_cast<int64_t>(i));
+    CHECK(store.groups() == 35);
+    CHECK(store.tokens() == 35 * 4 * 12000 + 4 * (34 * 35 / 2));
+    store.truncate(33);  // inside the groups still staged (31 to 35)
+    CHECK(store.groups() == 33);
+    store.append(groups[34], 99);
+    store.flush();
+    store.append(groups[0], 100);  // staged at close
+  }
+  const auto back = read_trajectory_groups(file, 0, 100);
+  REQUIRE(back.size() == 35);
+  for (size_t i = 0; i < 33; ++i) CHECK((back[i] == groups[i]));
+  CHECK((back[33] == groups[34]));
+  CHECK((back[34] == groups[0]));
+}
+
 TEST_CASE("bus: a hub restarted from its saved state has the same cursor, leases and buffer", "[bus]") {
   TempDir dir;
   auto o = options(dir, "hub");
