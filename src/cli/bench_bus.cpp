@@ -70,11 +70,6 @@ double page_faults() {
   return static_cast<double>(u.ru_minflt);
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // Per thread name (threads that share one are summed): nanoseconds on a CPU and context
 // switches, from /proc/self/task/*/{schedstat,status}.
 struct ThreadUse {

@@ -37,12 +37,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-double peak_rss_mb() {
-  rusage u{};
-  ::getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_maxrss) / 1024.0;  // KiB on Linux
-}
-
 struct SamplerArgs {
   std::string model_dir, preset = "tiny", arch = "llama", dtype = "float32", device = "cpu";
   int64_t batch = 32, prompt = 16, new_tokens = 64, n = 1, block_size = 16, max_batch_tokens = 4096;

@@ -29,11 +29,6 @@ namespace rlx::cli {
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // The same command without a sandbox: posix_spawn and wait.
 double run_bare(const std::vector<std::string>& argv) {
   std::vector<char*> args;

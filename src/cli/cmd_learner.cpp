@@ -89,12 +89,6 @@ struct BenchArgs {
   bool checkpointing = false, as_rank = false;
 };
 
-double peak_rss_mb() {
-  rusage u{};
-  ::getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_maxrss) / 1024.0;
-}
-
 // Measured GEMM throughput, the "peak" MFU is relative to: fp32 on this process's threads,
 // or on a CUDA device a large product in the compute dtype.
 double gemm_gflops(at::Device device, at::ScalarType dtype) {

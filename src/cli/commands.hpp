@@ -1,6 +1,11 @@
 // The `rlx` command line: each file registers one command group on CLI11.
 #pragma once
 
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <vector>
+
 #include "launch/trainer_commands.hpp"
 
 namespace rlx::cli {
@@ -15,5 +20,16 @@ void add_generate_command(CLI::App& app, Action& action);
 void add_bus_commands(CLI::App& app, Action& action);
 void add_env_commands(CLI::App& app, Action& action);
 void add_learner_commands(CLI::App& app, Action& action);
+
+// What the benches share.
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+inline double peak_rss_mb() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // KiB on Linux
+}
 
 }  // namespace rlx::cli
