@@ -407,7 +407,7 @@ void Client::submit(TrajectoryGroup group) {
     I.counters.credit_wait_s += seconds_now() - start;
     if (!ok)
       throw Error(fmt::format("client {}: no credit from the hub for {:.0f} s (its replay buffer is full: are the learners "
-                              "running?); lease {} was not sent",
+                              "running? or its trajectory file cannot be written: see the hub's log); lease {} was not sent",
                               I.o.who, I.o.credit_wait_s, group.lease_id));
   }
   lock.unlock();

@@ -1,7 +1,10 @@
 #include "rlx/bus/h5store.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <hdf5.h>
+
+#include <cstring>
 
 #include <algorithm>
 #include <deque>
@@ -53,6 +56,27 @@ void quiet_hdf5() {
   (void)done;
 }
 
+// The innermost message of HDF5's error stack (for a failed write, the system's reason:
+// "... errno = 28, error message = 'No space left on device' ..."), or "" if none.
+std::string hdf5_reason() {
+  std::string reason;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD,
+           [](unsigned, const H5E_error2_t* e, void* out) -> herr_t {
+             auto& r = *static_cast<std::string*>(out);
+             if (r.empty() && e->desc && *e->desc) r = e->desc;
+             return 0;
+           },
+           &reason);
+  H5Eclear2(H5E_DEFAULT);
+  // A system call's failure names the file, the buffer, the time...: keep its reason.
+  constexpr std::string_view kSystem = "error message = '";
+  if (const auto at = reason.find(kSystem); at != std::string::npos) {
+    const auto from = at + kSystem.size();
+    reason = reason.substr(from, reason.find('\'', from) - from);
+  }
+  return reason.empty() ? reason : ": " + reason;
+}
+
 Handle string_type() {
   Handle t(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Tset_size(t.get(), H5T_VARIABLE);
@@ -75,19 +99,19 @@ struct Column {
   }
   void set_size(uint64_t n, const std::string& file) {
     const hsize_t dims = n;
-    RLX_CHECK(H5Dset_extent(ds.get(), &dims) >= 0, "{}: cannot resize /{}", file, name);
+    RLX_CHECK(H5Dset_extent(ds.get(), &dims) >= 0, "{}: cannot resize /{}{}", file, name, hdf5_reason());
     extent = n;
   }
   void append(const void* data, uint64_t n, const std::string& file) {
     if (n == 0) return;
     const hsize_t start = extent, count = n, total = start + n;
-    RLX_CHECK(H5Dset_extent(ds.get(), &total) >= 0, "{}: cannot extend /{}", file, name);
+    RLX_CHECK(H5Dset_extent(ds.get(), &total) >= 0, "{}: cannot extend /{}{}", file, name, hdf5_reason());
     extent = total;
     Handle fspace(H5Dget_space(ds.get()), H5Sclose);
     H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr);
     Handle mspace(H5Screate_simple(1, &count, nullptr), H5Sclose);
     RLX_CHECK(H5Dwrite(ds.get(), file_type, mspace.get(), fspace.get(), H5P_DEFAULT, data) >= 0,
-              "{}: cannot write /{}", file, name);
+              "{}: cannot write /{}{}", file, name, hdf5_reason());
   }
   template <class T>
   std::vector<T> read(uint64_t start, uint64_t count, const std::string& file) const {
@@ -216,12 +240,11 @@ struct Columns {
 }  // namespace
 
 // Appends wait here, one buffer per column, and go to the file together once they hold
-// kStageBytes (and on flush, truncate and close): 17 columns written per group cost the hub
-// more than receiving the group (`rlx bench bus --store`). Nothing is lost that was not
-// lost before: HDF5 too held appends in memory until a flush, and a restored hub truncates
-// the file to the count of its last save, which flushes.
+// StoreOptions::stage_bytes (and on flush, truncate and close): 17 columns written per group
+// cost the hub more than receiving the group (`rlx bench bus --store`). Nothing is lost that
+// was not lost before: HDF5 too held appends in memory until a flush, and a restored hub
+// truncates the file to the count of its last save, which flushes.
 struct Stage {
-  static constexpr size_t kStageBytes = size_t{8} << 20;
   std::vector<int32_t> tokens;
   std::vector<uint8_t> mask;
   std::vector<float> logprobs;
@@ -234,14 +257,7 @@ struct Stage {
   std::vector<int64_t> first_sample, num_samples, accepted_version;
   size_t bytes = 0;
 
-  // Writes what is staged and empties the stage, also when a write fails (the error then
-  // names the column; the staged groups are not retried).
-  void write(Columns& c) {
-    if (lease_id.empty()) return;
-    Stage s = std::move(*this);
-    *this = Stage{};
-    s.write_to(c);
-  }
+  bool empty() const { return lease_id.empty(); }
   void write_to(Columns& c) const {
     const std::string& f = c.path;
     c.tokens.append(tokens.data(), tokens.size(), f);
@@ -266,13 +282,82 @@ struct Stage {
 
 struct TrajectoryStore::Impl {
   std::filesystem::path path;
+  StoreOptions options;
   Columns cols;
   Stage stage;
   uint64_t groups = 0, samples = 0, tokens = 0;  // in the file and staged
+  uint64_t write_failures = 0;
+  std::string last_error;  // of the last write; empty once one succeeds
+  size_t retry_bytes = 0;  // after a failed write, appends try again once the stage holds this much
+
+  // The disk space a write of the stage can take: its bytes, the chunks it starts (up to
+  // 512 KiB per column), the strings' heap entries and the chunk index (generously).
+  size_t space_needed() const {
+    return stage.bytes + stage.bytes / 4 + stage.finish.size() * 64 + 17 * (size_t{512} << 10) + (size_t{4} << 20);
+  }
+
+  // Disk blocks for `bytes` past the end of HDF5's allocation, reserved before a write: a
+  // write that fails half way leaves HDF5 with chunks it could not write in its cache and a
+  // file it may not be able to close whole, so a full disk must be found before. A file
+  // system that cannot reserve (posix_fallocate: EOPNOTSUPP) writes without.
+  std::string reserve(size_t bytes) {
+    haddr_t eoa = 0;
+    void* handle = nullptr;
+    if (H5Fget_eoa(cols.file.get(), &eoa) < 0 || H5Fget_vfd_handle(cols.file.get(), H5P_DEFAULT, &handle) < 0 || !handle)
+      return fmt::format("{}: cannot find where the file ends{}", cols.path, hdf5_reason());
+    const int rc = ::posix_fallocate(*static_cast<int*>(handle), static_cast<off_t>(eoa), static_cast<off_t>(bytes));
+    if (rc == 0 || rc == EOPNOTSUPP || rc == EINVAL) return {};
+    return fmt::format("{}: cannot reserve {:.1f} MiB for {} groups: {}", cols.path, static_cast<double>(bytes) / (1 << 20),
+                       stage.lease_id.size(), std::strerror(rc));
+  }
+
+  // Writes the stage as one unit, after reserving the space it takes. When that fails (a
+  // full disk, a file size limit) nothing is written and the stage is kept, to be written
+  // again. Should a write fail past the reservation (an I/O error), every column is cut
+  // back to its length before, as far as HDF5 still can. A failure is logged (the first
+  // three, then at powers of two).
+  bool write_stage() {
+    if (stage.empty()) return true;
+    std::string error = reserve(space_needed());
+    if (error.empty()) {
+      std::vector<uint64_t> before;
+      for (const Column* c : cols.all()) before.push_back(c->extent);
+      try {
+        stage.write_to(cols);
+      } catch (const std::exception& e) {
+        error = e.what();
+        const auto all = cols.all();
+        for (size_t i = 0; i < all.size(); ++i) {
+          try {
+            if (all[i]->extent != before[i]) all[i]->set_size(before[i], cols.path);
+          } catch (const std::exception& cut) {
+            error += fmt::format("; cutting /{} back failed too: {}", all[i]->name, cut.what());
+          }
+        }
+      }
+    }
+    if (!error.empty()) {
+      last_error = std::move(error);
+      retry_bytes = stage.bytes + options.stage_bytes;
+      const uint64_t n = ++write_failures;
+      if (n <= 3 || (n & (n - 1)) == 0)
+        log::warn("trajectory store: {} groups ({:.1f} MiB) wait to be written (failure {}): {}", stage.lease_id.size(),
+                  static_cast<double>(stage.bytes) / (1 << 20), n, last_error);
+      return false;
+    }
+    if (!last_error.empty()) log::info("trajectory store {}: written again after {} failed writes", cols.path, write_failures);
+    last_error.clear();
+    stage = Stage{};
+    return true;
+  }
 };
 
-TrajectoryStore::TrajectoryStore(const std::filesystem::path& file) : impl_(std::make_unique<Impl>()) {
+TrajectoryStore::TrajectoryStore(const std::filesystem::path& file, StoreOptions options) : impl_(std::make_unique<Impl>()) {
+  RLX_CHECK(options.stage_bytes > 0 && options.max_pending_bytes >= options.stage_bytes,
+            "trajectory store: max_pending_bytes ({}) must be at least stage_bytes ({}) > 0", options.max_pending_bytes,
+            options.stage_bytes);
   impl_->path = file;
+  impl_->options = options;
   impl_->cols.open(file, /*writable=*/true);
   impl_->groups = impl_->cols.lease_id.size();
   impl_->samples = impl_->cols.sample_offset.size();
@@ -280,14 +365,13 @@ TrajectoryStore::TrajectoryStore(const std::filesystem::path& file) : impl_(std:
 }
 
 TrajectoryStore::~TrajectoryStore() {
-  try {
-    impl_->stage.write(impl_->cols);
-  } catch (const std::exception& e) {
-    log::warn("trajectory store {}: the last appends were not written: {}", impl_->cols.path, e.what());
-  }
+  if (!impl_->write_stage())
+    log::warn("trajectory store {}: {} groups staged at close were not written: {}", impl_->cols.path,
+              impl_->stage.lease_id.size(), impl_->last_error);
 }
 
-void TrajectoryStore::append(const GroupView& g, int64_t accepted_version) {
+bool TrajectoryStore::append(const GroupView& g, int64_t accepted_version) {
+  if (full()) return false;
   auto& st = impl_->stage;
   const int64_t first = static_cast<int64_t>(impl_->samples);
   int64_t at = static_cast<int64_t>(impl_->tokens);
@@ -321,13 +405,15 @@ void TrajectoryStore::append(const GroupView& g, int64_t accepted_version) {
   impl_->groups += 1;
   impl_->samples += g.samples.size();
   impl_->tokens = static_cast<uint64_t>(at);
-  if (st.bytes >= Stage::kStageBytes) st.write(impl_->cols);
+  // Once a write has failed, appends try again each time another stage_bytes have gathered.
+  if (st.bytes >= (impl_->last_error.empty() ? impl_->options.stage_bytes : impl_->retry_bytes)) (void)impl_->write_stage();
+  return true;
 }
 
 void TrajectoryStore::truncate(uint64_t groups) {
   auto& c = impl_->cols;
   if (groups >= impl_->groups) return;
-  impl_->stage.write(c);
+  flush();
   uint64_t samples = 0, tokens = 0;
   if (groups > 0) {
     const auto first = c.first_sample.read<int64_t>(groups, 1, c.path)[0];
@@ -345,9 +431,16 @@ void TrajectoryStore::truncate(uint64_t groups) {
 }
 
 void TrajectoryStore::flush() {
-  impl_->stage.write(impl_->cols);
-  RLX_CHECK(H5Fflush(impl_->cols.file.get(), H5F_SCOPE_GLOBAL) >= 0, "{}: flush failed", impl_->cols.path);
+  RLX_CHECK(impl_->write_stage(), "{} groups accepted since the last write are not in the file: {}",
+            impl_->stage.lease_id.size(), impl_->last_error);
+  RLX_CHECK(H5Fflush(impl_->cols.file.get(), H5F_SCOPE_GLOBAL) >= 0, "{}: flush failed{}", impl_->cols.path, hdf5_reason());
 }
+
+bool TrajectoryStore::write_pending() { return impl_->write_stage(); }
+bool TrajectoryStore::full() const { return impl_->stage.bytes >= impl_->options.max_pending_bytes; }
+size_t TrajectoryStore::pending_bytes() const { return impl_->stage.bytes; }
+uint64_t TrajectoryStore::write_failures() const { return impl_->write_failures; }
+const std::string& TrajectoryStore::last_error() const { return impl_->last_error; }
 
 uint64_t TrajectoryStore::groups() const { return impl_->groups; }
 uint64_t TrajectoryStore::samples() const { return impl_->samples; }

@@ -173,7 +173,7 @@ struct Hub::Impl {
   // credits).
   std::vector<std::pair<std::string, std::string>> acks_out;  // route, frame
   double acks_since = 0;                                      // when the oldest of acks_out was made
-  double last_tick = 0, last_heartbeat = 0, last_save = 0;
+  double last_tick = 0, last_heartbeat = 0, last_save = 0, last_store_retry = 0;
   uint64_t turn_groups = 0;  // trajectory groups taken this turn (coalescing)
   bool stop_requested = false;
   static constexpr size_t kMaxPeers = 4096;
@@ -187,7 +187,8 @@ struct Hub::Impl {
         buffer(o.replay) {
     config::check_bounds(o, "hub");
     o.validate();
-    if (!o.trajectory_file.empty()) store = std::make_unique<TrajectoryStore>(o.trajectory_file);
+    if (!o.trajectory_file.empty())
+      store = std::make_unique<TrajectoryStore>(o.trajectory_file, StoreOptions{.max_pending_bytes = o.store_max_pending_mb << 20});
     if (!o.state_file.empty() && std::filesystem::exists(o.state_file)) restore(read_snapshot(o.state_file, limits));
     if (o.curve.enabled()) {
       own_context = std::make_unique<zmq::context_t>(1);
@@ -251,6 +252,7 @@ struct Hub::Impl {
 
   // --- credits ---
   uint64_t free_slots() const {
+    if (store && store->full()) return 0;  // no credit until the trajectory file takes writes again
     uint64_t held = 0;
     for (const auto& [_, p] : peers) held += p.credits;
     const uint64_t used = buffer.size() + held;
@@ -398,9 +400,13 @@ struct Hub::Impl {
                                            body->size(), g);
       switch (buffer.admit(stored, version)) {
         case ReplayBuffer::Verdict::accepted:
+          if (store && !store->append(g, version)) {  // the file cannot take it now: the worker keeps it
+            verdict = "full";
+            count("groups_store_full");
+            break;
+          }
           verdict = "accepted";
           leases.complete(g.lease_id);
-          if (store) store->append(g, version);
           ++accepted_total;
           buffer.push_accepted(std::move(stored));
           break;
@@ -611,8 +617,25 @@ struct Hub::Impl {
     }
     for (const auto& rec : leases.expire(now)) log::warn("hub: lease {} ended: {}", rec.lease_id, rec.reason);
     serve_learners();
-    if (o.save_every_s > 0 && !o.state_file.empty() && now - last_save >= o.save_every_s) save(o.state_file);
+    retry_store(now);
+    if (o.save_every_s > 0 && !o.state_file.empty() && now - last_save >= o.save_every_s) {
+      try {
+        save(o.state_file);
+      } catch (const Error& e) {  // the last good save stays; the next period tries again
+        last_save = now;
+        count("save_failures");
+        log::warn("hub: saving {} failed: {}", o.state_file, e.what());
+      }
+    }
     last_tick = now;
+  }
+
+  // After a failed write of the trajectory file, a retry every second; credits again once
+  // it succeeds (a full store gave none).
+  void retry_store(double now) {
+    if (!store || store->last_error().empty() || now - last_store_retry < 1.0) return;
+    last_store_retry = now;
+    if (store->write_pending()) distribute_credits();
   }
 
   void poll(double timeout_s) {
@@ -752,6 +775,11 @@ struct Hub::Impl {
     add("peers_connected", static_cast<double>(connected));
     add("credits_outstanding", static_cast<double>(credits));
     add("finished", leases.done() && buffer.size() == 0 ? 1 : 0);
+    if (store) {
+      add("store_groups", static_cast<double>(store->groups()));
+      add("store_pending_mb", static_cast<double>(store->pending_bytes()) / (1 << 20));
+      add("store_write_failures", static_cast<double>(store->write_failures()));
+    }
     if (zap) add("curve_refused", static_cast<double>(zap->refused())), add("curve_accepted", static_cast<double>(zap->accepted()));
     for (const auto& [k, v] : counts) add(k, static_cast<double>(v));
     return out;

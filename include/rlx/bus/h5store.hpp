@@ -25,20 +25,40 @@
 
 namespace rlx::bus {
 
+struct StoreOptions {
+  size_t stage_bytes = size_t{8} << 20;         // appends gather this much, then go to the file together
+  size_t max_pending_bytes = size_t{256} << 20;  // while the file cannot be written, at most this much waits
+};
+
+// Appends are staged in memory and written in bulk. A write that fails (a full disk) leaves
+// the file as it was before it, and its groups stay staged to be written again: by later
+// appends, write_pending(), flush(). Once max_pending_bytes wait, append() refuses.
 class TrajectoryStore {
  public:
   // Opens FILE for appending, creating it (and its directory) if needed.
-  explicit TrajectoryStore(const std::filesystem::path& file);
+  explicit TrajectoryStore(const std::filesystem::path& file, StoreOptions options = {});
   ~TrajectoryStore();
   TrajectoryStore(const TrajectoryStore&) = delete;
   TrajectoryStore& operator=(const TrajectoryStore&) = delete;
 
-  void append(const GroupView& group, int64_t accepted_version);
-  void append(const TrajectoryGroup& group, int64_t accepted_version) { append(view_of(group), accepted_version); }
+  // False, and nothing staged, when full(): the caller keeps the group (the hub answers
+  // "full", and the worker sends it again later).
+  [[nodiscard]] bool append(const GroupView& group, int64_t accepted_version);
+  [[nodiscard]] bool append(const TrajectoryGroup& group, int64_t accepted_version) {
+    return append(view_of(group), accepted_version);
+  }
   // Keeps the first `groups` groups (a hub restored from a saved state drops what it
   // accepted after that save, so the file never holds a group twice).
   void truncate(uint64_t groups);
+  // Writes what is staged and flushes HDF5; an rlx::Error when the write fails (naming
+  // the file, the column and the system's reason), the groups still staged.
   void flush();
+  // Writes what is staged; false when the write failed (last_error() says why).
+  bool write_pending();
+  bool full() const;                  // max_pending_bytes wait: append() refuses
+  size_t pending_bytes() const;       // staged, not yet in the file
+  uint64_t write_failures() const;    // writes that failed, ever
+  const std::string& last_error() const;  // of the last write; empty when it succeeded
   uint64_t groups() const;
   uint64_t samples() const;
   uint64_t tokens() const;

@@ -56,6 +56,9 @@ struct HubOptions {
   uint64_t max_frame_mb = 256;
   int queue_depth = 1000;              // ZeroMQ high-water mark (messages) per socket
   std::string trajectory_file;         // HDF5 of accepted groups; empty: none
+  // While the trajectory file cannot be written (a full disk), accepted groups wait in
+  // memory up to this much; then the hub takes no more (workers keep theirs) until it can.
+  uint64_t store_max_pending_mb = 256;
   std::string state_file;              // saved state (on "save", on stop, every save_every_s)
   double save_every_s = 0;             // 0: only on request and on stop
   CurveOptions curve;
@@ -88,6 +91,10 @@ struct HubOptions {
     v("max_frame_mb", max_frame_mb, "largest frame accepted, in MiB", config::in_range(1, 4096));
     v("queue_depth", queue_depth, "ZeroMQ high-water mark per socket, in messages", config::in_range(1, 1000000));
     v("trajectory_file", trajectory_file, "HDF5 file every accepted group is appended to (empty: none)");
+    v("store_max_pending_mb", store_max_pending_mb,
+      "while the trajectory file cannot be written (a full disk), accepted groups wait in memory up to this many MiB; "
+      "then the hub takes no more groups (workers keep theirs) until a write succeeds",
+      config::in_range(16, 65536));
     v("state_file", state_file, "where the hub saves its state (cursor, leases, buffer); restored at start if present");
     v("save_every_s", save_every_s, "save the state this often (0: on request and at stop only)", config::at_least(0));
     v("curve", curve, "CURVE encryption and client allow-list (tcp://)");

@@ -3,7 +3,10 @@
 #include "rlx/bus/hub.hpp"
 
 #include <malloc.h>
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include <csignal>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -13,6 +16,7 @@
 #include <fstream>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -117,6 +121,20 @@ void submit_all(const std::string& address, int n) {
   REQUIRE(w.flush(10));
 }
 
+// While it lives, this process cannot write a file past `bytes` (EFBIG, "File too large"):
+// a full disk, without mounting one.
+struct FileSizeLimit {
+  rlimit old{};
+  explicit FileSizeLimit(rlim_t bytes) {
+    std::signal(SIGXFSZ, SIG_IGN);  // the write fails instead of the process ending
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+    rlimit r = old;
+    r.rlim_cur = bytes;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &r) == 0);
+  }
+  ~FileSizeLimit() { ::setrlimit(RLIMIT_FSIZE, &old); }
+};
+
 HubSnapshot without_deadlines(HubSnapshot s) {
   for (auto& a : s.leases.active) a.remaining_s = 0;
   return s;
@@ -132,7 +150,7 @@ TEST_CASE("bus: the HDF5 store round-trips groups and truncates to a saved count
     for (uint64_t i = 0; i < 5; ++i) {
       auto g = answer(Lease{.lease_id = i + 1, .prompt_index = i, .group_size = 3}, 4 + static_cast<int>(i));
       g.worker = "w" + std::to_string(i % 2);
-      store.append(g, 7);
+      CHECK(store.append(g, 7));
       groups.push_back(g);
     }
     CHECK(store.groups() == 5);
@@ -149,7 +167,7 @@ TEST_CASE("bus: the HDF5 store round-trips groups and truncates to a saved count
   {
     TrajectoryStore store(file);  // reopen, append after truncation
     store.truncate(2);
-    store.append(groups[4], 8);
+    CHECK(store.append(groups[4], 8));
     CHECK(store.groups() == 3);
   }
   back = read_trajectory_groups(file, 0, 100);
@@ -167,20 +185,120 @@ TEST_CASE("bus: the HDF5 store writes appends in bulk; truncate, flush and close
     groups.push_back(answer(Lease{.lease_id = i + 1, .prompt_index = i, .group_size = 4}, 12000 + static_cast<int>(i)));
   {
     TrajectoryStore store(file);
-    for (uint64_t i = 0; i < 35; ++i) store.append(groups[i], static_cast<int64_t>(i));
+    for (uint64_t i = 0; i < 35; ++i) CHECK(store.append(groups[i], static_cast<int64_t>(i)));
     CHECK(store.groups() == 35);
     CHECK(store.tokens() == 35 * 4 * 12000 + 4 * (34 * 35 / 2));
     store.truncate(33);  // inside the groups still staged (31 to 35)
     CHECK(store.groups() == 33);
-    store.append(groups[34], 99);
+    CHECK(store.append(groups[34], 99));
     store.flush();
-    store.append(groups[0], 100);  // staged at close
+    CHECK(store.append(groups[0], 100));  // staged at close
   }
   const auto back = read_trajectory_groups(file, 0, 100);
   REQUIRE(back.size() == 35);
   for (size_t i = 0; i < 33; ++i) CHECK((back[i] == groups[i]));
   CHECK((back[33] == groups[34]));
   CHECK((back[34] == groups[0]));
+}
+
+TEST_CASE("bus: a write the file cannot take leaves it as it was and keeps the groups staged until it can", "[bus]") {
+  TempDir dir;
+  const auto file = dir / "full.h5";
+  std::vector<TrajectoryGroup> groups;
+  for (uint64_t i = 0; i < 30; ++i)  // 4 x 12,000 tokens: 0.8 MB each
+    groups.push_back(answer(Lease{.lease_id = i + 1, .prompt_index = i, .group_size = 4}, 12000 + static_cast<int>(i)));
+  const StoreOptions small{.stage_bytes = size_t{4} << 20, .max_pending_bytes = size_t{12} << 20};
+  size_t refused_at = 0;
+  {
+    std::optional<FileSizeLimit> limit;  // outlives the store: its close cannot write either
+    TrajectoryStore store(file, small);
+    for (size_t i = 0; i < 5; ++i) CHECK(store.append(groups[i], 1));
+    store.flush();
+    limit.emplace(std::filesystem::file_size(file) + (size_t{1} << 20));
+    for (refused_at = 5; refused_at < groups.size() && store.append(groups[refused_at], 2); ++refused_at) {}
+    CHECK(store.full());
+    CHECK(store.write_failures() >= 2);  // at 4 MiB staged, then again at 8 MiB
+    CHECK_THAT(store.last_error(), Contains("File too large"));
+    CHECK(store.groups() == refused_at);
+    CHECK_THAT(rlx::test::error_of([&] { store.flush(); }), Contains("not in the file") && Contains("File too large"));
+  }  // closed while the file still cannot grow: what was staged is lost, the file is whole
+  REQUIRE(refused_at > 9);
+  REQUIRE(refused_at < groups.size());
+  auto back = read_trajectory_groups(file, 0, 100);
+  REQUIRE(back.size() == 5);
+  for (size_t i = 0; i < 5; ++i) CHECK((back[i] == groups[i]));
+  const auto s = summarize_trajectories(file);
+  CHECK(s.samples == 20);
+  CHECK(s.tokens == 5 * 4 * 12000 + 4 * (0 + 1 + 2 + 3 + 4));  // no column longer than its groups
+  {
+    TrajectoryStore store(file, small);
+    CHECK(store.groups() == 5);
+    {
+      FileSizeLimit limit(std::filesystem::file_size(file) + (size_t{1} << 20));
+      for (size_t i = 5; i < 12; ++i) CHECK(store.append(groups[i], 2));
+      CHECK(store.write_failures() == 1);
+      CHECK_FALSE(store.write_pending());
+    }
+    CHECK(store.write_pending());  // the disk has room again: everything staged goes
+    CHECK(store.last_error().empty());
+    CHECK(store.pending_bytes() == 0);
+    for (size_t i = 12; i < groups.size(); ++i) CHECK(store.append(groups[i], 3));
+  }
+  back = read_trajectory_groups(file, 0, 100);
+  REQUIRE(back.size() == groups.size());
+  for (size_t i = 0; i < groups.size(); ++i) CHECK((back[i] == groups[i]));
+}
+
+TEST_CASE("bus: while the trajectory file cannot be written, the hub keeps groups up to its bound, then takes none until it can",
+          "[bus]") {
+  TempDir dir;
+  auto o = options(dir, "hub");
+  o.trajectory_file = (dir / "t.h5").string();
+  o.state_file = (dir / "state.bin").string();
+  o.store_max_pending_mb = 16;
+  o.credits_per_peer = 8;
+  const int n = 40;
+  std::map<std::string, double> during;
+  {
+    HubThread h(o, prompts(n));
+    Client w(worker(o.address, "w0"));
+    Client monitor({.address = o.address, .who = "m", .role = "monitor"});
+    auto grant = w.request_leases(n);
+    REQUIRE(grant.leases.size() == static_cast<size_t>(n));
+    for (int i = 0; i < 5; ++i) w.submit(answer(grant.leases[static_cast<size_t>(i)], 24000));
+    REQUIRE(w.flush(10));
+    monitor.control("save");  // writes the five
+    std::optional<FileSizeLimit> limit(std::filesystem::file_size(o.trajectory_file) + (size_t{1} << 20));
+    std::exception_ptr failed;
+    std::thread submitter([&] {
+      try {
+        for (int i = 5; i < n; ++i) w.submit(answer(grant.leases[static_cast<size_t>(i)], 24000));
+      } catch (...) {
+        failed = std::current_exception();
+      }
+    });
+    for (int i = 0; i < 200 && stat(monitor.hub_stats(), "groups_store_full") == 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the worker is out of credit by now
+    for (const auto& [k, v] : monitor.hub_stats()) during[k] = v;
+    CHECK_THAT(rlx::test::error_of([&] { monitor.control("save"); }), Contains("File too large"));
+    CHECK(std::filesystem::exists(o.state_file));  // the last good save stays
+    limit.reset();  // room again: the hub's next retry writes, and credit flows
+    submitter.join();
+    if (failed) std::rethrow_exception(failed);
+    REQUIRE(w.flush(20));
+    CHECK(w.counters().verdicts["accepted"] == static_cast<uint64_t>(n));
+    CHECK(w.counters().verdicts.count("full") == 0);  // "full" is not an answer: the group goes again
+  }
+  CHECK(during["groups_store_full"] >= 1);
+  CHECK(during["store_write_failures"] >= 1);
+  CHECK(during["store_pending_mb"] >= 16);
+  CHECK(during["store_pending_mb"] < 17);  // the bound, plus the one group that reached it
+  CHECK(during["credits_outstanding"] == 0);
+  const auto s = summarize_trajectories(o.trajectory_file);
+  CHECK(s.groups == static_cast<uint64_t>(n));
+  CHECK(s.distinct_leases == static_cast<uint64_t>(n));
+  CHECK(read_snapshot(o.state_file).stored_groups == static_cast<uint64_t>(n));
 }
 
 TEST_CASE("bus: a hub restarted from its saved state has the same cursor, leases and buffer", "[bus]") {
