@@ -4,6 +4,7 @@
 
 #include <malloc.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -299,6 +300,57 @@ TEST_CASE("bus: while the trajectory file cannot be written, the hub keeps group
   CHECK(s.groups == static_cast<uint64_t>(n));
   CHECK(s.distinct_leases == static_cast<uint64_t>(n));
   CHECK(read_snapshot(o.state_file).stored_groups == static_cast<uint64_t>(n));
+}
+
+TEST_CASE("bus: a store whose writer is SIGKILLed opens again and holds every group flushed before", "[bus]") {
+  TempDir dir;
+  const auto file = dir / "killed.h5";
+  // Group i is the same in every process: 4 samples of 1,000 to 7,000 tokens.
+  const auto group = [](uint64_t i) {
+    return answer(Lease{.lease_id = i + 1, .prompt_index = i, .group_size = 4}, 1000 + static_cast<int>(i * 7919 % 6000));
+  };
+  std::mt19937 rng(7);
+  uint64_t flushed = 0;
+  for (int round = 0; round < 6; ++round) {
+    int fds[2];
+    REQUIRE(::pipe(fds) == 0);
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {  // the writer: appends from `flushed` on, flushing every 7 groups, until killed
+      ::close(fds[0]);
+      try {
+        TrajectoryStore store(file);
+        if (store.groups() > flushed) store.truncate(flushed);
+        for (uint64_t i = flushed;; ++i) {
+          if (!store.append(group(i), static_cast<int64_t>(i))) ::_exit(3);
+          if ((i + 1) % 7 == 0) {
+            store.flush();
+            const uint64_t n = i + 1;
+            if (::write(fds[1], &n, sizeof n) != sizeof n) ::_exit(4);
+          }
+        }
+      } catch (...) {
+        ::_exit(2);
+      }
+    }
+    ::close(fds[1]);
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(150, 700)(rng)));
+    ::kill(child, SIGKILL);
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    REQUIRE(WIFSIGNALED(status));  // it was writing, not ended by an error
+    for (uint64_t n = 0; ::read(fds[0], &n, sizeof n) == sizeof n;) flushed = n;
+    ::close(fds[0]);
+    INFO("round " << round << ": " << flushed << " groups flushed");
+    TrajectoryStore store(file);
+    REQUIRE(store.groups() >= flushed);
+    store.truncate(flushed);
+    REQUIRE(store.groups() == flushed);
+  }
+  REQUIRE(flushed > 100);
+  const auto back = read_trajectory_groups(file, 0, flushed);
+  REQUIRE(back.size() == flushed);
+  for (uint64_t i = 0; i < flushed; ++i) CHECK((back[i] == group(i)));
 }
 
 TEST_CASE("bus: a hub restarted from its saved state has the same cursor, leases and buffer", "[bus]") {
