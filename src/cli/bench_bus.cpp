@@ -70,6 +70,15 @@ double page_faults() {
   return static_cast<double>(u.ru_minflt);
 }
 
+// This process's peak resident memory, in MiB (VmHWM: since its exec; getrusage's ru_maxrss
+// keeps the parent's peak across fork and exec).
+double vm_hwm_mb() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;  // kB
+  return 0;
+}
+
 // Per thread name (threads that share one are summed): nanoseconds on a CPU and context
 // switches, from /proc/self/task/*/{schedstat,status}.
 struct ThreadUse {
@@ -105,7 +114,12 @@ class Usage {
       per_thread[prefix + name] = {{"cpu_us", (a.cpu_ns - b.cpu_ns) / 1e3 / messages},
                                    {"switches", (a.switches - b.switches) / messages}};
     }
-    return {{"wall_s", wall_s()}, {"cpu_s", cpu_s() - cpu_}, {"faults", page_faults() - faults_}, {"threads", per_thread}};
+    const std::string process = prefix.empty() ? "bench" : prefix.substr(0, prefix.size() - 1);
+    return {{"wall_s", wall_s()},
+            {"cpu_s", cpu_s() - cpu_},
+            {"faults", page_faults() - faults_},
+            {"threads", per_thread},
+            {"peak_rss_mb", {{process, vm_hwm_mb()}}}};
   }
 
  private:
@@ -116,12 +130,14 @@ class Usage {
 struct Timed {
   double wall_s = 0, cpu_s = 0, faults = 0;
   nlohmann::json threads = nlohmann::json::object();  // per thread: CPU us and context switches per message
+  nlohmann::json peak_rss_mb = nlohmann::json::object();  // per process: its peak resident memory so far
 
   // Adds another process's share (its wall time does not add: the processes overlap).
   void add(const nlohmann::json& used) {
     cpu_s += used.at("cpu_s").get<double>();
     faults += used.at("faults").get<double>();
     threads.update(used.at("threads"));
+    peak_rss_mb.update(used.at("peak_rss_mb"));
   }
 };
 
@@ -604,7 +620,12 @@ void add_bench_bus(CLI::App& app, Action& action) {
                             {"drain_page_faults_per_group", drained.faults / a->groups},
                             {"raw_threads", raw.threads},
                             {"ingest_threads", ingest.threads},
-                            {"drain_threads", drained.threads}};
+                            {"drain_threads", drained.threads},
+                            {"peak_rss_mb", [&] {  // per process (in threads, the one): the peak so far
+                               auto rss = ingest.peak_rss_mb;
+                               rss.update(drained.peak_rss_mb);
+                               return rss;
+                             }()}};
         std::cerr << t << ": " << j.dump() << "\n";
         result[t] = j;
       }
