@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sstream>
 #include <malloc.h>
+#include <signal.h>
 #include <fmt/format.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -194,8 +195,14 @@ struct Hub::Impl {
         buffer(o.replay) {
     config::check_bounds(o, "hub");
     o.validate();
-    if (!o.trajectory_file.empty())
+    if (!o.trajectory_file.empty()) {
+      // A file size limit (ulimit -f; Slurm passes the submitting shell's on) must end in the
+      // store's error and the hub's back-pressure, not in SIGXFSZ ending the hub. A handler
+      // the application set is left alone.
+      struct sigaction current {};
+      if (::sigaction(SIGXFSZ, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) ::signal(SIGXFSZ, SIG_IGN);
       store = std::make_unique<TrajectoryStore>(o.trajectory_file, StoreOptions{.max_pending_bytes = o.store_max_pending_mb << 20});
+    }
     if (!o.state_file.empty() && std::filesystem::exists(o.state_file)) restore(read_snapshot(o.state_file, limits));
     if (o.curve.enabled()) {
       own_context = std::make_unique<zmq::context_t>(1);

@@ -4,6 +4,9 @@
 #      trains every prompt exactly once (no duplicate, no hole), and the HDF5 store agrees.
 #   2. The learner stopped with SIGSTOP: workers block at their credits, the hub's buffer
 #      stays within its capacity; after SIGCONT nothing is lost or repeated.
+#   3. The hub's trajectory file cannot grow (ulimit -f, as a full disk): the hub lives,
+#      says why, keeps at most hub.store_max_pending_mb, then takes no more groups; once the
+#      limit is lifted (prlimit) everything is written and trained exactly once.
 #   bus_processes.sh RLX_BINARY WORK_DIR
 set -euo pipefail
 rlx=$1 work=$2
@@ -16,7 +19,7 @@ fail() { echo "FAIL: $*"; for f in *.err; do echo "--- $f"; tail -5 "$f"; done; 
 n=60
 for i in $(seq 0 $((n - 1))); do echo "{\"prompt\":\"q$i\"}"; done > data.jsonl
 
-start_hub() {  # name capacity
+start_hub() {  # name capacity [extra hub: lines]
   cat > "$1.yaml" <<YAML
 hub:
   address: ipc://$work/$1.sock
@@ -30,8 +33,12 @@ hub:
   state_file: $work/$1.state
   replay:
     capacity_groups: $2
+${3:-}
 YAML
-  "$rlx" hub serve "$1.yaml" > "$1.out" 2> "$1.err" &
+  (
+    if [ -n "${HUB_ULIMIT:-}" ]; then ulimit -S -f "$HUB_ULIMIT"; fi  # in 1 KiB blocks
+    exec "$rlx" hub serve "$1.yaml" > "$1.out" 2> "$1.err"
+  ) &
   pids+=($!)
   hub_pid=$!
 }
@@ -101,4 +108,34 @@ check_consumed stop.consumed stop.h5 $n
 grep -q '"credit_waits":[1-9]' w0.out w1.out || fail "no worker ever waited for credit"
 "$rlx" hub stop --address "ipc://$work/stop.sock"
 wait $hub_pid || fail "hub exit status"
+
+# --- 3. The trajectory file cannot grow -------------------------------------------------------
+HUB_ULIMIT=1024 start_hub full 64 "  store_max_pending_mb: 16"  # 1 MiB: the empty file fits, no stage does
+"$rlx" bus learner --address "ipc://$work/full.sock" --name learner --out full.consumed --timeout 60 > full-learner.out 2> full-learner.err &
+learner=$!; pids+=($learner)
+"$rlx" bus worker --address "ipc://$work/full.sock" --name w0 --tokens 20000 --timeout 60 > full-w0.out 2> full-w0.err &
+w0=$!; pids+=($w0)
+for _ in $(seq 100); do
+  kill -0 $hub_pid 2>/dev/null || fail "the hub died: $(tail -3 full.err)"
+  [ "$(stat full groups_store_full 2>/dev/null || echo 0)" -ge 1 ] && break
+  sleep 0.1
+done
+sleep 1
+accepted_then=$(stat full accepted_total)
+sleep 1
+[ "$(stat full accepted_total)" = "$accepted_then" ] || fail "the hub kept accepting groups it could not store"
+pending=$(stat full store_pending_mb)
+echo "file cannot grow: $accepted_then groups accepted, $pending MiB waiting, $(stat full store_write_failures) failed writes"
+[ "$pending" -ge 16 ] && [ "$pending" -le 17 ] || fail "store_pending_mb $pending, want 16 (the bound)"
+grep -q "File too large" full.err || fail "the hub's log does not say why it cannot write"
+prlimit --pid $hub_pid --fsize=unlimited
+wait $w0 || fail "the worker failed after the limit was lifted"
+wait $learner || fail "the learner failed after the limit was lifted"
+check_consumed full.consumed full.h5 $n
+grep -q "written again" full.err || fail "the hub never said the file was written again"
+"$rlx" hub stop --address "ipc://$work/full.sock"
+wait $hub_pid || fail "hub exit status"
+"$rlx" inspect trajectories full.h5 | python3 -c "
+import json,sys; s=json.load(sys.stdin); assert s['groups']==$n and s['distinct_leases']==$n, s" \
+  || fail "the HDF5 store disagrees"
 echo "bus_processes: all checks passed"
