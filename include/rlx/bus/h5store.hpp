@@ -10,7 +10,8 @@
 // Root attributes: format = "rlx-trajectories", format_version = 1.
 //
 //   rlx::bus::TrajectoryStore store("run/trajectories/hub.h5");
-//   store.append(group, hub_version);
+//   if (!store.append(group, hub_version)) { /* the file is full: keep the group, try again later */ }
+//   store.flush();  // written, or an rlx::Error that says why (the groups stay staged)
 //   auto groups = rlx::bus::read_trajectory_groups("run/trajectories/hub.h5", 0, 10);
 #pragma once
 
