@@ -365,9 +365,23 @@ TrajectoryStore::TrajectoryStore(const std::filesystem::path& file, StoreOptions
 }
 
 TrajectoryStore::~TrajectoryStore() {
+  auto& c = impl_->cols;
   if (!impl_->write_stage())
-    log::warn("trajectory store {}: {} groups staged at close were not written: {}", impl_->cols.path,
-              impl_->stage.lease_id.size(), impl_->last_error);
+    log::warn("trajectory store {}: {} groups staged at close were not written: {}", c.path, impl_->stage.lease_id.size(),
+              impl_->last_error);
+  // Closed, the file gives back the space reserved past HDF5's end of allocation (HDF5
+  // leaves a longer file as it is). The end is read as HDF5 stored it, from the closed file.
+  for (Column* col : c.all()) col->ds.reset();
+  c.str.reset();
+  c.file.reset();
+  haddr_t eoa = 0;
+  if (Handle f(H5Fopen(c.path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose); f && H5Fget_eoa(f.get(), &eoa) >= 0) {
+    f.reset();
+    std::error_code ec;
+    if (eoa > 0 && std::filesystem::file_size(c.path, ec) > eoa && !ec) std::filesystem::resize_file(c.path, eoa, ec);
+    if (ec) log::warn("trajectory store {}: cannot give back the space reserved past its end: {}", c.path, ec.message());
+  }
+  H5Eclear2(H5E_DEFAULT);
 }
 
 bool TrajectoryStore::append(const GroupView& g, int64_t accepted_version) {
