@@ -70,15 +70,6 @@ double page_faults() {
   return static_cast<double>(u.ru_minflt);
 }
 
-// This process's peak resident memory, in MiB (VmHWM: since its exec; getrusage's ru_maxrss
-// keeps the parent's peak across fork and exec).
-double vm_hwm_mb() {
-  std::ifstream status("/proc/self/status");
-  for (std::string line; std::getline(status, line);)
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;  // kB
-  return 0;
-}
-
 // Per thread name (threads that share one are summed): nanoseconds on a CPU and context
 // switches, from /proc/self/task/*/{schedstat,status}.
 struct ThreadUse {
@@ -119,7 +110,7 @@ class Usage {
             {"cpu_s", cpu_s() - cpu_},
             {"faults", page_faults() - faults_},
             {"threads", per_thread},
-            {"peak_rss_mb", {{process, vm_hwm_mb()}}}};
+            {"peak_rss_mb", {{process, peak_rss_mb()}}}};
   }
 
  private:

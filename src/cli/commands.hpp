@@ -4,6 +4,8 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "launch/trainer_commands.hpp"
@@ -26,7 +28,13 @@ inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
+// This process's peak resident memory in MiB: VmHWM, counted from its exec. getrusage's
+// ru_maxrss carries the parent's peak across fork and exec (a bench peer, a learner rank),
+// so it is only the fallback without /proc.
 inline double peak_rss_mb() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;  // kB
   rusage u{};
   ::getrusage(RUSAGE_SELF, &u);
   return static_cast<double>(u.ru_maxrss) / 1024.0;  // KiB on Linux
