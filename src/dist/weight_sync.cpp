@@ -347,6 +347,7 @@ void ShmWeightSubscriber::attach(double timeout_s) {
       }
     }
     RLX_CHECK(now_s() < deadline, "weight sync: no publisher created {} within {} s", where, timeout_s);
+    RLX_CHECK(!opt_.give_up || !opt_.give_up(), "weight sync: gave up waiting for a publisher to create {}", where);
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 }

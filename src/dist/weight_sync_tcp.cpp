@@ -526,6 +526,7 @@ TcpWeightSubscriber::TcpWeightSubscriber(TcpSyncOptions options) : impl_(std::ma
       return;
     }
     RLX_CHECK(now_s() < deadline, "weight sync: no answer from {} within {} s", I.endpoint, I.o.attach_timeout_s);
+    RLX_CHECK(!I.o.give_up || !I.o.give_up(), "weight sync: gave up waiting for an answer from {}", I.endpoint);
   }
 }
 

@@ -561,7 +561,8 @@ namespace {
 
 // One task of a run started as many (Slurm, a Kubernetes Indexed Job): its role as a child
 // process, and the group's shared state as files in run_dir/tasks/GROUP/: ready (the run directory is prepared; the store's address),
-// stop (SIGINT/SIGTERM reached task 0), learner-done, done, failed (the first failure).
+// stop (SIGINT/SIGTERM reached task 0), learner-done, worker-N-ended, done, failed (the first
+// failure).
 class TaskRunner {
  public:
   TaskRunner(const RunConfig& cfg, RoleTask task, std::string exe)
@@ -627,10 +628,14 @@ class TaskRunner {
         stop_sent_ = true;
         child->signal(0, SIGTERM);  // the learner checkpoints, then exits
       }
-      const bool finished = fs::exists(coord_ / (task_.role == "hub" ? "learner-done" : "done"));
-      if (finished && task_.role != "learner") {
-        child->signal(0, SIGTERM);  // the hub saves its state; a worker stops
+      // The learner finished: as the local launcher does, the workers stop first (with the
+      // hub there to take what they hold), then the hub (it saves its state).
+      const bool finished = task_.role != "learner" && fs::exists(coord_ / "learner-done") &&
+                            (task_.role == "worker" || workers_ended());
+      if (finished) {
+        child->signal(0, SIGTERM);
         child->wait(30);
+        if (task_.role == "worker") write_file_atomic(coord_ / fmt::format("worker-{}-ended", task_.index), "");
         if (task_.role == "hub") {
           write_file_atomic(coord_ / "done", "");
           if (progress) progress.reset();
@@ -677,6 +682,21 @@ class TaskRunner {
     if (!fs::exists(coord_ / "failed")) write_file_atomic(coord_ / "failed", why + "\n");
     return 1;
   }
+  // Every worker task has stopped its worker, or kWorkersEndS passed since the learner
+  // finished (a worker's pod that never started, a node that went away).
+  bool workers_ended() {
+    static constexpr double kWorkersEndS = 40;  // a worker's own stop is bounded by 30 s
+    if (learner_done_at_ == 0) learner_done_at_ = now_s();
+    for (uint32_t i = 0; i < cfg_.rollout.workers; ++i)
+      if (!fs::exists(coord_ / fmt::format("worker-{}-ended", i))) {
+        if (now_s() - learner_done_at_ < kWorkersEndS) return false;
+        std::cerr << fmt::format("rlx run [task {}]: worker {} did not end within {:.0f} s of the learner; stopping the hub",
+                                 task_.procid, i, kWorkersEndS)
+                  << std::endl;
+        return true;
+      }
+    return true;
+  }
   json wait_ready() {
     const double deadline = now_s() + 300;
     // Task 0 clears run_dir/tasks before it writes `ready`: wait for this step's.
@@ -695,7 +715,7 @@ class TaskRunner {
   RoleTask task_;
   std::string exe_;
   fs::path run_dir_, coord_;
-  double started_ = 0;
+  double started_ = 0, learner_done_at_ = 0;
   bool stop_sent_ = false;
 };
 

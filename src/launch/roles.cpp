@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <numeric>
 #include <set>
 #include <iostream>
@@ -54,11 +55,15 @@ std::unique_ptr<dist::WeightPublisher> RoleContext::weight_publisher(const dist:
       dist::TcpSyncOptions{.bind = "tcp://0.0.0.0:0", .endpoint_file = run_dir / kWeightsEndpointFile}, layout);
 }
 
-std::unique_ptr<dist::WeightSubscriber> RoleContext::weight_subscriber() const {
-  if (!tcp) return std::make_unique<dist::ShmWeightSubscriber>(dist::ShmSyncOptions{.name = weights, .attach_timeout_s = 120});
+std::unique_ptr<dist::WeightSubscriber> RoleContext::weight_subscriber(std::function<bool()> give_up) const {
+  if (!tcp)
+    return std::make_unique<dist::ShmWeightSubscriber>(
+        dist::ShmSyncOptions{.name = weights, .attach_timeout_s = 120, .give_up = std::move(give_up)});
   // The learner may still be loading its checkpoint: wait as long as for a batch.
-  return std::make_unique<dist::TcpWeightSubscriber>(dist::TcpSyncOptions{
-      .endpoint_file = run_dir / kWeightsEndpointFile, .attach_timeout_s = std::max(120.0, cfg.train.batch_timeout_s)});
+  return std::make_unique<dist::TcpWeightSubscriber>(
+      dist::TcpSyncOptions{.endpoint_file = run_dir / kWeightsEndpointFile,
+                           .attach_timeout_s = std::max(120.0, cfg.train.batch_timeout_s),
+                           .give_up = std::move(give_up)});
 }
 
 std::shared_ptr<const Tokenizer> run_tokenizer(const RunConfig& cfg) {
@@ -199,6 +204,10 @@ int run_hub(const RoleContext& ctx) {
   log::info("hub: serving {} ({} groups of {} per step)", hub->endpoint(), ctx.cfg.train.groups_per_step,
             o.group_size);
   hub->run(g_stop);
+  std::map<std::string, double> st;
+  for (const auto& [k, v] : hub->stats()) st[k] = v;
+  log::info("hub: stopped; {:.0f} groups accepted, {:.0f} leases outstanding; state saved",
+            st["accepted_total"], st["leases_outstanding"]);
   return 0;
 }
 
@@ -922,12 +931,23 @@ int run_worker(const RoleContext& ctx) {
   auto model = initial_model(cfg, *tok);
   Engine engine(model, {.block_size = static_cast<int32_t>(cfg.rollout.block_size), .kv_cache_blocks = cfg.rollout.kv_cache_blocks},
                 tok);
-  auto subscriber = ctx.weight_subscriber();
+  // SIGTERM while it waits for the learner's first weights (a worker restarted as the run
+  // ended, when the learner and its segment are gone): it stops there.
+  std::unique_ptr<dist::WeightSubscriber> subscriber;
+  try {
+    subscriber = ctx.weight_subscriber([] { return g_end.load(); });
+  } catch (const Error& e) {
+    if (!g_end) throw;
+    log::info("worker-{}: stopped (SIGTERM) before its first weights ({})", ctx.index, e.what());
+    return 0;
+  }
   auto& weights = *subscriber;
   WorkerEnvs envs(ctx, tok);
   const std::string who = fmt::format("worker-{}", ctx.index);
   bus::Client client({.address = ctx.hub_address(), .who = who});
-  client.give_up_when(launcher_gone);  // the hub stops with the launcher
+  // The hub stops with the launcher; SIGTERM ends a wait for the hub's answer (a hub
+  // stopped first, or gone with its node, would hold it for request_timeout_s).
+  client.give_up_when([] { return g_end || launcher_gone(); });
   auto apply_weights = [&] {
     if (auto u = weights.poll()) engine.update_weights(u->version, u->tensors);
   };
@@ -962,7 +982,13 @@ int run_worker(const RoleContext& ctx) {
   int64_t wait_us = TraceWriter::now_us();  // since the last grant was done
   while (!g_leave && !g_end) {
     apply_weights();
-    auto grant = client.request_leases(cfg.rollout.leases_per_request);
+    bus::LeaseGrant grant;
+    try {
+      grant = client.request_leases(cfg.rollout.leases_per_request);
+    } catch (const Error&) {
+      if (g_end) break;  // stopped while waiting for the hub's answer
+      throw;
+    }
     if (grant.exhausted) break;
     if (grant.leases.empty()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));

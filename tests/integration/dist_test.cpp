@@ -459,6 +459,13 @@ TEST_CASE("weight sync: bad input is refused with the reason", "[dist][sync]") {
   CHECK_THROWS_WITH(pub.publish(3, wrong), Catch::Contains("\"b\""));
   CHECK_THROWS_WITH(rlx::dist::ShmWeightSubscriber({.name = name + "-none", .attach_timeout_s = 0.05}),
                     Catch::Contains("no publisher"));
+  {  // A subscriber told to give up (its worker got SIGTERM) stops waiting, well before its timeout.
+    int asked = 0;
+    CHECK_THROWS_WITH(
+        rlx::dist::ShmWeightSubscriber({.name = name + "-none", .attach_timeout_s = 60, .give_up = [&] { return ++asked > 3; }}),
+        Catch::Contains("gave up waiting for a publisher to create /dev/shm/" + name + "-none"));
+    CHECK(asked == 4);
+  }
   CHECK_THROWS_WITH(rlx::dist::ShmWeightPublisher({.name = "a/b"}, rlx::dist::WeightLayout::of(w, at::kFloat)),
                     Catch::Contains("without '/'"));
   CHECK_THROWS_WITH(rlx::dist::ShmWeightPublisher({.name = name + "-dev", .device = "tpu:0"}, rlx::dist::WeightLayout::of(w, at::kFloat)),
@@ -541,6 +548,13 @@ TEST_CASE("weight sync over tcp: delta sends only what changed since the spare b
                     Catch::Contains("no process wrote"));
   CHECK_THROWS_WITH(rlx::dist::TcpWeightSubscriber({.endpoint = "tcp://127.0.0.1:1", .attach_timeout_s = 0.3}),
                     Catch::Contains("no answer from tcp://127.0.0.1:1"));
+  {
+    int asked = 0;
+    CHECK_THROWS_WITH(
+        rlx::dist::TcpWeightSubscriber({.endpoint = "tcp://127.0.0.1:1", .attach_timeout_s = 60, .give_up = [&] { return ++asked > 3; }}),
+        Catch::Contains("gave up waiting for an answer from tcp://127.0.0.1:1"));
+    CHECK(asked == 4);
+  }
 
   // A publisher whose answer lies: the subscriber names what was wrong.
   zmq::socket_t fake(ctx, zmq::socket_type::router);

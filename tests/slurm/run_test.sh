@@ -32,6 +32,18 @@ grep -q "steps: 4," grpo.yaml && grep -q "name: local," grpo.yaml || { echo "FAI
 "$rlx" run grpo.yaml > local.log 2>&1 || fail "local run: $(tail -3 local.log)"
 "$rlx" run grpo.yaml run.name=local2 train.learner_ranks=2 > local2.log 2>&1 || fail "local 2-rank run: $(tail -3 local2.log)"
 
+# The learner done, each worker stops while the hub is there to take what it holds, then
+# the hub: no worker waits on a hub that is gone (it did for 30 s, in every task-mode run).
+workers_ended() {  # workers_ended RUN
+  local bad hub_end w
+  bad=$(grep -l "nothing from the hub" "runs/$1"/logs/worker-*/rank-0.err)
+  hub_end=$(grep -h "hub: stopped;" "runs/$1"/logs/hub-0/rank-0.err | cut -c1-23)
+  for w in 0 1; do  # the log's time stamps: each worker's stop before the hub's
+    w=$(grep -h "stopped (SIGTERM)" "runs/$1/logs/worker-$w/rank-0.err" | cut -c1-23)
+    [ -n "$w" ] && [ -n "$hub_end" ] && [[ ! $w > $hub_end ]] || bad+=" worker stopped at '$w', hub at '$hub_end'"
+  done
+  [ -z "$bad" ] && ok "$1: the workers stopped before the hub, none waiting on it" || fail "$1: a worker waited on a stopped hub: $bad"
+}
 same_as() {  # same_as RUN REF
   cmp -s "runs/$2/final/model.safetensors" "runs/$1/final/model.safetensors" \
     && ok "$1: final parameters equal the local launcher's ($2)" || fail "$1: final parameters differ from $2's"
@@ -43,12 +55,14 @@ timeout 300 srun -n4 --kill-on-bad-exit=1 "$rlx" run grpo.yaml run.name=slurm > 
 [ $rc = 0 ] && grep -q "task 0/4: hub 0.*done" slurm.log && ls runs/slurm/logs | grep -q "^worker-1$" \
   && ok "srun -n4: hub, learner, 2 workers as tasks; done" || fail "srun -n4: rc $rc: $(tail -5 slurm.log)"
 same_as slurm local
+workers_ended slurm
 
 # 1 hub + 2 learner ranks (store hosted by task 0) + 2 workers = 5 tasks
 timeout 300 srun -n5 --kill-on-bad-exit=1 "$rlx" run grpo.yaml run.name=slurm2 train.learner_ranks=2 > slurm2.log 2>&1; rc=$?
 [ $rc = 0 ] && ls runs/slurm2/logs | grep -q "^learner-1$" && ok "srun -n5: 2 learner ranks as tasks" \
   || fail "srun -n5: rc $rc: $(tail -5 slurm2.log)"
 same_as slurm2 local2
+workers_ended slurm2
 
 # the transport of tasks on many nodes (train.transport=tcp): the hub, the learner group's
 # store and Gloo, and the weights over tcp by this host's name; the same parameters
@@ -59,6 +73,7 @@ timeout 300 srun -n5 --kill-on-bad-exit=1 "$rlx" run grpo.yaml run.name=slurmtcp
   && ok "srun -n5, train.transport=tcp: hub and weights served over tcp by host name" \
   || fail "slurmtcp: rc $rc: $(tail -5 slurmtcp.log)"
 same_as slurmtcp local2
+workers_ended slurmtcp
 out=$(SLURM_PROCID=1 SLURM_NTASKS=4 SLURM_NNODES=2 "$rlx" run grpo.yaml run.name=twonodes train.transport=local 2>&1); rc=$?
 [ $rc = 2 ] && grep -q "2 nodes (SLURM_NNODES) with train.transport = local" <<<"$out" \
   && ok "tasks on 2 nodes with train.transport=local are refused" || fail "2 nodes, local: rc $rc: $out"

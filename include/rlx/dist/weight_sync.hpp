@@ -42,6 +42,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -100,6 +101,7 @@ struct ShmSyncOptions {
   bool delta = false;                 // write only changed tensors
   int64_t full_every = 10;            // delta mode: a full write at least every K versions
   double attach_timeout_s = 30;       // subscriber: how long to wait for the segment
+  std::function<bool()> give_up;      // subscriber: asked while it waits; true ends the wait (an Error)
   int max_retries = 64;               // subscriber: copies redone after racing a write
   // Publisher: where the two slots live: "cpu" (in the segment) or "cuda:N" (CUDA IPC; a
   // CUDA build). A subscriber takes the device from the segment.
@@ -171,6 +173,7 @@ struct TcpSyncOptions {
   bool delta = false;              // send only tensors changed since the subscriber's spare buffer
   int64_t full_every = 10;         // delta mode: every tensor travels at least every K versions
   double attach_timeout_s = 30;    // subscriber: for the endpoint and the first answer
+  std::function<bool()> give_up;   // subscriber: asked while it waits for the first answer; true ends the wait (an Error)
   double keepalive_s = 2;          // publisher: a waiting request is answered at least this often
   double lost_after_s = 10;        // subscriber: no answer this long: reconnect (endpoint read again)
   int max_subscribers = 4096;      // publisher: waiting requests held at once

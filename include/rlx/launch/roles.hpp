@@ -43,7 +43,8 @@ struct RoleContext {
   std::string hub_address() const;
   // The weight-sync ends of this run's transport (learner rank 0; rollout workers).
   std::unique_ptr<dist::WeightPublisher> weight_publisher(const dist::WeightLayout& layout) const;
-  std::unique_ptr<dist::WeightSubscriber> weight_subscriber() const;
+  // give_up: asked while the subscriber waits for its first weights; true ends the wait (an Error).
+  std::unique_ptr<dist::WeightSubscriber> weight_subscriber(std::function<bool()> give_up = {}) const;
 };
 // The files a tcp run's hub and learner rank 0 write their endpoints to.
 inline constexpr const char* kHubEndpointFile = "hub.endpoint";
