@@ -43,6 +43,7 @@
 #include <filesystem>
 #include <mutex>
 
+#include "core/build_paths.hpp"
 #include "rlx/core/error.hpp"
 #include "rlx/core/log.hpp"
 #include "sandbox_child.hpp"
@@ -135,7 +136,7 @@ int probe_namespaces() {
 // the installed one.
 std::string find_helper() {
   if (const char* env = std::getenv("RLX_SANDBOX_HELPER")) return env;
-  for (const char* path : {RLX_SANDBOX_HELPER_BUILD, RLX_SANDBOX_HELPER_INSTALL})
+  for (const char* path : {build_paths::kSandboxHelperBuild, build_paths::kSandboxHelperInstall})
     if (::access(path, X_OK) == 0) return path;
   return "";
 }

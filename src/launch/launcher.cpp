@@ -14,6 +14,7 @@
 #include <set>
 #include <thread>
 
+#include "core/build_paths.hpp"
 #include "rlx/core/clock.hpp"
 #include "rlx/core/files.hpp"
 #include "rlx/core/log.hpp"
@@ -406,7 +407,7 @@ int launch_task(const RunConfig& cfg, const RoleTask& task, const std::string& e
 // The plotting script: $RLX_PLOT_SCRIPT, else the source tree's, else the installed one.
 fs::path plot_script() {
   if (const char* env = std::getenv("RLX_PLOT_SCRIPT")) return env;
-  for (const char* path : {RLX_PLOT_SCRIPT_SOURCE, RLX_PLOT_SCRIPT_INSTALL})
+  for (const char* path : {build_paths::kPlotScriptSource, build_paths::kPlotScriptInstall})
     if (::access(path, R_OK) == 0) return path;
   return {};
 }

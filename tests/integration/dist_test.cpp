@@ -22,6 +22,7 @@
 
 #include "../unit/helpers.hpp"
 #include "../unit/test_models.hpp"
+#include "test_paths.hpp"
 
 namespace fs = std::filesystem;
 
@@ -40,7 +41,7 @@ struct Group {
            .log_dir = dir / tag,
            .fail_fast = false}) {}
   static std::vector<std::string> with_worker(std::vector<std::string> args) {
-    args.insert(args.begin(), RLX_DIST_WORKER);
+    args.insert(args.begin(), rlx::test_paths::kDistWorker);
     return args;
   }
   const rlx::dist::RankExit& rank(int r) const { return g.ranks()[static_cast<size_t>(r)]; }

@@ -9,6 +9,7 @@
 #include "rlx/env/env.hpp"
 #include "rlx/env/options.hpp"
 #include "rlx/env/sandbox.hpp"
+#include "test_paths.hpp"
 
 using nlohmann::json;
 using rlx::TokenId;
@@ -17,7 +18,7 @@ namespace {
 
 const rlx::Tokenizer& gpt2() {
   static const auto tok = [] {
-    const auto path = std::filesystem::path(RLX_FIXTURE_DIR) / "gpt2" / "tokenizer.json";
+    const auto path = std::filesystem::path(rlx::test_paths::kFixtureDir) / "gpt2" / "tokenizer.json";
     if (!std::filesystem::exists(path)) FAIL("missing " << path << " (scripts/test.sh makes the tokenizer fixtures)");
     return rlx::load_tokenizer(path);
   }();

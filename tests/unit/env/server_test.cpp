@@ -12,22 +12,23 @@
 #include "../helpers.hpp"
 #include "rlx/env/bundled.hpp"
 #include "rlx/env/server.hpp"
+#include "test_paths.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
 
-const fs::path kTokenizer = fs::path(RLX_FIXTURE_DIR) / "gpt2" / "tokenizer.json";
+const fs::path kTokenizer = fs::path(rlx::test_paths::kFixtureDir) / "gpt2" / "tokenizer.json";
 
 rlx::env::EnvServerProcess::Options server_options(const rlx::test::TempDir& dir) {
   rlx::env::EnvServerProcess::Options o;
-  o.rlx = RLX_CLI;
-  o.argv = {RLX_CLI, "env", "serve", "--address", "ipc://" + (dir / "env.sock").string(), "--tokenizer", kTokenizer.string()};
+  o.rlx = rlx::test_paths::kCli;
+  o.argv = {rlx::test_paths::kCli, "env", "serve", "--address", "ipc://" + (dir / "env.sock").string(), "--tokenizer", kTokenizer.string()};
   o.sandbox.limits.wall_s = 600;
   o.sandbox.limits.cpu_s = 600;
   o.sandbox.limits.memory_mb = 8192;  // LibTorch maps a lot of address space
-  o.sandbox.readonly_paths.push_back(fs::path(RLX_CLI).parent_path().string());
+  o.sandbox.readonly_paths.push_back(fs::path(rlx::test_paths::kCli).parent_path().string());
   o.sandbox.readonly_paths.push_back(kTokenizer.parent_path().string());
   o.writable = {dir.path.string()};
   return o;

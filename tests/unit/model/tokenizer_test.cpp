@@ -5,12 +5,13 @@
 
 #include "../helpers.hpp"
 #include "rlx/core/rng.hpp"
+#include "test_paths.hpp"
 
 using Catch::Matchers::Contains;
 using nlohmann::json;
 
 namespace {
-const std::filesystem::path kFixtures = RLX_FIXTURE_DIR;
+const std::filesystem::path kFixtures = rlx::test_paths::kFixtureDir;
 
 std::unique_ptr<rlx::Tokenizer> fixture_tokenizer(const std::string& name) {
   auto path = kFixtures / name / "tokenizer.json";
