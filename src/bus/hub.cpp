@@ -417,6 +417,7 @@ struct Hub::Impl {
           if (store && !store->append(g, version)) {  // the file cannot take it now: the worker keeps it
             verdict = "full";
             count("groups_store_full");
+            leases.hold(g.lease_id, p.who, seconds_now());
             break;
           }
           verdict = "accepted";
@@ -434,6 +435,7 @@ struct Hub::Impl {
           break;
         case ReplayBuffer::Verdict::full:
           verdict = "full";  // only a worker ignoring its credits gets here; the lease stays open
+          leases.hold(g.lease_id, p.who, seconds_now());
           break;
       }
     }

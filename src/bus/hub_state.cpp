@@ -101,6 +101,19 @@ bool LeaseTable::complete(uint64_t lease_id) {
   return true;
 }
 
+bool LeaseTable::hold(uint64_t lease_id, const std::string& worker, double now) {
+  if (auto it = active_.find(lease_id); it != active_.end()) {
+    it->second.worker = worker;
+    it->second.deadline = now + options_.timeout_s;
+    return true;
+  }
+  auto r = std::find_if(reissue_.begin(), reissue_.end(), [&](const Lease& l) { return l.lease_id == lease_id; });
+  if (r == reissue_.end()) return false;
+  active_.emplace(lease_id, Active{*r, worker, now + options_.timeout_s});
+  reissue_.erase(r);
+  return true;
+}
+
 const Lease* LeaseTable::find(uint64_t lease_id) const {
   if (auto it = active_.find(lease_id); it != active_.end()) return &it->second.lease;
   for (const auto& l : reissue_)

@@ -100,6 +100,11 @@ class LeaseTable {
   // duplicate or an unknown lease (drop it). A result for a lease waiting to be re-issued
   // (its worker was presumed lost, then answered) is accepted: the work is not wasted.
   bool complete(uint64_t lease_id);
+  // `worker` holds the lease's finished result, which the hub had no room for (its replay
+  // buffer or trajectory file full): its time starts again from `now`, and a lease waiting
+  // to be re-issued (timed out meanwhile) is the worker's again, so that back-pressure
+  // longer than the timeout re-issues nothing. False when the lease is not open.
+  bool hold(uint64_t lease_id, const std::string& worker, double now);
   // Whether the lease is still open (active or waiting to be re-issued).
   bool is_open(uint64_t lease_id) const;
   // The lease failed. "infra" failures are re-issued until max_attempts; "data" failures

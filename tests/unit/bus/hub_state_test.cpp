@@ -113,6 +113,29 @@ TEST_CASE("hub: infra failures are retried up to max_attempts, data failures end
   CHECK_THAT(error_of([&] { table.fail(1, "other", "x"); }), Contains("infra, data or filtered"));
 }
 
+TEST_CASE("hub: a lease whose finished group found no room is held, not re-issued, however long the wait", "[bus]") {
+  PromptSource src(records(3), {.epochs = 1});
+  LeaseTable table(src, {.timeout_s = 10, .max_attempts = 2});
+  const auto a = *table.issue("w0", 0, 0);
+  // The hub answered "full" at 8 and at 16: each time the lease's time starts again.
+  CHECK(table.hold(a.lease_id, "w0", 8));
+  CHECK(table.expire(15).empty());
+  CHECK(table.hold(a.lease_id, "w0", 16));
+  CHECK(table.expire(25).empty());
+  CHECK(table.pending_reissue() == 0);
+  // Timed out meanwhile (waiting to be re-issued), then its worker came back with the group:
+  // the lease is that worker's again, another worker gets the next prompt, not this one.
+  table.expire(26);
+  CHECK(table.pending_reissue() == 1);
+  CHECK(table.hold(a.lease_id, "w0", 27));
+  CHECK(table.pending_reissue() == 0);
+  const auto b = *table.issue("w1", 27, 0);
+  CHECK(b.lease_id != a.lease_id);
+  CHECK(table.complete(a.lease_id));
+  CHECK_FALSE(table.hold(a.lease_id, "w0", 28));  // ended: nothing to hold
+  CHECK(table.errors().empty());
+}
+
 TEST_CASE("hub: the replay buffer bounds staleness and size, filters, and batches by groups or tokens", "[bus]") {
   ReplayBuffer buf({.capacity_groups = 3, .max_staleness = 1, .drop_uniform_rewards = true});
   CHECK(buf.push(StoredGroup::of(group(1, {0, 1}, 5)), 6) == ReplayBuffer::Verdict::accepted);
