@@ -123,5 +123,17 @@ printf 'learner:\n  schedule: cosin\nalgorithm:\n  name: grpo\n' > learner.yaml
 expect "config: learner and algorithm sections are checked" 2 "learner.schedule \(learner.yaml:2\).*did you mean 'cosine'" -- \
   "$rlx" config show learner.yaml
 expect "config: the algorithm section resolves" 0 'aggregation: token_mean' -- "$rlx" config show good.yaml
+# A worker told to stop (SIGTERM) while it waits for its first weights stops there, at once.
+# One restarted as its run ended (the learner and its segment gone) waited 120 s for them.
+mkdir -p worker_run
+expect "role worker: SIGTERM before its first weights stops it, exit 0" 0 \
+  'worker-0: stopped \(SIGTERM\) before its first weights .*gave up waiting for a publisher' -- bash -c "
+  '$rlx' role worker --config '$src/tests/e2e/grpo.yaml' --run-dir '$PWD/worker_run' --weights rlx-cli-none-\$\$ \\
+    --exe '$rlx' --index 0 2>&1 & pid=\$!
+  for _ in \$(seq 1 300); do [ -f '$PWD/worker_run/heartbeats/worker-0' ] && break; sleep 0.1; done
+  sleep 0.5; kill -TERM \$pid  # its heartbeat starts just before its handler goes in
+  for _ in \$(seq 1 100); do kill -0 \$pid 2>/dev/null || break; sleep 0.1; done
+  kill -0 \$pid 2>/dev/null && { echo 'still running 10 s after SIGTERM'; kill -KILL \$pid; }
+  wait \$pid"
 echo "$((checks - failures)) passed, $failures failed"
 [ "$failures" = 0 ]
