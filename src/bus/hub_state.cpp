@@ -92,7 +92,7 @@ bool LeaseTable::complete(uint64_t lease_id) {
   if (auto it = active_.find(lease_id); it != active_.end()) {
     active_.erase(it);
   } else {
-    auto r = std::find_if(reissue_.begin(), reissue_.end(), [&](const Lease& l) { return l.lease_id == lease_id; });
+    auto r = waiting(lease_id);
     if (r == reissue_.end()) return false;  // late duplicate, or a lease that already ended
     reissue_.erase(r);
   }
@@ -107,7 +107,7 @@ bool LeaseTable::hold(uint64_t lease_id, const std::string& worker, double now) 
     it->second.deadline = now + options_.timeout_s;
     return true;
   }
-  auto r = std::find_if(reissue_.begin(), reissue_.end(), [&](const Lease& l) { return l.lease_id == lease_id; });
+  auto r = waiting(lease_id);
   if (r == reissue_.end()) return false;
   active_.emplace(lease_id, Active{*r, worker, now + options_.timeout_s});
   reissue_.erase(r);
@@ -122,8 +122,11 @@ const Lease* LeaseTable::find(uint64_t lease_id) const {
 }
 
 bool LeaseTable::is_open(uint64_t lease_id) const {
-  return active_.contains(lease_id) ||
-         std::any_of(reissue_.begin(), reissue_.end(), [&](const Lease& l) { return l.lease_id == lease_id; });
+  return active_.contains(lease_id) || waiting(lease_id) != reissue_.end();
+}
+
+std::deque<Lease>::const_iterator LeaseTable::waiting(uint64_t lease_id) const {
+  return std::find_if(reissue_.begin(), reissue_.end(), [&](const Lease& l) { return l.lease_id == lease_id; });
 }
 
 LeaseTableState LeaseTable::state(double now) const {

@@ -304,12 +304,9 @@ rcs=""; for p in "${pids[@]}"; do wait "$p"; rcs="$rcs$?"; done
 [ "$rcs" = 0000 ] && grep -q "task 0/4: hub 0.*done" k8s-0.log && ok "k8s: the Job's 4 pods as processes ran the plan" \
   || fail "k8s pods: exit codes $rcs: $(tail -3 k8s-0.log)"
 same_as_clean k8s
-bad=$(grep -l "nothing from the hub" runs/k8s/logs/worker-*/rank-0.err)
-hub_end=$(grep -h "hub: stopped;" runs/k8s/logs/hub-0/rank-0.err | cut -c1-23)
-for w in 0 1; do  # the log's time stamps: each worker's stop before the hub's
-  w=$(grep -h "stopped (SIGTERM)" "runs/k8s/logs/worker-$w/rank-0.err" | cut -c1-23)
-  [ -n "$w" ] && [ -n "$hub_end" ] && [[ ! $w > $hub_end ]] || bad+=" worker stopped at '$w', hub at '$hub_end'"
-done
+# shellcheck source=checks.sh
+source "$here/checks.sh"
+bad=$(workers_stopped_first runs/k8s)
 [ -z "$bad" ] && [ -f runs/k8s/tasks/*/worker-1-ended ] && ok "k8s: the workers stopped before the hub, none waiting on it" \
   || fail "k8s: a worker waited on a stopped hub: $bad"
 

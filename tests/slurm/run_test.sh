@@ -32,16 +32,11 @@ grep -q "steps: 4," grpo.yaml && grep -q "name: local," grpo.yaml || { echo "FAI
 "$rlx" run grpo.yaml > local.log 2>&1 || fail "local run: $(tail -3 local.log)"
 "$rlx" run grpo.yaml run.name=local2 train.learner_ranks=2 > local2.log 2>&1 || fail "local 2-rank run: $(tail -3 local2.log)"
 
-# The learner done, each worker stops while the hub is there to take what it holds, then
-# the hub: no worker waits on a hub that is gone (it did for 30 s, in every task-mode run).
+# shellcheck source=../e2e/checks.sh
+source "$here/../e2e/checks.sh"
 workers_ended() {  # workers_ended RUN
-  local bad hub_end w
-  bad=$(grep -l "nothing from the hub" "runs/$1"/logs/worker-*/rank-0.err)
-  hub_end=$(grep -h "hub: stopped;" "runs/$1"/logs/hub-0/rank-0.err | cut -c1-23)
-  for w in 0 1; do  # the log's time stamps: each worker's stop before the hub's
-    w=$(grep -h "stopped (SIGTERM)" "runs/$1/logs/worker-$w/rank-0.err" | cut -c1-23)
-    [ -n "$w" ] && [ -n "$hub_end" ] && [[ ! $w > $hub_end ]] || bad+=" worker stopped at '$w', hub at '$hub_end'"
-  done
+  local bad
+  bad=$(workers_stopped_first "runs/$1")
   [ -z "$bad" ] && ok "$1: the workers stopped before the hub, none waiting on it" || fail "$1: a worker waited on a stopped hub: $bad"
 }
 same_as() {  # same_as RUN REF

@@ -133,6 +133,7 @@ class LeaseTable {
     double deadline;
   };
   std::optional<ErrorRecord> retire(uint64_t lease_id, const std::string& kind, const std::string& reason);
+  std::deque<Lease>::const_iterator waiting(uint64_t lease_id) const;  // in reissue_, or end()
 
   PromptSource& source_;
   LeaseOptions options_;
