@@ -70,6 +70,7 @@ struct Client::Impl {
   ItemPtr ahead;
   BatchRequest ahead_request;
   double last_heard = 0, last_beat = 0, last_connect = 0;
+  bool closed = false;  // said goodbye: no heartbeat, reconnect or hello any more
   Counters counters;
   std::atomic<bool> stop{false};
   std::thread io;
@@ -177,7 +178,7 @@ struct Client::Impl {
         case MsgType::welcome: {
           auto w = unpack<Welcome>(f, limits);
           if (w.rehello) {
-            if (f.seq > hello_seq) {  // the hub forgot us after our last hello
+            if (f.seq > hello_seq && !closed) {  // the hub forgot us after our last hello
               ++counters.rehellos;
               hello_locked();
             }
@@ -236,6 +237,7 @@ struct Client::Impl {
         for (int i = 0; i < 256 && dealer.recv(in, zmq::recv_flags::dontwait); ++i)
           if (receive_rest_locked()) on_frame_locked(in, more);
       const double now = seconds_now();  // after the frames: they count as heard
+      if (closed) return;
       if (now - last_heard > o.hub_timeout_s && now - last_connect > o.hub_timeout_s) {
         log::warn("client {}: nothing from the hub for {:.1f} s; reconnecting to {}", o.who, now - last_heard, o.address);
         ++counters.reconnects;
@@ -312,6 +314,7 @@ struct Client::Impl {
   ItemPtr enqueue(MsgType type, std::string frame) {
     auto item = std::make_shared<Item>(Item{type, std::make_shared<std::string>(std::move(frame))});
     std::lock_guard lock(m);
+    RLX_CHECK(!closed, "client {}: closed; a {} cannot be sent", o.who, to_string(type));
     outbox.push_back(item);
     service_locked();
     return item;
@@ -322,22 +325,28 @@ struct Client::Impl {
     std::erase_if(sent, [&](const auto& kv) { return kv.second == item; });
   }
 
-  Reply wait(const ItemPtr& item, double timeout_s, const char* what) {
-    std::unique_lock lock(m);
+  // drive(), asking `give_up` (when set) twice a second.
+  enum class Waited { done, timed_out, gave_up };
+  template <class Done>
+  Waited drive_or_give_up(std::unique_lock<std::mutex>& lock, double timeout_s, Done&& done) {
     const double end = seconds_now() + timeout_s;
     for (;;) {
       const double slice = give_up ? std::min(0.5, end - seconds_now()) : end - seconds_now();
-      if (drive(lock, std::max(0.0, slice), [&] { return item->reply.has_value(); })) return std::move(*item->reply);
-      if (seconds_now() >= end) {
-        forget_locked(item);
-        throw TimeoutError(
-            fmt::format("client {}: the hub at {} did not answer {} within {:.1f} s", o.who, o.address, what, timeout_s));
-      }
-      if (give_up && give_up()) {
-        forget_locked(item);
-        throw Error(fmt::format("client {}: gave up waiting for the hub's answer to {}", o.who, what));
-      }
+      if (drive(lock, std::max(0.0, slice), done)) return Waited::done;
+      if (seconds_now() >= end) return Waited::timed_out;
+      if (give_up && give_up()) return Waited::gave_up;
     }
+  }
+
+  Reply wait(const ItemPtr& item, double timeout_s, const char* what) {
+    std::unique_lock lock(m);
+    const Waited w = drive_or_give_up(lock, timeout_s, [&] { return item->reply.has_value(); });
+    if (w == Waited::done) return std::move(*item->reply);
+    forget_locked(item);
+    if (w == Waited::gave_up)
+      throw Error(fmt::format("client {}: gave up waiting for the hub's answer to {}", o.who, what));
+    throw TimeoutError(
+        fmt::format("client {}: the hub at {} did not answer {} within {:.1f} s", o.who, o.address, what, timeout_s));
   }
   std::function<bool()> give_up;  // set before any request (read by API callers only)
 
@@ -380,7 +389,7 @@ Client::Client(ClientOptions options) : impl_(std::make_unique<Impl>(std::move(o
 
 Client::~Client() {
   try {
-    flush(impl_->o.request_timeout_s);
+    close(impl_->o.request_timeout_s);
   } catch (...) {
   }
 }
@@ -403,9 +412,12 @@ void Client::submit(TrajectoryGroup group) {
   };
   if (waiting() > 0) {
     ++I.counters.credit_waits;
-    const bool ok = I.drive(lock, I.o.credit_wait_s, [&] { return waiting() == 0; });
+    const auto w = I.drive_or_give_up(lock, I.o.credit_wait_s, [&] { return waiting() == 0; });
     I.counters.credit_wait_s += seconds_now() - start;
-    if (!ok)
+    if (w == Impl::Waited::gave_up)
+      throw Error(fmt::format("client {}: gave up waiting for credit from the hub; lease {} was not sent", I.o.who,
+                              group.lease_id));
+    if (w == Impl::Waited::timed_out)
       throw Error(fmt::format("client {}: no credit from the hub for {:.0f} s (its replay buffer is full: are the learners "
                               "running? or its trajectory file cannot be written: see the hub's log); lease {} was not sent",
                               I.o.who, I.o.credit_wait_s, group.lease_id));
@@ -433,9 +445,20 @@ bool Client::flush(double timeout_s) {
 void Client::give_up_when(std::function<bool()> give_up) { impl_->give_up = std::move(give_up); }
 
 bool Client::close(double timeout_s) {
-  const bool all = flush(timeout_s);
   auto& I = *impl_;
-  std::lock_guard lock(I.m);
+  if (std::lock_guard lock(I.m); I.closed) return true;
+  const bool all = flush(timeout_s);
+  {
+    std::lock_guard lock(I.m);
+    I.outbox.clear();
+    I.sent.clear();
+  }
+  // Goodbye: the hub counts this peer gone now, not after peer_timeout_s. Its answer is
+  // awaited briefly (the hub may be gone too); unanswered, the peer timeout does the same.
+  auto bye = I.enqueue(MsgType::bye, pack(Bye{I.o.who}));
+  std::unique_lock lock(I.m);
+  I.drive(lock, std::clamp(timeout_s, 0.1, 1.0), [&] { return bye->reply.has_value(); });
+  I.closed = true;
   I.outbox.clear();
   I.sent.clear();
   return all;

@@ -153,6 +153,29 @@ struct Columns {
             &prompt_len, &reward,     &finish,   &metadata,     &lease_id,      &prompt_index,
             &epoch,    &first_sample, &num_samples, &worker,    &accepted_version};
   }
+  // A column has an entry per token, per sample or per group.
+  struct Counts {
+    uint64_t groups = 0, samples = 0, tokens = 0;
+  };
+  uint64_t Counts::*per(const Column* c) const {
+    if (c == &tokens || c == &loss_mask || c == &logprobs || c == &versions) return &Counts::tokens;
+    if (c == &sample_offset || c == &sample_length || c == &prompt_len || c == &reward || c == &finish || c == &metadata)
+      return &Counts::samples;
+    return &Counts::groups;
+  }
+  // The shortest (or longest) column of each kind.
+  Counts lengths(bool longest) {
+    Counts n;
+    if (!longest) n = {~uint64_t{0}, ~uint64_t{0}, ~uint64_t{0}};
+    for (Column* c : all()) {
+      auto& m = n.*per(c);
+      m = longest ? std::max(m, c->size()) : std::min(m, c->size());
+    }
+    return n;
+  }
+  void set_sizes(const Counts& n) {
+    for (Column* c : all()) c->set_size(n.*per(c), path);
+  }
 
   void name_columns() {
     str = string_type();
@@ -199,8 +222,7 @@ struct Columns {
     RLX_CHECK(file, "cannot create {}", path);
     write_format();
     for (Column* c : all()) {
-      const bool per_token = c == &tokens || c == &loss_mask || c == &logprobs || c == &versions;
-      const hsize_t zero = 0, unlimited = H5S_UNLIMITED, chunk = per_token ? 65536 : 1024;
+      const hsize_t zero = 0, unlimited = H5S_UNLIMITED, chunk = per(c) == &Counts::tokens ? 65536 : 1024;
       Handle space(H5Screate_simple(1, &zero, &unlimited), H5Sclose);
       Handle plist(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
       H5Pset_chunk(plist.get(), 1, &chunk);
@@ -208,6 +230,27 @@ struct Columns {
                                 H5P_DEFAULT), H5Dclose);
       RLX_CHECK(c->ds, "{}: cannot create /{}", path, c->name);
     }
+  }
+
+  // What every column holds: after an unclean stop (SIGKILL, power loss) each column is as
+  // long as HDF5 had written it, and past the last flush the lengths differ. The groups
+  // counted are those whose samples and tokens all the columns hold, each chained to the
+  // one before (a chunk HDF5 never wrote reads as zeros, which do not chain).
+  Counts whole() {
+    const auto [g_have, s_have, t_have] = lengths(/*longest=*/false);
+    const auto first = first_sample.read<int64_t>(0, g_have, path), count = num_samples.read<int64_t>(0, g_have, path);
+    for (uint64_t g = g_have; g > 0; --g) {
+      const uint64_t k = g - 1;
+      const int64_t chained = k == 0 ? 0 : first[k - 1] + count[k - 1];
+      if (count[k] < 1 || first[k] != chained || static_cast<uint64_t>(first[k] + count[k]) > s_have) continue;
+      const auto s = static_cast<uint64_t>(first[k] + count[k]);
+      const uint64_t from = s >= 2 ? s - 2 : 0;
+      const auto off = sample_offset.read<int64_t>(from, s - from, path), len = sample_length.read<int64_t>(from, s - from, path);
+      const int64_t t_chained = s >= 2 ? off[0] + len[0] : 0;
+      if (off.back() != t_chained || len.back() < 0 || static_cast<uint64_t>(off.back() + len.back()) > t_have) continue;
+      return {g, s, static_cast<uint64_t>(off.back() + len.back())};
+    }
+    return {};
   }
 
   void write_format() {
@@ -358,10 +401,18 @@ TrajectoryStore::TrajectoryStore(const std::filesystem::path& file, StoreOptions
             options.stage_bytes);
   impl_->path = file;
   impl_->options = options;
-  impl_->cols.open(file, /*writable=*/true);
-  impl_->groups = impl_->cols.lease_id.size();
-  impl_->samples = impl_->cols.sample_offset.size();
-  impl_->tokens = impl_->cols.tokens.size();
+  auto& c = impl_->cols;
+  c.open(file, /*writable=*/true);
+  const auto n = c.whole();
+  impl_->groups = n.groups, impl_->samples = n.samples, impl_->tokens = n.tokens;
+  const auto had = c.lengths(/*longest=*/true);
+  if (had.groups != n.groups || had.samples != n.samples || had.tokens != n.tokens) {
+    c.set_sizes(n);
+    log::warn("trajectory store {}: its columns' lengths differed (a writer stopped uncleanly past its last flush): "
+              "kept the {} whole groups ({} samples, {} tokens) of {} groups, {} samples, {} tokens", c.path, n.groups,
+              n.samples, n.tokens, had.groups, had.samples, had.tokens);
+    RLX_CHECK(H5Fflush(c.file.get(), H5F_SCOPE_GLOBAL) >= 0, "{}: flush failed{}", c.path, hdf5_reason());
+  }
 }
 
 TrajectoryStore::~TrajectoryStore() {
@@ -434,12 +485,7 @@ void TrajectoryStore::truncate(uint64_t groups) {
     samples = static_cast<uint64_t>(first);
     tokens = static_cast<uint64_t>(c.sample_offset.read<int64_t>(samples, 1, c.path)[0]);
   }
-  for (Column* col : {&c.tokens, &c.loss_mask, &c.logprobs, &c.versions}) col->set_size(tokens, c.path);
-  for (Column* col : {&c.sample_offset, &c.sample_length, &c.prompt_len, &c.reward, &c.finish, &c.metadata})
-    col->set_size(samples, c.path);
-  for (Column* col : {&c.lease_id, &c.prompt_index, &c.epoch, &c.first_sample, &c.num_samples, &c.worker,
-                      &c.accepted_version})
-    col->set_size(groups, c.path);
+  c.set_sizes({groups, samples, tokens});
   impl_->groups = groups, impl_->samples = samples, impl_->tokens = tokens;
   flush();
 }
@@ -464,7 +510,7 @@ const std::filesystem::path& TrajectoryStore::path() const { return impl_->path;
 std::vector<TrajectoryGroup> read_trajectory_groups(const std::filesystem::path& file, uint64_t first, uint64_t count) {
   Columns c;
   c.open(file, /*writable=*/false);
-  const uint64_t total = c.lease_id.size();
+  const uint64_t total = c.whole().groups;
   if (first >= total) return {};
   count = std::min(count, total - first);
   const auto lease = c.lease_id.read<uint64_t>(first, count, c.path);
@@ -502,9 +548,8 @@ TrajectoryFileSummary summarize_trajectories(const std::filesystem::path& file) 
   Columns c;
   c.open(file, /*writable=*/false);
   TrajectoryFileSummary s;
-  s.groups = c.lease_id.size();
-  s.samples = c.sample_offset.size();
-  s.tokens = c.tokens.size();
+  const auto n = c.whole();
+  s.groups = n.groups, s.samples = n.samples, s.tokens = n.tokens;
   const auto rewards = c.reward.read<float>(0, s.samples, c.path);
   if (!rewards.empty()) {
     double sum = 0;

@@ -292,17 +292,23 @@ struct Hub::Impl {
   }
 
   // --- peers ---
-  void lose(Peer& p, const std::string& why) {
-    log::warn("hub: {} {} lost: {}", p.role, p.who, why);
-    count("peers_lost");
+  // A peer gone: lost (`why`), or left, having said goodbye (no `why`). A learner's batches in
+  // flight stay its own until it says hello again; a worker's open leases are re-issued now.
+  void lose(Peer& p, std::optional<std::string> why) {
+    const auto level = why ? log::Level::warn : log::Level::info;
+    if (why) log::warn("hub: {} {} lost: {}", p.role, p.who, *why);
+    count(why ? "peers_lost" : "peers_left");
     by_route.erase(p.route);
     p.connected = false;
     p.credits = 0;
     p.waiting.reset();
     std::erase(waiting_order, p.who);
-    if (p.role == "worker") {
-      for (const auto& rec : leases.worker_lost(p.who)) log::warn("hub: lease {} ended: {}", rec.lease_id, rec.reason);
-    }
+    const size_t waiting_before = leases.pending_reissue();
+    if (p.role == "worker")
+      for (const auto& rec : leases.worker_lost(p.who))
+        log::write(level, fmt::format("hub: lease {} ended: {}", rec.lease_id, rec.reason));
+    const size_t reissued = leases.pending_reissue() - waiting_before;
+    if (!why) log::info("hub: {} {} left{}", p.role, p.who, reissued ? fmt::format("; {} open leases go to others", reissued) : "");
   }
   void requeue_in_flight(Peer& p) {  // newest first, so that the oldest ends up in front
     for (auto it = p.in_flight.rbegin(); it != p.in_flight.rend(); ++it) {
@@ -583,6 +589,11 @@ struct Hub::Impl {
         using T = decltype(msg);
         if constexpr (std::is_same_v<T, Hello>) {
           on_hello(route, frame.seq, std::move(msg));
+          return;
+        }
+        if constexpr (std::is_same_v<T, Bye>) {  // never asked to say hello first
+          if (peer) lose(*peer, std::nullopt);
+          send_route(route, Ack{.seq = frame.seq, .verdict = peer ? "left" : "unknown"}, frame.seq);
           return;
         }
         if (!introduced(peer, route, frame.seq)) return;

@@ -28,11 +28,12 @@ std::string_view to_string(MsgType t) {
     case MsgType::hub_state: return "hub_state";
     case MsgType::env_request: return "env_request";
     case MsgType::env_reply: return "env_reply";
+    case MsgType::bye: return "bye";
   }
   return "unknown";
 }
 
-bool is_known(uint16_t type) { return type >= 1 && type <= static_cast<uint16_t>(MsgType::env_reply); }
+bool is_known(uint16_t type) { return type >= 1 && type <= static_cast<uint16_t>(kLastMsgType); }
 
 std::string_view to_string(Reject r) {
   switch (r) {

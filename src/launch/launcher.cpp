@@ -687,10 +687,19 @@ class TaskRunner {
   // finished (a worker's pod that never started, a node that went away).
   bool workers_ended() {
     static constexpr double kWorkersEndS = 40;  // a worker's own stop is bounded by 30 s
+    static constexpr double kSayWaitingS = 5;   // a worker stops in well under a second
     if (learner_done_at_ == 0) learner_done_at_ = now_s();
     for (uint32_t i = 0; i < cfg_.rollout.workers; ++i)
       if (!fs::exists(coord_ / fmt::format("worker-{}-ended", i))) {
-        if (now_s() - learner_done_at_ < kWorkersEndS) return false;
+        const double waited = now_s() - learner_done_at_;
+        if (waited >= kSayWaitingS && !said_waiting_) {
+          said_waiting_ = true;
+          std::cerr << fmt::format("rlx run [task {}]: the learner is done; waiting for worker {} to end (the hub stops "
+                                   "after at most {:.0f} s)",
+                                   task_.procid, i, kWorkersEndS)
+                    << std::endl;
+        }
+        if (waited < kWorkersEndS) return false;
         std::cerr << fmt::format("rlx run [task {}]: worker {} did not end within {:.0f} s of the learner; stopping the hub",
                                  task_.procid, i, kWorkersEndS)
                   << std::endl;
@@ -717,6 +726,7 @@ class TaskRunner {
   std::string exe_;
   fs::path run_dir_, coord_;
   double started_ = 0, learner_done_at_ = 0;
+  bool said_waiting_ = false;
   bool stop_sent_ = false;
 };
 

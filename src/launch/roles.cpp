@@ -1034,7 +1034,12 @@ int run_worker(const RoleContext& ctx) {
         t.finish = ep.done ? "stop" : "length";
         group.samples.push_back(std::move(t));
       }
-      client.submit(std::move(group));
+      try {
+        client.submit(std::move(group));
+      } catch (const Error&) {
+        if (g_end) break;  // stopped while out of credit: the hub re-issues this lease if the run goes on
+        throw;
+      }
       episodes.remove(gr.lease);
       ++groups_sent;
     }

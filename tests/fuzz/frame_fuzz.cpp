@@ -53,7 +53,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The same bytes re-framed with a valid header (type from the first byte), so the
   // mutations reach the payload decoder instead of stopping at the checksum.
   if (size >= 1) {
-    const auto type = static_cast<MsgType>(1 + data[0] % static_cast<uint16_t>(MsgType::env_reply));
+    const auto type = static_cast<MsgType>(1 + data[0] % static_cast<uint16_t>(kLastMsgType));
     decode(encode_frame(type, 0, bytes.substr(1)), limits);
   }
   return 0;

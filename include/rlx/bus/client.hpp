@@ -77,24 +77,27 @@ class TimeoutError : public Error {
 class Client {
  public:
   explicit Client(ClientOptions options);
-  ~Client();  // waits (bounded by request_timeout_s) for unacknowledged groups, then closes
+  ~Client();  // close(request_timeout_s)
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
   // Workers.
   LeaseGrant request_leases(uint32_t max_leases);
   // Queues the group; returns once it is sent or queued behind credit. Throws rlx::Error
-  // if no credit came within credit_wait_s (the group is then not sent).
+  // if no credit came within credit_wait_s, or `give_up` said so (the group is then not sent).
   void submit(TrajectoryGroup group);
   void report_error(uint64_t lease_id, const std::string& kind, const std::string& reason);
   // Waits until every group and error record is acknowledged; false on timeout.
   bool flush(double timeout_s);
-  // A request waiting for its answer checks `give_up` twice a second and, once it returns
-  // true, fails at once (rlx::Error) instead of waiting out request_timeout_s. For example
+  // A request waiting for its answer, and submit() waiting for credit, check `give_up` twice
+  // a second and, once it returns true, fail at once (rlx::Error) instead of waiting out
+  // request_timeout_s or credit_wait_s (flush() does not ask it). For example
   // a role whose launcher died: the hub goes with it. Call before any request.
   void give_up_when(std::function<bool()> give_up);
-  // flush(), then drops whatever is still unacknowledged (the hub re-issues those leases),
-  // so that the destructor does not wait again. Returns flush()'s answer.
+  // flush(), then drops whatever is still unacknowledged (the hub re-issues those leases)
+  // and says goodbye: the hub counts the peer gone at once and re-issues the leases it still
+  // holds (otherwise that waits for peer_timeout_s). Returns flush()'s answer. Nothing can
+  // be sent afterwards; a second close() returns at once.
   bool close(double timeout_s);
 
   // Learners: the next batch (confirming the previous one). Throws on timeout.

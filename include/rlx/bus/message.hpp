@@ -62,7 +62,9 @@ enum class MsgType : uint16_t {
   hub_state = 14,  // the hub's saved state (a file, never on the wire)
   env_request = 15,
   env_reply = 16,
+  bye = 17,
 };
+inline constexpr MsgType kLastMsgType = MsgType::bye;
 std::string_view to_string(MsgType t);
 bool is_known(uint16_t type);
 
@@ -268,6 +270,15 @@ struct Ack {
 
 struct Heartbeat {
   static constexpr MsgType kType = MsgType::heartbeat;
+  std::string who;
+  template <class Ar> void serialize(Ar& ar) { ar(who); }
+};
+
+// A peer that closes says so (Client::close): the hub counts it gone at once, and re-issues
+// a worker's open leases then, instead of after peer_timeout_s without heartbeats. The hub
+// acknowledges it ("left"; "unknown" from a peer it did not know).
+struct Bye {
+  static constexpr MsgType kType = MsgType::bye;
   std::string who;
   template <class Ar> void serialize(Ar& ar) { ar(who); }
 };
@@ -549,6 +560,7 @@ void dispatch(const Frame& frame, const Limits& limits, F&& f) {
     case MsgType::control: return f(unpack<Control>(frame, limits));
     case MsgType::env_request: return f(unpack<EnvRequest>(frame, limits));
     case MsgType::env_reply: return f(unpack<EnvReply>(frame, limits));
+    case MsgType::bye: return f(unpack<Bye>(frame, limits));
     case MsgType::hub_state: break;
   }
   throw FrameError(Reject::unknown_type, "a " + std::string(to_string(frame.type)) + " frame is not a message");

@@ -2,6 +2,7 @@
 // malformed input, CURVE, and the HDF5 store.
 #include "rlx/bus/hub.hpp"
 
+#include <hdf5.h>
 #include <malloc.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -15,6 +16,7 @@
 #include <atomic>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <optional>
@@ -177,6 +179,70 @@ TEST_CASE("bus: the HDF5 store round-trips groups and truncates to a saved count
   CHECK((back[2] == groups[4]));
   rlx::test::write_file(dir / "bad.h5", "not hdf5");
   CHECK_THAT(rlx::test::error_of([&] { summarize_trajectories(dir / "bad.h5"); }), Contains("not an HDF5 file"));
+}
+
+// Sets the length of dataset `name` in `file`, as a writer killed past its last flush can
+// leave it (longer: entries HDF5 never wrote read as zeros).
+void set_length(const std::filesystem::path& file, const char* name, hsize_t n) {
+  const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  REQUIRE(f >= 0);
+  const hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
+  REQUIRE(d >= 0);
+  CHECK(H5Dset_extent(d, &n) >= 0);
+  H5Dclose(d);
+  H5Fclose(f);
+}
+
+TEST_CASE("bus: a trajectory file whose columns a killed writer left of different lengths opens at its whole groups",
+          "[bus]") {
+  TempDir dir;
+  std::vector<TrajectoryGroup> groups;
+  for (uint64_t i = 0; i < 8; ++i)
+    groups.push_back(answer(Lease{.lease_id = i + 1, .prompt_index = i, .group_size = 3}, 4 + static_cast<int>(i)));
+  const auto tokens_of = [&](size_t n) {
+    uint64_t t = 0;
+    for (size_t i = 0; i < n; ++i)
+      for (const auto& s : groups[i].samples) t += s.tokens.size();
+    return t;
+  };
+  // Each tear, and the whole groups the file still holds.
+  const std::vector<std::pair<std::function<void(const std::filesystem::path&)>, uint64_t>> tears = {
+      {[&](const auto& f) {  // per-sample and per-token columns ran ahead of the groups
+         set_length(f, "sample_offset", 6 * 3 + 2);
+         set_length(f, "metadata", 6 * 3 + 3);
+         set_length(f, "tokens", tokens_of(6) + 40);
+       }, 6},
+      {[&](const auto& f) {  // the per-group columns ran ahead: their new entries read as zeros
+         for (const char* n : {"group_lease_id", "group_prompt_index", "group_epoch", "group_first_sample",
+                               "group_num_samples", "group_worker", "group_accepted_version"})
+           set_length(f, n, 9);
+       }, 6},
+      {[&](const auto& f) { set_length(f, "metadata", 6 * 3 - 1); }, 5},  // the last group's samples fell short
+      {[&](const auto& f) { set_length(f, "logprobs", tokens_of(6) - 1); }, 5},  // its last sample's tokens did
+  };
+  for (size_t k = 0; k < tears.size(); ++k) {
+    INFO("tear " << k);
+    const auto file = dir / ("torn" + std::to_string(k) + ".h5");
+    {
+      TrajectoryStore store(file);
+      for (size_t i = 0; i < 6; ++i) REQUIRE(store.append(groups[i], 1));
+    }
+    tears[k].first(file);
+    const uint64_t whole = tears[k].second;
+    CHECK(summarize_trajectories(file).groups == whole);
+    {
+      TrajectoryStore store(file);
+      CHECK(store.groups() == whole);
+      CHECK(store.samples() == whole * 3);
+      CHECK(store.tokens() == tokens_of(whole));
+      REQUIRE(store.append(groups[6], 2));  // appends line up again in every column
+      REQUIRE(store.append(groups[7], 2));
+    }
+    auto want = std::vector<TrajectoryGroup>(groups.begin(), groups.begin() + static_cast<long>(whole));
+    want.push_back(groups[6]);
+    want.push_back(groups[7]);
+    CHECK((read_trajectory_groups(file, 0, 100) == want));
+  }
 }
 
 TEST_CASE("bus: the HDF5 store writes appends in bulk; truncate, flush and close write what waits first", "[bus]") {
@@ -528,6 +594,69 @@ TEST_CASE("client: a request gives up as soon as give_up_when says so, not at it
   CHECK_THAT(err, Contains("gave up waiting for the hub's answer to lease_request"));
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));
   CHECK(c.close(0.1));  // the forgotten request is not pending: close returns at once
+}
+
+TEST_CASE("client: submit waiting for credit gives up as soon as give_up_when says so, not at credit_wait_s",
+          "[bus][client]") {
+  TempDir dir;
+  auto o = options(dir, "hub");
+  o.replay.capacity_groups = 2;  // no learner drains it: after two groups, no more credit
+  o.credits_per_peer = 2;
+  HubThread h(o, prompts(8));
+  auto wo = worker(o.address, "w0");
+  wo.credit_wait_s = 60;
+  Client w(wo);
+  std::atomic<bool> stopped{false};
+  w.give_up_when([&] { return stopped.load(); });
+  auto grant = w.request_leases(4);
+  REQUIRE(grant.leases.size() == 4);
+  for (int i = 0; i < 3; ++i) w.submit(answer(grant.leases[static_cast<size_t>(i)]));  // the third waits behind credit
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    stopped = true;
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto err = rlx::test::error_of([&] { w.submit(answer(grant.leases[3])); });
+  later.join();
+  CHECK_THAT(err, Contains("gave up waiting for credit from the hub; lease " + std::to_string(grant.leases[3].lease_id)));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));
+  CHECK(w.counters().credit_waits == 1);
+  CHECK(w.counters().verdicts["accepted"] == 2);
+  w.close(0.1);
+}
+
+TEST_CASE("bus: a worker that closes says goodbye; the hub re-issues its open leases at once, not after peer_timeout_s",
+          "[bus][client]") {
+  TempDir dir;
+  auto o = options(dir, "hub");
+  o.peer_timeout_s = 60;
+  o.lease_timeout_s = 120;
+  HubThread h(o, prompts(4));
+  Client monitor({.address = o.address, .who = "m", .role = "monitor"});
+  std::vector<uint64_t> held;
+  {
+    Client w(worker(o.address, "w0"));
+    auto grant = w.request_leases(4);
+    REQUIRE(grant.leases.size() == 4);
+    w.submit(answer(grant.leases[0]));
+    for (size_t i = 1; i < 4; ++i) held.push_back(grant.leases[i].lease_id);
+    CHECK(stat(monitor.hub_stats(), "peers_connected") == 2);
+    CHECK(w.close(10));
+    CHECK_THAT(rlx::test::error_of([&] { (void)w.request_leases(1); }), Contains("client w0: closed"));
+    CHECK(w.close(10));  // a second close returns at once
+  }
+  const auto after = monitor.hub_stats();
+  CHECK(stat(after, "peers_connected") == 1);  // the monitor
+  CHECK(stat(after, "peers_left") == 1);
+  CHECK(stat(after, "peers_lost") == 0);
+  Client w1(worker(o.address, "w1"));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto again = w1.request_leases(4);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));
+  std::vector<uint64_t> got;
+  for (const auto& l : again.leases) got.push_back(l.lease_id);
+  CHECK(got.size() == 3);
+  for (auto id : held) CHECK(std::find(got.begin(), got.end(), id) != got.end());
 }
 
 TEST_CASE("bus: a learner's batch carries each group's frame as its worker sent it", "[bus]") {
