@@ -454,10 +454,12 @@ bool Client::close(double timeout_s) {
     I.sent.clear();
   }
   // Goodbye: the hub counts this peer gone now, not after peer_timeout_s. Its answer is
-  // awaited briefly (the hub may be gone too); unanswered, the peer timeout does the same.
+  // awaited briefly, and not at all from a hub silent for hub_timeout_s (gone, most
+  // likely); unanswered, the peer timeout does the same.
   auto bye = I.enqueue(MsgType::bye, pack(Bye{I.o.who}));
   std::unique_lock lock(I.m);
-  I.drive(lock, std::clamp(timeout_s, 0.1, 1.0), [&] { return bye->reply.has_value(); });
+  const double wait_s = seconds_now() - I.last_heard < I.o.hub_timeout_s ? std::clamp(timeout_s, 0.1, 1.0) : 0.0;
+  I.drive(lock, wait_s, [&] { return bye->reply.has_value(); });
   I.closed = true;
   I.outbox.clear();
   I.sent.clear();

@@ -239,6 +239,9 @@ wait $pid; rc=$?
 [ $rc = 0 ] && grep -q "rollout workers 1 -> 3" scale.log && grep -q "rollout workers 3 -> 1" scale.log \
   && [ "$(grep -c "worker [12] left (clean)" scale.log)" = 2 ] && grep -q "leaving (rlx scale)" runs/scale/logs/worker-2/rank-0.err \
   && ok "scale: 1 -> 3 -> 1 rollout workers; the two that left sent what they held" || fail "scale: rc $rc: $(tail -5 scale.log)"
+# They said goodbye: the hub counted them gone at once, not lost after its peer timeout.
+[ "$(grep -c "hub: worker worker-[12] left" runs/scale/logs/hub-0/rank-0.err)" = 2 ] && ! grep -q " lost: " runs/scale/logs/hub-0/rank-0.err \
+  && ok "scale: the hub heard both leave (Bye)" || fail "scale: the hub did not hear the workers leave: $(grep -h "left\| lost" runs/scale/logs/hub-0/rank-0.err)"
 same_as_clean scale scaleref
 out=$("$rlx" scale runs/scale --workers 2 2>&1); rc=$?
 [ $rc != 0 ] && grep -q "is not running" <<<"$out" && ok "scale: a finished run is refused" || fail "scale after the end: rc $rc: $out"
