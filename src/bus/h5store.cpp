@@ -19,7 +19,7 @@ namespace rlx::bus {
 namespace {
 
 constexpr const char* kFormat = "rlx-trajectories";
-constexpr int kFormatVersion = 1;
+constexpr int kFormatVersion = 2;  // 2: versions as runs (1: /versions int64 per token)
 
 // An HDF5 handle closed by the right function.
 class Handle {
@@ -144,29 +144,32 @@ struct Column {
 struct Columns {
   Handle file, str;
   std::string path;
-  Column tokens, loss_mask, logprobs, versions;
-  Column sample_offset, sample_length, prompt_len, reward, finish, metadata;
+  Column tokens, loss_mask, logprobs;
+  Column run_version, run_length;
+  Column sample_offset, sample_length, first_run, num_runs, prompt_len, reward, finish, metadata;
   Column lease_id, prompt_index, epoch, first_sample, num_samples, worker, accepted_version;
 
   std::vector<Column*> all() {
-    return {&tokens,   &loss_mask,    &logprobs, &versions,     &sample_offset, &sample_length,
-            &prompt_len, &reward,     &finish,   &metadata,     &lease_id,      &prompt_index,
-            &epoch,    &first_sample, &num_samples, &worker,    &accepted_version};
+    return {&tokens,        &loss_mask,     &logprobs,     &run_version, &run_length,   &sample_offset, &sample_length,
+            &first_run,     &num_runs,      &prompt_len,   &reward,      &finish,       &metadata,      &lease_id,
+            &prompt_index,  &epoch,         &first_sample, &num_samples, &worker,       &accepted_version};
   }
-  // A column has an entry per token, per sample or per group.
+  // A column has an entry per token, per run of versions, per sample or per group.
   struct Counts {
-    uint64_t groups = 0, samples = 0, tokens = 0;
+    uint64_t groups = 0, samples = 0, tokens = 0, runs = 0;
   };
   uint64_t Counts::*per(const Column* c) const {
-    if (c == &tokens || c == &loss_mask || c == &logprobs || c == &versions) return &Counts::tokens;
-    if (c == &sample_offset || c == &sample_length || c == &prompt_len || c == &reward || c == &finish || c == &metadata)
+    if (c == &tokens || c == &loss_mask || c == &logprobs) return &Counts::tokens;
+    if (c == &run_version || c == &run_length) return &Counts::runs;
+    if (c == &sample_offset || c == &sample_length || c == &first_run || c == &num_runs || c == &prompt_len ||
+        c == &reward || c == &finish || c == &metadata)
       return &Counts::samples;
     return &Counts::groups;
   }
   // The shortest (or longest) column of each kind.
   Counts lengths(bool longest) {
     Counts n;
-    if (!longest) n = {~uint64_t{0}, ~uint64_t{0}, ~uint64_t{0}};
+    if (!longest) n = {~uint64_t{0}, ~uint64_t{0}, ~uint64_t{0}, ~uint64_t{0}};
     for (Column* c : all()) {
       auto& m = n.*per(c);
       m = longest ? std::max(m, c->size()) : std::min(m, c->size());
@@ -183,9 +186,12 @@ struct Columns {
     set(tokens, "tokens", H5T_NATIVE_INT32);
     set(loss_mask, "loss_mask", H5T_NATIVE_UINT8);
     set(logprobs, "logprobs", H5T_NATIVE_FLOAT);
-    set(versions, "versions", H5T_NATIVE_INT64);
+    set(run_version, "run_version", H5T_NATIVE_INT64);
+    set(run_length, "run_length", H5T_NATIVE_UINT32);
     set(sample_offset, "sample_offset", H5T_NATIVE_INT64);
     set(sample_length, "sample_length", H5T_NATIVE_INT64);
+    set(first_run, "sample_first_run", H5T_NATIVE_INT64);
+    set(num_runs, "sample_num_runs", H5T_NATIVE_INT64);
     set(prompt_len, "prompt_len", H5T_NATIVE_INT32);
     set(reward, "reward", H5T_NATIVE_FLOAT);
     set(finish, "finish", str.get());
@@ -234,10 +240,10 @@ struct Columns {
 
   // What every column holds: after an unclean stop (SIGKILL, power loss) each column is as
   // long as HDF5 had written it, and past the last flush the lengths differ. The groups
-  // counted are those whose samples and tokens all the columns hold, each chained to the
-  // one before (a chunk HDF5 never wrote reads as zeros, which do not chain).
+  // counted are those whose samples, tokens and runs all the columns hold, each chained to
+  // the one before (a chunk HDF5 never wrote reads as zeros, which do not chain).
   Counts whole() {
-    const auto [g_have, s_have, t_have] = lengths(/*longest=*/false);
+    const auto [g_have, s_have, t_have, r_have] = lengths(/*longest=*/false);
     const auto first = first_sample.read<int64_t>(0, g_have, path), count = num_samples.read<int64_t>(0, g_have, path);
     for (uint64_t g = g_have; g > 0; --g) {
       const uint64_t k = g - 1;
@@ -248,7 +254,10 @@ struct Columns {
       const auto off = sample_offset.read<int64_t>(from, s - from, path), len = sample_length.read<int64_t>(from, s - from, path);
       const int64_t t_chained = s >= 2 ? off[0] + len[0] : 0;
       if (off.back() != t_chained || len.back() < 0 || static_cast<uint64_t>(off.back() + len.back()) > t_have) continue;
-      return {g, s, static_cast<uint64_t>(off.back() + len.back())};
+      const auto r0 = first_run.read<int64_t>(from, s - from, path), rn = num_runs.read<int64_t>(from, s - from, path);
+      const int64_t r_chained = s >= 2 ? r0[0] + rn[0] : 0;
+      if (r0.back() != r_chained || rn.back() < 0 || static_cast<uint64_t>(r0.back() + rn.back()) > r_have) continue;
+      return {g, s, static_cast<uint64_t>(off.back() + len.back()), static_cast<uint64_t>(r0.back() + rn.back())};
     }
     return {};
   }
@@ -283,7 +292,7 @@ struct Columns {
 }  // namespace
 
 // Appends wait here, one buffer per column, and go to the file together once they hold
-// StoreOptions::stage_bytes (and on flush, truncate and close): 17 columns written per group
+// StoreOptions::stage_bytes (and on flush, truncate and close): 20 columns written per group
 // cost the hub more than receiving the group (`rlx bench bus --store`). Nothing is lost that
 // was not lost before: HDF5 too held appends in memory until a flush, and a restored hub
 // truncates the file to the count of its last save, which flushes.
@@ -291,7 +300,8 @@ struct Stage {
   std::vector<int32_t> tokens;
   std::vector<uint8_t> mask;
   std::vector<float> logprobs;
-  std::vector<int64_t> versions, offset, length;
+  std::vector<int64_t> run_version, offset, length, first_run, num_runs;
+  std::vector<uint32_t> run_length;
   std::vector<int32_t> prompt_len;
   std::vector<float> reward;
   std::deque<std::string> text;  // finish, metadata and worker, NUL-terminated (views are not); a deque keeps c_str()s
@@ -306,9 +316,12 @@ struct Stage {
     c.tokens.append(tokens.data(), tokens.size(), f);
     c.loss_mask.append(mask.data(), mask.size(), f);
     c.logprobs.append(logprobs.data(), logprobs.size(), f);
-    c.versions.append(versions.data(), versions.size(), f);
+    c.run_version.append(run_version.data(), run_version.size(), f);
+    c.run_length.append(run_length.data(), run_length.size(), f);
     c.sample_offset.append(offset.data(), offset.size(), f);
     c.sample_length.append(length.data(), length.size(), f);
+    c.first_run.append(first_run.data(), first_run.size(), f);
+    c.num_runs.append(num_runs.data(), num_runs.size(), f);
     c.prompt_len.append(prompt_len.data(), prompt_len.size(), f);
     c.reward.append(reward.data(), reward.size(), f);
     c.finish.append(finish.data(), finish.size(), f);
@@ -328,15 +341,15 @@ struct TrajectoryStore::Impl {
   StoreOptions options;
   Columns cols;
   Stage stage;
-  uint64_t groups = 0, samples = 0, tokens = 0;  // in the file and staged
+  uint64_t groups = 0, samples = 0, tokens = 0, runs = 0;  // in the file and staged
   uint64_t write_failures = 0;
   std::string last_error;  // of the last write; empty once one succeeds
   size_t retry_bytes = 0;  // after a failed write, appends try again once the stage holds this much
 
   // The disk space a write of the stage can take: its bytes, the chunks it starts (up to
   // 512 KiB per column), the strings' heap entries and the chunk index (generously).
-  size_t space_needed() const {
-    return stage.bytes + stage.bytes / 4 + stage.finish.size() * 64 + 17 * (size_t{512} << 10) + (size_t{4} << 20);
+  size_t space_needed() {
+    return stage.bytes + stage.bytes / 4 + stage.finish.size() * 64 + cols.all().size() * (size_t{512} << 10) + (size_t{4} << 20);
   }
 
   // Disk blocks for `bytes` past the end of HDF5's allocation, reserved before a write: a
@@ -404,9 +417,9 @@ TrajectoryStore::TrajectoryStore(const std::filesystem::path& file, StoreOptions
   auto& c = impl_->cols;
   c.open(file, /*writable=*/true);
   const auto n = c.whole();
-  impl_->groups = n.groups, impl_->samples = n.samples, impl_->tokens = n.tokens;
+  impl_->groups = n.groups, impl_->samples = n.samples, impl_->tokens = n.tokens, impl_->runs = n.runs;
   const auto had = c.lengths(/*longest=*/true);
-  if (had.groups != n.groups || had.samples != n.samples || had.tokens != n.tokens) {
+  if (had.groups != n.groups || had.samples != n.samples || had.tokens != n.tokens || had.runs != n.runs) {
     c.set_sizes(n);
     log::warn("trajectory store {}: its columns' lengths differed (a writer stopped uncleanly past its last flush): "
               "kept the {} whole groups ({} samples, {} tokens) of {} groups, {} samples, {} tokens", c.path, n.groups,
@@ -440,6 +453,7 @@ bool TrajectoryStore::append(const GroupView& g, int64_t accepted_version) {
   auto& st = impl_->stage;
   const int64_t first = static_cast<int64_t>(impl_->samples);
   int64_t at = static_cast<int64_t>(impl_->tokens);
+  const size_t runs_before = st.run_version.size();
   for (const auto& s : g.samples) {
     const size_t n = s.tokens.size();
     RLX_CHECK(s.loss_mask.size() == n && s.logprobs.size() == n && s.versions.size() == n,
@@ -450,7 +464,10 @@ bool TrajectoryStore::append(const GroupView& g, int64_t accepted_version) {
     s.tokens.append_to(st.tokens);
     s.loss_mask.append_to(st.mask);
     s.logprobs.append_to(st.logprobs);
-    s.versions.append_to(st.versions);
+    const size_t r = st.run_version.size();
+    append_runs(s.versions, st.run_version, st.run_length);
+    st.first_run.push_back(static_cast<int64_t>(impl_->runs + (r - runs_before)));
+    st.num_runs.push_back(static_cast<int64_t>(st.run_version.size() - r));
     st.offset.push_back(at);
     st.length.push_back(static_cast<int64_t>(n));
     at += static_cast<int64_t>(n);
@@ -458,7 +475,8 @@ bool TrajectoryStore::append(const GroupView& g, int64_t accepted_version) {
     st.reward.push_back(s.reward);
     st.finish.push_back(st.text.emplace_back(s.finish).c_str());
     st.metadata.push_back(st.text.emplace_back(s.metadata).c_str());
-    st.bytes += n * (sizeof(int32_t) + sizeof(uint8_t) + sizeof(float) + sizeof(int64_t)) + s.finish.size() + s.metadata.size();
+    st.bytes += n * (sizeof(int32_t) + sizeof(uint8_t) + sizeof(float)) + (st.run_version.size() - r) * 12 +
+                s.finish.size() + s.metadata.size();
   }
   st.lease_id.push_back(g.lease_id);
   st.prompt_index.push_back(g.prompt_index);
@@ -470,6 +488,7 @@ bool TrajectoryStore::append(const GroupView& g, int64_t accepted_version) {
   impl_->groups += 1;
   impl_->samples += g.samples.size();
   impl_->tokens = static_cast<uint64_t>(at);
+  impl_->runs += st.run_version.size() - runs_before;
   // Once a write has failed, appends try again each time another stage_bytes have gathered.
   if (st.bytes >= (impl_->last_error.empty() ? impl_->options.stage_bytes : impl_->retry_bytes)) (void)impl_->write_stage();
   return true;
@@ -479,14 +498,15 @@ void TrajectoryStore::truncate(uint64_t groups) {
   auto& c = impl_->cols;
   if (groups >= impl_->groups) return;
   flush();
-  uint64_t samples = 0, tokens = 0;
+  uint64_t samples = 0, tokens = 0, runs = 0;
   if (groups > 0) {
     const auto first = c.first_sample.read<int64_t>(groups, 1, c.path)[0];
     samples = static_cast<uint64_t>(first);
     tokens = static_cast<uint64_t>(c.sample_offset.read<int64_t>(samples, 1, c.path)[0]);
+    runs = static_cast<uint64_t>(c.first_run.read<int64_t>(samples, 1, c.path)[0]);
   }
-  c.set_sizes({groups, samples, tokens});
-  impl_->groups = groups, impl_->samples = samples, impl_->tokens = tokens;
+  c.set_sizes({groups, samples, tokens, runs});
+  impl_->groups = groups, impl_->samples = samples, impl_->tokens = tokens, impl_->runs = runs;
   flush();
 }
 
@@ -506,6 +526,23 @@ uint64_t TrajectoryStore::groups() const { return impl_->groups; }
 uint64_t TrajectoryStore::samples() const { return impl_->samples; }
 uint64_t TrajectoryStore::tokens() const { return impl_->tokens; }
 const std::filesystem::path& TrajectoryStore::path() const { return impl_->path; }
+
+namespace {
+// Sample `sample`'s per-token versions from its runs [first, first + count).
+std::vector<int64_t> read_versions(const Columns& c, uint64_t first, uint64_t count, uint64_t tokens, uint64_t sample) {
+  const auto values = c.run_version.read<int64_t>(first, count, c.path);
+  const auto lengths = c.run_length.read<uint32_t>(first, count, c.path);
+  std::vector<int64_t> out;
+  try {
+    VersionRuns::checked({reinterpret_cast<const char*>(values.data()), values.size()},
+                         {reinterpret_cast<const char*>(lengths.data()), lengths.size()}, tokens)
+        .append_to(out);
+  } catch (const FrameError& e) {
+    throw Error(fmt::format("{}: sample {}: {}", c.path, sample, e.what()));
+  }
+  return out;
+}
+}  // namespace
 
 std::vector<TrajectoryGroup> read_trajectory_groups(const std::filesystem::path& file, uint64_t first, uint64_t count) {
   Columns c;
@@ -530,13 +567,14 @@ std::vector<TrajectoryGroup> read_trajectory_groups(const std::filesystem::path&
     const auto rew = c.reward.read<float>(s0, sn, c.path);
     const auto fin = c.finish.read_strings(s0, sn, c.path);
     const auto meta = c.metadata.read_strings(s0, sn, c.path);
+    const auto r0 = c.first_run.read<int64_t>(s0, sn, c.path), rn = c.num_runs.read<int64_t>(s0, sn, c.path);
     for (uint64_t j = 0; j < sn; ++j) {
       Trajectory t;
       const auto o = static_cast<uint64_t>(off[j]), n = static_cast<uint64_t>(len[j]);
       t.tokens = c.tokens.read<int32_t>(o, n, c.path);
       t.loss_mask = c.loss_mask.read<uint8_t>(o, n, c.path);
       t.logprobs = c.logprobs.read<float>(o, n, c.path);
-      t.versions = c.versions.read<int64_t>(o, n, c.path);
+      t.versions = read_versions(c, static_cast<uint64_t>(r0[j]), static_cast<uint64_t>(rn[j]), n, s0 + j);
       t.prompt_len = plen[j], t.reward = rew[j], t.finish = fin[j], t.metadata = meta[j];
       g.samples.push_back(std::move(t));
     }
@@ -565,14 +603,14 @@ TrajectoryFileSummary summarize_trajectories(const std::filesystem::path& file) 
   s.distinct_prompts = std::set<uint64_t>(prompts.begin(), prompts.end()).size();
   constexpr uint64_t kChunk = uint64_t{1} << 20;  // bounded memory for any file size
   for (uint64_t at = 0; at < s.tokens; at += kChunk) {
-    const uint64_t n = std::min(kChunk, s.tokens - at);
-    const auto versions = c.versions.read<int64_t>(at, n, c.path);
-    const auto mask = c.loss_mask.read<uint8_t>(at, n, c.path);
-    for (uint64_t i = 0; i < n; ++i) {
-      s.policy_tokens += mask[i] != 0;
-      if (versions[i] < 0) continue;
-      s.version_min = s.version_min < 0 ? versions[i] : std::min(s.version_min, versions[i]);
-      s.version_max = std::max(s.version_max, versions[i]);
+    const uint64_t k = std::min(kChunk, s.tokens - at);
+    for (uint8_t m : c.loss_mask.read<uint8_t>(at, k, c.path)) s.policy_tokens += m != 0;
+  }
+  for (uint64_t at = 0; at < n.runs; at += kChunk) {
+    for (int64_t v : c.run_version.read<int64_t>(at, std::min(kChunk, n.runs - at), c.path)) {
+      if (v < 0) continue;
+      s.version_min = s.version_min < 0 ? v : std::min(s.version_min, v);
+      s.version_max = std::max(s.version_max, v);
     }
   }
   return s;

@@ -145,7 +145,8 @@ GroupView parse_group(const Frame& frame, const Limits& limits) {
     s.tokens = take_array<int32_t>(ar);
     s.loss_mask = take_array<uint8_t>(ar);
     s.logprobs = take_array<float>(ar);
-    s.versions = take_array<int64_t>(ar);
+    const auto values = take_array<int64_t>(ar);
+    s.versions = VersionRuns::checked(values, take_array<uint32_t>(ar), s.tokens.size());
     ar(s.prompt_len, s.reward);
     s.finish = take_string(ar);
     s.metadata = take_string(ar);
@@ -159,7 +160,7 @@ GroupView view_of(const TrajectoryGroup& group) {
   GroupView g{.lease_id = group.lease_id, .prompt_index = group.prompt_index, .epoch = group.epoch, .worker = group.worker};
   g.samples.reserve(group.samples.size());
   for (const auto& s : group.samples)
-    g.samples.push_back({over(s.tokens), over(s.loss_mask), over(s.logprobs), over(s.versions), s.prompt_len, s.reward,
+    g.samples.push_back({over(s.tokens), over(s.loss_mask), over(s.logprobs), VersionRuns::per_token(s.versions), s.prompt_len, s.reward,
                          s.finish, s.metadata});
   return g;
 }
@@ -267,6 +268,27 @@ RLX_SCAN_CLONES std::pair<uint64_t, int64_t> scan_versions(const char* p, size_t
   return {lo, hi};
 }
 
+// The first index from `from` whose value is not `value` (or `n`): eight at a time, one
+// branch a block (the loop vectorises; a per-value exit would not).
+RLX_SCAN_CLONES size_t run_end(const char* p, size_t from, size_t n, int64_t value) {
+  size_t i = from;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t differ = 0;
+    for (size_t k = 0; k < 8; ++k) {
+      int64_t v;
+      std::memcpy(&v, p + (i + k) * sizeof(v), sizeof(v));
+      differ |= static_cast<uint64_t>(v ^ value);
+    }
+    if (differ) break;
+  }
+  for (; i < n; ++i) {
+    int64_t v;
+    std::memcpy(&v, p + i * sizeof(v), sizeof(v));
+    if (v != value) break;
+  }
+  return i;
+}
+
 RLX_SCAN_CLONES bool scan_tokens(const char* tokens, const char* mask, const char* logprobs, size_t n) {
   unsigned bad = 0;
   for (size_t t = 0; t < n; ++t) {
@@ -283,6 +305,50 @@ RLX_SCAN_CLONES bool scan_tokens(const char* tokens, const char* mask, const cha
 }
 }  // namespace
 
+VersionRuns VersionRuns::checked(Unaligned<int64_t> values, Unaligned<uint32_t> lengths, size_t tokens) {
+  if (values.size() != lengths.size())
+    throw FrameError(Reject::malformed, fmt::format("versions: {} run values and {} run lengths", values.size(), lengths.size()));
+  uint64_t covered = 0;  // at most 2^32 a run, and fewer runs than payload bytes: no overflow
+  for (size_t r = 0; r < lengths.size(); ++r) {
+    const uint32_t n = lengths[r];
+    if (n == 0) throw FrameError(Reject::malformed, fmt::format("versions: run {} has no tokens", r));
+    covered += n;
+  }
+  if (covered != tokens)
+    throw FrameError(Reject::malformed, fmt::format("versions: {} runs cover {} tokens, the sample has {}", values.size(), covered, tokens));
+  return {values, lengths, tokens};
+}
+
+void VersionRuns::append_to(std::vector<int64_t>& out) const {
+  if (lengths.size() == 0) return values.append_to(out);
+  const size_t at = out.size();
+  out.resize(at + tokens);
+  auto* p = out.data() + at;
+  for (size_t r = 0; r < values.size(); ++r) p = std::fill_n(p, lengths[r], values[r]);
+}
+
+void append_runs(const VersionRuns& v, std::vector<int64_t>& values, std::vector<uint32_t>& lengths) {
+  const auto add = [&](int64_t value, uint64_t n) {  // a run longer than 2^32 - 1 tokens is split
+    while (n > 0) {
+      const auto take = static_cast<uint32_t>(std::min<uint64_t>(n, std::numeric_limits<uint32_t>::max()));
+      values.push_back(value), lengths.push_back(take);
+      n -= take;
+    }
+  };
+  const size_t runs = v.values.size();
+  for (size_t r = 0; r < runs;) {
+    const int64_t value = v.values[r];
+    uint64_t n = 0;
+    if (v.lengths.size() == 0) {
+      const size_t end = run_end(v.values.p, r, runs, value);
+      n = end - r, r = end;
+    } else {
+      for (; r < runs && v.values[r] == value; ++r) n += v.lengths[r];
+    }
+    add(value, n);
+  }
+}
+
 bool SampleView::tokens_valid() const {
   const size_t n = tokens.size();
   RLX_ASSERT(loss_mask.size() == n && logprobs.size() == n, "tokens_valid: arrays of different lengths");
@@ -293,7 +359,7 @@ std::pair<int64_t, int64_t> GroupView::version_range() const {
   uint64_t lo = std::numeric_limits<uint64_t>::max();
   int64_t hi = -1;
   for (const auto& s : samples) {
-    const auto [l, h] = scan_versions(s.versions.p, s.versions.size());
+    const auto [l, h] = scan_versions(s.versions.values.p, s.versions.values.size());  // runs or per token alike
     lo = std::min(lo, l);
     hi = std::max(hi, h);
   }

@@ -1,13 +1,17 @@
 // Append-only HDF5 store of accepted trajectory groups (the hub writes one per run).
 //
-// Layout (all 1-D, chunked, extendible; T tokens, S samples, G groups in the file):
-//   /tokens int32[T]  /loss_mask uint8[T]  /logprobs float32[T]  /versions int64[T]
-//   /sample_offset int64[S] (first token)  /sample_length int64[S]  /prompt_len int32[S]
+// Layout (all 1-D, chunked, extendible; T tokens, R runs of versions, S samples, G groups):
+//   /tokens int32[T]  /loss_mask uint8[T]  /logprobs float32[T]
+//   /run_version int64[R]  /run_length uint32[R]: a sample's per-token weight versions, as
+//     runs (VersionRuns: run_version[r] for run_length[r] tokens)
+//   /sample_offset int64[S] (first token)  /sample_length int64[S]
+//   /sample_first_run int64[S]  /sample_num_runs int64[S]  /prompt_len int32[S]
 //   /reward float32[S]  /finish string[S]  /metadata string[S]
 //   /group_lease_id uint64[G]  /group_prompt_index uint64[G]  /group_epoch uint64[G]
 //   /group_first_sample int64[G]  /group_num_samples int64[G]  /group_worker string[G]
 //   /group_accepted_version int64[G]: the hub's weight version when it accepted the group
-// Root attributes: format = "rlx-trajectories", format_version = 1.
+// Root attributes: format = "rlx-trajectories", format_version = 2 (1 had /versions
+// int64[T], a value per token; this build refuses it, naming both versions).
 //
 //   rlx::bus::TrajectoryStore store("run/trajectories/hub.h5");
 //   if (!store.append(group, hub_version)) { /* the file is full: keep the group, try again later */ }

@@ -39,10 +39,11 @@
 namespace rlx::bus {
 
 inline constexpr uint32_t kMagic = 0x42584c52;  // "RLXB" little-endian
-// 4: a batch request says which batches the learner has received (it may ask for one
-// ahead); 3: a batch is a multipart message (a BatchHead frame, then its groups' frames as the
-// workers sent them); 2: the checksum is XXH3-64 (1: XXH64).
-inline constexpr uint16_t kProtocolVersion = 4;
+// 5: a sample's weight versions are runs (VersionRuns), not a value per token; 4: a batch
+// request says which batches the learner has received (it may ask for one ahead); 3: a batch
+// is a multipart message (a BatchHead frame, then its groups' frames as the workers sent
+// them); 2: the checksum is XXH3-64 (1: XXH64).
+inline constexpr uint16_t kProtocolVersion = 5;
 inline constexpr size_t kHeaderBytes = 40;
 
 enum class MsgType : uint16_t {
@@ -178,6 +179,47 @@ void CEREAL_LOAD_FUNCTION_NAME(BoundedInputArchive& ar, std::basic_string<C, Tr,
   ar.read(s.data(), static_cast<size_t>(n) * sizeof(C));
 }
 
+// --- arrays in place, versions as runs ------------------------------------------------
+
+// `n` values of T at `p`, as they lie in a payload (unaligned: each is read with memcpy).
+template <class T>
+struct Unaligned {
+  const char* p = nullptr;
+  size_t n = 0;
+  size_t size() const { return n; }
+  T operator[](size_t i) const {
+    T v;
+    std::memcpy(&v, p + i * sizeof(T), sizeof(T));
+    return v;
+  }
+  void append_to(std::vector<T>& out) const {
+    const size_t at = out.size();
+    out.resize(at + n);
+    if (n) std::memcpy(out.data() + at, p, n * sizeof(T));
+  }
+};
+
+// Per-token weight versions as runs: values[r] for lengths[r] tokens in a row. A sample's
+// tokens mostly carry one version (a rollout spans a weight update at most a few times), so
+// the wire and the trajectory file hold runs: 12 bytes a run against 8 a token (half of a
+// group's bytes before). A view over a Trajectory's per-token vector has no lengths (a
+// value per token). Runs read from a peer or a file are checked (checked()).
+struct VersionRuns {
+  Unaligned<int64_t> values;
+  Unaligned<uint32_t> lengths;  // none: one token per value
+  size_t tokens = 0;            // the lengths' sum
+  size_t size() const { return tokens; }
+  void append_to(std::vector<int64_t>& out) const;  // a value per token
+  static VersionRuns per_token(const std::vector<int64_t>& v) {
+    return {{reinterpret_cast<const char*>(v.data()), v.size()}, {}, v.size()};
+  }
+  // Runs that cover exactly `tokens` tokens, none of them empty; a FrameError (malformed)
+  // that says what is wrong otherwise.
+  static VersionRuns checked(Unaligned<int64_t> values, Unaligned<uint32_t> lengths, size_t tokens);
+};
+// Appends the runs of `v` to values/lengths, equal neighbours joined (the shortest form).
+void append_runs(const VersionRuns& v, std::vector<int64_t>& values, std::vector<uint32_t>& lengths);
+
 // --- messages ----------------------------------------------------------------------------
 
 // A worker or learner introduces itself; `incarnation` changes on every restart.
@@ -233,12 +275,26 @@ struct Trajectory {
   std::vector<int32_t> tokens;      // prompt + completion (+ environment turns)
   std::vector<uint8_t> loss_mask;   // per token: 1 where the policy produced it
   std::vector<float> logprobs;      // per token: behaviour log-prob (0 where mask is 0)
-  std::vector<int64_t> versions;    // per token: weight version (-1 where mask is 0)
+  std::vector<int64_t> versions;    // per token: weight version (-1 where mask is 0); runs on the wire
   int32_t prompt_len = 0;
   float reward = 0;
   std::string finish;               // "stop", "length", "abort", ...
   std::string metadata;             // environment info (JSON)
-  template <class Ar> void serialize(Ar& ar) { ar(tokens, loss_mask, logprobs, versions, prompt_len, reward, finish, metadata); }
+  template <class Ar> void save(Ar& ar) const {
+    std::vector<int64_t> run_values;
+    std::vector<uint32_t> run_lengths;
+    append_runs(VersionRuns::per_token(versions), run_values, run_lengths);
+    ar(tokens, loss_mask, logprobs, run_values, run_lengths, prompt_len, reward, finish, metadata);
+  }
+  template <class Ar> void load(Ar& ar) {
+    std::vector<int64_t> run_values;
+    std::vector<uint32_t> run_lengths;
+    ar(tokens, loss_mask, logprobs, run_values, run_lengths, prompt_len, reward, finish, metadata);
+    versions.clear();
+    VersionRuns::checked({reinterpret_cast<const char*>(run_values.data()), run_values.size()},
+                         {reinterpret_cast<const char*>(run_lengths.data()), run_lengths.size()}, tokens.size())
+        .append_to(versions);
+  }
   bool operator==(const Trajectory&) const = default;
 };
 
@@ -472,29 +528,11 @@ T unpack(const Frame& frame, const Limits& limits) {
 
 // --- trajectory groups read in place ----------------------------------------------------
 
-// `n` values of T at `p`, as they lie in a payload (unaligned: each is read with memcpy).
-template <class T>
-struct Unaligned {
-  const char* p = nullptr;
-  size_t n = 0;
-  size_t size() const { return n; }
-  T operator[](size_t i) const {
-    T v;
-    std::memcpy(&v, p + i * sizeof(T), sizeof(T));
-    return v;
-  }
-  void append_to(std::vector<T>& out) const {
-    const size_t at = out.size();
-    out.resize(at + n);
-    if (n) std::memcpy(out.data() + at, p, n * sizeof(T));
-  }
-};
-
 struct SampleView {
   Unaligned<int32_t> tokens;
   Unaligned<uint8_t> loss_mask;
   Unaligned<float> logprobs;
-  Unaligned<int64_t> versions;
+  VersionRuns versions;
   int32_t prompt_len = 0;
   float reward = 0;
   std::string_view finish, metadata;

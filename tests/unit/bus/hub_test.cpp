@@ -219,6 +219,11 @@ TEST_CASE("bus: a trajectory file whose columns a killed writer left of differen
        }, 6},
       {[&](const auto& f) { set_length(f, "metadata", 6 * 3 - 1); }, 5},  // the last group's samples fell short
       {[&](const auto& f) { set_length(f, "logprobs", tokens_of(6) - 1); }, 5},  // its last sample's tokens did
+      {[&](const auto& f) {  // runs of versions ran ahead (two a sample here: the prompt's, then the lease's)
+         set_length(f, "run_version", 6 * 3 * 2 + 5);
+         set_length(f, "sample_first_run", 6 * 3 + 1);
+       }, 6},
+      {[&](const auto& f) { set_length(f, "run_length", 6 * 3 * 2 - 1); }, 5},  // its last sample's runs fell short
   };
   for (size_t k = 0; k < tears.size(); ++k) {
     INFO("tear " << k);
@@ -249,13 +254,13 @@ TEST_CASE("bus: the HDF5 store writes appends in bulk; truncate, flush and close
   TempDir dir;
   const auto file = dir / "bulk.h5";
   std::vector<TrajectoryGroup> groups;
-  for (uint64_t i = 0; i < 35; ++i)  // 4 x 12,000 tokens: 0.8 MB each, so 10 fill the 8 MiB stage
-    groups.push_back(answer(Lease{.lease_id = i + 1, .prompt_index = i, .group_size = 4}, 12000 + static_cast<int>(i)));
+  for (uint64_t i = 0; i < 35; ++i)  // 4 x 22,000 tokens: 0.8 MB each (9 bytes a token), so 10 fill the 8 MiB stage
+    groups.push_back(answer(Lease{.lease_id = i + 1, .prompt_index = i, .group_size = 4}, 22000 + static_cast<int>(i)));
   {
     TrajectoryStore store(file);
     for (uint64_t i = 0; i < 35; ++i) CHECK(store.append(groups[i], static_cast<int64_t>(i)));
     CHECK(store.groups() == 35);
-    CHECK(store.tokens() == 35 * 4 * 12000 + 4 * (34 * 35 / 2));
+    CHECK(store.tokens() == 35 * 4 * 22000 + 4 * (34 * 35 / 2));
     store.truncate(33);  // inside the groups still staged (31 to 35)
     CHECK(store.groups() == 33);
     CHECK(store.append(groups[34], 99));
@@ -273,8 +278,8 @@ TEST_CASE("bus: a write the file cannot take leaves it as it was and keeps the g
   TempDir dir;
   const auto file = dir / "full.h5";
   std::vector<TrajectoryGroup> groups;
-  for (uint64_t i = 0; i < 30; ++i)  // 4 x 12,000 tokens: 0.8 MB each
-    groups.push_back(answer(Lease{.lease_id = i + 1, .prompt_index = i, .group_size = 4}, 12000 + static_cast<int>(i)));
+  for (uint64_t i = 0; i < 30; ++i)  // 4 x 22,000 tokens: 0.8 MB each
+    groups.push_back(answer(Lease{.lease_id = i + 1, .prompt_index = i, .group_size = 4}, 22000 + static_cast<int>(i)));
   const StoreOptions small{.stage_bytes = size_t{4} << 20, .max_pending_bytes = size_t{12} << 20};
   size_t refused_at = 0;
   {
@@ -297,7 +302,7 @@ TEST_CASE("bus: a write the file cannot take leaves it as it was and keeps the g
   for (size_t i = 0; i < 5; ++i) CHECK((back[i] == groups[i]));
   const auto s = summarize_trajectories(file);
   CHECK(s.samples == 20);
-  CHECK(s.tokens == 5 * 4 * 12000 + 4 * (0 + 1 + 2 + 3 + 4));  // no column longer than its groups
+  CHECK(s.tokens == 5 * 4 * 22000 + 4 * (0 + 1 + 2 + 3 + 4));  // no column longer than its groups
   {
     TrajectoryStore store(file, small);
     CHECK(store.groups() == 5);
@@ -334,14 +339,14 @@ TEST_CASE("bus: while the trajectory file cannot be written, the hub keeps group
     Client monitor({.address = o.address, .who = "m", .role = "monitor"});
     auto grant = w.request_leases(n);
     REQUIRE(grant.leases.size() == static_cast<size_t>(n));
-    for (int i = 0; i < 5; ++i) w.submit(answer(grant.leases[static_cast<size_t>(i)], 24000));
+    for (int i = 0; i < 5; ++i) w.submit(answer(grant.leases[static_cast<size_t>(i)], 45000));
     REQUIRE(w.flush(10));
     monitor.control("save");  // writes the five
     std::optional<FileSizeLimit> limit(std::filesystem::file_size(o.trajectory_file) + (size_t{1} << 20));
     std::exception_ptr failed;
     std::thread submitter([&] {
       try {
-        for (int i = 5; i < n; ++i) w.submit(answer(grant.leases[static_cast<size_t>(i)], 24000));
+        for (int i = 5; i < n; ++i) w.submit(answer(grant.leases[static_cast<size_t>(i)], 45000));
       } catch (...) {
         failed = std::current_exception();
       }

@@ -52,6 +52,64 @@ TEST_CASE("bus messages: a group's version range skips tokens without a version"
   CHECK(g.version_range() == std::pair<int64_t, int64_t>{-1, -1});  // prompts and observations only
 }
 
+TEST_CASE("bus messages: weight versions travel as runs, checked against the tokens", "[bus]") {
+  const Limits limits;
+  Trajectory t;
+  t.tokens.assign(2048, 5), t.loss_mask.assign(2048, 1), t.logprobs.assign(2048, -1.0f);
+  t.versions.assign(64, -1), t.versions.resize(964, 3), t.versions.resize(2048, 4);  // prompt, then two versions
+  TrajectoryGroup g{.lease_id = 1, .samples = {t, t}};
+  const std::string wire = pack(g);
+  CHECK(wire.size() < 2 * 2048 * 9 + 400);  // tokens, masks, log-probs; three runs a sample, not 8 bytes a token
+  CHECK(unpack<TrajectoryGroup>(decode_frame(wire, limits), limits) == g);
+  const GroupView view = parse_group(decode_frame(wire, limits), limits);
+  CHECK(view.samples[1].versions.values.size() == 3);
+  CHECK(view.samples[1].versions.size() == 2048);
+  CHECK(view.version_range() == std::pair<int64_t, int64_t>{3, 4});
+  CHECK(to_group(view) == g);
+
+  // The shortest form: equal neighbours joined, from a value per token or from runs, and
+  // a run longer than a uint32 split.
+  std::vector<int64_t> values;
+  std::vector<uint32_t> lengths;
+  append_runs(VersionRuns::per_token(t.versions), values, lengths);
+  CHECK(values == std::vector<int64_t>{-1, 3, 4});
+  CHECK(lengths == std::vector<uint32_t>{64, 900, 1084});
+  const std::vector<int64_t> v2{3, 3, 4, 7, 7};
+  const std::vector<uint32_t> l2{1, 2, 1, UINT32_MAX, 5};
+  auto runs = [](const auto& v) { return Unaligned<typename std::decay_t<decltype(v)>::value_type>{reinterpret_cast<const char*>(v.data()), v.size()}; };
+  values.clear(), lengths.clear();
+  append_runs(VersionRuns::checked(runs(v2), runs(l2), 4 + uint64_t{UINT32_MAX} + 5), values, lengths);
+  CHECK(values == std::vector<int64_t>{3, 4, 7, 7});
+  CHECK(lengths == std::vector<uint32_t>{3, 1, UINT32_MAX, 5});
+
+  // Runs that do not cover the sample's tokens exactly: a payload built by hand, one sample
+  // of one token, read both ways (parse_group for the hub, unpack for everything else).
+  const auto sample_with = [&](std::vector<int64_t> vals, std::vector<uint32_t> lens) {
+    std::string p = raw<uint64_t>(1) + raw<uint64_t>(2) + raw<uint64_t>(3) + raw<uint64_t>(0) + raw<uint64_t>(1);
+    p += raw<uint64_t>(1) + raw<int32_t>(9) + raw<uint64_t>(1) + raw<uint8_t>(1) + raw<uint64_t>(1) + raw<float>(-1);
+    p += raw<uint64_t>(vals.size());
+    for (auto v : vals) p += raw(v);
+    p += raw<uint64_t>(lens.size());
+    for (auto l : lens) p += raw(l);
+    return p + raw<int32_t>(0) + raw<float>(1) + raw<uint64_t>(0) + raw<uint64_t>(0);
+  };
+  const auto both = [&](const std::string& payload) {
+    const std::string framed = encode_frame(MsgType::trajectory_group, 1, payload);
+    const Frame f = decode_frame(framed, limits);
+    const std::string a = rlx::test::error_of([&] { parse_group(f, limits); });
+    CHECK(reason_of([&] { unpack<TrajectoryGroup>(f, limits); }) == Reject::malformed);
+    CHECK(rlx::test::error_of([&] { unpack<TrajectoryGroup>(f, limits); }) == a);
+    return a;
+  };
+  CHECK(to_group(parse_group(decode_frame(encode_frame(MsgType::trajectory_group, 1, sample_with({6}, {1})), limits), limits))
+            .samples[0]
+            .versions == std::vector<int64_t>{6});
+  CHECK_THAT(both(sample_with({6}, {2})), Contains("versions: 1 runs cover 2 tokens, the sample has 1"));
+  CHECK_THAT(both(sample_with({6, 6}, {1, 0})), Contains("versions: run 1 has no tokens"));
+  CHECK_THAT(both(sample_with({6}, {})), Contains("versions: 1 run values and 0 run lengths"));
+  CHECK_THAT(both(sample_with({}, {})), Contains("versions: 0 runs cover 0 tokens, the sample has 1"));
+}
+
 TEST_CASE("bus messages: every type round-trips through a frame", "[bus]") {
   const Limits limits;
   auto g = sample_group();
@@ -88,8 +146,8 @@ TEST_CASE("bus messages: malformed frames are rejected with a reason", "[bus]") 
   bad[0] = 'X';
   CHECK(reason_of([&] { decode_frame(bad, limits); }) == Reject::bad_magic);
   bad = good;
-  bad[4] = 3;  // protocol version 3 (batch requests without have_batch_id): refused, not misread
-  CHECK_THAT(rlx::test::error_of([&] { decode_frame(bad, limits); }), Contains("protocol version 3 (this build speaks 4)"));
+  bad[4] = 4;  // protocol version 4 (a version per token): refused, not misread
+  CHECK_THAT(rlx::test::error_of([&] { decode_frame(bad, limits); }), Contains("protocol version 4 (this build speaks 5)"));
   CHECK(reason_of([&] { decode_frame(bad, limits); }) == Reject::bad_version);
   bad = good;
   bad[6] = 99;
