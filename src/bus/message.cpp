@@ -77,6 +77,24 @@ void seal_frame(std::string& frame, MsgType type, uint64_t seq) {
   put<uint32_t>(frame, 36, 0);
 }
 
+namespace detail {
+namespace {
+thread_local std::string t_scratch;
+thread_local bool t_scratch_held = false;
+}  // namespace
+
+PackScratch::PackScratch() : buffer(t_scratch) {
+  RLX_ASSERT(!t_scratch_held, "pack() called from inside a message's save()");
+  t_scratch_held = true;
+}
+
+PackScratch::~PackScratch() {
+  constexpr size_t kKeepBytes = 16u << 20;
+  if (buffer.capacity() > kKeepBytes) std::string().swap(buffer);
+  t_scratch_held = false;
+}
+}  // namespace detail
+
 std::string encode_frame(MsgType type, uint64_t seq, std::string_view payload) {
   std::string out(kHeaderBytes, '\0');
   out.append(payload);

@@ -474,41 +474,33 @@ class StringAppendBuf : public std::streambuf {
   std::string& out_;
 };
 
-// Counts the bytes cereal would write (pack() sizes its buffer once, no regrowth).
-class CountingBuf : public std::streambuf {
+// This thread's buffer that pack() encodes into, held while in use: reused, so a frame is
+// encoded once into pages already mapped; one over 16 MiB is given back after use.
+class PackScratch {
  public:
-  size_t bytes = 0;
-
- protected:
-  std::streamsize xsputn(const char*, std::streamsize n) override {
-    bytes += static_cast<size_t>(n);
-    return n;
-  }
-  int_type overflow(int_type c) override {
-    ++bytes;
-    return c == traits_type::eof() ? traits_type::not_eof(c) : c;
-  }
+  PackScratch();
+  ~PackScratch();
+  PackScratch(const PackScratch&) = delete;
+  PackScratch& operator=(const PackScratch&) = delete;
+  std::string& buffer;
 };
 }  // namespace detail
 
 template <class T>
 std::string pack(const T& msg, uint64_t seq = 0) {
-  detail::CountingBuf counter;
+  // One encoding pass into this thread's scratch buffer, then one copy of exactly the
+  // frame's size (a counting pass first would run every save() twice).
+  detail::PackScratch scratch;
+  std::string& buf = scratch.buffer;
+  buf.assign(kHeaderBytes, '\0');
   {
-    std::ostream os(&counter);
+    detail::StringAppendBuf out(buf);
+    std::ostream os(&out);
     cereal::BinaryOutputArchive ar(os);
     ar(msg);
   }
-  std::string frame;
-  frame.reserve(kHeaderBytes + counter.bytes);
-  frame.resize(kHeaderBytes);
-  {
-    detail::StringAppendBuf buf(frame);
-    std::ostream os(&buf);
-    cereal::BinaryOutputArchive ar(os);
-    ar(msg);
-  }
-  seal_frame(frame, T::kType, seq);
+  seal_frame(buf, T::kType, seq);
+  std::string frame(buf);
   return frame;
 }
 
