@@ -529,18 +529,15 @@ const std::filesystem::path& TrajectoryStore::path() const { return impl_->path;
 
 namespace {
 // Sample `sample`'s per-token versions from its runs [first, first + count).
-std::vector<int64_t> read_versions(const Columns& c, uint64_t first, uint64_t count, uint64_t tokens, uint64_t sample) {
+TokenVersions read_versions(const Columns& c, uint64_t first, uint64_t count, uint64_t tokens, uint64_t sample) {
   const auto values = c.run_version.read<int64_t>(first, count, c.path);
   const auto lengths = c.run_length.read<uint32_t>(first, count, c.path);
-  std::vector<int64_t> out;
   try {
-    VersionRuns::checked({reinterpret_cast<const char*>(values.data()), values.size()},
-                         {reinterpret_cast<const char*>(lengths.data()), lengths.size()}, tokens)
-        .append_to(out);
+    return TokenVersions::from(VersionRuns::checked({reinterpret_cast<const char*>(values.data()), values.size()},
+                                                    {reinterpret_cast<const char*>(lengths.data()), lengths.size()}, tokens));
   } catch (const FrameError& e) {
     throw Error(fmt::format("{}: sample {}: {}", c.path, sample, e.what()));
   }
-  return out;
 }
 }  // namespace
 

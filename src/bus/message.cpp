@@ -77,24 +77,6 @@ void seal_frame(std::string& frame, MsgType type, uint64_t seq) {
   put<uint32_t>(frame, 36, 0);
 }
 
-namespace detail {
-namespace {
-thread_local std::string t_scratch;
-thread_local bool t_scratch_held = false;
-}  // namespace
-
-PackScratch::PackScratch() : buffer(t_scratch) {
-  RLX_ASSERT(!t_scratch_held, "pack() called from inside a message's save()");
-  t_scratch_held = true;
-}
-
-PackScratch::~PackScratch() {
-  constexpr size_t kKeepBytes = 16u << 20;
-  if (buffer.capacity() > kKeepBytes) std::string().swap(buffer);
-  t_scratch_held = false;
-}
-}  // namespace detail
-
 std::string encode_frame(MsgType type, uint64_t seq, std::string_view payload) {
   std::string out(kHeaderBytes, '\0');
   out.append(payload);
@@ -178,7 +160,7 @@ GroupView view_of(const TrajectoryGroup& group) {
   GroupView g{.lease_id = group.lease_id, .prompt_index = group.prompt_index, .epoch = group.epoch, .worker = group.worker};
   g.samples.reserve(group.samples.size());
   for (const auto& s : group.samples)
-    g.samples.push_back({over(s.tokens), over(s.loss_mask), over(s.logprobs), VersionRuns::per_token(s.versions), s.prompt_len, s.reward,
+    g.samples.push_back({over(s.tokens), over(s.loss_mask), over(s.logprobs), s.versions.view(), s.prompt_len, s.reward,
                          s.finish, s.metadata});
   return g;
 }
@@ -192,7 +174,7 @@ TrajectoryGroup to_group(const GroupView& view) {
     s.tokens.append_to(t.tokens);
     s.loss_mask.append_to(t.loss_mask);
     s.logprobs.append_to(t.logprobs);
-    s.versions.append_to(t.versions);
+    t.versions = TokenVersions::from(s.versions);
     t.prompt_len = s.prompt_len;
     t.reward = s.reward;
     t.finish = s.finish;
@@ -338,33 +320,61 @@ VersionRuns VersionRuns::checked(Unaligned<int64_t> values, Unaligned<uint32_t> 
 }
 
 void VersionRuns::append_to(std::vector<int64_t>& out) const {
-  if (lengths.size() == 0) return values.append_to(out);
   const size_t at = out.size();
   out.resize(at + tokens);
   auto* p = out.data() + at;
   for (size_t r = 0; r < values.size(); ++r) p = std::fill_n(p, lengths[r], values[r]);
 }
 
-void append_runs(const VersionRuns& v, std::vector<int64_t>& values, std::vector<uint32_t>& lengths) {
-  const auto add = [&](int64_t value, uint64_t n) {  // a run longer than 2^32 - 1 tokens is split
-    while (n > 0) {
-      const auto take = static_cast<uint32_t>(std::min<uint64_t>(n, std::numeric_limits<uint32_t>::max()));
-      values.push_back(value), lengths.push_back(take);
-      n -= take;
-    }
-  };
-  const size_t runs = v.values.size();
-  for (size_t r = 0; r < runs;) {
-    const int64_t value = v.values[r];
-    uint64_t n = 0;
-    if (v.lengths.size() == 0) {
-      const size_t end = run_end(v.values.p, r, runs, value);
-      n = end - r, r = end;
-    } else {
-      for (; r < runs && v.values[r] == value; ++r) n += v.lengths[r];
-    }
-    add(value, n);
+namespace {
+// Appends `n` tokens of `value`, joined to the last run when it has the same value and
+// `join` allows it; a run longer than 2^32 - 1 tokens is split.
+void add_run(std::vector<int64_t>& values, std::vector<uint32_t>& lengths, int64_t value, uint64_t n, bool join) {
+  constexpr uint64_t kMax = std::numeric_limits<uint32_t>::max();
+  if (n > 0 && join && !values.empty() && values.back() == value && lengths.back() < kMax) {
+    const uint64_t take = std::min<uint64_t>(n, kMax - lengths.back());
+    lengths.back() += static_cast<uint32_t>(take);
+    n -= take;
   }
+  while (n > 0) {
+    const uint64_t take = std::min<uint64_t>(n, kMax);
+    values.push_back(value), lengths.push_back(static_cast<uint32_t>(take));
+    n -= take;
+  }
+}
+}  // namespace
+
+void append_runs(const VersionRuns& v, std::vector<int64_t>& values, std::vector<uint32_t>& lengths) {
+  const size_t first = values.size();
+  for (size_t r = 0; r < v.values.size(); ++r) add_run(values, lengths, v.values[r], v.lengths[r], values.size() > first);
+}
+
+TokenVersions::TokenVersions(std::span<const int64_t> per_token) {
+  const auto* p = reinterpret_cast<const char*>(per_token.data());
+  const size_t n = per_token.size();
+  for (size_t t = 0; t < n;) {
+    const size_t end = run_end(p, t, n, per_token[t]);
+    append(per_token[t], end - t);
+    t = end;
+  }
+}
+
+TokenVersions TokenVersions::from(const VersionRuns& runs) {
+  TokenVersions v;
+  append_runs(runs, v.values_, v.lengths_);
+  v.tokens_ = runs.tokens;
+  return v;
+}
+
+void TokenVersions::append(int64_t version, uint64_t tokens) {
+  add_run(values_, lengths_, version, tokens, true);
+  tokens_ += tokens;
+}
+
+std::vector<int64_t> TokenVersions::per_token() const {
+  std::vector<int64_t> out;
+  view().append_to(out);
+  return out;
 }
 
 bool SampleView::tokens_valid() const {
@@ -377,7 +387,7 @@ std::pair<int64_t, int64_t> GroupView::version_range() const {
   uint64_t lo = std::numeric_limits<uint64_t>::max();
   int64_t hi = -1;
   for (const auto& s : samples) {
-    const auto [l, h] = scan_versions(s.versions.values.p, s.versions.values.size());  // runs or per token alike
+    const auto [l, h] = scan_versions(s.versions.values.p, s.versions.values.size());  // the runs' values
     lo = std::min(lo, l);
     hi = std::max(hi, h);
   }

@@ -162,7 +162,7 @@ void add_inspect_trajectories(CLI::App& app, Action& action) {
                              {"worker", g.worker}, {"samples", nlohmann::json::array()}};
         for (const auto& t : g.samples)
           gj["samples"].push_back({{"tokens", t.tokens}, {"loss_mask", t.loss_mask}, {"logprobs", t.logprobs},
-                                   {"versions", t.versions}, {"prompt_len", t.prompt_len}, {"reward", t.reward},
+                                   {"versions", t.versions.per_token()}, {"prompt_len", t.prompt_len}, {"reward", t.reward},
                                    {"finish", t.finish}, {"metadata", t.metadata}});
         std::cout << gj.dump() << "\n";
       }
@@ -284,10 +284,11 @@ bus::TrajectoryGroup synthetic_group(const bus::Lease& lease, int tokens, int pr
     t.tokens.resize(static_cast<size_t>(tokens));
     t.loss_mask.assign(static_cast<size_t>(tokens), 1);
     t.logprobs.assign(static_cast<size_t>(tokens), -1.0f);
-    t.versions.assign(static_cast<size_t>(tokens), lease.min_version);
+    t.versions = bus::TokenVersions(static_cast<size_t>(t.prompt_len), -1);
+    t.versions.append(lease.min_version, static_cast<uint64_t>(tokens - t.prompt_len));
     for (int i = 0; i < tokens; ++i) {
       t.tokens[static_cast<size_t>(i)] = static_cast<int32_t>((lease.prompt_index * 31 + s * 7 + static_cast<uint64_t>(i)) % 50000);
-      if (i < t.prompt_len) t.loss_mask[static_cast<size_t>(i)] = 0, t.logprobs[static_cast<size_t>(i)] = 0, t.versions[static_cast<size_t>(i)] = -1;
+      if (i < t.prompt_len) t.loss_mask[static_cast<size_t>(i)] = 0, t.logprobs[static_cast<size_t>(i)] = 0;
     }
     t.reward = static_cast<float>((lease.prompt_index + s) % 2);
     t.finish = "stop";

@@ -1028,7 +1028,7 @@ int run_worker(const RoleContext& ctx) {
         t.tokens.assign(ep.tokens.begin(), ep.tokens.end());
         t.loss_mask = std::move(ep.loss_mask);
         t.logprobs = std::move(ep.logprobs);
-        t.versions = std::move(gr.versions[k]);
+        t.versions = bus::TokenVersions(gr.versions[k]);
         t.prompt_len = ep.prompt_len;
         t.reward = static_cast<float>(ep.reward);
         t.finish = ep.done ? "stop" : "length";

@@ -24,6 +24,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
+#include <limits>
 #include <memory>
 #include <ostream>
 #include <span>
@@ -201,24 +203,67 @@ struct Unaligned {
 
 // Per-token weight versions as runs: values[r] for lengths[r] tokens in a row. A sample's
 // tokens mostly carry one version (a rollout spans a weight update at most a few times), so
-// the wire and the trajectory file hold runs: 12 bytes a run against 8 a token (half of a
-// group's bytes before). A view over a Trajectory's per-token vector has no lengths (a
-// value per token). Runs read from a peer or a file are checked (checked()).
+// memory, the wire and the trajectory file all hold runs: 12 bytes a run against 8 a token
+// (half of a group's bytes when they were per token). This is a view (over a payload, a
+// file's columns or a TokenVersions); runs read from a peer or a file are checked first.
 struct VersionRuns {
   Unaligned<int64_t> values;
-  Unaligned<uint32_t> lengths;  // none: one token per value
-  size_t tokens = 0;            // the lengths' sum
+  Unaligned<uint32_t> lengths;
+  size_t tokens = 0;  // the lengths' sum
   size_t size() const { return tokens; }
   void append_to(std::vector<int64_t>& out) const;  // a value per token
-  static VersionRuns per_token(const std::vector<int64_t>& v) {
-    return {{reinterpret_cast<const char*>(v.data()), v.size()}, {}, v.size()};
-  }
   // Runs that cover exactly `tokens` tokens, none of them empty; a FrameError (malformed)
   // that says what is wrong otherwise.
   static VersionRuns checked(Unaligned<int64_t> values, Unaligned<uint32_t> lengths, size_t tokens);
 };
-// Appends the runs of `v` to values/lengths, equal neighbours joined (the shortest form).
+// Appends the runs of `v` to values/lengths, equal neighbours within `v` joined (the
+// shortest form); the runs already there are left as they are (one sample's runs a call).
 void append_runs(const VersionRuns& v, std::vector<int64_t>& values, std::vector<uint32_t>& lengths);
+
+// A sample's weight versions, one per token, held as runs in their shortest form (equal
+// neighbours joined, a run split only past 2^32 - 1 tokens), so that == compares what each
+// token carries. Built a token at a time (push_back), from per-token values, or from runs.
+//
+//   TokenVersions v(64, -1);     // the prompt: no version
+//   v.append(3, 1000);           // 1000 tokens sampled with weights version 3
+//   v.push_back(4);              // one with version 4
+//   v.size() == 1065, v.runs() == 3
+class TokenVersions {
+ public:
+  TokenVersions() = default;
+  TokenVersions(std::initializer_list<int64_t> per_token) : TokenVersions(std::span(per_token.begin(), per_token.size())) {}
+  explicit TokenVersions(std::span<const int64_t> per_token);
+  TokenVersions(size_t tokens, int64_t value) { append(value, tokens); }
+  static TokenVersions from(const VersionRuns& runs);
+
+  void push_back(int64_t version) {
+    if (!values_.empty() && values_.back() == version && lengths_.back() < kMaxRun) {
+      ++lengths_.back(), ++tokens_;
+    } else {
+      append(version, 1);
+    }
+  }
+  void append(int64_t version, uint64_t tokens);
+  void clear() { values_.clear(), lengths_.clear(), tokens_ = 0; }
+
+  size_t size() const { return tokens_; }  // tokens
+  bool empty() const { return tokens_ == 0; }
+  size_t runs() const { return values_.size(); }
+  const std::vector<int64_t>& run_values() const { return values_; }
+  const std::vector<uint32_t>& run_lengths() const { return lengths_; }
+  VersionRuns view() const {
+    return {{reinterpret_cast<const char*>(values_.data()), values_.size()},
+            {reinterpret_cast<const char*>(lengths_.data()), lengths_.size()}, tokens_};
+  }
+  std::vector<int64_t> per_token() const;
+  bool operator==(const TokenVersions&) const = default;
+
+ private:
+  static constexpr uint32_t kMaxRun = std::numeric_limits<uint32_t>::max();
+  std::vector<int64_t> values_;
+  std::vector<uint32_t> lengths_;
+  size_t tokens_ = 0;
+};
 
 // --- messages ----------------------------------------------------------------------------
 
@@ -275,25 +320,21 @@ struct Trajectory {
   std::vector<int32_t> tokens;      // prompt + completion (+ environment turns)
   std::vector<uint8_t> loss_mask;   // per token: 1 where the policy produced it
   std::vector<float> logprobs;      // per token: behaviour log-prob (0 where mask is 0)
-  std::vector<int64_t> versions;    // per token: weight version (-1 where mask is 0); runs on the wire
+  TokenVersions versions;           // per token: weight version (-1 where mask is 0), as runs
   int32_t prompt_len = 0;
   float reward = 0;
   std::string finish;               // "stop", "length", "abort", ...
   std::string metadata;             // environment info (JSON)
   template <class Ar> void save(Ar& ar) const {
-    std::vector<int64_t> run_values;
-    std::vector<uint32_t> run_lengths;
-    append_runs(VersionRuns::per_token(versions), run_values, run_lengths);
-    ar(tokens, loss_mask, logprobs, run_values, run_lengths, prompt_len, reward, finish, metadata);
+    ar(tokens, loss_mask, logprobs, versions.run_values(), versions.run_lengths(), prompt_len, reward, finish, metadata);
   }
   template <class Ar> void load(Ar& ar) {
     std::vector<int64_t> run_values;
     std::vector<uint32_t> run_lengths;
     ar(tokens, loss_mask, logprobs, run_values, run_lengths, prompt_len, reward, finish, metadata);
-    versions.clear();
-    VersionRuns::checked({reinterpret_cast<const char*>(run_values.data()), run_values.size()},
-                         {reinterpret_cast<const char*>(run_lengths.data()), run_lengths.size()}, tokens.size())
-        .append_to(versions);
+    versions = TokenVersions::from(VersionRuns::checked({reinterpret_cast<const char*>(run_values.data()), run_values.size()},
+                                                        {reinterpret_cast<const char*>(run_lengths.data()), run_lengths.size()},
+                                                        tokens.size()));
   }
   bool operator==(const Trajectory&) const = default;
 };
@@ -474,33 +515,41 @@ class StringAppendBuf : public std::streambuf {
   std::string& out_;
 };
 
-// This thread's buffer that pack() encodes into, held while in use: reused, so a frame is
-// encoded once into pages already mapped; one over 16 MiB is given back after use.
-class PackScratch {
+// Counts the bytes cereal would write (pack() sizes its buffer once, no regrowth).
+class CountingBuf : public std::streambuf {
  public:
-  PackScratch();
-  ~PackScratch();
-  PackScratch(const PackScratch&) = delete;
-  PackScratch& operator=(const PackScratch&) = delete;
-  std::string& buffer;
+  size_t bytes = 0;
+
+ protected:
+  std::streamsize xsputn(const char*, std::streamsize n) override {
+    bytes += static_cast<size_t>(n);
+    return n;
+  }
+  int_type overflow(int_type c) override {
+    ++bytes;
+    return c == traits_type::eof() ? traits_type::not_eof(c) : c;
+  }
 };
 }  // namespace detail
 
 template <class T>
 std::string pack(const T& msg, uint64_t seq = 0) {
-  // One encoding pass into this thread's scratch buffer, then one copy of exactly the
-  // frame's size (a counting pass first would run every save() twice).
-  detail::PackScratch scratch;
-  std::string& buf = scratch.buffer;
-  buf.assign(kHeaderBytes, '\0');
+  detail::CountingBuf counter;
   {
-    detail::StringAppendBuf out(buf);
-    std::ostream os(&out);
+    std::ostream os(&counter);
     cereal::BinaryOutputArchive ar(os);
     ar(msg);
   }
-  seal_frame(buf, T::kType, seq);
-  std::string frame(buf);
+  std::string frame;
+  frame.reserve(kHeaderBytes + counter.bytes);
+  frame.resize(kHeaderBytes);
+  {
+    detail::StringAppendBuf buf(frame);
+    std::ostream os(&buf);
+    cereal::BinaryOutputArchive ar(os);
+    ar(msg);
+  }
+  seal_frame(frame, T::kType, seq);
   return frame;
 }
 

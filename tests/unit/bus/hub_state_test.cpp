@@ -19,7 +19,7 @@ TrajectoryGroup group(uint64_t lease, std::vector<float> rewards, int64_t versio
   for (float r : rewards) {
     Trajectory t{.reward = r};
     t.tokens.assign(static_cast<size_t>(tokens), 1);
-    t.versions.assign(static_cast<size_t>(tokens), version);
+    t.versions = TokenVersions(static_cast<size_t>(tokens), version);
     g.samples.push_back(t);
   }
   return g;

@@ -864,9 +864,12 @@ TEST_CASE("bus: a batch asked ahead holds only groups within max_staleness of th
   const auto leases = w.request_leases(6).leases;
   REQUIRE(leases.size() == 6);
   auto at_version = [](TrajectoryGroup g, int64_t v) {
-    for (auto& s : g.samples)
-      for (auto& x : s.versions)
+    for (auto& s : g.samples) {
+      auto per_token = s.versions.per_token();
+      for (auto& x : per_token)
         if (x >= 0) x = v;
+      s.versions = TokenVersions(per_token);
+    }
     return g;
   };
   Client learner({.address = o.address, .who = "L", .role = "learner", .request_timeout_s = 10, .prefetch_batches = 1});

@@ -48,7 +48,7 @@ TEST_CASE("bus messages: a group's version range skips tokens without a version"
   CHECK(g.version_range() == std::pair<int64_t, int64_t>{7, 12});
   g.samples[1].versions = {-1, 0, -3};
   CHECK(g.version_range() == std::pair<int64_t, int64_t>{0, 9});
-  for (auto& s : g.samples) s.versions.assign(1000, -1);
+  for (auto& s : g.samples) s.versions = TokenVersions(1000, -1);
   CHECK(g.version_range() == std::pair<int64_t, int64_t>{-1, -1});  // prompts and observations only
 }
 
@@ -56,7 +56,7 @@ TEST_CASE("bus messages: weight versions travel as runs, checked against the tok
   const Limits limits;
   Trajectory t;
   t.tokens.assign(2048, 5), t.loss_mask.assign(2048, 1), t.logprobs.assign(2048, -1.0f);
-  t.versions.assign(64, -1), t.versions.resize(964, 3), t.versions.resize(2048, 4);  // prompt, then two versions
+  t.versions = TokenVersions(64, -1), t.versions.append(3, 900), t.versions.append(4, 1084);  // prompt, then two versions
   TrajectoryGroup g{.lease_id = 1, .samples = {t, t}};
   const std::string wire = pack(g);
   CHECK(wire.size() < 2 * 2048 * 9 + 400);  // tokens, masks, log-probs; three runs a sample, not 8 bytes a token
@@ -69,11 +69,25 @@ TEST_CASE("bus messages: weight versions travel as runs, checked against the tok
 
   // The shortest form: equal neighbours joined, from a value per token or from runs, and
   // a run longer than a uint32 split.
-  std::vector<int64_t> values;
-  std::vector<uint32_t> lengths;
-  append_runs(VersionRuns::per_token(t.versions), values, lengths);
-  CHECK(values == std::vector<int64_t>{-1, 3, 4});
-  CHECK(lengths == std::vector<uint32_t>{64, 900, 1084});
+  std::vector<int64_t> per_token(64, -1);
+  per_token.resize(964, 3), per_token.resize(2048, 4);
+  CHECK(TokenVersions(per_token) == t.versions);
+  CHECK(t.versions.per_token() == per_token);
+  CHECK(t.versions.run_values() == std::vector<int64_t>{-1, 3, 4});
+  CHECK(t.versions.run_lengths() == std::vector<uint32_t>{64, 900, 1084});
+  TokenVersions pushed;
+  for (int64_t v : per_token) pushed.push_back(v);
+  CHECK(pushed == t.versions);
+  CHECK(TokenVersions{-1, 3, 3, -1}.run_lengths() == std::vector<uint32_t>{1, 2, 1});
+  TokenVersions long_run(3, 7);
+  long_run.append(7, UINT32_MAX);
+  long_run.push_back(7);
+  CHECK(long_run.run_lengths() == std::vector<uint32_t>{UINT32_MAX, 4});
+  CHECK(long_run.size() == 4 + uint64_t{UINT32_MAX});
+  std::vector<int64_t> values{9};
+  std::vector<uint32_t> lengths{1};
+  append_runs(t.versions.view(), values, lengths);  // joins within a sample, never with the runs before
+  CHECK(values == std::vector<int64_t>{9, -1, 3, 4});
   const std::vector<int64_t> v2{3, 3, 4, 7, 7};
   const std::vector<uint32_t> l2{1, 2, 1, UINT32_MAX, 5};
   auto runs = [](const auto& v) { return Unaligned<typename std::decay_t<decltype(v)>::value_type>{reinterpret_cast<const char*>(v.data()), v.size()}; };
@@ -103,7 +117,7 @@ TEST_CASE("bus messages: weight versions travel as runs, checked against the tok
   };
   CHECK(to_group(parse_group(decode_frame(encode_frame(MsgType::trajectory_group, 1, sample_with({6}, {1})), limits), limits))
             .samples[0]
-            .versions == std::vector<int64_t>{6});
+            .versions == TokenVersions{6});
   CHECK_THAT(both(sample_with({6}, {2})), Contains("versions: 1 runs cover 2 tokens, the sample has 1"));
   CHECK_THAT(both(sample_with({6, 6}, {1, 0})), Contains("versions: run 1 has no tokens"));
   CHECK_THAT(both(sample_with({6}, {})), Contains("versions: 1 run values and 0 run lengths"));
