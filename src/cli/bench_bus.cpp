@@ -566,6 +566,16 @@ void add_bench_bus(CLI::App& app, Action& action) {
         RLX_CHECK(t == "ipc" || t == "tcp", "--transports: '{}' is not ipc or tcp", t);
         const std::string addr = t == "ipc" ? fmt::format("ipc:///tmp/rlx-bench-bus-{}.sock", ::getpid()) : "tcp://127.0.0.1:0";
         const std::string raw_addr = t == "ipc" ? fmt::format("ipc:///tmp/rlx-bench-raw-{}.sock", ::getpid()) : "tcp://127.0.0.1:0";
+        // Every measurement binds the path again, and libzmq can leave it behind when one
+        // socket's close trails the next one's bind: both go when the transport is done.
+        struct RemoveSockets {
+          std::vector<std::string> endpoints;
+          ~RemoveSockets() {
+            std::error_code ec;
+            for (const auto& e : endpoints)
+              if (e.starts_with("ipc://")) std::filesystem::remove(e.substr(6), ec);
+          }
+        } remove_sockets{{addr, raw_addr}};
         // One untimed pass each warms the allocator and the sockets; then raw and bus
         // alternate so both see the same machine state.
         const size_t frame_bytes = bus_roundtrip(addr, *a, 0).frame_bytes;
