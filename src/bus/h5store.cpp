@@ -3,14 +3,17 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <hdf5.h>
+#include <unistd.h>
 
 #include <cstring>
 
 #include <algorithm>
 #include <deque>
 #include <limits>
+#include <optional>
 #include <set>
 
+#include "rlx/core/clock.hpp"
 #include "rlx/core/error.hpp"
 #include "rlx/core/log.hpp"
 
@@ -19,7 +22,9 @@ namespace rlx::bus {
 namespace {
 
 constexpr const char* kFormat = "rlx-trajectories";
-constexpr int kFormatVersion = 2;  // 2: versions as runs (1: /versions int64 per token)
+// 3: strings as bytes in /text, written for SWMR readers; 2: versions as runs (1: /versions
+// int64 per token).
+constexpr int kFormatVersion = 3;
 
 // An HDF5 handle closed by the right function.
 class Handle {
@@ -46,6 +51,42 @@ class Handle {
  private:
   hid_t id_ = H5I_INVALID_HID;
   herr_t (*close_)(hid_t) = nullptr;
+};
+
+// The one writer of a trajectory file: an open-file-description lock on the whole file,
+// which the kernel drops when the process ends, however it ends (HDF5's own lock, flock,
+// is let go once readers may come in).
+class WriterLock {
+ public:
+  WriterLock() = default;
+  explicit WriterLock(const std::filesystem::path& file) : fd_(::open(file.c_str(), O_RDWR | O_CLOEXEC)) {
+    RLX_CHECK(fd_ >= 0, "cannot open {} for writing: {}", file.string(), std::strerror(errno));
+    struct flock l {};
+    l.l_type = F_WRLCK;
+    l.l_whence = SEEK_SET;  // l_start = l_len = 0: the whole file
+    if (::fcntl(fd_, F_OFD_SETLK, &l) != 0) {
+      const int e = errno;
+      ::close(fd_);
+      fd_ = -1;
+      RLX_CHECK(e != EAGAIN && e != EACCES, "{} is being written by another process (a hub?): a trajectory file has one writer",
+                file.string());
+      throw Error(fmt::format("cannot lock {}: {}", file.string(), std::strerror(e)));
+    }
+  }
+  WriterLock(WriterLock&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  WriterLock& operator=(WriterLock&& o) noexcept {
+    if (this != &o) {
+      if (fd_ >= 0) ::close(fd_);
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  ~WriterLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+ private:
+  int fd_ = -1;
 };
 
 void quiet_hdf5() {
@@ -75,13 +116,6 @@ std::string hdf5_reason() {
     reason = reason.substr(from, reason.find('\'', from) - from);
   }
   return reason.empty() ? reason : ": " + reason;
-}
-
-Handle string_type() {
-  Handle t(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(t.get(), H5T_VARIABLE);
-  H5Tset_cset(t.get(), H5T_CSET_UTF8);
-  return t;
 }
 
 // One extendible 1-D column.
@@ -126,50 +160,51 @@ struct Column {
               "{}: cannot read /{}", file, name);
     return out;
   }
-  std::vector<std::string> read_strings(uint64_t start, uint64_t count, const std::string& file) const {
-    auto raw = read<char*>(start, count, file);
-    std::vector<std::string> out;
-    out.reserve(count);
-    for (char* p : raw) out.emplace_back(p ? p : "");
-    if (count) {
-      const hsize_t c = count;
-      Handle mspace(H5Screate_simple(1, &c, nullptr), H5Sclose);
-      H5Dvlen_reclaim(file_type, mspace.get(), H5P_DEFAULT, raw.data());
-    }
-    return out;
-  }
 };
 
-// The file's columns, in a fixed order.
+// A string column: each entry's bytes in /text, from `offset` for `length` bytes.
+struct Text {
+  Column offset, length;
+};
+
+// The file's columns, in a fixed order, and /committed (one uint64, compact: it lives in
+// its dataset's header, which SWMR writes in order): the groups the file held at the
+// writer's last flush, everything they need on disk. A reader counts no group past it.
 struct Columns {
-  Handle file, str;
+  Handle file, committed;
   std::string path;
   Column tokens, loss_mask, logprobs;
   Column run_version, run_length;
-  Column sample_offset, sample_length, first_run, num_runs, prompt_len, reward, finish, metadata;
-  Column lease_id, prompt_index, epoch, first_sample, num_samples, worker, accepted_version;
+  Column text;
+  Column sample_offset, sample_length, first_run, num_runs, prompt_len, reward;
+  Text finish, metadata;
+  Column lease_id, prompt_index, epoch, first_sample, num_samples, accepted_version;
+  Text worker;
 
   std::vector<Column*> all() {
-    return {&tokens,        &loss_mask,     &logprobs,     &run_version, &run_length,   &sample_offset, &sample_length,
-            &first_run,     &num_runs,      &prompt_len,   &reward,      &finish,       &metadata,      &lease_id,
-            &prompt_index,  &epoch,         &first_sample, &num_samples, &worker,       &accepted_version};
+    return {&tokens,         &loss_mask,      &logprobs,        &run_version,      &run_length,      &text,
+            &sample_offset,  &sample_length,  &first_run,       &num_runs,         &prompt_len,      &reward,
+            &finish.offset,  &finish.length,  &metadata.offset, &metadata.length,  &lease_id,        &prompt_index,
+            &epoch,          &first_sample,   &num_samples,     &accepted_version, &worker.offset,   &worker.length};
   }
-  // A column has an entry per token, per run of versions, per sample or per group.
+  // A column has an entry per token, per run of versions, per byte of text, per sample or
+  // per group.
   struct Counts {
-    uint64_t groups = 0, samples = 0, tokens = 0, runs = 0;
+    uint64_t groups = 0, samples = 0, tokens = 0, runs = 0, text = 0;
   };
   uint64_t Counts::*per(const Column* c) const {
     if (c == &tokens || c == &loss_mask || c == &logprobs) return &Counts::tokens;
     if (c == &run_version || c == &run_length) return &Counts::runs;
+    if (c == &text) return &Counts::text;
     if (c == &sample_offset || c == &sample_length || c == &first_run || c == &num_runs || c == &prompt_len ||
-        c == &reward || c == &finish || c == &metadata)
+        c == &reward || c == &finish.offset || c == &finish.length || c == &metadata.offset || c == &metadata.length)
       return &Counts::samples;
     return &Counts::groups;
   }
   // The shortest (or longest) column of each kind.
   Counts lengths(bool longest) {
     Counts n;
-    if (!longest) n = {~uint64_t{0}, ~uint64_t{0}, ~uint64_t{0}, ~uint64_t{0}};
+    if (!longest) n = {~uint64_t{0}, ~uint64_t{0}, ~uint64_t{0}, ~uint64_t{0}, ~uint64_t{0}};
     for (Column* c : all()) {
       auto& m = n.*per(c);
       m = longest ? std::max(m, c->size()) : std::min(m, c->size());
@@ -180,8 +215,40 @@ struct Columns {
     for (Column* c : all()) c->set_size(n.*per(c), path);
   }
 
+  uint64_t committed_groups() const {
+    uint64_t n = 0;
+    RLX_CHECK(H5Dread(committed.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, &n) >= 0, "{}: cannot read /committed{}",
+              path, hdf5_reason());
+    return n;
+  }
+  // Records `groups` as committed and flushes: call once they are all in the file.
+  void commit(uint64_t groups) {
+    RLX_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL) >= 0, "{}: flush failed{}", path, hdf5_reason());
+    RLX_CHECK(H5Dwrite(committed.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, &groups) >= 0,
+              "{}: cannot write /committed{}", path, hdf5_reason());
+    RLX_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL) >= 0, "{}: flush failed{}", path, hdf5_reason());
+  }
+
+  // The strings of entries [start, start + count) of `t`.
+  std::vector<std::string> read_strings(const Text& t, uint64_t start, uint64_t count) const {
+    const auto off = t.offset.read<int64_t>(start, count, path);
+    const auto len = t.length.read<uint32_t>(start, count, path);
+    std::vector<std::string> out(count);
+    if (count == 0) return out;
+    const auto from = static_cast<uint64_t>(off.front()), to = static_cast<uint64_t>(off.back()) + len.back();
+    RLX_CHECK(off.front() >= 0 && to >= from && to <= text.extent, "{}: /{} entries {}..{} point past /text", path,
+              t.offset.name, start, start + count - 1);
+    const auto bytes = text.read<char>(from, to - from, path);
+    for (uint64_t i = 0; i < count; ++i) {
+      const auto at = static_cast<uint64_t>(off[i]) - from;
+      RLX_CHECK(off[i] >= off.front() && at + len[i] <= bytes.size(), "{}: /{}[{}] points outside its entries' text", path,
+                t.offset.name, start + i);
+      out[i].assign(bytes.data() + at, len[i]);
+    }
+    return out;
+  }
+
   void name_columns() {
-    str = string_type();
     auto set = [](Column& c, const char* n, hid_t t) { c.name = n, c.file_type = t; };
     set(tokens, "tokens", H5T_NATIVE_INT32);
     set(loss_mask, "loss_mask", H5T_NATIVE_UINT8);
@@ -194,17 +261,25 @@ struct Columns {
     set(num_runs, "sample_num_runs", H5T_NATIVE_INT64);
     set(prompt_len, "prompt_len", H5T_NATIVE_INT32);
     set(reward, "reward", H5T_NATIVE_FLOAT);
-    set(finish, "finish", str.get());
-    set(metadata, "metadata", str.get());
+    set(text, "text", H5T_NATIVE_UINT8);
+    set(finish.offset, "finish_offset", H5T_NATIVE_INT64);
+    set(finish.length, "finish_length", H5T_NATIVE_UINT32);
+    set(metadata.offset, "metadata_offset", H5T_NATIVE_INT64);
+    set(metadata.length, "metadata_length", H5T_NATIVE_UINT32);
     set(lease_id, "group_lease_id", H5T_NATIVE_UINT64);
     set(prompt_index, "group_prompt_index", H5T_NATIVE_UINT64);
     set(epoch, "group_epoch", H5T_NATIVE_UINT64);
     set(first_sample, "group_first_sample", H5T_NATIVE_INT64);
     set(num_samples, "group_num_samples", H5T_NATIVE_INT64);
-    set(worker, "group_worker", str.get());
+    set(worker.offset, "group_worker_offset", H5T_NATIVE_INT64);
+    set(worker.length, "group_worker_length", H5T_NATIVE_UINT32);
     set(accepted_version, "group_accepted_version", H5T_NATIVE_INT64);
   }
 
+  // A reader opens the file as a SWMR reader (it may be written meanwhile); the writer
+  // creates it in HDF5's latest format, which SWMR needs, and start_swmr() lets readers in.
+  // The writer holds the file's WriterLock first: the consistency flags a killed
+  // writer left in the file are then known to be stale, and are cleared as h5clear does.
   void open(const std::filesystem::path& p, bool writable) {
     quiet_hdf5();
     path = p.string();
@@ -213,19 +288,34 @@ struct Columns {
     RLX_CHECK(exists || writable, "trajectory file {} does not exist", path);
     if (exists) {
       RLX_CHECK(H5Fis_hdf5(path.c_str()) > 0, "{} is not an HDF5 file", path);
-      file = Handle(H5Fopen(path.c_str(), writable ? H5F_ACC_RDWR : H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-      RLX_CHECK(file, "cannot open {}", path);
+      if (writable) {
+        open_read_only();  // the format first: a file this build refuses is left as it is
+        check_format();
+        file.reset();
+        Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+        H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
+        hbool_t clear = 1;  // h5clear's property (HDF5 1.10+): the file's "open for write" flags
+        H5Pset(fapl.get(), "clear_status_flags", &clear);
+        file = Handle(H5Fopen(path.c_str(), H5F_ACC_RDWR, fapl.get()), H5Fclose);
+        RLX_CHECK(file, "cannot open {}{}", path, hdf5_reason());
+      } else {
+        open_read_only();
+      }
       check_format();
       for (Column* c : all()) {
         c->ds = Handle(H5Dopen2(file.get(), c->name.c_str(), H5P_DEFAULT), H5Dclose);
         RLX_CHECK(c->ds, "{}: dataset /{} is missing", path, c->name);
         c->extent = c->size();
       }
+      committed = Handle(H5Dopen2(file.get(), "committed", H5P_DEFAULT), H5Dclose);
+      RLX_CHECK(committed, "{}: dataset /committed is missing", path);
       return;
     }
     if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
-    file = Handle(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-    RLX_CHECK(file, "cannot create {}", path);
+    Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+    H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
+    file = Handle(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl.get()), H5Fclose);
+    RLX_CHECK(file, "cannot create {}{}", path, hdf5_reason());
     write_format();
     for (Column* c : all()) {
       const hsize_t zero = 0, unlimited = H5S_UNLIMITED, chunk = per(c) == &Counts::tokens ? 65536 : 1024;
@@ -236,14 +326,50 @@ struct Columns {
                                 H5P_DEFAULT), H5Dclose);
       RLX_CHECK(c->ds, "{}: cannot create /{}", path, c->name);
     }
+    const hsize_t one = 1;
+    Handle space(H5Screate_simple(1, &one, nullptr), H5Sclose);
+    Handle plist(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+    H5Pset_layout(plist.get(), H5D_COMPACT);
+    committed = Handle(H5Dcreate2(file.get(), "committed", H5T_NATIVE_UINT64, space.get(), H5P_DEFAULT, plist.get(), H5P_DEFAULT),
+                       H5Dclose);
+    RLX_CHECK(committed, "{}: cannot create /committed", path);
+    const uint64_t zero = 0;
+    RLX_CHECK(H5Dwrite(committed.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, &zero) >= 0, "{}: cannot write /committed",
+              path);
+  }
+
+  // As a SWMR reader (the file may be written meanwhile), or plainly for a file not in
+  // HDF5's latest format (none of this build's: check_format then says which it is).
+  void open_read_only() {
+    file = Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, H5P_DEFAULT), H5Fclose);
+    if (!file) {
+      H5Eclear2(H5E_DEFAULT);
+      file = Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+    }
+    RLX_CHECK(file, "cannot open {}{}", path, hdf5_reason());
+  }
+
+  // From here on, readers may open the file while this writer appends (no new datasets or
+  // attributes can be made in SWMR mode: open() made them all).
+  void start_swmr() {
+    RLX_CHECK(H5Fstart_swmr_write(file.get()) >= 0, "{}: cannot start SWMR writing{}", path, hdf5_reason());
+  }
+
+  // The end of sample `s`'s text (its metadata's end; 0 before the first sample).
+  int64_t text_end(uint64_t s) const {
+    if (s == 0) return 0;
+    return metadata.offset.read<int64_t>(s - 1, 1, path)[0] + metadata.length.read<uint32_t>(s - 1, 1, path)[0];
   }
 
   // What every column holds: after an unclean stop (SIGKILL, power loss) each column is as
   // long as HDF5 had written it, and past the last flush the lengths differ. The groups
-  // counted are those whose samples, tokens and runs all the columns hold, each chained to
-  // the one before (a chunk HDF5 never wrote reads as zeros, which do not chain).
+  // counted are at most /committed, and those whose samples, tokens, runs and text all the
+  // columns hold, each chained to the one before (a chunk HDF5 never wrote reads as zeros,
+  // which do not chain). A group's text is its worker's name, then each sample's finish
+  // reason and metadata.
   Counts whole() {
-    const auto [g_have, s_have, t_have, r_have] = lengths(/*longest=*/false);
+    const auto [g_longest, s_have, t_have, r_have, x_have] = lengths(/*longest=*/false);
+    const uint64_t g_have = std::min(g_longest, committed_groups());
     const auto first = first_sample.read<int64_t>(0, g_have, path), count = num_samples.read<int64_t>(0, g_have, path);
     for (uint64_t g = g_have; g > 0; --g) {
       const uint64_t k = g - 1;
@@ -257,9 +383,27 @@ struct Columns {
       const auto r0 = first_run.read<int64_t>(from, s - from, path), rn = num_runs.read<int64_t>(from, s - from, path);
       const int64_t r_chained = s >= 2 ? r0[0] + rn[0] : 0;
       if (r0.back() != r_chained || rn.back() < 0 || static_cast<uint64_t>(r0.back() + rn.back()) > r_have) continue;
-      return {g, s, static_cast<uint64_t>(off.back() + len.back()), static_cast<uint64_t>(r0.back() + rn.back())};
+      const auto text_to = text_chain(k, static_cast<uint64_t>(first[k]), static_cast<uint64_t>(count[k]));
+      if (!text_to || *text_to > x_have) continue;
+      return {g, s, static_cast<uint64_t>(off.back() + len.back()), static_cast<uint64_t>(r0.back() + rn.back()), *text_to};
     }
     return {};
+  }
+  // Where group g's text ends, if its strings follow one another from where the samples
+  // before it ended; nothing if they do not.
+  std::optional<uint64_t> text_chain(uint64_t g, uint64_t s0, uint64_t n) const {
+    int64_t at = text_end(s0);
+    if (worker.offset.read<int64_t>(g, 1, path)[0] != at) return std::nullopt;
+    at += worker.length.read<uint32_t>(g, 1, path)[0];
+    const auto fo = finish.offset.read<int64_t>(s0, n, path), mo = metadata.offset.read<int64_t>(s0, n, path);
+    const auto fl = finish.length.read<uint32_t>(s0, n, path), ml = metadata.length.read<uint32_t>(s0, n, path);
+    for (uint64_t j = 0; j < n; ++j) {
+      if (fo[j] != at) return std::nullopt;
+      at += fl[j];
+      if (mo[j] != at) return std::nullopt;
+      at += ml[j];
+    }
+    return static_cast<uint64_t>(at);
   }
 
   void write_format() {
@@ -273,6 +417,11 @@ struct Columns {
   }
 
   void check_format() {
+    const int version = format_version(file, path);
+    RLX_CHECK(version == kFormatVersion, "{}: trajectory format version {} (this build reads {}{})", path, version,
+              kFormatVersion, version < kFormatVersion ? "; `rlx inspect trajectories FILE --upgrade-to NEW.h5` converts it" : "");
+  }
+  static int format_version(const Handle& file, const std::string& path) {
     RLX_CHECK(H5Aexists(file.get(), "format") > 0 && H5Aexists(file.get(), "format_version") > 0,
               "{} is not an rlx trajectory file (no format attribute)", path);
     Handle a(H5Aopen(file.get(), "format", H5P_DEFAULT), H5Aclose);
@@ -284,8 +433,7 @@ struct Columns {
     Handle v(H5Aopen(file.get(), "format_version", H5P_DEFAULT), H5Aclose);
     int version = 0;
     H5Aread(v.get(), H5T_NATIVE_INT, &version);
-    RLX_CHECK(version == kFormatVersion, "{}: trajectory format version {} (this build reads {})", path, version,
-              kFormatVersion);
+    return version;
   }
 };
 
@@ -304,13 +452,22 @@ struct Stage {
   std::vector<uint32_t> run_length;
   std::vector<int32_t> prompt_len;
   std::vector<float> reward;
-  std::deque<std::string> text;  // finish, metadata and worker, NUL-terminated (views are not); a deque keeps c_str()s
-  std::vector<const char*> finish, metadata, worker;
+  std::vector<char> text;
+  std::vector<int64_t> finish_offset, metadata_offset, worker_offset;
+  std::vector<uint32_t> finish_length, metadata_length, worker_length;
   std::vector<uint64_t> lease_id, prompt_index, epoch;
   std::vector<int64_t> first_sample, num_samples, accepted_version;
   size_t bytes = 0;
+  double since = 0;  // when the first group waiting was staged
 
   bool empty() const { return lease_id.empty(); }
+  // Appends `str` to the text, which then ends at `at` (bytes in the file and staged).
+  void add_text(std::string_view str, uint64_t& at, std::vector<int64_t>& offset, std::vector<uint32_t>& length) {
+    offset.push_back(static_cast<int64_t>(at));
+    length.push_back(static_cast<uint32_t>(str.size()));
+    text.insert(text.end(), str.begin(), str.end());
+    at += str.size();
+  }
   void write_to(Columns& c) const {
     const std::string& f = c.path;
     c.tokens.append(tokens.data(), tokens.size(), f);
@@ -324,24 +481,30 @@ struct Stage {
     c.num_runs.append(num_runs.data(), num_runs.size(), f);
     c.prompt_len.append(prompt_len.data(), prompt_len.size(), f);
     c.reward.append(reward.data(), reward.size(), f);
-    c.finish.append(finish.data(), finish.size(), f);
-    c.metadata.append(metadata.data(), metadata.size(), f);
+    c.text.append(text.data(), text.size(), f);
+    c.finish.offset.append(finish_offset.data(), finish_offset.size(), f);
+    c.finish.length.append(finish_length.data(), finish_length.size(), f);
+    c.metadata.offset.append(metadata_offset.data(), metadata_offset.size(), f);
+    c.metadata.length.append(metadata_length.data(), metadata_length.size(), f);
     c.lease_id.append(lease_id.data(), lease_id.size(), f);
     c.prompt_index.append(prompt_index.data(), prompt_index.size(), f);
     c.epoch.append(epoch.data(), epoch.size(), f);
     c.first_sample.append(first_sample.data(), first_sample.size(), f);
     c.num_samples.append(num_samples.data(), num_samples.size(), f);
-    c.worker.append(worker.data(), worker.size(), f);
     c.accepted_version.append(accepted_version.data(), accepted_version.size(), f);
+    c.worker.offset.append(worker_offset.data(), worker_offset.size(), f);
+    c.worker.length.append(worker_length.data(), worker_length.size(), f);
   }
 };
 
 struct TrajectoryStore::Impl {
+  WriterLock lock;
   std::filesystem::path path;
   StoreOptions options;
   Columns cols;
   Stage stage;
-  uint64_t groups = 0, samples = 0, tokens = 0, runs = 0;  // in the file and staged
+  uint64_t groups = 0, samples = 0, tokens = 0, runs = 0, text = 0;  // in the file and staged
+  uint64_t committed = 0;  // the file's /committed: groups written and flushed
   uint64_t write_failures = 0;
   std::string last_error;  // of the last write; empty once one succeeds
   size_t retry_bytes = 0;  // after a failed write, appends try again once the stage holds this much
@@ -349,7 +512,7 @@ struct TrajectoryStore::Impl {
   // The disk space a write of the stage can take: its bytes, the chunks it starts (up to
   // 512 KiB per column), the strings' heap entries and the chunk index (generously).
   size_t space_needed() {
-    return stage.bytes + stage.bytes / 4 + stage.finish.size() * 64 + cols.all().size() * (size_t{512} << 10) + (size_t{4} << 20);
+    return stage.bytes + stage.bytes / 4 + cols.all().size() * (size_t{512} << 10) + (size_t{4} << 20);
   }
 
   // Disk blocks for `bytes` past the end of HDF5's allocation, reserved before a write: a
@@ -373,7 +536,7 @@ struct TrajectoryStore::Impl {
   // back to its length before, as far as HDF5 still can. A failure is logged (the first
   // three, then at powers of two).
   bool write_stage() {
-    if (stage.empty()) return true;
+    if (stage.empty()) return commit();
     std::string error = reserve(space_needed());
     if (error.empty()) {
       std::vector<uint64_t> before;
@@ -392,19 +555,32 @@ struct TrajectoryStore::Impl {
         }
       }
     }
-    if (!error.empty()) {
-      last_error = std::move(error);
-      retry_bytes = stage.bytes + options.stage_bytes;
-      const uint64_t n = ++write_failures;
-      if (n <= 3 || (n & (n - 1)) == 0)
-        log::warn("trajectory store: {} groups ({:.1f} MiB) wait to be written (failure {}): {}", stage.lease_id.size(),
-                  static_cast<double>(stage.bytes) / (1 << 20), n, last_error);
-      return false;
+    if (!error.empty()) return failed(std::move(error));
+    stage = Stage{};
+    return commit();
+  }
+  // Marks every group in the file as committed (readers see them), once they are.
+  bool commit() {
+    if (committed != groups) {
+      try {
+        cols.commit(groups);
+      } catch (const std::exception& e) {
+        return failed(e.what());
+      }
+      committed = groups;
     }
     if (!last_error.empty()) log::info("trajectory store {}: written again after {} failed writes", cols.path, write_failures);
     last_error.clear();
-    stage = Stage{};
     return true;
+  }
+  bool failed(std::string error) {
+    last_error = std::move(error);
+    retry_bytes = stage.bytes + options.stage_bytes;
+    const uint64_t n = ++write_failures;
+    if (n <= 3 || (n & (n - 1)) == 0)
+      log::warn("trajectory store: {} groups ({:.1f} MiB) wait to be written (failure {}): {}", groups - committed,
+                static_cast<double>(stage.bytes) / (1 << 20), n, last_error);
+    return false;
   }
 };
 
@@ -415,17 +591,23 @@ TrajectoryStore::TrajectoryStore(const std::filesystem::path& file, StoreOptions
   impl_->path = file;
   impl_->options = options;
   auto& c = impl_->cols;
+  const bool existed = std::filesystem::exists(file);
+  if (existed) impl_->lock = WriterLock(file);
   c.open(file, /*writable=*/true);
+  if (!existed) impl_->lock = WriterLock(file);
   const auto n = c.whole();
-  impl_->groups = n.groups, impl_->samples = n.samples, impl_->tokens = n.tokens, impl_->runs = n.runs;
+  impl_->groups = n.groups, impl_->samples = n.samples, impl_->tokens = n.tokens, impl_->runs = n.runs, impl_->text = n.text;
+  impl_->committed = c.committed_groups();
   const auto had = c.lengths(/*longest=*/true);
-  if (had.groups != n.groups || had.samples != n.samples || had.tokens != n.tokens || had.runs != n.runs) {
+  if (had.groups != n.groups || had.samples != n.samples || had.tokens != n.tokens || had.runs != n.runs || had.text != n.text) {
     c.set_sizes(n);
     log::warn("trajectory store {}: its columns' lengths differed (a writer stopped uncleanly past its last flush): "
               "kept the {} whole groups ({} samples, {} tokens) of {} groups, {} samples, {} tokens", c.path, n.groups,
               n.samples, n.tokens, had.groups, had.samples, had.tokens);
-    RLX_CHECK(H5Fflush(c.file.get(), H5F_SCOPE_GLOBAL) >= 0, "{}: flush failed{}", c.path, hdf5_reason());
   }
+  c.commit(n.groups);
+  impl_->committed = n.groups;
+  c.start_swmr();
 }
 
 TrajectoryStore::~TrajectoryStore() {
@@ -436,7 +618,7 @@ TrajectoryStore::~TrajectoryStore() {
   // Closed, the file gives back the space reserved past HDF5's end of allocation (HDF5
   // leaves a longer file as it is). The end is read as HDF5 stored it, from the closed file.
   for (Column* col : c.all()) col->ds.reset();
-  c.str.reset();
+  c.committed.reset();
   c.file.reset();
   haddr_t eoa = 0;
   if (Handle f(H5Fopen(c.path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose); f && H5Fget_eoa(f.get(), &eoa) >= 0) {
@@ -454,11 +636,18 @@ bool TrajectoryStore::append(const GroupView& g, int64_t accepted_version) {
   const int64_t first = static_cast<int64_t>(impl_->samples);
   int64_t at = static_cast<int64_t>(impl_->tokens);
   const size_t runs_before = st.run_version.size();
+  constexpr size_t kMaxString = std::numeric_limits<uint32_t>::max();
+  RLX_CHECK(g.worker.size() <= kMaxString, "lease {}: a worker name of {} bytes", g.lease_id, g.worker.size());
   for (const auto& s : g.samples) {
     const size_t n = s.tokens.size();
     RLX_CHECK(s.loss_mask.size() == n && s.logprobs.size() == n && s.versions.size() == n,
               "lease {}: a sample's tokens, loss_mask, logprobs and versions differ in length", g.lease_id);
+    RLX_CHECK(s.finish.size() <= kMaxString && s.metadata.size() <= kMaxString,
+              "lease {}: a sample's finish reason or metadata has over {} bytes", g.lease_id, kMaxString);
   }
+  if (st.empty()) st.since = now_s();
+  const size_t text_before = st.text.size();
+  st.add_text(g.worker, impl_->text, st.worker_offset, st.worker_length);
   for (const auto& s : g.samples) {
     const size_t n = s.tokens.size();
     s.tokens.append_to(st.tokens);
@@ -473,17 +662,16 @@ bool TrajectoryStore::append(const GroupView& g, int64_t accepted_version) {
     at += static_cast<int64_t>(n);
     st.prompt_len.push_back(s.prompt_len);
     st.reward.push_back(s.reward);
-    st.finish.push_back(st.text.emplace_back(s.finish).c_str());
-    st.metadata.push_back(st.text.emplace_back(s.metadata).c_str());
-    st.bytes += n * (sizeof(int32_t) + sizeof(uint8_t) + sizeof(float)) + (st.run_version.size() - r) * 12 +
-                s.finish.size() + s.metadata.size();
+    st.add_text(s.finish, impl_->text, st.finish_offset, st.finish_length);
+    st.add_text(s.metadata, impl_->text, st.metadata_offset, st.metadata_length);
+    st.bytes += n * (sizeof(int32_t) + sizeof(uint8_t) + sizeof(float)) + (st.run_version.size() - r) * 12 + 64;
   }
+  st.bytes += st.text.size() - text_before + 64;
   st.lease_id.push_back(g.lease_id);
   st.prompt_index.push_back(g.prompt_index);
   st.epoch.push_back(g.epoch);
   st.first_sample.push_back(first);
   st.num_samples.push_back(static_cast<int64_t>(g.samples.size()));
-  st.worker.push_back(st.text.emplace_back(g.worker).c_str());
   st.accepted_version.push_back(accepted_version);
   impl_->groups += 1;
   impl_->samples += g.samples.size();
@@ -498,22 +686,28 @@ void TrajectoryStore::truncate(uint64_t groups) {
   auto& c = impl_->cols;
   if (groups >= impl_->groups) return;
   flush();
-  uint64_t samples = 0, tokens = 0, runs = 0;
+  uint64_t samples = 0, tokens = 0, runs = 0, text = 0;
   if (groups > 0) {
     const auto first = c.first_sample.read<int64_t>(groups, 1, c.path)[0];
     samples = static_cast<uint64_t>(first);
     tokens = static_cast<uint64_t>(c.sample_offset.read<int64_t>(samples, 1, c.path)[0]);
     runs = static_cast<uint64_t>(c.first_run.read<int64_t>(samples, 1, c.path)[0]);
+    text = static_cast<uint64_t>(c.worker.offset.read<int64_t>(groups, 1, c.path)[0]);
   }
-  c.set_sizes({groups, samples, tokens, runs});
-  impl_->groups = groups, impl_->samples = samples, impl_->tokens = tokens, impl_->runs = runs;
+  c.set_sizes({groups, samples, tokens, runs, text});
+  impl_->groups = groups, impl_->samples = samples, impl_->tokens = tokens, impl_->runs = runs, impl_->text = text;
   flush();
 }
 
 void TrajectoryStore::flush() {
   RLX_CHECK(impl_->write_stage(), "{} groups accepted since the last write are not in the file: {}",
-            impl_->stage.lease_id.size(), impl_->last_error);
-  RLX_CHECK(H5Fflush(impl_->cols.file.get(), H5F_SCOPE_GLOBAL) >= 0, "{}: flush failed{}", impl_->cols.path, hdf5_reason());
+            impl_->groups - impl_->committed, impl_->last_error);
+}
+
+bool TrajectoryStore::write_if_due() {
+  const auto& st = impl_->stage;
+  if (st.empty() || !impl_->last_error.empty() || now_s() - st.since < impl_->options.max_stage_age_s) return true;
+  return impl_->write_stage();
 }
 
 bool TrajectoryStore::write_pending() { return impl_->write_stage(); }
@@ -552,7 +746,7 @@ std::vector<TrajectoryGroup> read_trajectory_groups(const std::filesystem::path&
   const auto epoch = c.epoch.read<uint64_t>(first, count, c.path);
   const auto fs = c.first_sample.read<int64_t>(first, count, c.path);
   const auto ns = c.num_samples.read<int64_t>(first, count, c.path);
-  const auto worker = c.worker.read_strings(first, count, c.path);
+  const auto worker = c.read_strings(c.worker, first, count);
   std::vector<TrajectoryGroup> out(count);
   for (uint64_t i = 0; i < count; ++i) {
     auto& g = out[i];
@@ -562,8 +756,8 @@ std::vector<TrajectoryGroup> read_trajectory_groups(const std::filesystem::path&
     const auto len = c.sample_length.read<int64_t>(s0, sn, c.path);
     const auto plen = c.prompt_len.read<int32_t>(s0, sn, c.path);
     const auto rew = c.reward.read<float>(s0, sn, c.path);
-    const auto fin = c.finish.read_strings(s0, sn, c.path);
-    const auto meta = c.metadata.read_strings(s0, sn, c.path);
+    const auto fin = c.read_strings(c.finish, s0, sn);
+    const auto meta = c.read_strings(c.metadata, s0, sn);
     const auto r0 = c.first_run.read<int64_t>(s0, sn, c.path), rn = c.num_runs.read<int64_t>(s0, sn, c.path);
     for (uint64_t j = 0; j < sn; ++j) {
       Trajectory t;
@@ -592,8 +786,14 @@ TrajectoryFileSummary summarize_trajectories(const std::filesystem::path& file) 
     for (float r : rewards) sum += r, s.reward_min = std::min<double>(s.reward_min, r), s.reward_max = std::max<double>(s.reward_max, r);
     s.reward_mean = sum / static_cast<double>(rewards.size());
   }
-  for (const auto& f : c.finish.read_strings(0, s.samples, c.path)) ++s.finish[f];
-  for (const auto& w : c.worker.read_strings(0, s.groups, c.path)) ++s.workers[w];
+  constexpr uint64_t kStrings = 4096;  // a group's text at a time: bounded memory (metadata may be long)
+  for (uint64_t at = 0; at < s.samples; at += kStrings)
+    for (const auto& f : c.read_strings(c.finish, at, std::min(kStrings, s.samples - at))) {
+      if (s.finish.size() < 1000 || s.finish.count(f)) ++s.finish[f];  // bounded: a reason per sample would be none
+      else ++s.finish["(other)"];
+    }
+  for (uint64_t at = 0; at < s.groups; at += kStrings)
+    for (const auto& w : c.read_strings(c.worker, at, std::min(kStrings, s.groups - at))) ++s.workers[w];
   const auto leases = c.lease_id.read<uint64_t>(0, s.groups, c.path);
   const auto prompts = c.prompt_index.read<uint64_t>(0, s.groups, c.path);
   s.distinct_leases = std::set<uint64_t>(leases.begin(), leases.end()).size();
@@ -611,6 +811,122 @@ TrajectoryFileSummary summarize_trajectories(const std::filesystem::path& file) 
     }
   }
   return s;
+}
+
+namespace {
+// A column of a format 1 or 2 file, opened by name; `type` is also what it is read as.
+Column legacy_column(const Handle& file, const std::string& path, const char* name, hid_t type) {
+  Column c;
+  c.name = name, c.file_type = type;
+  c.ds = Handle(H5Dopen2(file.get(), name, H5P_DEFAULT), H5Dclose);
+  RLX_CHECK(c.ds, "{}: dataset /{} is missing", path, name);
+  c.extent = c.size();
+  return c;
+}
+// Entries of an HDF5 variable-length string column (`c.file_type` the string type).
+std::vector<std::string> legacy_strings(const Column& c, uint64_t start, uint64_t count, const std::string& path) {
+  auto raw = c.read<char*>(start, count, path);
+  std::vector<std::string> out;
+  out.reserve(count);
+  for (char* p : raw) out.emplace_back(p ? p : "");
+  if (count) {
+    const hsize_t n = count;
+    Handle mspace(H5Screate_simple(1, &n, nullptr), H5Sclose);
+    H5Dvlen_reclaim(c.file_type, mspace.get(), H5P_DEFAULT, raw.data());
+  }
+  return out;
+}
+}  // namespace
+
+uint64_t upgrade_trajectories(const std::filesystem::path& from, const std::filesystem::path& to) {
+  quiet_hdf5();
+  const std::string path = from.string();
+  RLX_CHECK(std::filesystem::exists(from), "trajectory file {} does not exist", path);
+  RLX_CHECK(H5Fis_hdf5(path.c_str()) > 0, "{} is not an HDF5 file", path);
+  RLX_CHECK(!std::filesystem::exists(to), "{} exists: the upgrade writes a new file", to.string());
+  Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  RLX_CHECK(file, "cannot open {}{}", path, hdf5_reason());
+  const int version = Columns::format_version(file, path);
+  RLX_CHECK(version == 1 || version == 2, "{}: trajectory format version {}, {}", path, version,
+            version == kFormatVersion ? "this build's already" : "which this build cannot upgrade (it upgrades 1 and 2)");
+  Handle str(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(str.get(), H5T_VARIABLE);
+  const auto col = [&](const char* name, hid_t type) { return legacy_column(file, path, name, type); };
+  const Column lease = col("group_lease_id", H5T_NATIVE_UINT64), prompt = col("group_prompt_index", H5T_NATIVE_UINT64),
+               epoch = col("group_epoch", H5T_NATIVE_UINT64), first = col("group_first_sample", H5T_NATIVE_INT64),
+               count = col("group_num_samples", H5T_NATIVE_INT64), worker = col("group_worker", str.get()),
+               accepted = col("group_accepted_version", H5T_NATIVE_INT64);
+  const Column offset = col("sample_offset", H5T_NATIVE_INT64), length = col("sample_length", H5T_NATIVE_INT64),
+               prompt_len = col("prompt_len", H5T_NATIVE_INT32), reward = col("reward", H5T_NATIVE_FLOAT),
+               finish = col("finish", str.get()), metadata = col("metadata", str.get());
+  const Column tokens = col("tokens", H5T_NATIVE_INT32), mask = col("loss_mask", H5T_NATIVE_UINT8),
+               logprobs = col("logprobs", H5T_NATIVE_FLOAT);
+  std::optional<Column> versions, first_run, num_runs, run_version, run_length;  // 1: per token; 2: runs
+  if (version == 1) {
+    versions = col("versions", H5T_NATIVE_INT64);
+  } else {
+    first_run = col("sample_first_run", H5T_NATIVE_INT64), num_runs = col("sample_num_runs", H5T_NATIVE_INT64);
+    run_version = col("run_version", H5T_NATIVE_INT64), run_length = col("run_length", H5T_NATIVE_UINT32);
+  }
+  uint64_t groups = ~uint64_t{0};
+  for (const Column* c : {&lease, &prompt, &epoch, &first, &count, &worker, &accepted}) groups = std::min(groups, c->extent);
+  uint64_t samples = ~uint64_t{0};
+  for (const Column* c : {&offset, &length, &prompt_len, &reward, &finish, &metadata}) samples = std::min(samples, c->extent);
+  if (first_run) samples = std::min({samples, first_run->extent, num_runs->extent});
+  const uint64_t token_count = std::min({tokens.extent, mask.extent, logprobs.extent, versions ? versions->extent : ~uint64_t{0}});
+  const uint64_t run_count = run_version ? std::min(run_version->extent, run_length->extent) : 0;
+
+  TrajectoryStore out(to);
+  constexpr uint64_t kBatch = 64;  // groups read at a time: bounded memory
+  for (uint64_t g0 = 0; g0 < groups; g0 += kBatch) {
+    const uint64_t n = std::min(kBatch, groups - g0);
+    const auto l = lease.read<uint64_t>(g0, n, path), p = prompt.read<uint64_t>(g0, n, path), e = epoch.read<uint64_t>(g0, n, path);
+    const auto f = first.read<int64_t>(g0, n, path), c = count.read<int64_t>(g0, n, path), a = accepted.read<int64_t>(g0, n, path);
+    const auto w = legacy_strings(worker, g0, n, path);
+    for (uint64_t i = 0; i < n; ++i) {
+      // A torn tail (a writer killed past its last flush): the groups before it are kept.
+      const auto s0 = static_cast<uint64_t>(f[i]), sn = static_cast<uint64_t>(c[i]);
+      if (f[i] < 0 || c[i] < 1 || s0 + sn > samples) {
+        log::warn("{}: group {} of {} is not whole (a writer stopped uncleanly): upgraded the {} before it", path, g0 + i, groups,
+                  g0 + i);
+        out.flush();
+        return out.groups();
+      }
+      TrajectoryGroup g{.lease_id = l[i], .prompt_index = p[i], .epoch = e[i], .worker = w[i]};
+      const auto off = offset.read<int64_t>(s0, sn, path), len = length.read<int64_t>(s0, sn, path);
+      const auto plen = prompt_len.read<int32_t>(s0, sn, path);
+      const auto rew = reward.read<float>(s0, sn, path);
+      const auto fin = legacy_strings(finish, s0, sn, path), meta = legacy_strings(metadata, s0, sn, path);
+      for (uint64_t j = 0; j < sn; ++j) {
+        const auto o = static_cast<uint64_t>(off[j]), k = static_cast<uint64_t>(len[j]);
+        RLX_CHECK(off[j] >= 0 && len[j] >= 0 && o + k <= token_count, "{}: sample {} points past the tokens", path, s0 + j);
+        Trajectory t;
+        t.tokens = tokens.read<int32_t>(o, k, path);
+        t.loss_mask = mask.read<uint8_t>(o, k, path);
+        t.logprobs = logprobs.read<float>(o, k, path);
+        if (versions) {
+          t.versions = TokenVersions(versions->read<int64_t>(o, k, path));
+        } else {
+          const auto r0 = first_run->read<int64_t>(s0 + j, 1, path)[0], rn = num_runs->read<int64_t>(s0 + j, 1, path)[0];
+          RLX_CHECK(r0 >= 0 && rn >= 0 && static_cast<uint64_t>(r0 + rn) <= run_count, "{}: sample {} points past the runs", path,
+                    s0 + j);
+          const auto values = run_version->read<int64_t>(static_cast<uint64_t>(r0), static_cast<uint64_t>(rn), path);
+          const auto lengths = run_length->read<uint32_t>(static_cast<uint64_t>(r0), static_cast<uint64_t>(rn), path);
+          try {
+            t.versions = TokenVersions::from(VersionRuns::checked({reinterpret_cast<const char*>(values.data()), values.size()},
+                                                                  {reinterpret_cast<const char*>(lengths.data()), lengths.size()}, k));
+          } catch (const FrameError& err) {
+            throw Error(fmt::format("{}: sample {}: {}", path, s0 + j, err.what()));
+          }
+        }
+        t.prompt_len = plen[j], t.reward = rew[j], t.finish = fin[j], t.metadata = meta[j];
+        g.samples.push_back(std::move(t));
+      }
+      RLX_CHECK(out.append(g, a[i]), "{}: cannot write group {}: {}", to.string(), g0 + i, out.last_error());
+    }
+  }
+  out.flush();
+  return out.groups();
 }
 
 }  // namespace rlx::bus

@@ -657,9 +657,11 @@ struct Hub::Impl {
     last_tick = now;
   }
 
-  // After a failed write of the trajectory file, a retry every second; credits again once
-  // it succeeds (a full store gave none).
+  // Groups staged for the trajectory file go to it within StoreOptions::max_stage_age_s.
+  // After a failed write, a retry every second; credits again once it succeeds (a full
+  // store gave none).
   void retry_store(double now) {
+    if (store && store->last_error().empty()) (void)store->write_if_due();  // readers of the file see a slow run too
     if (!store || store->last_error().empty() || now - last_store_retry < 1.0) return;
     last_store_retry = now;
     if (store->write_pending()) distribute_credits();

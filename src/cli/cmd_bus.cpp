@@ -138,16 +138,23 @@ void add_keys_commands(CLI::App& app, Action& action) {
 void add_inspect_trajectories(CLI::App& app, Action& action) {
   auto* inspect = app.get_subcommand("inspect");
   struct Args {
-    std::string file;
+    std::string file, upgrade_to;
     uint64_t dump = 0, first = 0;
   };
   auto args = std::make_shared<Args>();
-  auto* c = inspect->add_subcommand("trajectories", "Summarize an HDF5 trajectory store (rlx hub's trajectory_file)");
+  auto* c = inspect->add_subcommand("trajectories", "Summarize an HDF5 trajectory store (rlx hub's trajectory_file), also while the hub writes it");
   c->add_option("file", args->file, "the .h5 file")->required();
   c->add_option("--dump", args->dump, "also print this many groups as JSON lines");
   c->add_option("--first", args->first, "the first group to dump");
+  c->add_option("--upgrade-to", args->upgrade_to,
+                "write FILE's groups (an older trajectory format) to this new file in this build's format, then show it");
   c->callback([args, &action] {
     action = [args] {
+      if (!args->upgrade_to.empty()) {
+        const auto n = bus::upgrade_trajectories(args->file, args->upgrade_to);
+        std::cerr << fmt::format("upgraded {} groups from {} to {}\n", n, args->file, args->upgrade_to);
+        args->file = args->upgrade_to;
+      }
       const auto s = bus::summarize_trajectories(args->file);
       nlohmann::json j = {{"file", args->file},         {"groups", s.groups},
                           {"samples", s.samples},       {"tokens", s.tokens},

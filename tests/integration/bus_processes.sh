@@ -7,6 +7,10 @@
 #   3. The hub's trajectory file cannot grow (ulimit -f, as a full disk): the hub lives,
 #      says why, keeps at most hub.store_max_pending_mb, then takes no more groups; once the
 #      limit is lifted (prlimit) everything is written and trained exactly once.
+#   4. `rlx inspect trajectories` reads the file while the hub writes it (HDF5 SWMR): every
+#      read is a whole prefix of what is written, content checked; after the hub is killed
+#      with SIGKILL the file still reads, a second writer is refused while one lives, and a
+#      restarted hub opens the file again and keeps its groups.
 #   bus_processes.sh RLX_BINARY WORK_DIR
 set -euo pipefail
 rlx=$1 work=$2
@@ -138,4 +142,55 @@ wait $hub_pid || fail "hub exit status"
 "$rlx" inspect trajectories full.h5 | python3 -c "
 import json,sys; s=json.load(sys.stdin); assert s['groups']==$n and s['distinct_leases']==$n, s" \
   || fail "the HDF5 store disagrees"
+# --- 4. Readers while the hub writes; the hub killed ---------------------------------------------
+cat > check_dump.py <<'PY'
+# The groups `rlx inspect trajectories --dump` printed, each checked against what
+# `rlx bus worker` generates (cmd_bus.cpp's synthetic_group); prints how many.
+import json, sys
+n = 0
+for line in sys.stdin:
+    if not line.startswith('{"'): continue
+    g, n = json.loads(line), n + 1
+    p = g["prompt_index"]
+    assert g["worker"] == "w0", g["worker"]
+    assert len(g["samples"]) == 4, len(g["samples"])
+    for s, t in enumerate(g["samples"]):
+        assert t["finish"] == "stop" and json.loads(t["metadata"]) == {"prompt_index": p}, (t["finish"], t["metadata"])
+        assert len(t["tokens"]) == len(t["logprobs"]) == len(t["loss_mask"]) == 4000
+        assert all(x == (p * 31 + s * 7 + i) % 50000 for i, x in enumerate(t["tokens"])), f"tokens of prompt {p} sample {s}"
+print(n)
+PY
+start_hub live 64 "  save_every_s: 0.3"
+"$rlx" bus learner --address "ipc://$work/live.sock" --name learner --out live.consumed --timeout 60 > live-learner.out 2> live-learner.err &
+learner=$!; pids+=($learner)
+# 4 x 4000 tokens: 36 KB a group, so the hub writes its 8 MiB stage only on its 5 s clock
+"$rlx" bus worker --address "ipc://$work/live.sock" --name w0 --tokens 4000 --leases 1 --delay-ms 100 --timeout 60 > live-w0.out 2> live-w0.err &
+w0=$!; pids+=($w0)
+seen=() last=0
+for _ in $(seq 60); do
+  got=$("$rlx" inspect trajectories live.h5 --dump 1000 2> live-read.err | python3 check_dump.py) \
+    || fail "a read of the file while the hub writes it: $(tail -2 live-read.err)"
+  [ "$got" -ge "$last" ] || fail "a later read saw fewer groups ($got < $last)"
+  last=$got
+  [ "$got" -gt 0 ] && seen+=("$got")
+  [ "${#seen[@]}" -ge 2 ] && [ "$got" -gt "${seen[0]}" ] && break
+  sleep 0.5
+done
+echo "read while written: ${seen[*]} groups"
+[ "${#seen[@]}" -ge 2 ] && [ "$last" -gt "${seen[0]}" ] || fail "the readers never saw the file grow"
+"$rlx" hub serve live.yaml hub.address=ipc://$work/live2.sock > live2.out 2> live2.err \
+  && fail "a second hub wrote the same trajectory file"
+grep -q "being written by another process" live2.err || fail "the second writer was not told why: $(tail -1 live2.err)"
+sleep 0.5  # a state save past the last read
+kill -9 $hub_pid $w0 $learner  # the peers too: the restarted hub is to take no new groups
+wait $hub_pid $w0 $learner 2>/dev/null || true
+killed=$("$rlx" inspect trajectories live.h5 --dump 1000 | python3 check_dump.py) || fail "the killed hub's file does not read"
+start_hub live 64 "  save_every_s: 0.3"
+for _ in $(seq 50); do grep -q "restored" live.err && break; sleep 0.1; done
+grep -q "restored" live.err || fail "the restarted hub did not restore: $(tail -2 live.err)"
+"$rlx" hub stop --address "ipc://$work/live.sock"
+wait $hub_pid || fail "the restarted hub's exit status: $(tail -2 live.err)"
+kept=$("$rlx" inspect trajectories live.h5 --dump 1000 | python3 check_dump.py) || fail "the file after the restart"
+echo "hub killed: the file read $killed groups; restored and stopped: $kept"
+[ "$kept" -ge "$last" ] && [ "$kept" -le "$killed" ] || fail "groups: $last read live, $killed after the kill, $kept kept"
 echo "bus_processes: all checks passed"

@@ -199,6 +199,14 @@ TEST_CASE("bus: a trajectory file whose columns a killed writer left of differen
   std::vector<TrajectoryGroup> groups;
   for (uint64_t i = 0; i < 8; ++i)
     groups.push_back(answer(Lease{.lease_id = i + 1, .prompt_index = i, .group_size = 3}, 4 + static_cast<int>(i)));
+  const auto text_of = [&](size_t n) {  // bytes of text of the first n groups
+    uint64_t t = 0;
+    for (size_t i = 0; i < n; ++i) {
+      t += groups[i].worker.size();
+      for (const auto& s : groups[i].samples) t += s.finish.size() + s.metadata.size();
+    }
+    return t;
+  };
   const auto tokens_of = [&](size_t n) {
     uint64_t t = 0;
     for (size_t i = 0; i < n; ++i)
@@ -209,15 +217,17 @@ TEST_CASE("bus: a trajectory file whose columns a killed writer left of differen
   const std::vector<std::pair<std::function<void(const std::filesystem::path&)>, uint64_t>> tears = {
       {[&](const auto& f) {  // per-sample and per-token columns ran ahead of the groups
          set_length(f, "sample_offset", 6 * 3 + 2);
-         set_length(f, "metadata", 6 * 3 + 3);
+         set_length(f, "metadata_length", 6 * 3 + 3);
          set_length(f, "tokens", tokens_of(6) + 40);
+         set_length(f, "text", 100000);
        }, 6},
       {[&](const auto& f) {  // the per-group columns ran ahead: their new entries read as zeros
          for (const char* n : {"group_lease_id", "group_prompt_index", "group_epoch", "group_first_sample",
-                               "group_num_samples", "group_worker", "group_accepted_version"})
+                               "group_num_samples", "group_worker_offset", "group_worker_length", "group_accepted_version"})
            set_length(f, n, 9);
        }, 6},
-      {[&](const auto& f) { set_length(f, "metadata", 6 * 3 - 1); }, 5},  // the last group's samples fell short
+      {[&](const auto& f) { set_length(f, "metadata_offset", 6 * 3 - 1); }, 5},  // the last group's samples fell short
+      {[&](const auto& f) { set_length(f, "text", text_of(6) - 1); }, 5},       // its last sample's text did
       {[&](const auto& f) { set_length(f, "logprobs", tokens_of(6) - 1); }, 5},  // its last sample's tokens did
       {[&](const auto& f) {  // runs of versions ran ahead (two a sample here: the prompt's, then the lease's)
          set_length(f, "run_version", 6 * 3 * 2 + 5);
@@ -248,6 +258,145 @@ TEST_CASE("bus: a trajectory file whose columns a killed writer left of differen
     want.push_back(groups[7]);
     CHECK((read_trajectory_groups(file, 0, 100) == want));
   }
+}
+
+// A trajectory file of format 1 (a weight version per token) or 2 (versions as runs), as
+// the builds before format 3 wrote it: HDF5 variable-length strings, the default format.
+void write_legacy(const std::filesystem::path& file, int version, const std::vector<TrajectoryGroup>& groups) {
+  const hid_t f = H5Fcreate(file.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT);
+  REQUIRE(f >= 0);
+  const hid_t scalar = H5Screate(H5S_SCALAR), name_type = H5Tcopy(H5T_C_S1), str = H5Tcopy(H5T_C_S1);
+  H5Tset_size(name_type, 16);
+  H5Tset_size(str, H5T_VARIABLE);
+  const hid_t a = H5Acreate2(f, "format", name_type, scalar, H5P_DEFAULT, H5P_DEFAULT);
+  H5Awrite(a, name_type, "rlx-trajectories");
+  const hid_t v = H5Acreate2(f, "format_version", H5T_NATIVE_INT, scalar, H5P_DEFAULT, H5P_DEFAULT);
+  H5Awrite(v, H5T_NATIVE_INT, &version);
+  const auto column = [&](const char* name, hid_t type, const void* data, size_t n) {
+    const hsize_t dims = n, unlimited = H5S_UNLIMITED, chunk = 64;
+    const hid_t space = H5Screate_simple(1, &dims, &unlimited), plist = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_chunk(plist, 1, &chunk);
+    const hid_t d = H5Dcreate2(f, name, type, space, H5P_DEFAULT, plist, H5P_DEFAULT);
+    REQUIRE(d >= 0);
+    if (n) REQUIRE(H5Dwrite(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0);
+    H5Dclose(d), H5Pclose(plist), H5Sclose(space);
+  };
+  std::vector<int32_t> tokens, prompt_len;
+  std::vector<uint8_t> mask;
+  std::vector<float> logprobs, reward;
+  std::vector<int64_t> versions, run_version, offset, length, first_run, num_runs, first_sample, num_samples, accepted;
+  std::vector<uint32_t> run_length;
+  std::vector<uint64_t> lease, prompt, epoch;
+  std::vector<const char*> finish, metadata, worker;
+  for (const auto& g : groups) {
+    first_sample.push_back(static_cast<int64_t>(offset.size()));
+    num_samples.push_back(static_cast<int64_t>(g.samples.size()));
+    for (const auto& t : g.samples) {
+      offset.push_back(static_cast<int64_t>(tokens.size())), length.push_back(static_cast<int64_t>(t.tokens.size()));
+      tokens.insert(tokens.end(), t.tokens.begin(), t.tokens.end());
+      mask.insert(mask.end(), t.loss_mask.begin(), t.loss_mask.end());
+      logprobs.insert(logprobs.end(), t.logprobs.begin(), t.logprobs.end());
+      const auto per_token = t.versions.per_token();
+      versions.insert(versions.end(), per_token.begin(), per_token.end());
+      first_run.push_back(static_cast<int64_t>(run_version.size()));
+      num_runs.push_back(static_cast<int64_t>(t.versions.runs()));
+      const auto values = t.versions.run_values();
+      const auto lengths = t.versions.run_lengths();
+      run_version.insert(run_version.end(), values.begin(), values.end());
+      run_length.insert(run_length.end(), lengths.begin(), lengths.end());
+      prompt_len.push_back(t.prompt_len), reward.push_back(t.reward);
+      finish.push_back(t.finish.c_str()), metadata.push_back(t.metadata.c_str());
+    }
+    lease.push_back(g.lease_id), prompt.push_back(g.prompt_index), epoch.push_back(g.epoch);
+    worker.push_back(g.worker.c_str());
+    accepted.push_back(static_cast<int64_t>(lease.size()) * 10);
+  }
+  column("tokens", H5T_NATIVE_INT32, tokens.data(), tokens.size());
+  column("loss_mask", H5T_NATIVE_UINT8, mask.data(), mask.size());
+  column("logprobs", H5T_NATIVE_FLOAT, logprobs.data(), logprobs.size());
+  if (version == 1) {
+    column("versions", H5T_NATIVE_INT64, versions.data(), versions.size());
+  } else {
+    column("run_version", H5T_NATIVE_INT64, run_version.data(), run_version.size());
+    column("run_length", H5T_NATIVE_UINT32, run_length.data(), run_length.size());
+    column("sample_first_run", H5T_NATIVE_INT64, first_run.data(), first_run.size());
+    column("sample_num_runs", H5T_NATIVE_INT64, num_runs.data(), num_runs.size());
+  }
+  column("sample_offset", H5T_NATIVE_INT64, offset.data(), offset.size());
+  column("sample_length", H5T_NATIVE_INT64, length.data(), length.size());
+  column("prompt_len", H5T_NATIVE_INT32, prompt_len.data(), prompt_len.size());
+  column("reward", H5T_NATIVE_FLOAT, reward.data(), reward.size());
+  column("finish", str, finish.data(), finish.size());
+  column("metadata", str, metadata.data(), metadata.size());
+  column("group_lease_id", H5T_NATIVE_UINT64, lease.data(), lease.size());
+  column("group_prompt_index", H5T_NATIVE_UINT64, prompt.data(), prompt.size());
+  column("group_epoch", H5T_NATIVE_UINT64, epoch.data(), epoch.size());
+  column("group_first_sample", H5T_NATIVE_INT64, first_sample.data(), first_sample.size());
+  column("group_num_samples", H5T_NATIVE_INT64, num_samples.data(), num_samples.size());
+  column("group_worker", str, worker.data(), worker.size());
+  column("group_accepted_version", H5T_NATIVE_INT64, accepted.data(), accepted.size());
+  H5Aclose(a), H5Aclose(v), H5Tclose(str), H5Tclose(name_type), H5Sclose(scalar), H5Fclose(f);
+}
+
+// Column `name` of `file` (closed), read as int64.
+std::vector<int64_t> read_int64_column(const std::filesystem::path& file, const char* name) {
+  const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  REQUIRE(f >= 0);
+  const hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
+  REQUIRE(d >= 0);
+  const hid_t space = H5Dget_space(d);
+  std::vector<int64_t> out(static_cast<size_t>(H5Sget_simple_extent_npoints(space)));
+  if (!out.empty()) H5Dread(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data());
+  H5Sclose(space), H5Dclose(d), H5Fclose(f);
+  return out;
+}
+
+TEST_CASE("bus: trajectory files of formats 1 and 2 are refused, naming the upgrade, and upgrade whole", "[bus]") {
+  TempDir dir;
+  std::vector<TrajectoryGroup> groups;
+  for (uint64_t i = 0; i < 70; ++i) {  // past one 64-group read of the upgrade
+    groups.push_back(answer(Lease{.lease_id = i + 1, .prompt_index = i, .group_size = 3, .min_version = static_cast<int64_t>(i % 4)},
+                            3 + static_cast<int>(i % 5)));
+    groups.back().worker = "w" + std::to_string(i % 3);
+  }
+  groups[5].samples[1].metadata = std::string(3000, 'm');  // longer than a chunk of text
+  groups[6].samples[0].finish = "";
+  for (int version : {1, 2}) {
+    INFO("format " << version);
+    const auto old = dir / fmt::format("v{}.h5", version), upgraded = dir / fmt::format("v{}-up.h5", version);
+    write_legacy(old, version, groups);
+    CHECK_THAT(rlx::test::error_of([&] { summarize_trajectories(old); }),
+               Contains(fmt::format("trajectory format version {} (this build reads 3", version)) && Contains("--upgrade-to"));
+    CHECK_THAT(rlx::test::error_of([&] { TrajectoryStore store(old); }), Contains("--upgrade-to"));
+    CHECK(upgrade_trajectories(old, upgraded) == groups.size());
+    CHECK((read_trajectory_groups(upgraded, 0, 1000) == groups));
+    const auto accepted = read_int64_column(upgraded, "group_accepted_version");
+    REQUIRE(accepted.size() == groups.size());
+    for (size_t i = 0; i < accepted.size(); ++i) CHECK(accepted[i] == static_cast<int64_t>(i + 1) * 10);
+    CHECK(summarize_trajectories(upgraded).workers.at("w1") == 23);
+    CHECK_THAT(rlx::test::error_of([&] { upgrade_trajectories(old, upgraded); }), Contains("exists"));
+    CHECK_THAT(rlx::test::error_of([&] { upgrade_trajectories(upgraded, dir / "again.h5"); }), Contains("this build's already"));
+  }
+}
+
+TEST_CASE("bus: a trajectory file has one writer, and what it stages goes to the file within max_stage_age_s", "[bus]") {
+  TempDir dir;
+  const auto file = dir / "one.h5";
+  const auto group = answer(Lease{.lease_id = 1, .prompt_index = 0, .group_size = 2}, 8);
+  {
+    TrajectoryStore store(file, StoreOptions{.max_stage_age_s = 0.2});
+    CHECK_THAT(rlx::test::error_of([&] { TrajectoryStore second(file); }),
+               Contains("being written by another process") && Contains("one.h5"));
+    REQUIRE(store.append(group, 1));
+    CHECK(store.pending_bytes() > 0);
+    CHECK(store.write_if_due());
+    CHECK(store.pending_bytes() > 0);  // not yet due
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    CHECK(store.write_if_due());
+    CHECK(store.pending_bytes() == 0);
+  }
+  TrajectoryStore again(file);  // the first writer's lock ended with it
+  CHECK(again.groups() == 1);
 }
 
 TEST_CASE("bus: the HDF5 store writes appends in bulk; truncate, flush and close write what waits first", "[bus]") {
