@@ -161,6 +161,7 @@ for line in sys.stdin:
 print(n)
 PY
 start_hub live 64 "  save_every_s: 0.3"
+for _ in $(seq 100); do grep -q "serving" live.err && break; sleep 0.05; done  # its file made, open to readers
 "$rlx" bus learner --address "ipc://$work/live.sock" --name learner --out live.consumed --timeout 60 > live-learner.out 2> live-learner.err &
 learner=$!; pids+=($learner)
 # 4 x 4000 tokens: 36 KB a group, so the hub writes its 8 MiB stage only on its 5 s clock
