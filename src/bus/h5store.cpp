@@ -8,7 +8,6 @@
 #include <cstring>
 
 #include <algorithm>
-#include <deque>
 #include <limits>
 #include <optional>
 #include <set>
@@ -440,7 +439,7 @@ struct Columns {
 }  // namespace
 
 // Appends wait here, one buffer per column, and go to the file together once they hold
-// StoreOptions::stage_bytes (and on flush, truncate and close): 20 columns written per group
+// StoreOptions::stage_bytes (and on flush, truncate and close): 24 columns written per group
 // cost the hub more than receiving the group (`rlx bench bus --store`). Nothing is lost that
 // was not lost before: HDF5 too held appends in memory until a flush, and a restored hub
 // truncates the file to the count of its last save, which flushes.
@@ -510,7 +509,7 @@ struct TrajectoryStore::Impl {
   size_t retry_bytes = 0;  // after a failed write, appends try again once the stage holds this much
 
   // The disk space a write of the stage can take: its bytes, the chunks it starts (up to
-  // 512 KiB per column), the strings' heap entries and the chunk index (generously).
+  // 512 KiB per column) and the chunk index (generously).
   size_t space_needed() {
     return stage.bytes + stage.bytes / 4 + cols.all().size() * (size_t{512} << 10) + (size_t{4} << 20);
   }
@@ -597,7 +596,6 @@ TrajectoryStore::TrajectoryStore(const std::filesystem::path& file, StoreOptions
   if (!existed) impl_->lock = WriterLock(file);
   const auto n = c.whole();
   impl_->groups = n.groups, impl_->samples = n.samples, impl_->tokens = n.tokens, impl_->runs = n.runs, impl_->text = n.text;
-  impl_->committed = c.committed_groups();
   const auto had = c.lengths(/*longest=*/true);
   if (had.groups != n.groups || had.samples != n.samples || had.tokens != n.tokens || had.runs != n.runs || had.text != n.text) {
     c.set_sizes(n);
@@ -722,15 +720,18 @@ uint64_t TrajectoryStore::tokens() const { return impl_->tokens; }
 const std::filesystem::path& TrajectoryStore::path() const { return impl_->path; }
 
 namespace {
-// Sample `sample`'s per-token versions from its runs [first, first + count).
-TokenVersions read_versions(const Columns& c, uint64_t first, uint64_t count, uint64_t tokens, uint64_t sample) {
-  const auto values = c.run_version.read<int64_t>(first, count, c.path);
-  const auto lengths = c.run_length.read<uint32_t>(first, count, c.path);
+// Sample `sample`'s per-token versions from its runs [first, first + count) of the columns
+// `values` (run_version) and `lengths` (run_length), checked against its `tokens`.
+TokenVersions read_versions(const Column& values_col, const Column& lengths_col, const std::string& path, int64_t first,
+                            int64_t count, uint64_t tokens, uint64_t sample) {
+  RLX_CHECK(first >= 0 && count >= 0, "{}: sample {}: runs from {}, {} of them", path, sample, first, count);
+  const auto values = values_col.read<int64_t>(static_cast<uint64_t>(first), static_cast<uint64_t>(count), path);
+  const auto lengths = lengths_col.read<uint32_t>(static_cast<uint64_t>(first), static_cast<uint64_t>(count), path);
   try {
     return TokenVersions::from(VersionRuns::checked({reinterpret_cast<const char*>(values.data()), values.size()},
                                                     {reinterpret_cast<const char*>(lengths.data()), lengths.size()}, tokens));
   } catch (const FrameError& e) {
-    throw Error(fmt::format("{}: sample {}: {}", c.path, sample, e.what()));
+    throw Error(fmt::format("{}: sample {}: {}", path, sample, e.what()));
   }
 }
 }  // namespace
@@ -765,7 +766,7 @@ std::vector<TrajectoryGroup> read_trajectory_groups(const std::filesystem::path&
       t.tokens = c.tokens.read<int32_t>(o, n, c.path);
       t.loss_mask = c.loss_mask.read<uint8_t>(o, n, c.path);
       t.logprobs = c.logprobs.read<float>(o, n, c.path);
-      t.versions = read_versions(c, static_cast<uint64_t>(r0[j]), static_cast<uint64_t>(rn[j]), n, s0 + j);
+      t.versions = read_versions(c.run_version, c.run_length, c.path, r0[j], rn[j], n, s0 + j);
       t.prompt_len = plen[j], t.reward = rew[j], t.finish = fin[j], t.metadata = meta[j];
       g.samples.push_back(std::move(t));
     }
@@ -874,7 +875,6 @@ uint64_t upgrade_trajectories(const std::filesystem::path& from, const std::file
   for (const Column* c : {&offset, &length, &prompt_len, &reward, &finish, &metadata}) samples = std::min(samples, c->extent);
   if (first_run) samples = std::min({samples, first_run->extent, num_runs->extent});
   const uint64_t token_count = std::min({tokens.extent, mask.extent, logprobs.extent, versions ? versions->extent : ~uint64_t{0}});
-  const uint64_t run_count = run_version ? std::min(run_version->extent, run_length->extent) : 0;
 
   TrajectoryStore out(to);
   constexpr uint64_t kBatch = 64;  // groups read at a time: bounded memory
@@ -897,6 +897,8 @@ uint64_t upgrade_trajectories(const std::filesystem::path& from, const std::file
       const auto plen = prompt_len.read<int32_t>(s0, sn, path);
       const auto rew = reward.read<float>(s0, sn, path);
       const auto fin = legacy_strings(finish, s0, sn, path), meta = legacy_strings(metadata, s0, sn, path);
+      std::vector<int64_t> r0, rn;
+      if (first_run) r0 = first_run->read<int64_t>(s0, sn, path), rn = num_runs->read<int64_t>(s0, sn, path);
       for (uint64_t j = 0; j < sn; ++j) {
         const auto o = static_cast<uint64_t>(off[j]), k = static_cast<uint64_t>(len[j]);
         RLX_CHECK(off[j] >= 0 && len[j] >= 0 && o + k <= token_count, "{}: sample {} points past the tokens", path, s0 + j);
@@ -904,21 +906,8 @@ uint64_t upgrade_trajectories(const std::filesystem::path& from, const std::file
         t.tokens = tokens.read<int32_t>(o, k, path);
         t.loss_mask = mask.read<uint8_t>(o, k, path);
         t.logprobs = logprobs.read<float>(o, k, path);
-        if (versions) {
-          t.versions = TokenVersions(versions->read<int64_t>(o, k, path));
-        } else {
-          const auto r0 = first_run->read<int64_t>(s0 + j, 1, path)[0], rn = num_runs->read<int64_t>(s0 + j, 1, path)[0];
-          RLX_CHECK(r0 >= 0 && rn >= 0 && static_cast<uint64_t>(r0 + rn) <= run_count, "{}: sample {} points past the runs", path,
-                    s0 + j);
-          const auto values = run_version->read<int64_t>(static_cast<uint64_t>(r0), static_cast<uint64_t>(rn), path);
-          const auto lengths = run_length->read<uint32_t>(static_cast<uint64_t>(r0), static_cast<uint64_t>(rn), path);
-          try {
-            t.versions = TokenVersions::from(VersionRuns::checked({reinterpret_cast<const char*>(values.data()), values.size()},
-                                                                  {reinterpret_cast<const char*>(lengths.data()), lengths.size()}, k));
-          } catch (const FrameError& err) {
-            throw Error(fmt::format("{}: sample {}: {}", path, s0 + j, err.what()));
-          }
-        }
+        t.versions = versions ? TokenVersions(versions->read<int64_t>(o, k, path))
+                              : read_versions(*run_version, *run_length, path, r0[j], rn[j], k, s0 + j);
         t.prompt_len = plen[j], t.reward = rew[j], t.finish = fin[j], t.metadata = meta[j];
         g.samples.push_back(std::move(t));
       }

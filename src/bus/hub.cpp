@@ -661,7 +661,7 @@ struct Hub::Impl {
   // After a failed write, a retry every second; credits again once it succeeds (a full
   // store gave none).
   void retry_store(double now) {
-    if (store && store->last_error().empty()) (void)store->write_if_due();  // readers of the file see a slow run too
+    if (store) (void)store->write_if_due();  // readers of the file see a slow run too
     if (!store || store->last_error().empty() || now - last_store_retry < 1.0) return;
     last_store_retry = now;
     if (store->write_pending()) distribute_credits();
