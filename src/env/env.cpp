@@ -43,6 +43,11 @@ std::unique_ptr<Env> Registry::make(const std::string& name, const Context& cont
   return f(context);
 }
 
+bool Registry::generates(const std::string& name) const {
+  std::lock_guard lock(m_);
+  return static_cast<bool>(find(name).generator);
+}
+
 nlohmann::json Registry::generate(const std::string& name, uint64_t seed, uint64_t index, const nlohmann::json& options) const {
   TaskGenerator g;
   {

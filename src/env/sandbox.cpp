@@ -323,7 +323,7 @@ SandboxResult Sandbox::Impl::run(const SandboxRequest& req) const {
   if (isolate) {
     plan.root_opts = "size=1m,nr_inodes=1024,mode=755";
     plan.scratch_opts = fmt::format("size={}m,nr_inodes={},mode=1777", L.scratch_mb, L.scratch_inodes);
-    RLX_CHECK(exposed.size() <= 64, "sandbox: at most 64 readonly and writable paths");
+    RLX_CHECK(exposed.size() <= kMaxBinds, "sandbox: at most {} readonly and writable paths", kMaxBinds);
     for (const auto& e : exposed) plan.binds.push_back({e.path, plan.root + e.path, e.link, e.dir, e.writable});
     plan.proc = plan.root + "/proc", plan.dev = plan.root + "/dev", plan.scratch = plan.root + "/scratch";
     plan.tmp = plan.root + "/tmp", plan.old = plan.root + "/.old";
@@ -421,8 +421,13 @@ SandboxResult Sandbox::Impl::run(const SandboxRequest& req) const {
         init = r.a;
         if (killed) ::kill(init, SIGKILL);
       } else if (r.kind == kSetupFail) {
-        res.detail = fmt::format("sandbox set-up failed at '{}': {}", kSteps[std::clamp<int64_t>(r.b, 0, kStepHelper)],
-                                 std::strerror(r.a));
+        // The path it failed on: a bind's source, or the command.
+        const auto bind = static_cast<int64_t>(r.c);
+        const auto path = bind >= 0 && bind < static_cast<int64_t>(plan.binds.size()) ? " " + plan.binds[bind].src
+                          : r.b == kStepExec                                           ? " " + plan.exe
+                                                                                      : std::string();
+        res.detail = fmt::format("sandbox set-up failed at '{}'{}: {}", kSteps[std::clamp<int64_t>(r.b, 0, kStepHelper)],
+                                 path, std::strerror(r.a));
       } else if (r.kind == kCommand) {
         have_command = true;
         cmd_status = r.a;

@@ -26,8 +26,8 @@ void put(int fd, Record r) {
   }
 }
 
-[[noreturn]] void fail(int status_fd, Step step) {
-  put(status_fd, {.kind = kSetupFail, .a = errno, .b = step});
+[[noreturn]] void fail(int status_fd, Step step, size_t bind) {
+  put(status_fd, {.kind = kSetupFail, .a = errno, .b = step, .c = bind == kNoBind ? -1.0 : static_cast<double>(bind)});
   ::_exit(125);
 }
 
@@ -94,6 +94,17 @@ void close_others(std::initializer_list<int> keep) {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != plan.caller) ::_exit(125);
   close_others({sfd, fds.sync, fds.in, fds.out, fds.err});
+  // The sources of the binds, taken now, with the caller's credentials, as detached copies
+  // of their mounts (open_tree): the sandbox's own user may not traverse their parents (a
+  // run directory under a 0700 home). Where the kernel refuses (not root: EPERM; a kernel
+  // before 5.2: ENOSYS), init opens the source itself, as the sandbox's user, below.
+  int tree_fd[kMaxBinds];
+  const size_t nbinds = std::min<size_t>(plan.binds.size(), kMaxBinds);
+  for (size_t i = 0; i < nbinds; ++i)
+    tree_fd[i] = plan.isolate && plan.binds[i].link.empty()
+                     ? static_cast<int>(::syscall(SYS_open_tree, AT_FDCWD, plan.binds[i].src.c_str(),
+                                                  OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE))
+                     : -1;
   if (plan.isolate && ::unshare(plan.namespaces) != 0) fail(sfd, kStepUnshare);
   put(sfd, {.kind = kUnshared, .a = plan.namespaces});
   char go = 0;
@@ -119,34 +130,43 @@ void close_others(std::initializer_list<int> keep) {
     if (plan.isolate) {
       if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) fail(sfd, kStepPrivate);
       const char* root = plan.root.c_str();
-      // The sources, opened before the new root's tmpfs covers plan.root (a source may lie
-      // below it): binds then come from /proc/self/fd/N.
-      int source_fd[64];
-      const size_t nbinds = std::min<size_t>(plan.binds.size(), 64);
+      // Sources init must open itself (no detached copy above): before the new root's
+      // tmpfs covers plan.root (a source may lie below it); binds then come from
+      // /proc/self/fd/N.
+      int source_fd[kMaxBinds];
       for (size_t i = 0; i < nbinds; ++i) {
-        source_fd[i] = plan.binds[i].link.empty() ? ::open(plan.binds[i].src.c_str(), O_PATH | O_CLOEXEC) : -1;
-        if (plan.binds[i].link.empty() && source_fd[i] < 0) fail(sfd, kStepBind);
+        source_fd[i] = plan.binds[i].link.empty() && tree_fd[i] < 0 ? ::open(plan.binds[i].src.c_str(), O_PATH | O_CLOEXEC) : -1;
+        if (plan.binds[i].link.empty() && tree_fd[i] < 0 && source_fd[i] < 0) fail(sfd, kStepBind, i);
       }
       if (::mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, plan.root_opts.c_str()) != 0) fail(sfd, kStepRoot);
       for (size_t bi = 0; bi < nbinds; ++bi) {
         const auto& b = plan.binds[bi];
         if (!b.link.empty()) {
           // mkdir -p of the parent is not needed: exposed paths are top-level or below one
-          if (::symlink(b.link.c_str(), b.dst.c_str()) != 0) fail(sfd, kStepBind);
+          if (::symlink(b.link.c_str(), b.dst.c_str()) != 0) fail(sfd, kStepBind, bi);
           continue;
         }
         mkdir_parents(b.dst, plan.root.size());  // nested paths
         if (b.dir ? (::mkdir(b.dst.c_str(), 0755) != 0 && errno != EEXIST)
                   : ::close(::open(b.dst.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644)) != 0)
-          fail(sfd, kStepBind);
-        char src[64];
-        std::snprintf(src, sizeof src, "/proc/self/fd/%d", source_fd[bi]);
-        if (::mount(src, b.dst.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0) fail(sfd, kStepBind);
-        ::close(source_fd[bi]);
+          fail(sfd, kStepBind, bi);
+        if (tree_fd[bi] >= 0) {
+          if (::syscall(SYS_move_mount, tree_fd[bi], "", AT_FDCWD, b.dst.c_str(), MOVE_MOUNT_F_EMPTY_PATH) != 0)
+            fail(sfd, kStepBind, bi);
+          ::close(tree_fd[bi]);
+        } else {
+          char src[64];
+          std::snprintf(src, sizeof src, "/proc/self/fd/%d", source_fd[bi]);
+          if (::mount(src, b.dst.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0) fail(sfd, kStepBind, bi);
+          ::close(source_fd[bi]);
+        }
+        // Private: a copy of a shared host mount would otherwise still receive (and send)
+        // mount events.
         struct mount_attr attr {};
         attr.attr_set = (b.writable ? 0 : MOUNT_ATTR_RDONLY) | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+        attr.propagation = MS_PRIVATE;
         if (::syscall(SYS_mount_setattr, -1, b.dst.c_str(), AT_RECURSIVE, &attr, sizeof attr) != 0)
-          fail(sfd, kStepRemount);
+          fail(sfd, kStepRemount, bi);
       }
       const std::string &proc = plan.proc, &dev = plan.dev, &scratch = plan.scratch, &tmp = plan.tmp, &old = plan.old;
       ::mkdir(proc.c_str(), 0555);

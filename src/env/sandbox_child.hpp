@@ -25,7 +25,7 @@ inline constexpr uint32_t kPlanVersion = 1;  // the helper refuses a plan of ano
 enum RecordKind : int32_t {
   kUnshared = 1,   // monitor: namespaces created (a = flags granted)
   kInitPid = 2,    // monitor: init's pid in the caller's namespace (a)
-  kSetupFail = 3,  // any: a set-up step failed (a = errno, b = step)
+  kSetupFail = 3,  // any: a set-up step failed (a = errno, b = step, c = index of the bind, or -1)
   kCommand = 4,    // init: the command ended (a = wait status)
   kDone = 5,       // monitor: init ended (a = wait status, b = maxrss kB, c = cpu s)
 };
@@ -53,7 +53,10 @@ enum Step : int32_t {
   kStepCaps, kStepSeccomp, kStepExec, kStepStdio, kStepHelper,
 };
 
-[[noreturn]] void fail(int status_fd, Step step);
+// `bind`: the index in Plan::binds of the path a bind step failed on (kNoBind: none).
+inline constexpr size_t kNoBind = ~size_t{0};
+[[noreturn]] void fail(int status_fd, Step step, size_t bind = kNoBind);
+inline constexpr size_t kMaxBinds = 64;  // readonly and writable paths of one sandbox
 
 
 // Everything the children need, built before fork (after it, they only make system calls).

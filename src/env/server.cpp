@@ -1,12 +1,17 @@
 #include "rlx/env/server.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
 #include <map>
 #include <random>
 #include <thread>
@@ -15,6 +20,7 @@
 #include "rlx/bus/message.hpp"
 #include "rlx/core/error.hpp"
 #include "rlx/core/log.hpp"
+#include "rlx/core/status.hpp"
 
 namespace rlx::env {
 
@@ -129,8 +135,61 @@ void serve_envs(const EnvServerOptions& o, const Registry& registry, const Conte
 
 // --- the supervisor ----------------------------------------------------------------------
 
+// The server's output: passed through to this process's stderr by a reader thread, the
+// last bytes kept (one per start: a restarted server's output is its own).
+struct EnvServerProcess::Output {
+  static constexpr size_t kKeep = 4096;
+  std::mutex m;
+  std::condition_variable cv;
+  std::string tail;
+  bool closed = false;  // every writer is gone (the server and what it started)
+
+  // Reads `fd` to its end on a thread of its own.
+  static std::shared_ptr<Output> follow(int fd, bool pass) {
+    auto out = std::make_shared<Output>();
+    std::thread([out, fd, pass] {
+      char buf[4096];
+      for (;;) {
+        const ssize_t n = ::read(fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        if (pass) (void)!::write(2, buf, static_cast<size_t>(n));
+        std::lock_guard lock(out->m);
+        out->tail.append(buf, static_cast<size_t>(n));
+        if (out->tail.size() > 2 * kKeep) out->tail.erase(0, out->tail.size() - kKeep);
+      }
+      ::close(fd);
+      std::lock_guard lock(out->m);
+      out->closed = true;
+      out->cv.notify_all();
+    }).detach();
+    return out;
+  }
+
+  // The last few non-empty lines, after waiting (bounded) for the output to end.
+  std::string last_lines(double wait_s) {
+    std::unique_lock lock(m);
+    cv.wait_for(lock, std::chrono::duration<double>(wait_s), [&] { return closed; });
+    std::vector<std::string> lines;
+    std::string line;
+    for (char c : tail + "\n") {
+      if (c != '\n') {
+        line += c;
+        continue;
+      }
+      if (line.find_first_not_of(" \t\r") != std::string::npos) lines.push_back(line);
+      line.clear();
+    }
+    std::string text;
+    for (size_t i = lines.size() > 3 ? lines.size() - 3 : 0; i < lines.size(); ++i) text += (text.empty() ? "" : " | ") + lines[i];
+    if (text.size() > 1024) text = "..." + text.substr(text.size() - 1024);
+    return text;
+  }
+};
+
 EnvServerProcess::EnvServerProcess(Options options) : o_(std::move(options)) {
   RLX_CHECK(!o_.argv.empty(), "env server process: a command is required");
+  RLX_CHECK(o_.max_failed_starts >= 1, "env server process: max_failed_starts must be at least 1");
   start();
 }
 
@@ -160,30 +219,75 @@ void EnvServerProcess::start() {
   std::vector<char*> args;
   for (auto& a : argv) args.push_back(a.data());
   args.push_back(nullptr);
+  int out[2];
+  RLX_CHECK(::pipe2(out, O_CLOEXEC) == 0, "env server: pipe: {}", std::strerror(errno));
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
-  RLX_CHECK(pid >= 0, "env server: fork: {}", std::strerror(errno));
+  if (pid < 0) {
+    const int e = errno;
+    ::close(out[0]), ::close(out[1]);
+    throw Error(fmt::format("env server: fork: {}", std::strerror(e)));
+  }
   if (pid == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the server dies with its supervisor
     if (::getppid() != parent) ::_exit(127);
+    if (::dup2(out[1], 1) < 0 || ::dup2(out[1], 2) < 0) ::_exit(127);
     ::execvp(args[0], args.data());
     ::_exit(127);
   }
+  ::close(out[1]);
   pid_ = pid;
+  answered_ = false;
+  output_ = Output::follow(out[0], o_.pass_output);
+}
+
+std::string EnvServerProcess::last_output() const { return output_ ? output_->last_lines(0) : ""; }
+
+std::string EnvServerProcess::describe_end(int status) const {
+  const auto how = WIFSIGNALED(status) ? fmt::format("signal {}", WTERMSIG(status)) : fmt::format("exit {}", WEXITSTATUS(status));
+  const auto said = output_ ? output_->last_lines(1.0) : std::string();
+  const auto& L = o_.sandbox.limits;
+  const auto limits = o_.sandboxed ? fmt::format(" [its sandbox: memory_mb {}, processes {}, open_files {}, scratch_mb {}]",
+                                                 L.memory_mb, L.processes, L.open_files, L.scratch_mb)
+                                   : "";
+  return said.empty() ? how + limits : fmt::format("{}; its last output: {}{}", how, said, limits);
 }
 
 bool EnvServerProcess::ensure_running() {
   int status = 0;
-  if (::waitpid(pid_, &status, WNOHANG) != pid_) return false;
+  if (pid_ <= 0 || ::waitpid(pid_, &status, WNOHANG) != pid_) return false;
+  const pid_t ended = pid_;
+  pid_ = -1;
+  failed_starts_ = answered_ ? 0 : failed_starts_ + 1;
+  if (failed_starts_ >= o_.max_failed_starts)
+    throw FatalError(fmt::format("env server `{}` cannot start: it ended {} time{} in a row before answering a call ({})",
+                                 o_.argv.front(), failed_starts_, failed_starts_ > 1 ? "s" : "", describe_end(status)));
+  const auto how = WIFSIGNALED(status) ? fmt::format("signal {}", WTERMSIG(status)) : fmt::format("exit {}", WEXITSTATUS(status));
   RLX_CHECK(restarts_ < o_.max_restarts, "env server `{}` died {} times (last: {}); giving up", o_.argv.front(),
-            restarts_ + 1,
-            WIFSIGNALED(status) ? fmt::format("signal {}", WTERMSIG(status)) : fmt::format("exit {}", WEXITSTATUS(status)));
+            restarts_ + 1, describe_end(status));
   ++restarts_;
-  log::warn("env server `{}` (pid {}) ended ({}); restart {} of {}", o_.argv.front(), pid_,
-            WIFSIGNALED(status) ? fmt::format("signal {}", WTERMSIG(status)) : fmt::format("exit {}", WEXITSTATUS(status)),
-            restarts_, o_.max_restarts);
+  log::warn("env server `{}` (pid {}) ended ({}); restart {} of {}", o_.argv.front(), ended, how, restarts_, o_.max_restarts);
   start();
   return true;
+}
+
+std::string EnvServerProcess::trial(Options options, double timeout_s) {
+  options.pass_output = false;
+  EnvServerProcess p(std::move(options));
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  int status = 0;
+  while (::waitpid(p.pid_, &status, WNOHANG) != p.pid_) {
+    if (std::chrono::steady_clock::now() > end) {
+      ::kill(p.pid_, SIGKILL);
+      ::waitpid(p.pid_, nullptr, 0);
+      p.pid_ = -1;
+      const auto said = p.output_->last_lines(1.0);
+      return fmt::format("it did not finish within {} s{}", timeout_s, said.empty() ? "" : "; its last output: " + said);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  p.pid_ = -1;
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? "" : p.describe_end(status);
 }
 
 // --- the client ----------------------------------------------------------------------------
@@ -212,6 +316,7 @@ struct RemoteEnv::Impl {
 
   // One try: the reply to `req`, or nothing within the timeout.
   std::optional<EnvReply> try_call(const EnvRequest& req) {
+    check_cancel();
     const std::string frame = bus::pack(req, req.turn);
     if (!bus::detail::try_send(dealer, frame)) return std::nullopt;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.timeout_s);
@@ -219,7 +324,8 @@ struct RemoteEnv::Impl {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) return std::nullopt;
       zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
-      bus::detail::poll(&item, 1, std::min(left, std::chrono::milliseconds(o.server ? 200 : left.count())));
+      bus::detail::poll(&item, 1, std::min(left, std::chrono::milliseconds(200)));
+      check_cancel();
       // A supervised server that died is restarted now rather than at the end of the timeout.
       if (o.server && o.server->ensure_running()) return std::nullopt;
       zmq::message_t msg;
@@ -227,6 +333,7 @@ struct RemoteEnv::Impl {
         try {
           const auto f = bus::decode_frame(std::string_view(static_cast<const char*>(msg.data()), msg.size()), limits);
           auto rep = bus::unpack<EnvReply>(f, limits);
+          if (o.server) o.server->answered();
           if (rep.episode == req.episode && rep.turn == req.turn) return rep;  // else: a late answer to an old try
         } catch (const bus::FrameError& e) {
           log::warn("remote env: rejected a frame from {}: {}", o.address, e.what());
@@ -235,10 +342,18 @@ struct RemoteEnv::Impl {
     }
   }
 
+  void check_cancel() const {
+    if (o.cancel && o.cancel()) throw InfraError(fmt::format("environment {} at {}: the call was cancelled (stopping)", o.env, o.address));
+  }
+
   EnvReply call(EnvRequest req) {
     req.episode = episode;
     req.env = o.env;
+    status::Scope doing(fmt::format("env call '{}' (turn {}) to {}", req.op, req.turn, o.address));
     for (uint32_t attempt = 0;; ++attempt) {
+      if (attempt > 0)
+        status::set(fmt::format("env call '{}' (turn {}) to {}: try {} of {} (env.timeout_s {} each)", req.op, req.turn,
+                                o.address, attempt + 1, o.retries + 1, o.timeout_s));
       if (auto rep = try_call(req)) {
         if (rep->error_kind == "data") throw Error(fmt::format("environment {} at {}: {}", o.env, o.address, rep->error));
         if (rep->error.empty()) return *rep;

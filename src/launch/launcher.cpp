@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -23,11 +24,15 @@
 #include "rlx/dist/rendezvous.hpp"
 #include "rlx/launch/roles.hpp"
 #include "rlx/learner/checkpoint.hpp"
+#include "rlx/model/hf.hpp"
 
 namespace rlx::launch {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+
+// The trial start of an env server before a run (it loads the binary and the environment).
+constexpr double kEnvCheckS = 60;
 
 namespace {
 // The endpoint files of a tcp run (written again by each start of the hub and learner).
@@ -54,6 +59,57 @@ std::string stuck_reason(const TrainSection& train, const fs::path& run_dir, con
   if (!beaten && silent > train.start_timeout_s)
     return fmt::format("no first heartbeat {:.0f} s after its start (train.start_timeout_s)", silent);
   return "";
+}
+
+// The last line of a role's stderr that reports an error (its own words on why it ended),
+// else "".
+std::string last_error_line(const fs::path& log) {
+  std::ifstream in(log, std::ios::binary);
+  if (!in) return "";
+  in.seekg(0, std::ios::end);
+  const auto size = static_cast<std::streamoff>(in.tellg());
+  in.seekg(std::max<std::streamoff>(0, size - 65536));
+  std::string found;
+  for (std::string line; std::getline(in, line);)
+    if (line.find("error") != std::string::npos || line.find("cannot run") != std::string::npos) found = line;
+  if (found.size() > 600) found = found.substr(0, 600) + "...";
+  return found;
+}
+
+// How a role ended, as the restart policy weighs it.
+struct RoleFailure {
+  std::string role;
+  int index = 0;
+  std::string what;          // "worker 0 ended: exit 1 (log: ...)"
+  std::string cause;         // the role's own words: why it cannot run, else its last error line
+  bool at_start = false;     // before its start-up was over (it never said ready)
+  bool cannot_run = false;   // it said it cannot run (kExitCannotRun) or its config is wrong (exit 2)
+
+  // Restarting will not help: it cannot run, or it failed at start with the same error as
+  // the last time.
+  bool hopeless(const std::optional<RoleFailure>& before) const {
+    return cannot_run || (at_start && before && before->at_start && before->role == role && before->index == index &&
+                          !cause.empty() && before->cause == cause);
+  }
+  std::string message(const std::optional<RoleFailure>& before) const {
+    if (cannot_run) return fmt::format("{} {} cannot run: {}", role, index, cause.empty() ? what : cause);
+    return fmt::format("{} {} failed at start twice with the same error ({}); restarting will not help: {}", role, index,
+                       what, cause);
+  }
+};
+
+RoleFailure role_failure(const fs::path& run_dir, const char* role, int index, const dist::RankExit& e) {
+  RoleFailure f{.role = role, .index = index};
+  f.what = fmt::format("{} {} ended: {} (log: {})", role, index, e.describe(), e.err.string());
+  const auto beat = read_heartbeat(run_dir, role, index);
+  f.at_start = beat.pid != e.pid || !beat.ready;  // another pid: it never beat (a predecessor's file)
+  f.cannot_run = e.exited && (e.code == kExitCannotRun || e.code == 2);
+  if (e.exited && e.code == kExitCannotRun) {
+    std::ifstream in(failure_file(run_dir, role, index));
+    std::getline(in, f.cause);
+  }
+  if (f.cause.empty()) f.cause = last_error_line(e.err);
+  return f;
 }
 }  // namespace
 
@@ -126,7 +182,12 @@ void prepare_resume(const fs::path& dir) {
 // rewritten in place; otherwise a line is printed every 10 steps and at the last one.
 class Progress {
  public:
-  Progress(fs::path metrics, int64_t steps) : file_(std::move(metrics)), steps_(steps), tty_(::isatty(2) != 0) {}
+  // Without a terminal, a line also comes when `every_s` passed since the last one.
+  Progress(fs::path metrics, int64_t steps, double every_s = 30)
+      : file_(std::move(metrics)), steps_(steps), every_s_(every_s), tty_(::isatty(2) != 0) {}
+  // When the last new step was seen (now_s(); the creation of this object before the first).
+  double last_step_at() const { return last_step_at_; }
+  int64_t last_step() const { return last_step_; }
   void poll() {
     std::ifstream in(file_);
     if (!in) return;
@@ -146,17 +207,23 @@ class Progress {
  private:
   void show(const json& j) {
     const auto step = j.value("step", int64_t{0});
+    last_step_ = step;
+    last_step_at_ = now_s();
     const double t = j.value("time_s", 0.0);
     const double eta = step > 0 ? t / static_cast<double>(step) * static_cast<double>(steps_ - step) : 0;
     const auto text = fmt::format("step {}/{}  reward {:.3f}  tokens/s {:.0f}  lag {}  eta {:.0f}s", step, steps_,
                                   j.value("reward_mean", 0.0), j.value("tokens_per_s", 0.0), j.value("version_lag", 0), eta);
     if (tty_) std::cerr << "\r" << text << "\x1b[K" << std::flush;
-    else if (step % 10 == 0 || step == steps_ || step == 1) std::cerr << "rlx run: " << text << std::endl;
+    else if (step % 10 == 0 || step == steps_ || step == 1 || now_s() - printed_at_ >= every_s_)
+      std::cerr << "rlx run: " << text << std::endl, printed_at_ = now_s();
     shown_ = true;
   }
   fs::path file_;
   int64_t steps_;
+  double every_s_;
   bool tty_;
+  double last_step_at_ = now_s(), printed_at_ = now_s();
+  int64_t last_step_ = 0;
   bool shown_ = false;
   std::streamoff offset_ = 0;
 };
@@ -245,15 +312,30 @@ class Roles {
     scale(scaled_workers(run_dir_, cfg.rollout.workers));
   }
 
-  enum class State { running, learner_done, failed };
-  // Polls every role once; restarts dead workers (bounded). `why` names a failure.
+  enum class State { running, learner_done, failed, hopeless };
+  // Polls every role once; restarts dead workers (bounded). `why` names a failure, and
+  // failure() says how it ended. `hopeless`: a role cannot run (restarting will not help).
   State poll(bool stopping, std::string& why) {
     if (!stopping) kill_stuck();
     hub_->poll();
     const bool learner_done = learner_->poll();
-    if (learner_done && learner_->ranks()[0].ok()) return State::learner_done;
-    if (learner_done && !stopping) return why = describe("learner", 0, learner_->ranks()[0]), State::failed;
-    if (!hub_->running(0) && !stopping) return why = describe("hub", 0, hub_->ranks()[0]), State::failed;
+    // Asked to stop, a learner still starting ends by the signal (it had nothing to save).
+    const auto clean = [&](const dist::RankExit& e) { return e.ok() || (stopping && e.signal == SIGTERM); };
+    if (learner_done && std::all_of(learner_->ranks().begin(), learner_->ranks().end(), clean)) return State::learner_done;
+    if (learner_done && !stopping) {
+      // The rank that failed first (the others were stopped because of it).
+      const auto& ranks = learner_->ranks();
+      size_t r = 0;
+      while (r + 1 < ranks.size() && (ranks[r].ok() || ranks[r].signal == SIGTERM || ranks[r].signal == SIGKILL)) ++r;
+      failure_ = role_failure(run_dir_, "learner", static_cast<int>(r), ranks[r]);
+      why = describe("learner", static_cast<int>(r), ranks[r]);
+      return failure_->cannot_run ? State::hopeless : State::failed;
+    }
+    if (!hub_->running(0) && !stopping) {
+      failure_ = role_failure(run_dir_, "hub", 0, hub_->ranks()[0]);
+      why = describe("hub", 0, hub_->ranks()[0]);
+      return failure_->cannot_run ? State::hopeless : State::failed;
+    }
     for (size_t w = 0; w < workers_.size() && !stopping; ++w) {
       auto& slot = workers_[w];
       if (!slot.group || !slot.group->poll()) {
@@ -272,6 +354,13 @@ class Roles {
       }
       if (e.ok()) continue;
       const auto what = describe("worker", static_cast<int>(w), e);
+      auto failed = role_failure(run_dir_, "worker", static_cast<int>(w), e);
+      if (failed.hopeless(slot.failure)) {
+        why = failed.message(slot.failure);
+        failure_ = std::move(failed);
+        return State::hopeless;
+      }
+      slot.failure = std::move(failed);
       if (slot.restarts >= cfg_.rollout.max_restarts)
         return why = fmt::format("{}; it was restarted {} times (rollout.max_restarts)", what, slot.restarts), State::failed;
       ++slot.restarts;
@@ -307,19 +396,53 @@ class Roles {
     return static_cast<uint32_t>(
         std::count_if(workers_.begin(), workers_.end(), [](const WorkerSlot& s) { return s.group && !s.leaving; }));
   }
+  // A stopped (SIGSTOP) rank is continued, so that it hears `sig`.
   void signal_learner(int sig) {
-    for (int r = 0; r < static_cast<int>(cfg_.train.learner_ranks); ++r) learner_->signal(r, sig);
+    for (int r = 0; r < static_cast<int>(cfg_.train.learner_ranks); ++r) learner_->signal(r, sig), learner_->signal(r, SIGCONT);
   }
-  // The learner finished: stop the workers, then the hub (it saves its state).
+  bool learner_running() { return !learner_->poll(); }
+  // The learner finished: stop the workers, then the hub (it saves its state). A worker
+  // ends its lease or env call at once on SIGTERM; one that has not within kWorkerStopS
+  // (stopped, hung) is killed: the hub issues its leases again on --resume.
   void stop_rest() {
+    static constexpr double kWorkerStopS = 10, kHubStopS = 30;
     for (auto& w : workers_)
-      if (w.group) w.group->signal(0, SIGTERM);
+      if (w.group) w.group->signal(0, SIGTERM), w.group->signal(0, SIGCONT);
+    const double workers_end = now_s() + kWorkerStopS;
     for (auto& w : workers_)
-      if (w.group) w.group->wait(30);
+      if (w.group) w.group->wait(std::max(0.0, workers_end - now_s()));
     hub_->signal(0, SIGTERM);
-    hub_->wait(30);
+    hub_->signal(0, SIGCONT);
+    hub_->wait(kHubStopS);
+  }
+  // A run that cannot go on: the learner checkpoints when it can (the hub still runs), then
+  // the rest stops.
+  void stop_all(double learner_wait_s) {
+    if (hub_->running(0) && learner_running()) {
+      signal_learner(SIGTERM);
+      learner_->wait(learner_wait_s);
+    }
+    stop_rest();
   }
   const dist::RankExit& learner_exit() const { return learner_->ranks()[0]; }
+  const std::optional<RoleFailure>& failure() const { return failure_; }
+  // What each role is doing, from its heartbeat: "learner 0: waiting for ... (12 s); ...".
+  std::string doing() const {
+    std::vector<std::string> parts;
+    const double now = wall_now();
+    auto add = [&](const char* role, int index) {
+      const auto b = read_heartbeat(run_dir_, role, index);
+      if (b.status.empty()) return parts.push_back(fmt::format("{} {}: no heartbeat yet", role, index));
+      auto text = fmt::format("{} {}: {} ({:.0f} s)", role, index, b.status, std::max(0.0, now - b.since));
+      if (now - b.beat > 5) text += fmt::format(" [silent for {:.0f} s]", now - b.beat);
+      parts.push_back(std::move(text));
+    };
+    add("learner", 0);
+    add("hub", 0);
+    for (size_t w = 0; w < workers_.size(); ++w)
+      if (workers_[w].group) add("worker", static_cast<int>(w));
+    return fmt::format("{}", fmt::join(parts, "; "));
+  }
 
  private:
   // A role whose heartbeat (or, before its first, its start) is older than the timeout
@@ -372,12 +495,14 @@ class Roles {
     std::unique_ptr<dist::LocalGroup> group;  // null: not running (scaled down)
     uint32_t restarts = 0;                    // after deaths (rollout.max_restarts)
     uint32_t starts = 0;
+    std::optional<RoleFailure> failure;       // how it ended the last time
     bool leaving = false;  // asked to leave by a scale-down
     double leave_deadline = 0;
   };
   std::vector<WorkerSlot> workers_;
   std::map<std::string, double> started_;  // role-index -> when it was (re)started (wall clock)
   std::set<pid_t> killed_stuck_;           // roles killed as stuck (reported once)
+  std::optional<RoleFailure> failure_;      // the failure poll() reported
 };
 
 }  // namespace
@@ -440,9 +565,82 @@ void finish_run(const RunConfig& cfg, const fs::path& run_dir) {
 
 }  // namespace
 
+namespace {
+
+// sun_path of a unix socket holds 107 bytes and a terminating zero.
+constexpr size_t kMaxSocketPath = 107;
+
+// What `rlx run` checks before it writes the run directory or starts anything
+// (run.preflight): "" or the first problem, naming the file, path or key.
+std::string preflight_files(const RunConfig& cfg) {
+  const fs::path run_dir = fs::absolute(fs::path(cfg.run.out_dir) / cfg.run.name);
+  // The run directory can be written.
+  try {
+    fs::create_directories(run_dir);
+    const auto probe = run_dir / fmt::format(".rlx-probe-{}", ::getpid());
+    write_file_atomic(probe, "probe\n");
+    fs::remove(probe);
+  } catch (const std::exception& e) {
+    return fmt::format("the run directory {} cannot be written (run.out_dir, run.name): {}", run_dir.string(), e.what());
+  }
+  // Its sockets fit a unix socket's path.
+  std::vector<fs::path> sockets;
+  if (cfg.train.transport != Transport::tcp) sockets.push_back(run_dir / "hub.sock");
+  if (cfg.env.servers > 0)
+    sockets.push_back(run_dir / "env-sockets" / fmt::format("worker-{}.{}", cfg.rollout.workers - 1, cfg.env.servers - 1) /
+                      "env.sock");
+  for (const auto& sock : sockets)
+    if (sock.string().size() > kMaxSocketPath)
+      return fmt::format("the socket path {} is {} bytes, over the {} a unix socket allows: choose a shorter run.out_dir "
+                         "or run.name",
+                         sock.string(), sock.string().size(), kMaxSocketPath);
+  // The model's and the tokenizer's files can be read.
+  try {
+    if (!cfg.model.path.empty()) {
+      const fs::path dir = cfg.model.path;
+      (void)read_hf_config(dir);
+      size_t weights = 0;
+      for (const auto& e : fs::directory_iterator(dir)) {
+        if (e.path().extension() != ".safetensors") continue;
+        ++weights;
+        std::ifstream in(e.path(), std::ios::binary);
+        char magic[8];
+        if (!in.read(magic, sizeof magic)) return fmt::format("model.path: {} cannot be read", e.path().string());
+      }
+      if (weights == 0) return fmt::format("model.path: {} holds no *.safetensors file", dir.string());
+    }
+    (void)run_tokenizer(cfg);
+  } catch (const std::exception& e) {
+    return fmt::format("model or tokenizer: {}", e.what());
+  }
+  return "";
+}
+
+// The trial start of an env server (after the run directory holds the run's tokenizer).
+std::string preflight_env(const RunConfig& cfg, const fs::path& run_dir, const std::string& exe) {
+  if (cfg.env.servers == 0) return "";
+  const RoleContext ctx{.cfg = cfg, .run_dir = run_dir, .exe = exe};
+  const auto why = check_env_server(ctx, kEnvCheckS);
+  return why.empty() ? "" : fmt::format("the env server does not start in its sandbox (env.sandbox): {}", why);
+}
+
+}  // namespace
+
 int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo) {
   if (const auto task = task_from_env(cfg)) return launch_task(cfg, *task, exe, lo);
+  const double t_check = now_s();
+  auto cannot_start = [&](const std::string& problem) {
+    std::cerr << fmt::format("rlx run: cannot start: {} (found in {:.1f} s, before any role started; run.preflight=false "
+                             "skips these checks)",
+                             problem, now_s() - t_check)
+              << std::endl;
+    return 1;
+  };
+  if (cfg.run.preflight)
+    if (const auto problem = preflight_files(cfg); !problem.empty()) return cannot_start(problem);
   const fs::path run_dir = prepare_run_dir(cfg, lo);
+  if (cfg.run.preflight)
+    if (const auto problem = preflight_env(cfg, run_dir, exe); !problem.empty()) return cannot_start(problem);
   // SIGINT/SIGTERM: the learner checkpoints and exits; then the rest is stopped.
   on_stop_signals(on_launcher_signal);
   on_stop_signals(on_reload_signal, {SIGHUP});
@@ -450,12 +648,13 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
   std::cerr << fmt::format("rlx run: {} (logs in {})", run_dir.string(), (run_dir / "logs").string()) << std::endl;
 
   int stopped_by = 0;
+  std::optional<RoleFailure> failed_before;  // how the previous attempt ended
   for (uint32_t attempt = 0;; ++attempt) {
     std::string why;
     {
       Roles roles(cfg, run_dir, exe, static_cast<int>(attempt));
-      Progress progress(run_dir / "metrics.jsonl", cfg.train.steps);
-      double stop_deadline = 0;
+      Progress progress(run_dir / "metrics.jsonl", cfg.train.steps, cfg.train.report_every_s);
+      double stop_deadline = 0, reported_at = now_s();
       Roles::State state = Roles::State::running;
       while ((state = roles.poll(stopped_by != 0, why)) == Roles::State::running) {
         if (const int sig = g_launcher_signal.exchange(0); sig != 0 && stopped_by == 0) {
@@ -468,9 +667,31 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
                   strsignal(stopped_by));
         if (g_reload.exchange(false) && stopped_by == 0) reload_config(cfg, lo, run_dir);
         progress.poll();
+        // No step for a while: say what each role is doing (what it waits on), not silence.
+        const double quiet = now_s() - std::max(progress.last_step_at(), reported_at);
+        if (stopped_by == 0 && quiet >= cfg.train.report_every_s) {
+          reported_at = now_s();
+          std::cerr << fmt::format("rlx run: no step for {:.0f} s (after step {}): {}", now_s() - progress.last_step_at(),
+                                   progress.last_step(), roles.doing())
+                    << std::endl;
+        }
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
       progress.poll();
+      if (state == Roles::State::failed && roles.failure() && roles.failure()->hopeless(failed_before)) {
+        why = roles.failure()->message(failed_before);
+        state = Roles::State::hopeless;
+      }
+      if (state == Roles::State::hopeless) {
+        // Restarting will not help: stop now, the cause on the console.
+        std::cerr << fmt::format("rlx run: {}", why) << std::endl;
+        std::cerr << "rlx run: stopping the run (a restart would fail the same way); fix the cause, then `rlx run "
+                     "CONFIG --resume`"
+                  << std::endl;
+        roles.stop_all(30);
+        return 1;
+      }
+      failed_before = roles.failure();
       if (state == Roles::State::learner_done) {
         roles.stop_rest();
         rlx::remove_tree(run_dir / "episodes");  // of leases past the last step

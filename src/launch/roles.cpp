@@ -24,6 +24,7 @@
 #include "rlx/core/rng.hpp"
 #include "rlx/core/log.hpp"
 #include "rlx/core/signals.hpp"
+#include "rlx/core/status.hpp"
 #include "rlx/core/trace.hpp"
 #include "rlx/core/threads.hpp"
 #include "rlx/dist/comm.hpp"
@@ -89,15 +90,41 @@ fs::path heartbeat_file(const fs::path& run_dir, const std::string& role, int in
 void start_heartbeat(const fs::path& run_dir, const std::string& role, int index) {
   const auto file = heartbeat_file(run_dir, role, index);
   fs::create_directories(file.parent_path());
+  status::set("starting");
   std::thread([file] {
+    const auto tmp = file.string() + ".tmp";
     for (;;) {
-      if (const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT, 0644); fd >= 0) {
-        ::futimens(fd, nullptr);  // mtime = now
+      // Replaced whole (rename): its mtime is the beat, its text what the role is doing.
+      const auto now = status::get();
+      const auto text = json{{"pid", ::getpid()}, {"status", now.what}, {"since", now.since}, {"ready", now.ready}}.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+      if (const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644); fd >= 0) {
+        const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
         ::close(fd);
+        if (written) ::rename(tmp.c_str(), file.c_str());
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
     }
   }).detach();
+}
+
+RoleBeat read_heartbeat(const fs::path& run_dir, const std::string& role, int index) {
+  RoleBeat b;
+  const auto file = heartbeat_file(run_dir, role, index);
+  struct stat st {};
+  if (::stat(file.c_str(), &st) != 0) return b;
+  b.beat = static_cast<double>(st.st_mtim.tv_sec) + 1e-9 * static_cast<double>(st.st_mtim.tv_nsec);
+  std::ifstream in(file);
+  const auto j = json::parse(in, nullptr, false);
+  if (!j.is_object()) return b;
+  b.pid = j.value("pid", int64_t{0});
+  b.status = j.value("status", std::string());
+  b.since = j.value("since", 0.0);
+  b.ready = j.value("ready", false);
+  return b;
+}
+
+fs::path failure_file(const fs::path& run_dir, const std::string& role, int index) {
+  return run_dir / "failures" / fmt::format("{}-{}", role, index);
 }
 
 void start_trace(const RoleContext& ctx, const std::string& role) {
@@ -203,6 +230,8 @@ int run_hub(const RoleContext& ctx) {
   }
   log::info("hub: serving {} ({} groups of {} per step)", hub->endpoint(), ctx.cfg.train.groups_per_step,
             o.group_size);
+  status::set(fmt::format("serving {}", hub->endpoint()));
+  status::ready();
   hub->run(g_stop);
   std::map<std::string, double> st;
   for (const auto& [k, v] : hub->stats()) st[k] = v;
@@ -298,8 +327,10 @@ class RolloutBusy {
 
 int run_learner(const RoleContext& ctx) {
   const auto& cfg = ctx.cfg;
-  install_stop_handler();
+  // SIGINT/SIGTERM ends the start-up at once (the default action: nothing new to save, the
+  // last checkpoint stands); from the step loop on, it checkpoints first (below).
   set_threads(cfg);
+  status::set("loading the model");
   auto tok = run_tokenizer(cfg);
   auto start = initial_model(cfg, *tok);
   // The learner group: ranks wait in collectives while rank 0 waits for a batch.
@@ -364,6 +395,7 @@ int run_learner(const RoleContext& ctx) {
                            .role = "learner",
                            .prefetch_batches = cfg.learner.prefetch_batch ? 1 : 0});
     client->give_up_when(launcher_gone);  // the hub stops with the launcher
+    status::set(fmt::format("publishing weights v{}", step));
     if (step > 0) {
       pub->publish(step, params);
       client->publish_version(step);
@@ -372,7 +404,19 @@ int run_learner(const RoleContext& ctx) {
     }
   }
   uint64_t trained_batch = 0;  // the hub's id of the last batch trained
+  // Fault injection for tests: RLX_FAULT=slow-checkpoint:SECONDS makes the first checkpoint
+  // of a run directory take SECONDS longer (a stop request arrives while it is written).
+  double slow_checkpoint_s = 0;
+  if (const char* f = std::getenv("RLX_FAULT"); f && std::string_view(f).starts_with("slow-checkpoint:")) {
+    RLX_CHECK(std::sscanf(f, "slow-checkpoint:%lf", &slow_checkpoint_s) == 1 && slow_checkpoint_s >= 0 && slow_checkpoint_s <= 600,
+              "RLX_FAULT={}: expected slow-checkpoint:SECONDS (0 to 600)", f);
+  }
   auto checkpoint = [&] {      // collective
+    status::Scope doing(fmt::format("checkpointing step {}", step));
+    if (const auto marker = ctx.run_dir / "fault-injected"; slow_checkpoint_s > 0 && lead && !fs::exists(marker)) {
+      write_file_atomic(marker, "slow-checkpoint\n");
+      std::this_thread::sleep_for(std::chrono::duration<double>(slow_checkpoint_s));
+    }
     const auto name = fmt::format("hub-step_{:08d}.state", step);
     if (lead) client->control(fmt::format("checkpoint {} {}", name, trained_batch));  // confirms it; saves the hub
     if (critic) save_checkpoint(*critic, critic_ckpt);
@@ -380,6 +424,7 @@ int run_learner(const RoleContext& ctx) {
     if (lead) prune_hub_states(ctx.run_dir);
   };
 
+  install_stop_handler();
   std::ofstream metrics_out;
   if (lead) metrics_out.open(ctx.run_dir / "metrics.jsonl", std::ios::app);
   const double t_start = now_s();
@@ -393,6 +438,9 @@ int run_learner(const RoleContext& ctx) {
     bus::BatchView batch;  // its groups read in place from the frames the hub sent
     enum : int64_t { kTrain = 0, kStop = 1, kEnd = 2 };
     int64_t what = kTrain;
+    status::ready();
+    status::set(lead ? fmt::format("waiting for a batch of {} groups from the hub (step {})", cfg.train.groups_per_step, step + 1)
+                     : fmt::format("waiting for rank 0's batch (step {})", step + 1));
     if (lead) {
       if (step >= cfg.train.steps) what = kEnd;
       while (what == kTrain && !g_stop) {
@@ -455,6 +503,7 @@ int run_learner(const RoleContext& ctx) {
     }
     const double t1 = now_s();
     const int64_t t1_us = TraceWriter::now_us();
+    status::set(fmt::format("training step {}", step + 1));
     auto m = train_on_batch(*algorithm, {.policy = policy, .critic = critic.get(), .reference = reference.get()}, seqs,
                             rewards, sizes);
     const double t_train = now_s() - t1;
@@ -464,6 +513,7 @@ int run_learner(const RoleContext& ctx) {
     params = policy.model().gather_parameters();
     const double t2 = now_s();
     const int64_t t2_us = TraceWriter::now_us();
+    status::set(fmt::format("publishing weights v{}", step));
     if (lead) {
       pub->publish(step, params);
       client->publish_version(step);
@@ -542,44 +592,61 @@ fs::path library_dir() {
   return fs::canonical(info.dli_fname).parent_path();
 }
 
+// Whether the run's environment runs code: it then gets a sandbox of its own inside the
+// server, which runs outside one (namespaces do not nest under the sandbox's filter).
+bool runs_code(const RunConfig& cfg) { return cfg.env.name == "python_code"; }
+
+// An env server of this run: its command, sandbox, and ipc address. `name` names its
+// socket's directory (worker-W.S).
+struct EnvServerPlan {
+  env::EnvServerProcess::Options process;
+  std::string address;
+};
+EnvServerPlan env_server_plan(const RoleContext& ctx, const std::string& name) {
+  const auto& e = ctx.cfg.env;
+  // Each server's socket in a directory of its own: the sandbox makes its writable
+  // paths its own user's, so servers (and the run directory) must not share one.
+  const auto sock_dir = ctx.run_dir / "env-sockets" / name;
+  fs::create_directories(sock_dir);
+  const auto sock = sock_dir / "env.sock";
+  fs::copy_file(ctx.run_dir / "tokenizer.json", sock_dir / "tokenizer.json", fs::copy_options::overwrite_existing);
+  EnvServerPlan plan{.address = "ipc://" + sock.string()};
+  std::vector<std::string> argv{ctx.exe, "env", "serve", "--address", plan.address, "--tokenizer",
+                                (sock_dir / "tokenizer.json").string(), "--options", e.options_json().dump(),
+                                "--seed", std::to_string(ctx.cfg.run.seed)};
+  if (runs_code(ctx.cfg)) argv.push_back("--code-sandbox");
+  // The server's binary and its libraries must be visible (read-only) inside.
+  // A server lives as long as the worker: the time limits bound one server's life,
+  // a stuck call is caught by env.timeout_s.
+  auto sandbox = e.sandbox;
+  sandbox.limits.wall_s = sandbox.limits.cpu_s = 86400;
+  const auto bin = fs::path(ctx.exe).parent_path();
+  for (const auto& dir : {bin, bin.parent_path() / "lib", library_dir()})
+    if (!dir.empty() && fs::exists(dir) && std::find(sandbox.readonly_paths.begin(), sandbox.readonly_paths.end(), dir.string()) ==
+                               sandbox.readonly_paths.end())
+      sandbox.readonly_paths.push_back(dir.string());
+  plan.process = {.argv = argv, .rlx = ctx.exe, .sandboxed = !runs_code(ctx.cfg), .sandbox = sandbox,
+                  .writable = {sock_dir.string()}, .max_restarts = e.max_restarts};
+  return plan;
+}
+
+std::atomic<bool> g_end{false};  // the worker's SIGTERM
+extern "C" void on_end(int) { g_end = true; }
+
 // Environments of a worker: in-process, or behind sandboxed env servers (env.servers).
 class WorkerEnvs {
  public:
   WorkerEnvs(const RoleContext& ctx, std::shared_ptr<const Tokenizer> tok) : ctx_(ctx), tok_(std::move(tok)) {
     const auto& e = ctx.cfg.env;
     context_ = {.tokenizer = tok_.get(), .options = e.options_json(), .seed = ctx.cfg.run.seed};
-    // Environments that run code get a sandbox of their own inside the server, which then
-    // runs outside one (namespaces do not nest under the sandbox's filter).
-    const bool runs_code = e.name == "python_code";
-    if (runs_code) {  // (with servers, only to ask the environment for its stop strings)
+    if (runs_code(ctx.cfg)) {  // (with servers, only to ask the environment for its stop strings)
       sandbox_ = std::make_unique<Sandbox>(e.sandbox);
       context_.sandbox = sandbox_.get();
     }
     for (uint32_t s = 0; s < e.servers; ++s) {
-      // Each server's socket in a directory of its own: the sandbox makes its writable
-      // paths its own user's, so servers (and the run directory) must not share one.
-      const auto sock_dir = ctx.run_dir / "env-sockets" / fmt::format("worker-{}.{}", ctx.index, s);
-      fs::create_directories(sock_dir);
-      const auto sock = sock_dir / "env.sock";
-      fs::copy_file(ctx.run_dir / "tokenizer.json", sock_dir / "tokenizer.json", fs::copy_options::overwrite_existing);
-      std::vector<std::string> argv{ctx.exe, "env", "serve", "--address", "ipc://" + sock.string(), "--tokenizer",
-                                    (sock_dir / "tokenizer.json").string(), "--options", context_.options.dump(),
-                                    "--seed", std::to_string(ctx.cfg.run.seed)};
-      if (runs_code) argv.push_back("--code-sandbox");
-      // The server's binary and its libraries must be visible (read-only) inside.
-      // A server lives as long as the worker: the time limits bound one server's life,
-      // a stuck call is caught by env.timeout_s.
-      auto sandbox = e.sandbox;
-      sandbox.limits.wall_s = sandbox.limits.cpu_s = 86400;
-      const auto bin = fs::path(ctx.exe).parent_path();
-      for (const auto& dir : {bin, bin.parent_path() / "lib", library_dir()})
-        if (!dir.empty() && fs::exists(dir) && std::find(sandbox.readonly_paths.begin(), sandbox.readonly_paths.end(), dir.string()) ==
-                                   sandbox.readonly_paths.end())
-          sandbox.readonly_paths.push_back(dir.string());
-      servers_.push_back(std::make_unique<env::EnvServerProcess>(env::EnvServerProcess::Options{
-          .argv = argv, .rlx = ctx.exe, .sandboxed = !runs_code, .sandbox = sandbox,
-          .writable = {sock_dir.string()}, .max_restarts = e.max_restarts}));
-      addresses_.push_back("ipc://" + sock.string());
+      auto plan = env_server_plan(ctx, fmt::format("worker-{}.{}", ctx.index, s));
+      servers_.push_back(std::make_unique<env::EnvServerProcess>(std::move(plan.process)));
+      addresses_.push_back(plan.address);
     }
   }
   // The sampler's stop sequences: asked of an in-process instance (a server's RemoteEnv
@@ -594,8 +661,9 @@ class WorkerEnvs {
     if (servers_.empty()) return env::Registry::global().make(e.name, context_);
     const size_t s = next_++ % servers_.size();
     servers_[s]->ensure_running();
-    return std::make_unique<env::RemoteEnv>(env::RemoteEnvOptions{
-        .address = addresses_[s], .env = e.name, .timeout_s = e.timeout_s, .retries = e.retries, .server = servers_[s].get()});
+    return std::make_unique<env::RemoteEnv>(env::RemoteEnvOptions{.address = addresses_[s], .env = e.name, .timeout_s = e.timeout_s,
+                                                                  .retries = e.retries, .server = servers_[s].get(),
+                                                                  .cancel = [] { return g_end.load(); }});
   }
 
  private:
@@ -608,6 +676,19 @@ class WorkerEnvs {
   size_t next_ = 0;
   std::optional<std::vector<std::string>> stops_;
 };
+
+}  // namespace
+
+std::string check_env_server(const RoleContext& ctx, double timeout_s) {
+  auto plan = env_server_plan(ctx, "check");
+  plan.process.argv.insert(plan.process.argv.end(), {"--check", ctx.cfg.env.name});
+  auto why = env::EnvServerProcess::trial(std::move(plan.process), timeout_s);
+  std::error_code ec;
+  fs::remove_all(ctx.run_dir / "env-sockets" / "check", ec);
+  return why;
+}
+
+namespace {
 
 // Checkpoints of unfinished multi-turn episodes, one file per lease in run_dir/episodes/
 // (p{prompt}.e{epoch}), replaced atomically every rollout.episode_checkpoint_turns turns
@@ -677,6 +758,8 @@ bool EpisodeCheckpoints::restore(GroupRollout& g, WorkerEnvs& envs) {
     }
     g.start_turn = j.at("next_turn").get<int>();
     return true;
+  } catch (const FatalError&) {
+    throw;  // not the checkpoint's fault: the run cannot go on
   } catch (const std::exception& e) {
     log::warn("episode checkpoint {}: {}; the episode starts over", path.string(), e.what());
     g.envs.clear(), g.episodes.clear(), g.versions.clear();
@@ -721,6 +804,8 @@ std::vector<GroupRollout> rollout_groups(const RoleContext& ctx, Engine& engine,
         gr.versions.emplace_back(gr.episodes.back().tokens.size(), -1);
       } catch (const env::InfraError& e) {
         gr.error_kind = "infra", gr.error = e.what();
+      } catch (const FatalError&) {
+        throw;  // the run cannot go on: not this task's fault
       } catch (const Error& e) {
         gr.error_kind = "data", gr.error = e.what();
       }
@@ -782,6 +867,8 @@ std::vector<GroupRollout> rollout_groups(const RoleContext& ctx, Engine& engine,
           }
         } catch (const env::InfraError& e) {
           gr.error_kind = "infra", gr.error = e.what();
+        } catch (const FatalError&) {
+          throw;  // the run cannot go on: not this task's fault
         } catch (const Error& e) {
           gr.error_kind = "data", gr.error = e.what();
         }
@@ -910,8 +997,6 @@ int run_sft(const RunConfig& cfg) {
 namespace {
 std::atomic<bool> g_leave{false};
 extern "C" void on_leave(int) { g_leave = true; }
-std::atomic<bool> g_end{false};
-extern "C" void on_end(int) { g_end = true; }
 }  // namespace
 
 int run_worker(const RoleContext& ctx) {
@@ -927,6 +1012,7 @@ int run_worker(const RoleContext& ctx) {
   ::signal(SIGTERM, on_end);
   set_threads(cfg);
   env::register_bundled();
+  status::set("loading the model");
   auto tok = run_tokenizer(cfg);
   auto model = initial_model(cfg, *tok);
   Engine engine(model, {.block_size = static_cast<int32_t>(cfg.rollout.block_size), .kv_cache_blocks = cfg.rollout.kv_cache_blocks},
@@ -934,6 +1020,7 @@ int run_worker(const RoleContext& ctx) {
   // SIGTERM while it waits for the learner's first weights (a worker restarted as the run
   // ended, when the learner and its segment are gone): it stops there.
   std::unique_ptr<dist::WeightSubscriber> subscriber;
+  status::set("waiting for the learner's first weights");
   try {
     subscriber = ctx.weight_subscriber([] { return g_end.load(); });
   } catch (const Error& e) {
@@ -942,6 +1029,7 @@ int run_worker(const RoleContext& ctx) {
     return 0;
   }
   auto& weights = *subscriber;
+  status::set(cfg.env.servers > 0 ? fmt::format("starting {} env servers", cfg.env.servers) : "starting");
   WorkerEnvs envs(ctx, tok);
   const std::string who = fmt::format("worker-{}", ctx.index);
   bus::Client client({.address = ctx.hub_address(), .who = who});
@@ -983,14 +1071,19 @@ int run_worker(const RoleContext& ctx) {
   while (!g_leave && !g_end) {
     apply_weights();
     bus::LeaseGrant grant;
+    status::set("asking the hub for leases");
     try {
       grant = client.request_leases(cfg.rollout.leases_per_request);
     } catch (const Error&) {
       if (g_end) break;  // stopped while waiting for the hub's answer
       throw;
     }
+    status::ready();
     if (grant.exhausted) break;
     if (grant.leases.empty()) {
+      status::set(fmt::format("no lease to take (has weights v{}; the hub waits for the learner's next version, or its "
+                              "leases are all out)",
+                              weights.version()));
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       write_stats();
       continue;
@@ -1000,6 +1093,7 @@ int run_worker(const RoleContext& ctx) {
     int64_t need = 0;
     for (const auto& l : grant.leases) need = std::max(need, l.min_version);
     const double deadline = now_s() + cfg.train.batch_timeout_s;
+    if (weights.version() < need) status::set(fmt::format("waiting for weights v{} (has v{})", need, weights.version()));
     while (weights.version() < need && !g_end) {  // staged in the engine, applied before its next step
       RLX_CHECK(now_s() < deadline, "{}: weights version {} did not arrive within {} s (have {})", who, need,
                 cfg.train.batch_timeout_s, weights.version());
@@ -1010,6 +1104,7 @@ int run_worker(const RoleContext& ctx) {
     trace_span("wait_leases", wait_us);
     const double busy_from = now_s();
     const int64_t rollout_us = TraceWriter::now_us();
+    status::set(fmt::format("rolling out {} leases", grant.leases.size()));
     auto groups = rollout_groups(ctx, engine, envs, grant.leases, &episodes, after_checkpoint, &g_end);
     if (g_end) break;  // cut short: the hub re-issues these leases if the run goes on
     for (auto& gr : groups) {

@@ -172,6 +172,7 @@ void add_env_serve(CLI::App* envc, Action& action) {
     std::string tokenizer, options = "{}";
     uint64_t seed = 0;
     bool code_sandbox = false;
+    std::string check;  // an environment to try once, then exit
   };
   auto a = std::make_shared<Args>();
   auto* serve = envc->add_subcommand("serve", "Serve the registered environments on a socket (until SIGTERM)");
@@ -183,6 +184,9 @@ void add_env_serve(CLI::App* envc, Action& action) {
   serve->add_flag("--code-sandbox", a->code_sandbox,
                   "give environments that run code (python_code) a sandbox of their own; the server itself must then "
                   "run outside one (namespaces do not nest under the sandbox's filter)");
+  serve->add_option("--check", a->check,
+                    "try environment NAME once (a generated task: make, reset) and bind the address, then exit 0: "
+                    "what `rlx run` does before it starts any role");
   serve->callback([a, &action] {
     action = [a] {
       const auto tok = load_tokenizer(a->tokenizer);
@@ -195,9 +199,18 @@ void add_env_serve(CLI::App* envc, Action& action) {
         throw ConfigError(fmt::format("--options: not JSON: {}", e.what()));
       }
       env::register_bundled();
+      const env::Context context{.tokenizer = tok.get(), .sandbox = code_sandbox.get(), .options = options, .seed = a->seed};
+      if (!a->check.empty()) {
+        auto& registry = env::Registry::global();
+        auto env = registry.make(a->check, context);
+        if (registry.generates(a->check)) (void)env->reset(registry.generate(a->check, a->seed, 0, options));
+        const std::atomic<bool> stop{true};  // binds the address, then returns
+        env::serve_envs(a->server, registry, context, stop);
+        std::cerr << fmt::format("env server: check passed ({} on {})", a->check, a->server.address) << std::endl;
+        return 0;
+      }
       on_stop_signals([](int) { g_serve_stop = true; });
-      env::serve_envs(a->server, env::Registry::global(),
-                      {.tokenizer = tok.get(), .sandbox = code_sandbox.get(), .options = options, .seed = a->seed}, g_serve_stop);
+      env::serve_envs(a->server, env::Registry::global(), context, g_serve_stop);
       return 0;
     };
   });
@@ -334,9 +347,18 @@ void add_trainer_commands(CLI::App& app, Action& action) {
       }
       start_heartbeat(ctx.run_dir, ra->role, ctx.index);
       start_trace(ctx, ra->role);
-      if (ra->role == "hub") return run_hub(ctx);
-      if (ra->role == "learner") return run_learner(ctx);
-      return run_worker(ctx);
+      try {
+        if (ra->role == "hub") return run_hub(ctx);
+        if (ra->role == "learner") return run_learner(ctx);
+        return run_worker(ctx);
+      } catch (const FatalError& e) {
+        // Not for a restart: the launcher stops the run with this message.
+        std::cerr << fmt::format("rlx role {} {}: cannot run: {}", ra->role, ctx.index, e.what()) << std::endl;
+        const auto file = failure_file(ctx.run_dir, ra->role, ctx.index);
+        std::filesystem::create_directories(file.parent_path());
+        write_file_atomic(file, std::string(e.what()) + "\n");
+        return kExitCannotRun;
+      }
     };
   });
 }

@@ -29,6 +29,14 @@ class ConfigError : public Error {
   using Error::Error;
 };
 
+// A failure that will not heal by trying again: a configuration or a machine that cannot
+// run (an env server that cannot start in its sandbox, a file that cannot be read). The
+// run stops with it on the console instead of retrying or restarting.
+class FatalError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A broken invariant inside rlx.
 class InternalError : public std::logic_error {
  public:

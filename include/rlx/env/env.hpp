@@ -89,6 +89,8 @@ class Registry {
   bool has(const std::string& name) const;
   // Throws rlx::Error naming the unknown environment and listing the known ones.
   std::unique_ptr<Env> make(const std::string& name, const Context& context) const;
+  // Whether the environment makes its own tasks (generate() works).
+  bool generates(const std::string& name) const;
   // A generated task; throws if the environment has no generator.
   nlohmann::json generate(const std::string& name, uint64_t seed, uint64_t index, const nlohmann::json& options = {}) const;
   std::vector<std::pair<std::string, std::string>> list() const;  // name, description

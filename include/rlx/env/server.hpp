@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,7 +38,8 @@ void serve_envs(const EnvServerOptions& options, const Registry& registry, const
                 const std::atomic<bool>& stop);
 
 // Starts and restarts a server process: `argv` (for example {rlx, "env", "serve", ...}),
-// wrapped in `rlx sandbox run` with `sandbox` limits when `sandboxed`.
+// wrapped in `rlx sandbox run` with `sandbox` limits when `sandboxed`. Its output passes
+// through to this process's stderr; the last lines are kept to say why it ended.
 class EnvServerProcess {
  public:
   struct Options {
@@ -47,23 +49,39 @@ class EnvServerProcess {
     SandboxOptions sandbox;         // limits of the server's sandbox (wall_s: its whole life)
     std::vector<std::string> writable;  // host paths writable inside (the ipc socket's directory)
     uint32_t max_restarts = 5;
+    // Ends in a row before its first answer (a server that cannot start) that make
+    // ensure_running() throw FatalError: the run cannot work, restarting will not help.
+    uint32_t max_failed_starts = 2;
+    bool pass_output = true;  // the server's output to this process's stderr (else only kept)
   };
   explicit EnvServerProcess(Options options);
   ~EnvServerProcess();  // SIGTERM, then SIGKILL
   EnvServerProcess(const EnvServerProcess&) = delete;
   EnvServerProcess& operator=(const EnvServerProcess&) = delete;
-
-  // Restarts the server if it has exited; true if it had. Throws rlx::Error after
-  // max_restarts restarts.
+  // Restarts the server if it has exited; true if it had. Throws FatalError when it ended
+  // max_failed_starts times in a row before answering (with its last output: the sandbox's
+  // own message, the path, the limit), rlx::Error after max_restarts restarts.
   bool ensure_running();
+  // The server answered a call: it started (RemoteEnv says so).
+  void answered() { answered_ = true; }
   pid_t pid() const { return pid_; }
   uint32_t restarts() const { return restarts_; }
+  // The last lines of the server's output (at most ~1 KB).
+  std::string last_output() const;
+
+  // Runs `options.argv` once to its end, as start() would (sandboxed), for a trial: "" when
+  // it exited 0 within timeout_s, else why, with its last output.
+  static std::string trial(Options options, double timeout_s);
 
  private:
+  struct Output;
   void start();
+  std::string describe_end(int status) const;
   Options o_;
   pid_t pid_ = -1;
-  uint32_t restarts_ = 0;
+  uint32_t restarts_ = 0, failed_starts_ = 0;
+  bool answered_ = false;
+  std::shared_ptr<Output> output_;
 };
 
 struct RemoteEnvOptions {
@@ -72,6 +90,9 @@ struct RemoteEnvOptions {
   double timeout_s = 10;      // per call
   uint32_t retries = 3;       // per call, after the first try
   EnvServerProcess* server = nullptr;  // restarted on a timeout when given
+  // Asked every 200 ms while a call waits: true ends the call at once (InfraError) — the
+  // worker is stopping, the lease goes back.
+  std::function<bool()> cancel;
 };
 
 class RemoteEnv final : public Env {

@@ -23,6 +23,7 @@ struct RunSection {
   int threads = 0;                // intra-op threads per process (0: all cores / processes)
   bool deterministic = false;     // deterministic kernels and ordering (exact resume)
   bool plots = true;              // PNG curves in run_dir/plots at the end (python3-matplotlib)
+  bool preflight = true;          // checks before any role starts (files, paths, a trial env server)
 
   template <class V>
   void visit(V& v) {
@@ -32,6 +33,9 @@ struct RunSection {
     v("threads", threads, "intra-op threads per process; 0 divides the cores among processes", config::in_range(0, 1024));
     v("deterministic", deterministic, "deterministic kernels and ordering (needed for bit-exact resume)");
     v("plots", plots, "write PNG curves of metrics.jsonl to plots/ at the end (scripts/plot_metrics.py, python3-matplotlib)");
+    v("preflight", preflight,
+      "before any role starts, check that the run directory can be written, its socket paths fit, the model and "
+      "tokenizer files read, and (env.servers > 0) that an env server starts in its sandbox with its paths and limits");
   }
 };
 
@@ -133,6 +137,7 @@ struct TrainSection {
   uint32_t max_restarts = 3;          // restarts of the whole run from its last checkpoint
   double heartbeat_timeout_s = 60;    // a role silent this long is stuck: killed, then restarted
   double start_timeout_s = 600;       // the same before a role's first heartbeat (loading libraries, a model)
+  double report_every_s = 30;         // while no step completes, say what each role is doing this often
   Transport transport = Transport::auto_;
 
   template <class V>
@@ -153,6 +158,10 @@ struct TrainSection {
     v("start_timeout_s", start_timeout_s,
       "a role that has not sent its first heartbeat this long after its start (still loading, or hung while "
       "starting) is reported, killed and restarted",
+      config::in_range(1, 86400));
+    v("report_every_s", report_every_s,
+      "while no step completes for this long, the console says what each role is doing (what it waits on); a "
+      "healthy run's progress line comes at least this often",
       config::in_range(1, 86400));
     v("transport", transport,
       "local (ipc:// hub, shared-memory weights: one host), tcp (tcp:// hub and weights: any hosts), or auto (tcp "

@@ -59,8 +59,9 @@ std::shared_ptr<const Tokenizer> run_tokenizer(const RunConfig& cfg);
 void write_tokenizer(const RunConfig& cfg, const std::filesystem::path& file);
 std::shared_ptr<Transformer> initial_model(const RunConfig& cfg, const Tokenizer& tokenizer);
 
-// A role's heartbeat: a thread touches run_dir/heartbeats/ROLE-INDEX every 0.5 s while
-// the process runs (a SIGSTOPped or frozen process stops beating; the launcher notices).
+// A role's heartbeat: a thread rewrites run_dir/heartbeats/ROLE-INDEX every 0.5 s while
+// the process runs (a SIGSTOPped or frozen process stops beating; the launcher notices),
+// with what the role is doing (rlx::status) as one JSON line.
 // True when RLX_LAUNCHER_PID (set by the launcher for its roles) is no longer this
 // process's parent: the launcher died.
 bool launcher_gone();
@@ -73,6 +74,26 @@ void start_trace(const RoleContext& ctx, const std::string& role);
 // run_dir/trace.json. Returns the number of events.
 size_t merge_traces(const std::filesystem::path& run_dir);
 std::filesystem::path heartbeat_file(const std::filesystem::path& run_dir, const std::string& role, int index);
+// A heartbeat as the launcher reads it.
+struct RoleBeat {
+  double beat = -1;     // the file's mtime (wall clock); -1: no heartbeat yet
+  int64_t pid = 0;
+  std::string status;   // what the role was doing (rlx::status)
+  double since = 0;     // since when (wall clock)
+  bool ready = false;   // its start-up was over
+};
+RoleBeat read_heartbeat(const std::filesystem::path& run_dir, const std::string& role, int index);
+
+// A role that cannot run (a FatalError: an env server that cannot start, ...) writes why to
+// run_dir/failures/ROLE-INDEX and exits with kExitCannotRun; the launcher then stops the run
+// with that message rather than restarting the role.
+inline constexpr int kExitCannotRun = 78;  // EX_CONFIG of sysexits.h
+std::filesystem::path failure_file(const std::filesystem::path& run_dir, const std::string& role, int index);
+
+// Tries the env server of this run once, as a rollout worker would start it (its sandbox,
+// paths and limits): "" when it works, else why (the sandbox's message, the path, the limit).
+// `rlx run` does this before it starts any role when env.servers > 0.
+std::string check_env_server(const RoleContext& ctx, double timeout_s);
 
 // The roles. Their process calls bus::keep_frame_memory() first, before any thread starts
 // (`rlx role` does, in trainer_main): its one-arena setting binds only threads yet to allocate.

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# `rlx run` from ordinary places, and runs that cannot work: real processes, real signals.
+#  1. A run directory under a 0700 parent (as `mktemp -d` makes, as root's home is) trains
+#     end to end with sandboxed env servers.
+#  2. A run that cannot work stops within ERROR_BOUND_S with the cause on stderr: an env
+#     server that cannot start (caught before any role starts, and, with run.preflight=false,
+#     reported by its worker), a sandbox without the binary's paths, a role that fails at
+#     start with the same error every time.
+#  3. SIGINT stops the run within STOP_BOUND_S in each state: waiting for the first weights,
+#     inside an env call's retries, during a checkpoint, with a worker SIGSTOPped; the
+#     learner's checkpoint is complete.
+# It prints each measured time ("time: CASE S"), for docs/PERF.md and the closing note.
+#   failfast_test.sh RLX_BINARY WORK_DIR
+set -uo pipefail
+rlx=$1 work=$2 here=$(cd "$(dirname "$0")" && pwd)
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+failures=0
+fail() { failures=$((failures + 1)); echo "FAIL: $*"; }
+ok() { echo "ok: $*"; }
+ERROR_BOUND_S=20  # a run that cannot work: start to exit (measured: under 3 s on cpu2)
+STOP_BOUND_S=15   # SIGINT to exit (measured: under 5 s on cpu2, the injected 4 s checkpoint included)
+cp "$here/grpo.yaml" grpo.yaml
+now() { date +%s.%N; }
+since() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$1" "$(now)"; }
+within() { python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) <= float(sys.argv[2]) else 1)" "$1" "$2"; }
+# status RUN ROLE-INDEX: what the role's heartbeat says it is doing
+status() { python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['status'])" "runs/$1/heartbeats/$2" 2>/dev/null; }
+wait_status() {  # wait_status RUN ROLE-INDEX REGEX: until the role says so (60 s at most)
+  for _ in $(seq 1 600); do status "$1" "$2" | grep -Eq "$3" && return 0; sleep 0.1; done
+  return 1
+}
+wait_steps() {  # wait_steps RUN N: until N metrics lines (120 s at most)
+  for _ in $(seq 1 1200); do [ "$(cat "runs/$1/metrics.jsonl" 2>/dev/null | wc -l)" -ge "$2" ] && return 0; sleep 0.1; done
+  return 1
+}
+
+# --- 1. a run directory under a 0700 parent ---
+private=$(mktemp -d -p "$PWD")
+[ "$(stat -c %a "$private")" = 700 ] || fail "mktemp -d did not make a 0700 directory"
+t0=$(now)
+"$rlx" run grpo.yaml run.out_dir="$private/runs" run.name=private env.servers=1 rollout.workers=1 train.steps=3 \
+  > private.log 2>&1; rc=$?
+echo "time: 0700 parent, 3 steps with a sandboxed env server $(since "$t0") s"
+[ $rc = 0 ] && [ -f "$private/runs/private/final/model.safetensors" ] \
+  && grep -q "env server: serving" "$private"/runs/private/logs/worker-0/rank-0.err \
+  && ok "a run directory under a 0700 parent trains end to end (sandboxed env server)" \
+  || fail "0700 parent: rc $rc: $(tail -3 private.log; grep -h "sandbox" "$private"/runs/private/logs/worker-0*/rank-0.err | tail -2)"
+
+# --- 2. runs that cannot work ---
+cannot() {  # cannot NAME EXPECT_REGEX... -- OVERRIDES: exits non-zero within ERROR_BOUND_S, stderr matching each regex
+  local name=$1 patterns=() t0 rc took
+  shift
+  while [ "$1" != -- ]; do patterns+=("$1"); shift; done
+  shift
+  t0=$(now)
+  timeout 120 "$rlx" run grpo.yaml run.name="$name" train.steps=200 "$@" > "$name.log" 2>&1; rc=$?
+  took=$(since "$t0")
+  echo "time: $name: start to exit $took s (rc $rc)"
+  local missing=""
+  for p in "${patterns[@]}"; do grep -Eq "$p" "$name.log" || missing="$missing '$p'"; done
+  [ $rc != 0 ] && [ $rc != 124 ] && within "$took" $ERROR_BOUND_S && [ -z "$missing" ] && [ -z "$(pgrep -f -- "runs/$name/")" ] \
+    && ok "$name: exit $rc within $ERROR_BOUND_S s, the cause on stderr" \
+    || fail "$name: rc $rc after $took s, missing$missing: $(tail -4 "$name.log")"
+}
+# The env server's memory limit is too small for it to load: caught before any role starts.
+cannot memory "cannot start: the env server does not start" "failed to map segment" "memory_mb 16" \
+  -- env.servers=1 env.sandbox.limits.memory_mb=16
+[ ! -d runs/memory/logs/hub-0 ] && ok "memory: no role was started" || fail "memory: roles were started"
+# The same with the checks off: the worker's env server fails twice at start; the worker
+# reports it, and the launcher stops the run instead of restarting anything.
+cannot memory_running "worker 0 cannot run: env server .* cannot start" "failed to map segment" "memory_mb 16" \
+  "stopping the run" -- env.servers=1 env.sandbox.limits.memory_mb=16 run.preflight=false
+grep -q "restarting" memory_running.log && fail "memory_running: something was restarted" || ok "memory_running: nothing restarted"
+# A sandbox that lacks the binary's system paths: the sandbox's own message, naming the command.
+cannot nopaths "sandbox set-up failed at 'execute the command' /.*rlx: No such file" \
+  -- env.servers=1 'env.sandbox.readonly_paths=[/etc]'
+# A role that fails at start with the same error every time (a model directory whose
+# config.json is not JSON; the checks off): no restart after the second.
+cp -r "$private/runs/private/final" badmodel && echo "{not json" > badmodel/config.json
+cannot badmodel "failed at start twice with the same error" "badmodel/config.json" -- model.path="$PWD/badmodel" run.preflight=false
+cannot badmodel_checked "cannot start: model or tokenizer: .*badmodel/config.json" -- model.path="$PWD/badmodel"
+
+# --- 3. SIGINT in each state ---
+stop_in() {  # stop_in NAME: SIGINT to the launcher $pid; it must exit 130 within STOP_BOUND_S
+  local t0 rc took
+  t0=$(now)
+  kill -INT "$pid"
+  for _ in $(seq 1 $(((STOP_BOUND_S + 30) * 10))); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null  # past the bound: the test fails, without waiting for the launcher's own limits
+  wait "$pid"; rc=$?
+  took=$(since "$t0")
+  echo "time: SIGINT $1: $took s (rc $rc)"
+  pkill -CONT -f -- "runs/$1/" 2>/dev/null
+  sleep 0.2
+  local left
+  left=$(pgrep -af -- "runs/$1/")
+  [ $rc = 130 ] && within "$took" $STOP_BOUND_S && [ -z "$left" ] && grep -q -- "--resume" "$1.log" \
+    && ok "$1: SIGINT stopped the run in $took s (bound $STOP_BOUND_S s), exit 130" \
+    || fail "$1: SIGINT: rc $rc after $took s; left: $left; $(tail -3 "$1.log")"
+  pkill -KILL -f -- "runs/$1/" 2>/dev/null
+}
+# Waiting for the first weights: the learner is still starting (held 60 s here).
+RLX_FAULT=slow-start:learner:60 "$rlx" run grpo.yaml run.name=firstweights train.steps=200 > firstweights.log 2>&1 &
+pid=$!
+wait_status firstweights worker-0 "first weights" || fail "firstweights: worker 0 never waited for the first weights"
+stop_in firstweights
+# Inside an env call's retries: the env server is stopped (SIGSTOP), the worker retries.
+# The launcher names what each role waits on meanwhile (train.report_every_s).
+"$rlx" run grpo.yaml run.name=envretry env.servers=1 rollout.workers=1 env.timeout_s=1 env.retries=100 train.steps=200 \
+  train.report_every_s=2 > envretry.log 2>&1 &
+pid=$!
+wait_steps envretry 2 || fail "envretry: no progress"
+pkill -STOP -f -- "env serve --address ipc://$PWD/runs/envretry/" || fail "envretry: no env server to stop"
+wait_status envretry worker-0 "env call .*try [2-9]" || fail "envretry: worker 0 is not retrying: $(status envretry worker-0)"
+for _ in $(seq 1 100); do grep -q "no step for" envretry.log && break; sleep 0.1; done
+grep -Eq "no step for [0-9]+ s .*worker 0: env call '(reset|step)'.*try [0-9]+ of 101" envretry.log \
+  && grep -Eq "no step for .*learner 0: waiting for a batch" envretry.log \
+  && ok "envretry: the console says what the learner and the worker wait on" \
+  || fail "envretry: no report of what the roles wait on: $(grep "no step" envretry.log | tail -1)"
+stop_in envretry
+# During a checkpoint (the first one held 4 s): it completes, then the run stops.
+RLX_FAULT=slow-checkpoint:4 "$rlx" run grpo.yaml run.name=ckpt learner.checkpoint_every=2 train.steps=200 > ckpt.log 2>&1 &
+pid=$!
+wait_status ckpt learner-0 "checkpointing" || fail "ckpt: the learner never checkpointed"
+stop_in ckpt
+"$rlx" inspect checkpoint runs/ckpt/checkpoints > ckpt.inspect 2>&1 && grep -q "step_00000002" ckpt.inspect \
+  && ok "ckpt: the checkpoint written during the stop verifies" || fail "ckpt: $(tail -3 ckpt.inspect)"
+# With a worker SIGSTOPped.
+"$rlx" run grpo.yaml run.name=stopped train.steps=200 > stopped.log 2>&1 &
+pid=$!
+wait_steps stopped 2 || fail "stopped: no progress"
+victim=$(pgrep -f -- "role worker.*runs/stopped/" | head -1)
+[ -n "$victim" ] && kill -STOP "$victim" || fail "stopped: no worker to stop"
+stop_in stopped
+# What the checkpoint holds resumes: the stopped run continues to its end.
+"$rlx" run grpo.yaml run.name=stopped train.steps=30 --resume > stopped2.log 2>&1 \
+  && grep -q "resuming" stopped2.log && [ -f runs/stopped/final/model.safetensors ] \
+  && ok "stopped: --resume continues the stopped run to its end" || fail "stopped: resume: $(tail -3 stopped2.log)"
+
+echo "$failures failures"
+[ "$failures" = 0 ]
