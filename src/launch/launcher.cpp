@@ -849,6 +849,7 @@ class TaskRunner {
       if (task_.role == "learner" && (stopping || fs::exists(coord_ / "stop")) && !stop_sent_) {
         stop_sent_ = true;
         child->signal(0, SIGTERM);  // the learner checkpoints, then exits
+        child->signal(0, SIGCONT);
       }
       // The learner finished: as the local launcher does, the workers stop first (with the
       // hub there to take what they hold), then the hub (it saves its state).
@@ -856,6 +857,7 @@ class TaskRunner {
                             (task_.role == "worker" || workers_ended());
       if (finished) {
         child->signal(0, SIGTERM);
+        child->signal(0, SIGCONT);
         child->wait(30);
         if (task_.role == "worker") write_file_atomic(coord_ / fmt::format("worker-{}-ended", task_.index), "");
         if (task_.role == "hub") {
@@ -885,6 +887,10 @@ class TaskRunner {
       }
       if (task_.role == "worker" && e.ok()) continue;  // the hub has nothing more; wait for the end
       const auto why = fmt::format("{} {} ended: {} (log: {})", task_.role, task_.index, e.describe(), e.err.string());
+      // It cannot run (or failed at start as it did the last time): no restart.
+      auto failed = role_failure(run_dir_, task_.role.c_str(), task_.index, e);
+      if (failed.hopeless(last_failure_)) return fail(me, failed.message(last_failure_));
+      last_failure_ = std::move(failed);
       if (task_.role == "worker" && restarts < cfg_.rollout.max_restarts) {
         ++restarts;
         std::cerr << fmt::format("{}: {}; restarting it ({}/{})", me, why, restarts, cfg_.rollout.max_restarts) << std::endl;
@@ -949,6 +955,7 @@ class TaskRunner {
   double started_ = 0, learner_done_at_ = 0;
   bool said_waiting_ = false;
   bool stop_sent_ = false;
+  std::optional<RoleFailure> last_failure_;  // how its role ended the last time
 };
 
 int launch_task(const RunConfig& cfg, const RoleTask& task, const std::string& exe, const LaunchOptions& lo) {

@@ -38,7 +38,7 @@ wait_steps() {  # wait_steps RUN N: until N metrics lines (120 s at most)
 private=$(mktemp -d -p "$PWD")
 [ "$(stat -c %a "$private")" = 700 ] || fail "mktemp -d did not make a 0700 directory"
 t0=$(now)
-"$rlx" run grpo.yaml run.out_dir="$private/runs" run.name=private env.servers=1 rollout.workers=1 train.steps=3 \
+timeout -k 10 300 "$rlx" run grpo.yaml run.out_dir="$private/runs" run.name=private env.servers=1 rollout.workers=1 train.steps=3 \
   > private.log 2>&1; rc=$?
 echo "time: 0700 parent, 3 steps with a sandboxed env server $(since "$t0") s"
 [ $rc = 0 ] && [ -f "$private/runs/private/final/model.safetensors" ] \
@@ -53,7 +53,7 @@ cannot() {  # cannot NAME EXPECT_REGEX... -- OVERRIDES: exits non-zero within ER
   while [ "$1" != -- ]; do patterns+=("$1"); shift; done
   shift
   t0=$(now)
-  timeout 120 "$rlx" run grpo.yaml run.name="$name" train.steps=200 "$@" > "$name.log" 2>&1; rc=$?
+  timeout -k 10 $((ERROR_BOUND_S + 30)) "$rlx" run grpo.yaml run.name="$name" train.steps=200 "$@" > "$name.log" 2>&1; rc=$?
   took=$(since "$t0")
   echo "time: $name: start to exit $took s (rc $rc)"
   local missing=""
