@@ -137,6 +137,7 @@ void clear_run(const fs::path& dir, bool logs = true) {
                         kHubEndpointFile, kWeightsEndpointFile})
     rlx::remove_tree(dir / p);
   if (logs) rlx::remove_tree(dir / "logs"), rlx::remove_tree(dir / "fault-injected");
+  if (const auto sockets = socket_dir(dir); sockets != dir) rlx::remove_tree(sockets);
   for (const auto& e : fs::directory_iterator(dir))
     if (e.path().filename().string().starts_with("hub-step_")) fs::remove(e.path());
 }
@@ -567,9 +568,6 @@ void finish_run(const RunConfig& cfg, const fs::path& run_dir) {
 
 namespace {
 
-// sun_path of a unix socket holds 107 bytes and a terminating zero.
-constexpr size_t kMaxSocketPath = 107;
-
 // What `rlx run` checks before it writes the run directory or starts anything
 // (run.preflight): "" or the first problem, naming the file, path or key.
 std::string preflight_files(const RunConfig& cfg) {
@@ -583,17 +581,6 @@ std::string preflight_files(const RunConfig& cfg) {
   } catch (const std::exception& e) {
     return fmt::format("the run directory {} cannot be written (run.out_dir, run.name): {}", run_dir.string(), e.what());
   }
-  // Its sockets fit a unix socket's path.
-  std::vector<fs::path> sockets;
-  if (cfg.train.transport != Transport::tcp) sockets.push_back(run_dir / "hub.sock");
-  if (cfg.env.servers > 0)
-    sockets.push_back(run_dir / "env-sockets" / fmt::format("worker-{}.{}", cfg.rollout.workers - 1, cfg.env.servers - 1) /
-                      "env.sock");
-  for (const auto& sock : sockets)
-    if (sock.string().size() > kMaxSocketPath)
-      return fmt::format("the socket path {} is {} bytes, over the {} a unix socket allows: choose a shorter run.out_dir "
-                         "or run.name",
-                         sock.string(), sock.string().size(), kMaxSocketPath);
   // The model's and the tokenizer's files can be read.
   try {
     if (!cfg.model.path.empty()) {
@@ -639,6 +626,14 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
   if (cfg.run.preflight)
     if (const auto problem = preflight_files(cfg); !problem.empty()) return cannot_start(problem);
   const fs::path run_dir = prepare_run_dir(cfg, lo);
+  // A socket directory outside the run directory goes with the run's end (however it ends).
+  struct RemoveSockets {
+    fs::path dir;
+    ~RemoveSockets() {
+      std::error_code ec;
+      if (!dir.empty()) rlx::remove_tree(dir, ec);
+    }
+  } remove_sockets{socket_dir(run_dir) != run_dir ? socket_dir(run_dir) : fs::path()};
   if (cfg.run.preflight)
     if (const auto problem = preflight_env(cfg, run_dir, exe); !problem.empty()) return cannot_start(problem);
   // SIGINT/SIGTERM: the learner checkpoints and exits; then the rest is stopped.

@@ -45,8 +45,16 @@ namespace rlx::launch {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+fs::path socket_dir(const fs::path& run_dir) {
+  // The longest name below it: env-sockets/worker-WWWW.SSSS/env.sock.
+  constexpr size_t kMaxSocketPath = 107, kLongestName = 40;
+  if (run_dir.string().size() + kLongestName <= kMaxSocketPath) return run_dir;
+  return fs::temp_directory_path() /
+         fmt::format("rlx-{}-{:016x}", run_dir.filename().string().substr(0, 24), hash_name(run_dir.string()));
+}
+
 std::string RoleContext::hub_address() const {
-  if (!tcp) return "ipc://" + (run_dir / "hub.sock").string();
+  if (!tcp) return "ipc://" + (socket_dir(run_dir) / "hub.sock").string();
   return dist::wait_endpoint_file(run_dir / kHubEndpointFile, cfg.train.batch_timeout_s);
 }
 
@@ -208,6 +216,7 @@ void install_stop_handler() { on_stop_signals(on_stop); }
 int run_hub(const RoleContext& ctx) {
   set_compute_threads(1);
   auto o = hub_options(ctx);
+  if (!ctx.tcp) fs::create_directories(socket_dir(ctx.run_dir));  // /tmp/rlx-NAME-HASH for a deep run directory
   std::unique_ptr<bus::Hub> hub;
   if (!o.dataset.empty()) {
     hub = std::make_unique<bus::Hub>(o);
@@ -606,7 +615,7 @@ EnvServerPlan env_server_plan(const RoleContext& ctx, const std::string& name) {
   const auto& e = ctx.cfg.env;
   // Each server's socket in a directory of its own: the sandbox makes its writable
   // paths its own user's, so servers (and the run directory) must not share one.
-  const auto sock_dir = ctx.run_dir / "env-sockets" / name;
+  const auto sock_dir = socket_dir(ctx.run_dir) / "env-sockets" / name;
   fs::create_directories(sock_dir);
   const auto sock = sock_dir / "env.sock";
   fs::copy_file(ctx.run_dir / "tokenizer.json", sock_dir / "tokenizer.json", fs::copy_options::overwrite_existing);
@@ -684,7 +693,7 @@ std::string check_env_server(const RoleContext& ctx, double timeout_s) {
   plan.process.argv.insert(plan.process.argv.end(), {"--check", ctx.cfg.env.name});
   auto why = env::EnvServerProcess::trial(std::move(plan.process), timeout_s);
   std::error_code ec;
-  fs::remove_all(ctx.run_dir / "env-sockets" / "check", ec);
+  fs::remove_all(socket_dir(ctx.run_dir) / "env-sockets" / "check", ec);
   return why;
 }
 

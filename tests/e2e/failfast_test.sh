@@ -35,14 +35,19 @@ wait_steps() {  # wait_steps RUN N: until N metrics lines (120 s at most)
 }
 
 # --- 1. a run directory under a 0700 parent ---
-private=$(mktemp -d -p "$PWD")
+# The binary there too: every path the sandbox binds (the binary's directory, the socket
+# directory) lies below the 0700 directory. In /tmp, so that the sockets stay in the run
+# directory (a deeper one puts them in /tmp/rlx-NAME-HASH).
+private=$(mktemp -d)
+trap 'rm -rf "$private" /tmp/rlx-memory_running-*' EXIT  # (the socket directory of a deep run directory)
 [ "$(stat -c %a "$private")" = 700 ] || fail "mktemp -d did not make a 0700 directory"
+mkdir "$private/bin" && cp "$rlx" "$private/bin/rlx"
 t0=$(now)
-timeout -k 10 300 "$rlx" run grpo.yaml run.out_dir="$private/runs" run.name=private env.servers=1 rollout.workers=1 train.steps=3 \
+timeout -k 10 300 "$private/bin/rlx" run grpo.yaml run.out_dir="$private/runs" run.name=private env.servers=1 rollout.workers=1 train.steps=3 \
   > private.log 2>&1; rc=$?
 echo "time: 0700 parent, 3 steps with a sandboxed env server $(since "$t0") s"
 [ $rc = 0 ] && [ -f "$private/runs/private/final/model.safetensors" ] \
-  && grep -q "env server: serving" "$private"/runs/private/logs/worker-0/rank-0.err \
+  && grep -q "env server: serving .*ipc://$private/runs/private/env-sockets/" "$private"/runs/private/logs/worker-0/rank-0.err \
   && ok "a run directory under a 0700 parent trains end to end (sandboxed env server)" \
   || fail "0700 parent: rc $rc: $(tail -3 private.log; grep -h "sandbox" "$private"/runs/private/logs/worker-0*/rank-0.err | tail -2)"
 
@@ -58,7 +63,7 @@ cannot() {  # cannot NAME EXPECT_REGEX... -- OVERRIDES: exits non-zero within ER
   echo "time: $name: start to exit $took s (rc $rc)"
   local missing=""
   for p in "${patterns[@]}"; do grep -Eq "$p" "$name.log" || missing="$missing '$p'"; done
-  [ $rc != 0 ] && [ $rc != 124 ] && within "$took" $ERROR_BOUND_S && [ -z "$missing" ] && [ -z "$(pgrep -f -- "runs/$name/")" ] \
+  [ $rc != 0 ] && [ $rc != 124 ] && within "$took" $ERROR_BOUND_S && [ -z "$missing" ] && [ -z "$(pgrep -f -- "runs/$name/|rlx-$name-")" ] \
     && ok "$name: exit $rc within $ERROR_BOUND_S s, the cause on stderr" \
     || fail "$name: rc $rc after $took s, missing$missing: $(tail -4 "$name.log")"
 }
@@ -68,7 +73,7 @@ cannot memory "cannot start: the env server does not start" "failed to map segme
 [ ! -d runs/memory/logs/hub-0 ] && ok "memory: no role was started" || fail "memory: roles were started"
 # The same with the checks off: the worker's env server fails twice at start; the worker
 # reports it, and the launcher stops the run instead of restarting anything.
-cannot memory_running "worker 0 cannot run: env server .* cannot start" "failed to map segment" "memory_mb 16" \
+cannot memory_running "worker [01] cannot run: env server .* cannot start" "failed to map segment" "memory_mb 16" \
   "stopping the run" -- env.servers=1 env.sandbox.limits.memory_mb=16 run.preflight=false
 grep -q "restarting" memory_running.log && fail "memory_running: something was restarted" || ok "memory_running: nothing restarted"
 # A sandbox that lacks the binary's system paths: the sandbox's own message, naming the command.
@@ -90,14 +95,14 @@ stop_in() {  # stop_in NAME: SIGINT to the launcher $pid; it must exit 130 withi
   wait "$pid"; rc=$?
   took=$(since "$t0")
   echo "time: SIGINT $1: $took s (rc $rc)"
-  pkill -CONT -f -- "runs/$1/" 2>/dev/null
+  pkill -CONT -f -- "runs/$1/|rlx-$1-" 2>/dev/null
   sleep 0.2
   local left
-  left=$(pgrep -af -- "runs/$1/")
+  left=$(pgrep -af -- "runs/$1/|rlx-$1-")
   [ $rc = 130 ] && within "$took" $STOP_BOUND_S && [ -z "$left" ] && grep -q -- "--resume" "$1.log" \
     && ok "$1: SIGINT stopped the run in $took s (bound $STOP_BOUND_S s), exit 130" \
     || fail "$1: SIGINT: rc $rc after $took s; left: $left; $(tail -3 "$1.log")"
-  pkill -KILL -f -- "runs/$1/" 2>/dev/null
+  pkill -KILL -f -- "runs/$1/|rlx-$1-" 2>/dev/null
 }
 # Waiting for the first weights: the learner is still starting (held 60 s here).
 RLX_FAULT=slow-start:learner:60 "$rlx" run grpo.yaml run.name=firstweights train.steps=200 > firstweights.log 2>&1 &
@@ -110,9 +115,9 @@ stop_in firstweights
   train.report_every_s=2 > envretry.log 2>&1 &
 pid=$!
 wait_steps envretry 2 || fail "envretry: no progress"
-pkill -STOP -f -- "env serve --address ipc://$PWD/runs/envretry/" || fail "envretry: no env server to stop"
+pkill -STOP -f -- "env serve --address ipc://[^ ]*envretry" || fail "envretry: no env server to stop"
 wait_status envretry worker-0 "env call .*try [2-9]" || fail "envretry: worker 0 is not retrying: $(status envretry worker-0)"
-for _ in $(seq 1 100); do grep -q "no step for" envretry.log && break; sleep 0.1; done
+for _ in $(seq 1 100); do grep -Eq "no step for .*worker 0: env call .*try" envretry.log && break; sleep 0.1; done
 grep -Eq "no step for [0-9]+ s .*worker 0: env call '(reset|step)'.*try [0-9]+ of 101" envretry.log \
   && grep -Eq "no step for .*learner 0: waiting for a batch" envretry.log \
   && ok "envretry: the console says what the learner and the worker wait on" \

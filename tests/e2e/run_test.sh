@@ -114,7 +114,7 @@ wait_steps killenv 3 || fail "killenv: no progress"
 # The server's own output reaches its worker's log while it runs (streamed through the sandbox).
 grep -q "env server: serving" runs/killenv/logs/worker-*/rank-0.err && ok "killenv: the env server's log is live in its worker's" \
   || fail "killenv: no env server output in the worker's log while it runs"
-victim=$(pgrep -f -- "env serve --address ipc://$PWD/runs/killenv/" | tail -1)
+victim=$(pgrep -f -- "env serve --address ipc://[^ ]*killenv" | tail -1)  # run_dir/env-sockets, or /tmp/rlx-killenv-HASH
 [ -n "$victim" ] && kill -KILL "$victim" || fail "killenv: no env server to kill"
 wait $pid; rc=$?
 [ $rc = 0 ] && grep -q "env server .* ended (exit 137)" runs/killenv/logs/worker-*/rank-0.err \

@@ -46,6 +46,9 @@ struct RoleContext {
   // give_up: asked while the subscriber waits for its first weights; true ends the wait (an Error).
   std::unique_ptr<dist::WeightSubscriber> weight_subscriber(std::function<bool()> give_up = {}) const;
 };
+// Where a run's unix sockets go (hub.sock, env-sockets/): the run directory, or, where it is
+// too deep for a socket's path (107 bytes), /tmp/rlx-NAME-HASH (run.name, a hash of the path).
+std::filesystem::path socket_dir(const std::filesystem::path& run_dir);
 // The files a tcp run's hub and learner rank 0 write their endpoints to.
 inline constexpr const char* kHubEndpointFile = "hub.endpoint";
 inline constexpr const char* kWeightsEndpointFile = "weights.endpoint";
