@@ -315,7 +315,8 @@ struct RemoteEnv::Impl {
   }
 
   // One try: the reply to `req`, or nothing within the timeout.
-  std::optional<EnvReply> try_call(const EnvRequest& req) {
+  std::optional<EnvReply> try_call(const EnvRequest& req, bool retrying) {
+    const auto started = std::chrono::steady_clock::now();
     check_cancel();
     const std::string frame = bus::pack(req, req.turn);
     if (!bus::detail::try_send(dealer, frame)) return std::nullopt;
@@ -326,6 +327,9 @@ struct RemoteEnv::Impl {
       zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
       bus::detail::poll(&item, 1, std::min(left, std::chrono::milliseconds(200)));
       check_cancel();
+      if (o.leave && (retrying || std::chrono::steady_clock::now() - started > std::chrono::duration<double>(o.leave_after_s)) &&
+          o.leave())
+        throw InfraError(fmt::format("environment {} at {}: the call was given up (the worker is leaving)", o.env, o.address));
       // A supervised server that died is restarted now rather than at the end of the timeout.
       if (o.server && o.server->ensure_running()) return std::nullopt;
       zmq::message_t msg;
@@ -354,7 +358,7 @@ struct RemoteEnv::Impl {
       if (attempt > 0)
         status::set(fmt::format("env call '{}' (turn {}) to {}: try {} of {} (env.timeout_s {} each)", req.op, req.turn,
                                 o.address, attempt + 1, o.retries + 1, o.timeout_s));
-      if (auto rep = try_call(req)) {
+      if (auto rep = try_call(req, attempt > 0)) {
         if (rep->error_kind == "data") throw Error(fmt::format("environment {} at {}: {}", o.env, o.address, rep->error));
         if (rep->error.empty()) return *rep;
         // An infra answer (the server does not have the episode: another client restarted
@@ -372,7 +376,7 @@ struct RemoteEnv::Impl {
       connect();
       if (started && req.op == "step") {
         EnvRequest load{.episode = episode, .turn = turn, .op = "load", .env = o.env, .payload = state};
-        if (!try_call(load)) continue;  // counts as this attempt
+        if (!try_call(load, true)) continue;  // counts as this attempt
       }
     }
   }
@@ -382,7 +386,7 @@ RemoteEnv::RemoteEnv(RemoteEnvOptions options) : impl_(std::make_unique<Impl>(st
 
 RemoteEnv::~RemoteEnv() {
   try {
-    if (impl_->started) (void)impl_->try_call({.episode = impl_->episode, .turn = impl_->turn + 1, .op = "close"});
+    if (impl_->started) (void)impl_->try_call({.episode = impl_->episode, .turn = impl_->turn + 1, .op = "close"}, false);
   } catch (...) {
   }
 }

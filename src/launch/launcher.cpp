@@ -114,7 +114,7 @@ RoleFailure role_failure(const fs::path& run_dir, const char* role, int index, c
 }  // namespace
 
 void scale(const fs::path& run_dir, uint32_t workers) {
-  RLX_CHECK(workers >= 1 && workers <= 1024, "rlx scale: {} workers; 1 to 1024 can run", workers);
+  RLX_CHECK(workers <= 1024, "rlx scale: {} workers; 0 (rollout paused) to 1024 can run", workers);
   const auto pid_file = run_dir / "launcher.pid";
   RLX_CHECK(fs::exists(pid_file), "rlx scale: {} is not a run directory (no launcher.pid)", run_dir.string());
   const auto pid = std::atoi(read_file(pid_file, 64).c_str());
@@ -253,8 +253,8 @@ uint32_t scaled_workers(const fs::path& run_dir, uint32_t fallback) {
   if (!f) return fallback;
   const auto j = json::parse(f, nullptr, false);
   const auto n = j.is_object() ? j.value("workers", int64_t{0}) : 0;
-  if (n < 1 || n > 1024) {
-    log::warn("{}: \"workers\" must be 1 to 1024; keeping {}", (run_dir / "scale.json").string(), fallback);
+  if (n < 0 || n > 1024 || !j.is_object() || !j.contains("workers")) {
+    log::warn("{}: \"workers\" must be 0 to 1024; keeping {}", (run_dir / "scale.json").string(), fallback);
     return fallback;
   }
   return static_cast<uint32_t>(n);
@@ -442,6 +442,7 @@ class Roles {
     add("hub", 0);
     for (size_t w = 0; w < workers_.size(); ++w)
       if (workers_[w].group) add("worker", static_cast<int>(w));
+    if (active_workers() == 0) parts.push_back("no rollout worker (rlx scale to 0: rollout paused)");
     return fmt::format("{}", fmt::join(parts, "; "));
   }
 

@@ -641,6 +641,8 @@ EnvServerPlan env_server_plan(const RoleContext& ctx, const std::string& name) {
 
 std::atomic<bool> g_end{false};  // the worker's SIGTERM
 extern "C" void on_end(int) { g_end = true; }
+std::atomic<bool> g_leave{false};  // the worker's SIGUSR1 (`rlx scale` down)
+extern "C" void on_leave(int) { g_leave = true; }
 
 // Environments of a worker: in-process, or behind sandboxed env servers (env.servers).
 class WorkerEnvs {
@@ -672,7 +674,8 @@ class WorkerEnvs {
     servers_[s]->ensure_running();
     return std::make_unique<env::RemoteEnv>(env::RemoteEnvOptions{.address = addresses_[s], .env = e.name, .timeout_s = e.timeout_s,
                                                                   .retries = e.retries, .server = servers_[s].get(),
-                                                                  .cancel = [] { return g_end.load(); }});
+                                                                  .cancel = [] { return g_end.load(); },
+                                                                  .leave = [] { return g_leave.load(); }});
   }
 
  private:
@@ -1003,10 +1006,7 @@ int run_sft(const RunConfig& cfg) {
   return 0;
 }
 
-namespace {
-std::atomic<bool> g_leave{false};
-extern "C" void on_leave(int) { g_leave = true; }
-}  // namespace
+
 
 int run_worker(const RoleContext& ctx) {
   const auto& cfg = ctx.cfg;
@@ -1103,7 +1103,7 @@ int run_worker(const RoleContext& ctx) {
     for (const auto& l : grant.leases) need = std::max(need, l.min_version);
     const double deadline = now_s() + cfg.train.batch_timeout_s;
     if (weights.version() < need) status::set(fmt::format("waiting for weights v{} (has v{})", need, weights.version()));
-    while (weights.version() < need && !g_end) {  // staged in the engine, applied before its next step
+    while (weights.version() < need && !g_end && !g_leave) {  // staged in the engine, applied before its next step
       RLX_CHECK(now_s() < deadline, "{}: weights version {} did not arrive within {} s (have {})", who, need,
                 cfg.train.batch_timeout_s, weights.version());
       std::this_thread::sleep_for(std::chrono::milliseconds(2));

@@ -276,7 +276,7 @@ void add_trainer_commands(CLI::App& app, Action& action) {
   auto sc = std::make_shared<ScaleArgs>();
   auto* scale = app.add_subcommand("scale", "Change the number of rollout workers of a running `rlx run`");
   scale->add_option("run_dir", sc->run_dir, "the run directory (run.out_dir/run.name)")->required();
-  scale->add_option("--workers", sc->workers, "rollout workers wanted (1 to 1024)")->required();
+  scale->add_option("--workers", sc->workers, "rollout workers wanted (0 to 1024; 0 pauses rollout, each worker leaving at once)")->required();
   scale->callback([sc, &action] {
     action = [sc] {
       launch::scale(sc->run_dir, sc->workers);

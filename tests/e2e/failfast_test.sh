@@ -123,6 +123,28 @@ grep -Eq "no step for [0-9]+ s .*worker 0: env call '(reset|step)'.*try [0-9]+ o
   && ok "envretry: the console says what the learner and the worker wait on" \
   || fail "envretry: no report of what the roles wait on: $(grep "no step" envretry.log | tail -1)"
 stop_in envretry
+# `rlx scale` to 0 while the worker retries a stopped env server: it leaves within the bound
+# (its leases go back to the hub); scaled to 1 again, the run goes on.
+"$rlx" run grpo.yaml run.name=scale0 env.servers=1 rollout.workers=1 env.timeout_s=1 env.retries=100 train.steps=200 \
+  train.report_every_s=2 > scale0.log 2>&1 &
+pid=$!
+wait_steps scale0 2 || fail "scale0: no progress"
+pkill -STOP -f -- "env serve --address ipc://[^ ]*scale0" || fail "scale0: no env server to stop"
+wait_status scale0 worker-0 "env call .*try [2-9]" || fail "scale0: worker 0 is not retrying: $(status scale0 worker-0)"
+t0=$(now)
+"$rlx" scale runs/scale0 --workers 0 2>>scale0.err || fail "scale0: rlx scale 0: $(cat scale0.err)"
+for _ in $(seq 1 $((STOP_BOUND_S * 10 + 100))); do grep -q "worker 0 left" scale0.log && break; sleep 0.1; done
+took=$(since "$t0")
+echo "time: rlx scale to 0 with the worker in env retries: left after $took s"
+grep -q "worker 0 left" scale0.log && within "$took" $STOP_BOUND_S \
+  && ok "scale0: scaled to 0, the retrying worker left in $took s" || fail "scale0: the worker did not leave: $(tail -3 scale0.log)"
+for _ in $(seq 1 100); do grep -q "no rollout worker" scale0.log && break; sleep 0.1; done
+grep -q "no rollout worker (rlx scale to 0" scale0.log && ok "scale0: the console says rollout is paused" \
+  || fail "scale0: no report of the pause: $(tail -2 scale0.log)"
+steps=$(wc -l < runs/scale0/metrics.jsonl)
+"$rlx" scale runs/scale0 --workers 1 2>>scale0.err && wait_steps scale0 $((steps + 2)) \
+  && ok "scale0: scaled to 1 again, training goes on" || fail "scale0: no progress after scaling up: $(tail -3 scale0.log)"
+stop_in scale0
 # During a checkpoint (the first one held 4 s): it completes, then the run stops.
 RLX_FAULT=slow-checkpoint:4 "$rlx" run grpo.yaml run.name=ckpt learner.checkpoint_every=2 train.steps=200 > ckpt.log 2>&1 &
 pid=$!

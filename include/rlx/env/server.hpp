@@ -93,6 +93,11 @@ struct RemoteEnvOptions {
   // Asked every 200 ms while a call waits: true ends the call at once (InfraError) — the
   // worker is stopping, the lease goes back.
   std::function<bool()> cancel;
+  // Asked every 200 ms too: true ends a call that is retrying, or that has waited
+  // leave_after_s on its try (InfraError) — the worker is leaving (`rlx scale` down); the
+  // calls of a server that answers still finish.
+  std::function<bool()> leave;
+  double leave_after_s = 2;
 };
 
 class RemoteEnv final : public Env {
