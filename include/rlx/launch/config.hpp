@@ -34,7 +34,7 @@ struct RunSection {
     v("deterministic", deterministic, "deterministic kernels and ordering (needed for bit-exact resume)");
     v("plots", plots, "write PNG curves of metrics.jsonl to plots/ at the end (scripts/plot_metrics.py, python3-matplotlib)");
     v("preflight", preflight,
-      "before any role starts, check that the run directory can be written, its socket paths fit, the model and "
+      "before any role starts, check that the run directory can be written, the model and "
       "tokenizer files read, and (env.servers > 0) that an env server starts in its sandbox with its paths and limits");
   }
 };
