@@ -9,11 +9,11 @@
 #   EXTRA_DEBS="nlohmann-json3-dev libcli11-dev libicu-dev libicu72 libpcre2-dev libpcre2-8-0
 #   libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libseccomp-dev libseccomp2 libxxhash-dev
 #   libxxhash0 pkgconf pkgconf-bin libpkgconf3 pkg-config libsodium-dev"
-#   steps (default all, in this order): build parity model learner sync gpu_tests unit sampler
+#   steps (default all, in this order): build parity model learner sync gpu_tests sanitizer unit sampler
 set -uo pipefail
 out=${1:?usage: cuda_check.sh OUT [STEP...]}
 shift
-steps=${*:-build parity model learner sync gpu_tests unit sampler}
+steps=${*:-build parity model learner sync gpu_tests sanitizer unit sampler}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 build=${RLX_CUDA_BUILD:-$root/build/cuda}
@@ -44,7 +44,7 @@ for s in $steps; do
       c2=/tmp/rlx-catch2; rm -rf $c2; dpkg -x .device/debs/catch2_*.deb $c2
       step configure 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRLX_CUDA=ON \
         -DRLX_BUILD_EXAMPLES=OFF -DCatch2_DIR=$c2/usr/lib/cmake/Catch2 || exit 1
-      step build 420 cmake --build "$build" -j"$(nproc)" --target rlx_cli rlx_tests -- -k 0 ||
+      step build 420 cmake --build "$build" -j"$(nproc)" --target rlx_cli rlx_tests rlx_cuda_kernel_tests -- -k 0 ||
         { grep -E -A4 "error:|FAILED|undefined reference" "$log" | grep -v "^/opt/gcc/bin" | head -200; exit 1; } ;;
     parity)
       step parity 180 python3 scripts/hf_parity.py --rlx "$rlx" --out /tmp/rlx-parity --device cuda && json parity ;;
@@ -72,7 +72,15 @@ for s in $steps; do
       step sync_cuda_ipc 120 "$rlx" bench sync --path cuda-ipc --mb 1000 --versions 10 && json sync_cuda_ipc
       step sync_shm 120 "$rlx" bench sync --path shm --mb 1000 --versions 10 && json sync_shm ;;
     gpu_tests)
-      step gpu_tests 240 "$build/tests/rlx_tests" "[cuda]" ;;
+      step gpu_tests 240 "$build/tests/rlx_tests" "[cuda]"
+      # The engine's own kernels against their CPU references (tests/cuda/kernels_test.cpp).
+      step kernel_tests 120 "$build/tests/rlx_cuda_kernel_tests" ;;
+    sanitizer)
+      # The kernels under compute-sanitizer: out-of-bounds and misaligned accesses, then races
+      # in shared memory.
+      cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+      step memcheck 240 "$cs" --tool memcheck --error-exitcode 1 "$build/tests/rlx_cuda_kernel_tests"
+      step racecheck 240 "$cs" --tool racecheck --error-exitcode 1 "$build/tests/rlx_cuda_kernel_tests" ;;
     unit)
       # The CPU unit suite against this LibTorch. Tokenizer parity needs the npm fixtures,
       # which are fetched where there is network; without them those cases fail by design.

@@ -8,21 +8,11 @@
 #include <sstream>
 
 #include "rlx/core/error.hpp"
+#include "rlx/rollout/cuda/philox.hpp"
 
 namespace rlx {
 
 namespace {
-constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
-constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
-
-inline uint32_t mulhilo(uint32_t a, uint32_t b, uint32_t& hi) {
-  uint64_t p = static_cast<uint64_t>(a) * b;
-  hi = static_cast<uint32_t>(p >> 32);
-  return static_cast<uint32_t>(p);
-}
-
-inline double to_unit(uint64_t bits) { return static_cast<double>(bits >> 11) * 0x1.0p-53; }
-
 // Word `i` of the stream: block i/4 of the counter space (block, stream).
 inline uint32_t word_at(const RngStream::State& s, uint64_t i) {
   uint64_t block = i >> 2;
@@ -33,26 +23,13 @@ inline uint32_t word_at(const RngStream::State& s, uint64_t i) {
 }
 }  // namespace
 
+// The generator itself lives in rollout/cuda/philox.hpp, shared with the GPU sampler.
 PhiloxCounter philox4x32(PhiloxCounter c, PhiloxKey k) {
-  for (int round = 0; round < 10; ++round) {
-    uint32_t hi0, hi1;
-    uint32_t lo0 = mulhilo(kMul0, c[0], hi0);
-    uint32_t lo1 = mulhilo(kMul1, c[2], hi1);
-    c = {hi1 ^ c[1] ^ k[0], lo1, hi0 ^ c[3] ^ k[1], lo0};
-    k[0] += kWeyl0;
-    k[1] += kWeyl1;
-  }
-  return c;
+  const hd::Philox4 out = hd::philox4x32_10(c[0], c[1], c[2], c[3], k[0], k[1]);
+  return {out.v[0], out.v[1], out.v[2], out.v[3]};
 }
 
-double philox_uniform(uint64_t key, uint64_t a, uint64_t b, uint64_t c) {
-  // a and b fill the counter; c is folded into the key so all three words matter.
-  uint64_t k = key ^ (c * 0x9E3779B97F4A7C15ull);
-  PhiloxCounter out = philox4x32({static_cast<uint32_t>(a), static_cast<uint32_t>(a >> 32),
-                                  static_cast<uint32_t>(b), static_cast<uint32_t>(b >> 32)},
-                                 {static_cast<uint32_t>(k), static_cast<uint32_t>(k >> 32)});
-  return to_unit((static_cast<uint64_t>(out[0]) << 32) | out[1]);
-}
+double philox_uniform(uint64_t key, uint64_t a, uint64_t b, uint64_t c) { return hd::philox_uniform(key, a, b, c); }
 
 uint64_t hash_name(std::string_view name, uint64_t seed) { return XXH64(name.data(), name.size(), seed); }
 
@@ -63,7 +40,7 @@ uint64_t RngStream::next_u64() {
   return (hi << 32) | next_u32();
 }
 
-double RngStream::uniform() { return to_unit(next_u64()); }
+double RngStream::uniform() { return hd::unit_double(next_u64()); }
 
 int64_t RngStream::uniform_int(int64_t lo, int64_t hi) {
   RLX_CHECK(lo <= hi, "uniform_int: empty range [{}, {}]", lo, hi);

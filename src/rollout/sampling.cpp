@@ -1,9 +1,15 @@
 #include "rlx/rollout/sampling.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "rlx/core/error.hpp"
 #include "rlx/core/rng.hpp"
+#include "rlx/rollout/cuda/sampling_rule.hpp"
+#if RLX_WITH_CUDA
+#include "rollout/cuda/glue.hpp"
+#endif
 
 
 namespace rlx {
@@ -37,84 +43,109 @@ void SamplingBatch::add(const SamplingParams& p, double u) {
 
 namespace {
 
-at::Tensor column(const std::vector<double>& v, at::ScalarType dtype, at::Device device) {
-  return at::tensor(v, at::TensorOptions().dtype(at::kDouble)).to(device, dtype).unsqueeze(1);
-}
+// One row under the rule of rollout/cuda/sampling_rule.hpp, sequentially: the reference
+// the GPU kernel is tested against, and the CPU sampler.
+class RuleRow {
+ public:
+  RuleRow(const float* x, int64_t n, float temperature, int64_t top_k, double top_p, float min_p) : n_(n) {
+    const float t = temperature == 0.0f ? 1.0f : temperature;
+    z_.resize(static_cast<size_t>(n));
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < n; ++i) {
+      z_[i] = x[i] / t;
+      if (z_[i] > m) m = z_[i], argmax_ = i;
+    }
+    w_.resize(z_.size());
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; ++i) sum += w_[i] = std::exp(z_[i] - m);
+    log_total_ = std::log(sum);
+    m_ = m;
+    if (temperature == 0.0f) return;
+    min_p_ = min_p;
+    uint32_t key_k = 0, key_p = 0;
+    auto all = [&](int64_t i, uint32_t& k) { return k = hd::order_key(z_[i]), true; };
+    if (top_k > 0 && top_k < n) key_k = hd::radix_select(n, static_cast<uint64_t>(top_k), all, [](int64_t) { return uint64_t{1}; });
+    if (top_p < 1.0) {
+      uint64_t kept = 0;
+      for (int64_t i = 0; i < n; ++i)
+        if (hd::order_key(z_[i]) >= key_k) kept += hd::mass_units(w_[i]);
+      key_p = hd::radix_select(
+          n, hd::top_p_need(top_p, kept), [&](int64_t i, uint32_t& k) { return (k = hd::order_key(z_[i])) >= key_k; },
+          [&](int64_t i) { return hd::mass_units(w_[i]); });
+    }
+    key_min_ = std::max(key_k, key_p);
+  }
 
-// Probabilities after top-k, top-p and min-p, in descending order of probability, with
-// that order: {kept [S, V] fp64 (zeros where dropped; not renormalised), order [S, V]}.
-std::pair<at::Tensor, at::Tensor> truncate(const at::Tensor& logp, const SamplingBatch& b) {
-  const auto device = logp.device();
-  const int64_t V = logp.size(1);
-  auto [sorted_logp, order] = logp.sort(/*stable=*/true, /*dim=*/-1, /*descending=*/true);
-  auto probs = sorted_logp.to(at::kDouble).exp();
-  auto rank = at::arange(V, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(0);
-  std::vector<double> top_k(b.top_k.begin(), b.top_k.end());
-  auto k = column(top_k, at::kLong, device);
-  auto keep = (k == 0) | (rank < k);
-  auto topk = probs * keep;
-  auto renorm = topk / topk.sum(-1, /*keepdim=*/true);
-  auto before = renorm.cumsum(-1) - renorm;  // probability of the more likely tokens
-  auto top_p = column(b.top_p, at::kDouble, device);
-  keep = keep & ((top_p >= 1.0) | (before < top_p));
-  auto min_p = column(b.min_p, at::kDouble, device);
-  keep = keep & (probs >= min_p * probs.narrow(1, 0, 1));
-  keep.narrow(1, 0, 1).fill_(true);  // the most likely token always survives
-  return {probs * keep, order};
-}
+  int64_t argmax() const { return argmax_; }
+  // log_softmax(x / T)[token]
+  float logprob(int64_t token) const { return z_[token] - m_ - log_total_; }
+  // The token's mass after truncation (0: dropped).
+  uint64_t kept_mass(int64_t i) const {
+    return hd::order_key(z_[i]) >= key_min_ && w_[i] >= min_p_ ? hd::mass_units(w_[i]) : 0;
+  }
+  // The first token in vocabulary order whose running kept mass exceeds floor(u * S).
+  int64_t draw(double u) const {
+    uint64_t total = 0;
+    for (int64_t i = 0; i < n_; ++i) total += kept_mass(i);
+    const uint64_t target = hd::draw_target(u, total);
+    uint64_t run = 0;
+    for (int64_t i = 0; i < n_; ++i)
+      if ((run += kept_mass(i)) > target) return i;
+    RLX_ASSERT(false, "sampling: no token reached the draw target {} of {}", target, total);
+    return argmax_;
+  }
 
-// Index of the first cdf entry above u * total, per row.
-at::Tensor inverse_cdf(const at::Tensor& probs, const at::Tensor& u) {
-  auto cdf = probs.cumsum(-1);
-  auto target = u * cdf.narrow(1, cdf.size(1) - 1, 1);
-  return (cdf <= target).sum(-1, /*keepdim=*/true).clamp_max(probs.size(1) - 1);
-}
+ private:
+  int64_t n_, argmax_ = 0;
+  std::vector<float> z_, w_;
+  float m_ = 0, log_total_ = 0, min_p_ = 0;
+  uint32_t key_min_ = 0;
+};
+
+at::Tensor rows_fp32(const at::Tensor& logits) { return logits.to(at::kCPU, at::kFloat).contiguous(); }
 
 }  // namespace
+
+SampledRow sample_row(const float* logits, int64_t vocab, const SamplingParams& p, double uniform) {
+  const RuleRow row(logits, vocab, static_cast<float>(p.temperature), p.top_k, p.top_p, static_cast<float>(p.min_p));
+  const int64_t token = p.greedy() ? row.argmax() : row.draw(uniform);
+  return {token, row.logprob(token)};
+}
 
 Sampled sample(const at::Tensor& logits, const SamplingBatch& b) {
   RLX_ASSERT(logits.dim() == 2 && static_cast<size_t>(logits.size(0)) == b.size(), "sample: {} rows, {} params",
              logits.size(0), b.size());
-  const auto device = logits.device();
-  auto x = logits.to(at::kFloat);
-  bool any_random = false, any_truncated = false;
-  std::vector<double> temp(b.size());
-  for (size_t i = 0; i < b.size(); ++i) {
-    const bool greedy = b.temperature[i] == 0.0;
-    temp[i] = greedy ? 1.0 : b.temperature[i];
-    any_random |= !greedy;
-    any_truncated |= !greedy && (b.top_k[i] > 0 || b.top_p[i] < 1.0 || b.min_p[i] > 0.0);
+#if RLX_WITH_CUDA
+  if (logits.is_cuda()) return cuda::sample_on_device(logits, b);
+#endif
+  const auto x = rows_fp32(logits);
+  const int64_t rows = x.size(0), vocab = x.size(1);
+  auto tokens = at::empty({rows}, at::kLong);
+  auto logprobs = at::empty({rows}, at::kFloat);
+  for (int64_t r = 0; r < rows; ++r) {
+    const size_t i = static_cast<size_t>(r);
+    SamplingParams p{.temperature = b.temperature[i], .top_k = b.top_k[i], .top_p = b.top_p[i], .min_p = b.min_p[i]};
+    const auto s = sample_row(x.data_ptr<float>() + r * vocab, vocab, p, b.uniform[i]);
+    tokens.data_ptr<int64_t>()[r] = s.token;
+    logprobs.data_ptr<float>()[r] = s.logprob;
   }
-  auto logp = at::log_softmax(x / column(temp, at::kFloat, device), -1);
-  at::Tensor tokens = x.argmax(-1, /*keepdim=*/true);
-  if (any_random) {
-    auto u = column(b.uniform, at::kDouble, device);
-    at::Tensor drawn;
-    if (any_truncated) {
-      auto [kept, order] = truncate(logp, b);
-      drawn = order.gather(1, inverse_cdf(kept, u));
-    } else {
-      drawn = inverse_cdf(logp.to(at::kDouble).exp(), u);
-    }
-    auto greedy = column(b.temperature, at::kDouble, device) == 0.0;
-    tokens = at::where(greedy, tokens, drawn);
-  }
-  return {tokens.squeeze(1), logp.gather(1, tokens).squeeze(1)};
+  return {tokens.to(logits.device()), logprobs.to(logits.device())};
 }
 
 at::Tensor sampling_distribution(const at::Tensor& logits_row, const SamplingParams& p) {
-  SamplingBatch b;
-  b.add(p, 0.0);
-  auto x = logits_row.to(at::kFloat).unsqueeze(0);
-  auto logp = at::log_softmax(x / (p.greedy() ? 1.0 : p.temperature), -1);
+  const auto x = rows_fp32(logits_row);
+  const int64_t vocab = x.numel();
+  auto out = at::zeros({vocab}, at::kDouble);
+  auto* probs = out.data_ptr<double>();
+  const RuleRow row(x.data_ptr<float>(), vocab, static_cast<float>(p.temperature), p.top_k, p.top_p,
+                    static_cast<float>(p.min_p));
   if (p.greedy()) {
-    auto out = at::zeros({x.size(1)}, at::TensorOptions().dtype(at::kDouble).device(x.device()));
-    out.index_put_({x.argmax(-1)}, 1.0);
+    probs[row.argmax()] = 1.0;
     return out;
   }
-  auto [kept, order] = truncate(logp, b);
-  auto probs = at::zeros_like(kept).scatter_(1, order, kept);
-  return (probs / probs.sum()).squeeze(0);
+  double total = 0;
+  for (int64_t i = 0; i < vocab; ++i) total += probs[i] = static_cast<double>(row.kept_mass(i));
+  return out / total;
 }
 
 }  // namespace rlx

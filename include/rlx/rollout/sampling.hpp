@@ -2,7 +2,10 @@
 //
 // Order of the transforms (HF's): temperature, then top-k, top-p (on the
 // renormalised top-k distribution) and min-p (relative to the most likely token).
-// Temperature 0 is greedy (first index of the maximum).
+// Temperature 0 is greedy (first index of the maximum). The exact rule (thresholds with
+// ties kept, integer masses, the inverse CDF in vocabulary order) is written once in
+// rollout/cuda/sampling_rule.hpp and followed by this CPU sampler and the GPU kernel alike:
+// the same uniform gives the same token on both, up to ties.
 //
 // The log-prob recorded for a token is that of the distribution it was sampled
 // from after temperature and before truncation: log_softmax(logits / T)[token]
@@ -76,11 +79,19 @@ struct Sampled {
   at::Tensor logprobs;  // [S] fp32: log_softmax(logits / T)[token]
 };
 
-// Samples one token per row of `logits` [S, V] (any float dtype; computed in fp32).
+// Samples one token per row of `logits` [S, V] (any float dtype; computed in fp32), on the
+// logits' device: the CPU rule on CPU, the sampler kernel on CUDA.
 Sampled sample(const at::Tensor& logits, const SamplingBatch& batch);
 
+// One row on the CPU: the rule's reference.
+struct SampledRow {
+  int64_t token = 0;
+  float logprob = 0;  // log_softmax(logits / T)[token]
+};
+SampledRow sample_row(const float* logits, int64_t vocab, const SamplingParams& p, double uniform);
+
 // The distribution sample() draws from for one row after truncation (probabilities, [V]
-// fp64), for tests and diagnostics.
+// fp64, on the CPU), for tests and diagnostics.
 at::Tensor sampling_distribution(const at::Tensor& logits_row, const SamplingParams& p);
 
 }  // namespace rlx

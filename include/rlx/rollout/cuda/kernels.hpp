@@ -1,0 +1,92 @@
+// The rollout engine's own CUDA kernels, as plain launchers over raw device pointers:
+// no LibTorch type and no CUDA header here, so this compiles with g++ alone. Each launcher
+// enqueues on `stream` (a cudaStream_t; nullptr is the legacy default stream) and returns
+// 0 or the cudaError_t of the launch (`error_string` names it; the ATen glue turns a
+// non-zero status into rlx::Error with the kernel's name).
+//
+// Kernel families, one file each under src/rollout/cuda/, each with a CPU reference in
+// reference.hpp and a [cuda] test against it (tests/cuda/kernels_test.cpp):
+//   decode_attention   paged split-K decode attention and its merge pass (any GQA group)
+//   sample             temperature, top-k, top-p, min-p, greedy (sampling_rule.hpp)
+//   add_rms_norm       residual add + RMSNorm;  silu_mul: SiLU(gate) * up
+//   rope_append        RoPE on q and k, k and v written into the paged pool
+//
+//   rlx::cuda::DecodeAttentionArgs a{.dtype = rlx::cuda::DType::bf16, .q = q, ...};
+//   if (int st = rlx::cuda::decode_attention(a, stream)) throw ... rlx::cuda::error_string(st);
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace rlx::cuda {
+
+enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
+
+// The CUDA runtime's text for a launcher's status.
+const char* error_string(int status);
+
+struct DecodeAttentionArgs {
+  DType dtype = DType::bf16;
+  const void* q = nullptr;               // [batch, q_heads, head_dim], rotated
+  const void* k_pool = nullptr;          // [num_blocks, kv_heads, block_size, head_dim]
+  const void* v_pool = nullptr;          // same layout
+  const int32_t* block_tables = nullptr; // [batch, max_blocks]
+  const int32_t* context_lens = nullptr; // [batch], >= 1, the new token's key included
+  void* out = nullptr;                   // [batch, q_heads, head_dim]
+  float* workspace = nullptr;            // decode_attention_workspace(...) floats
+  int batch = 0, q_heads = 0, kv_heads = 0, head_dim = 0;  // head_dim 64 or 128
+  int block_size = 16, max_blocks = 0;
+  int max_context = 0;                   // bound on context_lens: sizes the grid (a graph's capacity)
+  float scale = 0;                       // softmax scale, usually 1/sqrt(head_dim)
+};
+size_t decode_attention_workspace(int batch, int q_heads, int head_dim, int max_context);
+int decode_attention(const DecodeAttentionArgs& a, void* stream);
+
+struct SampleArgs {
+  DType dtype = DType::f32;
+  const void* logits = nullptr;          // [rows, row_stride], the first vocab columns used
+  int64_t row_stride = 0;
+  int rows = 0, vocab = 0;
+  const float* temperature = nullptr;    // [rows]; 0: greedy
+  const int32_t* top_k = nullptr;        // [rows]; 0: off
+  const double* top_p = nullptr;         // [rows]; 1: off
+  const float* min_p = nullptr;          // [rows]; 0: off
+  const double* uniform = nullptr;       // [rows] in [0, 1): the philox draw of the row
+  int64_t* tokens = nullptr;             // [rows] out
+  float* logprobs = nullptr;             // [rows] out: log_softmax(x / T)[token]
+};
+int sample(const SampleArgs& a, void* stream);
+
+// residual <- residual + x (skipped when x is null); out <- RMSNorm(residual) * weight.
+// Rounded as HF's Qwen2/Llama modules round in bf16: the sum, the normalised value, the product.
+struct AddRmsNormArgs {
+  DType dtype = DType::bf16;
+  void* residual = nullptr;  // [rows, hidden], updated in place
+  const void* x = nullptr;   // [rows, hidden] or null
+  const void* weight = nullptr;  // [hidden]
+  void* out = nullptr;       // [rows, hidden]
+  int rows = 0, hidden = 0;
+  float eps = 1e-6f;
+};
+int add_rms_norm(const AddRmsNormArgs& a, void* stream);
+
+// out[r, i] = SiLU(gate_up[r, i]) * gate_up[r, inter + i]  (the gate/up GEMM's output halves).
+int silu_mul(DType dtype, const void* gate_up, void* out, int rows, int inter, void* stream);
+
+// For each new token r at `positions[r]`: the q heads of qkv[r] rotated into q_out[r]; its k
+// heads rotated and its v heads copied into the pools at `slots[r]` (block * block_size +
+// offset). qkv is the fused projection's output, [rows, (q_heads + 2 kv_heads) * head_dim].
+struct RopeAppendArgs {
+  DType dtype = DType::bf16;
+  const void* qkv = nullptr;
+  const int64_t* positions = nullptr;  // [rows]
+  const int64_t* slots = nullptr;      // [rows]
+  const float* inv_freq = nullptr;     // [head_dim / 2], the model's (scaling applied)
+  void* q_out = nullptr;               // [rows, q_heads, head_dim]
+  void* k_pool = nullptr;
+  void* v_pool = nullptr;
+  int rows = 0, q_heads = 0, kv_heads = 0, head_dim = 0, block_size = 16;
+};
+int rope_append(const RopeAppendArgs& a, void* stream);
+
+}  // namespace rlx::cuda

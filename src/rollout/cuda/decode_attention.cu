@@ -1,0 +1,196 @@
+// Paged decode attention, split-K ("flash decoding"): one query token per sequence.
+//
+// Pass 1, grid (split, kv_head x head chunk, sequence): a thread block takes one split of
+// kDecodeSplitTokens context tokens of one sequence and all the query heads (up to
+// kMaxGroup of them) that share one kv head, so each key and value is read once for the
+// whole GQA group, whatever its size (Qwen2.5-0.5B: 7). A warp reads kTokensPerWarp tokens
+// at a time, each with kLanesPerToken lanes and one 16-byte load per lane. Each lane group
+// keeps an online softmax per head; groups merge by a fixed butterfly, warps in index
+// order, and the block writes (m, l, out / l) per head to the workspace.
+// Pass 2, grid (sequence, q_head): the splits merge in split order.
+//
+// Nothing depends on the batch: the split size is fixed, every reduction order is fixed.
+#include <cfloat>
+
+#include "common.cuh"
+#include "rlx/rollout/cuda/attention_math.hpp"
+
+namespace rlx::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kMaxGroup = 8;  // query heads per thread block; larger groups take several
+
+// Workspace per (sequence, q head, split): head_dim outputs (normalised), then m and l.
+__host__ __device__ inline int64_t partial_index(int seq, int head, int split, int q_heads, int max_splits, int d) {
+  return ((static_cast<int64_t>(seq) * q_heads + head) * max_splits + split) * (d + 2);
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(kWarps * 32) decode_split_kernel(DecodeAttentionArgs a, int max_splits) {
+  constexpr int kVec = 16 / sizeof(T);
+  constexpr int kLanesPerToken = D / kVec;
+  constexpr int kTokensPerWarp = 32 / kLanesPerToken;
+  static_assert(D % kVec == 0 && 32 % kLanesPerToken == 0 && kTokensPerWarp >= 1);
+
+  const int seq = blockIdx.z, split = blockIdx.x;
+  const int len = a.context_lens[seq];
+  const int begin = split * hd::kDecodeSplitTokens;
+  if (begin >= len) return;
+  const int end = min(len, begin + hd::kDecodeSplitTokens);
+  const int group = a.q_heads / a.kv_heads;
+  const int chunks = (group + kMaxGroup - 1) / kMaxGroup;
+  const int kv_head = blockIdx.y / chunks;
+  const int g0 = (blockIdx.y % chunks) * kMaxGroup;
+  const int heads = min(kMaxGroup, group - g0);
+  const int head0 = kv_head * group + g0;
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int sub = lane / kLanesPerToken, part = lane % kLanesPerToken;
+  const float qscale = a.scale * hd::kLog2e;
+
+  const T* q = static_cast<const T*>(a.q) + (static_cast<int64_t>(seq) * a.q_heads + head0) * D + part * kVec;
+  float qv[kMaxGroup][kVec];
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g)
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) qv[g][j] = g < heads ? Num<T>::to(q[g * D + j]) * qscale : 0.0f;
+
+  hd::SoftmaxState st[kMaxGroup];
+  float acc[kMaxGroup][kVec];
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    st[g] = hd::softmax_empty();
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) acc[g][j] = 0.0f;
+  }
+
+  const hd::PagedLayout layout{a.block_size, a.kv_heads, D};
+  const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks;
+  const T* kpool = static_cast<const T*>(a.k_pool);
+  const T* vpool = static_cast<const T*>(a.v_pool);
+  for (int base = begin + warp * kTokensPerWarp; base < end; base += kWarps * kTokensPerWarp) {
+    const int t = base + sub;
+    const bool valid = t < end;
+    T kx[kVec], vx[kVec];
+    if (valid) {
+      const int64_t at = hd::paged_token_offset(layout, table, t, kv_head) + part * kVec;
+      *reinterpret_cast<uint4*>(kx) = *reinterpret_cast<const uint4*>(kpool + at);
+      *reinterpret_cast<uint4*>(vx) = *reinterpret_cast<const uint4*>(vpool + at);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) kx[j] = vx[j] = Num<T>::from(0.0f);
+    }
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      float s = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) s += qv[g][j] * Num<T>::to(kx[j]);
+#pragma unroll
+      for (int offset = kLanesPerToken / 2; offset > 0; offset >>= 1) s += __shfl_xor_sync(0xffffffffu, s, offset);
+      if (valid && g < heads) {
+        float scale_old, p;
+        hd::softmax_add(st[g], s, scale_old, p);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) acc[g][j] = acc[g][j] * scale_old + p * Num<T>::to(vx[j]);
+      }
+    }
+  }
+
+  // Lane groups of a warp merge by butterfly (the same pairs on every run).
+#pragma unroll
+  for (int offset = kLanesPerToken; offset < 32; offset <<= 1) {
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      hd::SoftmaxState other{__shfl_xor_sync(0xffffffffu, st[g].m, offset), __shfl_xor_sync(0xffffffffu, st[g].l, offset)};
+      float sa, sb;
+      hd::softmax_merge(st[g], other, sa, sb);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) acc[g][j] = acc[g][j] * sa + __shfl_xor_sync(0xffffffffu, acc[g][j], offset) * sb;
+    }
+  }
+
+  // Warps merge in index order through shared memory; warp 0 writes the split's result.
+  __shared__ float s_acc[kWarps][kMaxGroup][D];
+  __shared__ hd::SoftmaxState s_st[kWarps][kMaxGroup];
+  if (sub == 0) {
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) s_acc[warp][g][part * kVec + j] = acc[g][j];
+      if (part == 0) s_st[warp][g] = st[g];
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < heads * D; i += blockDim.x) {
+    const int g = i / D, d = i % D;
+    hd::SoftmaxState total = s_st[0][g];
+    float o = s_acc[0][g][d];
+    for (int w = 1; w < kWarps; ++w) {
+      float sa, sb;
+      hd::softmax_merge(total, s_st[w][g], sa, sb);
+      o = o * sa + s_acc[w][g][d] * sb;
+    }
+    float* dst = a.workspace + partial_index(seq, head0 + g, split, a.q_heads, max_splits, D);
+    dst[d] = total.l > 0.0f ? o / total.l : 0.0f;
+    if (d == 0) {
+      dst[D] = total.m;
+      dst[D + 1] = total.l;
+    }
+  }
+}
+
+template <class T, int D>
+__global__ void decode_merge_kernel(DecodeAttentionArgs a, int max_splits) {
+  const int seq = blockIdx.x, head = blockIdx.y;
+  const int splits = hd::decode_splits(a.context_lens[seq]);
+  const float* part = a.workspace + partial_index(seq, head, 0, a.q_heads, max_splits, D);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    hd::SoftmaxState total = hd::softmax_empty();
+    float o = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+      const float* p = part + static_cast<int64_t>(s) * (D + 2);
+      float sa, sb;
+      hd::softmax_merge(total, hd::SoftmaxState{p[D], p[D + 1]}, sa, sb);
+      o = o * sa + p[d] * p[D + 1] * sb;
+    }
+    T* out = static_cast<T*>(a.out) + (static_cast<int64_t>(seq) * a.q_heads + head) * D;
+    out[d] = Num<T>::from(total.l > 0.0f ? o / total.l : 0.0f);
+  }
+}
+
+template <class T, int D>
+int launch(const DecodeAttentionArgs& a, cudaStream_t stream) {
+  const int max_splits = hd::decode_splits(a.max_context);
+  const int group = a.q_heads / a.kv_heads;
+  const int chunks = (group + kMaxGroup - 1) / kMaxGroup;
+  decode_split_kernel<T, D><<<dim3(max_splits, a.kv_heads * chunks, a.batch), kWarps * 32, 0, stream>>>(a, max_splits);
+  decode_merge_kernel<T, D><<<dim3(a.batch, a.q_heads), D, 0, stream>>>(a, max_splits);
+  return launch_status();
+}
+
+}  // namespace
+
+size_t decode_attention_workspace(int batch, int q_heads, int head_dim, int max_context) {
+  return static_cast<size_t>(batch) * q_heads * hd::decode_splits(max_context) * (head_dim + 2);
+}
+
+int decode_attention(const DecodeAttentionArgs& a, void* stream) {
+  if (a.batch <= 0) return 0;
+  if (a.kv_heads <= 0 || a.q_heads % a.kv_heads != 0 || a.max_context <= 0 || a.block_size <= 0 ||
+      a.max_blocks * a.block_size < a.max_context)
+    return cudaErrorInvalidValue;
+  auto s = static_cast<cudaStream_t>(stream);
+  return with_dtype(a.dtype, [&](auto tag) -> int {
+    using T = typename decltype(tag)::type;
+    switch (a.head_dim) {
+      case 64: return launch<T, 64>(a, s);
+      case 128: return launch<T, 128>(a, s);
+      default: return cudaErrorInvalidValue;
+    }
+  });
+}
+
+const char* error_string(int status) { return cudaGetErrorString(static_cast<cudaError_t>(status)); }
+
+}  // namespace rlx::cuda

@@ -1,0 +1,266 @@
+// The rollout kernels (rlx/rollout/cuda/kernels.hpp) on a GPU against their CPU references:
+// decode attention, the sampler (against the CPU sampler, token for token), the norms and
+// RoPE + KV append, in fp32, fp16 and bf16; and a row's result alone equal, bit for bit, to
+// the same row inside a batch. Runs where a GPU is (scripts/cuda_check.sh); on a CPU
+// machine with nvcc it is compiled only.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "rlx/rollout/cuda/attention_math.hpp"
+#include "rlx/rollout/cuda/kernels.hpp"
+#include "rlx/rollout/cuda/reference.hpp"
+#include "rlx/rollout/sampling.hpp"
+
+using rlx::cuda::DType;
+
+namespace {
+
+void cuda_ok(cudaError_t e) { REQUIRE(std::string(cudaGetErrorString(e)) == cudaGetErrorString(cudaSuccess)); }
+void launch_ok(int status) { REQUIRE(std::string(rlx::cuda::error_string(status)) == cudaGetErrorString(cudaSuccess)); }
+
+// Host values stored as `dtype` (2 or 4 bytes each) and back.
+std::vector<uint8_t> encode(const std::vector<float>& v, DType dtype) {
+  const size_t w = dtype == DType::f32 ? 4 : 2;
+  std::vector<uint8_t> out(v.size() * w);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (dtype == DType::f32) std::memcpy(&out[i * 4], &v[i], 4);
+    if (dtype == DType::f16) { const __half h = __float2half(v[i]); std::memcpy(&out[i * 2], &h, 2); }
+    if (dtype == DType::bf16) { const __nv_bfloat16 h = __float2bfloat16(v[i]); std::memcpy(&out[i * 2], &h, 2); }
+  }
+  return out;
+}
+std::vector<float> decode(const std::vector<uint8_t>& b, DType dtype) {
+  const size_t w = dtype == DType::f32 ? 4 : 2;
+  std::vector<float> out(b.size() / w);
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (dtype == DType::f32) std::memcpy(&out[i], &b[i * 4], 4);
+    if (dtype == DType::f16) { __half h; std::memcpy(&h, &b[i * 2], 2); out[i] = __half2float(h); }
+    if (dtype == DType::bf16) { __nv_bfloat16 h; std::memcpy(&h, &b[i * 2], 2); out[i] = __bfloat162float(h); }
+  }
+  return out;
+}
+// What storing in dtype does to the values (the references get the rounded inputs).
+std::vector<float> rounded(const std::vector<float>& v, DType dtype) { return decode(encode(v, dtype), dtype); }
+
+struct Device {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit Device(size_t n) : bytes(n) { cuda_ok(cudaMalloc(&p, std::max<size_t>(n, 1))); }
+  template <class T>
+  explicit Device(const std::vector<T>& v) : Device(v.size() * sizeof(T)) {
+    cuda_ok(cudaMemcpy(p, v.data(), bytes, cudaMemcpyHostToDevice));
+  }
+  ~Device() { cudaFree(p); }
+  Device(const Device&) = delete;
+  template <class T>
+  std::vector<T> get() const {
+    std::vector<T> v(bytes / sizeof(T));
+    cuda_ok(cudaMemcpy(v.data(), p, bytes, cudaMemcpyDeviceToHost));
+    return v;
+  }
+  template <class T>
+  T* as() const { return static_cast<T*>(p); }
+};
+
+std::vector<float> randn(size_t n, std::mt19937& g, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));
+  return m;
+}
+
+double tolerance(DType d) { return d == DType::f32 ? 1e-4 : d == DType::f16 ? 4e-3 : 3e-2; }
+const char* name(DType d) { return d == DType::f32 ? "f32" : d == DType::f16 ? "f16" : "bf16"; }
+
+struct AttentionCase {
+  int q_heads, kv_heads, head_dim;
+  std::vector<int32_t> lens;
+};
+
+// Runs decode attention for the sequences `rows` of a case; returns the output as floats.
+std::vector<float> run_decode(DType dtype, const AttentionCase& c, const std::vector<float>& q,
+                              const Device& kp, const Device& vp, const std::vector<int32_t>& tables, int max_blocks,
+                              int block_size, const std::vector<int>& rows) {
+  const int d = c.head_dim;
+  std::vector<float> qs;
+  std::vector<int32_t> ts, ls;
+  for (int r : rows) {
+    qs.insert(qs.end(), q.begin() + static_cast<int64_t>(r) * c.q_heads * d, q.begin() + static_cast<int64_t>(r + 1) * c.q_heads * d);
+    ts.insert(ts.end(), tables.begin() + static_cast<int64_t>(r) * max_blocks, tables.begin() + static_cast<int64_t>(r + 1) * max_blocks);
+    ls.push_back(c.lens[static_cast<size_t>(r)]);
+  }
+  const int batch = static_cast<int>(rows.size()), max_context = max_blocks * block_size;
+  Device dq(encode(qs, dtype)), dt(ts), dl(ls);
+  Device out(static_cast<size_t>(batch) * c.q_heads * d * (dtype == DType::f32 ? 4 : 2));
+  Device ws(rlx::cuda::decode_attention_workspace(batch, c.q_heads, d, max_context) * sizeof(float));
+  rlx::cuda::DecodeAttentionArgs a{.dtype = dtype, .q = dq.p, .k_pool = kp.p, .v_pool = vp.p,
+                                   .block_tables = dt.as<int32_t>(), .context_lens = dl.as<int32_t>(), .out = out.p,
+                                   .workspace = ws.as<float>(), .batch = batch, .q_heads = c.q_heads,
+                                   .kv_heads = c.kv_heads, .head_dim = d, .block_size = block_size,
+                                   .max_blocks = max_blocks, .max_context = max_context,
+                                   .scale = 1.0f / std::sqrt(static_cast<float>(d))};
+  launch_ok(rlx::cuda::decode_attention(a, nullptr));
+  cuda_ok(cudaDeviceSynchronize());
+  return decode(out.get<uint8_t>(), dtype);
+}
+
+}  // namespace
+
+TEST_CASE("cuda kernels: paged decode attention equals the reference; a row alone equals it in the batch", "[cuda]") {
+  std::mt19937 g(3);
+  const int block_size = 16;
+  for (const AttentionCase& c : {AttentionCase{14, 2, 64, {1, 127, 128, 129, 700, 40}},
+                                 AttentionCase{16, 1, 128, {300, 5, 1}}, AttentionCase{4, 4, 64, {257, 33}}}) {
+    for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+      INFO(name(dtype) << " q_heads " << c.q_heads << " kv_heads " << c.kv_heads << " head_dim " << c.head_dim);
+      const int batch = static_cast<int>(c.lens.size()), d = c.head_dim;
+      const int max_blocks = (*std::max_element(c.lens.begin(), c.lens.end()) + block_size - 1) / block_size;
+      const int num_blocks = batch * max_blocks + 3;
+      // Block tables: a shuffled permutation of the pool, so neighbours are far apart.
+      std::vector<int32_t> perm(static_cast<size_t>(num_blocks));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), g);
+      std::vector<int32_t> tables(perm.begin(), perm.begin() + batch * max_blocks);
+      const size_t pool = static_cast<size_t>(num_blocks) * c.kv_heads * block_size * d;
+      auto k = rounded(randn(pool, g), dtype), v = rounded(randn(pool, g), dtype);
+      auto q = rounded(randn(static_cast<size_t>(batch) * c.q_heads * d, g), dtype);
+      Device kp(encode(k, dtype)), vp(encode(v, dtype));
+
+      std::vector<int> all(static_cast<size_t>(batch));
+      std::iota(all.begin(), all.end(), 0);
+      auto got = run_decode(dtype, c, q, kp, vp, tables, max_blocks, block_size, all);
+      std::vector<float> want(got.size());
+      rlx::cuda::reference::decode_attention(q.data(), k.data(), v.data(), tables.data(), c.lens.data(), want.data(),
+                                             {batch, c.q_heads, c.kv_heads, d, block_size, max_blocks,
+                                              1.0f / std::sqrt(static_cast<float>(d))});
+      CHECK(max_abs_diff(got, want) <= tolerance(dtype));
+      // Row 0 alone: the same bits as inside the batch.
+      auto alone = run_decode(dtype, c, q, kp, vp, tables, max_blocks, block_size, {0});
+      CHECK(std::equal(alone.begin(), alone.end(), got.begin()));
+    }
+  }
+}
+
+TEST_CASE("cuda kernels: the sampler draws the CPU sampler's tokens; a row alone equals it in the batch", "[cuda]") {
+  std::mt19937 g(5);
+  const int vocab = 151936, rows = 64;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    INFO(name(dtype));
+    auto logits = rounded(randn(static_cast<size_t>(rows) * vocab, g, 3.0f), dtype);
+    std::vector<float> temperature, min_p;
+    std::vector<int32_t> top_k;
+    std::vector<double> top_p, uniform;
+    std::vector<rlx::SamplingParams> params;
+    for (int r = 0; r < rows; ++r) {
+      rlx::SamplingParams p;
+      p.temperature = r % 8 == 0 ? 0.0 : 0.6 + 0.1 * (r % 7);
+      p.top_k = r % 3 == 0 ? 0 : 1 + (r * 37) % 200;
+      p.top_p = r % 4 == 0 ? 1.0 : 0.5 + 0.05 * (r % 10);
+      p.min_p = r % 5 == 0 ? 0.05 : 0.0;
+      params.push_back(p);
+      temperature.push_back(static_cast<float>(p.temperature));
+      top_k.push_back(static_cast<int32_t>(p.top_k));
+      top_p.push_back(p.top_p);
+      min_p.push_back(static_cast<float>(p.min_p));
+      uniform.push_back(rlx::sampling_uniform(9, "kernels", r, 0));
+    }
+    auto run = [&](int first, int n) {
+      Device x(encode(std::vector<float>(logits.begin() + static_cast<int64_t>(first) * vocab,
+                                         logits.begin() + static_cast<int64_t>(first + n) * vocab), dtype));
+      auto slice = [&](const auto& v) { return std::vector(v.begin() + first, v.begin() + first + n); };
+      Device dt(slice(temperature)), dk(slice(top_k)), dp(slice(top_p)), dm(slice(min_p)), du(slice(uniform));
+      Device tokens(static_cast<size_t>(n) * 8), logprobs(static_cast<size_t>(n) * 4);
+      rlx::cuda::SampleArgs a{.dtype = dtype, .logits = x.p, .row_stride = vocab, .rows = n, .vocab = vocab,
+                              .temperature = dt.as<float>(), .top_k = dk.as<int32_t>(), .top_p = dp.as<double>(),
+                              .min_p = dm.as<float>(), .uniform = du.as<double>(), .tokens = tokens.as<int64_t>(),
+                              .logprobs = logprobs.as<float>()};
+      launch_ok(rlx::cuda::sample(a, nullptr));
+      cuda_ok(cudaDeviceSynchronize());
+      return std::pair{tokens.get<int64_t>(), logprobs.get<float>()};
+    };
+    auto [tokens, logprobs] = run(0, rows);
+    int differ = 0;
+    for (int r = 0; r < rows; ++r) {
+      auto cpu = rlx::sample_row(logits.data() + static_cast<int64_t>(r) * vocab, vocab, params[static_cast<size_t>(r)],
+                                 uniform[static_cast<size_t>(r)]);
+      differ += cpu.token != tokens[static_cast<size_t>(r)];
+      CHECK(std::abs(cpu.logprob - logprobs[static_cast<size_t>(r)]) <= 1e-3);
+    }
+    CHECK(differ == 0);  // "up to ties": a tie needs an exp rounding right at a boundary
+    auto [one_token, one_logprob] = run(5, 1);
+    CHECK(one_token[0] == tokens[5]);
+    CHECK(one_logprob[0] == logprobs[5]);
+  }
+}
+
+TEST_CASE("cuda kernels: residual add + RMSNorm, SiLU-and-multiply, RoPE + KV append equal their references", "[cuda]") {
+  std::mt19937 g(7);
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    INFO(name(dtype));
+    const size_t w = dtype == DType::f32 ? 4 : 2;
+    {
+      const int rows = 5, hidden = 896;
+      auto res = rounded(randn(static_cast<size_t>(rows) * hidden, g), dtype);
+      auto x = rounded(randn(res.size(), g), dtype);
+      auto weight = rounded(randn(static_cast<size_t>(hidden), g), dtype);
+      Device dr(encode(res, dtype)), dx(encode(x, dtype)), dw(encode(weight, dtype)), out(res.size() * w);
+      launch_ok(rlx::cuda::add_rms_norm({.dtype = dtype, .residual = dr.p, .x = dx.p, .weight = dw.p, .out = out.p,
+                                         .rows = rows, .hidden = hidden, .eps = 1e-6f},
+                                        nullptr));
+      cuda_ok(cudaDeviceSynchronize());
+      std::vector<float> want(res.size());
+      rlx::cuda::reference::add_rms_norm(res.data(), x.data(), weight.data(), want.data(), rows, hidden, 1e-6f);
+      CHECK(max_abs_diff(decode(dr.get<uint8_t>(), dtype), res) <= tolerance(dtype) * 2);
+      CHECK(max_abs_diff(decode(out.get<uint8_t>(), dtype), want) <= tolerance(dtype) * 8);
+    }
+    {
+      const int rows = 3, inter = 4864;
+      auto gu = rounded(randn(static_cast<size_t>(rows) * 2 * inter, g), dtype);
+      Device dgu(encode(gu, dtype)), out(static_cast<size_t>(rows) * inter * w);
+      launch_ok(rlx::cuda::silu_mul(dtype, dgu.p, out.p, rows, inter, nullptr));
+      cuda_ok(cudaDeviceSynchronize());
+      std::vector<float> want(static_cast<size_t>(rows) * inter);
+      rlx::cuda::reference::silu_mul(gu.data(), want.data(), rows, inter);
+      CHECK(max_abs_diff(decode(out.get<uint8_t>(), dtype), want) <= tolerance(dtype) * 8);
+    }
+    {
+      const int rows = 4, q_heads = 14, kv_heads = 2, d = 64, block_size = 16, num_blocks = 6;
+      auto qkv = rounded(randn(static_cast<size_t>(rows) * (q_heads + 2 * kv_heads) * d, g), dtype);
+      std::vector<int64_t> positions{0, 17, 511, 4000}, slots{5, 16 * 3 + 2, 16 * 5 + 15, 1};
+      std::vector<float> inv_freq(d / 2);
+      for (int i = 0; i < d / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(1e6f, -2.0f * i / d);
+      const size_t pool = static_cast<size_t>(num_blocks) * kv_heads * block_size * d;
+      Device dqkv(encode(qkv, dtype)), dpos(positions), dslot(slots), dfreq(inv_freq);
+      Device q_out(static_cast<size_t>(rows) * q_heads * d * w), kp(encode(std::vector<float>(pool), dtype)),
+          vp(encode(std::vector<float>(pool), dtype));
+      launch_ok(rlx::cuda::rope_append({.dtype = dtype, .qkv = dqkv.p, .positions = dpos.as<int64_t>(),
+                                        .slots = dslot.as<int64_t>(), .inv_freq = dfreq.as<float>(), .q_out = q_out.p,
+                                        .k_pool = kp.p, .v_pool = vp.p, .rows = rows, .q_heads = q_heads,
+                                        .kv_heads = kv_heads, .head_dim = d, .block_size = block_size},
+                                       nullptr));
+      cuda_ok(cudaDeviceSynchronize());
+      std::vector<float> want_q(static_cast<size_t>(rows) * q_heads * d), want_k(pool), want_v(pool);
+      rlx::cuda::reference::rope_append(qkv.data(), positions.data(), slots.data(), inv_freq.data(), want_q.data(),
+                                        want_k.data(), want_v.data(), rows, q_heads, kv_heads, d, block_size);
+      CHECK(max_abs_diff(decode(q_out.get<uint8_t>(), dtype), want_q) <= tolerance(dtype) * 8);
+      CHECK(max_abs_diff(decode(kp.get<uint8_t>(), dtype), want_k) <= tolerance(dtype) * 8);
+      CHECK(max_abs_diff(decode(vp.get<uint8_t>(), dtype), want_v) == 0.0);
+    }
+  }
+}
