@@ -4,20 +4,27 @@
 
 #include "rlx/core/error.hpp"
 #include "rlx/core/torch_compat.hpp"
+#if RLX_WITH_CUDA
+#include "rollout/cuda/glue.hpp"
+#endif
 
 namespace rlx {
 
 PagedKVCache::PagedKVCache(const ModelConfig& cfg, int32_t num_blocks, int32_t block_size, at::ScalarType dtype,
-                           at::Device device)
-    : num_blocks_(num_blocks), block_size_(block_size) {
+                           at::Device device, Layout layout)
+    : num_blocks_(num_blocks),
+      block_size_(block_size),
+      kv_heads_(cfg.num_kv_heads),
+      head_major_(layout == Layout::head_major || (layout == Layout::for_device && device.is_cuda())) {
   RLX_CHECK(num_blocks >= 1 && block_size >= 1, "PagedKVCache: num_blocks ({}) and block_size ({}) must be >= 1",
             num_blocks, block_size);
   auto opts = at::TensorOptions().dtype(dtype).device(device);
-  const int64_t slots = int64_t{num_blocks} * block_size;
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
-    // Zero-filled: padded context positions read slot 0, which must never hold NaN.
-    keys_.push_back(at::zeros({slots, cfg.num_kv_heads, cfg.head_dim}, opts));
-    values_.push_back(at::zeros({slots, cfg.num_kv_heads, cfg.head_dim}, opts));
+    // Zero-filled: padded context positions read block 0, which must never hold NaN.
+    const auto shape = head_major_ ? std::vector<int64_t>{num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim}
+                                   : std::vector<int64_t>{num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim};
+    keys_.push_back(at::zeros(shape, opts));
+    values_.push_back(at::zeros(shape, opts));
   }
 }
 
@@ -42,11 +49,12 @@ void PagedKVCache::plan(std::span<const Entry> entries) {
     max_blocks = std::max(max_blocks, (ctx + bs - 1) / bs);
   }
   // Host-side index vectors: O(packed + seqs * max_new + seqs * max_blocks).
-  std::vector<int64_t> positions, write_slots, q_index(static_cast<size_t>(S * max_new), 0), out_index,
+  std::vector<int64_t> positions, write_block, write_offset, q_index(static_cast<size_t>(S * max_new), 0), out_index,
       query_pos(static_cast<size_t>(S * max_new), -1), table(static_cast<size_t>(S * max_blocks), 0),
       ctx_len(static_cast<size_t>(S));
   positions.reserve(static_cast<size_t>(packed));
-  write_slots.reserve(static_cast<size_t>(packed));
+  write_block.reserve(static_cast<size_t>(packed));
+  write_offset.reserve(static_cast<size_t>(packed));
   out_index.reserve(static_cast<size_t>(packed));
   int64_t p = 0;
   for (int64_t s = 0; s < S; ++s) {
@@ -54,7 +62,8 @@ void PagedKVCache::plan(std::span<const Entry> entries) {
     for (int64_t t = 0; t < e.new_tokens; ++t, ++p) {
       const int64_t pos = e.cached + t;
       positions.push_back(pos);
-      write_slots.push_back(int64_t{e.blocks[static_cast<size_t>(pos / bs)]} * bs + pos % bs);
+      write_block.push_back(e.blocks[static_cast<size_t>(pos / bs)]);
+      write_offset.push_back(pos % bs);
       q_index[static_cast<size_t>(s * max_new + t)] = p;
       query_pos[static_cast<size_t>(s * max_new + t)] = pos;
       out_index.push_back(s * max_new + t);
@@ -71,7 +80,15 @@ void PagedKVCache::plan(std::span<const Entry> entries) {
   max_new_ = max_new;
   max_ctx_ = max_ctx;
   positions_ = longs(positions).view({1, packed});
-  write_slots_ = longs(write_slots);
+  // Rows of a pool: head-major, [block * kv_head * block_size, head_dim] rows
+  // (block * Hkv + h) * bs + offset; token-major, [block * block_size, kv_head * head_dim] rows
+  // block * bs + offset.
+  auto heads = at::arange(kv_heads_, at::TensorOptions().dtype(at::kLong).device(device)) * bs;  // [Hkv]
+  auto rows = [&](const at::Tensor& block, const at::Tensor& offset) {
+    if (!head_major_) return (block * bs + offset).reshape({-1});
+    return ((block * (kv_heads_ * bs) + offset).unsqueeze(-1) + heads).reshape({-1});
+  };
+  write_rows_ = rows(longs(write_block), longs(write_offset));
   q_index_ = longs(q_index);
   out_index_ = longs(out_index);
   // Context slots and the mask are expanded on the device from the small tables.
@@ -79,7 +96,21 @@ void PagedKVCache::plan(std::span<const Entry> entries) {
   auto c = at::arange(max_ctx, lopts);                                              // [C]
   auto blocks = longs(table).view({S, max_blocks}).index_select(1, c.div(bs, "floor"));  // [S, C]
   auto in_ctx = c.unsqueeze(0) < longs(ctx_len).unsqueeze(1);                        // [S, C]
-  ctx_slots_ = at::where(in_ctx, blocks * bs + c.remainder(bs).unsqueeze(0), at::zeros_like(blocks)).reshape({-1});
+  ctx_rows_ = rows(at::where(in_ctx, blocks, at::zeros_like(blocks)),
+                   at::where(in_ctx, c.remainder(bs).unsqueeze(0).expand({S, max_ctx}), at::zeros_like(blocks)));
+#if RLX_WITH_CUDA
+  // Decode steps on a GPU read the pool in place (the decode attention kernel): int32 block
+  // tables and context lengths.
+  if (device.is_cuda() && max_new == 1) {
+    auto ints = [&](const std::vector<int64_t>& v) {
+      return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(at::kInt).to(device, /*non_blocking=*/false);
+    };
+    tables_ = ints(table).view({S, max_blocks});
+    context_lens_ = ints(ctx_len);
+  } else {
+    tables_ = context_lens_ = at::Tensor();
+  }
+#endif
   auto qpos = longs(query_pos).view({S, max_new, 1});
   // A query sees the context up to its own position; a padding query (qpos -1) sees slot 0 only.
   allowed_ = (c.view({1, 1, max_ctx}) <= qpos) | ((qpos < 0) & (c.view({1, 1, max_ctx}) == 0));
@@ -114,10 +145,18 @@ at::Tensor PagedKVCache::attend(int64_t layer, const at::Tensor& q, const at::Te
   auto& kp = keys_.at(static_cast<size_t>(layer));
   auto& vp = values_.at(static_cast<size_t>(layer));
   const int64_t Hq = q.size(2), Hkv = k.size(2), D = k.size(3);
-  kp.index_copy_(0, write_slots_, k.reshape({packed_, Hkv, D}).to(kp.scalar_type()));
-  vp.index_copy_(0, write_slots_, v.reshape({packed_, Hkv, D}).to(vp.scalar_type()));
-  auto kc = kp.index_select(0, ctx_slots_).view({seqs_, max_ctx_, Hkv, D});
-  auto vc = vp.index_select(0, ctx_slots_).view({seqs_, max_ctx_, Hkv, D});
+  const int64_t row = head_major_ ? D : Hkv * D;  // k and v are [1, packed, Hkv, D]: the same rows
+  auto kr = kp.view({-1, row}), vr = vp.view({-1, row});
+  kr.index_copy_(0, write_rows_, k.reshape({-1, row}).to(kp.scalar_type()));
+  vr.index_copy_(0, write_rows_, v.reshape({-1, row}).to(vp.scalar_type()));
+#if RLX_WITH_CUDA
+  if (tables_.defined() && cuda::decode_attention_supported(q, kp))
+    return cuda::decode_attention_on_device(q.reshape({packed_, Hq, D}), kp, vp, tables_, context_lens_, max_ctx_,
+                                            scale)
+        .view({1, packed_, Hq, D});
+#endif
+  auto kc = kr.index_select(0, ctx_rows_).view({seqs_, max_ctx_, Hkv, D});
+  auto vc = vr.index_select(0, ctx_rows_).view({seqs_, max_ctx_, Hkv, D});
   auto qs = q.reshape({packed_, Hq, D}).index_select(0, q_index_).view({seqs_, max_new_, Hq, D});
   auto out = attention(qs, kc.to(q.scalar_type()), vc.to(q.scalar_type()), allowed_, scale);
   return out.reshape({seqs_ * max_new_, Hq, D}).index_select(0, out_index_).view({1, packed_, Hq, D});

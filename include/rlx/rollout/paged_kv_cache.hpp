@@ -4,7 +4,11 @@
 // A step packs the new tokens of every scheduled sequence into one row
 // ([1, total_new_tokens]: prefill chunks and single decode tokens side by side),
 // so the projections and MLPs run on exactly the tokens that need them. Only
-// attention unpacks them, per sequence, against that sequence's cached context.
+// attention unpacks them, per sequence, against that sequence's cached context. On CUDA a
+// pool is [block, kv_head, block_size, head_dim] (rollout/cuda/attention_math.hpp) and a
+// decode step reads it in place with the split-K decode kernel; other steps, and the CPU
+// (whose pools are token-major, [block, block_size, kv_head, head_dim], for its gathers),
+// gather each sequence's context.
 //
 //   rlx::PagedKVCache cache(model->config(), /*num_blocks=*/256, /*block_size=*/16, at::kFloat, at::kCPU);
 //   cache.plan({{.blocks = table_a, .cached = 0, .new_tokens = 5}, {.blocks = table_b, .cached = 9, .new_tokens = 1}});
@@ -25,8 +29,9 @@ namespace rlx {
 
 class PagedKVCache final : public KVCache {
  public:
+  enum class Layout { for_device, head_major, token_major };  // for_device: head-major on CUDA
   PagedKVCache(const ModelConfig& cfg, int32_t num_blocks, int32_t block_size, at::ScalarType dtype,
-               at::Device device);
+               at::Device device, Layout layout = Layout::for_device);
 
   // Bytes one block takes across all layers (keys and values).
   static int64_t block_bytes(const ModelConfig& cfg, int32_t block_size, at::ScalarType dtype);
@@ -52,12 +57,16 @@ class PagedKVCache final : public KVCache {
 
  private:
   int32_t num_blocks_, block_size_;
-  std::vector<at::Tensor> keys_, values_;  // per layer [num_blocks * block_size, Hkv, D]
+  int64_t kv_heads_;
+  bool head_major_;  // CUDA: [block, Hkv, block_size, D] for the kernels; CPU: [block, block_size, Hkv, D]
+  std::vector<at::Tensor> keys_, values_;  // per layer, head- or token-major
   // The planned step:
   int64_t packed_ = 0, seqs_ = 0, max_new_ = 0;
   at::Tensor positions_;   // [1, packed]
-  at::Tensor write_slots_; // [packed] pool slot of each new token
-  at::Tensor ctx_slots_;   // [seqs * max_ctx] pool slot of each context position (0 where past the end)
+  // Rows of a pool (head-major: one per token and head; token-major: one per token):
+  at::Tensor write_rows_;  // of each new token
+  at::Tensor ctx_rows_;    // of each context position, [seqs * max_ctx] in order (block 0 past the end)
+  at::Tensor tables_, context_lens_;       // decode steps on CUDA: int32 [seqs, max_blocks], [seqs]
   int64_t max_ctx_ = 0;
   at::Tensor q_index_;     // [seqs * max_new] packed index of each (sequence, new token), 0 for padding
   at::Tensor out_index_;   // [packed] row of each packed token in the [seqs * max_new] layout

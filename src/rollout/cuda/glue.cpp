@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "rlx/core/error.hpp"
+#include "rlx/core/torch_compat.hpp"
 #include "rlx/rollout/cuda/kernels.hpp"
 
 namespace rlx::cuda {
@@ -73,6 +74,47 @@ Sampled sample_on_device(const at::Tensor& logits_in, const SamplingBatch& b) {
                .logprobs = logprobs.data_ptr<float>()};
   check("sample", sample(a, c10::cuda::getCurrentCUDAStream().stream()));
   return {tokens, logprobs};
+}
+
+bool decode_attention_supported(const at::Tensor& q, const at::Tensor& k_pool) {
+  const auto t = q.scalar_type();
+  return q.is_cuda() && k_pool.scalar_type() == t && (t == at::kFloat || t == at::kHalf || t == at::kBFloat16) &&
+         (k_pool.size(3) == 64 || k_pool.size(3) == 128);
+}
+
+at::Tensor decode_attention_on_device(const at::Tensor& q_in, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                                      const at::Tensor& block_tables, const at::Tensor& context_lens,
+                                      int64_t max_context, double scale) {
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  RLX_ASSERT(q_in.dim() == 3 && k_pool.dim() == 4 && k_pool.is_contiguous() && v_pool.is_contiguous() &&
+                 block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt,
+             "decode_attention_on_device: q {}, pool {}", q_in.sizes(), k_pool.sizes());
+  const auto q = q_in.contiguous();
+  const int64_t seqs = q.size(0), q_heads = q.size(1), head_dim = q.size(2);
+  auto out = at::empty_like(q);
+  auto workspace = at::empty({static_cast<int64_t>(decode_attention_workspace(
+                                 static_cast<int>(seqs), static_cast<int>(q_heads), static_cast<int>(head_dim),
+                                 static_cast<int>(max_context)))},
+                             q.options().dtype(at::kFloat));
+  const auto tables = block_tables.contiguous();
+  DecodeAttentionArgs a{.dtype = dtype_of(q),
+                        .q = q.data_ptr(),
+                        .k_pool = k_pool.data_ptr(),
+                        .v_pool = v_pool.data_ptr(),
+                        .block_tables = tables.data_ptr<int32_t>(),
+                        .context_lens = context_lens.data_ptr<int32_t>(),
+                        .out = out.data_ptr(),
+                        .workspace = workspace.data_ptr<float>(),
+                        .batch = static_cast<int>(seqs),
+                        .q_heads = static_cast<int>(q_heads),
+                        .kv_heads = static_cast<int>(k_pool.size(1)),
+                        .head_dim = static_cast<int>(head_dim),
+                        .block_size = static_cast<int>(k_pool.size(2)),
+                        .max_blocks = static_cast<int>(tables.size(1)),
+                        .max_context = static_cast<int>(max_context),
+                        .scale = static_cast<float>(scale)};
+  check("decode_attention", decode_attention(a, c10::cuda::getCurrentCUDAStream().stream()));
+  return out;
 }
 
 }  // namespace rlx::cuda

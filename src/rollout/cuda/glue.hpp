@@ -12,4 +12,15 @@ namespace rlx::cuda {
 // tokens and log-probs stay on the device.
 Sampled sample_on_device(const at::Tensor& logits, const SamplingBatch& batch);
 
+// Whether the decode attention kernel takes these: q and the pools of one float dtype on
+// CUDA, head_dim 64 or 128.
+bool decode_attention_supported(const at::Tensor& q, const at::Tensor& k_pool);
+// Paged decode attention in place over the pools ([block, kv_head, block_size, head_dim]):
+// q [seqs, q_heads, head_dim] (one new token a sequence, its key already in the pool),
+// block tables int32 [seqs, max_blocks], context lengths int32 [seqs] (<= max_context).
+// Returns [seqs, q_heads, head_dim] in q's dtype.
+at::Tensor decode_attention_on_device(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                                      const at::Tensor& block_tables, const at::Tensor& context_lens,
+                                      int64_t max_context, double scale);
+
 }  // namespace rlx::cuda
