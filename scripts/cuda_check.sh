@@ -58,7 +58,7 @@ for s in $steps; do
           --device cuda --batch $b --seq 512 --decode-steps 64 --iters 2 && json model
       done ;;
     sampler)
-      step sampler 300 python3 scripts/bench_hf_generate.py --rlx "$rlx" --out /tmp/rlx-sampler \
+      step sampler 540 python3 scripts/bench_hf_generate.py --rlx "$rlx" --out /tmp/rlx-sampler \
         --batches "${RLX_SAMPLER_BATCHES:-1,64,256}" && json sampler ;;
     learner)
       step learner_torch 150 python3 scripts/bench_torch_train.py --seq 2048 --batch-seqs 8 && json learner_torch

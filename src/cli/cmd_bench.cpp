@@ -43,6 +43,7 @@ struct SamplerArgs {
   double temperature = 1.0, kv_cache_mb = 64;
   int iters = 3, threads = 0;
   bool naive = false;
+  bool cuda_graphs = true;
 };
 
 int bench_sampler(const SamplerArgs& a) {
@@ -69,7 +70,8 @@ int bench_sampler(const SamplerArgs& a) {
   Engine engine(model, {.block_size = static_cast<int32_t>(a.block_size),
                         .kv_cache_mb = a.kv_cache_mb,
                         .max_batch_tokens = a.max_batch_tokens,
-                        .max_running = std::max<int64_t>(256, a.batch * a.n)});
+                        .max_running = std::max<int64_t>(256, a.batch * a.n),
+                        .cuda_graphs = a.cuda_graphs});
   engine.generate({requests.front()});  // warm-up
 
   // Each iteration: every request from an empty engine; steps are timed one by one and
@@ -117,6 +119,7 @@ int bench_sampler(const SamplerArgs& a) {
                       {"kv_blocks_peak", peak_blocks},
                       {"kv_peak_mb", static_cast<double>(peak_blocks * PagedKVCache::block_bytes(cfg, static_cast<int32_t>(a.block_size), dtype)) / (1 << 20)},
                       {"preemptions", st.preemptions},
+                      {"graph_steps", st.graph_steps},
                       {"peak_rss_mb", peak_rss_mb()}};
   const int64_t device_peak = compat::device_peak_bytes(device);
   if (device_peak >= 0) r["device_peak_mb"] = static_cast<double>(device_peak) / (1 << 20);
@@ -264,6 +267,7 @@ void add_bench_commands(CLI::App& app, Action& action) {
   sampler->add_option("--iters", s->iters, "timed repetitions")->check(CLI::Range(1, 1000));
   sampler->add_option("--threads", s->threads, "compute threads (0: all cores)")->check(CLI::Range(0, 1024));
   sampler->add_flag("--naive", s->naive, "also time full recompute without a KV cache");
+  sampler->add_option("--cuda-graphs", s->cuda_graphs, "on CUDA, replay decode steps as CUDA graphs (1) or run eagerly (0)");
   sampler->callback([s, &action] { action = [s] { return bench_sampler(*s); }; });
 }
 

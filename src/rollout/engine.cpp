@@ -8,6 +8,13 @@
 #include "rlx/core/error.hpp"
 #include "rlx/core/torch_compat.hpp"
 #include "rlx/core/rng.hpp"
+#if RLX_WITH_CUDA
+#include "rollout/cuda/decode_graphs.hpp"
+#else
+namespace rlx::cuda {
+class DecodeGraphs {};  // CUDA builds only
+}  // namespace rlx::cuda
+#endif
 
 namespace rlx {
 
@@ -65,7 +72,19 @@ Engine::Engine(std::shared_ptr<Transformer> model, EngineConfig cfg, std::shared
       cache_(model_->config(), blocks_.num_blocks(), cfg_.block_size, model_->dtype(), model_->device()),
       version_(weight_version),
       prefix_root_(prefix_root(weight_version)),
-      latest_version_(weight_version) {}
+      latest_version_(weight_version) {
+#if RLX_WITH_CUDA
+  const auto& mc = model_->config();
+  if (cfg_.cuda_graphs && model_->device().is_cuda() && (mc.head_dim == 64 || mc.head_dim == 128)) {
+    // One block never handed out: padded rows of a graph's batch write and read it.
+    const auto pad = blocks_.allocate();
+    RLX_CHECK(pad.has_value(), "engine: no KV block left to reserve for CUDA graph padding");
+    const int64_t max_seqs = std::min<int64_t>(256, cuda::DecodeGraphs::batch_bucket(cfg_.max_running));
+    cache_.enable_static(max_seqs, (max_model_len_ + cfg_.block_size - 1) / cfg_.block_size, *pad);
+    graphs_ = std::make_unique<cuda::DecodeGraphs>(*model_, cache_, max_seqs);
+  }
+#endif
+}
 
 Engine::~Engine() = default;
 
@@ -418,6 +437,32 @@ void Engine::forward_and_sample() {
   auto long_opts = at::TensorOptions().dtype(at::kLong);
   c10::NoGradGuard no_grad;
   cache_.copy_blocks(copies_);
+#if RLX_WITH_CUDA
+  // A decode step (one token a sequence, each sampling its next, none forking) replays a
+  // CUDA graph.
+  if (graphs_ && completing.size() == plan_.size() && static_cast<int64_t>(plan_.size()) <= graphs_->max_seqs() &&
+      std::all_of(plan_.begin(), plan_.end(), [](const Planned& p) { return p.n == 1 && p.seq->followers.empty(); })) {
+    SamplingBatch batch;
+    for (const auto& [s, n] : plan_) {
+      const auto& r = s->req->req;
+      batch.add(r.params, sampling_uniform(r.seed, r.id, s->sample, static_cast<int64_t>(s->tokens.size())));
+    }
+    cuda::DecodeGraphs::Result out;
+    try {
+      out = graphs_->step(entries, packed, batch);
+    } catch (...) {
+      blocks_.clear_cache();  // blocks published for this step were never computed
+      throw;
+    }
+    stats_.forward_tokens += static_cast<int64_t>(packed.size());
+    ++stats_.graph_steps;
+    for (const auto& [s, n] : plan_) s->computed += n;
+    for (size_t i = 0; i < plan_.size(); ++i)
+      append_token(*plan_[i].seq, static_cast<TokenId>(out.tokens[i]), out.logprobs[i]);
+    std::erase_if(running_, [](const Seq* s) { return s->done; });
+    return;
+  }
+#endif
   cache_.plan(entries);
   auto tokens = at::tensor(packed, long_opts).to(device).view({1, static_cast<int64_t>(packed.size())});
   at::Tensor hidden;

@@ -4,6 +4,7 @@
 
 #include "rlx/core/error.hpp"
 #include "rlx/core/torch_compat.hpp"
+#include "rlx/rollout/cuda/reference.hpp"
 #if RLX_WITH_CUDA
 #include "rollout/cuda/glue.hpp"
 #endif
@@ -98,6 +99,7 @@ void PagedKVCache::plan(std::span<const Entry> entries) {
   auto in_ctx = c.unsqueeze(0) < longs(ctx_len).unsqueeze(1);                        // [S, C]
   ctx_rows_ = rows(at::where(in_ctx, blocks, at::zeros_like(blocks)),
                    at::where(in_ctx, c.remainder(bs).unsqueeze(0).expand({S, max_ctx}), at::zeros_like(blocks)));
+  static_step_ = false;
 #if RLX_WITH_CUDA
   // Decode steps on a GPU read the pool in place (the decode attention kernel): int32 block
   // tables and context lengths.
@@ -114,6 +116,77 @@ void PagedKVCache::plan(std::span<const Entry> entries) {
   auto qpos = longs(query_pos).view({S, max_new, 1});
   // A query sees the context up to its own position; a padding query (qpos -1) sees slot 0 only.
   allowed_ = (c.view({1, 1, max_ctx}) <= qpos) | ((qpos < 0) & (c.view({1, 1, max_ctx}) == 0));
+}
+
+namespace {
+// Byte offsets of the static plan's parts: positions [S] and write rows [S * Hkv] (int64),
+// tables [S * max_blocks] and context lengths [S] (int32).
+struct StaticLayout {
+  int64_t positions, write_rows, tables, lens, bytes;
+  StaticLayout(int64_t seqs, int64_t kv_heads, int64_t max_blocks) {
+    positions = 0;
+    write_rows = positions + seqs * 8;
+    tables = write_rows + seqs * kv_heads * 8;
+    lens = tables + seqs * max_blocks * 4;
+    bytes = lens + seqs * 4;
+  }
+};
+at::Tensor bytes_as(const at::Tensor& bytes, int64_t offset, int64_t count, at::ScalarType t) {
+  return bytes.narrow(0, offset, count * static_cast<int64_t>(c10::elementSize(t))).view(t);
+}
+}  // namespace
+
+void PagedKVCache::enable_static(int64_t max_seqs, int64_t max_blocks, BlockId pad_block) {
+  RLX_CHECK(head_major_, "PagedKVCache::enable_static needs the head-major layout");
+  RLX_CHECK(max_seqs >= 1 && max_blocks >= 1 && pad_block >= 0 && pad_block < num_blocks_,
+            "PagedKVCache::enable_static: max_seqs {}, max_blocks {}, pad block {} of {}", max_seqs, max_blocks,
+            pad_block, num_blocks_);
+  const auto device = keys_.front().device();
+  const StaticLayout l(max_seqs, kv_heads_, max_blocks);
+  static_bytes_ = at::zeros({l.bytes}, at::TensorOptions().dtype(at::kByte).device(device));
+  static_host_ = at::zeros({l.bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(device.is_cuda()));
+  static_max_seqs_ = max_seqs;
+  static_max_blocks_ = max_blocks;
+  pad_block_ = pad_block;
+}
+
+void PagedKVCache::plan_static(std::span<const Entry> entries, int64_t rows, int64_t max_context) {
+  RLX_ASSERT(static_enabled() && !entries.empty() && static_cast<int64_t>(entries.size()) <= rows &&
+                 rows <= static_max_seqs_,
+             "PagedKVCache::plan_static: {} entries in {} rows of {}", entries.size(), rows, static_max_seqs_);
+  const int64_t bs = block_size_, mb = static_max_blocks_;
+  if (max_context <= 0) max_context = mb * bs;
+  RLX_ASSERT(max_context <= mb * bs, "PagedKVCache::plan_static: context bound {} above {}", max_context, mb * bs);
+  const StaticLayout l(static_max_seqs_, kv_heads_, mb);
+  auto* host = static_host_.data_ptr<uint8_t>();
+  auto* positions = reinterpret_cast<int64_t*>(host + l.positions);
+  auto* write_rows = reinterpret_cast<int64_t*>(host + l.write_rows);
+  auto* tables = reinterpret_cast<int32_t*>(host + l.tables);
+  auto* lens = reinterpret_cast<int32_t*>(host + l.lens);
+  for (int64_t s = 0; s < rows; ++s) {
+    const bool real = s < static_cast<int64_t>(entries.size());
+    const Entry* e = real ? &entries[static_cast<size_t>(s)] : nullptr;
+    RLX_ASSERT(!real || (e->new_tokens == 1 && e->cached + 1 <= max_context),
+               "PagedKVCache::plan_static: entry {} has {} new tokens after {}", s, real ? e->new_tokens : 0,
+               real ? e->cached : 0);
+    const int64_t pos = real ? e->cached : 0;
+    const int64_t block = real ? e->blocks[static_cast<size_t>(pos / bs)] : pad_block_;
+    positions[s] = pos;
+    for (int64_t h = 0; h < kv_heads_; ++h) write_rows[s * kv_heads_ + h] = (block * kv_heads_ + h) * bs + pos % bs;
+    const int64_t used = real ? pos / bs + 1 : 1;
+    for (int64_t b = 0; b < mb; ++b)
+      tables[s * mb + b] = b < used ? (real ? e->blocks[static_cast<size_t>(b)] : pad_block_) : pad_block_;
+    lens[s] = static_cast<int32_t>(pos + 1);
+  }
+  static_bytes_.copy_(static_host_, /*non_blocking=*/true);
+  packed_ = seqs_ = rows;
+  max_new_ = 1;
+  max_ctx_ = max_context;
+  positions_ = bytes_as(static_bytes_, l.positions, rows, at::kLong).view({1, rows});
+  write_rows_ = bytes_as(static_bytes_, l.write_rows, rows * kv_heads_, at::kLong);
+  tables_ = bytes_as(static_bytes_, l.tables, rows * mb, at::kInt).view({rows, mb});
+  context_lens_ = bytes_as(static_bytes_, l.lens, rows, at::kInt);
+  static_step_ = true;
 }
 
 void PagedKVCache::copy_blocks(std::span<const std::pair<BlockId, BlockId>> src_dst) {
@@ -155,6 +228,20 @@ at::Tensor PagedKVCache::attend(int64_t layer, const at::Tensor& q, const at::Te
                                             scale)
         .view({1, packed_, Hq, D});
 #endif
+  if (static_step_) {
+    // The kernel's CPU twin (fp32): what lets the static plan be tested without a GPU.
+    RLX_CHECK(kp.is_cpu() && kp.scalar_type() == at::kFloat,
+              "PagedKVCache: a static decode step on {} {} has no decode attention kernel", kp.device().str(),
+              c10::toString(kp.scalar_type()));
+    auto qc = q.reshape({packed_, Hq, D}).to(at::kFloat).contiguous();
+    auto out = at::empty_like(qc);
+    cuda::reference::decode_attention(
+        qc.data_ptr<float>(), kp.data_ptr<float>(), vp.data_ptr<float>(), tables_.data_ptr<int32_t>(),
+        context_lens_.data_ptr<int32_t>(), out.data_ptr<float>(),
+        {static_cast<int>(packed_), static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D), block_size_,
+         static_cast<int>(static_max_blocks_), static_cast<float>(scale)});
+    return out.to(q.scalar_type()).view({1, packed_, Hq, D});
+  }
   auto kc = kr.index_select(0, ctx_rows_).view({seqs_, max_ctx_, Hkv, D});
   auto vc = vr.index_select(0, ctx_rows_).view({seqs_, max_ctx_, Hkv, D});
   auto qs = q.reshape({packed_, Hq, D}).index_select(0, q_index_).view({seqs_, max_new_, Hq, D});

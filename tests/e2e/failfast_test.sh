@@ -117,8 +117,10 @@ pid=$!
 wait_steps envretry 2 || fail "envretry: no progress"
 pkill -STOP -f -- "env serve --address ipc://[^ ]*envretry" || fail "envretry: no env server to stop"
 wait_status envretry worker-0 "env call .*try [2-9]" || fail "envretry: worker 0 is not retrying: $(status envretry worker-0)"
-for _ in $(seq 1 100); do grep -Eq "no step for .*worker 0: env call .*try" envretry.log && break; sleep 0.1; done
-grep -Eq "no step for [0-9]+ s .*worker 0: env call '(reset|step)'.*try [0-9]+ of 101" envretry.log \
+# (".*try" alone would match the run directory's name, envretry.)
+retrying="no step for [0-9]+ s .*worker 0: env call '(reset|step)'.*try [0-9]+ of 101"
+for _ in $(seq 1 100); do grep -Eq "$retrying" envretry.log && break; sleep 0.1; done
+grep -Eq "$retrying" envretry.log \
   && grep -Eq "no step for .*learner 0: waiting for a batch" envretry.log \
   && ok "envretry: the console says what the learner and the worker wait on" \
   || fail "envretry: no report of what the roles wait on: $(grep "no step" envretry.log | tail -1)"

@@ -304,7 +304,10 @@ TEST_CASE("PPO with a critic, a reference and whitening trains the same on 1 and
   }
   const auto d = compare(dir.path / "ppo2.st", dir.path / "ppo1.st");
   INFO("relative difference " << d.global << ", worst tensor " << d.worst_name << " " << d.worst_tensor);
-  CHECK(d.global <= 1e-6);
+  // fp32 sums in another order (one rank against two), over 3 steps of 2 epochs: 1.1e-6 on
+  // one CPU (the same at the commit before, so the machine's BLAS kernels, not a change), a
+  // bug is orders larger.
+  CHECK(d.global <= 3e-6);
   CHECK(d.worst_tensor <= 1e-4);
   // The critic learned something and the policy moved: the parameters are not the initial ones.
   auto f = rlx::SafetensorsFile::open(dir.path / "ppo1.st");

@@ -70,6 +70,7 @@ struct EngineConfig {
   int64_t max_queued = 65536;      // requests accepted and not yet returned
   bool prefix_caching = true;      // reuse full blocks across requests by their token prefix
   UpdatePolicy update_policy = UpdatePolicy::finish_old;
+  bool cuda_graphs = true;         // on CUDA: decode steps replay CUDA graphs (batch buckets 1..256)
 
   template <class V>
   void visit(V& v) {
@@ -83,6 +84,8 @@ struct EngineConfig {
     v("max_queued", max_queued, "requests accepted but not yet finished", config::at_least(1));
     v("prefix_caching", prefix_caching, "reuse computed KV blocks of identical token prefixes across requests");
     v("update_policy", update_policy, "requests in flight at a weight update: finish on old weights, abort, or continue");
+    v("cuda_graphs", cuda_graphs,
+      "on CUDA, run decode steps as captured CUDA graphs (batch buckets 1, 2, 4 .. 256; one block reserved for padding)");
   }
 };
 
@@ -115,7 +118,12 @@ struct EngineStats {
   int64_t running = 0, waiting = 0, queued = 0;
   int32_t free_blocks = 0, total_blocks = 0;
   int64_t weight_version = 0;
+  int64_t graph_steps = 0;  // decode steps replayed from a CUDA graph
 };
+
+namespace cuda {
+class DecodeGraphs;
+}
 
 class Engine {
  public:
@@ -193,6 +201,7 @@ class Engine {
   int64_t max_model_len_;
   BlockAllocator blocks_;
   PagedKVCache cache_;
+  std::unique_ptr<cuda::DecodeGraphs> graphs_;  // CUDA decode steps (null: eager)
   int64_t version_;
   uint64_t prefix_root_;
   uint64_t next_order_ = 0;

@@ -37,6 +37,8 @@ class PagedKVCache final : public KVCache {
   static int64_t block_bytes(const ModelConfig& cfg, int32_t block_size, at::ScalarType dtype);
 
   int32_t num_blocks() const { return num_blocks_; }
+  // One layer's key pool, for tests and diagnostics.
+  const at::Tensor& keys(int64_t layer) const { return keys_.at(static_cast<size_t>(layer)); }
   int32_t block_size() const { return block_size_; }
 
   // One scheduled sequence of the next forward, in packed order.
@@ -47,6 +49,19 @@ class PagedKVCache final : public KVCache {
   };
   // Sets the next forward's layout; the input must be [1, sum of new_tokens].
   void plan(std::span<const Entry> entries);
+  // Decode steps into fixed buffers, for CUDA graphs: up to `max_seqs` sequences of one new
+  // token each, contexts up to `max_blocks` blocks; padded rows write and read `pad_block`
+  // only. Needs the head-major layout.
+  void enable_static(int64_t max_seqs, int64_t max_blocks, BlockId pad_block);
+  // Plans a decode step padded to `rows` sequences (entries.size() <= rows <= max_seqs): the
+  // plan goes to the device in one copy, into the same buffers every time. attend() then
+  // reads the pool in place (the decode kernel; on CPU its fp32 reference). `max_context`
+  // (0: max_blocks * block_size) bounds the entries' contexts and sizes the kernel's grid.
+  void plan_static(std::span<const Entry> entries, int64_t rows, int64_t max_context = 0);
+  bool static_enabled() const { return static_bytes_.defined(); }
+  int64_t static_max_seqs() const { return static_max_seqs_; }
+  int64_t static_max_context() const { return static_max_blocks_ * block_size_; }
+
   // Copies whole blocks (all layers): dst[i] <- src[i]. For copy-on-write.
   void copy_blocks(std::span<const std::pair<BlockId, BlockId>> src_dst);
 
@@ -66,7 +81,13 @@ class PagedKVCache final : public KVCache {
   // Rows of a pool (head-major: one per token and head; token-major: one per token):
   at::Tensor write_rows_;  // of each new token
   at::Tensor ctx_rows_;    // of each context position, [seqs * max_ctx] in order (block 0 past the end)
-  at::Tensor tables_, context_lens_;       // decode steps on CUDA: int32 [seqs, max_blocks], [seqs]
+  at::Tensor tables_, context_lens_;       // decode steps read in place: int32 [seqs, max_blocks], [seqs]
+  // Static decode (enable_static): one host staging buffer (pinned on CUDA) and its device
+  // twin, holding positions and write rows (int64), then tables and lengths (int32).
+  at::Tensor static_bytes_, static_host_;
+  int64_t static_max_seqs_ = 0, static_max_blocks_ = 0;
+  BlockId pad_block_ = 0;
+  bool static_step_ = false;  // the planned step is a static one
   int64_t max_ctx_ = 0;
   at::Tensor q_index_;     // [seqs * max_new] packed index of each (sequence, new token), 0 for padding
   at::Tensor out_index_;   // [packed] row of each packed token in the [seqs * max_new] layout

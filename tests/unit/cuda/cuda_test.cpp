@@ -85,7 +85,34 @@ TEST_CASE("cuda: the engine's greedy tokens and log-probs on the GPU equal the C
       CHECK(d <= 1e-4);
     }
   }
-  CHECK(engine.blocks().num_free() == engine.blocks().num_blocks());
+  // Every block back but the one CUDA graphs reserve for padding; decode steps ran as graphs.
+  CHECK(engine.blocks().num_free() == engine.blocks().num_blocks() - 1);
+  CHECK(engine.stats().graph_steps > 0);
+}
+
+TEST_CASE("cuda: decode steps replayed from CUDA graphs give the eager engine's tokens and log-probs", "[cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  auto gpu = tiny(3, at::Device(at::kCUDA, 0));
+  rlx::Engine graphs(gpu, {.block_size = 4});
+  rlx::Engine eager(gpu, {.block_size = 4, .cuda_graphs = false});
+  std::vector<rlx::GenerationRequest> reqs;
+  for (int i = 0; i < 5; ++i) {
+    std::vector<TokenId> prompt;
+    for (int t = 0; t < 3 + 9 * i; ++t) prompt.push_back(static_cast<TokenId>((29 * t + 13 * i + 5) % 512));
+    reqs.push_back({.id = "g" + std::to_string(i), .prompt = prompt,
+                    .params = {.temperature = 0.8, .top_p = 0.9, .max_new_tokens = 24, .n = 3}, .seed = 7});
+  }
+  auto a = graphs.generate(reqs), b = eager.generate(reqs);
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    for (size_t k = 0; k < a[i].samples.size(); ++k) {
+      INFO("request " << i << " sample " << k);
+      CHECK(a[i].samples[k].tokens == b[i].samples[k].tokens);
+      for (size_t t = 0; t < std::min(a[i].samples[k].logprobs.size(), b[i].samples[k].logprobs.size()); ++t)
+        CHECK(std::abs(a[i].samples[k].logprobs[t] - b[i].samples[k].logprobs[t]) <= 1e-4);
+    }
+  CHECK(graphs.stats().graph_steps > 0);
+  CHECK(eager.stats().graph_steps == 0);
 }
 
 TEST_CASE("cuda: sharded learner steps on the GPU give the CPU's parameters (fp32)", "[cuda]") {
@@ -128,4 +155,30 @@ TEST_CASE("cuda: sharded learner steps on the GPU give the CPU's parameters (fp3
     const double scale = params[0][i].abs().max().item<double>();
     CHECK(max_abs(params[0][i], params[1][i]) <= 1e-4 * std::max(scale, 1.0));
   }
+}
+
+// What holds bitwise: attention (fixed splits) and the sampler (one block a row, integer
+// masses) do not depend on the batch. What does not: the GEMMs, whose kernels cuBLAS picks
+// by the batch's row count, so the logits of a row can differ in the last bits between a
+// batch of 1 and one of 64; log-probs are compared within a tolerance, tokens exactly.
+TEST_CASE("cuda: a request's tokens alone equal its tokens inside a batch of 64", "[cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  auto gpu = tiny(4, at::Device(at::kCUDA, 0));
+  auto request = [](int i) {
+    std::vector<TokenId> prompt;
+    for (int t = 0; t < 4 + (i * 5) % 23; ++t) prompt.push_back(static_cast<TokenId>((31 * t + 17 * i + 1) % 512));
+    return rlx::GenerationRequest{.id = "q" + std::to_string(i), .prompt = prompt,
+                                  .params = {.temperature = 1.0, .top_k = 50, .max_new_tokens = 32}, .seed = 3};
+  };
+  rlx::Engine alone_engine(gpu, {.block_size = 4});
+  const auto alone = alone_engine.generate({request(5)});
+  rlx::Engine batch_engine(gpu, {.block_size = 4});
+  std::vector<rlx::GenerationRequest> reqs;
+  for (int i = 0; i < 64; ++i) reqs.push_back(request(i));
+  const auto batch = batch_engine.generate(reqs);
+  const auto it = std::find_if(batch.begin(), batch.end(), [](const auto& r) { return r.id == "q5"; });
+  REQUIRE(it != batch.end());
+  CHECK(it->samples[0].tokens == alone[0].samples[0].tokens);
+  for (size_t t = 0; t < std::min(it->samples[0].logprobs.size(), alone[0].samples[0].logprobs.size()); ++t)
+    CHECK(std::abs(it->samples[0].logprobs[t] - alone[0].samples[0].logprobs[t]) <= 1e-4);
 }

@@ -44,3 +44,52 @@ TEST_CASE("paged KV cache: head-major and token-major pools attend alike over pr
     }
   }
 }
+
+TEST_CASE("paged KV cache: a static decode step padded to its bucket attends as the planned step; padding stays in the pad block",
+          "[rollout]") {
+  auto cfg = rlx::model_preset("tiny", rlx::Arch::qwen2);
+  cfg.num_kv_heads = 2;
+  using Layout = rlx::PagedKVCache::Layout;
+  using Entry = rlx::PagedKVCache::Entry;
+  const rlx::BlockId pad = 11;
+  rlx::PagedKVCache fixed(cfg, 12, 4, at::kFloat, at::kCPU, Layout::head_major);
+  rlx::PagedKVCache token(cfg, 12, 4, at::kFloat, at::kCPU, Layout::token_major);
+  fixed.enable_static(/*max_seqs=*/8, /*max_blocks=*/4, pad);
+  const int64_t Hq = 4, D = cfg.head_dim;
+  at::manual_seed(4);
+  std::vector<rlx::BlockId> a{7, 2, 9}, b{4, 10}, c{0};
+  const std::vector<Entry> prefill{{.blocks = a, .cached = 0, .new_tokens = 9},
+                                   {.blocks = b, .cached = 0, .new_tokens = 5},
+                                   {.blocks = c, .cached = 0, .new_tokens = 2}};
+  const std::vector<Entry> decode{{.blocks = a, .cached = 9, .new_tokens = 1},
+                                  {.blocks = b, .cached = 5, .new_tokens = 1},
+                                  {.blocks = c, .cached = 2, .new_tokens = 1}};
+  fixed.plan(prefill);
+  token.plan(prefill);
+  for (int64_t layer = 0; layer < cfg.num_layers; ++layer) {
+    auto q = at::randn({1, 16, Hq, D}), k = at::randn({1, 16, 2, D}), v = at::randn({1, 16, 2, D});
+    fixed.attend(layer, q, k, v, 0.125);
+    token.attend(layer, q, k, v, 0.125);
+  }
+  for (int step = 0; step < 2; ++step) {
+    std::vector<Entry> now = decode;
+    for (auto& e : now) e.cached += step;
+    const int64_t rows = 4;  // three sequences in a bucket of four
+    fixed.plan_static(now, rows);
+    token.plan(now);
+    const rlx::ForwardInput in_fixed{.tokens = at::zeros({1, rows}, at::kLong)};
+    CHECK(fixed.begin(in_fixed).narrow(1, 0, 3).equal(token.begin({.tokens = at::zeros({1, 3}, at::kLong)})));
+    for (int64_t layer = 0; layer < cfg.num_layers; ++layer) {
+      auto q = at::randn({1, rows, Hq, D}), k = at::randn({1, rows, 2, D}), v = at::randn({1, rows, 2, D});
+      auto x = fixed.attend(layer, q, k, v, 0.125);
+      auto y = token.attend(layer, q.narrow(1, 0, 3), k.narrow(1, 0, 3), v.narrow(1, 0, 3), 0.125);
+      INFO("step " << step << " layer " << layer);
+      CHECK(at::allclose(x.narrow(1, 0, 3), y, 1e-5, 1e-5));
+    }
+  }
+  // Blocks nobody holds (1, 3, 5, 6, 8) were never written: the padded row wrote block 11 only.
+  for (int64_t layer = 0; layer < cfg.num_layers; ++layer) {
+    for (rlx::BlockId blk : {1, 3, 5, 6, 8}) CHECK(fixed.keys(layer).select(0, blk).abs().sum().item<float>() == 0);
+    CHECK(fixed.keys(layer).select(0, pad).abs().sum().item<float>() > 0);
+  }
+}

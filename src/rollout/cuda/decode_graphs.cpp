@@ -1,0 +1,109 @@
+#include "rollout/cuda/decode_graphs.hpp"
+
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/core/GradMode.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "rlx/core/error.hpp"
+
+namespace rlx::cuda {
+
+namespace {
+constexpr int64_t kMinContextBucket = 512;
+}
+
+DecodeGraphs::DecodeGraphs(Transformer& model, PagedKVCache& cache, int64_t max_seqs)
+    : model_(model),
+      cache_(cache),
+      max_seqs_(max_seqs),
+      max_context_(cache.static_enabled() ? cache.static_max_context() : 0),
+      params_(max_seqs, model.device()),
+      pool_(at::cuda::graph_pool_handle()) {
+  RLX_ASSERT(cache.static_enabled() && max_seqs >= 1 && max_seqs <= cache.static_max_seqs(),
+             "DecodeGraphs: max_seqs {} for a cache of {} static rows", max_seqs, cache.static_max_seqs());
+  const auto device = model.device();
+  tokens_host_ = at::zeros({max_seqs}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  tokens_ = at::zeros({1, max_seqs}, at::TensorOptions().dtype(at::kLong).device(device));
+  out_ = at::zeros({max_seqs * 12}, at::TensorOptions().dtype(at::kByte).device(device));
+  out_host_ = at::zeros({max_seqs * 12}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  out_tokens_ = out_.narrow(0, 0, max_seqs * 8).view(at::kLong);
+  out_logprobs_ = out_.narrow(0, max_seqs * 8, max_seqs * 4).view(at::kFloat);
+}
+
+int64_t DecodeGraphs::batch_bucket(int64_t seqs) {
+  int64_t b = 1;
+  while (b < seqs) b *= 2;
+  return b;
+}
+
+int64_t DecodeGraphs::context_bucket(int64_t context) const {
+  int64_t b = kMinContextBucket;
+  while (b < context) b *= 2;
+  return std::min(b, max_context_);
+}
+
+void DecodeGraphs::run(int64_t rows) {
+  c10::NoGradGuard no_grad;
+  auto hidden = model_.forward_hidden({.tokens = tokens_.narrow(1, 0, rows)}, &cache_);
+  auto logits = model_.logits(hidden.select(0, 0));
+  auto tokens = out_tokens_.narrow(0, 0, rows), logprobs = out_logprobs_.narrow(0, 0, rows);
+  params_.sample(logits, tokens, logprobs);
+}
+
+DecodeGraphs::Result DecodeGraphs::step(std::span<const PagedKVCache::Entry> entries, std::span<const int64_t> tokens,
+                                        const SamplingBatch& batch) {
+  const int64_t seqs = static_cast<int64_t>(entries.size());
+  RLX_ASSERT(seqs >= 1 && seqs <= max_seqs_ && tokens.size() == entries.size() && batch.size() == entries.size(),
+             "DecodeGraphs::step: {} entries, {} tokens, {} sampling rows", entries.size(), tokens.size(), batch.size());
+  const c10::cuda::CUDAGuard guard(model_.device());
+  const int64_t rows = std::min(batch_bucket(seqs), max_seqs_);
+  int64_t context = 1;
+  for (const auto& e : entries) context = std::max(context, e.cached + 1);
+  const int64_t context_cap = context_bucket(context);
+
+  auto* t = tokens_host_.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) t[r] = r < seqs ? tokens[static_cast<size_t>(r)] : 0;
+  tokens_.copy_(tokens_host_.view({1, max_seqs_}), /*non_blocking=*/true);
+  cache_.plan_static(entries, rows, context_cap);
+  params_.stage(batch, rows);
+
+  const auto key = std::pair{rows, context_cap};
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) {
+    // Capture on a side stream (capture cannot run on the legacy default stream), after one
+    // eager run of the same step there: it initialises cuBLAS and the allocator's blocks, and
+    // its writes are the ones the replay below repeats.
+    auto current = c10::cuda::getCurrentCUDAStream();
+    auto side = c10::cuda::getStreamFromPool();
+    at::cuda::CUDAEvent ready;
+    ready.record(current);
+    ready.block(side);
+    auto graph = std::make_unique<at::cuda::CUDAGraph>();
+    {
+      const c10::cuda::CUDAStreamGuard on_side(side);
+      run(rows);
+      graph->capture_begin(pool_);
+      run(rows);
+      graph->capture_end();
+    }
+    at::cuda::CUDAEvent captured;
+    captured.record(side);
+    captured.block(current);
+    it = graphs_.emplace(key, std::move(graph)).first;
+  }
+  it->second->replay();
+  out_host_.copy_(out_);  // blocking: the step's result, and the staging buffers free again
+  Result r;
+  r.tokens.resize(static_cast<size_t>(seqs));
+  r.logprobs.resize(static_cast<size_t>(seqs));
+  const auto* h = out_host_.data_ptr<uint8_t>();
+  std::memcpy(r.tokens.data(), h, static_cast<size_t>(seqs) * 8);
+  std::memcpy(r.logprobs.data(), h + max_seqs_ * 8, static_cast<size_t>(seqs) * 4);
+  return r;
+}
+
+}  // namespace rlx::cuda
