@@ -10,6 +10,9 @@
 #include "rlx/core/error.hpp"
 #include "rlx/core/torch_compat.hpp"
 #include "rlx/core/rng.hpp"
+#if RLX_WITH_CUDA
+#include "rollout/cuda/glue.hpp"
+#endif
 
 namespace rlx {
 
@@ -84,8 +87,24 @@ struct RmsNorm : torch::nn::Module {
   }
 };
 
+// Makes `parts` (parameters of equal trailing shape) views of one new tensor, their
+// concatenation along dim 0, and returns it.
+at::Tensor fuse(std::initializer_list<at::Tensor*> parts) {
+  std::vector<at::Tensor> values;
+  for (auto* p : parts) values.push_back(*p);
+  auto fused = at::cat(values, 0).contiguous();
+  int64_t at = 0;
+  for (auto* p : parts) {
+    const int64_t n = p->size(0);
+    p->set_data(fused.narrow(0, at, n));
+    at += n;
+  }
+  return fused;
+}
+
 struct Attention : torch::nn::Module {
   std::shared_ptr<Projection> q_proj, k_proj, v_proj, o_proj;
+  at::Tensor qkv_weight, qkv_bias;  // fuse_projections(): q, k, v concatenated
   Attention(const ModelConfig& c, const at::TensorOptions& o) {
     q_proj = register_module("q_proj", std::make_shared<Projection>(c.hidden_size, c.num_heads * c.head_dim, c.qkv_bias, o));
     k_proj = register_module("k_proj", std::make_shared<Projection>(c.hidden_size, c.num_kv_heads * c.head_dim, c.qkv_bias, o));
@@ -96,6 +115,7 @@ struct Attention : torch::nn::Module {
 
 struct Mlp : torch::nn::Module {
   std::shared_ptr<Projection> gate_proj, up_proj, down_proj;
+  at::Tensor gate_up_weight, gate_up_bias;  // fuse_projections(): gate, up concatenated
   Mlp(const ModelConfig& c, const at::TensorOptions& o) {
     gate_proj = register_module("gate_proj", std::make_shared<Projection>(c.hidden_size, c.intermediate_size, c.mlp_bias, o));
     up_proj = register_module("up_proj", std::make_shared<Projection>(c.hidden_size, c.intermediate_size, c.mlp_bias, o));
@@ -201,11 +221,57 @@ ForwardState Transformer::begin_forward(const ForwardInput& in, KVCache* cache) 
 
 at::Tensor Transformer::embed(const ForwardState& st) { return at::embedding(body_->embed_tokens->weight, st.tokens); }
 
+void Transformer::fuse_projections() {
+  if (fused_) return;
+  c10::NoGradGuard no_grad;
+  for (auto& blk : body_->blocks) {
+    auto& a = *blk->self_attn;
+    a.qkv_weight = detail::fuse({&a.q_proj->weight, &a.k_proj->weight, &a.v_proj->weight});
+    if (cfg_.qkv_bias) a.qkv_bias = detail::fuse({&a.q_proj->bias, &a.k_proj->bias, &a.v_proj->bias});
+    auto& m = *blk->mlp;
+    m.gate_up_weight = detail::fuse({&m.gate_proj->weight, &m.up_proj->weight});
+    if (cfg_.mlp_bias) m.gate_up_bias = detail::fuse({&m.gate_proj->bias, &m.up_proj->bias});
+  }
+  fused_ = true;
+}
+
+at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, const at::Tensor& h_in,
+                                    const ForwardState& st) {
+  const int64_t B = st.batch, T = st.time, Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
+  const int64_t inter = cfg_.intermediate_size;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const auto& att = *blk.self_attn;
+  const auto& mlp = *blk.mlp;
+  auto x = (*blk.input_layernorm)(h_in);
+  auto qkv = at::linear(x, att.qkv_weight, att.qkv_bias);
+  auto parts = qkv.split_with_sizes({Hq * D, Hkv * D, Hkv * D}, -1);
+  auto q = apply_rope(parts[0].view({B, T, Hq, D}), st.cos, st.sin);
+  auto k = apply_rope(parts[1].view({B, T, Hkv, D}), st.cos, st.sin);
+  auto v = parts[2].view({B, T, Hkv, D});
+  auto a = st.cache ? st.cache->attend(index, q, k, v, scale) : attention(q, k, v, st.mask, scale, /*fused=*/true);
+  auto attn_out = (*att.o_proj)(a.reshape({B, T, Hq * D}));
+  at::Tensor h, normed;
+#if RLX_WITH_CUDA
+  if (h_in.is_cuda()) {
+    // h = h_in + attn_out, in attn_out's storage; normed = RMSNorm(h): one kernel.
+    normed = cuda::add_rms_norm(attn_out, h_in, blk.post_attention_layernorm->weight, blk.post_attention_layernorm->eps);
+    h = attn_out;
+    auto gu = at::linear(normed, mlp.gate_up_weight, mlp.gate_up_bias);
+    return h + (*mlp.down_proj)(cuda::silu_mul(gu));
+  }
+#endif
+  h = h_in + attn_out;
+  normed = (*blk.post_attention_layernorm)(h);
+  auto gu = at::linear(normed, mlp.gate_up_weight, mlp.gate_up_bias);
+  return h + (*mlp.down_proj)(at::silu(gu.narrow(-1, 0, inter)) * gu.narrow(-1, inter, inter));
+}
+
 at::Tensor Transformer::layer(int64_t index, const at::Tensor& h_in, const ForwardState& st) {
   RLX_ASSERT(index >= 0 && index < static_cast<int64_t>(body_->blocks.size()), "layer index out of range");
   const int64_t B = st.batch, T = st.time, Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const auto& blk = *body_->blocks[static_cast<size_t>(index)];
+  if (fused_ && !c10::GradMode::is_enabled()) return fused_layer(blk, index, h_in, st);
   const auto& att = *blk.self_attn;
   auto x = (*blk.input_layernorm)(h_in);
   auto q = apply_rope((*att.q_proj)(x).view({B, T, Hq, D}), st.cos, st.sin);

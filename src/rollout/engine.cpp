@@ -73,6 +73,7 @@ Engine::Engine(std::shared_ptr<Transformer> model, EngineConfig cfg, std::shared
       version_(weight_version),
       prefix_root_(prefix_root(weight_version)),
       latest_version_(weight_version) {
+  model_->fuse_projections();  // one GEMM for q/k/v and one for gate/up; weight updates copy into them
 #if RLX_WITH_CUDA
   const auto& mc = model_->config();
   if (cfg_.cuda_graphs && model_->device().is_cuda() && (mc.head_dim == 64 || mc.head_dim == 128)) {

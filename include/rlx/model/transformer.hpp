@@ -43,6 +43,7 @@ struct ForwardState {
 
 namespace detail {
 struct Body;
+struct Block;
 struct Projection;
 }  // namespace detail
 
@@ -78,13 +79,25 @@ class Transformer : public torch::nn::Module {
   // Parameters by HF name, in a stable order (the tied LM head is not listed).
   std::vector<std::pair<std::string, at::Tensor>> hf_parameters() const;
 
+  // For inference (the rollout engine): each layer's q/k/v and gate/up weights (and
+  // biases) become one tensor each, and the parameters views of it, so that forwards
+  // without autograd run one GEMM where there were three and two (and, on CUDA, the fused
+  // SiLU-mul and add + RMSNorm kernels), and copying into a parameter (a weight update)
+  // updates the fused tensor. Forwards with autograd keep the separate GEMMs. A model whose
+  // parameters something else re-points (the sharded learner) must not be fused.
+  void fuse_projections();
+  bool fused() const { return fused_; }
+
  private:
+  at::Tensor fused_layer(const detail::Block& blk, int64_t index, const at::Tensor& h, const ForwardState& st);
+
   ModelConfig cfg_;
   at::ScalarType dtype_;
   at::Device device_;
   std::shared_ptr<detail::Body> body_;
   std::shared_ptr<detail::Projection> lm_head_;  // null when tied
   at::Tensor inv_freq_;                          // fp32 [head_dim / 2], a buffer
+  bool fused_ = false;
 };
 
 }  // namespace rlx

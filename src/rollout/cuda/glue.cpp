@@ -144,4 +144,37 @@ at::Tensor decode_attention_on_device(const at::Tensor& q_in, const at::Tensor& 
   return out;
 }
 
+at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& x_in, const at::Tensor& weight, double eps) {
+  const c10::cuda::CUDAGuard guard(residual.device());
+  RLX_ASSERT(residual.is_contiguous() && residual.sizes() == x_in.sizes() && residual.scalar_type() == x_in.scalar_type() &&
+                 weight.scalar_type() == residual.scalar_type() && weight.numel() == residual.size(-1),
+             "add_rms_norm: residual {}, x {}, weight {}", residual.sizes(), x_in.sizes(), weight.sizes());
+  const auto x = x_in.contiguous();
+  auto out = at::empty_like(residual);
+  const int64_t hidden = residual.size(-1);
+  AddRmsNormArgs a{.dtype = dtype_of(residual),
+                   .residual = residual.data_ptr(),
+                   .x = x.data_ptr(),
+                   .weight = weight.data_ptr(),
+                   .out = out.data_ptr(),
+                   .rows = static_cast<int>(residual.numel() / hidden),
+                   .hidden = static_cast<int>(hidden),
+                   .eps = static_cast<float>(eps)};
+  check("add_rms_norm", cuda::add_rms_norm(a, c10::cuda::getCurrentCUDAStream().stream()));
+  return out;
+}
+
+at::Tensor silu_mul(const at::Tensor& gate_up_in) {
+  const c10::cuda::CUDAGuard guard(gate_up_in.device());
+  const auto gate_up = gate_up_in.contiguous();
+  const int64_t inter = gate_up.size(-1) / 2;
+  auto sizes = gate_up.sizes().vec();
+  sizes.back() = inter;
+  auto out = at::empty(sizes, gate_up.options());
+  check("silu_mul", cuda::silu_mul(dtype_of(gate_up), gate_up.data_ptr(), out.data_ptr(),
+                                   static_cast<int>(gate_up.numel() / (2 * inter)), static_cast<int>(inter),
+                                   c10::cuda::getCurrentCUDAStream().stream()));
+  return out;
+}
+
 }  // namespace rlx::cuda

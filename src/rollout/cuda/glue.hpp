@@ -38,4 +38,10 @@ at::Tensor decode_attention_on_device(const at::Tensor& q, const at::Tensor& k_p
                                       const at::Tensor& block_tables, const at::Tensor& context_lens,
                                       int64_t max_context, double scale);
 
+// residual <- residual + x; returns RMSNorm(residual) * weight (one kernel). residual is
+// [..., hidden] contiguous, x and weight of its dtype.
+at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, double eps);
+// SiLU(gate) * up for gate_up [..., 2 * inter] (the fused gate/up GEMM's output): [..., inter].
+at::Tensor silu_mul(const at::Tensor& gate_up);
+
 }  // namespace rlx::cuda

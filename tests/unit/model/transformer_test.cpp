@@ -202,3 +202,46 @@ TEST_CASE("transformer: presets have the published parameter counts", "[model]")
   CHECK(rlx::model_preset("smollm2-360m").num_parameters() == 361821120);
   CHECK(rlx::model_preset("tiny").num_parameters() < 1'000'000);
 }
+
+TEST_CASE("transformer: fused projections compute the same forward, take weight updates, keep gradients", "[model]") {
+  for (bool bias : {false, true}) {
+    INFO("biases " << bias);
+    const auto cfg = small_config(bias);
+    auto plain = make_model(cfg), fused = make_model(cfg);
+    {
+      c10::NoGradGuard g;  // make_model's perturbations draw from the global generator: copy them
+      auto src = plain->hf_parameters(), dst = fused->hf_parameters();
+      for (size_t i = 0; i < src.size(); ++i) dst[i].second.copy_(src[i].second);
+    }
+    fused->fuse_projections();
+    CHECK(fused->fused());
+    const auto tokens = at::randint(97, {2, 9}, at::TensorOptions().dtype(at::kLong));
+    {
+      c10::NoGradGuard g;
+      CHECK(max_abs_diff(plain->forward({.tokens = tokens}), fused->forward({.tokens = tokens})) < 1e-5);
+      // A weight update copies into the parameters: the fused GEMMs see it.
+      auto named = [](rlx::Transformer& m, const std::string& name) {
+        for (auto& [n, p] : m.hf_parameters())
+          if (n == name) return p;
+        FAIL("no parameter " << name);
+        return at::Tensor();
+      };
+      for (const char* name : {"model.layers.0.self_attn.k_proj.weight", "model.layers.1.mlp.up_proj.weight"}) {
+        auto update = at::randn(named(*plain, name).sizes()) * 0.2;
+        named(*plain, name).copy_(update);
+        named(*fused, name).copy_(update);
+      }
+      CHECK(max_abs_diff(plain->forward({.tokens = tokens}), fused->forward({.tokens = tokens})) < 1e-5);
+    }
+    // With autograd the parameters themselves are used: their gradients match.
+    plain->forward({.tokens = tokens}).pow(2).mean().backward();
+    fused->forward({.tokens = tokens}).pow(2).mean().backward();
+    auto a = plain->hf_parameters(), b = fused->hf_parameters();
+    REQUIRE(a.size() == b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      INFO(a[i].first);
+      REQUIRE(b[i].second.grad().defined());
+      CHECK(max_abs_diff(a[i].second.grad(), b[i].second.grad()) < 1e-5);
+    }
+  }
+}
