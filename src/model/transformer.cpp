@@ -244,11 +244,15 @@ at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, con
   const auto& mlp = *blk.mlp;
   auto x = (*blk.input_layernorm)(h_in);
   auto qkv = at::linear(x, att.qkv_weight, att.qkv_bias);
-  auto parts = qkv.split_with_sizes({Hq * D, Hkv * D, Hkv * D}, -1);
-  auto q = apply_rope(parts[0].view({B, T, Hq, D}), st.cos, st.sin);
-  auto k = apply_rope(parts[1].view({B, T, Hkv, D}), st.cos, st.sin);
-  auto v = parts[2].view({B, T, Hkv, D});
-  auto a = st.cache ? st.cache->attend(index, q, k, v, scale) : attention(q, k, v, st.mask, scale, /*fused=*/true);
+  // A cache that rotates and stores keys itself (RoPE + KV append in one kernel) takes qkv as it is.
+  at::Tensor a = st.cache ? st.cache->attend_rotating(index, qkv, inv_freq_, Hq, scale) : at::Tensor();
+  if (!a.defined()) {
+    auto parts = qkv.split_with_sizes({Hq * D, Hkv * D, Hkv * D}, -1);
+    auto q = apply_rope(parts[0].view({B, T, Hq, D}), st.cos, st.sin);
+    auto k = apply_rope(parts[1].view({B, T, Hkv, D}), st.cos, st.sin);
+    auto v = parts[2].view({B, T, Hkv, D});
+    a = st.cache ? st.cache->attend(index, q, k, v, scale) : attention(q, k, v, st.mask, scale, /*fused=*/true);
+  }
   auto attn_out = (*att.o_proj)(a.reshape({B, T, Hq * D}));
   at::Tensor h, normed;
 #if RLX_WITH_CUDA

@@ -90,6 +90,7 @@ void PagedKVCache::plan(std::span<const Entry> entries) {
     return ((block * (kv_heads_ * bs) + offset).unsqueeze(-1) + heads).reshape({-1});
   };
   write_rows_ = rows(longs(write_block), longs(write_offset));
+  write_slots_ = head_major_ ? longs(write_block) * bs + longs(write_offset) : at::Tensor();
   q_index_ = longs(q_index);
   out_index_ = longs(out_index);
   // Context slots and the mask are expanded on the device from the small tables.
@@ -119,13 +120,14 @@ void PagedKVCache::plan(std::span<const Entry> entries) {
 }
 
 namespace {
-// Byte offsets of the static plan's parts: positions [S] and write rows [S * Hkv] (int64),
+// Byte offsets of the static plan's parts: positions [S], slots [S] and write rows [S * Hkv] (int64),
 // tables [S * max_blocks] and context lengths [S] (int32).
 struct StaticLayout {
-  int64_t positions, write_rows, tables, lens, bytes;
+  int64_t positions, slots, write_rows, tables, lens, bytes;
   StaticLayout(int64_t seqs, int64_t kv_heads, int64_t max_blocks) {
     positions = 0;
-    write_rows = positions + seqs * 8;
+    slots = positions + seqs * 8;
+    write_rows = slots + seqs * 8;
     tables = write_rows + seqs * kv_heads * 8;
     lens = tables + seqs * max_blocks * 4;
     bytes = lens + seqs * 4;
@@ -160,6 +162,7 @@ void PagedKVCache::plan_static(std::span<const Entry> entries, int64_t rows, int
   const StaticLayout l(static_max_seqs_, kv_heads_, mb);
   auto* host = static_host_.data_ptr<uint8_t>();
   auto* positions = reinterpret_cast<int64_t*>(host + l.positions);
+  auto* slots = reinterpret_cast<int64_t*>(host + l.slots);
   auto* write_rows = reinterpret_cast<int64_t*>(host + l.write_rows);
   auto* tables = reinterpret_cast<int32_t*>(host + l.tables);
   auto* lens = reinterpret_cast<int32_t*>(host + l.lens);
@@ -172,6 +175,7 @@ void PagedKVCache::plan_static(std::span<const Entry> entries, int64_t rows, int
     const int64_t pos = real ? e->cached : 0;
     const int64_t block = real ? e->blocks[static_cast<size_t>(pos / bs)] : pad_block_;
     positions[s] = pos;
+    slots[s] = block * bs + pos % bs;
     for (int64_t h = 0; h < kv_heads_; ++h) write_rows[s * kv_heads_ + h] = (block * kv_heads_ + h) * bs + pos % bs;
     const int64_t used = real ? pos / bs + 1 : 1;
     for (int64_t b = 0; b < mb; ++b)
@@ -184,6 +188,7 @@ void PagedKVCache::plan_static(std::span<const Entry> entries, int64_t rows, int
   max_ctx_ = max_context;
   positions_ = bytes_as(static_bytes_, l.positions, rows, at::kLong).view({1, rows});
   write_rows_ = bytes_as(static_bytes_, l.write_rows, rows * kv_heads_, at::kLong);
+  write_slots_ = bytes_as(static_bytes_, l.slots, rows, at::kLong);
   tables_ = bytes_as(static_bytes_, l.tables, rows * mb, at::kInt).view({rows, mb});
   context_lens_ = bytes_as(static_bytes_, l.lens, rows, at::kInt);
   static_step_ = true;
@@ -217,11 +222,33 @@ at::Tensor PagedKVCache::attend(int64_t layer, const at::Tensor& q, const at::Te
                                 double scale) {
   auto& kp = keys_.at(static_cast<size_t>(layer));
   auto& vp = values_.at(static_cast<size_t>(layer));
-  const int64_t Hq = q.size(2), Hkv = k.size(2), D = k.size(3);
+  const int64_t Hkv = k.size(2), D = k.size(3);
   const int64_t row = head_major_ ? D : Hkv * D;  // k and v are [1, packed, Hkv, D]: the same rows
   auto kr = kp.view({-1, row}), vr = vp.view({-1, row});
   kr.index_copy_(0, write_rows_, k.reshape({-1, row}).to(kp.scalar_type()));
   vr.index_copy_(0, write_rows_, v.reshape({-1, row}).to(vp.scalar_type()));
+  return attend_stored(layer, q, scale);
+}
+
+at::Tensor PagedKVCache::attend_rotating(int64_t layer, const at::Tensor& qkv, const at::Tensor& inv_freq,
+                                         int64_t q_heads, double scale) {
+#if RLX_WITH_CUDA
+  auto& kp = keys_.at(static_cast<size_t>(layer));
+  auto& vp = values_.at(static_cast<size_t>(layer));
+  if (!head_major_ || !write_slots_.defined() || !cuda::decode_attention_supported(qkv, kp)) return {};
+  auto q = cuda::rope_append(qkv.reshape({packed_, -1}), positions_.view({-1}), write_slots_, inv_freq, kp, vp, q_heads);
+  return attend_stored(layer, q.view({1, packed_, q_heads, kp.size(3)}), scale);
+#else
+  return {};
+#endif
+}
+
+at::Tensor PagedKVCache::attend_stored(int64_t layer, const at::Tensor& q, double scale) {
+  auto& kp = keys_.at(static_cast<size_t>(layer));
+  auto& vp = values_.at(static_cast<size_t>(layer));
+  const int64_t Hq = q.size(2), Hkv = kv_heads_, D = q.size(3);
+  const int64_t row = head_major_ ? D : Hkv * D;
+  auto kr = kp.view({-1, row}), vr = vp.view({-1, row});
 #if RLX_WITH_CUDA
   if (tables_.defined() && cuda::decode_attention_supported(q, kp))
     return cuda::decode_attention_on_device(q.reshape({packed_, Hq, D}), kp, vp, tables_, context_lens_, max_ctx_,

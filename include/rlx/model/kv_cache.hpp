@@ -54,6 +54,14 @@ class KVCache {
   // attention output [B, T, Hq, D] over everything the row has cached.
   virtual at::Tensor attend(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             double scale) = 0;
+  // Optional, for caches that rotate and store keys themselves (the paged cache on CUDA,
+  // one kernel): `qkv` [B, T, (q_heads + 2 Hkv) * D] is the fused projection's output before
+  // RoPE, `inv_freq` the model's fp32 RoPE frequencies. Returns attend()'s output, or an
+  // undefined tensor when this cache cannot (the caller rotates and calls attend()).
+  virtual at::Tensor attend_rotating(int64_t layer, const at::Tensor& qkv, const at::Tensor& inv_freq, int64_t q_heads,
+                                     double scale) {
+    return {};
+  }
   // After the last layer: the step's tokens become part of the cache.
   virtual void end() = 0;
 };

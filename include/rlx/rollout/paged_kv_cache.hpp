@@ -68,9 +68,14 @@ class PagedKVCache final : public KVCache {
   at::Tensor begin(const ForwardInput& in) override;
   at::Tensor attend(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                     double scale) override;
+  at::Tensor attend_rotating(int64_t layer, const at::Tensor& qkv, const at::Tensor& inv_freq, int64_t q_heads,
+                             double scale) override;
   void end() override {}
 
  private:
+  // Attention over the pool, the step's keys and values already in it; q [1, packed, Hq, D].
+  at::Tensor attend_stored(int64_t layer, const at::Tensor& q, double scale);
+
   int32_t num_blocks_, block_size_;
   int64_t kv_heads_;
   bool head_major_;  // CUDA: [block, Hkv, block_size, D] for the kernels; CPU: [block, block_size, Hkv, D]
@@ -80,6 +85,7 @@ class PagedKVCache final : public KVCache {
   at::Tensor positions_;   // [1, packed]
   // Rows of a pool (head-major: one per token and head; token-major: one per token):
   at::Tensor write_rows_;  // of each new token
+  at::Tensor write_slots_; // head-major: block * block_size + offset of each new token (RoPE + append kernel)
   at::Tensor ctx_rows_;    // of each context position, [seqs * max_ctx] in order (block 0 past the end)
   at::Tensor tables_, context_lens_;       // decode steps read in place: int32 [seqs, max_blocks], [seqs]
   // Static decode (enable_static): one host staging buffer (pinned on CUDA) and its device

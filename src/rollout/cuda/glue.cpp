@@ -164,6 +164,35 @@ at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& x_in, const at::
   return out;
 }
 
+at::Tensor rope_append(const at::Tensor& qkv_in, const at::Tensor& positions, const at::Tensor& slots,
+                       const at::Tensor& inv_freq, at::Tensor& k_pool, at::Tensor& v_pool, int64_t q_heads) {
+  const c10::cuda::CUDAGuard guard(qkv_in.device());
+  const auto qkv = qkv_in.contiguous();
+  const int64_t rows = qkv.size(0), kv_heads = k_pool.size(1), block_size = k_pool.size(2), head_dim = k_pool.size(3);
+  RLX_ASSERT(qkv.dim() == 2 && qkv.size(1) == (q_heads + 2 * kv_heads) * head_dim && positions.numel() == rows &&
+                 slots.numel() == rows && positions.scalar_type() == at::kLong && slots.scalar_type() == at::kLong &&
+                 inv_freq.scalar_type() == at::kFloat && inv_freq.numel() == head_dim / 2 &&
+                 k_pool.scalar_type() == qkv.scalar_type(),
+             "rope_append: qkv {}, pool {}", qkv.sizes(), k_pool.sizes());
+  auto q = at::empty({rows, q_heads, head_dim}, qkv.options());
+  const auto pos = positions.contiguous(), sl = slots.contiguous(), freq = inv_freq.contiguous();
+  RopeAppendArgs a{.dtype = dtype_of(qkv),
+                   .qkv = qkv.data_ptr(),
+                   .positions = pos.data_ptr<int64_t>(),
+                   .slots = sl.data_ptr<int64_t>(),
+                   .inv_freq = freq.data_ptr<float>(),
+                   .q_out = q.data_ptr(),
+                   .k_pool = k_pool.data_ptr(),
+                   .v_pool = v_pool.data_ptr(),
+                   .rows = static_cast<int>(rows),
+                   .q_heads = static_cast<int>(q_heads),
+                   .kv_heads = static_cast<int>(kv_heads),
+                   .head_dim = static_cast<int>(head_dim),
+                   .block_size = static_cast<int>(block_size)};
+  check("rope_append", cuda::rope_append(a, c10::cuda::getCurrentCUDAStream().stream()));
+  return q;
+}
+
 at::Tensor silu_mul(const at::Tensor& gate_up_in) {
   const c10::cuda::CUDAGuard guard(gate_up_in.device());
   const auto gate_up = gate_up_in.contiguous();

@@ -41,6 +41,11 @@ at::Tensor decode_attention_on_device(const at::Tensor& q, const at::Tensor& k_p
 // residual <- residual + x; returns RMSNorm(residual) * weight (one kernel). residual is
 // [..., hidden] contiguous, x and weight of its dtype.
 at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, double eps);
+// RoPE on the q and k heads of qkv [rows, (q_heads + 2 Hkv) * D] at `positions` (int64
+// [rows]), k and v written into the head-major pools at `slots` (int64 [rows]); returns the
+// rotated q [rows, q_heads, D].
+at::Tensor rope_append(const at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& slots,
+                       const at::Tensor& inv_freq, at::Tensor& k_pool, at::Tensor& v_pool, int64_t q_heads);
 // SiLU(gate) * up for gate_up [..., 2 * inter] (the fused gate/up GEMM's output): [..., inter].
 at::Tensor silu_mul(const at::Tensor& gate_up);
 
