@@ -72,15 +72,15 @@ __global__ void __launch_bounds__(kWarps * 32) decode_split_kernel(DecodeAttenti
   for (int base = begin + warp * kTokensPerWarp; base < end; base += kWarps * kTokensPerWarp) {
     const int t = base + sub;
     const bool valid = t < end;
-    T kx[kVec], vx[kVec];
+    // One 16-byte load each (uint4 registers, read as kVec values of T).
+    uint4 kraw = make_uint4(0, 0, 0, 0), vraw = make_uint4(0, 0, 0, 0);
     if (valid) {
       const int64_t at = hd::paged_token_offset(layout, table, t, kv_head) + part * kVec;
-      *reinterpret_cast<uint4*>(kx) = *reinterpret_cast<const uint4*>(kpool + at);
-      *reinterpret_cast<uint4*>(vx) = *reinterpret_cast<const uint4*>(vpool + at);
-    } else {
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) kx[j] = vx[j] = Num<T>::from(0.0f);
+      kraw = *reinterpret_cast<const uint4*>(kpool + at);
+      vraw = *reinterpret_cast<const uint4*>(vpool + at);
     }
+    const T* kx = reinterpret_cast<const T*>(&kraw);
+    const T* vx = reinterpret_cast<const T*>(&vraw);
 #pragma unroll
     for (int g = 0; g < kMaxGroup; ++g) {
       float s = 0.0f;
