@@ -9,11 +9,11 @@
 #   EXTRA_DEBS="nlohmann-json3-dev libcli11-dev libicu-dev libicu72 libpcre2-dev libpcre2-8-0
 #   libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libseccomp-dev libseccomp2 libxxhash-dev
 #   libxxhash0 pkgconf pkgconf-bin libpkgconf3 pkg-config libsodium-dev"
-#   steps (default all, in this order): build parity model learner sync gpu_tests sanitizer unit sampler
+#   steps (default all, in this order): build parity model learner sync gpu_tests sanitizer unit decode sampler
 set -uo pipefail
 out=${1:?usage: cuda_check.sh OUT [STEP...]}
 shift
-steps=${*:-build parity model learner sync gpu_tests sanitizer unit sampler}
+steps=${*:-build parity model learner sync gpu_tests sanitizer unit decode sampler}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 build=${RLX_CUDA_BUILD:-$root/build/cuda}
@@ -56,6 +56,16 @@ for s in $steps; do
       for b in 1 64 256; do
         step model_decode_b$b 120 "$rlx" bench model --preset qwen2.5-0.5b --arch qwen2 --dtype bfloat16 \
           --device cuda --batch $b --seq 512 --decode-steps 64 --iters 2 && json model
+      done ;;
+    decode)
+      # The engine's decode step with and without CUDA graphs (same kernels otherwise), random
+      # Qwen2.5-0.5B-shaped weights: graph_steps in the JSON says how many steps replayed.
+      for b in 1 64 256; do
+        for g in 0 1; do
+          step decode_b${b}_graphs$g 120 "$rlx" bench sampler --preset qwen2.5-0.5b --arch qwen2 --dtype bfloat16 \
+            --device cuda --batch $b --prompt 512 --new 128 --iters 1 --kv-cache-mb 16384 --max-batch-tokens 16384 \
+            --cuda-graphs $g && json decode
+        done
       done ;;
     sampler)
       step sampler 540 python3 scripts/bench_hf_generate.py --rlx "$rlx" --out /tmp/rlx-sampler \
