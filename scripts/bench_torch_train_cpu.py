@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""The CPU peer of `rlx bench learner`: a plain PyTorch training step in Python (Debian's
+python3-torch), same model shape (an rlx preset, Qwen2 layout: q/k/v biases, GQA, RoPE,
+RMSNorm, SwiGLU, tied embeddings), same tokens per step, same loss (minus the mean log-prob
+of the next token), gradient clipping at 1.0 and AdamW (lr 1e-5), same thread count.
+
+  python3 scripts/bench_torch_train_cpu.py --preset tiny --seq 256 --batch-seqs 8 --steps 5 --threads 2
+
+Prints the median step time and tokens/s as one JSON line, last. `rlx bench learner
+--ranks 1 --threads 2` with the same --preset/--seq/--batch-seqs is the run it is held against.
+"""
+import argparse, json, math, time
+
+import torch
+import torch.nn.functional as F
+
+# name: vocab, hidden, intermediate, layers, heads, kv_heads, head_dim (src/model/config.cpp)
+PRESETS = {"tiny": (512, 64, 176, 2, 4, 2, 16), "small": (4096, 256, 704, 4, 8, 2, 32)}
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d, inter, heads, kv, hd):
+        super().__init__()
+        self.heads, self.kv, self.hd = heads, kv, hd
+        self.ln1 = torch.nn.Parameter(torch.ones(d))
+        self.ln2 = torch.nn.Parameter(torch.ones(d))
+        self.q = torch.nn.Linear(d, heads * hd)
+        self.k = torch.nn.Linear(d, kv * hd)
+        self.v = torch.nn.Linear(d, kv * hd)
+        self.o = torch.nn.Linear(heads * hd, d, bias=False)
+        self.gate = torch.nn.Linear(d, inter, bias=False)
+        self.up = torch.nn.Linear(d, inter, bias=False)
+        self.down = torch.nn.Linear(inter, d, bias=False)
+
+
+def rms(x, w, eps=1e-6):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rope(x, cos, sin):
+    a, b = x.chunk(2, -1)
+    return x * cos + torch.cat((-b, a), -1) * sin
+
+
+class Model(torch.nn.Module):
+    def __init__(self, vocab, d, inter, layers, heads, kv, hd):
+        super().__init__()
+        self.embed = torch.nn.Parameter(torch.randn(vocab, d) * 0.02)
+        self.blocks = torch.nn.ModuleList(Block(d, inter, heads, kv, hd) for _ in range(layers))
+        self.norm = torch.nn.Parameter(torch.ones(d))
+        for n, p in self.named_parameters():
+            if p.dim() == 2:
+                torch.nn.init.normal_(p, 0.0, 0.02)
+            elif n.endswith("bias"):
+                torch.nn.init.zeros_(p)
+        self.inv_freq = 1.0 / (10000.0 ** (torch.arange(0, hd, 2).float() / hd))
+
+    def forward(self, tokens):
+        B, T = tokens.shape
+        freqs = torch.arange(T).float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), -1)
+        cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+        mask = torch.full((T, T), float("-inf")).triu(1)
+        h = F.embedding(tokens, self.embed)
+        for blk in self.blocks:
+            x = rms(h, blk.ln1)
+            q = blk.q(x).view(B, T, blk.heads, blk.hd).transpose(1, 2)
+            k = blk.k(x).view(B, T, blk.kv, blk.hd).transpose(1, 2)
+            v = blk.v(x).view(B, T, blk.kv, blk.hd).transpose(1, 2)
+            q, k = rope(q, cos, sin), rope(k, cos, sin)
+            rep = blk.heads // blk.kv
+            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+            att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(blk.hd) + mask, -1)
+            h = h + blk.o((att @ v).transpose(1, 2).reshape(B, T, -1))
+            x = rms(h, blk.ln2)
+            h = h + blk.down(F.silu(blk.gate(x)) * blk.up(x))
+        return rms(h, self.norm) @ self.embed.t()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--batch-seqs", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = Model(*PRESETS[args.preset])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    g = torch.Generator().manual_seed(1)
+    times = []
+    for s in range(args.steps + 1):  # step 0 warms up
+        tokens = torch.randint(0, PRESETS[args.preset][0], (args.batch_seqs, args.seq), generator=g)
+        t0 = time.perf_counter()
+        logits = model(tokens)
+        logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
+        loss = -logp.sum() / logp.numel()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        dt = time.perf_counter() - t0
+        if s > 0:
+            times.append(dt)
+    times.sort()
+    step_s = times[len(times) // 2]
+    print(json.dumps({"bench": "torch_train_cpu", "preset": args.preset, "torch": torch.__version__,
+                      "threads": args.threads, "seq": args.seq, "batch_seqs": args.batch_seqs,
+                      "step_s": step_s, "tokens_per_s": args.batch_seqs * args.seq / step_s}))
+
+
+if __name__ == "__main__":
+    main()
