@@ -234,6 +234,11 @@ at::Tensor ShardedTransformer::forward_hidden(const ForwardInput& in) {
   return model_->end_forward(h, st);
 }
 
+const at::Tensor& ShardedTransformer::lm_head_weight() {
+  gather(0);
+  return model_->lm_head_weight();
+}
+
 at::Tensor ShardedTransformer::logits(const at::Tensor& hidden) {
   gather(0);
   return model_->logits(hidden);

@@ -5,6 +5,7 @@
 
 #include "rlx/core/clock.hpp"
 #include "rlx/core/error.hpp"
+#include "rlx/model/logprob_head.hpp"
 
 namespace rlx {
 
@@ -49,9 +50,11 @@ TokenOutputs Learner::outputs(const MicroBatch& mb, bool entropy) {
   auto hidden = model_.forward_hidden({.tokens = mb.tokens, .segments = mb.segments});
   TokenOutputs out;
   if (opt_.policy_head) {
-    auto logits = model_.logits(hidden);
-    out.logprobs = gather_logprobs(logits, mb.targets.to(hidden.device()));
-    if (entropy) out.entropy = entropy_from_logits(logits);
+    // Chunked over tokens: never the step's [tokens, vocab] logits in fp32 (model/logprob_head.hpp).
+    auto head = token_logprobs(hidden, model_.lm_head_weight(), mb.targets.to(hidden.device()),
+                               {.entropy = entropy, .chunk_tokens = opt_.logprob_chunk_tokens});
+    out.logprobs = head.logprobs;
+    if (entropy) out.entropy = head.entropy;
   }
   if (opt_.value_head) {
     const int64_t h = value_head_.size(0) - 1;

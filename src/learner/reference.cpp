@@ -1,6 +1,7 @@
 #include "rlx/learner/reference.hpp"
 
 #include "rlx/learner/learner.hpp"
+#include "rlx/model/logprob_head.hpp"
 #include <c10/core/GradMode.h>
 
 namespace rlx {
@@ -13,7 +14,7 @@ ReferenceModel::ReferenceModel(const ModelConfig& cfg, dist::Communicator& comm,
 at::Tensor ReferenceModel::logprobs(const MicroBatch& mb) {
   c10::NoGradGuard no_grad;
   auto hidden = model_.forward_hidden({.tokens = mb.tokens, .segments = mb.segments});
-  auto out = gather_logprobs(model_.logits(hidden), mb.targets.to(hidden.device()));
+  auto out = token_logprobs(hidden, model_.lm_head_weight(), mb.targets.to(hidden.device())).logprobs;
   model_.release_all();
   return out;
 }

@@ -298,6 +298,10 @@ at::Tensor Transformer::forward_hidden(const ForwardInput& in, KVCache* cache) {
   return end_forward(h, st);
 }
 
+const at::Tensor& Transformer::lm_head_weight() const {
+  return lm_head_ ? lm_head_->weight : body_->embed_tokens->weight;
+}
+
 at::Tensor Transformer::logits(const at::Tensor& hidden) {
   return lm_head_ ? (*lm_head_)(hidden) : at::linear(hidden, body_->embed_tokens->weight);
 }

@@ -78,6 +78,8 @@ class ShardedTransformer {
   // grad mode is on.
   at::Tensor forward_hidden(const ForwardInput& in);
   at::Tensor logits(const at::Tensor& hidden);
+  // The LM-head weight, gathered (for rlx::token_logprobs, which never makes all the logits).
+  const at::Tensor& lm_head_weight();
   // After the last backward of a step: the root unit's gradients are reduce-scattered
   // into its shard's .grad and its full parameters freed.
   void finish_backward();

@@ -36,6 +36,7 @@ struct LearnerOptions {
   PackOptions packing;
   dist::FsdpOptions fsdp;
   bool entropy = false;        // compute TokenOutputs::entropy (costs a pass over the logits)
+  int64_t logprob_chunk_tokens = 1024;  // tokens whose logits exist at once in the policy head
   bool policy_head = true;     // the LM head's log-probs (false: a critic that only needs values)
   bool value_head = false;     // a scalar value per position from the last hidden state (PPO's critic)
   uint64_t seed = 0;           // the learner's random stream (per rank: stream = rank)

@@ -61,6 +61,8 @@ class Transformer : public torch::nn::Module {
   // LM-head logits for hidden states [..., hidden_size] -> [..., vocab_size], in the model's dtype.
   at::Tensor logits(const at::Tensor& hidden);
   at::Tensor forward(const ForwardInput& in, KVCache* cache = nullptr) { return logits(forward_hidden(in, cache)); }
+  // The weight logits() multiplies by, [vocab_size, hidden_size] (the embedding when tied).
+  const at::Tensor& lm_head_weight() const;
 
   // forward_hidden in its steps, for callers that run the layers one at a time (the
   // sharded learner gathers each layer's weights just before it runs):
