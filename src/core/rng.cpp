@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "rlx/core/error.hpp"
-#include "rlx/rollout/cuda/philox.hpp"
+#include "rlx/core/philox.hpp"
 
 namespace rlx {
 
@@ -23,7 +23,7 @@ inline uint32_t word_at(const RngStream::State& s, uint64_t i) {
 }
 }  // namespace
 
-// The generator itself lives in rollout/cuda/philox.hpp, shared with the GPU sampler.
+// The generator itself is core/philox.hpp, which device code can call too.
 PhiloxCounter philox4x32(PhiloxCounter c, PhiloxKey k) {
   const hd::Philox4 out = hd::philox4x32_10(c[0], c[1], c[2], c[3], k[0], k[1]);
   return {out.v[0], out.v[1], out.v[2], out.v[3]};

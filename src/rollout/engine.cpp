@@ -420,6 +420,16 @@ void Engine::schedule() {
   }
 }
 
+template <class F>
+auto Engine::forgetting_on_error(F&& forward) -> decltype(forward()) {
+  try {
+    return forward();
+  } catch (...) {
+    blocks_.clear_cache();  // blocks published for this step were never computed
+    throw;
+  }
+}
+
 void Engine::forward_and_sample() {
   std::vector<PagedKVCache::Entry> entries;
   std::vector<int64_t> packed, last_rows;
@@ -443,36 +453,17 @@ void Engine::forward_and_sample() {
   // CUDA graph.
   if (graphs_ && completing.size() == plan_.size() && static_cast<int64_t>(plan_.size()) <= graphs_->max_seqs() &&
       std::all_of(plan_.begin(), plan_.end(), [](const Planned& p) { return p.n == 1 && p.seq->followers.empty(); })) {
-    SamplingBatch batch;
-    for (const auto& [s, n] : plan_) {
-      const auto& r = s->req->req;
-      batch.add(r.params, sampling_uniform(r.seed, r.id, s->sample, static_cast<int64_t>(s->tokens.size())));
-    }
-    cuda::DecodeGraphs::Result out;
-    try {
-      out = graphs_->step(entries, packed, batch);
-    } catch (...) {
-      blocks_.clear_cache();  // blocks published for this step were never computed
-      throw;
-    }
+    const auto out = forgetting_on_error([&] { return graphs_->step(entries, packed, sampling_batch(completing)); });
     stats_.forward_tokens += static_cast<int64_t>(packed.size());
     ++stats_.graph_steps;
     for (const auto& [s, n] : plan_) s->computed += n;
-    for (size_t i = 0; i < plan_.size(); ++i)
-      append_token(*plan_[i].seq, static_cast<TokenId>(out.tokens[i]), out.logprobs[i]);
-    std::erase_if(running_, [](const Seq* s) { return s->done; });
+    append_sampled(completing, out.tokens.data(), out.logprobs.data());
     return;
   }
 #endif
   cache_.plan(entries);
   auto tokens = at::tensor(packed, long_opts).to(device).view({1, static_cast<int64_t>(packed.size())});
-  at::Tensor hidden;
-  try {
-    hidden = model_->forward_hidden({.tokens = tokens}, &cache_);
-  } catch (...) {
-    blocks_.clear_cache();  // blocks published for this step were never computed
-    throw;
-  }
+  const auto hidden = forgetting_on_error([&] { return model_->forward_hidden({.tokens = tokens}, &cache_); });
   stats_.forward_tokens += static_cast<int64_t>(packed.size());
   for (const auto& [s, n] : plan_) s->computed += n;
   if (completing.empty()) return;
@@ -500,17 +491,22 @@ void Engine::forward_and_sample() {
   }
   auto logits = model_->logits(hidden.select(0, 0).index_select(0, at::tensor(last_rows, long_opts).to(device)));
   if (samplers.size() != completing.size()) logits = logits.index_select(0, at::tensor(rows, long_opts).to(device));
+  auto sampled = sample(logits, sampling_batch(samplers));
+  const auto toks = sampled.tokens.to(at::kCPU).contiguous(), lps = sampled.logprobs.to(at::kCPU).contiguous();
+  append_sampled(samplers, toks.data_ptr<int64_t>(), lps.data_ptr<float>());
+}
+
+SamplingBatch Engine::sampling_batch(const std::vector<Seq*>& seqs) const {
   SamplingBatch batch;
-  for (Seq* s : samplers) {
+  for (const Seq* s : seqs) {
     const auto& r = s->req->req;
     batch.add(r.params, sampling_uniform(r.seed, r.id, s->sample, static_cast<int64_t>(s->tokens.size())));
   }
-  auto sampled = sample(logits, batch);
-  auto toks = sampled.tokens.to(at::kCPU), lps = sampled.logprobs.to(at::kCPU);
-  auto tok_a = toks.accessor<int64_t, 1>();
-  auto lp_a = lps.accessor<float, 1>();
-  for (size_t i = 0; i < samplers.size(); ++i)
-    append_token(*samplers[i], static_cast<TokenId>(tok_a[static_cast<int64_t>(i)]), lp_a[static_cast<int64_t>(i)]);
+  return batch;
+}
+
+void Engine::append_sampled(const std::vector<Seq*>& seqs, const int64_t* tokens, const float* logprobs) {
+  for (size_t i = 0; i < seqs.size(); ++i) append_token(*seqs[i], static_cast<TokenId>(tokens[i]), logprobs[i]);
   std::erase_if(running_, [](const Seq* s) { return s->done; });
 }
 

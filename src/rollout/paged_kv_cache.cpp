@@ -89,8 +89,9 @@ void PagedKVCache::plan(std::span<const Entry> entries) {
     if (!head_major_) return (block * bs + offset).reshape({-1});
     return ((block * (kv_heads_ * bs) + offset).unsqueeze(-1) + heads).reshape({-1});
   };
-  write_rows_ = rows(longs(write_block), longs(write_offset));
-  write_slots_ = head_major_ ? longs(write_block) * bs + longs(write_offset) : at::Tensor();
+  const auto wblock = longs(write_block), woffset = longs(write_offset);
+  write_rows_ = rows(wblock, woffset);
+  write_slots_ = head_major_ ? wblock * bs + woffset : at::Tensor();
   q_index_ = longs(q_index);
   out_index_ = longs(out_index);
   // Context slots and the mask are expanded on the device from the small tables.

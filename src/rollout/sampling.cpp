@@ -85,12 +85,13 @@ class RuleRow {
   }
   // The first token in vocabulary order whose running kept mass exceeds floor(u * S).
   int64_t draw(double u) const {
+    std::vector<uint64_t> kept(static_cast<size_t>(n_));
     uint64_t total = 0;
-    for (int64_t i = 0; i < n_; ++i) total += kept_mass(i);
+    for (int64_t i = 0; i < n_; ++i) total += kept[static_cast<size_t>(i)] = kept_mass(i);
     const uint64_t target = hd::draw_target(u, total);
     uint64_t run = 0;
     for (int64_t i = 0; i < n_; ++i)
-      if ((run += kept_mass(i)) > target) return i;
+      if ((run += kept[static_cast<size_t>(i)]) > target) return i;
     RLX_ASSERT(false, "sampling: no token reached the draw target {} of {}", target, total);
     return argmax_;
   }

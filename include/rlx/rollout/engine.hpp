@@ -190,6 +190,13 @@ class Engine {
   void release_blocks(Seq& s);
   void forward_and_sample();
   void append_token(Seq& s, TokenId token, float logprob);
+  // The sampling rows of `seqs`: their parameters and this position's uniform.
+  SamplingBatch sampling_batch(const std::vector<Seq*>& seqs) const;
+  // Appends each sequence's sampled token, then drops the finished ones from the running set.
+  void append_sampled(const std::vector<Seq*>& seqs, const int64_t* tokens, const float* logprobs);
+  // Runs a step's forward; if it throws, the prefix cache forgets what the step published.
+  template <class F>
+  auto forgetting_on_error(F&& forward) -> decltype(forward());
   void finish(Seq& s, FinishReason reason, std::string stop = {});
   void abort_request(RequestState& r);
   void collect(std::vector<GenerationResult>& finished);

@@ -22,7 +22,7 @@
 #include <cmath>
 #endif
 
-#include "rlx/rollout/cuda/hd.hpp"
+#include "rlx/core/hd.hpp"
 
 namespace rlx::hd {
 

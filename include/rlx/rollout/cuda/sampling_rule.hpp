@@ -33,7 +33,7 @@
 #include <cstring>
 #endif
 
-#include "rlx/rollout/cuda/hd.hpp"
+#include "rlx/core/hd.hpp"
 
 namespace rlx::hd {
 

@@ -1,13 +1,13 @@
 // Philox4x32-10 (Salmon et al., SC'11) for host and device: the generator behind
-// rlx::RngStream and the sampler's per-(seed, request, sample, position) uniform, so a
-// kernel draws exactly the number the CPU sampler draws.
+// rlx::RngStream and the sampler's per-(seed, request, sample, position) uniform, callable
+// from a kernel that must draw exactly the numbers the host draws.
 //
 //   double u = rlx::hd::philox_uniform(seed, request_hash, sample, position);  // [0, 1)
 #pragma once
 
 #include <cstdint>
 
-#include "rlx/rollout/cuda/hd.hpp"
+#include "rlx/core/hd.hpp"
 
 namespace rlx::hd {
 
