@@ -297,6 +297,11 @@ struct Columns {
         H5Pset(fapl.get(), "clear_status_flags", &clear);
         file = Handle(H5Fopen(path.c_str(), H5F_ACC_RDWR, fapl.get()), H5Fclose);
         RLX_CHECK(file, "cannot open {}{}", path, hdf5_reason());
+        // A SIGKILLed writer's chunks can lie past the end of allocation its superblock last
+        // recorded; writing there fails ("addr overflow"). Allocation then starts at the file's
+        // end, as `h5clear --increment` makes it (a cleanly closed file ends at its allocation).
+        RLX_CHECK(H5Fincrement_filesize(file.get(), 0) >= 0, "{}: cannot set its end of allocation{}", path,
+                  hdf5_reason());
       } else {
         open_read_only();
       }
