@@ -29,6 +29,7 @@
 #include "rlx/dist/local_group.hpp"
 #include "rlx/dist/weight_sync.hpp"
 #include "rlx/learner/checkpoint.hpp"
+#include "op_profile.hpp"
 
 namespace rlx::cli {
 
@@ -86,6 +87,7 @@ struct BenchArgs {
   int64_t seq = 256, batch_seqs = 8, micro_batch_tokens = 2048, steps = 3;
   std::vector<int> ranks{1, 2};
   int threads = 0;
+  int64_t profile_steps = 0;  // steps after the timed ones under LibTorch's profiler
   bool checkpointing = false, as_rank = false;
 };
 
@@ -141,7 +143,9 @@ json bench_rank(const BenchArgs& a) {
   RngStream rng(1, 0);
   std::vector<double> times;
   int64_t tokens = 0;
-  for (int64_t s = 0; s <= a.steps; ++s) {  // step 0 is a warm-up
+  cli::OpProfile profiler;
+  for (int64_t s = 0; s <= a.steps + a.profile_steps; ++s) {  // step 0 is a warm-up
+    if (s == a.steps + 1) profiler.start();
     std::vector<Sequence> mine;
     for (int64_t i = 0; i < a.batch_seqs; ++i) {
       Sequence q;
@@ -154,10 +158,15 @@ json bench_rank(const BenchArgs& a) {
     auto r = learner.step(mine, [](const MicroBatch& mb, const TokenOutputs& out, const StepContext& ctx, Metrics&) {
       return -(out.logprobs * mb.loss_mask).sum() / ctx.global_loss_tokens;
     });
-    if (s > 0) {
+    if (s > 0 && s <= a.steps) {
       times.push_back(r.seconds);
       tokens = a.batch_seqs * a.seq;
     }
+  }
+  json profile = nullptr;
+  if (a.profile_steps > 0) {
+    const auto ops = profiler.stop();
+    profile = cli::OpProfile::to_json(ops, 40, static_cast<double>(a.profile_steps));
   }
   std::sort(times.begin(), times.end());
   const double step_s = times[times.size() / 2];
@@ -170,13 +179,15 @@ json bench_rank(const BenchArgs& a) {
           {"threads_per_rank", plan.threads()},
           {"tokens_per_step", tokens},
           {"step_s", step_s},
+          {"step_s_min", times.front()},
           {"tokens_per_s", static_cast<double>(tokens) / step_s},
           {"peak_rss_mb", rss.item<double>()},
           {"model_gflops_per_step", flops / 1e9},
           {"achieved_gflops", achieved},
           {"gemm_peak_gflops", peak.item<double>()},
           {"mfu", achieved / peak.item<double>()},
-          {"device_peak_mb", device_peak_mb >= 0 ? json(device_peak_mb) : json(nullptr)}};
+          {"device_peak_mb", device_peak_mb >= 0 ? json(device_peak_mb) : json(nullptr)},
+          {"profile", profile}};
 }
 
 int bench_learner(const BenchArgs& a, const std::vector<std::string>& self_args) {
@@ -202,11 +213,14 @@ int bench_learner(const BenchArgs& a, const std::vector<std::string>& self_args)
       RLX_CHECK(e.ok(), "bench learner: rank {} of {} failed ({}): {}", r, n, e.describe(), read_file(e.err, 1 << 20));
     }
     auto out = read_file(exits[0].out, 1 << 20);
-    auto last = out.substr(out.rfind('{'));
-    auto run = json::parse(last);
+    while (!out.empty() && out.back() == '\n') out.pop_back();
+    auto run = json::parse(out.substr(out.rfind('\n') == std::string::npos ? 0 : out.rfind('\n') + 1));
     std::cerr << fmt::format("{} rank(s): {:.0f} tokens/s, step {:.3f} s, peak {:.0f} MB/rank, MFU {:.1f}% of the measured GEMM peak\n",
                              n, run["tokens_per_s"].get<double>(), run["step_s"].get<double>(),
                              run["peak_rss_mb"].get<double>(), 100 * run["mfu"].get<double>());
+    if (!run["profile"].is_null())
+      std::cerr << fmt::format("rank 0, operators per step over {} profiled steps:\n{}", a.profile_steps,
+                               cli::OpProfile::table(run["profile"]));
     runs.push_back(run);
     rlx::remove_tree(tmp);
   }
@@ -532,6 +546,9 @@ void add_learner_commands(CLI::App& app, Action& action) {
   b->add_option("--ranks", a->ranks, "group sizes to run, e.g. 1,2")->delimiter(',');
   b->add_option("--threads", a->threads, "compute threads per rank (0: cores / ranks)");
   b->add_flag("--activation-checkpointing", a->checkpointing, "recompute each block in backward");
+  b->add_option("--profile", a->profile_steps,
+                "then N more steps under LibTorch's profiler: rank 0's operators by self time per step (stderr, JSON)")
+      ->check(CLI::Range(0, 1000));
   b->add_flag("--as-rank", a->as_rank, "internal: run as one rank of the group")->group("");
   b->callback([a, b, &action] {
     std::vector<std::string> args{"bench", "learner"};

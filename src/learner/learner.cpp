@@ -1,5 +1,6 @@
 #include "rlx/learner/learner.hpp"
 
+#include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
 #include <algorithm>
 
@@ -160,6 +161,7 @@ StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_
   Metrics metrics;
   for (size_t i = 0; i < n_mbs; ++i) {
     at::Tensor loss;
+    RECORD_USER_SCOPE("rlx::learner::micro_batch");  // a named range for LibTorch's profiler
     if (i < mbs.size()) {
       const auto& mb = mbs[i];
       const auto dmb = on_device(mb, opt_.fsdp.device);
@@ -183,6 +185,7 @@ StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_
     comm_.all_reduce(g, dist::ReduceOp::sum, "value head gradient")->wait();
   }
 
+  RECORD_USER_SCOPE("rlx::learner::norm_and_update");
   std::vector<at::Tensor> shards;
   for (auto& u : model_.units()) shards.push_back(u.shard);
   for (const auto& [name, value] : metrics)

@@ -10,6 +10,7 @@
 #include "rlx/core/error.hpp"
 #include "rlx/core/torch_compat.hpp"
 #include "rlx/core/rng.hpp"
+#include "rlx/model/fused_ops.hpp"
 #if RLX_WITH_CUDA
 #include "rollout/cuda/glue.hpp"
 #endif
@@ -79,12 +80,8 @@ struct RmsNorm : torch::nn::Module {
   RmsNorm(int64_t dim, double eps, const at::TensorOptions& o) : eps(eps) {
     weight = register_parameter("weight", at::empty({dim}, o));
   }
-  at::Tensor operator()(const at::Tensor& x) const {
-    // HF: normalise in fp32, cast back, then scale.
-    auto xf = x.to(at::kFloat);
-    auto normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
-    return weight * normed.to(x.scalar_type());
-  }
+  // HF: normalise in fp32, cast back, then scale (one op on the CPU: model/fused_ops.hpp).
+  at::Tensor operator()(const at::Tensor& x) const { return fused::rms_norm(x, weight, eps); }
 };
 
 // Makes `parts` (parameters of equal trailing shape) views of one new tensor, their
@@ -121,7 +118,6 @@ struct Mlp : torch::nn::Module {
     up_proj = register_module("up_proj", std::make_shared<Projection>(c.hidden_size, c.intermediate_size, c.mlp_bias, o));
     down_proj = register_module("down_proj", std::make_shared<Projection>(c.intermediate_size, c.hidden_size, c.mlp_bias, o));
   }
-  at::Tensor operator()(const at::Tensor& x) const { return (*down_proj)(at::silu((*gate_proj)(x)) * (*up_proj)(x)); }
 };
 
 struct Block : torch::nn::Module {
@@ -161,13 +157,11 @@ struct Body : torch::nn::Module {
 }  // namespace detail
 
 namespace {
-at::Tensor rotate_half(const at::Tensor& x) {
-  auto halves = x.chunk(2, -1);
-  return at::cat({-halves[1], halves[0]}, -1);
-}
-// x [B, T, H, D]; cos/sin [B, T, D] already in x's dtype.
-at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  return x * cos.unsqueeze(2) + rotate_half(x) * sin.unsqueeze(2);
+// A module's projections joined along their outputs, one GEMM's operand: a copy of the
+// weights (small next to the activations) that autograd splits back into their gradients.
+at::Tensor joined(std::initializer_list<at::Tensor> parts) {
+  if (!parts.begin()->defined()) return at::Tensor();
+  return at::cat(parts, 0);
 }
 }  // namespace
 
@@ -238,7 +232,6 @@ void Transformer::fuse_projections() {
 at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, const at::Tensor& h_in,
                                     const ForwardState& st) {
   const int64_t B = st.batch, T = st.time, Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
-  const int64_t inter = cfg_.intermediate_size;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const auto& att = *blk.self_attn;
   const auto& mlp = *blk.mlp;
@@ -248,8 +241,8 @@ at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, con
   at::Tensor a = st.cache ? st.cache->attend_rotating(index, qkv, inv_freq_, Hq, scale) : at::Tensor();
   if (!a.defined()) {
     auto parts = qkv.split_with_sizes({Hq * D, Hkv * D, Hkv * D}, -1);
-    auto q = apply_rope(parts[0].view({B, T, Hq, D}), st.cos, st.sin);
-    auto k = apply_rope(parts[1].view({B, T, Hkv, D}), st.cos, st.sin);
+    auto q = fused::rope(parts[0].view({B, T, Hq, D}), st.cos, st.sin);
+    auto k = fused::rope(parts[1].view({B, T, Hkv, D}), st.cos, st.sin);
     auto v = parts[2].view({B, T, Hkv, D});
     a = st.cache ? st.cache->attend(index, q, k, v, scale) : attention(q, k, v, st.mask, scale, /*fused=*/true);
   }
@@ -267,7 +260,7 @@ at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, con
   h = h_in + attn_out;
   normed = (*blk.post_attention_layernorm)(h);
   auto gu = at::linear(normed, mlp.gate_up_weight, mlp.gate_up_bias);
-  return h + (*mlp.down_proj)(at::silu(gu.narrow(-1, 0, inter)) * gu.narrow(-1, inter, inter));
+  return h + (*mlp.down_proj)(fused::silu_mul(gu));
 }
 
 at::Tensor Transformer::layer(int64_t index, const at::Tensor& h_in, const ForwardState& st) {
@@ -277,13 +270,22 @@ at::Tensor Transformer::layer(int64_t index, const at::Tensor& h_in, const Forwa
   const auto& blk = *body_->blocks[static_cast<size_t>(index)];
   if (fused_ && !c10::GradMode::is_enabled()) return fused_layer(blk, index, h_in, st);
   const auto& att = *blk.self_attn;
+  const auto& mlp = *blk.mlp;
+  // q, k and v in one GEMM, gate and up in another (their weights joined for it), and the
+  // attention scale folded into the rotation of q where no cache takes it.
   auto x = (*blk.input_layernorm)(h_in);
-  auto q = apply_rope((*att.q_proj)(x).view({B, T, Hq, D}), st.cos, st.sin);
-  auto k = apply_rope((*att.k_proj)(x).view({B, T, Hkv, D}), st.cos, st.sin);
-  auto v = (*att.v_proj)(x).view({B, T, Hkv, D});
-  auto a = st.cache ? st.cache->attend(index, q, k, v, scale) : attention(q, k, v, st.mask, scale, /*fused=*/true);
+  auto qkv = at::linear(x, joined({att.q_proj->weight, att.k_proj->weight, att.v_proj->weight}),
+                        joined({att.q_proj->bias, att.k_proj->bias, att.v_proj->bias}));
+  auto parts = qkv.split_with_sizes({Hq * D, Hkv * D, Hkv * D}, -1);
+  auto q = fused::rope(parts[0].view({B, T, Hq, D}), st.cos, st.sin, st.cache ? 1.0 : scale);
+  auto k = fused::rope(parts[1].view({B, T, Hkv, D}), st.cos, st.sin);
+  auto v = parts[2].view({B, T, Hkv, D});
+  auto a = st.cache ? st.cache->attend(index, q, k, v, scale) : attention(q, k, v, st.mask, 1.0, /*fused=*/true);
   auto h = h_in + (*att.o_proj)(a.reshape({B, T, Hq * D}));
-  return h + (*blk.mlp)((*blk.post_attention_layernorm)(h));
+  auto gu = at::linear((*blk.post_attention_layernorm)(h),
+                       joined({mlp.gate_proj->weight, mlp.up_proj->weight}),
+                       joined({mlp.gate_proj->bias, mlp.up_proj->bias}));
+  return h + (*mlp.down_proj)(fused::silu_mul(gu));
 }
 
 at::Tensor Transformer::end_forward(const at::Tensor& h, const ForwardState& st) {
