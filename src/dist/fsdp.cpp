@@ -131,14 +131,19 @@ ShardedTransformer::ShardedTransformer(const ModelConfig& cfg, Communicator& com
       if (s.decay) mask.narrow(0, s.offset, s.numel).fill_(1.0);
     unit.decay_mask = mask.narrow(0, comm_.rank() * unit.shard_numel, unit.shard_numel).clone();
     // The module's parameters become views into the unit's flat buffer, whose storage
-    // is freed and reallocated as the unit is released and gathered.
-    unit.full = at::empty({unit.padded}, at::TensorOptions().dtype(opt_.compute_dtype).device(opt_.device));
+    // is freed and reallocated as the unit is released and gathered. One fp32 rank has
+    // nothing to gather: the buffer is the shard itself, always there, trained in place.
+    unit.full = in_place() ? unit.shard.detach()
+                           : at::empty({unit.padded}, at::TensorOptions().dtype(opt_.compute_dtype).device(opt_.device));
     for (size_t i = 0; i < unit.slots.size(); ++i) {
       const auto& s = unit.slots[i];
       auto& p = params_[u][i];
       p.set_(unit.full.storage(), s.offset, s.shape, c10::contiguous_strides(s.shape));
     }
-    free_storage(unit);
+    if (in_place())
+      unit.gathered = true;
+    else
+      free_storage(unit);
   }
 }
 
@@ -169,6 +174,8 @@ void ShardedTransformer::allocate_storage(ShardedUnit& u) {
   impl->set_nbytes(bytes);
 }
 
+bool ShardedTransformer::in_place() const { return comm_.size() == 1 && opt_.compute_dtype == at::kFloat; }
+
 void ShardedTransformer::start_gather(size_t index) {
   auto& u = units_[index];
   if (u.gathered || u.pending) return;
@@ -189,6 +196,7 @@ void ShardedTransformer::gather(size_t index) {
 }
 
 void ShardedTransformer::release(size_t index) {
+  if (in_place()) return;
   auto& u = units_[index];
   if (u.pending) {
     auto work = std::move(u.pending);
@@ -207,9 +215,21 @@ std::vector<at::Tensor> ShardedTransformer::unit_parameters(size_t unit) { retur
 at::Tensor ShardedTransformer::reduce_gradients(size_t index, const std::vector<at::Tensor>& grads) {
   auto& u = units_[index];
   RLX_ASSERT(grads.size() == u.slots.size(), "one gradient per parameter");
-  auto flat = at::zeros({u.padded}, at::TensorOptions().dtype(opt_.reduce_dtype).device(opt_.device));
-  for (size_t i = 0; i < grads.size(); ++i)
-    if (grads[i].defined()) flat.narrow(0, u.slots[i].offset, u.slots[i].numel).copy_(grads[i].reshape({-1}));
+  // One rank: the flat gradient is the shard's (fp32, every element written), no collective.
+  const bool one = comm_.size() == 1;
+  const auto o = at::TensorOptions().dtype(one ? at::kFloat : opt_.reduce_dtype).device(opt_.device);
+  auto flat = one ? at::empty({u.padded}, o) : at::zeros({u.padded}, o);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    auto part = flat.narrow(0, u.slots[i].offset, u.slots[i].numel);
+    if (grads[i].defined())
+      part.copy_(grads[i].reshape({-1}));
+    else if (one)
+      part.zero_();
+  }
+  if (one) {
+    if (u.padded > u.numel) flat.narrow(0, u.numel, u.padded - u.numel).zero_();
+    return flat;
+  }
   auto shard = at::empty({u.shard_numel}, flat.options());
   comm_.reduce_scatter(shard, flat, fmt::format("{} gradients", u.name))->wait();
   return shard.to(at::kFloat);

@@ -202,9 +202,9 @@ StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_
   for (size_t i = 0; i < metric_names.size(); ++i) r.metrics[metric_names[i]] = sums[static_cast<int64_t>(i + 2)].item<double>();
   RLX_CHECK(std::isfinite(r.grad_norm), "step {}: the gradient norm is {} (the loss is {})", ctx.step, r.grad_norm,
             r.loss);
-  if (opt_.max_grad_norm > 0) r.clip_factor = clip_grads(trained, r.grad_norm, opt_.max_grad_norm);
+  r.clip_factor = clip_factor(r.grad_norm, opt_.max_grad_norm);
   r.lr = opt_.schedule.at(optimizer_.step_count(), opt_.optimizer.lr);
-  optimizer_.step(r.lr);
+  optimizer_.step(r.lr, r.clip_factor);
   for (auto t : trained) t.mutable_grad() = at::Tensor();
   model_.release_all();
   r.step = optimizer_.step_count();

@@ -1,5 +1,6 @@
 #include "rlx/learner/optimizer.hpp"
 
+#include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
 #include <cmath>
 #include <numbers>
@@ -30,7 +31,37 @@ void AdamW::add(const at::Tensor& param, const at::Tensor& decay_mask) {
   slots_.push_back({param, decay_mask, at::zeros_like(param.detach()), at::zeros_like(param.detach())});
 }
 
-void AdamW::step(double lr) {
+namespace {
+
+// One pass over a CPU shard: the same update as the tensor ops below, element by element,
+// with the gradient scaled (clipped) on the way in.
+void adamw_cpu(const at::Tensor& param, const at::Tensor& grad, const AdamW::Slot& s, const AdamWOptions& o,
+               double lr, double step_size, double bc2_sqrt, double grad_scale) {
+  float* p = param.data_ptr<float>();
+  const float* g = grad.defined() ? grad.data_ptr<float>() : nullptr;
+  float* m = s.exp_avg.data_ptr<float>();
+  float* v = s.exp_avg_sq.data_ptr<float>();
+  const float* mask = s.decay_mask.data_ptr<float>();
+  const auto decay = static_cast<float>(lr * o.weight_decay), b1 = static_cast<float>(o.beta1),
+             b2 = static_cast<float>(o.beta2), gs = static_cast<float>(grad_scale),
+             ss = static_cast<float>(step_size), bc2 = static_cast<float>(bc2_sqrt), eps = static_cast<float>(o.eps);
+  at::parallel_for(0, param.numel(), 1 << 14, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const float gi = g ? g[i] * gs : 0.0f;
+      float pi = p[i];
+      if (decay != 0.0f) pi *= 1.0f - decay * mask[i];
+      const float mi = m[i] * b1 + gi * (1.0f - b1);
+      const float vi = v[i] * b2 + gi * gi * (1.0f - b2);
+      m[i] = mi;
+      v[i] = vi;
+      p[i] = pi - ss * mi / (std::sqrt(vi) / bc2 + eps);
+    }
+  });
+}
+
+}  // namespace
+
+void AdamW::step(double lr, double grad_scale) {
   c10::NoGradGuard no_grad;
   ++step_;
   const double bc1 = 1.0 - std::pow(opt_.beta1, static_cast<double>(step_));
@@ -39,7 +70,13 @@ void AdamW::step(double lr) {
   for (auto& s : slots_) {
     auto p = s.param.detach();
     auto g = s.param.grad();
+    if (p.is_cpu() && p.is_contiguous() && (!g.defined() || g.is_contiguous()) && s.exp_avg.is_contiguous() &&
+        s.exp_avg_sq.is_contiguous() && s.decay_mask.is_contiguous()) {
+      adamw_cpu(p, g, s, opt_, lr, step_size, bc2_sqrt, grad_scale);
+      continue;
+    }
     if (!g.defined()) g = at::zeros_like(p);
+    if (grad_scale != 1.0) g = g * grad_scale;
     if (opt_.weight_decay != 0) p.mul_(1.0 - (lr * opt_.weight_decay) * s.decay_mask);
     s.exp_avg.mul_(opt_.beta1).add_(g, 1.0 - opt_.beta1);
     s.exp_avg_sq.mul_(opt_.beta2).addcmul_(g, g, 1.0 - opt_.beta2);
@@ -71,22 +108,34 @@ LrScheduleKind lr_schedule_kind_from_string(const std::string& s) {
 }
 
 double grad_sq_norm(const std::vector<at::Tensor>& params) {
+  // Blocks of a fixed size, each summed in order in fp64, then the block sums in order: the
+  // same result on any thread count.
+  constexpr int64_t kBlock = 1 << 14;
   double sum = 0;
   for (const auto& p : params) {
     const auto& g = p.grad();
-    if (g.defined()) sum += g.to(at::kDouble).pow(2).sum().item<double>();
+    if (!g.defined()) continue;
+    if (!(g.is_cpu() && g.scalar_type() == at::kFloat && g.is_contiguous())) {
+      sum += g.to(at::kDouble).pow(2).sum().item<double>();
+      continue;
+    }
+    const float* d = g.data_ptr<float>();
+    const int64_t n = g.numel(), blocks = (n + kBlock - 1) / kBlock;
+    std::vector<double> partial(static_cast<size_t>(blocks));
+    at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        double acc = 0;
+        for (int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) acc += static_cast<double>(d[i]) * d[i];
+        partial[static_cast<size_t>(b)] = acc;
+      }
+    });
+    for (double x : partial) sum += x;
   }
   return sum;
 }
 
-double clip_grads(const std::vector<at::Tensor>& params, double total_norm, double max_norm) {
-  const double factor = std::min(1.0, max_norm / (total_norm + 1e-6));
-  if (factor < 1.0) {
-    c10::NoGradGuard no_grad;
-    for (const auto& p : params)
-      if (p.grad().defined()) p.mutable_grad().mul_(factor);
-  }
-  return factor;
+double clip_factor(double total_norm, double max_norm) {
+  return max_norm > 0 ? std::min(1.0, max_norm / (total_norm + 1e-6)) : 1.0;
 }
 
 }  // namespace rlx

@@ -1,6 +1,10 @@
 #include "rlx/model/logprob_head.hpp"
 
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
 #include <torch/autograd.h>
+
+#include <cmath>
 
 #include "rlx/core/error.hpp"
 #include "rlx/core/torch_compat.hpp"
@@ -11,6 +15,76 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+// On the CPU, each chunk's softmax work is one pass over its logits per direction (no fp32
+// copy, no temporaries), and a step whose tokens fit in one chunk keeps that chunk's logits
+// for backward instead of making them again.
+bool rows_here(const at::Tensor& z) {
+  return z.device().is_cpu() && (z.scalar_type() == at::kFloat || z.scalar_type() == at::kBFloat16);
+}
+
+// z [m, V]: lse, the target's log-prob and (when `ent` has m elements) the entropy, in fp32.
+void head_rows_forward(const at::Tensor& z, const at::Tensor& targets, at::Tensor lse, at::Tensor logp,
+                       at::Tensor ent) {
+  const int64_t m = z.size(0), V = z.size(1);
+  const int64_t* tp = targets.data_ptr<int64_t>();
+  float *lp = lse.data_ptr<float>(), *op = logp.data_ptr<float>();
+  float* ep = ent.numel() == m ? ent.data_ptr<float>() : nullptr;
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, z.scalar_type(), "rlx::token_logprobs", [&] {
+    const scalar_t* zp = z.data_ptr<scalar_t>();
+    at::parallel_for(0, m, std::max<int64_t>(1, 16384 / V), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const scalar_t* zr = zp + r * V;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < V; ++j) mx = std::max(mx, static_cast<float>(zr[j]));
+        float sum = 0, pz = 0;
+        for (int64_t j = 0; j < V; ++j) {
+          const float zj = static_cast<float>(zr[j]), e = std::exp(zj - mx);
+          sum += e;
+          pz += e * zj;
+        }
+        const float l = mx + std::log(sum);
+        lp[r] = l;
+        op[r] = static_cast<float>(zr[tp[r]]) - l;
+        if (ep) ep[r] = l - pz / sum;
+      }
+    });
+  });
+}
+
+// d logits = -(g_logp + g_ent (log p + H)) p, plus g_logp at the target; in z's dtype.
+at::Tensor head_rows_backward(const at::Tensor& z, const at::Tensor& targets, const at::Tensor& lse,
+                              const at::Tensor& ent, const at::Tensor& g_logp, const at::Tensor& g_ent) {
+  const int64_t m = z.size(0), V = z.size(1);
+  auto dz = at::empty_like(z);
+  auto gl_t = g_logp.defined() ? g_logp.to(at::kFloat).contiguous() : at::Tensor();
+  auto ge_t = g_ent.defined() && ent.numel() == m ? g_ent.to(at::kFloat).contiguous() : at::Tensor();
+  const int64_t* tp = targets.data_ptr<int64_t>();
+  const float* lp = lse.data_ptr<float>();
+  const float* gl = gl_t.defined() ? gl_t.data_ptr<float>() : nullptr;
+  const float* ge = ge_t.defined() ? ge_t.data_ptr<float>() : nullptr;
+  const float* hp = ge ? ent.data_ptr<float>() : nullptr;
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, z.scalar_type(), "rlx::token_logprobs_backward", [&] {
+    const scalar_t* zp = z.data_ptr<scalar_t>();
+    scalar_t* dp = dz.data_ptr<scalar_t>();
+    at::parallel_for(0, m, std::max<int64_t>(1, 16384 / V), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const scalar_t* zr = zp + r * V;
+        scalar_t* dr = dp + r * V;
+        const float l = lp[r], a = gl ? gl[r] : 0.0f, b = ge ? ge[r] : 0.0f, H = hp ? hp[r] : 0.0f;
+        for (int64_t j = 0; j < V; ++j) {
+          const float lpj = static_cast<float>(zr[j]) - l;
+          dr[j] = static_cast<scalar_t>(-(a + b * (lpj + H)) * std::exp(lpj));
+        }
+        if (a != 0.0f) {
+          const float lpt = static_cast<float>(zr[tp[r]]) - l;
+          dr[tp[r]] = static_cast<scalar_t>(a - (a + b * (lpt + H)) * std::exp(lpt));
+        }
+      }
+    });
+  });
+  return dz;
+}
 
 // Forward: per chunk, logits (compute dtype) -> fp32 -> log-sum-exp, picked log-prob and
 // entropy; saves hidden, weight, targets and the fp32 log-sum-exp. Backward: per chunk, the
@@ -23,9 +97,17 @@ struct LogprobHead : torch::autograd::Function<LogprobHead> {
     auto opts = hidden.options().dtype(at::kFloat);
     auto logp = at::empty({n}, opts), lse = at::empty({n}, opts);
     auto ent = entropy ? at::empty({n}, opts) : at::empty({0}, opts);
+    at::Tensor kept;  // the logits, when one chunk holds them all (CPU)
     for (int64_t i0 = 0; i0 < n; i0 += chunk) {
       const int64_t m = std::min(chunk, n - i0);
-      auto z = at::matmul(hidden.narrow(0, i0, m), weight.t()).to(at::kFloat);
+      auto zc = at::matmul(hidden.narrow(0, i0, m), weight.t());
+      if (rows_here(zc)) {
+        head_rows_forward(zc, targets.narrow(0, i0, m), lse.narrow(0, i0, m), logp.narrow(0, i0, m),
+                          entropy ? ent.narrow(0, i0, m) : ent);
+        if (m == n) kept = zc;
+        continue;
+      }
+      auto z = zc.to(at::kFloat);
       auto l = at::logsumexp(z, -1);
       lse.narrow(0, i0, m).copy_(l);
       logp.narrow(0, i0, m).copy_(z.gather(-1, targets.narrow(0, i0, m).unsqueeze(-1)).squeeze(-1) - l);
@@ -34,7 +116,7 @@ struct LogprobHead : torch::autograd::Function<LogprobHead> {
         ent.narrow(0, i0, m).copy_(l - (p * z).sum(-1));
       }
     }
-    ctx->save_for_backward({hidden, weight, targets, lse, ent});
+    ctx->save_for_backward({hidden, weight, targets, lse, ent, kept});
     ctx->saved_data["entropy"] = entropy;
     ctx->saved_data["chunk"] = chunk;
     return {logp, ent};
@@ -47,17 +129,35 @@ struct LogprobHead : torch::autograd::Function<LogprobHead> {
     const auto& targets = saved[2];
     const auto& lse = saved[3];
     const auto& ent = saved[4];
+    const auto& kept = saved[5];
     const bool entropy = ctx->saved_data["entropy"].toBool();
     const int64_t chunk = ctx->saved_data["chunk"].toInt();
     const auto& g_logp = grads[0];
     const auto& g_ent = grads[1];
     const int64_t n = hidden.size(0);
     auto g_hidden = at::empty_like(hidden);
-    auto g_weight = at::zeros(weight.sizes(), weight.options().dtype(at::kFloat));
+    at::Tensor g_weight;  // fp32, summed over chunks
+    auto add_weight_grad = [&](const at::Tensor& g) {
+      auto gf = g.to(at::kFloat);
+      if (g_weight.defined())
+        g_weight.add_(gf);
+      else
+        g_weight = gf;  // a fresh product, owned here
+    };
     for (int64_t i0 = 0; i0 < n; i0 += chunk) {
       const int64_t m = std::min(chunk, n - i0);
       auto h = hidden.narrow(0, i0, m);
-      auto z = at::matmul(h, weight.t()).to(at::kFloat);
+      auto zc = kept.defined() ? kept : at::matmul(h, weight.t());
+      if (rows_here(zc)) {
+        auto dzc = head_rows_backward(zc, targets.narrow(0, i0, m), lse.narrow(0, i0, m),
+                                      entropy ? ent.narrow(0, i0, m) : ent,
+                                      g_logp.defined() ? g_logp.narrow(0, i0, m) : at::Tensor(),
+                                      g_ent.defined() && entropy ? g_ent.narrow(0, i0, m) : at::Tensor());
+        g_hidden.narrow(0, i0, m).copy_(at::matmul(dzc, weight));
+        add_weight_grad(at::matmul(dzc.t(), h));
+        continue;
+      }
+      auto z = zc.to(at::kFloat);
       auto logp_all = z - lse.narrow(0, i0, m).unsqueeze(-1);
       auto p = logp_all.exp();
       at::Tensor dz;
@@ -72,8 +172,9 @@ struct LogprobHead : torch::autograd::Function<LogprobHead> {
         dz -= g_ent.narrow(0, i0, m).unsqueeze(-1) * p * (logp_all + ent.narrow(0, i0, m).unsqueeze(-1));
       auto dzc = dz.to(hidden.scalar_type());
       g_hidden.narrow(0, i0, m).copy_(at::matmul(dzc, weight));
-      g_weight.add_(at::matmul(dzc.t(), h).to(at::kFloat));
+      add_weight_grad(at::matmul(dzc.t(), h));
     }
+    if (!g_weight.defined()) g_weight = at::zeros(weight.sizes(), weight.options().dtype(at::kFloat));
     return {g_hidden, g_weight.to(weight.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

@@ -99,8 +99,7 @@ int run_reference(int64_t steps, int64_t batch, const std::string& out) {
       loss.backward();
     }
     const double norm = std::sqrt(rlx::grad_sq_norm(params));
-    rlx::clip_grads(params, norm, opts.max_grad_norm);
-    opt.step(opts.schedule.at(opt.step_count(), opts.optimizer.lr));
+    opt.step(opts.schedule.at(opt.step_count(), opts.optimizer.lr), rlx::clip_factor(norm, opts.max_grad_norm));
   }
   rlx::save_safetensors(out, model.hf_parameters());
   return 0;

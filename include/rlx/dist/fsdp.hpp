@@ -13,6 +13,8 @@
 // With activation checkpointing a block keeps only its input during forward and
 // recomputes itself in backward; without it the block's activations are kept.
 //
+// One rank computing in fp32 gathers nothing: the parameters are views of the shards.
+//
 //   rlx::dist::ShardedTransformer model(cfg, *comm, {.activation_checkpointing = true});
 //   model.init_weights(seed);
 //   auto logits = model.logits(model.forward_hidden({.tokens = ids, .segments = seg}));
@@ -98,6 +100,9 @@ class ShardedTransformer {
   // Parameters held by this rank (shards only) and in the whole model.
   int64_t local_numel() const;
   int64_t total_numel() const;
+  // One rank in fp32: the module's parameters are views of the shards (no gather, no free,
+  // no copies), and the optimizer's updates are the module's weights.
+  bool in_place() const;
 
   // Used by the per-block autograd function.
   void gather(size_t unit);

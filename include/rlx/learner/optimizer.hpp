@@ -2,12 +2,12 @@
 // global norm across shards.
 //
 // The update is PyTorch's AdamW (decoupled weight decay, bias-corrected moments),
-// written as element-wise tensor operations so a sharded and an unsharded model
-// that see the same gradients take the same steps:
+// element-wise, so a sharded and an unsharded model that see the same gradients take
+// the same steps:
 //
 //   rlx::AdamW opt({.lr = 1e-5, .weight_decay = 0.01});
 //   opt.add(shard, decay_mask);                 // once per parameter tensor
-//   opt.step(lr_schedule.at(step));             // uses each tensor's .grad()
+//   opt.step(lr_schedule.at(step), clip);       // uses each tensor's .grad() times clip
 #pragma once
 
 #include <ATen/ATen.h>
@@ -41,9 +41,10 @@ class AdamW {
   explicit AdamW(AdamWOptions options);
   void add(const at::Tensor& param, const at::Tensor& decay_mask);
 
-  // One update with learning rate `lr` from every parameter's .grad() (a missing
-  // gradient counts as zero). Increments step().
-  void step(double lr);
+  // One update with learning rate `lr` from every parameter's .grad() times `grad_scale`
+  // (the clipping factor; a missing gradient counts as zero). Increments step(). On the
+  // CPU one pass over each tensor; elsewhere LibTorch ops.
+  void step(double lr, double grad_scale = 1.0);
   int64_t step_count() const { return step_; }
   void set_step_count(int64_t s) { step_ = s; }
   std::vector<Slot>& slots() { return slots_; }
@@ -76,7 +77,8 @@ LrScheduleKind lr_schedule_kind_from_string(const std::string& s);
 
 // Sum of squares of the tensors' .grad() (fp64 accumulate, fixed order), this rank's part.
 double grad_sq_norm(const std::vector<at::Tensor>& params);
-// Multiplies every gradient by min(1, max_norm / (total_norm + 1e-6)); returns the factor.
-double clip_grads(const std::vector<at::Tensor>& params, double total_norm, double max_norm);
+// The clipping factor min(1, max_norm / (total_norm + 1e-6)) (1 when max_norm is 0), which
+// AdamW::step takes as its gradient scale.
+double clip_factor(double total_norm, double max_norm);
 
 }  // namespace rlx

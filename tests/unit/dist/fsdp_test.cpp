@@ -72,7 +72,21 @@ TEST_CASE("the sharded model computes what the plain model computes, gradients i
       REQUIRE(u.shard.grad().defined());
       for (const auto& s : u.slots)
         CHECK(at::allclose(u.shard.grad().narrow(0, s.offset, s.numel), grads.at(s.name).reshape({-1}), 1e-4, 1e-6));
-      CHECK_FALSE(u.gathered);  // everything freed after backward
+      // Everything freed after backward, except on one fp32 rank, where nothing is ever gathered:
+      // the parameters are views of the shard.
+      CHECK(u.gathered == sharded.in_place());
+    }
+    REQUIRE(sharded.in_place());
+    {
+      // An update of the shards (as the optimizer makes, in place) is the module's weights at once.
+      c10::NoGradGuard no_grad;
+      for (auto& u : sharded.units()) u.shard.mul_(0.5);
+      auto halved = sharded.logits(sharded.forward_hidden({.tokens = ids, .segments = segments}));
+      for (auto& u : sharded.units()) u.shard.mul_(2.0);
+      CHECK_FALSE(at::allclose(halved, out, 1e-3, 1e-3));
+      auto again = sharded.logits(sharded.forward_hidden({.tokens = ids, .segments = segments}));
+      CHECK(at::allclose(again, out, 1e-5, 1e-6));
+      sharded.release_all();
     }
     std::map<std::string, at::Tensor> weights;
     for (auto& [n, p] : plain.hf_parameters()) weights[n] = p;

@@ -67,8 +67,31 @@ TEST_CASE("clipping scales every gradient by max_norm / total norm", "[learner]"
   q.mutable_grad() = at::tensor({4.0f});
   const double norm = std::sqrt(rlx::grad_sq_norm({p, q}));
   CHECK(norm == Approx(5.0));
-  const double f = rlx::clip_grads({p, q}, norm, 1.0);
-  CHECK(f == Approx(0.2).epsilon(1e-5));
-  CHECK(q.grad().item<float>() == Approx(0.8f).epsilon(1e-5));
-  CHECK(rlx::clip_grads({p, q}, 1.0, 10.0) == 1.0);  // below the limit: untouched
+  CHECK(rlx::clip_factor(norm, 1.0) == Approx(0.2).epsilon(1e-5));
+  CHECK(rlx::clip_factor(1.0, 10.0) == 1.0);  // below the limit: untouched
+  CHECK(rlx::clip_factor(1e9, 0.0) == 1.0);   // 0: no clipping
+}
+
+TEST_CASE("AdamW's gradient scale is a step on the scaled gradients; the norm ignores thread counts", "[learner]") {
+  at::manual_seed(8);
+  auto a = at::randn({70000}).requires_grad_(true), b = a.detach().clone().requires_grad_(true);
+  auto g = at::randn({70000});
+  a.mutable_grad() = g.clone();
+  b.mutable_grad() = g * 0.25;
+  rlx::AdamW oa({.lr = 1e-2, .weight_decay = 0.1}), ob({.lr = 1e-2, .weight_decay = 0.1});
+  oa.add(a, at::ones_like(a));
+  ob.add(b, at::ones_like(b));
+  oa.step(1e-2, 0.25);
+  ob.step(1e-2);
+  CHECK(at::allclose(a, b, 1e-6, 1e-7));
+  CHECK_FALSE(at::allclose(a, g, 1e-3, 1e-3));
+  // The squared norm: fp64, one value on 1 and 2 threads, and the sum of squares to fp64 rounding.
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const double one = rlx::grad_sq_norm({a});
+  at::set_num_threads(2);
+  const double two = rlx::grad_sq_norm({a});
+  at::set_num_threads(threads);
+  CHECK(one == two);
+  CHECK(one == Approx(g.to(at::kDouble).pow(2).sum().item<double>()).epsilon(1e-12));
 }
