@@ -24,15 +24,18 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         .transpose(1, 2);
   }
 #endif
-  // [B, Hkv, G, Tq, D] x [B, Hkv, 1, D, Tk]: the G query heads of a group share one K/V head
-  // without materialising repeated keys.
-  auto qh = q.view({B, Tq, Hkv, G, D}).permute({0, 2, 3, 1, 4});
-  auto kh = k.permute({0, 2, 3, 1}).unsqueeze(2);
-  auto vh = v.permute({0, 2, 1, 3}).unsqueeze(2);
-  auto scores = at::matmul(qh, kh).to(at::kFloat).mul_(scale);
-  scores.masked_fill_(allowed.logical_not().view({B, 1, 1, Tq, Tk}), -std::numeric_limits<float>::infinity());
+  // The G query heads of a K/V head as G * Tq rows of one product with that head's keys:
+  // [B, Hkv, G * Tq, D] x [B, Hkv, D, Tk], no repeated keys, half as many (or fewer) small
+  // GEMMs as one per query head.
+  auto qh = q.view({B, Tq, Hkv, G, D}).permute({0, 2, 3, 1, 4}).reshape({B, Hkv, G * Tq, D});
+  auto kh = k.permute({0, 2, 3, 1});
+  auto vh = v.permute({0, 2, 1, 3});
+  auto scores = at::matmul(qh, kh).to(at::kFloat);
+  if (scale != 1.0) scores.mul_(scale);
+  scores.view({B, Hkv, G, Tq, Tk})
+      .masked_fill_(allowed.logical_not().view({B, 1, 1, Tq, Tk}), -std::numeric_limits<float>::infinity());
   auto probs = at::softmax(scores, -1).to(v.scalar_type());
-  return at::matmul(probs, vh).permute({0, 3, 1, 2, 4}).reshape({B, Tq, Hq, D});
+  return at::matmul(probs, vh).view({B, Hkv, G, Tq, D}).permute({0, 3, 1, 2, 4}).reshape({B, Tq, Hq, D});
 }
 
 at::Tensor segment_causal_mask(const at::Tensor& segments) {
