@@ -5,7 +5,9 @@
 #include <torch/autograd.h>
 
 #include <cmath>
+#include <type_traits>
 
+#include "cpu_math.hpp"
 #include "rlx/core/error.hpp"
 #include "rlx/core/torch_compat.hpp"
 
@@ -23,6 +25,56 @@ bool rows_here(const at::Tensor& z) {
   return z.device().is_cpu() && (z.scalar_type() == at::kFloat || z.scalar_type() == at::kBFloat16);
 }
 
+// fp32 rows [r0, r1) of z [m, V], vectorised (cpu_math.hpp): 8 lanes of running max, sum
+// and sum of p z, folded at the end of the row.
+RLX_CPU_CLONES void head_rows_forward_f32(const float* zp, int64_t V, int64_t r0, int64_t r1, const int64_t* tp,
+                                          float* lp, float* op, float* ep) {
+  constexpr int L = 8;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* z = zp + r * V;
+    float mx[L], s[L], pz[L];
+    for (int k = 0; k < L; ++k) mx[k] = -INFINITY, s[k] = 0, pz[k] = 0;
+    int64_t j = 0;
+    for (; j + L <= V; j += L)
+      for (int k = 0; k < L; ++k) mx[k] = std::max(mx[k], z[j + k]);
+    float m = -INFINITY;
+    for (int k = 0; k < L; ++k) m = std::max(m, mx[k]);
+    for (; j < V; ++j) m = std::max(m, z[j]);
+    for (j = 0; j + L <= V; j += L)
+      for (int k = 0; k < L; ++k) {
+        const float e = cpu::exp_approx(z[j + k] - m);
+        s[k] += e;
+        pz[k] += e * z[j + k];
+      }
+    float sum = 0, sum_pz = 0;
+    for (int k = 0; k < L; ++k) sum += s[k], sum_pz += pz[k];
+    for (; j < V; ++j) {
+      const float e = cpu::exp_approx(z[j] - m);
+      sum += e;
+      sum_pz += e * z[j];
+    }
+    const float l = m + std::log(sum);
+    lp[r] = l;
+    op[r] = z[tp[r]] - l;
+    if (ep) ep[r] = l - sum_pz / sum;
+  }
+}
+
+RLX_CPU_CLONES void head_rows_backward_f32(const float* zp, int64_t V, int64_t r0, int64_t r1, const int64_t* tp,
+                                           const float* lp, const float* gl, const float* ge, const float* hp,
+                                           float* dp) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* z = zp + r * V;
+    float* d = dp + r * V;
+    const float l = lp[r], a = gl ? gl[r] : 0.0f, b = ge ? ge[r] : 0.0f, H = hp ? hp[r] : 0.0f;
+    for (int64_t j = 0; j < V; ++j) {
+      const float lpj = z[j] - l;
+      d[j] = -(a + b * (lpj + H)) * cpu::exp_approx(lpj);
+    }
+    d[tp[r]] += a;
+  }
+}
+
 // z [m, V]: lse, the target's log-prob and (when `ent` has m elements) the entropy, in fp32.
 void head_rows_forward(const at::Tensor& z, const at::Tensor& targets, at::Tensor lse, at::Tensor logp,
                        at::Tensor ent) {
@@ -33,6 +85,10 @@ void head_rows_forward(const at::Tensor& z, const at::Tensor& targets, at::Tenso
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, z.scalar_type(), "rlx::token_logprobs", [&] {
     const scalar_t* zp = z.data_ptr<scalar_t>();
     at::parallel_for(0, m, std::max<int64_t>(1, 16384 / V), [&](int64_t r0, int64_t r1) {
+      if constexpr (std::is_same_v<scalar_t, float>) {
+        head_rows_forward_f32(reinterpret_cast<const float*>(zp), V, r0, r1, tp, lp, op, ep);
+        return;
+      }
       for (int64_t r = r0; r < r1; ++r) {
         const scalar_t* zr = zp + r * V;
         float mx = -INFINITY;
@@ -68,6 +124,11 @@ at::Tensor head_rows_backward(const at::Tensor& z, const at::Tensor& targets, co
     const scalar_t* zp = z.data_ptr<scalar_t>();
     scalar_t* dp = dz.data_ptr<scalar_t>();
     at::parallel_for(0, m, std::max<int64_t>(1, 16384 / V), [&](int64_t r0, int64_t r1) {
+      if constexpr (std::is_same_v<scalar_t, float>) {
+        head_rows_backward_f32(reinterpret_cast<const float*>(zp), V, r0, r1, tp, lp, gl, ge, hp,
+                               reinterpret_cast<float*>(dp));
+        return;
+      }
       for (int64_t r = r0; r < r1; ++r) {
         const scalar_t* zr = zp + r * V;
         scalar_t* dr = dp + r * V;
