@@ -143,7 +143,7 @@ ShardedTransformer::ShardedTransformer(const ModelConfig& cfg, Communicator& com
     if (in_place())
       unit.gathered = true;
     else
-      free_storage(unit);
+      free_storage(unit);  // one rank in a lower precision allocates it once, at the first gather
   }
 }
 
@@ -180,6 +180,17 @@ void ShardedTransformer::start_gather(size_t index) {
   auto& u = units_[index];
   if (u.gathered || u.pending) return;
   allocate_storage(u);
+  if (comm_.size() == 1) {
+    // One rank in a lower precision: the cast stays allocated and is made again only after
+    // the shard changed (an optimizer step, a load), not per gather.
+    if (u.cast_version != static_cast<int64_t>(u.shard._version())) {
+      c10::NoGradGuard no_grad;
+      u.full.copy_(u.shard.detach());
+      u.cast_version = static_cast<int64_t>(u.shard._version());
+    }
+    u.gathered = true;
+    return;
+  }
   u.send = u.shard.detach().to(opt_.compute_dtype).contiguous();
   if (u.send.is_same(u.shard)) u.send = u.send.clone();
   u.pending = comm_.all_gather(u.full, u.send, fmt::format("{} weights", u.name));
@@ -189,6 +200,7 @@ void ShardedTransformer::gather(size_t index) {
   auto& u = units_[index];
   if (u.gathered) return;
   start_gather(index);
+  if (u.gathered) return;  // one rank: nothing in flight
   auto work = std::move(u.pending);
   work->wait();
   u.send = at::Tensor();
@@ -196,7 +208,10 @@ void ShardedTransformer::gather(size_t index) {
 }
 
 void ShardedTransformer::release(size_t index) {
-  if (in_place()) return;
+  if (comm_.size() == 1) {  // nothing was gathered: the parameters stay (in place, or the kept cast)
+    units_[index].gathered = in_place();
+    return;
+  }
   auto& u = units_[index];
   if (u.pending) {
     auto work = std::move(u.pending);

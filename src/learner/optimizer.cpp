@@ -73,6 +73,7 @@ void AdamW::step(double lr, double grad_scale) {
     if (p.is_cpu() && p.is_contiguous() && (!g.defined() || g.is_contiguous()) && s.exp_avg.is_contiguous() &&
         s.exp_avg_sq.is_contiguous() && s.decay_mask.is_contiguous()) {
       adamw_cpu(p, g, s, opt_, lr, step_size, bc2_sqrt, grad_scale);
+      p.unsafeGetTensorImpl()->bump_version();  // written through a pointer: say it changed, as an op would
       continue;
     }
     if (!g.defined()) g = at::zeros_like(p);

@@ -13,7 +13,9 @@
 // With activation checkpointing a block keeps only its input during forward and
 // recomputes itself in backward; without it the block's activations are kept.
 //
-// One rank computing in fp32 gathers nothing: the parameters are views of the shards.
+// One rank computing in fp32 gathers nothing: the parameters are views of the shards. One
+// rank in a lower precision keeps the cast of its shards and makes it again only after they
+// change (their version counter moved: an optimizer step or a load).
 //
 //   rlx::dist::ShardedTransformer model(cfg, *comm, {.activation_checkpointing = true});
 //   model.init_weights(seed);
@@ -62,6 +64,7 @@ struct ShardedUnit {
   at::Tensor send;          // the shard in the compute dtype while a gather is in flight
   std::unique_ptr<Work> pending;
   bool gathered = false;
+  int64_t cast_version = -1;  // one rank: the shard's version counter when `full` was cast from it
 };
 
 class ShardedTransformer {

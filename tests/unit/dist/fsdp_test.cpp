@@ -5,6 +5,7 @@
 #include "../helpers.hpp"
 #include "../test_models.hpp"
 #include "rlx/learner/learner.hpp"
+#include "rlx/learner/optimizer.hpp"
 
 namespace {
 rlx::ModelConfig small() {
@@ -101,4 +102,41 @@ TEST_CASE("gather_logprobs is log_softmax picked at the targets", "[dist]") {
   auto targets = at::randint(0, 11, {3, 5}, at::kLong);
   auto expected = at::log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1);
   CHECK(at::allclose(rlx::gather_logprobs(logits, targets), expected, 1e-5, 1e-6));
+}
+
+TEST_CASE("one bf16 rank keeps its cast weights until the shards change", "[dist]") {
+  auto cfg = small();
+  auto comm = rlx::dist::single_process();
+  rlx::Transformer plain(cfg);
+  plain.init_weights(12);
+  rlx::dist::ShardedTransformer sharded(cfg, *comm, {.compute_dtype = at::kBFloat16});
+  sharded.load_from(plain);
+  REQUIRE_FALSE(sharded.in_place());
+  auto ids = at::randint(0, cfg.vocab_size, {2, 7}, at::kLong);
+  auto forward = [&] {
+    c10::NoGradGuard no_grad;
+    auto out = sharded.logits(sharded.forward_hidden({.tokens = ids})).to(at::kFloat);
+    sharded.release_all();
+    return out;
+  };
+  auto first = forward();
+  CHECK(at::equal(forward(), first));  // the kept cast: the same weights
+  // An optimizer step (AdamW writes the shards through a pointer) must reach the next forward.
+  rlx::AdamW opt({.lr = 1e-1});
+  for (auto& u : sharded.units()) {
+    opt.add(u.shard, u.decay_mask);
+    u.shard.mutable_grad() = at::ones_like(u.shard);
+  }
+  opt.step(1e-1);
+  auto stepped = forward();
+  CHECK_FALSE(at::allclose(stepped, first, 1e-2, 1e-2));
+  // ... and equal a model cast afresh from the updated shards.
+  rlx::dist::ShardedTransformer fresh(cfg, *comm, {.compute_dtype = at::kBFloat16});
+  {
+    c10::NoGradGuard no_grad;
+    for (size_t i = 0; i < sharded.units().size(); ++i) fresh.units()[i].shard.copy_(sharded.units()[i].shard);
+  }
+  c10::NoGradGuard no_grad;
+  auto expected = fresh.logits(fresh.forward_hidden({.tokens = ids})).to(at::kFloat);
+  CHECK(at::equal(stepped, expected));
 }
