@@ -7,9 +7,14 @@ of the next token), gradient clipping at 1.0 and AdamW (lr 1e-5), same thread co
   python3 scripts/bench_torch_train_cpu.py --preset tiny --seq 256 --batch-seqs 8 --steps 5 --threads 2
 
 Prints the median step time and tokens/s as one JSON line, last. `rlx bench learner
---ranks 1 --threads 2` with the same --preset/--seq/--batch-seqs is the run it is held against.
+--ranks 1 --threads 2` with the same --preset/--seq/--batch-seqs is the run it is held against;
+with --rlx PATH this script runs both, --pairs times back to back (this machine's speed drifts
+between minutes, so each ratio is of a pair), and prints each pair and the median ratio:
+
+  /usr/bin/python3 scripts/bench_torch_train_cpu.py --preset tiny --seq 32 --batch-seqs 32 \
+      --steps 31 --rlx build/release/rlx --pairs 8
 """
-import argparse, json, math, time
+import argparse, json, math, statistics, subprocess, time
 
 import torch
 import torch.nn.functional as F
@@ -77,15 +82,7 @@ class Model(torch.nn.Module):
         return rms(h, self.norm) @ self.embed.t()
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
-    ap.add_argument("--seq", type=int, default=256)
-    ap.add_argument("--batch-seqs", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+def torch_run(args):
     torch.manual_seed(0)
     model = Model(*PRESETS[args.preset])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
@@ -105,10 +102,47 @@ def main():
         if s > 0:
             times.append(dt)
     times.sort()
-    step_s = times[len(times) // 2]
-    print(json.dumps({"bench": "torch_train_cpu", "preset": args.preset, "torch": torch.__version__,
-                      "threads": args.threads, "seq": args.seq, "batch_seqs": args.batch_seqs,
-                      "step_s": step_s, "step_s_min": times[0], "tokens_per_s": args.batch_seqs * args.seq / step_s}))
+    return times[len(times) // 2], times[0]
+
+
+def rlx_run(args):
+    cmd = [args.rlx, "bench", "learner", "--preset", args.preset, "--seq", str(args.seq), "--batch-seqs",
+           str(args.batch_seqs), "--steps", str(args.steps), "--ranks", "1", "--threads", str(args.threads)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=3600).stdout
+    run = json.loads(out.strip().splitlines()[-1])["runs"][0]
+    return run["step_s"], run["step_s_min"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--batch-seqs", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rlx", help="the rlx binary: also run `rlx bench learner` on the same shape, in pairs")
+    ap.add_argument("--pairs", type=int, default=6, help="with --rlx: torch/rlx pairs run back to back")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    head = {"preset": args.preset, "torch": torch.__version__, "threads": args.threads, "seq": args.seq,
+            "batch_seqs": args.batch_seqs, "steps": args.steps}
+    if not args.rlx:
+        step_s, step_min = torch_run(args)
+        print(json.dumps({"bench": "torch_train_cpu", **head, "step_s": step_s, "step_s_min": step_min,
+                          "tokens_per_s": args.batch_seqs * args.seq / step_s}))
+        return
+    pairs = []
+    for i in range(args.pairs):
+        t_med, t_min = torch_run(args)
+        r_med, r_min = rlx_run(args)
+        pairs.append({"torch_step_s": t_med, "rlx_step_s": r_med, "torch_step_s_min": t_min, "rlx_step_s_min": r_min,
+                      "speedup": t_med / r_med})
+        print(f"pair {i + 1}: torch {1e3 * t_med:.1f} ms, rlx {1e3 * r_med:.1f} ms, rlx speed-up {t_med / r_med:.2f}x",
+              flush=True)
+    print(json.dumps({"bench": "torch_train_cpu_vs_rlx", **head, "pairs": pairs,
+                      "median_speedup": statistics.median(p["speedup"] for p in pairs),
+                      "best_step_speedup": min(p["torch_step_s_min"] for p in pairs) /
+                                           min(p["rlx_step_s_min"] for p in pairs)}))
 
 
 if __name__ == "__main__":
