@@ -8,7 +8,9 @@ namespace rlx {
 
 namespace {
 
-algo::LossInputs loss_inputs(const MicroBatch& mb, const TokenOutputs& out) {
+// `on_policy`: the batch's old policy is the one being stepped (see train_on_batch), so a
+// missing old log-prob is this step's own, detached.
+algo::LossInputs loss_inputs(const MicroBatch& mb, const TokenOutputs& out, bool on_policy = false) {
   const auto device = (out.logprobs.defined() ? out.logprobs : out.values).device();
   auto value = [&](const char* name) {
     auto it = mb.values.find(name);
@@ -23,6 +25,7 @@ algo::LossInputs loss_inputs(const MicroBatch& mb, const TokenOutputs& out) {
   in.advantages = value("advantages");
   in.returns = value("returns");
   in.old_logprobs = value("old_logprobs");
+  if (on_policy && !in.old_logprobs.defined() && out.logprobs.defined()) in.old_logprobs = out.logprobs.detach();
   in.old_values = value("old_values");
   in.ref_logprobs = value("ref_logprobs");
   in.behaviour_logprobs = value("behaviour_logprobs");
@@ -62,9 +65,10 @@ void scatter_trained(Sequence& s, const std::string& key, const at::Tensor& valu
 
 }  // namespace
 
-LossFn algorithm_loss(const algo::Algorithm& algorithm) {
-  return [&algorithm](const MicroBatch& mb, const TokenOutputs& out, const StepContext& ctx, Metrics& metrics) {
-    return algorithm.loss(loss_inputs(mb, out), normalizers(algorithm, ctx), metrics);
+LossFn algorithm_loss(const algo::Algorithm& algorithm, bool on_policy) {
+  return [&algorithm, on_policy](const MicroBatch& mb, const TokenOutputs& out, const StepContext& ctx,
+                                 Metrics& metrics) {
+    return algorithm.loss(loss_inputs(mb, out, on_policy), normalizers(algorithm, ctx), metrics);
   };
 }
 
@@ -94,8 +98,12 @@ algo::Metrics train_on_batch(algo::Algorithm& algorithm, const TrainModels& m, s
             o.name);
   auto sum = all_reduce_sum(comm, "batch statistics");
 
-  // 1. What the models say about the batch before any update.
-  if (algorithm.needs_old_logprobs()) m.policy.annotate(seqs, "old_logprobs", head ? "old_values" : "");
+  // 1. What the models say about the batch before any update. With one optimizer step on the
+  // batch, no critic and no KL controller, the policy before the update is the one the step
+  // runs: its log-probs come from the step's own forward, detached (the values a forward
+  // pass of their own would give, as verl and TRL take them), not from one more pass.
+  const bool on_policy = o.epochs == 1 && o.mini_batches == 1 && o.kl_target <= 0 && !algorithm.needs_critic();
+  if (algorithm.needs_old_logprobs() && !on_policy) m.policy.annotate(seqs, "old_logprobs", head ? "old_values" : "");
   if (m.reference && algorithm.needs_reference()) m.reference->annotate(seqs, m.policy.options().packing);
   if (algorithm.needs_critic() && !head) m.critic->annotate(seqs, "", "old_values");
 
@@ -181,7 +189,7 @@ algo::Metrics train_on_batch(algo::Algorithm& algorithm, const TrainModels& m, s
     for (size_t b = 0; b < n_mb; ++b) {
       std::vector<Sequence> part;
       for (size_t i = b * order.size() / n_mb; i < (b + 1) * order.size() / n_mb; ++i) part.push_back(seqs[order[i]]);
-      auto r = m.policy.step(part, algorithm_loss(algorithm), names);
+      auto r = m.policy.step(part, algorithm_loss(algorithm, on_policy), names);
       for (const auto& [k, v] : r.metrics) sums[k] += v;
       loss += r.loss, grad_norm += r.grad_norm, lr = r.lr, ++steps;
       if (algorithm.needs_critic() && !head) {

@@ -16,7 +16,9 @@
 
 namespace rlx {
 
-LossFn algorithm_loss(const algo::Algorithm& algorithm);
+// The algorithm's loss as a learner's loss function. `on_policy`: a micro-batch without
+// "old_logprobs" takes the step's own log-probs, detached, as the old policy's.
+LossFn algorithm_loss(const algo::Algorithm& algorithm, bool on_policy = false);
 // A separate critic's loss function (the algorithm's value loss on the critic's values).
 LossFn critic_loss(const algo::Algorithm& algorithm);
 

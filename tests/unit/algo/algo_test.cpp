@@ -480,6 +480,33 @@ TEST_CASE("a short PPO run on a toy task improves its reward (fixed seeds; separ
   }
 }
 
+TEST_CASE("one GRPO update per batch takes the step's own log-probs as the old ones: the same update as a pass of its own", "[algo]") {
+  register_bundled_algorithms();
+  ToyTask task;
+  auto comm = rlx::dist::single_process();
+  rlx::Learner a(task.cfg, *comm, toy_options(2e-2)), b(task.cfg, *comm, toy_options(2e-2));
+  a.load_from(*task.model);
+  b.load_from(*task.model);
+  auto grpo = make_algorithm({.name = "grpo"});
+  for (int step = 0; step < 3; ++step) {
+    std::vector<rlx::Sequence> seqs;
+    std::vector<double> rewards;
+    std::vector<size_t> groups;
+    task.sample(step, seqs, rewards, groups);
+    auto with_pass = seqs;
+    b.annotate(with_pass, "old_logprobs", "");  // what train_on_batch did before: a forward of its own
+    auto ma = rlx::train_on_batch(*grpo, {.policy = a}, seqs, rewards, groups);
+    auto mb = rlx::train_on_batch(*grpo, {.policy = b}, with_pass, rewards, groups);
+    CHECK(seqs[0].values.count("old_logprobs") == 0);  // no pass was made
+    CHECK(ma["ratio"] == 1.0);
+    CHECK(ma["clip_fraction"] == 0.0);
+    CHECK(ma["loss"] == mb["loss"]);
+    CHECK(ma["grad_norm"] == mb["grad_norm"]);
+  }
+  auto pa = a.model().gather_parameters(), pb = b.model().gather_parameters();
+  for (size_t i = 0; i < pa.size(); ++i) CHECK(at::equal(pa[i].second, pb[i].second));
+}
+
 TEST_CASE("train_on_batch shapes rewards with the overlong penalty before the advantages", "[algo]") {
   register_bundled_algorithms();
   CHECK_THROWS_WITH(make_algorithm({.name = "grpo", .overlong_buffer = 8, .max_response_tokens = 8}),
