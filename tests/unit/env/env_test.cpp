@@ -9,6 +9,7 @@
 #include "rlx/env/env.hpp"
 #include "rlx/env/options.hpp"
 #include "rlx/env/sandbox.hpp"
+#include "rlx/env/text_env.hpp"
 #include "test_paths.hpp"
 
 using nlohmann::json;
@@ -266,4 +267,53 @@ TEST_CASE("env options from a config: options reach the environment; bad keys ar
                     Catch::Contains("sandbox.limits.wal_s") && Catch::Contains("wall_s"));
   CHECK_THROWS_WITH(rlx::config::load_string<rlx::env::EnvOptions>("sandbox: {missing_layer: maybe}"),
                     Catch::Contains("sandbox.missing_layer"));
+}
+
+TEST_CASE("a text env: prompt and reward functions make a checkpointable single-turn environment", "[env]") {
+  rlx::env::Registry r;
+  rlx::env::add_text_env({.name = "echo",
+                          .description = "say the word",
+                          .prompt = [](const json& t) { return "Say " + t.at("word").get<std::string>() + ":"; },
+                          .reward = [](const json& t, std::string_view answer) {
+                            if (answer == "boom") throw std::runtime_error("cannot score this");
+                            return answer == " " + t.at("word").get<std::string>() ? 1.0 : 0.0;
+                          },
+                          .tasks = [](uint64_t, uint64_t i, const json&) -> json { return {{"word", i % 2 ? "cat" : "dog"}}; }},
+                         r);
+  CHECK_THROWS_WITH(rlx::env::add_text_env({.name = "echo", .prompt = [](const json&) { return std::string(); },
+                                            .reward = [](const json&, std::string_view) { return 0.0; }}, r),
+                    Catch::Contains("already registered"));
+  CHECK_THROWS_WITH(rlx::env::add_text_env({.name = "no_reward", .prompt = [](const json&) { return std::string(); }}, r),
+                    Catch::Contains("a reward"));
+  REQUIRE(r.generates("echo"));
+  const auto task = r.generate("echo", 1, 3);
+  CHECK(task["word"] == "cat");
+  const rlx::env::Context ctx{.tokenizer = &gpt2()};
+  auto env = r.make("echo", ctx);
+  CHECK(env->stop_strings() == std::vector<std::string>{"\n"});
+  auto answer = [&](const std::string& text) {
+    return [&gpt2 = gpt2(), text](std::span<const TokenId>) { return rlx::env::Action{.tokens = gpt2.encode(text)}; };
+  };
+  // The answer ends at the stop string: " cat\nmore" scores as " cat".
+  auto ep = rlx::env::run_episode(*env, task, answer(" cat\nmore"), 4);
+  CHECK(gpt2().decode(std::span<const TokenId>(ep.tokens.data(), static_cast<size_t>(ep.prompt_len))) == "Say cat:");
+  CHECK(ep.reward == 1.0);
+  CHECK(ep.done);
+  CHECK(ep.turns == 1);
+  CHECK(rlx::env::run_episode(*env, task, answer(" dog"), 4).reward == 0.0);
+  // Checkpointed after the prompt, continued by another instance (as another process would).
+  auto first = r.make("echo", ctx);
+  first->reset(task);
+  const auto state = first->save_state();
+  auto second = r.make("echo", ctx);
+  second->load_state(state);
+  CHECK(second->step(gpt2().encode(" cat")).reward == 1.0);
+  CHECK_THROWS_WITH(second->step(gpt2().encode(" cat")), Catch::Contains("after the episode ended"));
+  CHECK_THROWS_WITH(second->load_state("{\"word\": 1}"), Catch::Contains("not a saved state"));
+  // A reward function that throws names the environment, the task and the answer.
+  auto third = r.make("echo", ctx);
+  third->reset(task);
+  CHECK_THROWS_WITH(third->step(gpt2().encode("boom")),
+                    Catch::Contains("environment 'echo'") && Catch::Contains("cannot score this") &&
+                        Catch::Contains("\"boom\""));
 }
