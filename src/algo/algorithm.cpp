@@ -1,7 +1,9 @@
 #include "rlx/algo/algorithm.hpp"
 
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 #include <algorithm>
+#include <type_traits>
 #include <cmath>
 #include <mutex>
 #include <tuple>
@@ -16,9 +18,19 @@ std::mutex& registry_mutex() {
   static std::mutex m;
   return m;
 }
-std::map<std::string, AlgorithmFactory>& registry() {
-  static std::map<std::string, AlgorithmFactory> r;
+struct Registered {
+  AlgorithmFactory factory;
+  std::vector<AlgoOption> options;
+};
+std::map<std::string, Registered>& registry() {
+  static std::map<std::string, Registered> r;
   return r;
+}
+
+// What algorithm.options.KEY holds, as the config wrote it: a JSON value when it parses.
+nlohmann::json option_value(const std::string& text) {
+  auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return j.is_discarded() ? nlohmann::json(text) : j;
 }
 }  // namespace
 
@@ -137,11 +149,46 @@ at::Tensor PolicyGradient::loss(const LossInputs& in, const Normalizers& norm, M
   return loss;
 }
 
-void register_algorithm(const std::string& name, AlgorithmFactory factory) {
+void register_algorithm(const std::string& name, AlgorithmFactory factory, std::vector<AlgoOption> options) {
   RLX_CHECK(!name.empty() && factory, "register_algorithm: a name and a factory are needed");
+  for (const auto& o : options) RLX_CHECK(!o.key.empty(), "register_algorithm({:?}): an option without a key", name);
   std::lock_guard lock(registry_mutex());
-  registry()[name] = std::move(factory);
+  registry()[name] = {std::move(factory), std::move(options)};
 }
+
+std::vector<AlgoOption> algorithm_options(const std::string& name) {
+  std::lock_guard lock(registry_mutex());
+  auto it = registry().find(name);
+  return it == registry().end() ? std::vector<AlgoOption>{} : it->second.options;
+}
+
+template <class T>
+T option(const AlgoOptions& o, const std::string& key, T fallback, config::Bounds bounds) {
+  auto it = o.options.find(key);
+  if (it == o.options.end()) return fallback;
+  const auto v = option_value(it->second);
+  const auto where = fmt::format("algorithm.options.{}", key);
+  T out{};
+  if constexpr (std::is_same_v<T, std::string>) {
+    out = v.is_string() ? v.get<std::string>() : it->second;
+  } else if constexpr (std::is_same_v<T, bool>) {
+    if (!v.is_boolean()) throw ConfigError(fmt::format("{}: {:?} is not true or false", where, it->second));
+    out = v.get<bool>();
+  } else {
+    const bool ok = std::is_same_v<T, double> ? v.is_number() : v.is_number_integer();
+    if (!ok)
+      throw ConfigError(fmt::format("{}: {:?} is not {}", where, it->second,
+                                    std::is_same_v<T, double> ? "a number" : "an integer"));
+    out = v.get<T>();
+    if (!config::within(static_cast<double>(out), bounds))
+      throw ConfigError(fmt::format("{}: {} is not {}", where, it->second, config::describe(bounds)));
+  }
+  return out;
+}
+template double option<double>(const AlgoOptions&, const std::string&, double, config::Bounds);
+template int64_t option<int64_t>(const AlgoOptions&, const std::string&, int64_t, config::Bounds);
+template bool option<bool>(const AlgoOptions&, const std::string&, bool, config::Bounds);
+template std::string option<std::string>(const AlgoOptions&, const std::string&, std::string, config::Bounds);
 
 std::vector<std::string> algorithm_names() {
   std::lock_guard lock(registry_mutex());
@@ -153,16 +200,30 @@ std::vector<std::string> algorithm_names() {
 std::unique_ptr<Algorithm> make_algorithm(const AlgoOptions& options) {
   options.validate();
   AlgorithmFactory f;
+  std::vector<AlgoOption> declared;
   {
     std::lock_guard lock(registry_mutex());
     auto it = registry().find(options.name);
-    if (it != registry().end()) f = it->second;
+    if (it != registry().end()) f = it->second.factory, declared = it->second.options;
   }
   if (!f) {
     auto names = algorithm_names();
     auto guess = config::closest(options.name, names);
     throw ConfigError(fmt::format("algorithm.name: unknown algorithm {:?} (known: {}){}", options.name,
                                   fmt::join(names, ", "), guess.empty() ? "" : fmt::format("; did you mean {:?}?", guess)));
+  }
+  std::vector<std::string> keys;
+  std::string takes;
+  for (const auto& d : declared) {
+    keys.push_back(d.key);
+    takes += fmt::format("{}{} ({})", takes.empty() ? "" : "; ", d.key, d.doc);
+  }
+  for (const auto& [key, value] : options.options) {
+    if (std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
+    auto guess = config::closest(key, keys);
+    throw ConfigError(fmt::format("algorithm.options.{}: {} has no such option{}; {}", key, options.name,
+                                  guess.empty() ? "" : fmt::format(" (did you mean {:?}?)", guess),
+                                  takes.empty() ? "it takes none" : "it takes: " + takes));
   }
   return f(options);
 }

@@ -6,8 +6,14 @@
 //   class MyAlgo : public rlx::algo::PolicyGradient { ... };
 //   rlx::algo::register_algorithm("my_algo", [](const rlx::algo::AlgoOptions& o) {
 //     return std::make_unique<MyAlgo>(o);
-//   });
+//   }, {{"beta", "my algorithm's beta, >= 0 (default 0.1)"}});
 //   auto algo = rlx::algo::make_algorithm({.name = "grpo"});
+//
+// An algorithm's own hyperparameters are `algorithm.options` in a config (options: {beta:
+// 0.3}): declared when it registers (a key it does not declare is an error naming the key,
+// with the declared ones and their docs), read in its constructor with option():
+//
+//   beta_ = rlx::algo::option(o, "beta", 0.1, rlx::config::at_least(0));
 #pragma once
 
 #include <ATen/ATen.h>
@@ -62,6 +68,7 @@ struct AlgoOptions {
   int64_t max_response_tokens = 0;                   // ... of responses up to this many tokens
   double overlong_factor = 1.0;                      // ... scaled by this
   int64_t mini_batches = 1;                          // optimizer steps per pass
+  std::map<std::string, std::string> options;        // a registered algorithm's own (see option())
 
   template <class V>
   void visit(V& v) {
@@ -96,6 +103,8 @@ struct AlgoOptions {
     v("max_response_tokens", max_response_tokens, "the response-length limit the overlong penalty refers to",
       config::at_least(0));
     v("overlong_factor", overlong_factor, "the overlong penalty's largest value", config::at_least(0));
+    v("options", options, "the algorithm's own options, declared when it registers (a key it does not declare is an "
+      "error listing those it does); each value is read as JSON when it parses, else as text");
   }
   void validate() const {
     RLX_CHECK(overlong_buffer == 0 || (max_response_tokens > overlong_buffer),
@@ -205,8 +214,21 @@ class PolicyGradient : public Algorithm {
 };
 
 using AlgorithmFactory = std::function<std::unique_ptr<Algorithm>(const AlgoOptions&)>;
-void register_algorithm(const std::string& name, AlgorithmFactory factory);
-// The algorithm options.name names; an unknown name is a ConfigError suggesting the closest.
+// One key of an algorithm's own options (algorithm.options.KEY) and what it means.
+struct AlgoOption {
+  std::string key, doc;
+};
+void register_algorithm(const std::string& name, AlgorithmFactory factory, std::vector<AlgoOption> options = {});
+// The options `name` declared when it registered (empty for an unknown name).
+std::vector<AlgoOption> algorithm_options(const std::string& name);
+
+// The value of algorithm.options.KEY as T (double, int64_t, bool or std::string), or
+// `fallback` when the config does not set it; a value of the wrong type or outside `bounds`
+// is a ConfigError naming algorithm.options.KEY.
+template <class T>
+T option(const AlgoOptions& o, const std::string& key, T fallback, config::Bounds bounds = {});
+// The algorithm options.name names; an unknown name, or a key of options.options that the
+// algorithm did not declare, is a ConfigError suggesting the closest.
 std::unique_ptr<Algorithm> make_algorithm(const AlgoOptions& options);
 std::vector<std::string> algorithm_names();
 

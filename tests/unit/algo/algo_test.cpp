@@ -531,3 +531,68 @@ TEST_CASE("train_on_batch shapes rewards with the overlong penalty before the ad
   CHECK(m["overlong_penalty_mean"] == Approx(-0.25));
   CHECK(m["reward_mean"] == 1.0);  // the raw rewards
 }
+
+namespace {
+// A user's algorithm with a hyperparameter of its own: GRPO's advantages scaled by `scale`.
+class ScaledGrpo final : public rlx::algo::PolicyGradient {
+ public:
+  explicit ScaledGrpo(const AlgoOptions& o)
+      : PolicyGradient(o),
+        scale_(rlx::algo::option(o, "scale", 1.0, rlx::config::greater_than(0))),
+        tag_(rlx::algo::option<std::string>(o, "tag", "none")),
+        clamp_(rlx::algo::option(o, "clamp", false)),
+        every_(rlx::algo::option<int64_t>(o, "every", 1, rlx::config::in_range(1, 10))) {}
+  std::vector<std::vector<double>> advantages(const std::vector<std::vector<rlx::algo::Sample>>& groups,
+                                              const rlx::algo::AllReduceSum&) const override {
+    std::vector<std::vector<double>> out;
+    for (const auto& g : groups) out.emplace_back(g.size(), scale_);
+    return out;
+  }
+  double scale_;
+  std::string tag_;
+  bool clamp_;
+  int64_t every_;
+};
+
+struct AlgoSection {
+  AlgoOptions algorithm;
+  template <class V>
+  void visit(V& v) {
+    v("algorithm", algorithm, "");
+  }
+};
+}  // namespace
+
+TEST_CASE("algorithm.options: a registered algorithm's own hyperparameters, declared, typed and checked", "[algo]") {
+  register_bundled_algorithms();
+  rlx::algo::register_algorithm(
+      "scaled_grpo", [](const AlgoOptions& o) { return std::make_unique<ScaledGrpo>(o); },
+      {{"scale", "advantage scale, > 0 (default 1)"}, {"tag", "a label"}, {"clamp", "a switch"}, {"every", "1..10"}});
+  REQUIRE(rlx::algo::algorithm_options("scaled_grpo").size() == 4);
+  CHECK(rlx::algo::algorithm_options("grpo").empty());
+  // From a config file, as a user writes it.
+  auto cfg = rlx::config::load_string<AlgoSection>(
+      "algorithm: {name: scaled_grpo, options: {scale: 2.5, tag: hello, clamp: true, every: 3}}");
+  auto a = rlx::algo::make_algorithm(cfg.algorithm);
+  auto* s = dynamic_cast<ScaledGrpo*>(a.get());
+  REQUIRE(s);
+  CHECK(s->scale_ == 2.5);
+  CHECK(s->tag_ == "hello");
+  CHECK(s->clamp_);
+  CHECK(s->every_ == 3);
+  CHECK(dynamic_cast<ScaledGrpo&>(*rlx::algo::make_algorithm({.name = "scaled_grpo"})).scale_ == 1.0);  // default
+  // Undeclared keys, wrong types and out-of-range values name the key.
+  CHECK_THROWS_WITH(rlx::algo::make_algorithm({.name = "scaled_grpo", .options = {{"scal", "2"}}}),
+                    Catch::Contains("algorithm.options.scal") && Catch::Contains("did you mean \"scale\"") &&
+                        Catch::Contains("advantage scale"));
+  CHECK_THROWS_WITH(rlx::algo::make_algorithm({.name = "grpo", .options = {{"scale", "2"}}}),
+                    Catch::Contains("algorithm.options.scale") && Catch::Contains("it takes none"));
+  CHECK_THROWS_WITH(rlx::algo::make_algorithm({.name = "scaled_grpo", .options = {{"scale", "big"}}}),
+                    Catch::Contains("algorithm.options.scale") && Catch::Contains("not a number"));
+  CHECK_THROWS_WITH(rlx::algo::make_algorithm({.name = "scaled_grpo", .options = {{"scale", "0"}}}),
+                    Catch::Contains("algorithm.options.scale") && Catch::Contains("> 0"));
+  CHECK_THROWS_WITH(rlx::algo::make_algorithm({.name = "scaled_grpo", .options = {{"every", "2.5"}}}),
+                    Catch::Contains("algorithm.options.every") && Catch::Contains("not an integer"));
+  CHECK_THROWS_WITH(rlx::algo::make_algorithm({.name = "scaled_grpo", .options = {{"clamp", "yes"}}}),
+                    Catch::Contains("algorithm.options.clamp") && Catch::Contains("true or false"));
+}
