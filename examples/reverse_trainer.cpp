@@ -1,11 +1,15 @@
 // A trainer with an environment of its own: "reverse" asks for a word backwards, one turn,
 // reward 1 for the exact reversal. A single-turn task is a prompt and a reward function
 // (rlx/env/text_env.hpp). Registered before trainer_main reads the command line, it is there
-// in every process of a run: workers, and the env servers they start.
+// in every process of a run: workers, and the env servers they start. Hooks
+// (rlx/launch/hooks.hpp) add a metric and report checkpoints.
 //   ./reverse_trainer run examples/configs/grpo_arithmetic.yaml env.name=reverse env.options={}
 #include "rlx/core/rng.hpp"
 #include "rlx/env/text_env.hpp"
+#include "rlx/launch/hooks.hpp"
 #include "rlx/launch/main.hpp"
+
+#include <iostream>
 
 using nlohmann::json;
 
@@ -22,6 +26,11 @@ int main(int argc, char** argv) {
           std::string word;
           for (auto n = rng.uniform_int(2, 4); n > 0; --n) word += static_cast<char>('a' + rng.uniform_int(0, 2));
           return {{"word", word}, {"answer", std::string(word.rbegin(), word.rend())}};
+        }});
+    rlx::launch::add_hooks({
+        .on_step = [](int64_t, json& m) { m["reversed_pct"] = 100 * m.value("reward_mean", 0.0); },
+        .on_checkpoint = [](int64_t step, const std::filesystem::path& dir) {
+          std::cerr << "reverse_trainer: step " << step << " checkpointed in " << dir.string() << std::endl;
         }});
   });
 }

@@ -35,6 +35,7 @@
 #include "rlx/env/env.hpp"
 #include "rlx/env/sandbox.hpp"
 #include "rlx/env/server.hpp"
+#include "rlx/launch/hooks.hpp"
 #include "rlx/learner/algorithm_loss.hpp"
 #include "rlx/learner/checkpoint.hpp"
 #include "rlx/model/hf.hpp"
@@ -429,8 +430,12 @@ int run_learner(const RoleContext& ctx) {
     const auto name = fmt::format("hub-step_{:08d}.state", step);
     if (lead) client->control(fmt::format("checkpoint {} {}", name, trained_batch));  // confirms it; saves the hub
     if (critic) save_checkpoint(*critic, critic_ckpt);
-    save_checkpoint(policy, policy_ckpt, {{"hub_state", name}, {"weights_version", step}, {"kl_coef", algorithm->kl_coef()}});
+    const auto dir = save_checkpoint(policy, policy_ckpt,
+                                     {{"hub_state", name}, {"weights_version", step}, {"kl_coef", algorithm->kl_coef()}});
     if (lead) prune_hub_states(ctx.run_dir);
+    if (lead)
+      for (const auto& h : hooks())
+        if (h.on_checkpoint) h.on_checkpoint(step, dir);
   };
 
   install_stop_handler();
@@ -513,6 +518,13 @@ int run_learner(const RoleContext& ctx) {
     const double t1 = now_s();
     const int64_t t1_us = TraceWriter::now_us();
     status::set(fmt::format("training step {}", step + 1));
+    for (const auto& h : hooks())
+      if (h.on_rewards) {
+        const size_t n = rewards.size();
+        h.on_rewards(step + 1, rewards, sizes);
+        RLX_CHECK(rewards.size() == n, "a trainer's on_rewards hook changed the number of rewards ({} -> {})", n,
+                  rewards.size());
+      }
     auto m = train_on_batch(*algorithm, {.policy = policy, .critic = critic.get(), .reference = reference.get()}, seqs,
                             rewards, sizes);
     const double t_train = now_s() - t1;
@@ -556,6 +568,8 @@ int run_learner(const RoleContext& ctx) {
                  {"busy_learner", (t_train + t_sync + t_ckpt) / std::max(now_s() - t0, 1e-9)}};
     rollout_busy.add_to(line);
     for (const auto& [k, v] : m) line[k] = v;
+    for (const auto& h : hooks())
+      if (h.on_step) h.on_step(step, line);
     metrics_out << line.dump() << std::endl;
     const double per_step = (now_s() - t_start) / static_cast<double>(step);
     std::cerr << fmt::format("step {}/{}  reward {:.3f}  tokens/s {:.0f}  lag {}  eta {:.0f}s", step, cfg.train.steps,
@@ -989,6 +1003,8 @@ int run_sft(const RunConfig& cfg) {
     auto m = train_on_batch(*sft, {.policy = learner}, seqs, rewards, sizes);
     json line = {{"step", step + 1}};
     for (const auto& [k, v] : m) line[k] = v;
+    for (const auto& h : hooks())
+      if (h.on_step) h.on_step(step, line);
     metrics_out << line.dump() << std::endl;
     if ((step + 1) % 25 == 0 || step + 1 == cfg.sft.steps)
       std::cerr << fmt::format("sft step {}/{}  nll/token {:.3f}", step + 1, cfg.sft.steps,

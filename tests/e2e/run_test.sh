@@ -321,7 +321,9 @@ if [ -n "$trainer" ]; then
   "$trainer" run grpo.yaml run.name=mine env.name=reverse 'env.options={}' env.servers=1 train.steps=3 > mine.log 2>&1; rc=$?
   [ $rc = 0 ] && [ -f runs/mine/final/model.safetensors ] && exactly_once runs/mine >/dev/null \
     && ! grep -q "error" runs/mine/logs/worker-*/rank-0.err \
-    && ok "trainer: reverse_trainer ran its own environment behind sandboxed env servers" \
+    && [ "$(grep -c '"reversed_pct"' runs/mine/metrics.jsonl)" = 3 ] \
+    && grep -q "reverse_trainer: step 3 checkpointed in .*step_00000003" runs/mine/logs/learner-*/rank-0.err \
+    && ok "trainer: reverse_trainer ran its own environment behind sandboxed env servers; its hooks ran" \
     || fail "trainer run: rc $rc: $(tail -3 mine.log; grep -h error runs/mine/logs/worker-*/rank-0.err | tail -2)"
 fi
 
