@@ -159,7 +159,7 @@ nlohmann::json generate(uint64_t, uint64_t index, const nlohmann::json&) {
 
 void register_python_code(env::Registry& r) {
   r.add("python_code", "write a Python function; hidden tests run in the sandbox; reward = fraction passed (options: python)",
-        [](const env::Context& c) { return std::make_unique<PythonCode>(c); }, generate);
+        [](const env::Context& c) { return std::make_unique<PythonCode>(c); }, generate, {.runs_code = true});
 }
 
 }  // namespace rlx::envs

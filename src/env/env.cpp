@@ -11,11 +11,17 @@ Registry& Registry::global() {
   return r;
 }
 
-void Registry::add(const std::string& name, const std::string& description, Factory factory, TaskGenerator generator) {
+void Registry::add(const std::string& name, const std::string& description, Factory factory, TaskGenerator generator,
+                   EnvNeeds needs) {
   RLX_CHECK(!name.empty() && factory, "env registry: a name and a factory are required");
   std::lock_guard lock(m_);
   RLX_CHECK(!entries_.count(name), "env registry: '{}' is already registered", name);
-  entries_.emplace(name, Entry{description, std::move(factory), std::move(generator)});
+  entries_.emplace(name, Entry{description, std::move(factory), std::move(generator), needs});
+}
+
+EnvNeeds Registry::needs(const std::string& name) const {
+  std::lock_guard lock(m_);
+  return find(name).needs;
 }
 
 bool Registry::has(const std::string& name) const {

@@ -279,7 +279,7 @@ fs::path library_dir() {
 
 // Whether the run's environment runs code: it then gets a sandbox of its own inside the
 // server, which runs outside one (namespaces do not nest under the sandbox's filter).
-bool runs_code(const RunConfig& cfg) { return cfg.env.name == "python_code"; }
+bool runs_code(const RunConfig& cfg) { return env::Registry::global().needs(cfg.env.name).runs_code; }
 
 // An env server of this run: its command, sandbox, and ipc address. `name` names its
 // socket's directory (worker-W.S).

@@ -81,12 +81,22 @@ class Env {
 using TaskGenerator = std::function<nlohmann::json(uint64_t seed, uint64_t index, const nlohmann::json& options)>;
 using Factory = std::function<std::unique_ptr<Env>(const Context&)>;
 
+// What an environment needs from the processes that run it, declared when it registers.
+struct EnvNeeds {
+  // It runs code it is given (python_code): it gets a Sandbox of its own (Context::sandbox),
+  // and its env server runs outside one (namespaces do not nest under the sandbox's filter).
+  bool runs_code = false;
+};
+
 class Registry {
  public:
   static Registry& global();
   // Throws if `name` is taken.
-  void add(const std::string& name, const std::string& description, Factory factory, TaskGenerator generator = {});
+  void add(const std::string& name, const std::string& description, Factory factory, TaskGenerator generator = {},
+           EnvNeeds needs = {});
   bool has(const std::string& name) const;
+  // What the environment declared; throws rlx::Error for an unknown name (as make() does).
+  EnvNeeds needs(const std::string& name) const;
   // Throws rlx::Error naming the unknown environment and listing the known ones.
   std::unique_ptr<Env> make(const std::string& name, const Context& context) const;
   // Whether the environment makes its own tasks (generate() works).
@@ -100,6 +110,7 @@ class Registry {
     std::string description;
     Factory factory;
     TaskGenerator generator;
+    EnvNeeds needs;
   };
   const Entry& find(const std::string& name) const;
   mutable std::mutex m_;

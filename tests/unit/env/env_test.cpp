@@ -78,6 +78,14 @@ TEST_CASE("registry: bundled environments, a user's environment, clear errors", 
   CHECK_THROWS_WITH(reg.make("nope", {.tokenizer = &gpt2()}), Catch::Contains("unknown environment 'nope'") && Catch::Contains("arithmetic"));
   CHECK_THROWS_WITH(reg.make("echo", {}), Catch::Contains("tokenizer is required"));
   CHECK_THROWS_WITH(reg.generate("echo", 0, 0), Catch::Contains("does not generate tasks"));
+  // What an environment needs is declared, not guessed from its name.
+  CHECK(reg.needs("python_code").runs_code);
+  CHECK_FALSE(reg.needs("arithmetic").runs_code);
+  CHECK_FALSE(reg.needs("echo").runs_code);
+  reg.add("my_code", "runs code", [](const rlx::env::Context&) { return std::make_unique<Echo>(); }, {},
+          {.runs_code = true});
+  CHECK(reg.needs("my_code").runs_code);
+  CHECK_THROWS_WITH(reg.needs("nope"), Catch::Contains("unknown environment 'nope'"));
 }
 
 TEST_CASE("token-in/token-out: the episode holds exactly the sampled and returned ids", "[env]") {
