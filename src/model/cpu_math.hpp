@@ -4,7 +4,6 @@
 // -fno-trapping-math, which lets GCC turn its clamp into vector min/max.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -13,14 +12,19 @@
 #else
 #define RLX_CPU_CLONES
 #endif
+// For a loop body shared by a cloned function and the other dtypes' path: inlined into
+// each clone, so that each is compiled (and vectorised) for its target.
+#define RLX_CPU_INLINE inline __attribute__((always_inline))
 
 namespace rlx::cpu {
 
 // e^x for float x, within 2e-7 relative of std::exp over [-87, 88] (the argument is clamped
 // there: below it the result is about 1.6e-38 rather than 0). Cody-Waite reduction to
 // r in [-ln2/2, ln2/2], a degree-6 polynomial, and 2^n put into the exponent bits.
-inline float exp_approx(float x) {
-  const float xc = std::max(-87.0f, std::min(88.0f, x));
+RLX_CPU_INLINE float exp_approx(float x) {
+  // (ternaries, not std::min/max: those are calls a clone does not inline)
+  const float lo = x < -87.0f ? -87.0f : x;
+  const float xc = lo > 88.0f ? 88.0f : lo;
   constexpr float kShift = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer kept in the low bits
   const float t = xc * 1.44269504088896341f + kShift;
   int32_t tb;

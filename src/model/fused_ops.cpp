@@ -173,36 +173,74 @@ struct RopeFn : torch::autograd::Function<RopeFn> {
 
 // ---- SiLU and multiply -----------------------------------------------------------------
 
-template <typename acc_t>
-acc_t sigmoid(acc_t v) {
-  return acc_t(1) / (acc_t(1) + std::exp(-v));
+// e^x: the vectorisable one (fp32, cpu_math.hpp) or std::exp.
+template <bool kApprox, typename T>
+RLX_CPU_INLINE T exp_of(T x) {
+  if constexpr (kApprox)
+    return cpu::exp_approx(x);
+  else
+    return std::exp(x);
 }
 
-// fp32 rows [r0, r1) of [rows, 2I]: vectorised (cpu_math.hpp); the template below serves
-// the other dtypes.
-RLX_CPU_CLONES void silu_mul_rows_f32(const float* gu, float* out, int64_t r0, int64_t r1, int64_t I) {
+// Rows [r0, r1) of gu [rows, 2I] -> out [rows, I]. As LibTorch: silu's result is rounded to
+// the dtype before the product.
+template <bool kApprox, typename scalar_t>
+RLX_CPU_INLINE void silu_mul_rows(const scalar_t* gu, scalar_t* out, int64_t r0, int64_t r1, int64_t I) {
+  using acc_t = at::opmath_type<scalar_t>;
   for (int64_t r = r0; r < r1; ++r) {
-    const float* g = gu + r * 2 * I;
-    const float* u = g + I;
-    float* o = out + r * I;
-    for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.0f + cpu::exp_approx(-g[i])) * u[i];
-  }
-}
-
-RLX_CPU_CLONES void silu_mul_rows_backward_f32(const float* gu, const float* dout, float* dgu, int64_t r0, int64_t r1,
-                                               int64_t I) {
-  for (int64_t r = r0; r < r1; ++r) {
-    const float* g = gu + r * 2 * I;
-    const float* u = g + I;
-    const float* d = dout + r * I;
-    float* dg = dgu + r * 2 * I;
-    float* du = dg + I;
+    const scalar_t* g = gu + r * 2 * I;
+    const scalar_t* u = g + I;
+    scalar_t* o = out + r * I;
     for (int64_t i = 0; i < I; ++i) {
-      const float s = 1.0f / (1.0f + cpu::exp_approx(-g[i]));
-      du[i] = d[i] * g[i] * s;
-      dg[i] = d[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
+      const auto gv = static_cast<acc_t>(g[i]);
+      const auto act = static_cast<scalar_t>(gv / (acc_t(1) + exp_of<kApprox>(-gv)));
+      o[i] = static_cast<scalar_t>(static_cast<acc_t>(act) * static_cast<acc_t>(u[i]));
     }
   }
+}
+
+// d gate = d * u * s * (1 + g (1 - s)), d up = d * silu(g), s = sigmoid(g).
+template <bool kApprox, typename scalar_t>
+RLX_CPU_INLINE void silu_mul_rows_backward(const scalar_t* gu, const scalar_t* dout, scalar_t* dgu, int64_t r0,
+                                           int64_t r1, int64_t I) {
+  using acc_t = at::opmath_type<scalar_t>;
+  for (int64_t r = r0; r < r1; ++r) {
+    const scalar_t* g = gu + r * 2 * I;
+    const scalar_t* u = g + I;
+    const scalar_t* d = dout + r * I;
+    scalar_t* dg = dgu + r * 2 * I;
+    scalar_t* du = dg + I;
+    for (int64_t i = 0; i < I; ++i) {
+      const auto gv = static_cast<acc_t>(g[i]), uv = static_cast<acc_t>(u[i]), dv = static_cast<acc_t>(d[i]);
+      const acc_t s = acc_t(1) / (acc_t(1) + exp_of<kApprox>(-gv));
+      du[i] = static_cast<scalar_t>(dv * static_cast<acc_t>(static_cast<scalar_t>(gv * s)));
+      dg[i] = static_cast<scalar_t>(dv * uv * s * (acc_t(1) + gv * (acc_t(1) - s)));
+    }
+  }
+}
+
+// The fp32 rows built twice (cpu_math.hpp) with the vectorisable exp; other dtypes take std::exp.
+RLX_CPU_CLONES void silu_mul_rows_f32(const float* gu, float* out, int64_t r0, int64_t r1, int64_t I) {
+  silu_mul_rows<true>(gu, out, r0, r1, I);
+}
+RLX_CPU_CLONES void silu_mul_rows_backward_f32(const float* gu, const float* dout, float* dgu, int64_t r0, int64_t r1,
+                                               int64_t I) {
+  silu_mul_rows_backward<true>(gu, dout, dgu, r0, r1, I);
+}
+// Per dtype: fp32 to the clones above (a non-template overload wins), the rest to std::exp.
+template <typename scalar_t>
+void silu_mul_any(const scalar_t* gu, scalar_t* out, int64_t r0, int64_t r1, int64_t I) {
+  silu_mul_rows<false>(gu, out, r0, r1, I);
+}
+void silu_mul_any(const float* gu, float* out, int64_t r0, int64_t r1, int64_t I) {
+  silu_mul_rows_f32(gu, out, r0, r1, I);
+}
+template <typename scalar_t>
+void silu_mul_backward_any(const scalar_t* gu, const scalar_t* dout, scalar_t* dgu, int64_t r0, int64_t r1, int64_t I) {
+  silu_mul_rows_backward<false>(gu, dout, dgu, r0, r1, I);
+}
+void silu_mul_backward_any(const float* gu, const float* dout, float* dgu, int64_t r0, int64_t r1, int64_t I) {
+  silu_mul_rows_backward_f32(gu, dout, dgu, r0, r1, I);
 }
 
 struct SiluMulFn : torch::autograd::Function<SiluMulFn> {
@@ -213,27 +251,10 @@ struct SiluMulFn : torch::autograd::Function<SiluMulFn> {
     shape.back() = I;
     auto out = at::empty(shape, gu.options());
     AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, gu.scalar_type(), "rlx::fused::silu_mul", [&] {
-      using acc_t = at::opmath_type<scalar_t>;
       const scalar_t* p = gu.data_ptr<scalar_t>();
       scalar_t* o = out.data_ptr<scalar_t>();
-      at::parallel_for(0, rows, row_grain(2 * I), [&](int64_t r0, int64_t r1) {
-        if constexpr (std::is_same_v<scalar_t, float>) {
-          // (the casts only compile the other dtypes' branch)
-          silu_mul_rows_f32(reinterpret_cast<const float*>(p), reinterpret_cast<float*>(o), r0, r1, I);
-          return;
-        }
-        for (int64_t r = r0; r < r1; ++r) {
-          const scalar_t* g = p + r * 2 * I;
-          const scalar_t* u = g + I;
-          scalar_t* orow = o + r * I;
-          for (int64_t i = 0; i < I; ++i) {
-            const acc_t gv = static_cast<acc_t>(g[i]);
-            // As LibTorch: silu's result is rounded to the dtype before the product.
-            const auto act = static_cast<scalar_t>(gv * sigmoid(gv));
-            orow[i] = static_cast<scalar_t>(static_cast<acc_t>(act) * static_cast<acc_t>(u[i]));
-          }
-        }
-      });
+      at::parallel_for(0, rows, row_grain(2 * I),
+                       [&](int64_t r0, int64_t r1) { silu_mul_any(p, o, r0, r1, I); });
     });
     ctx->save_for_backward({gu});
     return out;
@@ -245,30 +266,11 @@ struct SiluMulFn : torch::autograd::Function<SiluMulFn> {
     const int64_t I = gu.size(-1) / 2, rows = I ? gu.numel() / (2 * I) : 0;
     auto dgu = at::empty_like(gu);
     AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, gu.scalar_type(), "rlx::fused::silu_mul_backward", [&] {
-      using acc_t = at::opmath_type<scalar_t>;
       const scalar_t* p = gu.data_ptr<scalar_t>();
       const scalar_t* d = dout.data_ptr<scalar_t>();
       scalar_t* q = dgu.data_ptr<scalar_t>();
-      at::parallel_for(0, rows, row_grain(2 * I), [&](int64_t r0, int64_t r1) {
-        if constexpr (std::is_same_v<scalar_t, float>) {
-          silu_mul_rows_backward_f32(reinterpret_cast<const float*>(p), reinterpret_cast<const float*>(d),
-                                     reinterpret_cast<float*>(q), r0, r1, I);
-          return;
-        }
-        for (int64_t r = r0; r < r1; ++r) {
-          const scalar_t* g = p + r * 2 * I;
-          const scalar_t* u = g + I;
-          const scalar_t* dr = d + r * I;
-          scalar_t* dg = q + r * 2 * I;
-          scalar_t* du = dg + I;
-          for (int64_t i = 0; i < I; ++i) {
-            const acc_t gv = static_cast<acc_t>(g[i]), uv = static_cast<acc_t>(u[i]), dv = static_cast<acc_t>(dr[i]);
-            const acc_t s = sigmoid(gv);
-            du[i] = static_cast<scalar_t>(dv * static_cast<acc_t>(static_cast<scalar_t>(gv * s)));
-            dg[i] = static_cast<scalar_t>(dv * uv * s * (acc_t(1) + gv * (acc_t(1) - s)));
-          }
-        }
-      });
+      at::parallel_for(0, rows, row_grain(2 * I),
+                       [&](int64_t r0, int64_t r1) { silu_mul_backward_any(p, d, q, r0, r1, I); });
     });
     return {dgu};
   }
