@@ -18,6 +18,40 @@ using torch::autograd::variable_list;
 
 constexpr const char* kLayerPrefix = "model.layers.";
 
+// What a block needs of the forward's state to run again in backward (checkpointing).
+void save_state(AutogradContext* ctx, const ForwardState& st) {
+  auto& d = ctx->saved_data;
+  d["batch"] = st.batch;
+  d["time"] = st.time;
+  if (st.mask.defined()) d["mask"] = st.mask;
+  d["cos"] = st.cos;
+  d["sin"] = st.sin;
+  if (!st.varlen.defined()) return;
+  d["cu_q"] = st.varlen.cu_q;
+  d["cu_k"] = st.varlen.cu_k;
+  d["q_lens"] = st.varlen.q_lens;
+  d["k_lens"] = st.varlen.k_lens;
+  d["max_q"] = st.varlen.max_q;
+  d["max_k"] = st.varlen.max_k;
+}
+ForwardState load_state(AutogradContext* ctx) {
+  auto& d = ctx->saved_data;
+  ForwardState st;
+  st.batch = d["batch"].toInt();
+  st.time = d["time"].toInt();
+  if (d.count("mask") != 0) st.mask = d["mask"].toTensor();
+  st.cos = d["cos"].toTensor();
+  st.sin = d["sin"].toTensor();
+  if (d.count("cu_q") == 0) return st;
+  st.varlen.cu_q = d["cu_q"].toTensor();
+  st.varlen.cu_k = d["cu_k"].toTensor();
+  st.varlen.q_lens = d["q_lens"].toIntVector();
+  st.varlen.k_lens = d["k_lens"].toIntVector();
+  st.varlen.max_q = d["max_q"].toInt();
+  st.varlen.max_k = d["max_k"].toInt();
+  return st;
+}
+
 // One transformer block as an autograd function of (its unit's shard, its input).
 // Forward gathers the block's weights, runs it and frees them; backward gathers
 // again, differentiates the block (recomputing it when checkpointing), and
@@ -30,11 +64,7 @@ struct BlockFunction : torch::autograd::Function<BlockFunction> {
     if (self->options().prefetch && u + 1 < self->units().size()) self->start_gather(u + 1);
     ctx->saved_data["self"] = reinterpret_cast<int64_t>(self);
     ctx->saved_data["unit"] = unit;
-    ctx->saved_data["batch"] = st->batch;
-    ctx->saved_data["time"] = st->time;
-    ctx->saved_data["mask"] = st->mask;
-    ctx->saved_data["cos"] = st->cos;
-    ctx->saved_data["sin"] = st->sin;
+    save_state(ctx, *st);
     Variable out;
     if (self->options().activation_checkpointing) {
       out = self->module().layer(unit - 1, h, *st);
@@ -61,12 +91,7 @@ struct BlockFunction : torch::autograd::Function<BlockFunction> {
     {
       c10::AutoGradMode grad(true);
       if (self->options().activation_checkpointing) {
-        ForwardState st;
-        st.batch = ctx->saved_data["batch"].toInt();
-        st.time = ctx->saved_data["time"].toInt();
-        st.mask = ctx->saved_data["mask"].toTensor();
-        st.cos = ctx->saved_data["cos"].toTensor();
-        st.sin = ctx->saved_data["sin"].toTensor();
+        const ForwardState st = load_state(ctx);
         input = ctx->saved_data["input"].toTensor().detach().requires_grad_(true);
         output = self->module().layer(unit - 1, input, st);
       } else {

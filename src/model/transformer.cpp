@@ -157,6 +157,16 @@ struct Body : torch::nn::Module {
 }  // namespace detail
 
 namespace {
+// Attention of the full-sequence path: q [B, T, Hq, D], k and v [B, T, Hkv, D].
+at::Tensor sequence_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ForwardState& st,
+                              double scale) {
+  if (!st.varlen.defined()) return attention(q, k, v, st.mask, scale, /*fused=*/true);
+  const int64_t B = q.size(0), T = q.size(1), D = q.size(3);
+  return varlen_attention(q.reshape({B * T, q.size(2), D}), k.reshape({B * T, k.size(2), D}),
+                          v.reshape({B * T, v.size(2), D}), st.varlen, scale)
+      .view({B, T, q.size(2), D});
+}
+
 // A module's projections joined along their outputs, one GEMM's operand: a copy of the
 // weights (small next to the activations) that autograd splits back into their gradients.
 at::Tensor joined(std::initializer_list<at::Tensor> parts) {
@@ -204,7 +214,14 @@ ForwardState Transformer::begin_forward(const ForwardInput& in, KVCache* cache) 
   } else {
     auto segments = in.segments.defined() ? in.segments.to(device_) : at::ones({st.batch, st.time}, st.tokens.options());
     positions = segment_positions(segments);
-    st.mask = segment_causal_mask(segments);
+    if (!flash_varlen_supported(device_, dtype_, cfg_.head_dim)) {
+      st.mask = segment_causal_mask(segments);
+    } else if (in.segments.defined()) {
+      st.varlen = varlen_from_segments(in.segments, device_);
+    } else {
+      const std::vector<int64_t> rows(static_cast<size_t>(st.batch), st.time);
+      st.varlen = varlen_seqs(rows, rows, device_);
+    }
   }
   if (in.positions.defined()) positions = in.positions.to(device_, at::kLong);
   auto [cos, sin] = rope_tables(cfg_, inv_freq_, positions);
@@ -244,7 +261,7 @@ at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, con
     auto q = fused::rope(parts[0].view({B, T, Hq, D}), st.cos, st.sin);
     auto k = fused::rope(parts[1].view({B, T, Hkv, D}), st.cos, st.sin);
     auto v = parts[2].view({B, T, Hkv, D});
-    a = st.cache ? st.cache->attend(index, q, k, v, scale) : attention(q, k, v, st.mask, scale, /*fused=*/true);
+    a = st.cache ? st.cache->attend(index, q, k, v, scale) : sequence_attention(q, k, v, st, scale);
   }
   auto attn_out = (*att.o_proj)(a.reshape({B, T, Hq * D}));
   at::Tensor h, normed;
@@ -280,7 +297,7 @@ at::Tensor Transformer::layer(int64_t index, const at::Tensor& h_in, const Forwa
   auto q = fused::rope(parts[0].view({B, T, Hq, D}), st.cos, st.sin, st.cache ? 1.0 : scale);
   auto k = fused::rope(parts[1].view({B, T, Hkv, D}), st.cos, st.sin);
   auto v = parts[2].view({B, T, Hkv, D});
-  auto a = st.cache ? st.cache->attend(index, q, k, v, scale) : attention(q, k, v, st.mask, 1.0, /*fused=*/true);
+  auto a = st.cache ? st.cache->attend(index, q, k, v, scale) : sequence_attention(q, k, v, st, 1.0);
   auto h = h_in + (*att.o_proj)(a.reshape({B, T, Hq * D}));
   auto gu = at::linear((*blk.post_attention_layernorm)(h),
                        joined({mlp.gate_proj->weight, mlp.up_proj->weight}),

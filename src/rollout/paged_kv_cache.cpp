@@ -38,40 +38,33 @@ void PagedKVCache::plan(std::span<const Entry> entries) {
   RLX_ASSERT(!entries.empty(), "PagedKVCache::plan: no sequences");
   const auto device = keys_.front().device();
   const int64_t S = static_cast<int64_t>(entries.size()), bs = block_size_;
-  int64_t packed = 0, max_new = 0, max_ctx = 0, max_blocks = 0;
+  int64_t packed = 0, max_new = 0, max_ctx = 0, max_blocks = 0, total_ctx = 0;
   for (const auto& e : entries) {
     RLX_ASSERT(e.new_tokens >= 1 && e.cached >= 0, "PagedKVCache::plan: bad entry");
     const int64_t ctx = e.cached + e.new_tokens;
     RLX_ASSERT(static_cast<int64_t>(e.blocks.size()) * bs >= ctx, "PagedKVCache::plan: {} blocks for {} tokens",
                e.blocks.size(), ctx);
     packed += e.new_tokens;
+    total_ctx += ctx;
     max_new = std::max(max_new, e.new_tokens);
     max_ctx = std::max(max_ctx, ctx);
     max_blocks = std::max(max_blocks, (ctx + bs - 1) / bs);
   }
-  // Host-side index vectors: O(packed + seqs * max_new + seqs * max_blocks).
-  std::vector<int64_t> positions, write_block, write_offset, q_index(static_cast<size_t>(S * max_new), 0), out_index,
-      query_pos(static_cast<size_t>(S * max_new), -1), table(static_cast<size_t>(S * max_blocks), 0),
-      ctx_len(static_cast<size_t>(S));
+  // Host-side index vectors: O(packed + seqs * max_blocks).
+  std::vector<int64_t> positions, write_slot, new_tokens, ctx_len, table(static_cast<size_t>(S * max_blocks), 0);
   positions.reserve(static_cast<size_t>(packed));
-  write_block.reserve(static_cast<size_t>(packed));
-  write_offset.reserve(static_cast<size_t>(packed));
-  out_index.reserve(static_cast<size_t>(packed));
-  int64_t p = 0;
-  for (int64_t s = 0; s < S; ++s) {
-    const auto& e = entries[static_cast<size_t>(s)];
-    for (int64_t t = 0; t < e.new_tokens; ++t, ++p) {
+  write_slot.reserve(static_cast<size_t>(packed));
+  for (const auto& e : entries) {
+    for (int64_t t = 0; t < e.new_tokens; ++t) {
       const int64_t pos = e.cached + t;
       positions.push_back(pos);
-      write_block.push_back(e.blocks[static_cast<size_t>(pos / bs)]);
-      write_offset.push_back(pos % bs);
-      q_index[static_cast<size_t>(s * max_new + t)] = p;
-      query_pos[static_cast<size_t>(s * max_new + t)] = pos;
-      out_index.push_back(s * max_new + t);
+      write_slot.push_back(e.blocks[static_cast<size_t>(pos / bs)] * bs + pos % bs);
     }
     const int64_t ctx = e.cached + e.new_tokens;
-    ctx_len[static_cast<size_t>(s)] = ctx;
-    for (int64_t b = 0; b < (ctx + bs - 1) / bs; ++b) table[static_cast<size_t>(s * max_blocks + b)] = e.blocks[static_cast<size_t>(b)];
+    for (int64_t b = 0; b < (ctx + bs - 1) / bs; ++b)
+      table[ctx_len.size() * static_cast<size_t>(max_blocks) + static_cast<size_t>(b)] = e.blocks[static_cast<size_t>(b)];
+    new_tokens.push_back(e.new_tokens);
+    ctx_len.push_back(ctx);
   }
   auto longs = [&](const std::vector<int64_t>& v) {
     return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(device, /*non_blocking=*/false);
@@ -80,44 +73,71 @@ void PagedKVCache::plan(std::span<const Entry> entries) {
   seqs_ = S;
   max_new_ = max_new;
   max_ctx_ = max_ctx;
-  positions_ = longs(positions).view({1, packed});
-  // Rows of a pool: head-major, [block * kv_head * block_size, head_dim] rows
-  // (block * Hkv + h) * bs + offset; token-major, [block * block_size, kv_head * head_dim] rows
-  // block * bs + offset.
-  auto heads = at::arange(kv_heads_, at::TensorOptions().dtype(at::kLong).device(device)) * bs;  // [Hkv]
-  auto rows = [&](const at::Tensor& block, const at::Tensor& offset) {
-    if (!head_major_) return (block * bs + offset).reshape({-1});
-    return ((block * (kv_heads_ * bs) + offset).unsqueeze(-1) + heads).reshape({-1});
-  };
-  const auto wblock = longs(write_block), woffset = longs(write_offset);
-  write_rows_ = rows(wblock, woffset);
-  write_slots_ = head_major_ ? wblock * bs + woffset : at::Tensor();
-  q_index_ = longs(q_index);
-  out_index_ = longs(out_index);
-  // Context slots and the mask are expanded on the device from the small tables.
-  auto lopts = at::TensorOptions().dtype(at::kLong).device(device);
-  auto c = at::arange(max_ctx, lopts);                                              // [C]
-  auto blocks = longs(table).view({S, max_blocks}).index_select(1, c.div(bs, "floor"));  // [S, C]
-  auto in_ctx = c.unsqueeze(0) < longs(ctx_len).unsqueeze(1);                        // [S, C]
-  ctx_rows_ = rows(at::where(in_ctx, blocks, at::zeros_like(blocks)),
-                   at::where(in_ctx, c.remainder(bs).unsqueeze(0).expand({S, max_ctx}), at::zeros_like(blocks)));
   static_step_ = false;
+  positions_ = longs(positions).view({1, packed});
+  const auto slots = longs(write_slot);
+  write_slots_ = head_major_ ? slots : at::Tensor();
+  write_rows_ = pool_rows(slots);
+  tables_ = context_lens_ = ctx_rows_ = q_index_ = out_index_ = allowed_ = at::Tensor();
+  varlen_ = VarlenSeqs();
 #if RLX_WITH_CUDA
   // Decode steps on a GPU read the pool in place (the decode attention kernel): int32 block
   // tables and context lengths.
-  if (device.is_cuda() && max_new == 1) {
+  if (device.is_cuda() && max_new == 1 && cuda::decode_attention_supported(keys_.front(), keys_.front())) {
     auto ints = [&](const std::vector<int64_t>& v) {
       return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(at::kInt).to(device, /*non_blocking=*/false);
     };
     tables_ = ints(table).view({S, max_blocks});
     context_lens_ = ints(ctx_len);
-  } else {
-    tables_ = context_lens_ = at::Tensor();
+    return;
   }
 #endif
+  if (head_major_) {
+    // Varlen attention (flash on a GPU): the context gathered ragged, sequence after
+    // sequence, no padding and no mask.
+    std::vector<int64_t> ctx_slot;
+    ctx_slot.reserve(static_cast<size_t>(total_ctx));
+    for (const auto& e : entries)
+      for (int64_t pos = 0; pos < e.cached + e.new_tokens; ++pos)
+        ctx_slot.push_back(e.blocks[static_cast<size_t>(pos / bs)] * bs + pos % bs);
+    ctx_rows_ = pool_rows(longs(ctx_slot));
+    varlen_ = varlen_seqs(new_tokens, ctx_len, device);
+    return;
+  }
+  // Token-major (CPU): every sequence's context padded to the longest, one batched
+  // attention under a mask. Context slots and the mask are expanded on the device from the
+  // small tables.
+  std::vector<int64_t> q_index(static_cast<size_t>(S * max_new), 0), out_index, query_pos(static_cast<size_t>(S * max_new), -1);
+  out_index.reserve(static_cast<size_t>(packed));
+  for (int64_t s = 0, p = 0; s < S; ++s) {
+    const auto& e = entries[static_cast<size_t>(s)];
+    for (int64_t t = 0; t < e.new_tokens; ++t, ++p) {
+      q_index[static_cast<size_t>(s * max_new + t)] = p;
+      query_pos[static_cast<size_t>(s * max_new + t)] = e.cached + t;
+      out_index.push_back(s * max_new + t);
+    }
+  }
+  q_index_ = longs(q_index);
+  out_index_ = longs(out_index);
+  auto lopts = at::TensorOptions().dtype(at::kLong).device(device);
+  auto c = at::arange(max_ctx, lopts);                                                   // [C]
+  auto blocks = longs(table).view({S, max_blocks}).index_select(1, c.div(bs, "floor"));  // [S, C]
+  auto in_ctx = c.unsqueeze(0) < longs(ctx_len).unsqueeze(1);                             // [S, C]
+  // Past a sequence's end: slot 0 of block 0, which must never hold NaN (the pools start zeroed).
+  ctx_rows_ = pool_rows(at::where(in_ctx, blocks * bs + c.remainder(bs).unsqueeze(0), at::zeros_like(blocks)).reshape({-1}));
   auto qpos = longs(query_pos).view({S, max_new, 1});
   // A query sees the context up to its own position; a padding query (qpos -1) sees slot 0 only.
   allowed_ = (c.view({1, 1, max_ctx}) <= qpos) | ((qpos < 0) & (c.view({1, 1, max_ctx}) == 0));
+}
+
+at::Tensor PagedKVCache::pool_rows(const at::Tensor& slots) const {
+  // Rows of a pool viewed as a matrix of rows: head-major, [block * kv_head * block_size,
+  // head_dim], one row per (token, head), (block * Hkv + h) * bs + offset; token-major,
+  // [block * block_size, kv_head * head_dim], one row per token, its slot.
+  if (!head_major_) return slots;
+  const int64_t bs = block_size_;
+  auto heads = at::arange(kv_heads_, slots.options()) * bs;  // [Hkv]
+  return ((slots.div(bs, "floor") * (kv_heads_ * bs) + slots.remainder(bs)).unsqueeze(-1) + heads).reshape({-1});
 }
 
 namespace {
@@ -193,6 +213,7 @@ void PagedKVCache::plan_static(std::span<const Entry> entries, int64_t rows, int
   tables_ = bytes_as(static_bytes_, l.tables, rows * mb, at::kInt).view({rows, mb});
   context_lens_ = bytes_as(static_bytes_, l.lens, rows, at::kInt);
   static_step_ = true;
+  varlen_ = VarlenSeqs();
 }
 
 void PagedKVCache::copy_blocks(std::span<const std::pair<BlockId, BlockId>> src_dst) {
@@ -269,6 +290,12 @@ at::Tensor PagedKVCache::attend_stored(int64_t layer, const at::Tensor& q, doubl
         {static_cast<int>(packed_), static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D), block_size_,
          static_cast<int>(static_max_blocks_), static_cast<float>(scale)});
     return out.to(q.scalar_type()).view({1, packed_, Hq, D});
+  }
+  if (varlen_.defined()) {
+    const int64_t total = varlen_.total_k();
+    return varlen_attention(q.reshape({packed_, Hq, D}), kr.index_select(0, ctx_rows_).view({total, Hkv, D}).to(q.scalar_type()),
+                            vr.index_select(0, ctx_rows_).view({total, Hkv, D}).to(q.scalar_type()), varlen_, scale)
+        .view({1, packed_, Hq, D});
   }
   auto kc = kr.index_select(0, ctx_rows_).view({seqs_, max_ctx_, Hkv, D});
   auto vc = vr.index_select(0, ctx_rows_).view({seqs_, max_ctx_, Hkv, D});

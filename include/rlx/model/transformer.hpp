@@ -21,6 +21,7 @@
 
 #include "rlx/model/config.hpp"
 #include "rlx/model/kv_cache.hpp"
+#include "rlx/model/varlen_attention.hpp"
 
 namespace rlx {
 
@@ -34,9 +35,11 @@ std::pair<at::Tensor, at::Tensor> rope_tables(const ModelConfig& cfg, const at::
 at::Tensor rope_inv_freq(const ModelConfig& cfg);
 
 // What every layer of one forward call shares: the tokens on the model's device, the
-// RoPE tables, and the attention mask of the full-sequence path (undefined with a cache).
+// RoPE tables, and how the full-sequence path attends (undefined with a cache): its
+// sequences for varlen flash attention where the device has it, else the mask.
 struct ForwardState {
   at::Tensor tokens, mask, cos, sin;
+  VarlenSeqs varlen;
   int64_t batch = 0, time = 0;
   KVCache* cache = nullptr;
 };

@@ -6,9 +6,11 @@
 // so the projections and MLPs run on exactly the tokens that need them. Only
 // attention unpacks them, per sequence, against that sequence's cached context. On CUDA a
 // pool is [block, kv_head, block_size, head_dim] (rollout/cuda/attention_math.hpp) and a
-// decode step reads it in place with the split-K decode kernel; other steps, and the CPU
-// (whose pools are token-major, [block, block_size, kv_head, head_dim], for its gathers),
-// gather each sequence's context.
+// decode step reads it in place with the split-K decode kernel; prefill, extend and mixed
+// steps gather the contexts ragged (no padding) into varlen attention (LibTorch's flash
+// kernel in bf16/fp16: chunked prefill and prefix-shared blocks are sequences whose queries
+// start after their cached tokens). CPU pools are token-major, [block, block_size,
+// kv_head, head_dim], and a step pads every context to the longest under a mask.
 //
 //   rlx::PagedKVCache cache(model->config(), /*num_blocks=*/256, /*block_size=*/16, at::kFloat, at::kCPU);
 //   cache.plan({{.blocks = table_a, .cached = 0, .new_tokens = 5}, {.blocks = table_b, .cached = 9, .new_tokens = 1}});
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "rlx/model/kv_cache.hpp"
+#include "rlx/model/varlen_attention.hpp"
 #include "rlx/rollout/block_allocator.hpp"
 
 namespace rlx {
@@ -75,6 +78,8 @@ class PagedKVCache final : public KVCache {
  private:
   // Attention over the pool, the step's keys and values already in it; q [1, packed, Hq, D].
   at::Tensor attend_stored(int64_t layer, const at::Tensor& q, double scale);
+  // The pool rows (see ctx_rows_) of tokens at pool slots (block * block_size + offset).
+  at::Tensor pool_rows(const at::Tensor& slots) const;
 
   int32_t num_blocks_, block_size_;
   int64_t kv_heads_;
@@ -86,8 +91,10 @@ class PagedKVCache final : public KVCache {
   // Rows of a pool (head-major: one per token and head; token-major: one per token):
   at::Tensor write_rows_;  // of each new token
   at::Tensor write_slots_; // head-major: block * block_size + offset of each new token (RoPE + append kernel)
-  at::Tensor ctx_rows_;    // of each context position, [seqs * max_ctx] in order (block 0 past the end)
-  at::Tensor tables_, context_lens_;       // decode steps read in place: int32 [seqs, max_blocks], [seqs]
+  // The context a step gathers, one of three ways:
+  at::Tensor tables_, context_lens_;  // GPU decode steps read in place: int32 [seqs, max_blocks], [seqs]
+  VarlenSeqs varlen_;                 // head-major: ragged, ctx_rows_ sequence after sequence, no padding
+  at::Tensor ctx_rows_;    // of each context position (token-major: [seqs * max_ctx], block 0 past the end)
   // Static decode (enable_static): one host staging buffer (pinned on CUDA) and its device
   // twin, holding positions and write rows (int64), then tables and lengths (int32).
   at::Tensor static_bytes_, static_host_;
@@ -95,6 +102,7 @@ class PagedKVCache final : public KVCache {
   BlockId pad_block_ = 0;
   bool static_step_ = false;  // the planned step is a static one
   int64_t max_ctx_ = 0;
+  // Token-major only (the padded batch under a mask):
   at::Tensor q_index_;     // [seqs * max_new] packed index of each (sequence, new token), 0 for padding
   at::Tensor out_index_;   // [packed] row of each packed token in the [seqs * max_new] layout
   at::Tensor allowed_;     // [seqs, max_new, max_ctx]

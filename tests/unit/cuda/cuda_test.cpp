@@ -6,6 +6,7 @@
 #include "../helpers.hpp"
 #include "rlx/dist/comm.hpp"
 #include "rlx/learner/learner.hpp"
+#include "rlx/model/varlen_attention.hpp"
 #include "rlx/rollout/engine.hpp"
 
 namespace {
@@ -181,4 +182,63 @@ TEST_CASE("cuda: a request's tokens alone equal its tokens inside a batch of 64"
   CHECK(it->samples[0].tokens == alone[0].samples[0].tokens);
   for (size_t t = 0; t < std::min(it->samples[0].logprobs.size(), alone[0].samples[0].logprobs.size()); ++t)
     CHECK(std::abs(it->samples[0].logprobs[t] - alone[0].samples[0].logprobs[t]) <= 1e-4);
+}
+
+// Issue 33 item 2 and issue 34 item 1: LibTorch's varlen flash kernel, as the engine's
+// prefill/extend steps and the learner's packed rows call it, against the reference
+// (each sequence under its mask, fp32), values and gradients, with a GQA group of 7.
+TEST_CASE("cuda: varlen flash attention equals the reference in bf16 (extend steps, GQA 7), values and gradients",
+          "[cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  const at::Device dev(at::kCUDA, 0);
+  REQUIRE(rlx::flash_varlen_supported(dev, at::kBFloat16, 64));
+  at::manual_seed(21);
+  const int64_t Hq = 14, Hkv = 2, D = 64;
+  const std::vector<int64_t> q_lens{37, 1, 200, 5}, k_lens{37, 300, 257, 133};
+  const auto seqs = rlx::varlen_seqs(q_lens, k_lens, dev);
+  auto bf = at::TensorOptions().dtype(at::kBFloat16).device(dev);
+  auto q0 = at::randn({seqs.total_q(), Hq, D}, bf), k0 = at::randn({seqs.total_k(), Hkv, D}, bf),
+       v0 = at::randn({seqs.total_k(), Hkv, D}, bf);
+  auto w = at::randn({seqs.total_q(), Hq, D}, bf);
+  auto q1 = q0.clone().requires_grad_(true), k1 = k0.clone().requires_grad_(true), v1 = v0.clone().requires_grad_(true);
+  auto flash = rlx::varlen_attention(q1, k1, v1, seqs, 0.125);
+  (flash.to(at::kFloat) * w.to(at::kFloat)).sum().backward();
+  auto q2 = q0.to(at::kFloat).requires_grad_(true), k2 = k0.to(at::kFloat).requires_grad_(true),
+       v2 = v0.to(at::kFloat).requires_grad_(true);
+  auto ref = rlx::varlen_attention_reference(q2, k2, v2, seqs, 0.125);
+  (ref * w.to(at::kFloat)).sum().backward();
+  CHECK(flash.scalar_type() == at::kBFloat16);
+  CHECK(max_abs(flash.to(at::kFloat), ref) <= 2e-2);
+  auto rel = [](const at::Tensor& a, const at::Tensor& b) {
+    return ((a.to(at::kFloat) - b).norm() / b.norm()).item<double>();
+  };
+  CHECK(rel(q1.grad(), q2.grad()) <= 2e-2);
+  CHECK(rel(k1.grad(), k2.grad()) <= 2e-2);
+  CHECK(rel(v1.grad(), v2.grad()) <= 2e-2);
+}
+
+TEST_CASE("cuda: bf16 packed rows through varlen flash attention give the fp32 CPU logits", "[cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  auto cpu = tiny(3, at::kCPU);
+  auto c = cpu->config();
+  auto gpu = std::make_shared<rlx::Transformer>(c, at::kBFloat16, at::Device(at::kCUDA, 0));
+  {
+    c10::NoGradGuard g;
+    auto src = cpu->hf_parameters();
+    auto dst = gpu->hf_parameters();
+    for (size_t i = 0; i < src.size(); ++i) dst[i].second.copy_(src[i].second);
+  }
+  auto tokens = at::randint(512, {2, 12}, at::TensorOptions().dtype(at::kLong));
+  auto segments = at::tensor({1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+                             at::TensorOptions().dtype(at::kLong))
+                      .view({2, 12});
+  c10::NoGradGuard g;
+  auto st = gpu->begin_forward({.tokens = tokens.cuda(), .segments = segments.cuda()});
+  CHECK(st.varlen.defined());
+  CHECK_FALSE(st.mask.defined());
+  auto a = cpu->forward({.tokens = tokens, .segments = segments});
+  auto b = gpu->forward({.tokens = tokens.cuda(), .segments = segments.cuda()}).to(at::kFloat).cpu();
+  auto real = (segments > 0).unsqueeze(2);
+  const double scale = (a * real).abs().max().item<double>();
+  CHECK(max_abs(a * real, b * real) <= 0.05 * scale);
 }
