@@ -58,13 +58,16 @@ for s in $steps; do
           --device cuda --batch $b --seq 512 --decode-steps 64 --iters 2 && json model
       done ;;
     decode)
-      # The engine's decode step with and without CUDA graphs (same kernels otherwise), random
-      # Qwen2.5-0.5B-shaped weights: graph_steps in the JSON says how many steps replayed.
+      # The engine's decode step eager, as CUDA graphs one step at a time, and as CUDA graphs
+      # with step k+1 launched before step k's tokens are read back (same kernels otherwise),
+      # random Qwen2.5-0.5B-shaped weights: graph_steps and overlapped_steps in the JSON say
+      # how many steps replayed and how many overlapped.
       for b in 1 64 256; do
-        for g in 0 1; do
-          step decode_b${b}_graphs$g 120 "$rlx" bench sampler --preset qwen2.5-0.5b --arch qwen2 --dtype bfloat16 \
-            --device cuda --batch $b --prompt 512 --new 128 --iters 1 --kv-cache-mb 16384 --max-batch-tokens 16384 \
-            --cuda-graphs $g && json decode
+        for go in 0:1 1:0 1:1; do
+          g=${go%:*} o=${go#*:}
+          step decode_b${b}_graphs${g}_overlap$o 120 "$rlx" bench sampler --preset qwen2.5-0.5b --arch qwen2 \
+            --dtype bfloat16 --device cuda --batch $b --prompt 512 --new 128 --iters 1 --kv-cache-mb 16384 \
+            --max-batch-tokens 16384 --cuda-graphs $g --overlap $o && json decode
         done
       done ;;
     sampler)

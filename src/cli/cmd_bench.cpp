@@ -44,6 +44,7 @@ struct SamplerArgs {
   int iters = 3, threads = 0;
   bool naive = false;
   bool cuda_graphs = true;
+  bool overlap = true;
 };
 
 int bench_sampler(const SamplerArgs& a) {
@@ -71,7 +72,8 @@ int bench_sampler(const SamplerArgs& a) {
                         .kv_cache_mb = a.kv_cache_mb,
                         .max_batch_tokens = a.max_batch_tokens,
                         .max_running = std::max<int64_t>(256, a.batch * a.n),
-                        .cuda_graphs = a.cuda_graphs});
+                        .cuda_graphs = a.cuda_graphs,
+                        .overlap = a.overlap});
   engine.generate({requests.front()});  // warm-up
 
   // Each iteration: every request from an empty engine; steps are timed one by one and
@@ -120,6 +122,9 @@ int bench_sampler(const SamplerArgs& a) {
                       {"kv_peak_mb", static_cast<double>(peak_blocks * PagedKVCache::block_bytes(cfg, static_cast<int32_t>(a.block_size), dtype)) / (1 << 20)},
                       {"preemptions", st.preemptions},
                       {"graph_steps", st.graph_steps},
+                      {"overlap", a.overlap},
+                      {"overlapped_steps", st.overlapped_steps},
+                      {"discarded_rows", st.discarded_rows},
                       {"peak_rss_mb", peak_rss_mb()}};
   const int64_t device_peak = compat::device_peak_bytes(device);
   if (device_peak >= 0) r["device_peak_mb"] = static_cast<double>(device_peak) / (1 << 20);
@@ -268,6 +273,8 @@ void add_bench_commands(CLI::App& app, Action& action) {
   sampler->add_option("--threads", s->threads, "compute threads (0: all cores)")->check(CLI::Range(0, 1024));
   sampler->add_flag("--naive", s->naive, "also time full recompute without a KV cache");
   sampler->add_option("--cuda-graphs", s->cuda_graphs, "on CUDA, replay decode steps as CUDA graphs (1) or run eagerly (0)");
+  sampler->add_option("--overlap", s->overlap,
+                      "launch decode step k+1 before step k's tokens are read back (1) or one step at a time (0)");
   sampler->callback([s, &action] { action = [s] { return bench_sampler(*s); }; });
 }
 

@@ -8,13 +8,7 @@
 #include "rlx/core/error.hpp"
 #include "rlx/core/torch_compat.hpp"
 #include "rlx/core/rng.hpp"
-#if RLX_WITH_CUDA
-#include "rollout/cuda/decode_graphs.hpp"
-#else
-namespace rlx::cuda {
-class DecodeGraphs {};  // CUDA builds only
-}  // namespace rlx::cuda
-#endif
+#include "rollout/engine_state.hpp"
 
 namespace rlx {
 
@@ -30,25 +24,6 @@ std::pair<int64_t, int64_t> GenerationResult::version_range() const {
     for (int64_t v : s.versions) lo = std::min(lo, v), hi = std::max(hi, v);
   return hi < 0 ? std::pair<int64_t, int64_t>{-1, -1} : std::pair{lo, hi};
 }
-
-struct Engine::Seq {
-  RequestState* req = nullptr;
-  int64_t sample = 0;
-  std::vector<TokenId> tokens;   // prompt, then generated
-  int64_t computed = 0;          // leading tokens whose keys/values are in `blocks`
-  std::vector<BlockId> blocks;
-  std::vector<uint64_t> hashes;  // prefix hashes of the leading full blocks
-  std::vector<Seq*> followers;   // samples forked from this one once its prompt is computed
-  bool running = false, done = false;
-  SampleOutput out;
-  int64_t generated() const { return static_cast<int64_t>(out.tokens.size()); }
-};
-
-struct Engine::RequestState {
-  GenerationRequest req;
-  std::vector<std::unique_ptr<Seq>> seqs;
-  int64_t remaining = 0;
-};
 
 namespace {
 int64_t blocks_for(const ModelConfig& mc, const EngineConfig& c, at::ScalarType dtype) {
@@ -87,7 +62,12 @@ Engine::Engine(std::shared_ptr<Transformer> model, EngineConfig cfg, std::shared
 #endif
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  try {
+    while (!inflight_.empty()) land_decode();  // the device finishes what it was given
+  } catch (...) {
+  }
+}
 
 // --- requests -------------------------------------------------------------------------
 
@@ -198,10 +178,23 @@ std::vector<GenerationResult> Engine::step() {
     std::lock_guard lock(inbox_mu_);
     paused = paused_;
   }
-  if (!paused) {
+  // While paused nothing runs; a decode step in flight keeps its tokens until resume.
+  if (!paused && !inflight_.empty() && try_chain()) {
+    // Overlap: the same rows' next decode step goes to the device before this one's tokens
+    // are read back.
+    launch_decode(/*chained=*/true);
+    land_decode();
+    ++stats_.steps;
+  } else if (!paused) {
+    while (!inflight_.empty()) land_decode();  // the chain ends: this step schedules afresh
     maybe_apply_update();
     schedule();
-    if (!plan_.empty()) forward_and_sample();
+    if (plain_decode()) {
+      launch_decode(/*chained=*/false);
+      if (!cfg_.overlap) land_decode();
+    } else if (!plan_.empty()) {
+      forward_and_sample();
+    }
     ++stats_.steps;
   }
   collect(finished);
@@ -270,6 +263,9 @@ void Engine::take_inbox(std::vector<GenerationResult>& finished) {
     state->req = std::move(r);
     requests_.emplace(state->req.id, std::move(state));
   }
+  // An abort ends a request with every token computed so far: a decode step in flight lands first.
+  if (!aborts.empty())
+    while (!inflight_.empty()) land_decode();
   for (const auto& id : aborts) {
     auto it = requests_.find(id);
     if (it != requests_.end()) abort_request(*it->second);
@@ -356,21 +352,27 @@ void Engine::publish_full_blocks(Seq& s, int64_t upto) {
   }
 }
 
-bool Engine::reserve(Seq& s, int64_t n) {
+Engine::Reservation Engine::reservation(const Seq& s, int64_t n) const {
   const int64_t bs = cfg_.block_size;
   const auto need = static_cast<size_t>((s.computed + n + bs - 1) / bs);
-  const int64_t add = std::max<int64_t>(0, static_cast<int64_t>(need) - static_cast<int64_t>(s.blocks.size()));
-  const auto first = static_cast<size_t>(s.computed / bs);  // the block the first write goes to
-  const bool cow = first < s.blocks.size() && blocks_.ref_count(s.blocks[first]) > 1;
-  if (blocks_.num_free() < add + (cow ? 1 : 0)) return false;
-  if (cow) {
+  Reservation r;
+  r.add = std::max<int64_t>(0, static_cast<int64_t>(need) - static_cast<int64_t>(s.blocks.size()));
+  r.first = static_cast<size_t>(s.computed / bs);  // the block the first write goes to
+  r.cow = r.first < s.blocks.size() && blocks_.ref_count(s.blocks[r.first]) > 1;
+  return r;
+}
+
+bool Engine::reserve(Seq& s, int64_t n) {
+  const auto r = reservation(s, n);
+  if (blocks_.num_free() < r.blocks()) return false;
+  if (r.cow) {
     const BlockId copy = *blocks_.allocate();
-    copies_.emplace_back(s.blocks[first], copy);
-    blocks_.release(s.blocks[first]);
-    s.blocks[first] = copy;
+    copies_.emplace_back(s.blocks[r.first], copy);
+    blocks_.release(s.blocks[r.first]);
+    s.blocks[r.first] = copy;
     ++stats_.cow_copies;
   }
-  for (int64_t i = 0; i < add; ++i) s.blocks.push_back(*blocks_.allocate());
+  for (int64_t i = 0; i < r.add; ++i) s.blocks.push_back(*blocks_.allocate());
   return true;
 }
 
@@ -420,16 +422,6 @@ void Engine::schedule() {
   }
 }
 
-template <class F>
-auto Engine::forgetting_on_error(F&& forward) -> decltype(forward()) {
-  try {
-    return forward();
-  } catch (...) {
-    blocks_.clear_cache();  // blocks published for this step were never computed
-    throw;
-  }
-}
-
 void Engine::forward_and_sample() {
   std::vector<PagedKVCache::Entry> entries;
   std::vector<int64_t> packed, last_rows;
@@ -448,19 +440,6 @@ void Engine::forward_and_sample() {
   auto long_opts = at::TensorOptions().dtype(at::kLong);
   c10::NoGradGuard no_grad;
   cache_.copy_blocks(copies_);
-#if RLX_WITH_CUDA
-  // A decode step (one token a sequence, each sampling its next, none forking) replays a
-  // CUDA graph.
-  if (graphs_ && completing.size() == plan_.size() && static_cast<int64_t>(plan_.size()) <= graphs_->max_seqs() &&
-      std::all_of(plan_.begin(), plan_.end(), [](const Planned& p) { return p.n == 1 && p.seq->followers.empty(); })) {
-    const auto out = forgetting_on_error([&] { return graphs_->step(entries, packed, sampling_batch(completing)); });
-    stats_.forward_tokens += static_cast<int64_t>(packed.size());
-    ++stats_.graph_steps;
-    for (const auto& [s, n] : plan_) s->computed += n;
-    append_sampled(completing, out.tokens.data(), out.logprobs.data());
-    return;
-  }
-#endif
   cache_.plan(entries);
   auto tokens = at::tensor(packed, long_opts).to(device).view({1, static_cast<int64_t>(packed.size())});
   const auto hidden = forgetting_on_error([&] { return model_->forward_hidden({.tokens = tokens}, &cache_); });
@@ -496,11 +475,11 @@ void Engine::forward_and_sample() {
   append_sampled(samplers, toks.data_ptr<int64_t>(), lps.data_ptr<float>());
 }
 
-SamplingBatch Engine::sampling_batch(const std::vector<Seq*>& seqs) const {
+SamplingBatch Engine::sampling_batch(const std::vector<Seq*>& seqs, int64_t ahead) const {
   SamplingBatch batch;
   for (const Seq* s : seqs) {
     const auto& r = s->req->req;
-    batch.add(r.params, sampling_uniform(r.seed, r.id, s->sample, static_cast<int64_t>(s->tokens.size())));
+    batch.add(r.params, sampling_uniform(r.seed, r.id, s->sample, static_cast<int64_t>(s->tokens.size()) + ahead));
   }
   return batch;
 }
@@ -573,6 +552,10 @@ void Engine::collect(std::vector<GenerationResult>& finished) {
       ++it;
       continue;
     }
+    // A decode step still in flight may hold rows of this request: they are discarded.
+    for (auto& f : inflight_)
+      for (auto& s : f.seqs)
+        if (s != nullptr && s->req == &r) s = nullptr;
     GenerationResult out{r.req.id, std::move(r.req.prompt), {}};
     for (auto& s : r.seqs) out.samples.push_back(std::move(s->out));
     ids.push_back(out.id);

@@ -71,6 +71,7 @@ struct EngineConfig {
   bool prefix_caching = true;      // reuse full blocks across requests by their token prefix
   UpdatePolicy update_policy = UpdatePolicy::finish_old;
   bool cuda_graphs = true;         // on CUDA: decode steps replay CUDA graphs (batch buckets 1..256)
+  bool overlap = true;             // launch decode step k+1 before step k's tokens come back
 
   template <class V>
   void visit(V& v) {
@@ -86,6 +87,9 @@ struct EngineConfig {
     v("update_policy", update_policy, "requests in flight at a weight update: finish on old weights, abort, or continue");
     v("cuda_graphs", cuda_graphs,
       "on CUDA, run decode steps as captured CUDA graphs (batch buckets 1, 2, 4 .. 256; one block reserved for padding)");
+    v("overlap", overlap,
+      "plan and launch decode step k+1 while the device runs step k (its input tokens stay on the device); rows "
+      "whose sequence stopped at step k are computed and discarded");
   }
 };
 
@@ -119,6 +123,8 @@ struct EngineStats {
   int32_t free_blocks = 0, total_blocks = 0;
   int64_t weight_version = 0;
   int64_t graph_steps = 0;  // decode steps replayed from a CUDA graph
+  int64_t overlapped_steps = 0;  // decode steps launched before the previous step's tokens came back
+  int64_t discarded_rows = 0;    // rows of such steps whose sequence had stopped (computed, thrown away)
 };
 
 namespace cuda {
@@ -189,9 +195,27 @@ class Engine {
   void preempt(Seq& s);
   void release_blocks(Seq& s);
   void forward_and_sample();
+  // Decode steps that may overlap (src/rollout/decode_pipeline.cpp): every planned row one
+  // token that samples. launch_decode() enqueues one (chained: the same rows again, one
+  // token further, before the last launch's tokens are known); land_decode() appends the
+  // oldest launch's tokens.
+  bool plain_decode() const;
+  bool try_chain();
+  void launch_decode(bool chained);
+  void land_decode();
+  // What reserve(s, n) takes: `add` new blocks, and one more if the first block written is
+  // shared (copy-on-write).
+  struct Reservation {
+    int64_t add = 0;
+    bool cow = false;
+    size_t first = 0;  // index of the block the first write goes to
+    int64_t blocks() const { return add + (cow ? 1 : 0); }
+  };
+  Reservation reservation(const Seq& s, int64_t n) const;
   void append_token(Seq& s, TokenId token, float logprob);
-  // The sampling rows of `seqs`: their parameters and this position's uniform.
-  SamplingBatch sampling_batch(const std::vector<Seq*>& seqs) const;
+  // The sampling rows of `seqs`: their parameters and the uniform of the position they
+  // sample (`ahead` tokens past their known tokens: 1 for a chained decode step).
+  SamplingBatch sampling_batch(const std::vector<Seq*>& seqs, int64_t ahead = 0) const;
   // Appends each sequence's sampled token, then drops the finished ones from the running set.
   void append_sampled(const std::vector<Seq*>& seqs, const int64_t* tokens, const float* logprobs);
   // Runs a step's forward; if it throws, the prefix cache forgets what the step published.
@@ -227,6 +251,14 @@ class Engine {
   };
   std::vector<Planned> plan_;
   std::vector<std::pair<BlockId, BlockId>> copies_;
+  // Decode steps launched whose tokens are not appended yet (at most two), oldest first.
+  struct DecodeLaunch {
+    std::vector<Seq*> seqs;       // one row each
+    bool on_graph = false;        // the result waits in graphs_
+    std::vector<int64_t> tokens;  // eager: the result
+    std::vector<float> logprobs;
+  };
+  std::deque<DecodeLaunch> inflight_;
   std::vector<GenerationResult> unclaimed_;  // finished during generate() for other callers
 
   // Shared with other threads.

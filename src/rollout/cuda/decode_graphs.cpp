@@ -29,7 +29,11 @@ DecodeGraphs::DecodeGraphs(Transformer& model, PagedKVCache& cache, int64_t max_
   tokens_host_ = at::zeros({max_seqs}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
   tokens_ = at::zeros({1, max_seqs}, at::TensorOptions().dtype(at::kLong).device(device));
   out_ = at::zeros({max_seqs * 12}, at::TensorOptions().dtype(at::kByte).device(device));
-  out_host_ = at::zeros({max_seqs * 12}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  for (size_t b = 0; b < out_host_.size(); ++b) {
+    out_host_[b] = at::zeros({max_seqs * 12}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+    copied_[b] = std::make_unique<at::cuda::CUDAEvent>();
+  }
+  staged_ = std::make_unique<at::cuda::CUDAEvent>();
   out_tokens_ = out_.narrow(0, 0, max_seqs * 8).view(at::kLong);
   out_logprobs_ = out_.narrow(0, max_seqs * 8, max_seqs * 4).view(at::kFloat);
 }
@@ -56,20 +60,42 @@ void DecodeGraphs::run(int64_t rows) {
 
 DecodeGraphs::Result DecodeGraphs::step(std::span<const PagedKVCache::Entry> entries, std::span<const int64_t> tokens,
                                         const SamplingBatch& batch) {
+  RLX_ASSERT(pending_.empty() && !tokens.empty(), "DecodeGraphs::step with {} launches pending", pending_.size());
+  launch(entries, tokens, batch);
+  return wait();
+}
+
+void DecodeGraphs::launch(std::span<const PagedKVCache::Entry> entries, std::span<const int64_t> tokens,
+                          const SamplingBatch& batch) {
   const int64_t seqs = static_cast<int64_t>(entries.size());
-  RLX_ASSERT(seqs >= 1 && seqs <= max_seqs_ && tokens.size() == entries.size() && batch.size() == entries.size(),
-             "DecodeGraphs::step: {} entries, {} tokens, {} sampling rows", entries.size(), tokens.size(), batch.size());
+  const bool chained = tokens.empty();
+  RLX_ASSERT(seqs >= 1 && seqs <= max_seqs_ && (chained || tokens.size() == entries.size()) &&
+                 batch.size() == entries.size() && pending_.size() < 2,
+             "DecodeGraphs::launch: {} entries, {} tokens, {} sampling rows, {} pending", entries.size(), tokens.size(),
+             batch.size(), pending_.size());
   const c10::cuda::CUDAGuard guard(model_.device());
   const int64_t rows = std::min(batch_bucket(seqs), max_seqs_);
+  RLX_ASSERT(!chained || (!pending_.empty() && rows == last_rows_),
+             "DecodeGraphs::launch: a chained launch of {} rows follows a launch of {} rows", rows, last_rows_);
   int64_t context = 1;
   for (const auto& e : entries) context = std::max(context, e.cached + 1);
   const int64_t context_cap = context_bucket(context);
+  auto stream = c10::cuda::getCurrentCUDAStream();
 
-  auto* t = tokens_host_.data_ptr<int64_t>();
-  for (int64_t r = 0; r < rows; ++r) t[r] = r < seqs ? tokens[static_cast<size_t>(r)] : 0;
-  tokens_.copy_(tokens_host_.view({1, max_seqs_}), /*non_blocking=*/true);
+  // The host staging buffers are rewritten only once the last launch's copies of them ran.
+  staged_->synchronize();
+  if (chained) {
+    // The previous launch's sampled tokens are this step's inputs: a copy on the device,
+    // after that launch's replay and its copy back.
+    tokens_.narrow(1, 0, rows).copy_(out_tokens_.narrow(0, 0, rows).view({1, rows}), /*non_blocking=*/true);
+  } else {
+    auto* t = tokens_host_.data_ptr<int64_t>();
+    for (int64_t r = 0; r < rows; ++r) t[r] = r < seqs ? tokens[static_cast<size_t>(r)] : 0;
+    tokens_.copy_(tokens_host_.view({1, max_seqs_}), /*non_blocking=*/true);
+  }
   cache_.plan_static(entries, rows, context_cap);
   params_.stage(batch, rows);
+  staged_->record(stream);
 
   const auto key = std::pair{rows, context_cap};
   auto it = graphs_.find(key);
@@ -77,10 +103,9 @@ DecodeGraphs::Result DecodeGraphs::step(std::span<const PagedKVCache::Entry> ent
     // Capture on a side stream (capture cannot run on the legacy default stream), after one
     // eager run of the same step there: it initialises cuBLAS and the allocator's blocks, and
     // its writes are the ones the replay below repeats.
-    auto current = c10::cuda::getCurrentCUDAStream();
     auto side = c10::cuda::getStreamFromPool();
     at::cuda::CUDAEvent ready;
-    ready.record(current);
+    ready.record(stream);
     ready.block(side);
     auto graph = std::make_unique<at::cuda::CUDAGraph>();
     {
@@ -92,17 +117,30 @@ DecodeGraphs::Result DecodeGraphs::step(std::span<const PagedKVCache::Entry> ent
     }
     at::cuda::CUDAEvent captured;
     captured.record(side);
-    captured.block(current);
+    captured.block(stream);
     it = graphs_.emplace(key, std::move(graph)).first;
   }
   it->second->replay();
-  out_host_.copy_(out_);  // blocking: the step's result, and the staging buffers free again
+  // Two host buffers in turn: wait() has read this one's last result (at most two pending).
+  const int b = next_buffer_;
+  next_buffer_ ^= 1;
+  out_host_[static_cast<size_t>(b)].copy_(out_, /*non_blocking=*/true);
+  copied_[static_cast<size_t>(b)]->record(stream);
+  pending_.push_back({b, seqs});
+  last_rows_ = rows;
+}
+
+DecodeGraphs::Result DecodeGraphs::wait() {
+  RLX_ASSERT(!pending_.empty(), "DecodeGraphs::wait with no launch pending");
+  const auto p = pending_.front();
+  pending_.pop_front();
+  copied_[static_cast<size_t>(p.buffer)]->synchronize();
   Result r;
-  r.tokens.resize(static_cast<size_t>(seqs));
-  r.logprobs.resize(static_cast<size_t>(seqs));
-  const auto* h = out_host_.data_ptr<uint8_t>();
-  std::memcpy(r.tokens.data(), h, static_cast<size_t>(seqs) * 8);
-  std::memcpy(r.logprobs.data(), h + max_seqs_ * 8, static_cast<size_t>(seqs) * 4);
+  r.tokens.resize(static_cast<size_t>(p.seqs));
+  r.logprobs.resize(static_cast<size_t>(p.seqs));
+  const auto* h = out_host_[static_cast<size_t>(p.buffer)].data_ptr<uint8_t>();
+  std::memcpy(r.tokens.data(), h, static_cast<size_t>(p.seqs) * 8);
+  std::memcpy(r.logprobs.data(), h + max_seqs_ * 8, static_cast<size_t>(p.seqs) * 4);
   return r;
 }
 

@@ -5,13 +5,17 @@
 // buffers (pinned host staging: the cache's plan, the input tokens, the sampling
 // parameters), replays the model's forward, the decode attention kernel and the sampler,
 // and copies tokens and log-probs back in one copy. Padded rows write and read the cache's
-// pad block only. Weight updates copy into the parameters' storages, which the graphs read:
+// pad block only. launch() and wait() split a step so the engine can enqueue step k+1
+// (its input tokens are step k's sampled tokens, still on the device) before reading k's. Weight updates copy into the parameters' storages, which the graphs read:
 // nothing is recaptured. All graphs share one memory pool (they never run concurrently).
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
 
+#include <array>
+#include <deque>
 #include <map>
 #include <memory>
 #include <span>
@@ -42,6 +46,15 @@ class DecodeGraphs {
   Result step(std::span<const PagedKVCache::Entry> entries, std::span<const int64_t> tokens,
               const SamplingBatch& batch);
 
+  // step() in two halves, so the CPU can plan step k+1 while the GPU runs step k. launch()
+  // enqueues a step and returns; with `tokens` empty the step's input tokens are the tokens
+  // the previous launch samples (same rows, same order), copied on the device. wait() returns
+  // the oldest launched step's result. At most two launches wait at once.
+  void launch(std::span<const PagedKVCache::Entry> entries, std::span<const int64_t> tokens,
+              const SamplingBatch& batch);
+  Result wait();
+  size_t pending() const { return pending_.size(); }
+
  private:
   void run(int64_t rows);  // the body a graph captures
   int64_t context_bucket(int64_t context) const;
@@ -51,8 +64,21 @@ class DecodeGraphs {
   int64_t max_seqs_, max_context_;
   at::Tensor tokens_host_, tokens_;   // pinned [max_seqs], device [1, max_seqs] int64
   SamplingParamsBuffer params_;
-  at::Tensor out_, out_host_;         // [max_seqs] int64 tokens then [max_seqs] fp32 log-probs, as bytes
+  at::Tensor out_;                    // [max_seqs] int64 tokens then [max_seqs] fp32 log-probs, as bytes
   at::Tensor out_tokens_, out_logprobs_;
+  // Two pinned copies of out_, taken in turn, each with the event after its copy; the host
+  // staging (tokens_host_, the cache's plan, the sampling parameters) is rewritten only
+  // after `staged_` says the last launch's copies of it have run.
+  std::array<at::Tensor, 2> out_host_;
+  std::array<std::unique_ptr<at::cuda::CUDAEvent>, 2> copied_;
+  std::unique_ptr<at::cuda::CUDAEvent> staged_;
+  struct Pending {
+    int buffer;
+    int64_t seqs;
+  };
+  std::deque<Pending> pending_;
+  int next_buffer_ = 0;
+  int64_t last_rows_ = 0;  // rows of the last launch (a chained launch keeps them)
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<at::cuda::CUDAGraph>> graphs_;
   decltype(at::cuda::graph_pool_handle()) pool_;  // shared by every graph
 };

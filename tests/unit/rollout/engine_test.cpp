@@ -422,3 +422,49 @@ TEST_CASE("engine: requests added from another thread while stepping all complet
   for (int i = 0; i < 16; ++i) CHECK(done.at("t" + std::to_string(i)).samples[0].tokens.size() == static_cast<size_t>(8 + i));
   CHECK(engine.blocks().num_free() == engine.blocks().num_blocks());
 }
+
+// Issue 33 item 6: decode step k+1 is launched before step k's tokens are appended. Rows
+// whose sequence stops at k (stop tokens here) are computed and thrown away; the tokens,
+// log-probs and finish reasons equal the unpipelined engine's, and every block comes back.
+TEST_CASE("engine: overlapped decode steps give the unpipelined tokens; stopped rows are discarded", "[rollout][engine]") {
+  auto model = make_model(12);
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 6; ++i) {
+    SamplingParams p{.temperature = i % 2 ? 1.1 : 0.0, .max_new_tokens = 12 + 5 * i, .n = i % 3 == 0 ? 2 : 1};
+    // Common tokens of this vocabulary as stops, so samples end mid-chain at different steps.
+    for (TokenId t = 0; t < 512; t += 9) p.stop_token_ids.push_back(t + i % 3);
+    reqs.push_back({.id = "r" + std::to_string(i), .prompt = random_prompt(40 + static_cast<uint64_t>(i), 5 + 3 * i),
+                    .params = p, .seed = 17});
+  }
+  reqs.push_back({.id = "shared", .prompt = reqs[0].prompt, .params = {.max_new_tokens = 20, .n = 3}, .seed = 5});
+  for (const bool small_cache : {false, true}) {
+    INFO((small_cache ? "a cache that preempts" : "a roomy cache"));
+    EngineConfig base{.block_size = 4, .kv_cache_blocks = small_cache ? 40 : 0, .max_running = small_cache ? 5 : 16};
+    EngineConfig plain = base, piped = base;
+    plain.overlap = false;
+    piped.overlap = true;
+    Engine a(model, plain), b(model, piped);
+    const auto ra = a.generate(reqs), rb = b.generate(reqs);
+    REQUIRE(ra.size() == rb.size());
+    int stopped = 0;
+    for (size_t i = 0; i < ra.size(); ++i) {
+      INFO(ra[i].id);
+      REQUIRE(ra[i].samples.size() == rb[i].samples.size());
+      for (size_t j = 0; j < ra[i].samples.size(); ++j) {
+        CHECK(ra[i].samples[j].tokens == rb[i].samples[j].tokens);
+        CHECK(max_diff(ra[i].samples[j].logprobs, rb[i].samples[j].logprobs) <= 1e-6);
+        CHECK(ra[i].samples[j].finish == rb[i].samples[j].finish);
+        stopped += rb[i].samples[j].finish == FinishReason::stop;
+      }
+    }
+    CHECK(stopped >= 3);
+    CHECK(a.stats().overlapped_steps == 0);
+    CHECK(b.stats().overlapped_steps > 0);
+    CHECK(b.stats().discarded_rows > 0);
+    // Every row of a step is either appended or discarded: the pipelined engine computed
+    // the same tokens plus its discarded rows.
+    CHECK(b.stats().forward_tokens == a.stats().forward_tokens + b.stats().discarded_rows);
+    CHECK(b.blocks().num_free() == b.blocks().num_blocks());
+    CHECK_FALSE(b.has_work());
+  }
+}
