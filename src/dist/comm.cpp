@@ -1,4 +1,4 @@
-// Gloo (through c10d) and single-process communicators, the TCPStore rendezvous,
+// Gloo and NCCL (through c10d) and single-process communicators, the TCPStore rendezvous,
 // and the heartbeats that make a failed collective attributable.
 #include "rlx/dist/comm.hpp"
 
@@ -7,6 +7,11 @@
 #if RLX_WITH_GLOO
 #define USE_C10D_GLOO 1
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+#if RLX_WITH_NCCL
+#define USE_C10D_NCCL 1
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -50,7 +55,7 @@ int env_int(const char* name, int fallback, int lo, int hi) {
   return out;
 }
 
-#if RLX_WITH_GLOO
+#if RLX_WITH_GLOO || RLX_WITH_NCCL
 c10::intrusive_ptr<c10d::TCPStore> store_client(const std::string& host, int port, int world, double timeout_s) {
   c10d::TCPStoreOptions o;
   o.port = static_cast<uint16_t>(port);
@@ -99,18 +104,20 @@ class SingleProcess final : public Communicator {
   void barrier(std::string_view) override {}
 };
 
-// -- Gloo --------------------------------------------------------------------------
-#if RLX_WITH_GLOO
+// -- groups that meet through the store ------------------------------------------------
+#if RLX_WITH_GLOO || RLX_WITH_NCCL
 
-class Gloo final : public Communicator {
+// What Gloo and NCCL groups share: joining through the store, heart-beating through it, and
+// turning a failed or timed-out collective into a CommError that names the silent peers.
+class StoreGroup : public Communicator {
  public:
-  explicit Gloo(const RendezvousOptions& o) : opt_(o) {
+  explicit StoreGroup(const RendezvousOptions& o) : opt_(o) {
     RLX_CHECK(o.world_size >= 1 && o.rank >= 0 && o.rank < o.world_size, "rendezvous: rank {} is not in [0, {})",
               o.rank, o.world_size);
     RLX_CHECK(o.timeout_s > 0 && o.connect_timeout_s > 0 && o.heartbeat_s > 0,
               "rendezvous: timeouts must be positive (timeout_s {}, connect_timeout_s {}, heartbeat_s {})", o.timeout_s,
               o.connect_timeout_s, o.heartbeat_s);
-    try {
+    joining([&] {
       if (o.host_store) {
         server_ = std::make_unique<StoreServer>(o.store_host, o.store_port);
         opt_.store_port = server_->port();
@@ -118,22 +125,12 @@ class Gloo final : public Communicator {
       RLX_CHECK(opt_.store_port > 0 && opt_.store_port < 65536, "rendezvous: store port {} is not a port",
                 opt_.store_port);
       store_ = store_client(opt_.store_host, opt_.store_port, o.world_size, o.connect_timeout_s);
-      auto pg_opts = c10d::ProcessGroupGloo::Options::create(to_ms(o.timeout_s));
-      pg_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(o.interface_host));
-      pg_opts->threads = 2;
-      pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, o.rank, o.world_size, pg_opts);
-      store_->setTimeout(to_ms(o.timeout_s));
       beat_store_ = store_client(opt_.store_host, opt_.store_port, o.world_size, std::min(o.timeout_s, 10.0));
-    } catch (const Error&) {
-      throw;
-    } catch (const std::exception& e) {
-      throw CommError(fmt::format("rank {}: joining the group of {} through the store at {}:{} failed: {}", o.rank,
-                                  o.world_size, opt_.store_host, opt_.store_port, error_text(e)));
-    }
+    });
     beats_ = std::thread([this] { beat(); });
   }
 
-  ~Gloo() override {
+  ~StoreGroup() override {
     {
       std::lock_guard lock(mu_);
       stop_ = true;
@@ -148,72 +145,23 @@ class Gloo final : public Communicator {
 
   int rank() const override { return opt_.rank; }
   int size() const override { return opt_.world_size; }
-  std::string backend() const override { return "gloo"; }
 
-  std::unique_ptr<Work> all_gather(const at::Tensor& out, const at::Tensor& in, std::string_view what) override {
-    const int64_t n = in.numel();
-    RLX_CHECK(out.numel() == n * size() && out.is_contiguous() && in.is_contiguous() &&
-                  out.scalar_type() == in.scalar_type(),
-              "all_gather {:?}: output must be contiguous with {} elements of {}", what, n * size(),
-              c10::toString(in.scalar_type()));
-    std::vector<std::vector<at::Tensor>> outs(1);
-    auto flat = wire(out.view({-1}));
-    for (int r = 0; r < size(); ++r) outs[0].push_back(flat.narrow(0, r * n, n));
-    std::vector<at::Tensor> ins{wire(in.view({-1}))};
-    return run("all_gather", what, [&] { return pg_->allgather(outs, ins); });
+ protected:
+  // Runs a step of joining the group; what it throws becomes a CommError naming the store.
+  template <class F>
+  void joining(F&& f) {
+    try {
+      f();
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw CommError(fmt::format("rank {}: joining the group of {} through the store at {}:{} failed: {}", opt_.rank,
+                                  opt_.world_size, opt_.store_host, opt_.store_port, error_text(e)));
+    }
   }
 
-  std::unique_ptr<Work> reduce_scatter(const at::Tensor& out, const at::Tensor& in, std::string_view what) override {
-    // Gloo in c10d has no reduce-scatter: an all-to-all moves chunk r of every rank to
-    // rank r, which adds them in rank order.
-    const int64_t n = out.numel();
-    RLX_CHECK(in.numel() == n * size() && in.is_contiguous() && out.is_contiguous() &&
-                  out.scalar_type() == in.scalar_type(),
-              "reduce_scatter {:?}: input must be contiguous with {} elements of {}", what, n * size(),
-              c10::toString(out.scalar_type()));
-    auto received = at::empty({size(), n}, in.options());
-    auto send = wire(in.view({-1}));
-    auto recv = wire(received.view({-1}));
-    std::vector<int64_t> even;
-    auto work = run("reduce_scatter", what, [&] { return pg_->alltoall_base(recv, send, even, even); });
-    work->then = [received, out] {
-      // Added in fp32 whatever the wire dtype, in rank order.
-      auto acc = received[0].to(at::kFloat);
-      for (int64_t r = 1; r < received.size(0); ++r) acc.add_(received[r].to(at::kFloat));
-      out.view({-1}).copy_(acc);
-    };
-    return work;
-  }
-
-  std::unique_ptr<Work> all_reduce(const at::Tensor& t, ReduceOp op, std::string_view what) override {
-    RLX_CHECK(t.is_contiguous(), "all_reduce {:?}: the tensor must be contiguous", what);
-    // Gloo reduces no 16-bit floats: they travel as fp32 and are copied back.
-    const bool widen = t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
-    std::vector<at::Tensor> ts{widen ? t.to(at::kFloat) : t};
-    c10d::AllreduceOptions o;
-    o.reduceOp = op == ReduceOp::sum ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
-    auto work = run("all_reduce", what, [&] { return pg_->allreduce(ts, o); });
-    if (widen) work->then = [t, wide = ts[0]] { t.copy_(wide); };
-    return work;
-  }
-
-  std::unique_ptr<Work> broadcast(const at::Tensor& t, int root, std::string_view what) override {
-    RLX_CHECK(root >= 0 && root < size() && t.is_contiguous(), "broadcast {:?}: root {} of {} ranks, contiguous tensor",
-              what, root, size());
-    std::vector<at::Tensor> ts{wire(t)};
-    c10d::BroadcastOptions o;
-    o.rootRank = root;
-    return run("broadcast", what, [&] { return pg_->broadcast(ts, o); });
-  }
-
-  void barrier(std::string_view what) override {
-    // c10d's Gloo barrier is itself a collective with the group's timeout.
-    run("barrier", what, [&] { return pg_->barrier(); })->wait();
-  }
-
- private:
-  struct GlooWork final : Work {
-    Gloo* comm = nullptr;
+  struct StoreWork final : Work {
+    StoreGroup* comm = nullptr;
     c10::intrusive_ptr<c10d::Work> work;
     std::string op, what;
     double started = 0;
@@ -229,8 +177,8 @@ class Gloo final : public Communicator {
   };
 
   template <class Start>
-  std::unique_ptr<GlooWork> run(const char* op, std::string_view what, Start&& start) {
-    auto w = std::make_unique<GlooWork>();
+  std::unique_ptr<StoreWork> run(const char* op, std::string_view what, Start&& start) {
+    auto w = std::make_unique<StoreWork>();
     w->comm = this;
     w->op = op;
     w->what = what;
@@ -243,13 +191,10 @@ class Gloo final : public Communicator {
     return w;
   }
 
-  // Gloo (in LibTorch 1.13) moves no bf16; copies need none of its arithmetic, so it
-  // travels as fp16 of the same bytes.
-  static at::Tensor wire(const at::Tensor& t) {
-    if (t.scalar_type() == at::kBFloat16) return t.view(at::kHalf);
-    return t;
-  }
+  RendezvousOptions opt_;
+  c10::intrusive_ptr<c10d::TCPStore> store_;
 
+ private:
   // Each rank adds 1 to its counter every heartbeat_s; a counter that stops
   // moving names a dead or stopped peer.
   void beat() {
@@ -298,16 +243,199 @@ class Gloo final : public Communicator {
     return msg;
   }
 
-  RendezvousOptions opt_;
   std::unique_ptr<StoreServer> server_;
-  c10::intrusive_ptr<c10d::TCPStore> store_, beat_store_;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+  c10::intrusive_ptr<c10d::TCPStore> beat_store_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
   std::thread beats_;
 };
+
+// The collectives that run alike on every c10d backend, over its process group PG.
+// A backend says how a tensor travels (stage) and moves gathers and scatters itself.
+template <class PG>
+class C10dGroup : public StoreGroup {
+ public:
+  using StoreGroup::StoreGroup;
+
+  std::unique_ptr<Work> all_reduce(const at::Tensor& t, ReduceOp op, std::string_view what) override {
+    RLX_CHECK(t.is_contiguous(), "all_reduce {:?}: the tensor must be contiguous", what);
+    auto staged = stage(t, /*reduces=*/true);
+    std::vector<at::Tensor> ts{staged.tensor};
+    c10d::AllreduceOptions o;
+    o.reduceOp = op == ReduceOp::sum ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
+    auto work = run("all_reduce", what, [&] { return pg_->allreduce(ts, o); });
+    work->then = std::move(staged.back);
+    return work;
+  }
+
+  std::unique_ptr<Work> broadcast(const at::Tensor& t, int root, std::string_view what) override {
+    RLX_CHECK(root >= 0 && root < size() && t.is_contiguous(), "broadcast {:?}: root {} of {} ranks, contiguous tensor",
+              what, root, size());
+    auto staged = stage(t, /*reduces=*/false);
+    std::vector<at::Tensor> ts{staged.tensor};
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    auto work = run("broadcast", what, [&] { return pg_->broadcast(ts, o); });
+    work->then = std::move(staged.back);
+    return work;
+  }
+
+ protected:
+  // The tensor the process group works on for t, and what copies its result back into t
+  // after the collective (empty: t itself, in place).
+  struct Staged {
+    at::Tensor tensor;
+    std::function<void()> back;
+  };
+  virtual Staged stage(const at::Tensor& t, bool reduces) const = 0;
+
+  void check_gather(const at::Tensor& out, const at::Tensor& in, std::string_view what) const {
+    RLX_CHECK(out.numel() == in.numel() * size() && out.is_contiguous() && in.is_contiguous() &&
+                  out.scalar_type() == in.scalar_type(),
+              "all_gather {:?}: output must be contiguous with {} elements of {}", what, in.numel() * size(),
+              c10::toString(in.scalar_type()));
+  }
+  void check_scatter(const at::Tensor& out, const at::Tensor& in, std::string_view what) const {
+    RLX_CHECK(in.numel() == out.numel() * size() && in.is_contiguous() && out.is_contiguous() &&
+                  out.scalar_type() == in.scalar_type(),
+              "reduce_scatter {:?}: input must be contiguous with {} elements of {}", what, out.numel() * size(),
+              c10::toString(out.scalar_type()));
+  }
+
+  c10::intrusive_ptr<PG> pg_;
+};
+#endif  // RLX_WITH_GLOO || RLX_WITH_NCCL
+
+// -- Gloo --------------------------------------------------------------------------
+#if RLX_WITH_GLOO
+
+class Gloo final : public C10dGroup<c10d::ProcessGroupGloo> {
+ public:
+  explicit Gloo(const RendezvousOptions& o) : C10dGroup(o) {
+    joining([&] {
+      auto pg_opts = c10d::ProcessGroupGloo::Options::create(to_ms(o.timeout_s));
+      pg_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(o.interface_host));
+      pg_opts->threads = 2;
+      pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, o.rank, o.world_size, pg_opts);
+      store_->setTimeout(to_ms(o.timeout_s));
+    });
+  }
+
+  std::string backend() const override { return "gloo"; }
+
+  std::unique_ptr<Work> all_gather(const at::Tensor& out, const at::Tensor& in, std::string_view what) override {
+    check_gather(out, in, what);
+    const int64_t n = in.numel();
+    std::vector<std::vector<at::Tensor>> outs(1);
+    auto flat = wire(out.view({-1}));
+    for (int r = 0; r < size(); ++r) outs[0].push_back(flat.narrow(0, r * n, n));
+    std::vector<at::Tensor> ins{wire(in.view({-1}))};
+    return run("all_gather", what, [&] { return pg_->allgather(outs, ins); });
+  }
+
+  std::unique_ptr<Work> reduce_scatter(const at::Tensor& out, const at::Tensor& in, std::string_view what) override {
+    // Gloo in c10d has no reduce-scatter: an all-to-all moves chunk r of every rank to
+    // rank r, which adds them in rank order.
+    check_scatter(out, in, what);
+    const int64_t n = out.numel();
+    auto received = at::empty({size(), n}, in.options());
+    auto send = wire(in.view({-1}));
+    auto recv = wire(received.view({-1}));
+    std::vector<int64_t> even;
+    auto work = run("reduce_scatter", what, [&] { return pg_->alltoall_base(recv, send, even, even); });
+    work->then = [received, out] {
+      // Added in fp32 whatever the wire dtype, in rank order.
+      auto acc = received[0].to(at::kFloat);
+      for (int64_t r = 1; r < received.size(0); ++r) acc.add_(received[r].to(at::kFloat));
+      out.view({-1}).copy_(acc);
+    };
+    return work;
+  }
+
+  void barrier(std::string_view what) override {
+    // c10d's Gloo barrier is itself a collective with the group's timeout.
+    run("barrier", what, [&] { return pg_->barrier(); })->wait();
+  }
+
+ private:
+  // Gloo reduces no 16-bit floats: they travel as fp32 and are copied back. Copies need
+  // none of its arithmetic, and Gloo (in LibTorch 1.13) moves no bf16: bf16 travels as
+  // fp16 of the same bytes.
+  Staged stage(const at::Tensor& t, bool reduces) const override {
+    if (reduces && (t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf)) {
+      auto wide = t.to(at::kFloat);
+      return {wide, [t, wide] { t.copy_(wide); }};
+    }
+    return {wire(t), {}};
+  }
+  static at::Tensor wire(const at::Tensor& t) {
+    if (t.scalar_type() == at::kBFloat16) return t.view(at::kHalf);
+    return t;
+  }
+};
 #endif  // RLX_WITH_GLOO
+
+// -- NCCL --------------------------------------------------------------------------
+#if RLX_WITH_NCCL
+
+// c10d's ProcessGroupNCCL: CUDA tensors in place; a CPU tensor (a batch's bytes, a
+// broadcast value) goes through a device copy and back. Sums are NCCL's: the same on every
+// run of one topology, but not added in rank order as Gloo's are. A timed-out collective
+// aborts its communicators (the watchdog, with async error handling set to clean up
+// without tearing the process down) and raises CommError in wait(); the group is not
+// usable after that, and the run re-forms it by restarting its ranks.
+class Nccl final : public C10dGroup<c10d::ProcessGroupNCCL> {
+ public:
+  explicit Nccl(const RendezvousOptions& o) : C10dGroup(o) {
+    ::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2", /*overwrite=*/0);
+    ::setenv("NCCL_ASYNC_ERROR_HANDLING", "2", /*overwrite=*/0);
+    joining([&] {
+      auto pg_opts = c10d::ProcessGroupNCCL::Options::create();
+      pg_opts->timeout = to_ms(o.timeout_s);
+      store_->setTimeout(to_ms(o.timeout_s));
+      pg_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store_, o.rank, o.world_size, pg_opts);
+    });
+  }
+
+  std::string backend() const override { return "nccl"; }
+
+  std::unique_ptr<Work> all_gather(const at::Tensor& out, const at::Tensor& in, std::string_view what) override {
+    check_gather(out, in, what);
+    auto o = stage(out, false), i = stage(in, false);
+    auto ov = o.tensor.view({-1}), iv = i.tensor.view({-1});
+    auto work = run("all_gather", what, [&] { return pg_->_allgather_base(ov, iv); });
+    work->then = std::move(o.back);
+    return work;
+  }
+
+  std::unique_ptr<Work> reduce_scatter(const at::Tensor& out, const at::Tensor& in, std::string_view what) override {
+    check_scatter(out, in, what);
+    auto o = stage(out, true), i = stage(in, true);
+    auto ov = o.tensor.view({-1}), iv = i.tensor.view({-1});
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    auto work = run("reduce_scatter", what, [&] { return pg_->_reduce_scatter_base(ov, iv, opts); });
+    work->then = std::move(o.back);
+    return work;
+  }
+
+  void barrier(std::string_view what) override {
+    // An all-reduce of one element on this rank's device: NCCL's barrier guesses the device.
+    auto one = at::ones({1}, at::TensorOptions().dtype(at::kFloat).device(device()));
+    all_reduce(one, ReduceOp::sum, what)->wait();
+  }
+
+ private:
+  static at::Device device() { return {at::kCUDA, c10::cuda::current_device()}; }
+  // A CUDA tensor itself; a CPU tensor's device copy, copied back after.
+  Staged stage(const at::Tensor& t, bool) const override {
+    if (t.is_cuda()) return {t, {}};
+    auto staged = t.to(device());
+    return {staged, [t, staged] { t.copy_(staged); }};
+  }
+};
+#endif  // RLX_WITH_NCCL
 
 }  // namespace
 
@@ -332,6 +460,10 @@ RendezvousOptions rendezvous_from_env() {
   o.host_store = env_int("RLX_STORE_HOST_SELF", 0, 0, 1) == 1;
   o.timeout_s = env_int("RLX_COMM_TIMEOUT_S", 300, 1, 24 * 3600);
   o.interface_host = env_or("RLX_COMM_INTERFACE", o.store_host.c_str());
+  const std::string backend = env_or("RLX_COMM_BACKEND", "");
+  RLX_CHECK(backend.empty() || backend == "gloo" || backend == "nccl",
+            "environment variable RLX_COMM_BACKEND={:?} must be gloo or nccl", backend);
+  o.nccl = backend == "nccl";
   RLX_CHECK(o.world_size == 1 || o.store_port > 0 || o.host_store,
             "RLX_WORLD_SIZE={} needs RLX_STORE=host:port (the rendezvous store)", o.world_size);
   return o;
@@ -360,9 +492,19 @@ int StoreServer::port() const { return impl_->store->getPort(); }
 
 std::unique_ptr<Communicator> single_process() { return std::make_unique<SingleProcess>(); }
 
+bool nccl_available() { return RLX_WITH_NCCL != 0; }
+
 std::unique_ptr<Communicator> connect(const RendezvousOptions& options) {
   // A group of one needs no collectives (nor Gloo), whether or not a store was named.
   if (options.world_size == 1 && !options.host_store) return single_process();
+  if (options.nccl) {
+#if RLX_WITH_NCCL
+    return std::make_unique<Nccl>(options);
+#else
+    throw CommError("this rlx was built without NCCL (RLX_NCCL, nccl.h and a LibTorch with CUDA): a group of CUDA "
+                    "ranks is not available");
+#endif
+  }
 #if RLX_WITH_GLOO
   return std::make_unique<Gloo>(options);
 #else

@@ -123,6 +123,9 @@ int run_learner(const RoleContext& ctx) {
   if (cfg.train.learner_ranks > 1) {
     auto ro = dist::rendezvous_from_env();
     ro.timeout_s = std::max(ro.timeout_s, cfg.train.batch_timeout_s + 60);
+    // Ranks on CUDA devices use NCCL where it is built, unless RLX_COMM_BACKEND says otherwise.
+    if (std::getenv("RLX_COMM_BACKEND") == nullptr)
+      ro.nccl = cfg.learner.options(cfg.run.seed).fsdp.device.is_cuda() && dist::nccl_available();
     comm = dist::connect(ro);
   } else {
     comm = dist::single_process();

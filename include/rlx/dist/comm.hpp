@@ -1,8 +1,9 @@
 // Collectives between the ranks of a learner group: all-gather, reduce-scatter,
 // all-reduce, broadcast and barrier on tensors, each bounded by a timeout.
 //
-// On CPU the backend is Gloo through LibTorch's c10d; ranks meet through a c10d
-// TCPStore (rendezvous.hpp). A collective that cannot finish (a peer killed,
+// The backend is Gloo through LibTorch's c10d, or NCCL (c10d's ProcessGroupNCCL, where
+// rlx is built with it) for ranks on CUDA devices; ranks meet through a c10d TCPStore
+// (rendezvous.hpp). A collective that cannot finish (a peer killed,
 // stopped or partitioned) throws CommError within the timeout, and the message
 // names this rank, the operation, and which peers stopped heart-beating:
 //
@@ -65,6 +66,9 @@ class Communicator {
 
 // A communicator of one rank (collectives are copies); what a single process uses.
 std::unique_ptr<Communicator> single_process();
+
+// Whether this rlx was built with NCCL (RendezvousOptions::nccl).
+bool nccl_available();
 
 // Joins the group described by `options` (blocking until every rank has joined,
 // bounded by options.connect_timeout_s). One rank per process.

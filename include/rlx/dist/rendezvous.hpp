@@ -32,10 +32,12 @@ struct RendezvousOptions {
   double timeout_s = 300;                // every collective
   double connect_timeout_s = 120;        // joining the group
   double heartbeat_s = 0.5;              // liveness beats through the store, for diagnosing failures
+  bool nccl = false;                     // NCCL (ranks on CUDA devices) instead of Gloo; RLX_COMM_BACKEND=nccl
 };
 
 // From RLX_RANK, RLX_WORLD_SIZE, RLX_STORE (host:port), RLX_STORE_HOST_SELF (1: this
-// rank hosts the store), RLX_COMM_TIMEOUT_S and RLX_COMM_INTERFACE. Without
+// rank hosts the store), RLX_COMM_TIMEOUT_S, RLX_COMM_INTERFACE and RLX_COMM_BACKEND
+// (gloo or nccl; unset: the caller's choice). Without
 // RLX_WORLD_SIZE: a group of one. Malformed values throw rlx::Error naming the variable.
 RendezvousOptions rendezvous_from_env();
 

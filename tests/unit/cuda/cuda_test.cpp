@@ -242,3 +242,34 @@ TEST_CASE("cuda: bf16 packed rows through varlen flash attention give the fp32 C
   const double scale = (a * real).abs().max().item<double>();
   CHECK(max_abs(a * real, b * real) <= 0.05 * scale);
 }
+
+#if RLX_WITH_NCCL
+// Issue 34 item 7 at world size 1 (NCCL refuses two ranks on one GPU): the NCCL communicator's
+// collectives on CUDA tensors and on CPU tensors (staged through the device).
+TEST_CASE("cuda: the NCCL communicator's collectives at world size 1, on device and staged host tensors", "[cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  rlx::dist::RendezvousOptions o;
+  o.host_store = true;  // a group of one that still goes through NCCL (not single_process)
+  o.nccl = true;
+  o.timeout_s = 30;
+  auto comm = rlx::dist::connect(o);
+  REQUIRE(comm->backend() == "nccl");
+  for (const auto device : {at::Device(at::kCUDA, 0), at::Device(at::kCPU)}) {
+    INFO(device.str());
+    auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
+    auto in = at::arange(6, opts), out = at::zeros({6}, opts);
+    comm->all_gather(out, in, "gather")->wait();
+    CHECK(out.cpu().equal(in.cpu()));
+    auto rs = at::zeros({6}, opts);
+    comm->reduce_scatter(rs, in * 2, "scatter")->wait();
+    CHECK(rs.cpu().equal((in * 2).cpu()));
+    auto t = in.clone();
+    comm->all_reduce(t, rlx::dist::ReduceOp::max, "max")->wait();
+    CHECK(t.cpu().equal(in.cpu()));
+    comm->broadcast(t, 0, "bcast")->wait();
+    CHECK(t.cpu().equal(in.cpu()));
+    CHECK(t.device() == device);
+  }
+  comm->barrier("end");
+}
+#endif

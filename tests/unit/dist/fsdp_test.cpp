@@ -44,6 +44,18 @@ TEST_CASE("rendezvous settings come from the environment, and bad ones are named
   ::unsetenv("RLX_WORLD_SIZE");
   ::unsetenv("RLX_RANK");
   CHECK(rlx::dist::rendezvous_from_env().world_size == 1);
+  CHECK_FALSE(rlx::dist::rendezvous_from_env().nccl);
+  ::setenv("RLX_COMM_BACKEND", "nccl", 1);
+  auto n = rlx::dist::rendezvous_from_env();
+  CHECK(n.nccl);
+  if (!rlx::dist::nccl_available()) {
+    // A group that asks for NCCL where it is not built fails at once, saying so.
+    n.host_store = true;
+    CHECK_THROWS_WITH(rlx::dist::connect(n), Catch::Contains("without NCCL"));
+  }
+  ::setenv("RLX_COMM_BACKEND", "mpi", 1);
+  CHECK_THROWS_WITH(rlx::dist::rendezvous_from_env(), Catch::Contains("RLX_COMM_BACKEND"));
+  ::unsetenv("RLX_COMM_BACKEND");
 }
 
 TEST_CASE("the sharded model computes what the plain model computes, gradients included", "[dist]") {
