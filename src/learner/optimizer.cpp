@@ -28,7 +28,20 @@ void AdamW::add(const at::Tensor& param, const at::Tensor& decay_mask) {
   RLX_CHECK(decay_mask.sizes() == param.sizes(), "AdamW: decay mask shape {} differs from parameter shape {}",
             decay_mask.sizes(), param.sizes());
   c10::NoGradGuard no_grad;
-  slots_.push_back({param, decay_mask, at::zeros_like(param.detach()), at::zeros_like(param.detach())});
+  Slot s{param, decay_mask, at::zeros_like(param.detach()), at::zeros_like(param.detach()), {}};
+  if (param.is_cuda()) {
+    // Runs of equal mask value (the shard's slots: a weight matrix, then a bias, ...).
+    const auto mask = decay_mask.to(at::kCPU).contiguous().view({-1});
+    const float* m = mask.data_ptr<float>();
+    const int64_t n = mask.numel();
+    for (int64_t i = 0; i < n;) {
+      int64_t j = i + 1;
+      while (j < n && (m[j] != 0) == (m[i] != 0)) ++j;
+      s.runs.emplace_back(i, j - i, m[i] != 0);
+      i = j;
+    }
+  }
+  slots_.push_back(std::move(s));
 }
 
 namespace {
@@ -61,13 +74,58 @@ void adamw_cpu(const at::Tensor& param, const at::Tensor& grad, const AdamW::Slo
 
 }  // namespace
 
+bool AdamW::step_fused([[maybe_unused]] double lr, [[maybe_unused]] double grad_scale,
+                       [[maybe_unused]] std::vector<bool>& done) {
+#if RLX_WITH_CUDA && RLX_TORCH_AT_LEAST(2, 2)
+  // Views of every CUDA slot's runs, decay runs in one list and the others in another.
+  std::array<std::array<std::vector<at::Tensor>, 4>, 2> lists;  // [decay][param, grad, m, v]
+  at::Device device = at::kCPU;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    auto& s = slots_[i];
+    if (!s.param.is_cuda() || s.runs.empty() || (device.is_cuda() && s.param.device() != device)) continue;
+    device = s.param.device();
+    auto p = s.param.detach().view({-1});
+    auto g = s.param.grad().defined() ? s.param.grad().view({-1}) : at::zeros_like(p);
+    for (const auto& [start, len, decay] : s.runs) {
+      auto& l = lists[decay ? 1 : 0];
+      l[0].push_back(p.narrow(0, start, len));
+      l[1].push_back(g.narrow(0, start, len));
+      l[2].push_back(s.exp_avg.view({-1}).narrow(0, start, len));
+      l[3].push_back(s.exp_avg_sq.view({-1}).narrow(0, start, len));
+    }
+    done[i] = true;
+  }
+  if (!device.is_cuda()) return false;
+  auto fopts = at::TensorOptions().dtype(at::kFloat).device(device);
+  if (!device_step_.defined() || device_step_.device() != device) device_step_ = at::zeros({}, fopts);
+  device_step_.fill_(static_cast<double>(step_));
+  // The kernel divides gradients by grad_scale (AMP's unscale): the clip factor's inverse.
+  const auto unscale = at::full({}, 1.0 / grad_scale, fopts);
+  for (int decay = 0; decay < 2; ++decay) {
+    auto& l = lists[static_cast<size_t>(decay)];
+    if (l[0].empty()) continue;
+    const std::vector<at::Tensor> steps(l[0].size(), device_step_);
+    at::_fused_adamw_(l[0], l[1], l[2], l[3], /*max_exp_avg_sqs=*/{}, steps, lr, opt_.beta1, opt_.beta2,
+                      decay ? opt_.weight_decay : 0.0, opt_.eps, /*amsgrad=*/false, /*maximize=*/false, unscale,
+                      /*found_inf=*/{});
+  }
+  return true;
+#else
+  return false;
+#endif
+}
+
 void AdamW::step(double lr, double grad_scale) {
   c10::NoGradGuard no_grad;
   ++step_;
   const double bc1 = 1.0 - std::pow(opt_.beta1, static_cast<double>(step_));
   const double bc2_sqrt = std::sqrt(1.0 - std::pow(opt_.beta2, static_cast<double>(step_)));
   const double step_size = lr / bc1;
-  for (auto& s : slots_) {
+  std::vector<bool> done(slots_.size(), false);
+  step_fused(lr, grad_scale, done);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (done[i]) continue;
+    auto& s = slots_[i];
     auto p = s.param.detach();
     auto g = s.param.grad();
     if (p.is_cpu() && p.is_contiguous() && (!g.defined() || g.is_contiguous()) && s.exp_avg.is_contiguous() &&
@@ -113,11 +171,12 @@ double grad_sq_norm(const std::vector<at::Tensor>& params) {
   // same result on any thread count.
   constexpr int64_t kBlock = 1 << 14;
   double sum = 0;
+  std::vector<at::Tensor> others;  // not CPU fp32: LibTorch's multi-tensor norm
   for (const auto& p : params) {
     const auto& g = p.grad();
     if (!g.defined()) continue;
     if (!(g.is_cpu() && g.scalar_type() == at::kFloat && g.is_contiguous())) {
-      sum += g.to(at::kDouble).pow(2).sum().item<double>();
+      others.push_back(g);
       continue;
     }
     const float* d = g.data_ptr<float>();
@@ -131,6 +190,21 @@ double grad_sq_norm(const std::vector<at::Tensor>& params) {
       }
     });
     for (double x : partial) sum += x;
+  }
+  if (!others.empty()) {
+    // Per-device lists (the multi-tensor kernel takes one device), each one sync.
+    while (!others.empty()) {
+      const auto device = others.front().device();
+      std::vector<at::Tensor> same;
+      std::erase_if(others, [&](const at::Tensor& g) {
+        if (g.device() != device) return false;
+        same.push_back(g);
+        return true;
+      });
+      auto norms = at::_foreach_norm(same, 2);
+      for (auto& n : norms) n = n.to(at::kDouble);
+      sum += at::stack(norms).pow(2).sum().item<double>();
+    }
   }
   return sum;
 }

@@ -17,6 +17,7 @@
 #include <string_view>
 #include <utility>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace rlx {
@@ -36,6 +37,9 @@ class AdamW {
     at::Tensor param;       // fp32, updated in place
     at::Tensor decay_mask;  // fp32, same shape: 1 where weight decay applies
     at::Tensor exp_avg, exp_avg_sq;
+    // CUDA with LibTorch's fused AdamW: the flat runs of equal mask value, as [start, length)
+    // with their decay flag (the fused kernel takes one weight decay per call).
+    std::vector<std::tuple<int64_t, int64_t, bool>> runs;
   };
 
   explicit AdamW(AdamWOptions options);
@@ -43,7 +47,9 @@ class AdamW {
 
   // One update with learning rate `lr` from every parameter's .grad() times `grad_scale`
   // (the clipping factor; a missing gradient counts as zero). Increments step(). On the
-  // CPU one pass over each tensor; elsewhere LibTorch ops.
+  // CPU one pass over each tensor; on CUDA LibTorch's fused multi-tensor AdamW
+  // (`_fused_adamw_`, LibTorch >= 2.2: two launches, decay and no-decay runs as views);
+  // elsewhere LibTorch ops.
   void step(double lr, double grad_scale = 1.0);
   int64_t step_count() const { return step_; }
   void set_step_count(int64_t s) { step_ = s; }
@@ -51,9 +57,13 @@ class AdamW {
   const AdamWOptions& options() const { return opt_; }
 
  private:
+  // The fused CUDA update of the slots it takes; returns false if it took none.
+  bool step_fused(double lr, double grad_scale, std::vector<bool>& done);
+
   AdamWOptions opt_;
   std::vector<Slot> slots_;
   int64_t step_ = 0;
+  at::Tensor device_step_;  // the step count as the fused kernel reads it (one fp32 on the device)
 };
 
 enum class LrScheduleKind { constant, linear_warmup, cosine };
@@ -76,6 +86,7 @@ struct LrSchedule {
 LrScheduleKind lr_schedule_kind_from_string(const std::string& s);
 
 // Sum of squares of the tensors' .grad() (fp64 accumulate, fixed order), this rank's part.
+// CPU gradients in one fp64 pass each; the others by `_foreach_norm`, one host sync.
 double grad_sq_norm(const std::vector<at::Tensor>& params);
 // The clipping factor min(1, max_norm / (total_norm + 1e-6)) (1 when max_norm is 0), which
 // AdamW::step takes as its gradient scale.

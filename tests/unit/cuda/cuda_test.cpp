@@ -6,6 +6,7 @@
 #include "../helpers.hpp"
 #include "rlx/dist/comm.hpp"
 #include "rlx/learner/learner.hpp"
+#include "rlx/learner/optimizer.hpp"
 #include "rlx/model/varlen_attention.hpp"
 #include "rlx/rollout/engine.hpp"
 
@@ -273,3 +274,33 @@ TEST_CASE("cuda: the NCCL communicator's collectives at world size 1, on device 
   comm->barrier("end");
 }
 #endif
+
+// Issue 34 item 3: LibTorch's fused AdamW over the decay and no-decay runs of a shard
+// takes the CPU's steps (weight decay only where the mask says, the clip factor folded
+// in), and the multi-tensor norm gives the CPU's norm.
+TEST_CASE("cuda: fused AdamW over decay/no-decay runs and the gradient norm equal the CPU's", "[cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  at::manual_seed(31);
+  const int64_t n = 50000;
+  auto mask = at::zeros({n});
+  mask.narrow(0, 0, 20000).fill_(1);
+  mask.narrow(0, 20100, 29000).fill_(1);  // runs: decay, no decay (100), decay, no decay
+  auto cpu = at::randn({n}).requires_grad_(true);
+  auto gpu = cpu.detach().cuda().requires_grad_(true);
+  rlx::AdamW a({.lr = 1e-2, .weight_decay = 0.1}), b({.lr = 1e-2, .weight_decay = 0.1});
+  a.add(cpu, mask);
+  b.add(gpu, mask.cuda());
+  REQUIRE(b.slots()[0].runs.size() == 4);
+  for (int step = 0; step < 5; ++step) {
+    auto g = at::randn({n});
+    cpu.mutable_grad() = g;
+    gpu.mutable_grad() = g.cuda();
+    const double na = rlx::grad_sq_norm({cpu}), nb = rlx::grad_sq_norm({gpu});
+    CHECK(nb == Approx(na).epsilon(1e-5));
+    const double clip = rlx::clip_factor(std::sqrt(na), 100.0);
+    a.step(1e-2, clip);
+    b.step(1e-2, clip);
+  }
+  CHECK(max_abs(cpu.detach(), gpu.detach()) <= 1e-5);
+  CHECK(max_abs(a.slots()[0].exp_avg_sq, b.slots()[0].exp_avg_sq) <= 1e-6);
+}

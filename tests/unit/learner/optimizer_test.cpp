@@ -67,6 +67,11 @@ TEST_CASE("clipping scales every gradient by max_norm / total norm", "[learner]"
   q.mutable_grad() = at::tensor({4.0f});
   const double norm = std::sqrt(rlx::grad_sq_norm({p, q}));
   CHECK(norm == Approx(5.0));
+  // Gradients outside the CPU fp32 pass (here strided and bf16) go through the multi-tensor norm.
+  auto r = at::zeros({2}).requires_grad_(true), s = at::zeros({2}).requires_grad_(true);
+  r.mutable_grad() = at::tensor({3.0f, 9.0f, 4.0f, 9.0f}).view({2, 2}).select(1, 0);
+  s.mutable_grad() = at::tensor({12.0f, 0.0f}).to(at::kBFloat16);
+  CHECK(std::sqrt(rlx::grad_sq_norm({p, q, r, s})) == Approx(std::sqrt(25.0 + 25.0 + 144.0)));
   CHECK(rlx::clip_factor(norm, 1.0) == Approx(0.2).epsilon(1e-5));
   CHECK(rlx::clip_factor(1.0, 10.0) == 1.0);  // below the limit: untouched
   CHECK(rlx::clip_factor(1e9, 0.0) == 1.0);   // 0: no clipping
