@@ -36,6 +36,7 @@
 #include "rlx/core/torch_compat.hpp"
 #include "rlx/dist/rendezvous.hpp"
 #include "rlx/dist/weight_sync.hpp"
+#include "dist/layout_json.hpp"
 
 namespace rlx::dist {
 
@@ -265,9 +266,8 @@ TcpWeightPublisher::TcpWeightPublisher(TcpSyncOptions options, WeightLayout layo
             "weight sync: full_every, keepalive_s and max_subscribers must be positive");
   I.spans = I.layout.spans();
   I.chunks = chunks_of(I.spans, kChunkBytes);
-  json tensors = json::array();
-  for (const auto& [name, shape] : I.layout.tensors) tensors.push_back({name, shape});
-  I.layout_json = {{"dtype", static_cast<int>(I.layout.dtype)}, {"chunk_bytes", kChunkBytes}, {"tensors", std::move(tensors)}};
+  I.layout_json = layout_to_json(I.layout);
+  I.layout_json["chunk_bytes"] = kChunkBytes;
   I.hashes.assign(I.chunks.size(), 0);
   I.last_changed.assign(static_cast<size_t>(n), 0);
 
@@ -474,35 +474,16 @@ struct TcpWeightSubscriber::Impl {
   }
 
   WeightLayout parse_layout(const json& j, int64_t& chunk_bytes) const {
-    if (!j.is_object() || !j.contains("dtype") || !j["dtype"].is_number_integer() || !j.contains("tensors") ||
-        !j["tensors"].is_array() || !j.contains("chunk_bytes") || !j["chunk_bytes"].is_number_integer())
-      bad("layout without dtype, chunk_bytes or tensors");
+    if (!j.is_object() || !j.contains("chunk_bytes") || !j["chunk_bytes"].is_number_integer())
+      bad("layout without chunk_bytes");
     chunk_bytes = j["chunk_bytes"].get<int64_t>();
     if (chunk_bytes < 4096 || chunk_bytes > (int64_t{1} << 30)) bad(fmt::format("chunk_bytes {} (4 KiB to 1 GiB)", chunk_bytes));
-    const int code = j["dtype"].get<int>();
-    const auto dtype = static_cast<at::ScalarType>(code);
-    if (code < 0 || code >= static_cast<int>(at::ScalarType::NumOptions) || !at::isFloatingType(dtype))
-      bad(fmt::format("dtype code {} is not a floating-point type", code));
-    const auto& ts = j["tensors"];
-    if (ts.empty() || ts.size() > static_cast<size_t>(kMaxSyncTensors))
-      bad(fmt::format("{} tensors (1 to {})", ts.size(), kMaxSyncTensors));
     WeightLayout l;
-    l.dtype = dtype;
-    for (const auto& t : ts) {
-      if (!t.is_array() || t.size() != 2 || !t[0].is_string() || !t[1].is_array() || t[1].size() > 8)
-        bad("a tensor entry is not [name, shape of at most 8 dimensions]");
-      std::vector<int64_t> shape;
-      int64_t numel = 1;
-      for (const auto& d : t[1]) {
-        if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > kMaxSyncBytes)
-          bad("a tensor dimension out of range");
-        shape.push_back(d.get<int64_t>());
-        numel = std::min<int64_t>(numel * std::max<int64_t>(shape.back(), 1), kMaxSyncBytes + 1);
-      }
-      if (numel > kMaxSyncBytes) bad(fmt::format("tensor {:?} is larger than {} bytes", t[0].get<std::string>(), kMaxSyncBytes));
-      l.tensors.emplace_back(t[0].get<std::string>(), std::move(shape));
+    try {
+      l = layout_from_json(j);
+    } catch (const Error& e) {
+      bad(e.what());
     }
-    if (l.bytes() > kMaxSyncBytes) bad(fmt::format("{} bytes per version exceeds {}", l.bytes(), kMaxSyncBytes));
     if (l.bytes() / chunk_bytes + static_cast<int64_t>(l.tensors.size()) > kMaxChunks)
       bad(fmt::format("more than {} chunks of {} bytes", kMaxChunks, chunk_bytes));
     return l;
