@@ -13,6 +13,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <atomic>
@@ -64,6 +65,13 @@ c10::intrusive_ptr<c10d::TCPStore> store_client(const std::string& host, int por
   o.waitWorkers = false;
   o.timeout = to_ms(timeout_s);
   return c10::make_intrusive<c10d::TCPStore>(host, o);
+}
+
+// The group's view of the store: its keys under `prefix` (a group generation), if any.
+c10::intrusive_ptr<c10d::Store> group_store(const RendezvousOptions& o, int port, double timeout_s) {
+  c10::intrusive_ptr<c10d::Store> s = store_client(o.store_host, port, o.world_size, timeout_s);
+  if (o.prefix.empty()) return s;
+  return c10::make_intrusive<c10d::PrefixStore>(o.prefix, s);
 }
 
 // The store value of an add(key, 0): the counter without changing it.
@@ -124,8 +132,8 @@ class StoreGroup : public Communicator {
       }
       RLX_CHECK(opt_.store_port > 0 && opt_.store_port < 65536, "rendezvous: store port {} is not a port",
                 opt_.store_port);
-      store_ = store_client(opt_.store_host, opt_.store_port, o.world_size, o.connect_timeout_s);
-      beat_store_ = store_client(opt_.store_host, opt_.store_port, o.world_size, std::min(o.timeout_s, 10.0));
+      store_ = group_store(opt_, opt_.store_port, o.connect_timeout_s);
+      beat_store_ = group_store(opt_, opt_.store_port, std::min(o.timeout_s, 10.0));
     });
     beats_ = std::thread([this] { beat(); });
   }
@@ -192,7 +200,7 @@ class StoreGroup : public Communicator {
   }
 
   RendezvousOptions opt_;
-  c10::intrusive_ptr<c10d::TCPStore> store_;
+  c10::intrusive_ptr<c10d::Store> store_;
 
  private:
   // Each rank adds 1 to its counter every heartbeat_s; a counter that stops
@@ -215,7 +223,7 @@ class StoreGroup : public Communicator {
     std::string msg = fmt::format("rank {}: {} {:?} failed after {:.1f} s ({})", opt_.rank, op, what, elapsed, cause);
     if (size() == 1) return msg;
     try {
-      auto probe = store_client(opt_.store_host, opt_.store_port, opt_.world_size, 3.0);
+      auto probe = group_store(opt_, opt_.store_port, 3.0);
       std::vector<int64_t> before(static_cast<size_t>(size()));
       for (int r = 0; r < size(); ++r) before[static_cast<size_t>(r)] = read_counter(*probe, hb_key(r));
       const double window = 3 * opt_.heartbeat_s + 0.2;
@@ -244,7 +252,7 @@ class StoreGroup : public Communicator {
   }
 
   std::unique_ptr<StoreServer> server_;
-  c10::intrusive_ptr<c10d::TCPStore> beat_store_;
+  c10::intrusive_ptr<c10d::Store> beat_store_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

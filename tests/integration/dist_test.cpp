@@ -8,6 +8,7 @@
 // first, so Catch's CHECK is the one in force below.
 #include "rlx/core/clock.hpp"
 #include "rlx/dist/local_group.hpp"
+#include "rlx/dist/weight_broadcast.hpp"
 #include "rlx/dist/weight_sync.hpp"
 #include "rlx/learner/checkpoint.hpp"
 #include "rlx/model/safetensors.hpp"
@@ -577,4 +578,73 @@ TEST_CASE("weight sync over tcp: delta sends only what changed since the spare b
   CHECK_THROWS_WITH(rlx::dist::TcpWeightSubscriber({.endpoint = fake_endpoint, .attach_timeout_s = 10}),
                     Catch::Contains("names chunk 3 (of 1)"));
   liar.join();
+}
+
+// Issue 34 item 8 with Gloo as the data plane: one publisher, two subscriber processes.
+TEST_CASE("weight sync by broadcast: members get whole versions; a stopped member is dropped and rejoins, a killed one is dropped",
+          "[dist][sync]") {
+  rlx::test::TempDir dir;
+  std::vector<std::pair<std::string, at::Tensor>> w;
+  for (int i = 0; i < 12; ++i) w.emplace_back(fmt::format("w{}", i), at::zeros({1 << 18}));  // 1 MiB each
+  rlx::dist::BroadcastWeightPublisher pub(
+      {.bind = "tcp://127.0.0.1:0", .advertise_host = "127.0.0.1", .bucket_mb = 2, .timeout_s = 3, .silent_after_s = 1},
+      rlx::dist::WeightLayout::of(w, at::kFloat));
+  int64_t v = 0;
+  auto publish = [&](int64_t version) {
+    v = version;
+    for (auto& [n, t] : w) t.fill_(static_cast<float>(static_cast<double>(v) * 1e-3));
+    return pub.publish(v, w);
+  };
+  const int64_t last = 1000;
+  Group subs(2, {"--mode", "subscribe", "--broadcast", pub.endpoint(), "--until", std::to_string(last), "--uniform"},
+             dir.path, "bcast");
+  auto seen = [&](int r, int64_t version) {
+    const double end = rlx::now_s() + 20;
+    while (rlx::now_s() < end) {
+      if (subs.out(r).find(fmt::format("applied {}\n", version)) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  };
+  // Both join; each version reaches both.
+  const double end = rlx::now_s() + 60;
+  while (pub.members() < 2 && rlx::now_s() < end) {
+    publish(v + 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  REQUIRE(pub.members() == 2);
+  CHECK(publish(v + 1) == 12 << 20);
+  CHECK(seen(0, v));
+  CHECK(seen(1, v));
+  const auto formed = pub.generation();
+
+  // A stopped member: the broadcast times out, the publisher drops it and sends the
+  // version again to a group without it.
+  subs.g.signal(1, SIGSTOP);
+  publish(v + 1);
+  CHECK(pub.members() == 1);
+  CHECK(pub.generation() > formed);
+  CHECK(seen(0, v));
+  // Resumed, it says hello again and is in a later generation.
+  subs.g.signal(1, SIGCONT);
+  const double back = rlx::now_s() + 60;
+  while (pub.members() < 2 && rlx::now_s() < back) {
+    publish(v + 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  REQUIRE(pub.members() == 2);
+  publish(v + 1);
+  CHECK(seen(1, v));
+
+  // A killed member is dropped the same way; the other gets the last version and exits.
+  subs.g.signal(0, SIGKILL);
+  REQUIRE(subs.wait(0, 30));
+  publish(last);
+  CHECK(pub.members() == 1);
+  REQUIRE(subs.wait(1, 30));
+  const auto out = subs.out(1);
+  INFO(out << subs.err(1));
+  CHECK(subs.rank(1).ok());
+  CHECK(out.find("torn 0") != std::string::npos);
+  CHECK(out.find(fmt::format("last {}", last)) != std::string::npos);
 }

@@ -5,7 +5,7 @@
 //   --mode sharded    the Learner (FSDP over the group in RLX_RANK / RLX_WORLD_SIZE / RLX_STORE)
 //   --mode reference  an unsharded model trained with plain autograd in one process
 //   --mode ppo        PPO through train_on_batch: policy, separate critic, reference, adaptive KL
-//   --mode subscribe  a weight-sync subscriber (tests/integration/dist_test.cpp publishes)
+//   --mode subscribe  a weight-sync subscriber (shm, tcp or broadcast; tests/integration/dist_test.cpp publishes)
 #include <c10/core/GradMode.h>
 #include <CLI/CLI.hpp>
 #include <ATen/ATen.h>
@@ -19,6 +19,7 @@
 #include "rlx/core/rng.hpp"
 #include "rlx/core/threads.hpp"
 #include "rlx/dist/comm.hpp"
+#include "rlx/dist/weight_broadcast.hpp"
 #include "rlx/dist/weight_sync.hpp"
 #include "rlx/learner/algorithm_loss.hpp"
 #include "rlx/learner/checkpoint.hpp"
@@ -209,10 +210,13 @@ int run_ppo(int64_t steps, int64_t batch, int64_t epochs, const std::string& out
 // test model and runs a generation step after it; with --uniform it checks that every
 // version it gets has every element equal to version x 1e-3 (what the test publishes),
 // and that after each engine step the engine's parameters hold exactly one version.
-int run_subscriber(const std::string& name, const std::string& tcp, int64_t until, int64_t count, bool engine_on, bool uniform,
-                   const std::string& out) {
+int run_subscriber(const std::string& name, const std::string& tcp, const std::string& broadcast, int64_t until,
+                   int64_t count, bool engine_on, bool uniform, const std::string& out) {
   std::unique_ptr<rlx::dist::WeightSubscriber> subscriber;
-  if (tcp.empty()) subscriber = std::make_unique<rlx::dist::ShmWeightSubscriber>(rlx::dist::ShmSyncOptions{.name = name, .attach_timeout_s = 30});
+  if (!broadcast.empty())
+    subscriber = std::make_unique<rlx::dist::BroadcastWeightSubscriber>(rlx::dist::BroadcastSyncOptions{
+        .advertise_host = "127.0.0.1", .endpoint = broadcast, .timeout_s = 5, .heartbeat_s = 0.2});
+  else if (tcp.empty()) subscriber = std::make_unique<rlx::dist::ShmWeightSubscriber>(rlx::dist::ShmSyncOptions{.name = name, .attach_timeout_s = 30});
   else subscriber = std::make_unique<rlx::dist::TcpWeightSubscriber>(rlx::dist::TcpSyncOptions{.endpoint = tcp});
   auto& sub = *subscriber;
   auto model = std::make_shared<rlx::Transformer>(test_model());
@@ -272,6 +276,8 @@ int main(int argc, char** argv) {
   app.add_option("--shm", shm, "subscribe: the weight-sync segment");
   std::string tcp;
   app.add_option("--tcp", tcp, "subscribe: the tcp weight-sync publisher's endpoint (instead of --shm)");
+  std::string broadcast;
+  app.add_option("--broadcast", broadcast, "subscribe: the broadcast publisher's control endpoint (instead of --shm)");
   app.add_option("--until", until, "subscribe: run until this version is applied");
   int64_t count = std::numeric_limits<int64_t>::max();
   app.add_option("--count", count, "subscribe: run until this many versions are applied");
@@ -295,7 +301,7 @@ int main(int argc, char** argv) {
   try {
     if (mode == "reference") return run_reference(steps, batch, out);
     if (mode == "ppo") return run_ppo(steps, batch, epochs, out, timeout_s);
-    if (mode == "subscribe") return run_subscriber(shm, tcp, until, count, engine_on, uniform, out);
+    if (mode == "subscribe") return run_subscriber(shm, tcp, broadcast, until, count, engine_on, uniform, out);
     std::unique_ptr<rlx::algo::Algorithm> algorithm;
     if (!algo.empty()) {
       rlx::algo::register_bundled_algorithms();

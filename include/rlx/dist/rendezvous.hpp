@@ -33,6 +33,7 @@ struct RendezvousOptions {
   double connect_timeout_s = 120;        // joining the group
   double heartbeat_s = 0.5;              // liveness beats through the store, for diagnosing failures
   bool nccl = false;                     // NCCL (ranks on CUDA devices) instead of Gloo; RLX_COMM_BACKEND=nccl
+  std::string prefix;                    // the group's keys in the store (several groups, or generations, share one)
 };
 
 // From RLX_RANK, RLX_WORLD_SIZE, RLX_STORE (host:port), RLX_STORE_HOST_SELF (1: this

@@ -1,0 +1,537 @@
+// Weight sync by collective broadcast (weight_broadcast.hpp). The control messages, JSON
+// text frames:
+//
+//   subscriber -> publisher  {"type": "hello", "id"}   on its control socket (answers come there)
+//                            {"type": "beat", "id"}    every heartbeat_s, on a socket of its own
+//                            {"type": "bye", "id"}
+//   publisher -> subscriber  {"type": "welcome", "layout", "layout_hash"}
+//                            {"type": "join", "generation", "rank", "world", "store", "prefix", "nccl"}
+//                            {"type": "version", "generation", "version", "layout_hash", "buckets": [[offset, bytes], ...]}
+//                            {"type": "rejoin"}        to a beat from a member it no longer has
+#include "rlx/dist/weight_broadcast.hpp"
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "dist/layout_json.hpp"
+#include "rlx/core/clock.hpp"
+#include "rlx/core/error.hpp"
+#include "rlx/core/files.hpp"
+#include "rlx/core/log.hpp"
+#include "rlx/dist/comm.hpp"
+#include "rlx/dist/rendezvous.hpp"
+
+namespace rlx::dist {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr int64_t kMaxControlBytes = int64_t{64} << 20;  // a welcome carries the layout
+constexpr int kPollMs = 20;
+
+std::string send_text(zmq::socket_t& s, const json& j, zmq::send_flags flags = zmq::send_flags::dontwait) {
+  const auto text = j.dump();
+  (void)s.send(zmq::buffer(text), flags);
+  return text;
+}
+
+// A message's JSON, or a discarded value when it is not an object with a string "type".
+json parse(const zmq::message_t& m) {
+  auto j = json::parse(m.to_string_view(), nullptr, false);
+  if (!j.is_object() || !j.contains("type") || !j["type"].is_string()) return json::value_t::discarded;
+  return j;
+}
+
+// Consecutive tensors up to `bucket_bytes` per bucket (a larger tensor alone), as byte ranges
+// of the layout's flat version.
+std::vector<std::pair<int64_t, int64_t>> buckets_of(const WeightLayout& layout, int64_t bucket_bytes) {
+  const auto spans = layout.spans();
+  std::vector<std::pair<int64_t, int64_t>> out;
+  int64_t begin = 0, end = 0;
+  for (const auto& [offset, bytes] : spans) {
+    const int64_t stop = offset + bytes;
+    if (end > begin && stop - begin > bucket_bytes) {
+      out.emplace_back(begin, end - begin);
+      begin = offset;
+    }
+    end = stop;
+  }
+  if (end > begin) out.emplace_back(begin, end - begin);
+  return out;
+}
+
+std::string interface_of(const BroadcastSyncOptions& o) {
+  return o.advertise_host.empty() ? host_name() : o.advertise_host;
+}
+
+}  // namespace
+
+// --- publisher ---------------------------------------------------------------------
+
+struct BroadcastWeightPublisher::Impl {
+  BroadcastSyncOptions o;
+  WeightLayout layout;
+  std::vector<std::pair<int64_t, int64_t>> spans, buckets;
+  json welcome;
+  uint64_t hash = 0;
+  std::string endpoint, host;
+  std::unique_ptr<StoreServer> store;
+
+  zmq::context_t ctx{1};
+  zmq::socket_t router{ctx, zmq::socket_type::router};
+  std::thread server;
+  std::atomic<bool> stop{false};
+
+  struct Member {
+    std::string route;  // the routing id of its control socket
+    double last_seen = 0;
+  };
+  std::mutex mu;  // members, order, outbox
+  std::map<std::string, Member> members;  // by the id a subscriber names itself
+  std::vector<std::string> order;         // ids in the order they said hello
+  std::deque<std::pair<std::string, std::string>> outbox;  // routing id, text
+
+  int64_t generation = 0;
+  std::vector<std::string> group;  // ids of ranks 1.. of the current generation
+  std::unique_ptr<Communicator> comm;
+  std::array<at::Tensor, 2> staging;
+
+  void post(const std::string& route, const json& j) {
+    std::lock_guard lock(mu);
+    outbox.emplace_back(route, j.dump());
+  }
+
+  // The control thread: hellos, beats and byes in; queued messages out.
+  void serve() {
+    while (!stop) {
+      zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, std::chrono::milliseconds(kPollMs));
+      for (int n = 0; n < 256 && (item.revents & ZMQ_POLLIN); ++n) {
+        std::vector<zmq::message_t> frames;
+        if (!zmq::recv_multipart(router, std::back_inserter(frames), zmq::recv_flags::dontwait)) break;
+        if (frames.size() != 2) continue;
+        const auto route = frames[0].to_string();
+        const auto j = parse(frames[1]);
+        if (j.is_discarded() || !j.contains("id") || !j["id"].is_string()) continue;
+        const auto id = j["id"].get<std::string>();
+        const auto type = j["type"].get<std::string>();
+        std::lock_guard lock(mu);
+        if (type == "hello") {
+          if (!members.contains(id)) {
+            if (static_cast<int>(members.size()) >= o.max_members) {
+              log::warn("weight broadcast: {} said hello, but {} members is the limit (max_members)", id, o.max_members);
+              continue;
+            }
+            order.push_back(id);
+          }
+          members[id] = {route, now_s()};
+          outbox.emplace_back(route, welcome.dump());
+        } else if (type == "beat") {
+          auto it = members.find(id);
+          if (it != members.end()) it->second.last_seen = now_s();
+          else outbox.emplace_back(route, json{{"type", "rejoin"}}.dump());
+        } else if (type == "bye") {
+          members.erase(id);
+          std::erase(order, id);
+        }
+      }
+      std::deque<std::pair<std::string, std::string>> out;
+      {
+        std::lock_guard lock(mu);
+        out.swap(outbox);
+      }
+      for (auto& [route, text] : out) {
+        try {
+          (void)router.send(zmq::buffer(route), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+          (void)router.send(zmq::buffer(text), zmq::send_flags::dontwait);
+        } catch (const zmq::error_t&) {
+          // A peer gone (router_mandatory): its heartbeat stops and it is dropped.
+        }
+      }
+    }
+  }
+
+  std::vector<std::string> live_members() {
+    std::lock_guard lock(mu);
+    std::vector<std::string> out;
+    for (const auto& id : order)
+      if (members.contains(id)) out.push_back(id);
+    return out;
+  }
+
+  // A new generation of `ids` (ranks 1..n, the publisher rank 0); blocks until all joined.
+  void form(const std::vector<std::string>& ids) {
+    comm.reset();
+    group.clear();
+    ++generation;
+    const auto prefix = fmt::format("rlx/weights/{}", generation);
+    const int world = static_cast<int>(ids.size()) + 1;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      std::string route;
+      {
+        std::lock_guard lock(mu);
+        route = members.at(ids[i]).route;
+      }
+      post(route, {{"type", "join"},
+                   {"generation", generation},
+                   {"rank", static_cast<int>(i) + 1},
+                   {"world", world},
+                   {"store", fmt::format("{}:{}", host, store->port())},
+                   {"prefix", prefix},
+                   {"nccl", o.nccl}});
+    }
+    RendezvousOptions ro;
+    ro.rank = 0;
+    ro.world_size = world;
+    ro.store_host = host;
+    ro.store_port = store->port();
+    ro.interface_host = interface_of(o);
+    ro.timeout_s = ro.connect_timeout_s = o.timeout_s;
+    ro.nccl = o.nccl;
+    ro.prefix = prefix;
+    comm = connect(ro);
+    group = ids;
+  }
+
+  int64_t send(int64_t version, const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+    json list = json::array();
+    for (const auto& [offset, bytes] : buckets) list.push_back({offset, bytes});
+    const json head{{"type", "version"}, {"generation", generation}, {"version", version}, {"layout_hash", hash},
+                    {"buckets", std::move(list)}};
+    for (const auto& id : group) {
+      std::lock_guard lock(mu);
+      auto it = members.find(id);
+      if (it != members.end()) outbox.emplace_back(it->second.route, head.dump());
+    }
+    const auto device = o.nccl ? tensors.front().second.device() : at::Device(at::kCPU);
+    int64_t largest = 0;
+    for (const auto& b : buckets) largest = std::max(largest, b.second);
+    std::unique_ptr<Work> inflight;
+    int64_t sent = 0;
+    size_t t = 0;  // the next tensor to stage
+    for (size_t k = 0; k < buckets.size(); ++k) {
+      auto& buf = staging[k % 2];
+      if (!buf.defined() || buf.numel() < largest || buf.device() != device)
+        buf = at::empty({largest}, at::TensorOptions().dtype(at::kByte).device(device));
+      const auto [begin, bytes] = buckets[k];
+      auto b = buf.narrow(0, 0, bytes);
+      // Cast this bucket's tensors while the previous bucket is on the wire.
+      for (; t < spans.size() && spans[t].first < begin + bytes; ++t) {
+        const auto& shape = layout.tensors[t].second;
+        b.narrow(0, spans[t].first - begin, spans[t].second).view(layout.dtype).view(shape).copy_(tensors[t].second);
+      }
+      if (inflight) inflight->wait();
+      inflight = comm->broadcast(b, 0, fmt::format("weights v{} bucket {} of {}", version, k + 1, buckets.size()));
+      sent += bytes;
+    }
+    if (inflight) inflight->wait();
+    return sent;
+  }
+
+  // After a failed generation: members whose heartbeat stopped are dropped.
+  void drop_silent() {
+    std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(o.silent_after_s * 1000)));
+    std::lock_guard lock(mu);
+    const double now = now_s();
+    for (auto it = members.begin(); it != members.end();) {
+      if (now - it->second.last_seen > o.silent_after_s) {
+        log::warn("weight broadcast: member {} is silent (no heartbeat for {:.1f} s): dropped", it->first,
+                  now - it->second.last_seen);
+        std::erase(order, it->first);
+        it = members.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+};
+
+BroadcastWeightPublisher::BroadcastWeightPublisher(BroadcastSyncOptions options, WeightLayout layout)
+    : impl_(std::make_unique<Impl>()) {
+  auto& I = *impl_;
+  I.o = std::move(options);
+  I.layout = std::move(layout);
+  const auto n = static_cast<int64_t>(I.layout.tensors.size());
+  RLX_CHECK(n > 0 && n <= kMaxSyncTensors, "weight broadcast: {} tensors (1 to {})", n, kMaxSyncTensors);
+  RLX_CHECK(at::isFloatingType(I.layout.dtype), "weight broadcast: dtype {} is not floating-point",
+            c10::toString(I.layout.dtype));
+  RLX_CHECK(I.layout.bytes() <= kMaxSyncBytes, "weight broadcast: {} bytes per version exceeds {}", I.layout.bytes(),
+            kMaxSyncBytes);
+  RLX_CHECK(I.o.bucket_mb >= 1 && I.o.bucket_mb <= 16384 && I.o.timeout_s > 0 && I.o.silent_after_s > 0 &&
+                I.o.max_members >= 1,
+            "weight broadcast: bucket_mb (1 to 16384), timeout_s, silent_after_s and max_members must be positive");
+  I.spans = I.layout.spans();
+  I.buckets = buckets_of(I.layout, I.o.bucket_mb << 20);
+  I.hash = layout_hash(I.layout);
+  I.welcome = {{"type", "welcome"}, {"layout", layout_to_json(I.layout)}, {"layout_hash", I.hash}};
+  I.host = interface_of(I.o);
+  I.store = std::make_unique<StoreServer>(I.host, 0);
+  I.router.set(zmq::sockopt::linger, 0);
+  I.router.set(zmq::sockopt::router_mandatory, 1);
+  I.router.set(zmq::sockopt::maxmsgsize, int64_t{4096});
+  try {
+    I.router.bind(I.o.bind);
+  } catch (const zmq::error_t& e) {
+    throw Error(fmt::format("weight broadcast: cannot listen on {}: {}", I.o.bind, e.what()));
+  }
+  const auto bound = I.router.get(zmq::sockopt::last_endpoint);
+  I.endpoint = fmt::format("tcp://{}:{}", I.host, bound.substr(bound.rfind(':') + 1));
+  I.server = std::thread([&I] { I.serve(); });
+  if (!I.o.endpoint_file.empty()) write_file_atomic(I.o.endpoint_file, I.endpoint + "\n");
+}
+
+BroadcastWeightPublisher::~BroadcastWeightPublisher() {
+  impl_->stop = true;
+  impl_->server.join();
+}
+
+const std::string& BroadcastWeightPublisher::endpoint() const { return impl_->endpoint; }
+int64_t BroadcastWeightPublisher::generation() const { return impl_->generation; }
+int BroadcastWeightPublisher::members() const { return static_cast<int>(impl_->group.size()); }
+
+int64_t BroadcastWeightPublisher::publish(int64_t version,
+                                          const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  auto& I = *impl_;
+  RLX_CHECK(version > version_, "weight broadcast: version {} after {}", version, version_);
+  I.layout.check(tensors);
+  std::string failures;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const auto ids = I.live_members();
+    if (ids.empty()) {
+      I.comm.reset();
+      I.group.clear();
+      version_ = version;
+      return 0;
+    }
+    try {
+      if (!I.comm || ids != I.group) I.form(ids);
+      const int64_t sent = I.send(version, tensors);
+      version_ = version;
+      return sent;
+    } catch (const CommError& e) {
+      log::warn("weight broadcast: generation {} failed ({}); re-forming without silent members", I.generation,
+                e.what());
+      failures += fmt::format("\n  generation {}: {}", I.generation, e.what());
+      I.comm.reset();
+      I.group.clear();
+      I.drop_silent();
+    }
+  }
+  throw CommError(fmt::format("weight broadcast: version {} reached no group in 3 generations:{}", version, failures));
+}
+
+// --- subscriber --------------------------------------------------------------------
+
+struct BroadcastWeightSubscriber::Impl {
+  BroadcastSyncOptions o;
+  std::string endpoint, id;
+  zmq::context_t ctx{1};
+  zmq::socket_t control{ctx, zmq::socket_type::dealer};
+  std::thread receiver, beater;
+  std::atomic<bool> stop{false}, rejoin{false};
+
+  std::mutex mu;  // everything below
+  std::condition_variable cv;
+  bool welcomed = false;
+  std::string failure;  // what ended the receiver early
+  WeightLayout layout;
+  uint64_t hash = 0;
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  std::array<at::Tensor, 2> buffers;
+  int current = 0;
+  bool spare_ready = false;
+  int64_t spare_version = 0, version = 0;
+  std::atomic<int64_t> generation{0};
+  std::unique_ptr<Communicator> comm;  // the receiver's
+
+  void hello() { send_text(control, {{"type", "hello"}, {"id", id}}, zmq::send_flags::none); }
+
+  void beat() {
+    zmq::socket_t s(ctx, zmq::socket_type::dealer);
+    s.set(zmq::sockopt::linger, 0);
+    s.connect(endpoint);
+    while (!stop) {
+      send_text(s, {{"type", "beat"}, {"id", id}});
+      zmq::pollitem_t item{s.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, std::chrono::milliseconds(static_cast<int64_t>(o.heartbeat_s * 1000)));
+      zmq::message_t m;
+      while (s.recv(m, zmq::recv_flags::dontwait)) {
+        const auto j = parse(m);
+        if (!j.is_discarded() && j["type"] == "rejoin") rejoin = true;
+      }
+    }
+  }
+
+  void join(const json& j) {
+    comm.reset();
+    RendezvousOptions ro;
+    const auto store = j.value("store", std::string());
+    const auto colon = store.rfind(':');
+    if (colon == std::string::npos) return;
+    ro.rank = j.value("rank", -1);
+    ro.world_size = j.value("world", 0);
+    ro.store_host = store.substr(0, colon);
+    ro.store_port = std::atoi(store.substr(colon + 1).c_str());
+    ro.prefix = j.value("prefix", std::string());
+    ro.nccl = j.value("nccl", false);
+    ro.interface_host = interface_of(o);
+    ro.timeout_s = ro.connect_timeout_s = o.timeout_s;
+    try {
+      comm = connect(ro);
+      generation = j.value("generation", int64_t{0});
+    } catch (const Error& e) {
+      log::warn("weight broadcast: joining generation {} failed: {}", j.value("generation", int64_t{0}), e.what());
+      comm.reset();
+    }
+  }
+
+  void receive(const json& j) {
+    if (!comm || j.value("generation", int64_t{-1}) != generation || j.value("layout_hash", uint64_t{0}) != hash) return;
+    const auto v = j.value("version", int64_t{0});
+    const auto& list = j.contains("buckets") ? j["buckets"] : json();
+    if (!list.is_array()) return;
+    // Every member takes part in every broadcast of its generation (a collective), even of
+    // a version it has: the publisher sends a version again after re-forming the group.
+    int target;
+    {
+      std::lock_guard lock(mu);
+      target = 1 - current;  // the spare: poll() hands it over only once it is whole
+      spare_ready = false;
+    }
+    auto& buf = buffers[static_cast<size_t>(target)];
+    try {
+      size_t k = 0;
+      for (const auto& b : list) {
+        ++k;
+        const auto offset = b.at(0).get<int64_t>(), bytes = b.at(1).get<int64_t>();
+        RLX_CHECK(offset >= 0 && bytes >= 0 && offset + bytes <= buf.numel(), "bucket [{}, +{}) outside {} bytes",
+                  offset, bytes, buf.numel());
+        comm->broadcast(buf.narrow(0, offset, bytes), 0, fmt::format("weights v{} bucket {} of {}", v, k, list.size()))
+            ->wait();
+      }
+    } catch (const std::exception& e) {
+      log::warn("weight broadcast: receiving version {} failed ({}); waiting for the next generation", v, e.what());
+      comm.reset();
+      return;
+    }
+    std::lock_guard lock(mu);
+    spare_version = v;
+    spare_ready = v > version;
+  }
+
+  void run() {
+    try {
+      hello();
+      while (!stop) {
+        if (rejoin.exchange(false)) hello();
+        zmq::pollitem_t item{control.handle(), 0, ZMQ_POLLIN, 0};
+        zmq::poll(&item, 1, std::chrono::milliseconds(kPollMs));
+        zmq::message_t m;
+        if (!control.recv(m, zmq::recv_flags::dontwait)) continue;
+        const auto j = parse(m);
+        if (j.is_discarded()) continue;
+        const auto type = j["type"].get<std::string>();
+        if (type == "welcome") {
+          const auto l = layout_from_json(j.at("layout"));
+          std::lock_guard lock(mu);
+          if (welcomed) {
+            RLX_CHECK(layout_hash(l) == hash, "the publisher at {} changed its layout", endpoint);
+            continue;
+          }
+          layout = l;
+          hash = layout_hash(l);
+          spans = layout.spans();
+          const auto device = at::Device(o.device);
+          for (auto& b : buffers) b = at::empty({layout.bytes()}, at::TensorOptions().dtype(at::kByte).device(device));
+          welcomed = true;
+          cv.notify_all();
+        } else if (type == "join") {
+          join(j);
+        } else if (type == "version") {
+          receive(j);
+        }
+      }
+    } catch (const std::exception& e) {
+      std::lock_guard lock(mu);
+      failure = e.what();
+      cv.notify_all();
+    }
+  }
+};
+
+BroadcastWeightSubscriber::BroadcastWeightSubscriber(BroadcastSyncOptions options) : impl_(std::make_unique<Impl>()) {
+  auto& I = *impl_;
+  I.o = std::move(options);
+  RLX_CHECK(I.o.attach_timeout_s > 0 && I.o.heartbeat_s > 0 && I.o.timeout_s > 0,
+            "weight broadcast: attach_timeout_s, heartbeat_s and timeout_s must be > 0");
+  if (!I.o.endpoint.empty()) {
+    I.endpoint = I.o.endpoint;
+  } else {
+    RLX_CHECK(!I.o.endpoint_file.empty(), "weight broadcast: a subscriber needs an endpoint or an endpoint file");
+    I.endpoint = wait_endpoint_file(I.o.endpoint_file, I.o.attach_timeout_s);
+  }
+  I.id = fmt::format("{}-{}-{:x}", host_name(), ::getpid(), reinterpret_cast<uintptr_t>(this));
+  I.control.set(zmq::sockopt::linger, 0);
+  I.control.set(zmq::sockopt::maxmsgsize, kMaxControlBytes);
+  I.control.connect(I.endpoint);
+  I.receiver = std::thread([&I] { I.run(); });
+  I.beater = std::thread([&I] { I.beat(); });
+  std::unique_lock lock(I.mu);
+  const bool ok = I.cv.wait_for(lock, std::chrono::milliseconds(static_cast<int64_t>(I.o.attach_timeout_s * 1000)),
+                                [&I] { return I.welcomed || !I.failure.empty(); });
+  if (!ok || !I.welcomed) {
+    const auto why = I.failure.empty() ? fmt::format("no layout within {} s", I.o.attach_timeout_s) : I.failure;
+    lock.unlock();
+    I.stop = true;
+    I.receiver.join();
+    I.beater.join();
+    throw Error(fmt::format("weight broadcast: subscribing to {}: {}", I.endpoint, why));
+  }
+  layout_ = I.layout;
+}
+
+BroadcastWeightSubscriber::~BroadcastWeightSubscriber() {
+  auto& I = *impl_;
+  I.stop = true;
+  I.receiver.join();
+  I.beater.join();
+  try {
+    send_text(I.control, {{"type", "bye"}, {"id", I.id}});
+  } catch (...) {
+  }
+}
+
+int64_t BroadcastWeightSubscriber::generation() const { return impl_->generation; }
+
+std::optional<WeightUpdate> BroadcastWeightSubscriber::poll() {
+  auto& I = *impl_;
+  std::lock_guard lock(I.mu);
+  RLX_CHECK(I.failure.empty(), "weight broadcast: the receiver stopped: {}", I.failure);
+  if (!I.spare_ready) return std::nullopt;
+  I.current = 1 - I.current;
+  I.spare_ready = false;
+  I.version = I.spare_version;
+  version_ = I.version;
+  WeightUpdate u;
+  u.version = I.version;
+  u.bytes_copied = layout_.bytes();
+  auto& buf = I.buffers[static_cast<size_t>(I.current)];
+  for (size_t i = 0; i < I.spans.size(); ++i)
+    u.tensors.emplace_back(layout_.tensors[i].first, buf.narrow(0, I.spans[i].first, I.spans[i].second)
+                                                         .view(layout_.dtype)
+                                                         .view(layout_.tensors[i].second));
+  return u;
+}
+
+}  // namespace rlx::dist
