@@ -18,6 +18,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "cli/bench_broadcast.hpp"
 #include "commands.hpp"
 #include "rlx/bus/hub.hpp"
 #include "rlx/core/clock.hpp"
@@ -249,7 +250,8 @@ struct SyncBenchArgs {
   int64_t versions = 10;
   std::string dtype = "bfloat16";
   double changed = 0.125;  // delta mode: the fraction of tensors that change per version
-  std::string path = "shm";  // shm, tcp or cuda-ipc
+  std::string path = "shm";  // shm, tcp, cuda-ipc or broadcast
+  int64_t bucket_mb = 256;   // broadcast: bytes per collective
 };
 
 namespace {
@@ -429,8 +431,8 @@ json cuda_ipc_versions(int64_t tensors, int64_t per, at::ScalarType dtype, int64
 int bench_sync(const SyncBenchArgs& a) {
   RLX_CHECK(a.mb > 0 && a.mb <= 65536 && a.tensors >= 1 && a.tensors <= 4096 && a.versions >= 2,
             "bench sync: --mb in (0, 65536], --tensors in [1, 4096], --versions >= 2");
-  RLX_CHECK(a.path == "shm" || a.path == "tcp" || a.path == "cuda-ipc", "bench sync: --path {:?} is not shm, tcp or cuda-ipc",
-            a.path);
+  RLX_CHECK(a.path == "shm" || a.path == "tcp" || a.path == "cuda-ipc" || a.path == "broadcast",
+            "bench sync: --path {:?} is not shm, tcp, cuda-ipc or broadcast", a.path);
   bus::keep_frame_memory();  // as the roles do: frames from malloc's heap, not a fresh mmap each
   const auto dtype = to_scalar_type(config::parse_enum<DType>(a.dtype, "bench sync --dtype"));
   const int64_t per = std::max<int64_t>(1, static_cast<int64_t>(a.mb * 1e6) / a.tensors /
@@ -458,6 +460,17 @@ int bench_sync(const SyncBenchArgs& a) {
     copy_s.push_back(now_s() - t0);
   }
   json runs = json::array();
+  if (a.path == "broadcast") {
+    json j = {{"bench", "sync"}, {"path", "broadcast"}, {"bytes_per_version", bytes}, {"tensors", a.tensors},
+              {"dtype", a.dtype}, {"versions", a.versions}, {"memcpy_gbps", bytes / median(copy_s) / 1e9}};
+    j.update(cli::broadcast_versions(w, layout, a.versions, /*subscribers=*/2, a.bucket_mb));
+    std::cout << fmt::format("broadcast to 2 subscribers (Gloo): {:.1f} ms per version, the raw broadcast {:.1f} ms "
+                             "({:.2f}x)\n",
+                             j["ms_per_version"].get<double>(), j["raw_broadcast_ms"].get<double>(),
+                             j["vs_raw_broadcast"].get<double>());
+    std::cout << j.dump() << std::endl;
+    return 0;
+  }
   if (a.path == "tcp") {
     const double ceiling = bytes / median(raw_zmq_tcp(w, a.versions)) / 1e9;
     for (const bool delta : {false, true}) {
@@ -570,14 +583,16 @@ void add_learner_commands(CLI::App& app, Action& action) {
 
   auto sa = std::make_shared<SyncBenchArgs>();
   auto* bs = app.get_subcommand("bench")->add_subcommand(
-      "sync", "Weight sync (shared memory or tcp): GB/s and ms per version, full and delta, against the path's ceiling");
+      "sync", "Weight sync (shared memory, tcp, CUDA IPC or broadcast): GB/s and ms per version, full and delta, against the path's ceiling");
   bs->add_option("--mb", sa->mb, "megabytes per version");
   bs->add_option("--tensors", sa->tensors, "tensors per version");
   bs->add_option("--versions", sa->versions, "timed versions per mode");
   bs->add_option("--dtype", sa->dtype, "float32 or bfloat16");
   bs->add_option("--changed", sa->changed, "delta mode: the fraction of tensors changed per version");
   bs->add_option("--path", sa->path,
-                 "shm (memcpy ceiling), tcp (loopback; raw ZeroMQ ceiling) or cuda-ipc (a CUDA build; device copy ceiling)");
+                 "shm (memcpy ceiling), tcp (loopback; raw ZeroMQ ceiling), cuda-ipc (a CUDA build; device copy "
+                 "ceiling) or broadcast (2 subscribers over Gloo; raw broadcast ceiling)");
+  bs->add_option("--bucket-mb", sa->bucket_mb, "broadcast: megabytes per collective");
   bs->callback([sa, &action] { action = [sa] { return bench_sync(*sa); }; });
 
   auto* d = app.add_subcommand("dist", "Distributed groups on this machine");

@@ -22,7 +22,8 @@
 //              and exports (cudaIpcGetMemHandle; the handles are in the segment). A
 //              subscriber in another process maps them once and copies device to device
 //              into its own double buffer on each version. Not yet run on a GPU.
-//   (NCCL broadcast across hosts is not built yet.)
+//   broadcast  any hosts, a collective (Gloo, or NCCL between GPUs): weight_broadcast.hpp.
+//              The publisher waits for its group; a member joins at the next version.
 //
 // The publisher never waits for subscribers: one that dies mid-copy costs nothing,
 // and a new one attaching reads the newest version at once. In delta mode only the
