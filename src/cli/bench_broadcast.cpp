@@ -1,5 +1,7 @@
 #include "cli/bench_broadcast.hpp"
 
+#include "cli/commands.hpp"
+
 #include <algorithm>
 #include <memory>
 #include <thread>
@@ -13,11 +15,6 @@
 namespace rlx::cli {
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // The same bytes as one Gloo broadcast per bucket from rank 0 to `ranks - 1` others, each
 // rank a thread with its own group member; seconds per version, until every rank has it.

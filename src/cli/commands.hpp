@@ -22,6 +22,8 @@ void add_generate_command(CLI::App& app, Action& action);
 void add_bus_commands(CLI::App& app, Action& action);
 void add_env_commands(CLI::App& app, Action& action);
 void add_learner_commands(CLI::App& app, Action& action);
+// After add_bench_commands: `bench sync`.
+void add_sync_bench(CLI::App& app, Action& action);
 
 // What the benches share.
 inline double median(std::vector<double> v) {

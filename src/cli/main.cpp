@@ -17,5 +17,6 @@ int main(int argc, char** argv) {
   rlx::cli::add_bus_commands(app, action);
   rlx::cli::add_env_commands(app, action);  // after add_trainer_commands: adds to its `env` group
   rlx::cli::add_learner_commands(app, action);
+  rlx::cli::add_sync_bench(app, action);
   return rlx::cli::run_app(app, argc, argv, action);
 }
