@@ -122,7 +122,7 @@ std::vector<float> run_decode(DType dtype, const AttentionCase& c, const std::ve
 
 }  // namespace
 
-TEST_CASE("cuda kernels: paged decode attention equals the reference; a row alone equals it in the batch", "[cuda]") {
+TEST_CASE("cuda kernels: paged decode attention equals the reference, a row alone equals it in the batch", "[cuda]") {
   std::mt19937 g(3);
   const int block_size = 16;
   for (const AttentionCase& c : {AttentionCase{14, 2, 64, {1, 127, 128, 129, 700, 40}},
@@ -157,7 +157,7 @@ TEST_CASE("cuda kernels: paged decode attention equals the reference; a row alon
   }
 }
 
-TEST_CASE("cuda kernels: the sampler draws the CPU sampler's tokens; a row alone equals it in the batch", "[cuda]") {
+TEST_CASE("cuda kernels: the sampler draws the CPU sampler's tokens, a row alone equals it in the batch", "[cuda]") {
   std::mt19937 g(5);
   const int vocab = 151936, rows = 64;
   for (DType dtype : {DType::f32, DType::bf16}) {

@@ -418,7 +418,7 @@ TEST_CASE("weight sync: no version is ever torn or mixed while the learner publi
   CHECK(v > 80);  // the learner was never held up by the subscriber
 }
 
-TEST_CASE("weight sync: a subscriber killed mid-copy does not stop the learner; a new one catches up", "[dist][sync]") {
+TEST_CASE("weight sync: a subscriber killed mid-copy does not stop the learner, a new one catches up", "[dist][sync]") {
   const std::string path = GENERATE(as<std::string>{}, "shm", "tcp");
   INFO("path " << path);
   rlx::test::TempDir dir;
@@ -503,7 +503,7 @@ std::optional<rlx::dist::WeightUpdate> next_update(rlx::dist::WeightSubscriber& 
 }
 }  // namespace
 
-TEST_CASE("weight sync over tcp: delta sends only what changed since the spare buffer; bad peers are refused", "[dist][sync]") {
+TEST_CASE("weight sync over tcp: delta sends only what changed since the spare buffer, bad peers are refused", "[dist][sync]") {
   rlx::test::TempDir dir;
   std::vector<std::pair<std::string, at::Tensor>> w{
       {"a", at::full({1000}, 1.0)}, {"b", at::full({10, 30}, 1.0)}, {"c", at::full({7}, 1.0)}};
@@ -581,7 +581,7 @@ TEST_CASE("weight sync over tcp: delta sends only what changed since the spare b
 }
 
 // Issue 34 item 8 with Gloo as the data plane: one publisher, two subscriber processes.
-TEST_CASE("weight sync by broadcast: members get whole versions; a stopped member is dropped and rejoins, a killed one is dropped",
+TEST_CASE("weight sync by broadcast: members get whole versions, a stopped member is dropped and rejoins, a killed one is dropped",
           "[dist][sync]") {
   rlx::test::TempDir dir;
   std::vector<std::pair<std::string, at::Tensor>> w;

@@ -160,7 +160,7 @@ TEST_CASE("finite-difference gradients of every loss", "[algo]") {
       logp);
 }
 
-TEST_CASE("algorithms are chosen by name; an unknown name suggests the closest", "[algo]") {
+TEST_CASE("algorithms are chosen by name, an unknown name suggests the closest", "[algo]") {
   register_bundled_algorithms();
   auto names = algorithm_names();
   for (const char* n : {"grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gspo", "sft"})
@@ -436,7 +436,7 @@ TEST_CASE("batch metrics and step means (hand-computed)", "[algo]") {
   CHECK(means["pg_loss"] == -0.3);
 }
 
-TEST_CASE("a short PPO run on a toy task improves its reward (fixed seeds; separate critic and value head)", "[algo]") {
+TEST_CASE("a short PPO run on a toy task improves its reward (fixed seeds, separate critic and value head)", "[algo]") {
   register_bundled_algorithms();
   for (auto critic_kind : {CriticKind::separate, CriticKind::head}) {
     ToyTask task;

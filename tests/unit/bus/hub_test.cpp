@@ -399,7 +399,7 @@ TEST_CASE("bus: a trajectory file has one writer, and what it stages goes to the
   CHECK(again.groups() == 1);
 }
 
-TEST_CASE("bus: the HDF5 store writes appends in bulk; truncate, flush and close write what waits first", "[bus]") {
+TEST_CASE("bus: the HDF5 store writes appends in bulk, truncate, flush and close write what waits first", "[bus]") {
   TempDir dir;
   const auto file = dir / "bulk.h5";
   std::vector<TrajectoryGroup> groups;
@@ -779,7 +779,7 @@ TEST_CASE("client: submit waiting for credit gives up as soon as give_up_when sa
   w.close(0.1);
 }
 
-TEST_CASE("bus: a worker that closes says goodbye; the hub re-issues its open leases at once, not after peer_timeout_s",
+TEST_CASE("bus: a worker that closes says goodbye, the hub re-issues its open leases at once, not after peer_timeout_s",
           "[bus][client]") {
   TempDir dir;
   auto o = options(dir, "hub");
@@ -848,7 +848,7 @@ TEST_CASE("bus: a learner's batch carries each group's frame as its worker sent 
   }
 }
 
-TEST_CASE("bus: a learner reads batches in place; each stays valid while it is kept, and can be handed on", "[bus]") {
+TEST_CASE("bus: a learner reads batches in place, each stays valid while it is kept, and can be handed on", "[bus]") {
   TempDir dir;
   auto o = options(dir, "hub");
   HubThread h(o, prompts(4));
@@ -883,7 +883,7 @@ TEST_CASE("bus: a learner reads batches in place; each stays valid while it is k
   CHECK(again.copy() == second.copy());
 }
 
-TEST_CASE("bus: a learner holds at most one batch ahead; a batch it never got is sent again", "[bus]") {
+TEST_CASE("bus: a learner holds at most one batch ahead, a batch it never got is sent again", "[bus]") {
   TempDir dir;
   auto o = options(dir, "hub");
   HubThread h(o, prompts(8));

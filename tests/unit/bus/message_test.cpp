@@ -192,7 +192,7 @@ TEST_CASE("bus messages: malformed frames are rejected with a reason", "[bus]") 
              Contains("expected a ack message, got trajectory_group"));
 }
 
-TEST_CASE("bus messages: a batch read in place names the damaged group; a packed batch's bad bytes are errors", "[bus]") {
+TEST_CASE("bus messages: a batch read in place names the damaged group, a packed batch's bad bytes are errors", "[bus]") {
   const Limits limits;
   auto g1 = sample_group(), g2 = sample_group();
   g2.lease_id = 43;

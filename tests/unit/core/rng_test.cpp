@@ -13,7 +13,7 @@ TEST_CASE("rng: Philox4x32-10 matches the Random123 known-answer vectors", "[rng
         rlx::PhiloxCounter{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1});
 }
 
-TEST_CASE("rng: same seed and stream give the same numbers; others differ", "[rng]") {
+TEST_CASE("rng: same seed and stream give the same numbers, others differ", "[rng]") {
   RngStream a(42, 1), b(42, 1), c(42, 2), d(43, 1);
   std::vector<uint64_t> va, vb, vc, vd;
   for (int i = 0; i < 100; ++i) va.push_back(a.next_u64()), vb.push_back(b.next_u64()), vc.push_back(c.next_u64()),

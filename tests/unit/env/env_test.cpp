@@ -235,7 +235,7 @@ TEST_CASE("guess_number: checkpointed mid-episode and resumed elsewhere gives th
   CHECK_THROWS_WITH(rlx::env::Episode::from_json(json{{"tokens", {1, 2}}}), Catch::Contains("episode checkpoint"));
 }
 
-TEST_CASE("python_code: hidden tests in the sandbox; early exits and fake output do not score", "[env][sandbox]") {
+TEST_CASE("python_code: hidden tests in the sandbox, early exits and fake output do not score", "[env][sandbox]") {
   rlx::Sandbox sandbox({.limits = {.wall_s = 10}});
   const json task = registry().generate("python_code", 0, 2);  // fib, 4 tests
   auto run = [&](const std::string& code) {
@@ -255,7 +255,7 @@ TEST_CASE("python_code: hidden tests in the sandbox; early exits and fake output
   CHECK(run("def fib(n): return 1/0") == 0.0);
 }
 
-TEST_CASE("env options from a config: options reach the environment; bad keys are named", "[env]") {
+TEST_CASE("env options from a config: options reach the environment, bad keys are named", "[env]") {
   const std::string yaml =
       "name: arithmetic\n"
       "options: {digits: 3, terms: '4', ops: '+'}\n"

@@ -38,7 +38,7 @@ TEST_CASE("sandbox: exit codes, stdin, files, environment", "[sandbox]") {
   CHECK(r.stdout_text == std::to_string(big.size()) + "\n");
 }
 
-TEST_CASE("sandbox: reports its isolation; inside it is alone", "[sandbox]") {
+TEST_CASE("sandbox: reports its isolation, inside it is alone", "[sandbox]") {
   Sandbox sb;
   for (const char* layer : {"user_ns", "pid_ns", "net_ns", "mount_ns", "ipc_ns", "uts_ns", "readonly_root", "seccomp",
                             "no_new_privs", "no_capabilities", "rlimits"})

@@ -77,7 +77,7 @@ TEST_CASE("clipping scales every gradient by max_norm / total norm", "[learner]"
   CHECK(rlx::clip_factor(1e9, 0.0) == 1.0);   // 0: no clipping
 }
 
-TEST_CASE("AdamW's gradient scale is a step on the scaled gradients; the norm ignores thread counts", "[learner]") {
+TEST_CASE("AdamW's gradient scale is a step on the scaled gradients, the norm ignores thread counts", "[learner]") {
   at::manual_seed(8);
   auto a = at::randn({70000}).requires_grad_(true), b = a.detach().clone().requires_grad_(true);
   auto g = at::randn({70000});

@@ -310,7 +310,7 @@ TEST_CASE("engine: a weight update mid-flight is applied atomically and recorded
   }
 }
 
-TEST_CASE("engine: bad requests are rejected naming the request and the field; others are unaffected", "[rollout][engine]") {
+TEST_CASE("engine: bad requests are rejected naming the request and the field, others are unaffected", "[rollout][engine]") {
   auto model = make_model(7);
   Engine engine(model, {.max_model_len = 64});
   const auto prompt = random_prompt(1, 5);
@@ -375,7 +375,7 @@ TEST_CASE("engine: stop token ids and stop strings end a sample with the complet
   CHECK(r.samples[0].finish == FinishReason::stop);
 }
 
-TEST_CASE("engine: abort returns partial samples; pause stops progress until resume", "[rollout][engine]") {
+TEST_CASE("engine: abort returns partial samples, pause stops progress until resume", "[rollout][engine]") {
   auto model = make_model(10);
   Engine engine(model);
   engine.add({.id = "a", .prompt = random_prompt(1, 6), .params = {.max_new_tokens = 50, .n = 2}});
@@ -426,7 +426,7 @@ TEST_CASE("engine: requests added from another thread while stepping all complet
 // Issue 33 item 6: decode step k+1 is launched before step k's tokens are appended. Rows
 // whose sequence stops at k (stop tokens here) are computed and thrown away; the tokens,
 // log-probs and finish reasons equal the unpipelined engine's, and every block comes back.
-TEST_CASE("engine: overlapped decode steps give the unpipelined tokens; stopped rows are discarded", "[rollout][engine]") {
+TEST_CASE("engine: overlapped decode steps give the unpipelined tokens, stopped rows are discarded", "[rollout][engine]") {
   auto model = make_model(12);
   std::vector<GenerationRequest> reqs;
   for (int i = 0; i < 6; ++i) {

@@ -45,7 +45,7 @@ TEST_CASE("paged KV cache: head-major and token-major pools attend alike over pr
   }
 }
 
-TEST_CASE("paged KV cache: a static decode step padded to its bucket attends as the planned step; padding stays in the pad block",
+TEST_CASE("paged KV cache: a static decode step padded to its bucket attends as the planned step, padding stays in the pad block",
           "[rollout]") {
   auto cfg = rlx::model_preset("tiny", rlx::Arch::qwen2);
   cfg.num_kv_heads = 2;

@@ -74,7 +74,7 @@ TEST_CASE("sampling: frequencies match the target distribution (fixed seed, 6-si
   }
 }
 
-TEST_CASE("sampling: log-probs are log_softmax(logits / T) before truncation; greedy takes the first maximum", "[rollout]") {
+TEST_CASE("sampling: log-probs are log_softmax(logits / T) before truncation, greedy takes the first maximum", "[rollout]") {
   at::manual_seed(5);
   auto logits = at::randn({3, 50});
   logits[2][7] = 10.0;

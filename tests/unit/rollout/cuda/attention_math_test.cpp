@@ -28,7 +28,7 @@ TEST_CASE("attention math: a token's slot and its block-table position name the 
   CHECK(hd::decode_splits(hd::kDecodeSplitTokens + 1) == 2);
 }
 
-TEST_CASE("attention math: merging partial softmaxes equals one pass; empty parts are neutral", "[rollout]") {
+TEST_CASE("attention math: merging partial softmaxes equals one pass, empty parts are neutral", "[rollout]") {
   std::mt19937 g(4);
   std::normal_distribution<float> d(0.0f, 3.0f);
   std::vector<float> s(300), v(300);
