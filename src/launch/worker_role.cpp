@@ -242,6 +242,22 @@ bool EpisodeCheckpoints::restore(GroupRollout& g, WorkerEnvs& envs) {
   }
 }
 
+// Runs f for a group: an environment that failed (InfraError) sends the lease back to be
+// retried, a task the environment rejects (Error) ends it as a data error; a FatalError
+// ends the run.
+template <class F>
+void guarded(GroupRollout& gr, F&& f) {
+  try {
+    f();
+  } catch (const env::InfraError& e) {
+    gr.error_kind = "infra", gr.error = e.what();
+  } catch (const FatalError&) {
+    throw;  // the run cannot go on: not this task's fault
+  } catch (const Error& e) {
+    gr.error_kind = "data", gr.error = e.what();
+  }
+}
+
 // Runs every lease's group to the end: turn 0 samples each group's shared prompt once
 // with n = group size (the samples share its KV blocks); later turns continue each
 // unfinished episode. Sampling randomness is keyed by the prompt, epoch, sample and turn,
@@ -273,16 +289,10 @@ std::vector<GroupRollout> rollout_groups(const RoleContext& ctx, Engine& engine,
     }
     for (uint32_t k = 0; k < gr.lease.group_size && gr.error.empty(); ++k) {
       gr.envs.push_back(envs.make());
-      try {
+      guarded(gr, [&] {
         gr.episodes.emplace_back().start(gr.envs.back()->reset(task));
         gr.versions.emplace_back(gr.episodes.back().tokens.size(), -1);
-      } catch (const env::InfraError& e) {
-        gr.error_kind = "infra", gr.error = e.what();
-      } catch (const FatalError&) {
-        throw;  // the run cannot go on: not this task's fault
-      } catch (const Error& e) {
-        gr.error_kind = "data", gr.error = e.what();
-      }
+      });
     }
   }
   for (int turn = 0; turn < cfg.env.max_turns; ++turn) {
@@ -330,7 +340,7 @@ std::vector<GroupRollout> rollout_groups(const RoleContext& ctx, Engine& engine,
         auto& ver = gr.versions[k];
         ep.add_action(out.tokens, out.logprobs);
         ver.insert(ver.end(), out.versions.begin(), out.versions.end());
-        try {
+        guarded(gr, [&] {
           auto step = gr.envs[k]->step(out.tokens);
           ++ep.turns;
           ep.reward += step.reward;
@@ -339,13 +349,7 @@ std::vector<GroupRollout> rollout_groups(const RoleContext& ctx, Engine& engine,
             ep.add_observation(step.observation);
             ver.resize(ep.tokens.size(), -1);
           }
-        } catch (const env::InfraError& e) {
-          gr.error_kind = "infra", gr.error = e.what();
-        } catch (const FatalError&) {
-          throw;  // the run cannot go on: not this task's fault
-        } catch (const Error& e) {
-          gr.error_kind = "data", gr.error = e.what();
-        }
+        });
       }
     }
     trace_span("env_step", env_us);
