@@ -1,5 +1,6 @@
-// The launcher of `rlx run`: the run directory, the roles as processes, their watch and
-// restarts, `rlx scale`, and the tasks of a run under Slurm.
+// The launcher of `rlx run` on one host: the run directory, the roles as processes, their
+// watch and restarts, `rlx scale`, preflight checks and the end of a run. The tasks of a
+// run under Slurm or Kubernetes are task_runner.cpp.
 #include <signal.h>
 #include <sys/stat.h>
 #include <fmt/ranges.h>
@@ -25,6 +26,7 @@
 #include "rlx/launch/roles.hpp"
 #include "rlx/learner/checkpoint.hpp"
 #include "rlx/model/hf.hpp"
+#include "launch_common.hpp"
 
 namespace rlx::launch {
 
@@ -34,84 +36,6 @@ using nlohmann::json;
 // The trial start of an env server before a run (it loads the binary and the environment).
 constexpr double kEnvCheckS = 60;
 
-namespace {
-// The endpoint files of a tcp run (written again by each start of the hub and learner).
-void remove_endpoints(const fs::path& run_dir) {
-  fs::remove(run_dir / kHubEndpointFile);
-  fs::remove(run_dir / kWeightsEndpointFile);
-}
-
-double wall_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
-
-// A role is stuck when its last heartbeat is older than train.heartbeat_timeout_s, or, before
-// its first (a process still loading its libraries and model), when its start is older than
-// train.start_timeout_s. `started`: wall clock at its start. Returns what to report, or "".
-std::string stuck_reason(const TrainSection& train, const fs::path& run_dir, const std::string& role, int index,
-                         double started) {
-  struct stat st {};
-  double beat = -1;  // the heartbeat file's mtime; a file older than this start is a predecessor's
-  if (::stat(heartbeat_file(run_dir, role, index).c_str(), &st) == 0)
-    beat = static_cast<double>(st.st_mtim.tv_sec) + 1e-9 * static_cast<double>(st.st_mtim.tv_nsec);
-  const bool beaten = beat >= started;
-  const double silent = wall_now() - (beaten ? beat : started);
-  if (beaten && silent > train.heartbeat_timeout_s)
-    return fmt::format("no heartbeat for {:.0f} s (train.heartbeat_timeout_s)", silent);
-  if (!beaten && silent > train.start_timeout_s)
-    return fmt::format("no first heartbeat {:.0f} s after its start (train.start_timeout_s)", silent);
-  return "";
-}
-
-// The last line of a role's stderr that reports an error (its own words on why it ended),
-// else "".
-std::string last_error_line(const fs::path& log) {
-  std::ifstream in(log, std::ios::binary);
-  if (!in) return "";
-  in.seekg(0, std::ios::end);
-  const auto size = static_cast<std::streamoff>(in.tellg());
-  in.seekg(std::max<std::streamoff>(0, size - 65536));
-  std::string found;
-  for (std::string line; std::getline(in, line);)
-    if (line.find("error") != std::string::npos || line.find("cannot run") != std::string::npos) found = line;
-  if (found.size() > 600) found = found.substr(0, 600) + "...";
-  return found;
-}
-
-// How a role ended, as the restart policy weighs it.
-struct RoleFailure {
-  std::string role;
-  int index = 0;
-  std::string what;          // "worker 0 ended: exit 1 (log: ...)"
-  std::string cause;         // the role's own words: why it cannot run, else its last error line
-  bool at_start = false;     // before its start-up was over (it never said ready)
-  bool cannot_run = false;   // it said it cannot run (kExitCannotRun) or its config is wrong (exit 2)
-
-  // Restarting will not help: it cannot run, or it failed at start with the same error as
-  // the last time.
-  bool hopeless(const std::optional<RoleFailure>& before) const {
-    return cannot_run || (at_start && before && before->at_start && before->role == role && before->index == index &&
-                          !cause.empty() && before->cause == cause);
-  }
-  std::string message(const std::optional<RoleFailure>& before) const {
-    if (cannot_run) return fmt::format("{} {} cannot run: {}", role, index, cause.empty() ? what : cause);
-    return fmt::format("{} {} failed at start twice with the same error ({}); restarting will not help: {}", role, index,
-                       what, cause);
-  }
-};
-
-RoleFailure role_failure(const fs::path& run_dir, const char* role, int index, const dist::RankExit& e) {
-  RoleFailure f{.role = role, .index = index};
-  f.what = fmt::format("{} {} ended: {} (log: {})", role, index, e.describe(), e.err.string());
-  const auto beat = read_heartbeat(run_dir, role, index);
-  f.at_start = beat.pid != e.pid || !beat.ready;  // another pid: it never beat (a predecessor's file)
-  f.cannot_run = e.exited && (e.code == kExitCannotRun || e.code == 2);
-  if (e.exited && e.code == kExitCannotRun) {
-    std::ifstream in(failure_file(run_dir, role, index));
-    std::getline(in, f.cause);
-  }
-  if (f.cause.empty()) f.cause = last_error_line(e.err);
-  return f;
-}
-}  // namespace
 
 void scale(const fs::path& run_dir, uint32_t workers) {
   RLX_CHECK(workers <= 1024, "rlx scale: {} workers; 0 (rollout paused) to 1024 can run", workers);
@@ -179,58 +103,6 @@ void prepare_resume(const fs::path& dir) {
   std::cerr << fmt::format("rlx run: resuming {} at step {}", dir.string(), step) << std::endl;
 }
 
-// The launcher's progress line: the newest step of metrics.jsonl. On a terminal it is
-// rewritten in place; otherwise a line is printed every 10 steps and at the last one.
-class Progress {
- public:
-  // Without a terminal, a line also comes when `every_s` passed since the last one.
-  Progress(fs::path metrics, int64_t steps, double every_s = 30)
-      : file_(std::move(metrics)), steps_(steps), every_s_(every_s), tty_(::isatty(2) != 0) {}
-  // When the last new step was seen (now_s(); the creation of this object before the first).
-  double last_step_at() const { return last_step_at_; }
-  int64_t last_step() const { return last_step_; }
-  void poll() {
-    std::ifstream in(file_);
-    if (!in) return;
-    in.seekg(offset_);
-    for (std::string line; std::getline(in, line);) {
-      if (in.eof()) break;  // a line still being written
-      offset_ += static_cast<std::streamoff>(line.size() + 1);
-      auto j = json::parse(line, nullptr, false);
-      if (j.is_discarded() || !j.contains("step")) continue;
-      show(j);
-    }
-  }
-  ~Progress() {
-    if (tty_ && shown_) std::cerr << std::endl;
-  }
-
- private:
-  void show(const json& j) {
-    const auto step = j.value("step", int64_t{0});
-    last_step_ = step;
-    last_step_at_ = now_s();
-    const double t = j.value("time_s", 0.0);
-    const double eta = step > 0 ? t / static_cast<double>(step) * static_cast<double>(steps_ - step) : 0;
-    const auto text = fmt::format("step {}/{}  reward {:.3f}  tokens/s {:.0f}  lag {}  eta {:.0f}s", step, steps_,
-                                  j.value("reward_mean", 0.0), j.value("tokens_per_s", 0.0), j.value("version_lag", 0), eta);
-    if (tty_) std::cerr << "\r" << text << "\x1b[K" << std::flush;
-    else if (step % 10 == 0 || step == steps_ || step == 1 || now_s() - printed_at_ >= every_s_)
-      std::cerr << "rlx run: " << text << std::endl, printed_at_ = now_s();
-    shown_ = true;
-  }
-  fs::path file_;
-  int64_t steps_;
-  double every_s_;
-  bool tty_;
-  double last_step_at_ = now_s(), printed_at_ = now_s();
-  int64_t last_step_ = 0;
-  bool shown_ = false;
-  std::streamoff offset_ = 0;
-};
-
-std::atomic<int> g_launcher_signal{0};
-extern "C" void on_launcher_signal(int sig) { g_launcher_signal = sig; }
 std::atomic<bool> g_reload{false};
 extern "C" void on_reload_signal(int) { g_reload = true; }
 
@@ -511,25 +383,6 @@ class Roles {
 
 namespace {
 
-// The run directory, ready for the roles: continued (--resume), refused or cleared when it
-// holds a run (--force), with the resolved config and the run's tokenizer written.
-fs::path prepare_run_dir(const RunConfig& cfg, const LaunchOptions& lo) {
-  const fs::path run_dir = fs::absolute(fs::path(cfg.run.out_dir) / cfg.run.name);
-  fs::create_directories(run_dir / "logs");
-  if (lo.resume) {
-    prepare_resume(run_dir);
-  } else if (holds_run(run_dir)) {
-    RLX_CHECK(lo.force, "run directory {} holds a run: --resume continues it, --force starts it over", run_dir.string());
-    clear_run(run_dir);
-  }
-  write_file_atomic(run_dir / "config.yaml", config::to_yaml(cfg));
-  // Env servers load the run's tokenizer from the run directory.
-  write_tokenizer(cfg, run_dir / "tokenizer.json");
-  write_file_atomic(run_dir / "launcher.pid", fmt::format("{}\n", ::getpid()));  // for `rlx scale`
-  return run_dir;
-}
-
-int launch_task(const RunConfig& cfg, const RoleTask& task, const std::string& exe, const LaunchOptions& lo);
 
 // The plotting script: $RLX_PLOT_SCRIPT, else the source tree's, else the installed one.
 fs::path plot_script() {
@@ -554,15 +407,6 @@ void write_plots(const fs::path& run_dir) {
     std::cerr << fmt::format("rlx run: plots {}", (run_dir / "plots").string()) << std::endl;
   else
     std::cerr << fmt::format("rlx run: no plots: {} {} (see {})", script.string(), e.describe(), e.err.string()) << std::endl;
-}
-
-// The end of a run (done or stopped): plots, and the roles' traces merged into trace.json.
-void finish_run(const RunConfig& cfg, const fs::path& run_dir) {
-  if (cfg.run.plots) write_plots(run_dir);
-  if (!cfg.trace.enabled) return;
-  const auto events = merge_traces(run_dir);
-  std::cerr << fmt::format("rlx run: trace {} ({} events; ui.perfetto.dev opens it)", (run_dir / "trace.json").string(), events)
-            << std::endl;
 }
 
 }  // namespace
@@ -613,6 +457,39 @@ std::string preflight_env(const RunConfig& cfg, const fs::path& run_dir, const s
 }
 
 }  // namespace
+
+void remove_endpoints(const fs::path& run_dir) {
+  fs::remove(run_dir / kHubEndpointFile);
+  fs::remove(run_dir / kWeightsEndpointFile);
+}
+
+std::atomic<int> g_launcher_signal{0};
+extern "C" void on_launcher_signal(int sig) { g_launcher_signal = sig; }
+
+fs::path prepare_run_dir(const RunConfig& cfg, const LaunchOptions& lo) {
+  const fs::path run_dir = fs::absolute(fs::path(cfg.run.out_dir) / cfg.run.name);
+  fs::create_directories(run_dir / "logs");
+  if (lo.resume) {
+    prepare_resume(run_dir);
+  } else if (holds_run(run_dir)) {
+    RLX_CHECK(lo.force, "run directory {} holds a run: --resume continues it, --force starts it over", run_dir.string());
+    clear_run(run_dir);
+  }
+  write_file_atomic(run_dir / "config.yaml", config::to_yaml(cfg));
+  // Env servers load the run's tokenizer from the run directory.
+  write_tokenizer(cfg, run_dir / "tokenizer.json");
+  write_file_atomic(run_dir / "launcher.pid", fmt::format("{}\n", ::getpid()));  // for `rlx scale`
+  return run_dir;
+}
+
+void finish_run(const RunConfig& cfg, const fs::path& run_dir) {
+  if (cfg.run.plots) write_plots(run_dir);
+  if (!cfg.trace.enabled) return;
+  const auto events = merge_traces(run_dir);
+  std::cerr << fmt::format("rlx run: trace {} ({} events; ui.perfetto.dev opens it)", (run_dir / "trace.json").string(), events)
+            << std::endl;
+}
+
 
 int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo) {
   if (const auto task = task_from_env(cfg)) return launch_task(cfg, *task, exe, lo);
@@ -723,241 +600,5 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
   finish_run(cfg, run_dir);
   return 0;
 }
-
-}  // namespace rlx::launch
-
-namespace rlx::launch {
-
-std::optional<RoleTask> task_from_env(const RunConfig& cfg) {
-  // Slurm's variables, else those of a rendered Kubernetes Indexed Job (rlx k8s render).
-  const bool slurm = std::getenv("SLURM_PROCID") != nullptr;
-  const char* index_var = slurm ? "SLURM_PROCID" : "RLX_TASK_INDEX";
-  const char* count_var = slurm ? "SLURM_NTASKS" : "RLX_NUM_TASKS";
-  const char* procid = std::getenv(index_var);
-  const char* ntasks = std::getenv(count_var);
-  if (!procid || !ntasks) return std::nullopt;
-  RoleTask t;
-  try {
-    t.procid = std::stoi(procid);
-    t.ntasks = std::stoi(ntasks);
-  } catch (const std::exception&) {
-    throw ConfigError(fmt::format("{}={} / {}={}: not numbers", index_var, procid, count_var, ntasks));
-  }
-  if (t.ntasks <= 1) return std::nullopt;  // one task: it launches every role itself
-  const int learners = static_cast<int>(cfg.train.learner_ranks), workers = static_cast<int>(cfg.rollout.workers);
-  if (t.ntasks != 1 + learners + workers)
-    throw ConfigError(fmt::format(
-        "placement: {} tasks ({}), but the plan has 1 hub + {} learner ranks (train.learner_ranks) + {} rollout workers "
-        "(rollout.workers) = {}",
-        t.ntasks, count_var, learners, workers, 1 + learners + workers));
-  const char* nodes = std::getenv("SLURM_NNODES");
-  const bool many_nodes = slurm && nodes && std::atoi(nodes) > 1;
-  if (many_nodes && cfg.train.transport == Transport::local)
-    throw ConfigError(fmt::format("placement under Slurm: {} nodes (SLURM_NNODES) with train.transport = local (shared "
-                                  "memory and ipc:// reach one node only); use auto or tcp",
-                                  nodes));
-  t.tcp = cfg.train.transport == Transport::tcp || (cfg.train.transport == Transport::auto_ && many_nodes);
-  RLX_CHECK(t.procid >= 0 && t.procid < t.ntasks, "{}={} is not below {}={}", index_var, t.procid, count_var, t.ntasks);
-  if (slurm) {
-    const char* job = std::getenv("SLURM_JOB_ID");
-    const char* step = std::getenv("SLURM_STEP_ID");
-    const char* requeued = std::getenv("SLURM_RESTART_COUNT");  // a requeued job keeps its id
-    t.group = fmt::format("slurm-{}.{}.{}", job ? job : "0", step ? step : "0", requeued ? requeued : "0");
-  } else {
-    const char* group = std::getenv("RLX_TASK_GROUP");
-    t.group = group && *group ? group : "tasks";
-    RLX_CHECK(t.group.size() <= 128 && t.group.find('/') == std::string::npos && t.group[0] != '.',
-              "RLX_TASK_GROUP='{}': a plain name (no '/'), at most 128 characters", t.group);
-  }
-  if (t.procid == 0) t.role = "hub";
-  else if (t.procid <= learners) t.role = "learner", t.index = t.procid - 1;
-  else t.role = "worker", t.index = t.procid - 1 - learners;
-  return t;
-}
-
-namespace {
-
-// One task of a run started as many (Slurm, a Kubernetes Indexed Job): its role as a child
-// process, and the group's shared state as files in run_dir/tasks/GROUP/: ready (the run directory is prepared; the store's address),
-// stop (SIGINT/SIGTERM reached task 0), learner-done, worker-N-ended, done, failed (the first
-// failure).
-class TaskRunner {
- public:
-  TaskRunner(const RunConfig& cfg, RoleTask task, std::string exe)
-      : cfg_(cfg), task_(std::move(task)), exe_(std::move(exe)),
-        run_dir_(fs::absolute(fs::path(cfg.run.out_dir) / cfg.run.name)), coord_(run_dir_ / "tasks" / task_.group) {}
-
-  int run(const LaunchOptions& lo) {
-    on_stop_signals(on_launcher_signal);
-    const std::string me = fmt::format("rlx run [task {}/{}: {} {}]", task_.procid, task_.ntasks, task_.role, task_.index);
-    json ready;
-    std::unique_ptr<dist::StoreServer> store;
-    // Across nodes the learner group's store and its Gloo connections use this host's name.
-    const std::string host = task_.tcp ? dist::host_name() : "127.0.0.1";
-    if (task_.procid == 0) {
-      prepare_run_dir(cfg_, lo);
-      rlx::remove_tree(run_dir_ / "tasks");
-      remove_endpoints(run_dir_);
-      fs::create_directories(coord_);
-      if (cfg_.train.learner_ranks > 1) store = std::make_unique<dist::StoreServer>(host, 0);
-      ready = {{"store", store ? fmt::format("{}:{}", host, store->port()) : ""}};
-      write_file_atomic(coord_ / "ready", ready.dump());
-      std::cerr << fmt::format("{}: {} (logs in {})", me, run_dir_.string(), (run_dir_ / "logs").string()) << std::endl;
-    } else {
-      ready = wait_ready();
-    }
-    const auto weights = fmt::format("rlx-{}-{}", cfg_.run.name, task_.group);
-    uint32_t starts = 0, restarts = 0;
-    auto start = [&] {
-      auto log_dir = run_dir_ / "logs" / fmt::format("{}-{}", task_.role, task_.index);
-      if (starts > 0) log_dir += fmt::format(".{}", starts);
-      ++starts;
-      started_ = wall_now();
-      dist::LocalGroupOptions o{
-          .argv = {exe_, "role", task_.role, "--config", (run_dir_ / "config.yaml").string(), "--run-dir", run_dir_.string(),
-                   "--weights", weights, "--exe", exe_, "--index", std::to_string(task_.index), "--transport",
-                   task_.tcp ? "tcp" : "local"},
-          .env = {fmt::format("RLX_LAUNCHER_PID={}", ::getpid())},
-          .log_dir = log_dir};
-      if (task_.tcp) o.env.push_back("RLX_COMM_INTERFACE=" + host);
-      if (task_.role == "learner")
-        o.first_rank = task_.index, o.group_size = static_cast<int>(cfg_.train.learner_ranks),
-        o.store = ready.value("store", std::string());
-      if (o.store.empty()) o.group_size = 0, o.first_rank = 0;
-      return std::make_unique<dist::LocalGroup>(o);
-    };
-    auto child = start();
-    std::optional<Progress> progress;
-    if (task_.procid == 0) progress.emplace(run_dir_ / "metrics.jsonl", cfg_.train.steps);
-    bool stopping = false, killed_stuck = false;
-    for (;;) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      if (progress) progress->poll();
-      if (const int sig = g_launcher_signal.exchange(0); sig != 0 && !stopping) {
-        stopping = true;
-        if (task_.procid == 0) write_file_atomic(coord_ / "stop", strsignal(sig));
-      }
-      if (fs::exists(coord_ / "failed")) {
-        child->signal(0, SIGTERM);
-        child->wait(30);
-        return 1;
-      }
-      if (task_.role == "learner" && (stopping || fs::exists(coord_ / "stop")) && !stop_sent_) {
-        stop_sent_ = true;
-        child->signal(0, SIGTERM);  // the learner checkpoints, then exits
-        child->signal(0, SIGCONT);
-      }
-      // The learner finished: as the local launcher does, the workers stop first (with the
-      // hub there to take what they hold), then the hub (it saves its state).
-      const bool finished = task_.role != "learner" && fs::exists(coord_ / "learner-done") &&
-                            (task_.role == "worker" || workers_ended());
-      if (finished) {
-        child->signal(0, SIGTERM);
-        child->signal(0, SIGCONT);
-        child->wait(30);
-        if (task_.role == "worker") write_file_atomic(coord_ / fmt::format("worker-{}-ended", task_.index), "");
-        if (task_.role == "hub") {
-          write_file_atomic(coord_ / "done", "");
-          if (progress) progress.reset();
-          finish_run(cfg_, run_dir_);
-          const bool stopped = fs::exists(coord_ / "stop");
-          std::cerr << fmt::format("{}: {}", me,
-                                   stopped ? "stopped; `rlx run CONFIG --resume` in a new step continues from the last checkpoint"
-                                           : fmt::format("done; final weights {}", (run_dir_ / "final").string()))
-                    << std::endl;
-          return stopped ? 130 : 0;
-        }
-        return 0;
-      }
-      if (const auto why = stopping || killed_stuck ? "" : stuck_reason(cfg_.train, run_dir_, task_.role, task_.index, started_);
-          !why.empty()) {
-        std::cerr << fmt::format("{}: stuck: {}; killing it", me, why) << std::endl;
-        child->signal(0, SIGKILL);
-        killed_stuck = true;  // reported once, until it is reaped and restarted
-      }
-      if (!child->poll()) continue;
-      const auto& e = child->ranks()[0];
-      if (task_.role == "learner" && e.ok()) {
-        if (task_.index == 0) write_file_atomic(coord_ / "learner-done", "");
-        return 0;
-      }
-      if (task_.role == "worker" && e.ok()) continue;  // the hub has nothing more; wait for the end
-      const auto why = fmt::format("{} {} ended: {} (log: {})", task_.role, task_.index, e.describe(), e.err.string());
-      // It cannot run (or failed at start as it did the last time): no restart.
-      auto failed = role_failure(run_dir_, task_.role.c_str(), task_.index, e);
-      if (failed.hopeless(last_failure_)) return fail(me, failed.message(last_failure_));
-      last_failure_ = std::move(failed);
-      if (task_.role == "worker" && restarts < cfg_.rollout.max_restarts) {
-        ++restarts;
-        std::cerr << fmt::format("{}: {}; restarting it ({}/{})", me, why, restarts, cfg_.rollout.max_restarts) << std::endl;
-        child = start();
-        killed_stuck = false;
-        continue;
-      }
-      return fail(me, why);
-    }
-  }
-
- private:
-  int fail(const std::string& me, const std::string& why) {
-    std::cerr << fmt::format("{}: {}; the job step fails (`rlx run CONFIG --resume` continues from the last checkpoint)",
-                             me, why)
-              << std::endl;
-    if (!fs::exists(coord_ / "failed")) write_file_atomic(coord_ / "failed", why + "\n");
-    return 1;
-  }
-  // Every worker task has stopped its worker, or kWorkersEndS passed since the learner
-  // finished (a worker's pod that never started, a node that went away).
-  bool workers_ended() {
-    static constexpr double kWorkersEndS = 40;  // a worker's own stop is bounded by 30 s
-    static constexpr double kSayWaitingS = 5;   // a worker stops in well under a second
-    if (learner_done_at_ == 0) learner_done_at_ = now_s();
-    for (uint32_t i = 0; i < cfg_.rollout.workers; ++i)
-      if (!fs::exists(coord_ / fmt::format("worker-{}-ended", i))) {
-        const double waited = now_s() - learner_done_at_;
-        if (waited >= kSayWaitingS && !said_waiting_) {
-          said_waiting_ = true;
-          std::cerr << fmt::format("rlx run [task {}]: the learner is done; waiting for worker {} to end (the hub stops "
-                                   "after at most {:.0f} s)",
-                                   task_.procid, i, kWorkersEndS)
-                    << std::endl;
-        }
-        if (waited < kWorkersEndS) return false;
-        std::cerr << fmt::format("rlx run [task {}]: worker {} did not end within {:.0f} s of the learner; stopping the hub",
-                                 task_.procid, i, kWorkersEndS)
-                  << std::endl;
-        return true;
-      }
-    return true;
-  }
-  json wait_ready() {
-    const double deadline = now_s() + 300;
-    // Task 0 clears run_dir/tasks before it writes `ready`: wait for this step's.
-    while (now_s() < deadline) {
-      if (fs::exists(coord_ / "ready")) {
-        auto j = json::parse(read_file(coord_ / "ready", 1 << 16), nullptr, false);
-        if (!j.is_discarded()) return j;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    throw Error(fmt::format("rlx run [task {}]: task 0 (the hub) did not prepare {} within 300 s", task_.procid,
-                            run_dir_.string()));
-  }
-
-  const RunConfig& cfg_;
-  RoleTask task_;
-  std::string exe_;
-  fs::path run_dir_, coord_;
-  double started_ = 0, learner_done_at_ = 0;
-  bool said_waiting_ = false;
-  bool stop_sent_ = false;
-  std::optional<RoleFailure> last_failure_;  // how its role ended the last time
-};
-
-int launch_task(const RunConfig& cfg, const RoleTask& task, const std::string& exe, const LaunchOptions& lo) {
-  return TaskRunner(cfg, task, exe).run(lo);
-}
-
-}  // namespace
 
 }  // namespace rlx::launch

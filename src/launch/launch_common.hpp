@@ -1,0 +1,120 @@
+// What the launcher's files share (internal): judging roles (role_watch.cpp), the progress
+// line, the run directory and the end of a run (launcher.cpp), the tasks of a many-task run
+// (task_runner.cpp).
+#pragma once
+
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "rlx/core/clock.hpp"
+#include "rlx/dist/local_group.hpp"
+#include "rlx/launch/roles.hpp"
+
+namespace rlx::launch {
+
+// The endpoint files of a tcp run (written again by each start of the hub and learner).
+void remove_endpoints(const std::filesystem::path& run_dir);
+
+double wall_now();
+
+// A role is stuck when its last heartbeat is older than train.heartbeat_timeout_s, or, before
+// its first (a process still loading its libraries and model), when its start is older than
+// train.start_timeout_s. `started`: wall clock at its start. Returns what to report, or "".
+std::string stuck_reason(const TrainSection& train, const std::filesystem::path& run_dir, const std::string& role,
+                         int index, double started);
+
+// How a role ended, as the restart policy weighs it.
+struct RoleFailure {
+  std::string role;
+  int index = 0;
+  std::string what;          // "worker 0 ended: exit 1 (log: ...)"
+  std::string cause;         // the role's own words: why it cannot run, else its last error line
+  bool at_start = false;     // before its start-up was over (it never said ready)
+  bool cannot_run = false;   // it said it cannot run (kExitCannotRun) or its config is wrong (exit 2)
+
+  // Restarting will not help: it cannot run, or it failed at start with the same error as
+  // the last time.
+  bool hopeless(const std::optional<RoleFailure>& before) const {
+    return cannot_run || (at_start && before && before->at_start && before->role == role && before->index == index &&
+                          !cause.empty() && before->cause == cause);
+  }
+  std::string message(const std::optional<RoleFailure>& before) const {
+    if (cannot_run) return fmt::format("{} {} cannot run: {}", role, index, cause.empty() ? what : cause);
+    return fmt::format("{} {} failed at start twice with the same error ({}); restarting will not help: {}", role, index,
+                       what, cause);
+  }
+};
+
+RoleFailure role_failure(const std::filesystem::path& run_dir, const char* role, int index, const dist::RankExit& e);
+
+// The launcher's progress line: the newest step of metrics.jsonl. On a terminal it is
+// rewritten in place; otherwise a line is printed every 10 steps and at the last one.
+class Progress {
+ public:
+  // Without a terminal, a line also comes when `every_s` passed since the last one.
+  Progress(std::filesystem::path metrics, int64_t steps, double every_s = 30)
+      : file_(std::move(metrics)), steps_(steps), every_s_(every_s), tty_(::isatty(2) != 0) {}
+  // When the last new step was seen (now_s(); the creation of this object before the first).
+  double last_step_at() const { return last_step_at_; }
+  int64_t last_step() const { return last_step_; }
+  void poll() {
+    std::ifstream in(file_);
+    if (!in) return;
+    in.seekg(offset_);
+    for (std::string line; std::getline(in, line);) {
+      if (in.eof()) break;  // a line still being written
+      offset_ += static_cast<std::streamoff>(line.size() + 1);
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.contains("step")) continue;
+      show(j);
+    }
+  }
+  ~Progress() {
+    if (tty_ && shown_) std::cerr << std::endl;
+  }
+
+ private:
+  void show(const nlohmann::json& j) {
+    const auto step = j.value("step", int64_t{0});
+    last_step_ = step;
+    last_step_at_ = now_s();
+    const double t = j.value("time_s", 0.0);
+    const double eta = step > 0 ? t / static_cast<double>(step) * static_cast<double>(steps_ - step) : 0;
+    const auto text = fmt::format("step {}/{}  reward {:.3f}  tokens/s {:.0f}  lag {}  eta {:.0f}s", step, steps_,
+                                  j.value("reward_mean", 0.0), j.value("tokens_per_s", 0.0), j.value("version_lag", 0), eta);
+    if (tty_) std::cerr << "\r" << text << "\x1b[K" << std::flush;
+    else if (step % 10 == 0 || step == steps_ || step == 1 || now_s() - printed_at_ >= every_s_)
+      std::cerr << "rlx run: " << text << std::endl, printed_at_ = now_s();
+    shown_ = true;
+  }
+  std::filesystem::path file_;
+  int64_t steps_;
+  double every_s_;
+  bool tty_;
+  double last_step_at_ = now_s(), printed_at_ = now_s();
+  int64_t last_step_ = 0;
+  bool shown_ = false;
+  std::streamoff offset_ = 0;
+};
+
+// SIGINT / SIGTERM to the launcher (0: none yet).
+extern std::atomic<int> g_launcher_signal;
+extern "C" void on_launcher_signal(int sig);
+
+// The run directory, ready for the roles: continued (--resume), refused or cleared when it
+// holds a run (--force), with the resolved config and the run's tokenizer written.
+std::filesystem::path prepare_run_dir(const RunConfig& cfg, const LaunchOptions& lo);
+// The end of a run (done or stopped): plots, and the roles' traces merged into trace.json.
+void finish_run(const RunConfig& cfg, const std::filesystem::path& run_dir);
+// A task of a run started as many (task_runner.cpp).
+int launch_task(const RunConfig& cfg, const RoleTask& task, const std::string& exe, const LaunchOptions& lo);
+
+}  // namespace rlx::launch
