@@ -1,11 +1,8 @@
 #include "rlx/bus/hub.hpp"
 
-#include <fcntl.h>
 #include <sstream>
-#include <malloc.h>
 #include <signal.h>
 #include <fmt/format.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -25,32 +22,6 @@
 
 namespace rlx::bus {
 
-void keep_frame_memory() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    ::mallopt(M_MMAP_THRESHOLD, 64 << 20);
-    ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
-    ::mallopt(M_ARENA_MAX, 1);
-    if (std::getenv("RLX_NO_HUGE_HEAP")) return;
-    constexpr size_t kPad = size_t{512} << 20, kHuge = size_t{2} << 20;
-    // More than all the free memory the heap holds, so no free chunk can serve it and the
-    // heap must grow, by it and the pad. The mmap threshold is raised meanwhile, so that
-    // the request is not served by an mmap instead (a process that freed much before).
-    const size_t request = ::mallinfo2().fordblks + 4096;
-    if (request >= (size_t{1} << 30)) return;  // a heap with a GiB free: leave it as it is
-    ::mallopt(M_MMAP_THRESHOLD, 1 << 30);
-    ::mallopt(M_TOP_PAD, static_cast<int>(kPad));
-    auto* before = static_cast<char*>(::sbrk(0));
-    void* volatile grow = ::malloc(request);
-    ::free(grow);  // volatile: the pair is kept by the optimizer
-    auto* after = static_cast<char*>(::sbrk(0));
-    ::mallopt(M_TOP_PAD, 128 << 10);  // glibc's default again
-    ::mallopt(M_MMAP_THRESHOLD, 64 << 20);
-    auto* from = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(before) + kHuge - 1) & ~(kHuge - 1));
-    if (after > from) ::madvise(from, static_cast<size_t>(after - from), MADV_HUGEPAGE);
-  });
-}
-
 using detail::seconds_now;
 
 void HubOptions::validate() const {
@@ -63,64 +34,6 @@ void HubOptions::validate() const {
 }
 
 Limits HubOptions::limits() const { return {.max_frame_bytes = max_frame_mb << 20}; }
-
-// --- saved state ---------------------------------------------------------------------------
-
-namespace {
-void write_all(int fd, const std::string& bytes, const std::string& path) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    RLX_CHECK(n > 0, "cannot write {}: {}", path, std::strerror(errno));
-    done += static_cast<size_t>(n);
-  }
-}
-
-// A snapshot travels as a framed message: the frame's length and checksum catch a torn file.
-struct SnapshotMessage {
-  static constexpr MsgType kType = MsgType::hub_state;
-  HubSnapshot s;
-  template <class Ar> void serialize(Ar& ar) { ar(s); }
-};
-}  // namespace
-
-void write_snapshot(const HubSnapshot& snapshot, const std::string& path) {
-  const std::string bytes = pack(SnapshotMessage{snapshot});
-  const std::filesystem::path p(path);
-  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  RLX_CHECK(fd >= 0, "cannot create {}: {}", tmp, std::strerror(errno));
-  try {
-    write_all(fd, bytes, tmp);
-    RLX_CHECK(::fsync(fd) == 0, "fsync {}: {}", tmp, std::strerror(errno));
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  ::close(fd);
-  RLX_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "rename {} -> {}: {}", tmp, path, std::strerror(errno));
-  const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
-  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-}
-
-HubSnapshot read_snapshot(const std::string& path, const Limits& limits) {
-  std::ifstream in(path, std::ios::binary);
-  RLX_CHECK(in.good(), "cannot read hub state {}", path);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  Limits l = limits;
-  l.max_frame_bytes = std::max<uint64_t>(l.max_frame_bytes, bytes.size());
-  try {
-    const Frame f = decode_frame(bytes, l);
-    return unpack<SnapshotMessage>(f, l).s;
-  } catch (const FrameError& e) {
-    throw Error(fmt::format("hub state {} is damaged ({}): {}", path, to_string(e.reason()), e.what()));
-  }
-}
 
 // --- the hub ---------------------------------------------------------------------------------
 
