@@ -284,35 +284,6 @@ struct Hub::Impl {
     send(p, grant, seq);
   }
 
-  static bool token_valid(const SampleView& s, size_t t) {
-    return s.tokens[t] >= 0 && s.loss_mask[t] <= 1 && std::isfinite(s.logprobs[t]);
-  }
-
-  // Why a group cannot be a result of its lease, or nothing.
-  std::optional<std::string> invalid(const GroupView& g, const Lease& lease) const {
-    if (g.samples.size() != lease.group_size)
-      return fmt::format("{} samples, the lease asked for {}", g.samples.size(), lease.group_size);
-    if (g.prompt_index != lease.prompt_index || g.epoch != lease.epoch)
-      return fmt::format("prompt {}/epoch {} does not match the lease's {}/{}", g.prompt_index, g.epoch,
-                         lease.prompt_index, lease.epoch);
-    for (size_t i = 0; i < g.samples.size(); ++i) {
-      const auto& s = g.samples[i];
-      const size_t n = s.tokens.size();
-      if (n == 0) return fmt::format("sample {} has no tokens", i);
-      if (s.loss_mask.size() != n || s.logprobs.size() != n || s.versions.size() != n)
-        return fmt::format("sample {}: tokens, loss_mask, logprobs and versions differ in length", i);
-      if (s.prompt_len < 0 || static_cast<size_t>(s.prompt_len) > n)
-        return fmt::format("sample {}: prompt_len {} is outside [0, {}]", i, s.prompt_len, n);
-      if (!s.tokens_valid()) {  // a branch-free scan first (vectorised); the slow search only on failure
-        size_t t = 0;
-        while (t < n && token_valid(s, t)) ++t;
-        return fmt::format("sample {} token {}: negative id, mask not 0/1, or non-finite log-prob", i, t);
-      }
-      if (!std::isfinite(s.reward)) return fmt::format("sample {}: non-finite reward", i);
-    }
-    return std::nullopt;
-  }
-
   // `g` is read in place from `body`, which the buffer keeps when the group is accepted.
   void on_group(Peer& p, uint64_t seq, const GroupView& g, const std::shared_ptr<zmq::message_t>& body) {
     RLX_CHECK(p.role == "worker", "{} sent a trajectory group but is a {}", p.who, p.role);
@@ -324,7 +295,7 @@ struct Hub::Impl {
     const Lease* lease = leases.find(g.lease_id);
     if (!lease) {
       verdict = "duplicate";
-    } else if (auto why = invalid(g, *lease)) {
+    } else if (auto why = group_mismatch(g, *lease)) {
       log::warn("hub: lease {} from {}: invalid group: {}", g.lease_id, p.who, *why);
       leases.fail(g.lease_id, "data", "invalid trajectory group: " + *why);
       verdict = "invalid";

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -303,6 +304,36 @@ double coalesce_wait_s(double coalesce_s, double group_interval_s, uint32_t cred
   double wait = std::min(coalesce_s, group_interval_s * (credits_per_peer / 2));
   if (acks_due_in_s >= 0) wait = std::min(wait, acks_due_in_s);
   return std::max(0.0, wait);
+}
+
+namespace {
+bool token_valid(const SampleView& s, size_t t) {
+  return s.tokens[t] >= 0 && s.loss_mask[t] <= 1 && std::isfinite(s.logprobs[t]);
+}
+}  // namespace
+
+std::optional<std::string> group_mismatch(const GroupView& g, const Lease& lease) {
+  if (g.samples.size() != lease.group_size)
+    return fmt::format("{} samples, the lease asked for {}", g.samples.size(), lease.group_size);
+  if (g.prompt_index != lease.prompt_index || g.epoch != lease.epoch)
+    return fmt::format("prompt {}/epoch {} does not match the lease's {}/{}", g.prompt_index, g.epoch,
+                       lease.prompt_index, lease.epoch);
+  for (size_t i = 0; i < g.samples.size(); ++i) {
+    const auto& s = g.samples[i];
+    const size_t n = s.tokens.size();
+    if (n == 0) return fmt::format("sample {} has no tokens", i);
+    if (s.loss_mask.size() != n || s.logprobs.size() != n || s.versions.size() != n)
+      return fmt::format("sample {}: tokens, loss_mask, logprobs and versions differ in length", i);
+    if (s.prompt_len < 0 || static_cast<size_t>(s.prompt_len) > n)
+      return fmt::format("sample {}: prompt_len {} is outside [0, {}]", i, s.prompt_len, n);
+    if (!s.tokens_valid()) {  // a branch-free scan first (vectorised); the slow search only on failure
+      size_t t = 0;
+      while (t < n && token_valid(s, t)) ++t;
+      return fmt::format("sample {} token {}: negative id, mask not 0/1, or non-finite log-prob", i, t);
+    }
+    if (!std::isfinite(s.reward)) return fmt::format("sample {}: non-finite reward", i);
+  }
+  return std::nullopt;
 }
 
 }  // namespace rlx::bus

@@ -163,10 +163,6 @@ json cuda_ipc_versions(int64_t tensors, int64_t per, at::ScalarType dtype, int64
   std::vector<std::pair<std::string, at::Tensor>> w;
   for (int64_t i = 0; i < tensors; ++i) w.emplace_back(fmt::format("t{}", i), at::zeros({per}, at::TensorOptions().dtype(dtype).device(dev)));
   const auto layout = dist::WeightLayout::of(w, dtype);
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   std::vector<double> pub_s, total_s, copy_s;
   bool all_right = true;
   {
@@ -232,10 +228,6 @@ int bench_sync(const SyncBenchArgs& a) {
   for (int64_t i = 0; i < a.tensors; ++i) w.emplace_back(fmt::format("t{}", i), at::zeros({per}, dtype));
   const auto layout = dist::WeightLayout::of(w, dtype);
   const double bytes = static_cast<double>(layout.bytes());
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   // The ceiling: memcpy of the same bytes between two buffers already touched.
   std::vector<char> src(static_cast<size_t>(bytes), 1), dst(static_cast<size_t>(bytes), 2);
   std::vector<double> copy_s;

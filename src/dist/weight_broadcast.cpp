@@ -181,7 +181,12 @@ struct BroadcastWeightPublisher::Impl {
       std::string route;
       {
         std::lock_guard lock(mu);
-        route = members.at(ids[i]).route;
+        auto it = members.find(ids[i]);
+        // It said goodbye since the list was taken: this generation cannot form; the next
+        // attempt is without it.
+        if (it == members.end())
+          throw CommError(fmt::format("weight broadcast: member {} left while generation {} formed", ids[i], generation));
+        route = it->second.route;
       }
       post(route, {{"type", "join"},
                    {"generation", generation},

@@ -1,5 +1,6 @@
 #include "rlx/bus/hub_state.hpp"
 
+#include <limits>
 #include <set>
 
 #include "../helpers.hpp"
@@ -193,4 +194,27 @@ TEST_CASE("hub: the wait between turns is bounded by coalesce_us, half a worker'
   // Held acks due in 300 us: not past that; due already: no wait.
   CHECK(coalesce_wait_s(800e-6, 100e-6, 32, 300e-6) == Approx(300e-6));
   CHECK(coalesce_wait_s(800e-6, 100e-6, 32, 0) == 0);
+}
+
+TEST_CASE("hub state: a group that cannot be its lease's result is named with the reason", "[bus]") {
+  const rlx::bus::Lease lease{.lease_id = 4, .prompt_index = 9, .epoch = 1, .group_size = 2};
+  rlx::bus::Trajectory t{.tokens = {5, 6, 7}, .loss_mask = {0, 1, 1}, .logprobs = {0.0f, -0.5f, -1.0f},
+                         .versions = {-1, 3, 3}, .prompt_len = 1, .reward = 1.0f};
+  rlx::bus::TrajectoryGroup g{.lease_id = 4, .prompt_index = 9, .epoch = 1, .samples = {t, t}};
+  CHECK_FALSE(rlx::bus::group_mismatch(rlx::bus::view_of(g), lease).has_value());
+  auto one = g;
+  one.samples.pop_back();
+  CHECK_THAT(*rlx::bus::group_mismatch(rlx::bus::view_of(one), lease), Catch::Contains("1 samples"));
+  auto epoch = g;
+  epoch.epoch = 2;
+  CHECK_THAT(*rlx::bus::group_mismatch(rlx::bus::view_of(epoch), lease), Catch::Contains("does not match"));
+  auto nan = g;
+  nan.samples[1].logprobs[2] = std::numeric_limits<float>::quiet_NaN();
+  CHECK_THAT(*rlx::bus::group_mismatch(rlx::bus::view_of(nan), lease), Catch::Contains("sample 1 token 2"));
+  auto prompt = g;
+  prompt.samples[0].prompt_len = 4;
+  CHECK_THAT(*rlx::bus::group_mismatch(rlx::bus::view_of(prompt), lease), Catch::Contains("prompt_len 4"));
+  auto reward = g;
+  reward.samples[0].reward = std::numeric_limits<float>::infinity();
+  CHECK_THAT(*rlx::bus::group_mismatch(rlx::bus::view_of(reward), lease), Catch::Contains("non-finite reward"));
 }
