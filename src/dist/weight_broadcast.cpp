@@ -16,7 +16,9 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -102,10 +104,17 @@ struct BroadcastWeightPublisher::Impl {
   std::vector<std::string> order;         // ids in the order they said hello
   std::deque<std::pair<std::string, std::string>> outbox;  // routing id, text
 
-  int64_t generation = 0;
+  // The group and what it last sent, held by publish() and the catch-up thread in turn.
+  std::mutex send_mu;
+  std::atomic<int64_t> generation{0};
   std::vector<std::string> group;  // ids of ranks 1.. of the current generation
+  std::atomic<int> group_size{0};
   std::unique_ptr<Communicator> comm;
-  std::array<at::Tensor, 2> staging;
+  // The last version, flat in the layout's dtype: buckets are cast into it and broadcast
+  // from it, and a member that joins between versions is sent it from here.
+  at::Tensor last;
+  int64_t last_version = 0;
+  std::thread catcher;
 
   void post(const std::string& route, const json& j) {
     std::lock_guard lock(mu);
@@ -172,8 +181,7 @@ struct BroadcastWeightPublisher::Impl {
 
   // A new generation of `ids` (ranks 1..n, the publisher rank 0); blocks until all joined.
   void form(const std::vector<std::string>& ids) {
-    comm.reset();
-    group.clear();
+    reset_group();
     ++generation;
     const auto prefix = fmt::format("rlx/weights/{}", generation);
     const int world = static_cast<int>(ids.size()) + 1;
@@ -185,11 +193,11 @@ struct BroadcastWeightPublisher::Impl {
         // It said goodbye since the list was taken: this generation cannot form; the next
         // attempt is without it.
         if (it == members.end())
-          throw CommError(fmt::format("weight broadcast: member {} left while generation {} formed", ids[i], generation));
+          throw CommError(fmt::format("weight broadcast: member {} left while generation {} formed", ids[i], generation.load()));
         route = it->second.route;
       }
       post(route, {{"type", "join"},
-                   {"generation", generation},
+                   {"generation", generation.load()},
                    {"rank", static_cast<int>(i) + 1},
                    {"world", world},
                    {"store", fmt::format("{}:{}", host, store->port())},
@@ -207,34 +215,36 @@ struct BroadcastWeightPublisher::Impl {
     ro.prefix = prefix;
     comm = connect(ro);
     group = ids;
+    group_size = static_cast<int>(ids.size());
   }
 
-  int64_t send(int64_t version, const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  void reset_group() {
+    comm.reset();
+    group.clear();
+    group_size = 0;
+  }
+
+  // Casts `tensors` (nullptr: what `last` holds already) into `last` bucket by bucket and
+  // broadcasts each bucket while the next is cast.
+  int64_t send(int64_t version, const std::vector<std::pair<std::string, at::Tensor>>* tensors) {
     json list = json::array();
     for (const auto& [offset, bytes] : buckets) list.push_back({offset, bytes});
-    const json head{{"type", "version"}, {"generation", generation}, {"version", version}, {"layout_hash", hash},
+    const json head{{"type", "version"}, {"generation", generation.load()}, {"version", version}, {"layout_hash", hash},
                     {"buckets", std::move(list)}};
     for (const auto& id : group) {
       std::lock_guard lock(mu);
       auto it = members.find(id);
       if (it != members.end()) outbox.emplace_back(it->second.route, head.dump());
     }
-    const auto device = o.nccl ? tensors.front().second.device() : at::Device(at::kCPU);
-    int64_t largest = 0;
-    for (const auto& b : buckets) largest = std::max(largest, b.second);
     std::unique_ptr<Work> inflight;
     int64_t sent = 0;
-    size_t t = 0;  // the next tensor to stage
+    size_t t = 0;  // the next tensor to cast
     for (size_t k = 0; k < buckets.size(); ++k) {
-      auto& buf = staging[k % 2];
-      if (!buf.defined() || buf.numel() < largest || buf.device() != device)
-        buf = at::empty({largest}, at::TensorOptions().dtype(at::kByte).device(device));
       const auto [begin, bytes] = buckets[k];
-      auto b = buf.narrow(0, 0, bytes);
-      // Cast this bucket's tensors while the previous bucket is on the wire.
-      for (; t < spans.size() && spans[t].first < begin + bytes; ++t) {
+      auto b = last.narrow(0, begin, bytes);
+      for (; tensors && t < spans.size() && spans[t].first < begin + bytes; ++t) {
         const auto& shape = layout.tensors[t].second;
-        b.narrow(0, spans[t].first - begin, spans[t].second).view(layout.dtype).view(shape).copy_(tensors[t].second);
+        b.narrow(0, spans[t].first - begin, spans[t].second).view(layout.dtype).view(shape).copy_((*tensors)[t].second);
       }
       if (inflight) inflight->wait();
       inflight = comm->broadcast(b, 0, fmt::format("weights v{} bucket {} of {}", version, k + 1, buckets.size()));
@@ -242,6 +252,62 @@ struct BroadcastWeightPublisher::Impl {
     }
     if (inflight) inflight->wait();
     return sent;
+  }
+
+  // Sends a version to the live members, re-forming the group when they changed; a failed
+  // generation drops the silent members and tries again (3 generations at most).
+  int64_t deliver(int64_t version, const std::vector<std::pair<std::string, at::Tensor>>* tensors) {
+    std::string failures;
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      const auto ids = live_members();
+      if (ids.empty()) {
+        reset_group();
+        if (tensors) cast_all(*tensors);
+        return 0;
+      }
+      try {
+        if (!comm || ids != group) form(ids);
+        const int64_t sent = send(version, tensors);
+        tensors = nullptr;  // cast: `last` holds the version now
+        return sent;
+      } catch (const CommError& e) {
+        log::warn("weight broadcast: generation {} failed ({}); re-forming without silent members", generation.load(),
+                  e.what());
+        failures += fmt::format("\n  generation {}: {}", generation.load(), e.what());
+        if (tensors) cast_all(*tensors);  // what was cast before the failure is partial
+        tensors = nullptr;
+        reset_group();
+        drop_silent();
+      }
+    }
+    throw CommError(fmt::format("weight broadcast: version {} reached no group in 3 generations:{}", version, failures));
+  }
+
+  void cast_all(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+    for (size_t t = 0; t < spans.size(); ++t)
+      last.narrow(0, spans[t].first, spans[t].second).view(layout.dtype).view(layout.tensors[t].second).copy_(tensors[t].second);
+  }
+
+  // Members that said hello after the last version are sent it without waiting for the
+  // next one (a restarted worker must not wait a whole step, or forever in synchronous mode).
+  void catch_up() {
+    while (!stop) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(kPollMs * 5));
+      bool newcomer = false;
+      {
+        std::lock_guard lock(mu);
+        for (const auto& id : order)
+          if (members.contains(id) && std::find(group.begin(), group.end(), id) == group.end()) newcomer = true;
+      }
+      if (!newcomer) continue;
+      std::lock_guard send_lock(send_mu);
+      if (last_version == 0 || stop) continue;
+      try {
+        deliver(last_version, nullptr);
+      } catch (const std::exception& e) {
+        log::warn("weight broadcast: sending v{} to members that joined failed: {}", last_version, e.what());
+      }
+    }
   }
 
   // After a failed generation: members whose heartbeat stopped are dropped.
@@ -282,6 +348,8 @@ BroadcastWeightPublisher::BroadcastWeightPublisher(BroadcastSyncOptions options,
   I.welcome = {{"type", "welcome"}, {"layout", layout_to_json(I.layout)}, {"layout_hash", I.hash}};
   I.host = interface_of(I.o);
   I.store = std::make_unique<StoreServer>(I.host, 0);
+  const auto device = I.o.nccl ? at::Device(I.o.device) : at::Device(at::kCPU);
+  I.last = at::empty({I.layout.bytes()}, at::TensorOptions().dtype(at::kByte).device(device));
   I.router.set(zmq::sockopt::linger, 0);
   I.router.set(zmq::sockopt::router_mandatory, 1);
   I.router.set(zmq::sockopt::maxmsgsize, int64_t{4096});
@@ -293,47 +361,29 @@ BroadcastWeightPublisher::BroadcastWeightPublisher(BroadcastSyncOptions options,
   const auto bound = I.router.get(zmq::sockopt::last_endpoint);
   I.endpoint = fmt::format("tcp://{}:{}", I.host, bound.substr(bound.rfind(':') + 1));
   I.server = std::thread([&I] { I.serve(); });
+  I.catcher = std::thread([&I] { I.catch_up(); });
   if (!I.o.endpoint_file.empty()) write_file_atomic(I.o.endpoint_file, I.endpoint + "\n");
 }
 
 BroadcastWeightPublisher::~BroadcastWeightPublisher() {
   impl_->stop = true;
+  impl_->catcher.join();
   impl_->server.join();
 }
 
 const std::string& BroadcastWeightPublisher::endpoint() const { return impl_->endpoint; }
 int64_t BroadcastWeightPublisher::generation() const { return impl_->generation; }
-int BroadcastWeightPublisher::members() const { return static_cast<int>(impl_->group.size()); }
+int BroadcastWeightPublisher::members() const { return impl_->group_size; }
 
 int64_t BroadcastWeightPublisher::publish(int64_t version,
                                           const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
   auto& I = *impl_;
   RLX_CHECK(version > version_, "weight broadcast: version {} after {}", version, version_);
   I.layout.check(tensors);
-  std::string failures;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    const auto ids = I.live_members();
-    if (ids.empty()) {
-      I.comm.reset();
-      I.group.clear();
-      version_ = version;
-      return 0;
-    }
-    try {
-      if (!I.comm || ids != I.group) I.form(ids);
-      const int64_t sent = I.send(version, tensors);
-      version_ = version;
-      return sent;
-    } catch (const CommError& e) {
-      log::warn("weight broadcast: generation {} failed ({}); re-forming without silent members", I.generation,
-                e.what());
-      failures += fmt::format("\n  generation {}: {}", I.generation, e.what());
-      I.comm.reset();
-      I.group.clear();
-      I.drop_silent();
-    }
-  }
-  throw CommError(fmt::format("weight broadcast: version {} reached no group in 3 generations:{}", version, failures));
+  std::lock_guard send_lock(I.send_mu);
+  const int64_t sent = I.deliver(version, &tensors);
+  I.last_version = version_ = version;
+  return sent;
 }
 
 // --- subscriber --------------------------------------------------------------------
@@ -350,6 +400,8 @@ struct BroadcastWeightSubscriber::Impl {
   std::condition_variable cv;
   bool welcomed = false;
   std::string failure;  // what ended the receiver early
+  std::string moved_to;  // the endpoint file names a new publisher (it restarted): where
+  bool replaced = false;  // it moved, and poll() has not handed over a version since: any is taken
   WeightLayout layout;
   uint64_t hash = 0;
   std::vector<std::pair<int64_t, int64_t>> spans;
@@ -362,20 +414,61 @@ struct BroadcastWeightSubscriber::Impl {
 
   void hello() { send_text(control, {{"type", "hello"}, {"id", id}}, zmq::send_flags::none); }
 
+  // The endpoint the file names now, when it differs from `current` (a publisher that
+  // restarted listens elsewhere); empty otherwise, or when there is no file.
+  std::string moved(const std::string& current) const {
+    if (o.endpoint_file.empty()) return {};
+    try {
+      std::error_code ec;
+      if (!std::filesystem::exists(o.endpoint_file, ec)) return {};
+      auto text = read_file(o.endpoint_file, 4096);
+      while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+      return text.starts_with("tcp://") && text != current ? text : std::string();
+    } catch (const std::exception&) {
+      return {};  // being replaced: read again at the next beat
+    }
+  }
+
   void beat() {
-    zmq::socket_t s(ctx, zmq::socket_type::dealer);
-    s.set(zmq::sockopt::linger, 0);
-    s.connect(endpoint);
+    std::string at = endpoint;
+    auto s = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer);
+    s->set(zmq::sockopt::linger, 0);
+    s->connect(at);
     while (!stop) {
-      send_text(s, {{"type", "beat"}, {"id", id}});
-      zmq::pollitem_t item{s.handle(), 0, ZMQ_POLLIN, 0};
+      if (auto next = moved(at); !next.empty()) {
+        log::info("weight broadcast: the publisher moved from {} to {}: following it", at, next);
+        at = next;
+        s = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer);
+        s->set(zmq::sockopt::linger, 0);
+        s->connect(at);
+        std::lock_guard lock(mu);
+        moved_to = at;
+      }
+      send_text(*s, {{"type", "beat"}, {"id", id}});
+      zmq::pollitem_t item{s->handle(), 0, ZMQ_POLLIN, 0};
       zmq::poll(&item, 1, std::chrono::milliseconds(static_cast<int64_t>(o.heartbeat_s * 1000)));
       zmq::message_t m;
-      while (s.recv(m, zmq::recv_flags::dontwait)) {
+      while (s->recv(m, zmq::recv_flags::dontwait)) {
         const auto j = parse(m);
         if (!j.is_discarded() && j["type"] == "rejoin") rejoin = true;
       }
     }
+  }
+
+  // A new publisher: a new control socket, no group, and its next version taken whatever
+  // its number (a learner resumed from an earlier checkpoint publishes an older one).
+  void follow(const std::string& to) {
+    control = zmq::socket_t(ctx, zmq::socket_type::dealer);
+    control.set(zmq::sockopt::linger, 0);
+    control.set(zmq::sockopt::maxmsgsize, kMaxControlBytes);
+    control.connect(to);
+    comm.reset();
+    {
+      std::lock_guard lock(mu);
+      endpoint = to;
+      replaced = true;
+    }
+    hello();
   }
 
   void join(const json& j) {
@@ -432,13 +525,19 @@ struct BroadcastWeightSubscriber::Impl {
     }
     std::lock_guard lock(mu);
     spare_version = v;
-    spare_ready = v > version;
+    spare_ready = v > version || replaced;
   }
 
   void run() {
     try {
       hello();
       while (!stop) {
+        std::string to;
+        {
+          std::lock_guard lock(mu);
+          to.swap(moved_to);
+        }
+        if (!to.empty()) follow(to);
         if (rejoin.exchange(false)) hello();
         zmq::pollitem_t item{control.handle(), 0, ZMQ_POLLIN, 0};
         zmq::poll(&item, 1, std::chrono::milliseconds(kPollMs));
@@ -493,10 +592,16 @@ BroadcastWeightSubscriber::BroadcastWeightSubscriber(BroadcastSyncOptions option
   I.receiver = std::thread([&I] { I.run(); });
   I.beater = std::thread([&I] { I.beat(); });
   std::unique_lock lock(I.mu);
-  const bool ok = I.cv.wait_for(lock, std::chrono::milliseconds(static_cast<int64_t>(I.o.attach_timeout_s * 1000)),
-                                [&I] { return I.welcomed || !I.failure.empty(); });
-  if (!ok || !I.welcomed) {
-    const auto why = I.failure.empty() ? fmt::format("no layout within {} s", I.o.attach_timeout_s) : I.failure;
+  const double deadline = now_s() + I.o.attach_timeout_s;
+  bool gave_up = false;
+  while (!I.welcomed && I.failure.empty() && now_s() < deadline && !gave_up) {
+    I.cv.wait_for(lock, std::chrono::milliseconds(50));
+    gave_up = I.o.give_up && I.o.give_up();
+  }
+  if (!I.welcomed) {
+    const auto why = !I.failure.empty() ? I.failure
+                     : gave_up          ? std::string("gave up waiting for the layout")
+                                        : fmt::format("no layout within {} s", I.o.attach_timeout_s);
     lock.unlock();
     I.stop = true;
     I.receiver.join();
@@ -525,7 +630,7 @@ std::optional<WeightUpdate> BroadcastWeightSubscriber::poll() {
   RLX_CHECK(I.failure.empty(), "weight broadcast: the receiver stopped: {}", I.failure);
   if (!I.spare_ready) return std::nullopt;
   I.current = 1 - I.current;
-  I.spare_ready = false;
+  I.spare_ready = I.replaced = false;
   I.version = I.spare_version;
   version_ = I.version;
   WeightUpdate u;

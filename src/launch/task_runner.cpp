@@ -53,6 +53,10 @@ std::optional<RoleTask> task_from_env(const RunConfig& cfg) {
     throw ConfigError(fmt::format("placement under Slurm: {} nodes (SLURM_NNODES) with train.transport = local (shared "
                                   "memory and ipc:// reach one node only); use auto or tcp",
                                   nodes));
+  if (many_nodes && cfg.train.weight_sync == WeightSync::shm)
+    throw ConfigError(fmt::format("placement under Slurm: {} nodes (SLURM_NNODES) with train.weight_sync = shm (one node "
+                                  "only); use auto, tcp or broadcast",
+                                  nodes));
   t.tcp = cfg.train.transport == Transport::tcp || (cfg.train.transport == Transport::auto_ && many_nodes);
   RLX_CHECK(t.procid >= 0 && t.procid < t.ntasks, "{}={} is not below {}={}", index_var, t.procid, count_var, t.ntasks);
   if (slurm) {

@@ -55,6 +55,9 @@ void validate_run_config(const RunConfig& cfg) {
   if (cfg.train.learner_ranks > cfg.train.groups_per_step)
     throw ConfigError(fmt::format("train.learner_ranks = {}: more learner ranks than train.groups_per_step = {}",
                                   cfg.train.learner_ranks, cfg.train.groups_per_step));
+  if (cfg.train.weight_sync == WeightSync::shm && cfg.train.transport == Transport::tcp)
+    throw ConfigError("train.weight_sync = shm with train.transport = tcp: shared memory reaches one host only; use "
+                      "tcp, broadcast or auto");
 }
 
 nlohmann::json to_json(const SandboxResult& r) {

@@ -176,6 +176,17 @@ REF=clean2 PICK=tail kill_role killrank1 "role learner" KILL train.learner_ranks
   && grep -q "serving tcp://" runs/tcp/logs/hub-0/rank-0.err && grep -q "^tcp://" runs/tcp/weights.endpoint \
   && ok "tcp transport: hub and weights over tcp" || fail "tcp transport: $(tail -3 tcp.log)"
 same_as_clean tcp clean2
+# Weights by collective broadcast from learner rank 0 (Gloo here): the same parameters; a
+# worker killed is sent the last version as it rejoins, a learner killed is followed to its
+# new endpoint and its older (checkpointed) version taken.
+"$rlx" run grpo.yaml run.name=bcast train.weight_sync=broadcast > bcast.log 2>&1 && grep -q "^tcp://" runs/bcast/weights.bcast \
+  && ok "broadcast weight sync" || fail "broadcast weight sync: $(tail -3 bcast.log)"
+same_as_clean bcast
+kill_role bcastworker "role worker" KILL train.weight_sync=broadcast
+kill_role bcastlearner "role learner" KILL train.weight_sync=broadcast
+out=$("$rlx" run grpo.yaml train.weight_sync=shm train.transport=tcp 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "train.weight_sync = shm with train.transport = tcp" <<<"$out" && ok "shm weights over tcp refused" \
+  || fail "shm weights over tcp: rc $rc: $out"
 # The learner asking for its next batch while it trains (learner.prefetch_batch): in this
 # synchronous run the batch asked ahead waits for the new weights' groups, so nothing changes.
 "$rlx" run grpo.yaml run.name=prefetch learner.prefetch_batch=true > prefetch.log 2>&1 \

@@ -648,3 +648,77 @@ TEST_CASE("weight sync by broadcast: members get whole versions, a stopped membe
   CHECK(out.find("torn 0") != std::string::npos);
   CHECK(out.find(fmt::format("last {}", last)) != std::string::npos);
 }
+
+// What `rlx run` needs of the broadcast path: a worker that (re)starts between versions gets
+// the last one without waiting for the next (in synchronous mode the next waits for it), and
+// a learner that restarts (a new publisher, a new endpoint in the file) is followed, its next
+// version taken even when older than the one a subscriber has (resumed from a checkpoint).
+TEST_CASE("weight sync by broadcast: a newcomer gets the last version at once, a restarted publisher is followed",
+          "[dist][sync]") {
+  rlx::test::TempDir dir;
+  const auto file = dir.path / "weights.bcast";
+  std::vector<std::pair<std::string, at::Tensor>> w{{"a", at::zeros({1000})}, {"b", at::zeros({7, 3})}};
+  const auto layout = rlx::dist::WeightLayout::of(w, at::kFloat);
+  const rlx::dist::BroadcastSyncOptions po{.bind = "tcp://127.0.0.1:0", .advertise_host = "127.0.0.1",
+                                           .endpoint_file = file, .bucket_mb = 1, .timeout_s = 5};
+  auto pub = std::make_unique<rlx::dist::BroadcastWeightPublisher>(po, layout);
+  auto so = po;
+  so.heartbeat_s = 0.1;
+  auto fill = [&](float x) {
+    for (auto& [n, t] : w) t.fill_(x);
+  };
+  // Published before anyone subscribed: nobody to send to.
+  fill(5);
+  CHECK(pub->publish(5, w) == 0);
+  // Wait (bounded) for a subscriber to hold `version`, and return its first value.
+  auto wait_version = [](rlx::dist::BroadcastWeightSubscriber& s, int64_t version) {
+    const double end = rlx::now_s() + 30;
+    while (rlx::now_s() < end) {
+      if (auto u = s.poll(); u && u->version == version) return u->tensors.back().second.flatten()[0].item<float>();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return -1.0f;
+  };
+  rlx::dist::BroadcastWeightSubscriber s1(so);
+  CHECK(wait_version(s1, 5) == 5.0f);  // no publish since it said hello
+  fill(6);
+  pub->publish(6, w);
+  CHECK(wait_version(s1, 6) == 6.0f);
+  rlx::dist::BroadcastWeightSubscriber s2(so);  // a second one, between versions
+  CHECK(wait_version(s2, 6) == 6.0f);
+  CHECK(!s1.poll());  // the first got v6 again with s2's group, and holds it already
+  const auto old_endpoint = pub->endpoint();
+
+  // The learner restarts from its checkpoint at v4: a new publisher, a new endpoint.
+  pub.reset();
+  pub = std::make_unique<rlx::dist::BroadcastWeightPublisher>(po, layout);
+  REQUIRE(pub->endpoint() != old_endpoint);
+  fill(4);
+  pub->publish(4, w);
+  CHECK(wait_version(s1, 4) == 4.0f);
+  CHECK(wait_version(s2, 4) == 4.0f);
+  fill(7);
+  pub->publish(7, w);
+  CHECK(wait_version(s1, 7) == 7.0f);
+  CHECK(wait_version(s2, 7) == 7.0f);
+  CHECK(pub->members() == 2);
+}
+
+TEST_CASE("weight sync by broadcast: a subscriber whose publisher never comes gives up when asked", "[dist][sync]") {
+  rlx::test::TempDir dir;
+  const auto file = dir.path / "weights.bcast";
+  {
+    std::ofstream(file) << "tcp://127.0.0.1:1\n";  // nothing listens there
+  }
+  const double start = rlx::now_s();
+  std::atomic<bool> stop{false};
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    stop = true;
+  });
+  CHECK_THROWS_WITH(rlx::dist::BroadcastWeightSubscriber({.endpoint_file = file, .attach_timeout_s = 60,
+                                                          .give_up = [&] { return stop.load(); }}),
+                    Catch::Contains("gave up waiting for the layout"));
+  stopper.join();
+  CHECK(rlx::now_s() - start < 10);
+}

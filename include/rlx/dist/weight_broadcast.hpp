@@ -18,6 +18,13 @@
 //   overlap        bucket k+1 is cast to the layout dtype while bucket k is on the wire.
 //   swap           a subscriber receives on its own thread into a spare buffer; poll()
 //                  hands a whole version over at the caller's step boundary, never a mix.
+//   newcomers      the publisher keeps the last version (one flat copy in the layout dtype,
+//                  which the buckets are cast into and sent from); a member that says hello
+//                  between versions is sent it at once, by a thread of the publisher.
+//   restarts       a subscriber with an endpoint file reads it at every heartbeat; when it
+//                  names a new publisher (a learner that restarted), the subscriber follows
+//                  it and takes its next version even if older than the one it has (a
+//                  learner resumed from an earlier checkpoint).
 //
 // The publisher waits for the group in publish() (every member receives the version);
 // members are bounded by max_members, and every wait by timeout_s.
@@ -29,6 +36,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,7 +62,8 @@ struct BroadcastSyncOptions {
   double attach_timeout_s = 30;  // subscriber: for the endpoint and the layout
   int max_members = 256;         // publisher: subscribers in a group
   bool nccl = false;             // data plane: NCCL (both ends' buffers on CUDA) instead of Gloo
-  std::string device = "cpu";    // subscriber: where its buffers live ("cuda:N" with NCCL)
+  std::string device = "cpu";    // where the buffers live ("cuda:N" with NCCL; the publisher's only then)
+  std::function<bool()> give_up; // subscriber: asked while it waits for the layout; true ends the wait (an Error)
 };
 
 class BroadcastWeightPublisher final : public WeightPublisher {

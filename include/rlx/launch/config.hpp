@@ -126,6 +126,14 @@ constexpr std::array<std::pair<Transport, std::string_view>, 3> enum_names(Trans
   return {{{Transport::auto_, "auto"}, {Transport::local, "local"}, {Transport::tcp, "tcp"}}};
 }
 
+// How new weights reach the rollout workers (dist/weight_sync.hpp, weight_broadcast.hpp):
+// shm (one host), tcp (served by learner rank 0, any hosts), broadcast (a collective from
+// learner rank 0: Gloo, NCCL between GPUs), or auto (shm with the local transport, else tcp).
+enum class WeightSync { auto_, shm, tcp, broadcast };
+constexpr std::array<std::pair<WeightSync, std::string_view>, 4> enum_names(WeightSync) {
+  return {{{WeightSync::auto_, "auto"}, {WeightSync::shm, "shm"}, {WeightSync::tcp, "tcp"}, {WeightSync::broadcast, "broadcast"}}};
+}
+
 // The training loop.
 struct TrainSection {
   TrainMode mode = TrainMode::sync;
@@ -139,6 +147,8 @@ struct TrainSection {
   double start_timeout_s = 600;       // the same before a role's first heartbeat (loading libraries, a model)
   double report_every_s = 30;         // while no step completes, say what each role is doing this often
   Transport transport = Transport::auto_;
+  WeightSync weight_sync = WeightSync::auto_;
+  int64_t weight_bucket_mb = 256;     // broadcast: bytes per collective
 
   template <class V>
   void visit(V& v) {
@@ -166,6 +176,12 @@ struct TrainSection {
     v("transport", transport,
       "local (ipc:// hub, shared-memory weights: one host), tcp (tcp:// hub and weights: any hosts), or auto (tcp "
       "when the run's tasks span nodes)");
+    v("weight_sync", weight_sync,
+      "how new weights reach the rollout workers: shm (shared memory, one host), tcp (served by learner rank 0), "
+      "broadcast (a collective from learner rank 0 in buckets: Gloo, NCCL between GPUs), or auto (shm with the "
+      "local transport, else tcp)");
+    v("weight_bucket_mb", weight_bucket_mb, "broadcast weight sync: MiB per collective (a larger tensor goes alone)",
+      config::in_range(1, 16384));
   }
 };
 

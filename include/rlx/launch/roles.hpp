@@ -41,7 +41,9 @@ struct RoleContext {
   // The hub's endpoint: ipc://RUN_DIR/hub.sock, or (tcp) what the hub wrote to
   // RUN_DIR/hub.endpoint once it listens (waited for, bounded by train.batch_timeout_s).
   std::string hub_address() const;
-  // The weight-sync ends of this run's transport (learner rank 0; rollout workers).
+  // train.weight_sync, auto resolved by the transport.
+  WeightSync weight_sync() const;
+  // The weight-sync ends of this run (learner rank 0; rollout workers).
   std::unique_ptr<dist::WeightPublisher> weight_publisher(const dist::WeightLayout& layout) const;
   // give_up: asked while the subscriber waits for its first weights; true ends the wait (an Error).
   std::unique_ptr<dist::WeightSubscriber> weight_subscriber(std::function<bool()> give_up = {}) const;
@@ -52,6 +54,8 @@ std::filesystem::path socket_dir(const std::filesystem::path& run_dir);
 // The files a tcp run's hub and learner rank 0 write their endpoints to.
 inline constexpr const char* kHubEndpointFile = "hub.endpoint";
 inline constexpr const char* kWeightsEndpointFile = "weights.endpoint";
+// Where learner rank 0 writes the broadcast path's control endpoint (train.weight_sync = broadcast).
+inline constexpr const char* kBroadcastEndpointFile = "weights.bcast";
 
 // The tokenizer of a run: tokenizer.path, else the model directory's, else (a preset
 // model) the character tokenizer of toy tasks.
