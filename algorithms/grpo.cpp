@@ -6,7 +6,7 @@
 
 namespace rlx::algo {
 
-class Grpo : public PolicyGradient {
+class Grpo : public PolicyGradient, public OutcomeAdvantages {
  public:
   using PolicyGradient::PolicyGradient;
   std::vector<std::vector<double>> advantages(const std::vector<std::vector<Sample>>& groups,

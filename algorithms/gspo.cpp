@@ -6,7 +6,7 @@
 
 namespace rlx::algo {
 
-class Gspo : public PolicyGradient {
+class Gspo : public PolicyGradient, public OutcomeAdvantages {
  public:
   using PolicyGradient::PolicyGradient;
   std::vector<std::vector<double>> advantages(const std::vector<std::vector<Sample>>& groups,

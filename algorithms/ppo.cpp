@@ -10,15 +10,12 @@
 
 namespace rlx::algo {
 
-class Ppo : public PolicyGradient {
+class Ppo : public PolicyGradient, public CriticAdvantages {
  public:
   using PolicyGradient::PolicyGradient;
-  bool needs_critic() const override { return true; }
   std::vector<std::string> value_metric_names() const override { return {"value_loss", "value_clipped", "value"}; }
-
-  std::vector<std::vector<double>> advantages(const std::vector<std::vector<Sample>>&,
-                                              const AllReduceSum&) const override {
-    throw Error("ppo: advantages are per token and need the critic's values: use token_advantages()");
+  at::Tensor value_loss(const LossInputs& in, const Normalizers& norm, Metrics& metrics) const override {
+    return clipped_value_loss(opt_, in, norm, metrics);
   }
 
   std::vector<TokenTargets> token_advantages(const std::vector<TokenTrajectory>& batch,

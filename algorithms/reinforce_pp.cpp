@@ -5,7 +5,7 @@
 
 namespace rlx::algo {
 
-class ReinforcePP : public PolicyGradient {
+class ReinforcePP : public PolicyGradient, public OutcomeAdvantages {
  public:
   ReinforcePP(AlgoOptions o, bool baseline) : PolicyGradient(std::move(o)), baseline_(baseline) {}
   std::vector<std::vector<double>> advantages(const std::vector<std::vector<Sample>>& groups,

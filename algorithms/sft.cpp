@@ -4,7 +4,7 @@
 
 namespace rlx::algo {
 
-class Sft : public Algorithm {
+class Sft : public Algorithm, public OutcomeAdvantages {
  public:
   using Algorithm::Algorithm;
   std::vector<std::vector<double>> advantages(const std::vector<std::vector<Sample>>& groups,

@@ -39,21 +39,20 @@ std::vector<std::string> PolicyGradient::metric_names() const {
           "value_loss", "value_clipped", "value"};
 }
 
-std::vector<TokenTargets> Algorithm::token_advantages(const std::vector<TokenTrajectory>&, const AllReduceSum&) const {
-  throw Error(fmt::format("{}: this algorithm has no per-token advantages (it needs no critic)", opt_.name));
-}
+const OutcomeAdvantages* Algorithm::outcome() const { return dynamic_cast<const OutcomeAdvantages*>(this); }
+const CriticAdvantages* Algorithm::critic() const { return dynamic_cast<const CriticAdvantages*>(this); }
 
-at::Tensor Algorithm::value_loss(const LossInputs& in, const Normalizers& norm, Metrics& metrics) const {
-  RLX_CHECK(in.values.defined() && in.returns.defined(), "{}: the value loss needs values and returns", opt_.name);
+at::Tensor clipped_value_loss(const AlgoOptions& opt, const LossInputs& in, const Normalizers& norm, Metrics& metrics) {
+  RLX_CHECK(in.values.defined() && in.returns.defined(), "{}: the value loss needs values and returns", opt.name);
   auto m = in.mask;
   const auto old = in.old_values.defined() ? in.old_values : in.values.detach();
-  auto per_token = opt_.value_clip > 0 ? clipped_value_loss(in.values, old, in.returns, opt_.value_clip)
-                                       : 0.5 * (in.values - in.returns).pow(2);
+  auto per_token = opt.value_clip > 0 ? clipped_value_loss(in.values, old, in.returns, opt.value_clip)
+                                      : 0.5 * (in.values - in.returns).pow(2);
   auto loss = aggregate(per_token, m, in.sequence, Aggregation::token_mean, norm);
   metrics["value_loss"] += loss.item<double>();
   metrics["value"] += (in.values.detach() * m).sum().item<double>();
-  if (opt_.value_clip > 0)
-    metrics["value_clipped"] += (((in.values.detach() - old).abs() > opt_.value_clip).to(m.scalar_type()) * m).sum().item<double>();
+  if (opt.value_clip > 0)
+    metrics["value_clipped"] += (((in.values.detach() - old).abs() > opt.value_clip).to(m.scalar_type()) * m).sum().item<double>();
   return loss;
 }
 
@@ -143,9 +142,12 @@ at::Tensor PolicyGradient::loss(const LossInputs& in, const Normalizers& norm, M
   if (opt_.entropy_coef > 0) {
     RLX_CHECK(in.entropy.defined(), "{}: entropy_coef > 0 needs the entropy", opt_.name);
     loss = loss - opt_.entropy_coef * aggregate(in.entropy, m, in.sequence, opt_.aggregation, norm);
-    metrics["entropy"] += (in.entropy.detach() * m).sum().item<double>();
   }
-  if (in.values.defined()) loss = loss + opt_.vf_coef * value_loss(in, norm, metrics);  // critic = head
+  if (in.entropy.defined()) metrics["entropy"] += (in.entropy.detach() * m).sum().item<double>();
+  if (in.values.defined()) {  // critic = head
+    RLX_CHECK(critic(), "{}: values were given, but the algorithm has no critic", opt_.name);
+    loss = loss + opt_.vf_coef * critic()->value_loss(in, norm, metrics);
+  }
   return loss;
 }
 
@@ -153,6 +155,7 @@ void register_algorithm(const std::string& name, AlgorithmFactory factory, std::
   RLX_CHECK(!name.empty() && factory, "register_algorithm: a name and a factory are needed");
   for (const auto& o : options) RLX_CHECK(!o.key.empty(), "register_algorithm({:?}): an option without a key", name);
   std::lock_guard lock(registry_mutex());
+  RLX_CHECK(!registry().contains(name), "algorithm registry: {:?} is already registered", name);
   registry()[name] = {std::move(factory), std::move(options)};
 }
 
@@ -225,7 +228,13 @@ std::unique_ptr<Algorithm> make_algorithm(const AlgoOptions& options) {
                                   guess.empty() ? "" : fmt::format(" (did you mean {:?}?)", guess),
                                   takes.empty() ? "it takes none" : "it takes: " + takes));
   }
-  return f(options);
+  auto algorithm = f(options);
+  RLX_CHECK(algorithm, "algorithm {:?}: its factory returned nothing", options.name);
+  RLX_CHECK((algorithm->outcome() != nullptr) != (algorithm->critic() != nullptr),
+            "algorithm {:?}: it must derive from exactly one of rlx::algo::OutcomeAdvantages (advantages from group "
+            "rewards) and rlx::algo::CriticAdvantages (advantages from a critic)",
+            options.name);
+  return algorithm;
 }
 
 }  // namespace rlx::algo

@@ -7,8 +7,6 @@ namespace rlx::algo {
 
 Aggregation aggregation_from_string(const std::string& s) { return config::parse_enum<Aggregation>(s, "aggregation"); }
 
-KlEstimator kl_estimator_from_string(const std::string& s) { return config::parse_enum<KlEstimator>(s, "kl estimator"); }
-
 namespace {
 // Per-sequence sums of x over the micro-batch: {sums [S], sequence slot per token [R*T]}.
 std::pair<at::Tensor, at::Tensor> per_sequence_sum(const at::Tensor& x, const at::Tensor& sequence) {

@@ -476,10 +476,10 @@ BatchView Client::next_batch_view(BatchRequest request, double timeout_s) {
     std::lock_guard lock(I.m);
     if (I.ahead) {
       const auto& a = I.ahead_request;
-      RLX_CHECK(a.max_groups == request.max_groups && a.max_tokens == request.max_tokens && a.num_ranks == request.num_ranks,
-                "client {}: next_batch asks for max_groups {}, max_tokens {}, num_ranks {}, but the batch requested ahead "
-                "(prefetch_batches) is for {}, {}, {}: keep the request the same, or set prefetch_batches to 0",
-                I.o.who, request.max_groups, request.max_tokens, request.num_ranks, a.max_groups, a.max_tokens, a.num_ranks);
+      RLX_CHECK(a.max_groups == request.max_groups && a.max_tokens == request.max_tokens,
+                "client {}: next_batch asks for max_groups {}, max_tokens {}, but the batch requested ahead "
+                "(prefetch_batches) is for {}, {}: keep the request the same, or set prefetch_batches to 0",
+                I.o.who, request.max_groups, request.max_tokens, a.max_groups, a.max_tokens);
       item = std::exchange(I.ahead, nullptr);
     }
     request.ack_batch_id = request.have_batch_id = I.last_batch_id;

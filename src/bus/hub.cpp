@@ -42,7 +42,6 @@ struct Hub::Impl {
   struct SentBatch {
     uint64_t batch_id = 0;
     std::vector<StoredGroup> groups;
-    std::vector<uint32_t> ranks;
     bool end = false;
   };
   struct Waiting {
@@ -162,7 +161,7 @@ struct Hub::Impl {
     std::vector<detail::SharedBytes> frames;
     frames.reserve(b.groups.size());
     for (const auto& g : b.groups) frames.push_back({g.frame, g.frame_bytes});
-    const BatchHead head{.batch_id = b.batch_id, .ranks = b.ranks, .end = b.end, .groups = b.groups.size()};
+    const BatchHead head{.batch_id = b.batch_id, .end = b.end, .groups = b.groups.size()};
     if (detail::try_send_to(router, p.route, pack(head, seq), frames)) return true;
     count("send_failed");
     return false;
@@ -350,7 +349,6 @@ struct Hub::Impl {
 
   void on_batch_request(Peer& p, uint64_t seq, const BatchRequest& req) {
     RLX_CHECK(p.role == "learner", "{} asked for a batch but is a {}", p.who, p.role);
-    RLX_CHECK(req.num_ranks >= 1 && req.num_ranks <= 65536, "batch request: num_ranks {} is outside [1, 65536]", req.num_ranks);
     RLX_CHECK(req.have_batch_id >= req.ack_batch_id, "batch request: it confirms batch {} but has only received up to {}",
               req.ack_batch_id, req.have_batch_id);
     confirm(p, req.ack_batch_id);
@@ -382,9 +380,6 @@ struct Hub::Impl {
         continue;
       }
       SentBatch b{.batch_id = next_batch_id++, .groups = buffer.pop(r.max_groups, r.max_tokens, train_version)};
-      std::vector<int64_t> tokens;
-      for (const auto& g : b.groups) tokens.push_back(g.tokens);
-      b.ranks = assign_ranks(tokens, r.num_ranks);
       // The end: no lease left, and nothing this learner could still train.
       b.end = leases.done() && !buffer.has_batch(0, 0, train_version);
       const uint64_t seq = p.waiting->seq;
@@ -624,7 +619,7 @@ struct Hub::Impl {
     s.stored_groups = store ? store->groups() : 0;
     for (const auto& [who, p] : peers)
       for (const auto& b : p.in_flight) {
-        Batch batch{.batch_id = b.batch_id, .ranks = b.ranks, .end = b.end};
+        Batch batch{.batch_id = b.batch_id, .end = b.end};
         for (const auto& g : b.groups) batch.groups.push_back(g.unpack(limits));
         s.in_flight.push_back({who, std::move(batch)});
       }
@@ -656,7 +651,7 @@ struct Hub::Impl {
     // Unconfirmed batches wait for their learner: sent again if it reconnects, returned
     // to the buffer if it restarts.
     for (auto& f : s.in_flight) {
-      SentBatch b{.batch_id = f.batch.batch_id, .ranks = f.batch.ranks, .end = f.batch.end};
+      SentBatch b{.batch_id = f.batch.batch_id, .end = f.batch.end};
       for (const auto& g : f.batch.groups) b.groups.push_back(StoredGroup::of(g));
       auto& p = peers.try_emplace(f.learner, Peer{.who = f.learner, .role = "learner"}).first->second;
       RLX_CHECK(p.in_flight.size() < kMaxBatchesInFlight && (p.in_flight.empty() || p.in_flight.back().batch_id < b.batch_id),

@@ -184,7 +184,7 @@ TrajectoryGroup to_group(const GroupView& view) {
 }
 
 Batch BatchView::copy() const {
-  Batch b{.batch_id = batch_id, .ranks = ranks, .end = end};
+  Batch b{.batch_id = batch_id, .end = end};
   b.groups.reserve(groups.size());
   for (const auto& g : groups) b.groups.push_back(to_group(g));
   return b;
@@ -192,10 +192,9 @@ Batch BatchView::copy() const {
 
 BatchView read_batch(const BatchHead& head, std::vector<std::string_view> frames, std::shared_ptr<const void> keep,
                      const Limits& limits) {
-  RLX_CHECK(head.groups == frames.size() && head.ranks.size() == frames.size(),
-            "batch {} names {} groups and {} ranks, and {} group frames came", head.batch_id, head.groups,
-            head.ranks.size(), frames.size());
-  BatchView b{.batch_id = head.batch_id, .ranks = head.ranks, .end = head.end};
+  RLX_CHECK(head.groups == frames.size(), "batch {} names {} groups, and {} group frames came", head.batch_id,
+            head.groups, frames.size());
+  BatchView b{.batch_id = head.batch_id, .end = head.end};
   b.groups.reserve(frames.size());
   for (size_t i = 0; i < frames.size(); ++i) {
     try {
@@ -210,7 +209,7 @@ BatchView read_batch(const BatchHead& head, std::vector<std::string_view> frames
 }
 
 std::string pack_batch(const BatchView& batch) {
-  std::string out = pack(BatchHead{.batch_id = batch.batch_id, .ranks = batch.ranks, .end = batch.end, .groups = batch.frames.size()});
+  std::string out = pack(BatchHead{.batch_id = batch.batch_id, .end = batch.end, .groups = batch.frames.size()});
   for (const auto f : batch.frames) out.append(f);
   return out;
 }

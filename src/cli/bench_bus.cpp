@@ -41,7 +41,7 @@ namespace rlx::cli {
 namespace {
 
 struct BenchArgs {
-  int groups = 100, samples = 8, tokens = 2048;
+  int groups = 96, samples = 8, tokens = 2048;
   std::string transports = "ipc,tcp";
   // Groups a worker may have in flight: 32, the messages raw PUSH/PULL may have queued
   // (its two high-water marks of 16).

@@ -29,6 +29,7 @@
 #include "rlx/bus/hub.hpp"
 #include "rlx/core/log.hpp"
 #include "rlx/launch/config.hpp"
+#include "rlx/learner/batching.hpp"
 
 namespace rlx::cli {
 
@@ -260,12 +261,15 @@ void add_synthetic_peers(CLI::App& app, Action& action) {
       uint64_t batches = 0, groups = 0;
       int64_t version = 0;
       while (!g_stop) {
-        const auto b = c.next_batch_view({.max_groups = l->batch_groups, .num_ranks = l->ranks}, l->peer.timeout_s);
+        const auto b = c.next_batch_view({.max_groups = l->batch_groups}, l->peer.timeout_s);
+        std::vector<int64_t> tokens;
+        for (const auto& g : b.groups) tokens.push_back(g.num_tokens());
+        const auto rank_of = assign_ranks(tokens, l->ranks);  // as the learner splits a batch
         for (size_t i = 0; i < b.groups.size(); ++i) {
           const auto& g = b.groups[i];
           if (out.is_open())
             out << nlohmann::json{{"lease_id", g.lease_id}, {"prompt_index", g.prompt_index}, {"epoch", g.epoch},
-                                  {"worker", std::string(g.worker)}, {"rank", b.ranks[i]}, {"batch", b.batch_id}}.dump()
+                                  {"worker", std::string(g.worker)}, {"rank", rank_of[i]}, {"batch", b.batch_id}}.dump()
                 << "\n";
         }
         if (out.is_open()) out.flush();

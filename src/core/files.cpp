@@ -44,22 +44,42 @@ bool write_all(int fd, std::string_view bytes) noexcept {
   return true;
 }
 
-void write_file_atomic(const std::filesystem::path& path, std::string_view bytes) {
-  auto tmp = path;
-  tmp += fmt::format(".tmp-{}", ::getpid());
-  {
-    Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
-    if (f.fd < 0) fail(tmp, "open");
-    if (!write_all(f.fd, bytes)) fail(tmp, "write");
-    if (::fsync(f.fd) != 0) fail(tmp, "fsync");
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+AtomicFile::AtomicFile(std::filesystem::path path, bool durable)
+    : path_(std::move(path)), tmp_(path_), durable_(durable) {
+  tmp_ += fmt::format(".tmp-{}", ::getpid());
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail(tmp_, "open");
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ < 0) return;
+  ::close(fd_);
+  ::unlink(tmp_.c_str());
+}
+
+void AtomicFile::write(const void* data, size_t bytes) {
+  RLX_CHECK(fd_ >= 0, "{}: written after commit", path_.string());
+  if (!write_all(fd_, std::string_view(static_cast<const char*>(data), bytes))) fail(tmp_, "write");
+}
+
+void AtomicFile::commit() {
+  RLX_CHECK(fd_ >= 0, "{}: committed twice", path_.string());
+  if (durable_ && ::fsync(fd_) != 0) fail(tmp_, "fsync");
+  ::close(fd_);
+  fd_ = -1;
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
     const int err = errno;
-    ::unlink(tmp.c_str());
+    ::unlink(tmp_.c_str());
     errno = err;
-    fail(path, "rename");
+    fail(path_, "rename");
   }
-  fsync_path(path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path());
+  if (durable_) fsync_path(path_.parent_path().empty() ? std::filesystem::path(".") : path_.parent_path());
+}
+
+void write_file_atomic(const std::filesystem::path& path, std::string_view bytes, bool durable) {
+  AtomicFile f(path, durable);
+  f.write(bytes);
+  f.commit();
 }
 
 uint64_t file_xxh64(const std::filesystem::path& path) {

@@ -88,11 +88,6 @@ void check_name(const std::string& name) {
 
 }  // namespace
 
-SyncPath choose_sync_path(bool same_process, bool same_host) {
-  if (same_process) return SyncPath::colocated;
-  return same_host ? SyncPath::shm : SyncPath::tcp;
-}
-
 WeightLayout WeightLayout::of(const std::vector<std::pair<std::string, at::Tensor>>& tensors, at::ScalarType dtype) {
   WeightLayout l;
   l.dtype = dtype;

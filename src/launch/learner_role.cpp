@@ -135,7 +135,7 @@ int run_learner(const RoleContext& ctx) {
   auto lo = cfg.learner.options(cfg.run.seed);
   const bool head = algorithm->needs_critic() && cfg.algorithm.critic == algo::CriticKind::head;
   lo.value_head = head;
-  lo.entropy = algorithm->needs_entropy();
+  lo.entropy = true;  // the metric GRPO users watch most; in the loss when algorithm.entropy_coef > 0
   Learner policy(start->config(), *comm, lo);
   policy.load_from(*start);
   std::unique_ptr<ReferenceModel> reference;
@@ -194,16 +194,11 @@ int run_learner(const RoleContext& ctx) {
   uint64_t trained_batch = 0;  // the hub's id of the last batch trained
   // Fault injection for tests: RLX_FAULT=slow-checkpoint:SECONDS makes the first checkpoint
   // of a run directory take SECONDS longer (a stop request arrives while it is written).
-  double slow_checkpoint_s = 0;
-  if (const char* f = std::getenv("RLX_FAULT"); f && std::string_view(f).starts_with("slow-checkpoint:")) {
-    RLX_CHECK(std::sscanf(f, "slow-checkpoint:%lf", &slow_checkpoint_s) == 1 && slow_checkpoint_s >= 0 && slow_checkpoint_s <= 600,
-              "RLX_FAULT={}: expected slow-checkpoint:SECONDS (0 to 600)", f);
-  }
+  const auto fault = Fault::from_env();
   auto checkpoint = [&] {      // collective
     status::Scope doing(fmt::format("checkpointing step {}", step));
-    if (const auto marker = ctx.run_dir / "fault-injected"; slow_checkpoint_s > 0 && lead && !fs::exists(marker)) {
-      write_file_atomic(marker, "slow-checkpoint\n");
-      std::this_thread::sleep_for(std::chrono::duration<double>(slow_checkpoint_s));
+    if (fault.kind == "slow-checkpoint" && lead && fault.fires(ctx.run_dir)) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(fault.seconds));
     }
     const auto name = fmt::format("hub-step_{:08d}.state", step);
     if (lead) client->control(fmt::format("checkpoint {} {}", name, trained_batch));  // confirms it; saves the hub
@@ -237,7 +232,7 @@ int run_learner(const RoleContext& ctx) {
       if (step >= cfg.train.steps) what = kEnd;
       while (what == kTrain && !g_stop) {
         try {
-          batch = client->next_batch_view({.max_groups = cfg.train.groups_per_step, .num_ranks = 1}, 1.0);
+          batch = client->next_batch_view({.max_groups = cfg.train.groups_per_step}, 1.0);
           break;
         } catch (const bus::TimeoutError&) {
           RLX_CHECK(now_s() - t0 < cfg.train.batch_timeout_s, "learner: no batch from the hub within {} s (step {})",
@@ -265,13 +260,16 @@ int run_learner(const RoleContext& ctx) {
     trace_span("wait_batch", t0_us);
     if (world > 1) batch = broadcast_batch(*comm, std::move(batch));
     // Groups in prompt order: the step does not depend on which worker finished first;
-    // rank r trains groups r, r + world, ...
+    // the ranks share them balanced by tokens.
     std::vector<size_t> order(batch.groups.size());
     std::iota(order.begin(), order.end(), size_t{0});
     std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
       const auto &a = batch.groups[x], &b = batch.groups[y];
       return std::tie(a.epoch, a.prompt_index) < std::tie(b.epoch, b.prompt_index);
     });
+    std::vector<int64_t> group_tokens;
+    for (const size_t i : order) group_tokens.push_back(batch.groups[i].num_tokens());
+    const auto rank_of = assign_ranks(group_tokens, static_cast<uint32_t>(world));
     std::vector<Sequence> seqs;
     std::vector<double> rewards;
     std::vector<size_t> sizes;
@@ -281,7 +279,7 @@ int run_learner(const RoleContext& ctx) {
       const auto [lo_v, hi_v] = g.version_range();
       if (lo_v >= 0) vmin = std::min(vmin, lo_v), vmax = std::max(vmax, hi_v);
       tokens += g.num_tokens();
-      if (static_cast<int>(gi % static_cast<size_t>(world)) != comm->rank()) continue;
+      if (static_cast<int>(rank_of[gi]) != comm->rank()) continue;
       sizes.push_back(g.samples.size());
       for (const auto& t : g.samples) {
         Sequence sq;

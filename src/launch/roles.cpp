@@ -13,6 +13,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <sstream>
 #include <thread>
 
 #include "rlx/bus/hub.hpp"
@@ -117,6 +118,34 @@ std::shared_ptr<Transformer> initial_model(const RunConfig& cfg, const Tokenizer
   return model;
 }
 
+Fault Fault::from_env() {
+  Fault f;
+  const char* v = std::getenv("RLX_FAULT");
+  if (v == nullptr || *v == 0) return f;
+  const std::string_view text(v);
+  char role[16] = {};
+  bool ok = false;
+  if (text.starts_with("slow-start:")) {
+    ok = std::sscanf(v, "slow-start:%15[a-z]:%lf", role, &f.seconds) == 2 && f.seconds >= 0 && f.seconds <= 600;
+    f.role = role;
+  } else if (text.starts_with("slow-checkpoint:")) {
+    ok = std::sscanf(v, "slow-checkpoint:%lf", &f.seconds) == 1 && f.seconds >= 0 && f.seconds <= 600;
+  } else if (text.starts_with("kill-after-episode-checkpoint:")) {
+    ok = std::sscanf(v, "kill-after-episode-checkpoint:%d:%lu", &f.worker, &f.count) == 2 && f.worker >= 0;
+  }
+  RLX_CHECK(ok, "RLX_FAULT={}: expected slow-start:ROLE:SECONDS, slow-checkpoint:SECONDS (0 to 600) or "
+            "kill-after-episode-checkpoint:W:N", v);
+  f.kind = std::string(text.substr(0, text.find(':')));
+  return f;
+}
+
+bool Fault::fires(const fs::path& run_dir) const {
+  const auto marker = run_dir / "fault-injected";
+  if (kind.empty() || fs::exists(marker)) return false;
+  write_file_atomic(marker, kind + "\n");
+  return true;
+}
+
 fs::path heartbeat_file(const fs::path& run_dir, const std::string& role, int index) {
   return run_dir / "heartbeats" / fmt::format("{}-{}", role, index);
 }
@@ -126,15 +155,14 @@ void start_heartbeat(const fs::path& run_dir, const std::string& role, int index
   fs::create_directories(file.parent_path());
   status::set("starting");
   std::thread([file] {
-    const auto tmp = file.string() + ".tmp";
     for (;;) {
-      // Replaced whole (rename): its mtime is the beat, its text what the role is doing.
+      // Replaced whole (not durable: a beat is news, not state): its mtime is the beat, its
+      // text what the role is doing. A failed write (a full disk) is a beat missed.
       const auto now = status::get();
       const auto text = json{{"pid", ::getpid()}, {"status", now.what}, {"since", now.since}, {"ready", now.ready}}.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
-      if (const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644); fd >= 0) {
-        const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-        ::close(fd);
-        if (written) ::rename(tmp.c_str(), file.c_str());
+      try {
+        write_file_atomic(file, text, /*durable=*/false);
+      } catch (const std::exception&) {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
     }
@@ -176,8 +204,7 @@ size_t merge_traces(const fs::path& run_dir) {
   for (const auto& e : fs::directory_iterator(dir))
     if (e.path().extension() == ".json") files.push_back(e.path());
   std::sort(files.begin(), files.end());
-  const auto tmp = run_dir / "trace.json.tmp";
-  std::ofstream out(tmp, std::ios::trunc);
+  std::ostringstream out;
   out << "[\n";
   size_t events = 0;
   for (const auto& f : files) {
@@ -191,9 +218,7 @@ size_t merge_traces(const fs::path& run_dir) {
     }
   }
   out << "\n]\n";
-  out.close();
-  RLX_CHECK(out.good(), "cannot write {}", tmp.string());
-  fs::rename(tmp, run_dir / "trace.json");
+  write_file_atomic(run_dir / "trace.json", out.str(), /*durable=*/false);
   return events;
 }
 

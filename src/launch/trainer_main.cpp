@@ -30,6 +30,7 @@
 #include "rlx/env/server.hpp"
 #include "rlx/launch/main.hpp"
 #include "rlx/launch/roles.hpp"
+#include "role_common.hpp"
 
 namespace rlx::launch {
 
@@ -337,17 +338,9 @@ void add_trainer_commands(CLI::App& app, Action& action) {
       ctx.tcp = ra->transport == "tcp";
       // Fault injection for tests: RLX_FAULT=slow-start:ROLE:SECONDS makes the first start of
       // ROLE (index 0) in a run directory take SECONDS longer before its first heartbeat.
-      if (const char* f = std::getenv("RLX_FAULT"); f && std::string_view(f).starts_with("slow-start:")) {
-        char who[16] = {};
-        double seconds = 0;
-        RLX_CHECK(std::sscanf(f, "slow-start:%15[a-z]:%lf", who, &seconds) == 2 && seconds >= 0 && seconds <= 600,
-                  "RLX_FAULT={}: expected slow-start:ROLE:SECONDS (0 to 600)", f);
-        const auto marker = ctx.run_dir / "fault-injected";
-        if (ra->role == who && ctx.index == 0 && !std::filesystem::exists(marker)) {
-          write_file_atomic(marker, "slow-start\n");
-          std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-        }
-      }
+      if (const auto fault = Fault::from_env();
+          fault.kind == "slow-start" && fault.role == ra->role && ctx.index == 0 && fault.fires(ctx.run_dir))
+        std::this_thread::sleep_for(std::chrono::duration<double>(fault.seconds));
       start_heartbeat(ctx.run_dir, ra->role, ctx.index);
       start_trace(ctx, ra->role);
       try {

@@ -456,18 +456,10 @@ int run_worker(const RoleContext& ctx) {
   // Fault injection for tests: RLX_FAULT=kill-after-episode-checkpoint:W:N makes worker W
   // kill itself (SIGKILL) right after its N-th episode checkpoint, once per run directory.
   std::function<void()> after_checkpoint;
-  if (const char* f = std::getenv("RLX_FAULT"); f && std::string_view(f).starts_with("kill-after-episode-checkpoint:")) {
-    int w = -1;
-    uint64_t n = 0;
-    RLX_CHECK(std::sscanf(f, "kill-after-episode-checkpoint:%d:%lu", &w, &n) == 2, "RLX_FAULT={}: expected kill-after-episode-checkpoint:W:N", f);
-    const auto marker = ctx.run_dir / "fault-injected";
-    if (w == ctx.index && !fs::exists(marker))
-      after_checkpoint = [&episodes, n, marker] {
-        if (episodes.saved() < n) return;
-        write_file_atomic(marker, "kill-after-episode-checkpoint\n");
-        ::raise(SIGKILL);
-      };
-  }
+  if (const auto fault = Fault::from_env(); fault.kind == "kill-after-episode-checkpoint" && fault.worker == ctx.index)
+    after_checkpoint = [&episodes, fault, run_dir = ctx.run_dir] {
+      if (episodes.saved() >= fault.count && fault.fires(run_dir)) ::raise(SIGKILL);
+    };
   int64_t groups_sent = 0;
   // Seconds alive and seconds rolling out (run_dir/stats/worker-N.json, for busy fractions).
   const double born = now_s();
@@ -475,10 +467,11 @@ int run_worker(const RoleContext& ctx) {
   const auto stats_file = ctx.run_dir / "stats" / fmt::format("worker-{}.json", ctx.index);
   fs::create_directories(stats_file.parent_path());
   auto write_stats = [&] {
-    const auto tmp = stats_file.string() + ".tmp";
-    std::ofstream(tmp) << json{{"pid", ::getpid()}, {"wall_s", now_s() - born}, {"busy_s", busy_s}, {"groups", groups_sent}};
-    std::error_code ec;
-    fs::rename(tmp, stats_file, ec);
+    try {
+      write_file_atomic(stats_file, json{{"pid", ::getpid()}, {"wall_s", now_s() - born}, {"busy_s", busy_s}, {"groups", groups_sent}}.dump(),
+                        /*durable=*/false);
+    } catch (const std::exception&) {  // a full disk: the busy fraction is missing, not the run
+    }
   };
   int64_t wait_us = TraceWriter::now_us();  // since the last grant was done
   while (!g_leave && !g_end) {

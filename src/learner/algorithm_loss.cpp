@@ -76,7 +76,7 @@ LossFn critic_loss(const algo::Algorithm& algorithm) {
   return [&algorithm](const MicroBatch& mb, const TokenOutputs& out, const StepContext& ctx, Metrics& metrics) {
     auto in = loss_inputs(mb, out);
     metrics["tokens"] += in.mask.sum().item<double>();
-    return algorithm.value_loss(in, normalizers(algorithm, ctx), metrics);
+    return algorithm.critic()->value_loss(in, normalizers(algorithm, ctx), metrics);
   };
 }
 
@@ -128,7 +128,7 @@ algo::Metrics train_on_batch(algo::Algorithm& algorithm, const TrainModels& m, s
                        .old_logprobs = trained(seqs[i], "old_logprobs"),
                        .ref_logprobs = ref ? trained(seqs[i], "ref_logprobs") : at::Tensor()});
     }
-    auto targets = algorithm.token_advantages(batch, sum);
+    auto targets = algorithm.critic()->token_advantages(batch, sum);
     for (size_t i = 0; i < seqs.size(); ++i) {
       scatter_trained(seqs[i], "advantages", targets[i].advantages);
       scatter_trained(seqs[i], "returns", targets[i].returns);
@@ -142,7 +142,7 @@ algo::Metrics train_on_batch(algo::Algorithm& algorithm, const TrainModels& m, s
       auto& g = groups.emplace_back();
       for (size_t k = 0; k < n; ++k, ++i) g.push_back({.reward = shaped[i], .response_tokens = lengths[i]});
     }
-    auto adv = algorithm.advantages(groups, sum);
+    auto adv = algorithm.outcome()->advantages(groups, sum);
     i = 0;
     for (const auto& g : adv)
       for (double a : g) {
@@ -174,7 +174,7 @@ algo::Metrics train_on_batch(algo::Algorithm& algorithm, const TrainModels& m, s
 
   // 4. Epochs x mini-batches of optimizer steps.
   const auto names = algorithm.metric_names();
-  auto critic_names = algorithm.value_metric_names();
+  auto critic_names = algorithm.critic() ? algorithm.critic()->value_metric_names() : std::vector<std::string>{};
   critic_names.push_back("tokens");
   Metrics sums, critic_sums;
   double loss = 0, grad_norm = 0, lr = 0, critic_loss_sum = 0;

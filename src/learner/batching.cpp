@@ -129,4 +129,20 @@ MicroBatch empty_micro_batch() {
   return std::move(mbs.front());
 }
 
+std::vector<uint32_t> assign_ranks(const std::vector<int64_t>& group_tokens, uint32_t num_ranks) {
+  RLX_CHECK(num_ranks >= 1, "assign_ranks: num_ranks must be at least 1");
+  std::vector<size_t> order(group_tokens.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return group_tokens[a] > group_tokens[b]; });
+  std::vector<int64_t> load(num_ranks, 0);
+  std::vector<uint32_t> rank(group_tokens.size(), 0);
+  for (size_t i : order) {
+    const auto r = static_cast<uint32_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    rank[i] = r;
+    load[r] += group_tokens[i];
+  }
+  return rank;
+}
+
+
 }  // namespace rlx

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "rlx/core/error.hpp"
+#include "rlx/core/files.hpp"
 #include "rlx/core/torch_compat.hpp"
 
 namespace rlx {
@@ -199,20 +200,6 @@ at::Tensor SafetensorsFile::tensor(std::string_view name) const {
   return at::from_blob(ptr, e->shape, [keep](void*) mutable { keep.reset(); }, opts);
 }
 
-namespace {
-void write_all(int fd, const void* data, size_t n, const std::string& path) {
-  auto p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      throw Error(fmt::format("{}: write failed: {}", path, std::strerror(errno)));
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-}  // namespace
 
 void save_safetensors(const std::filesystem::path& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata, SafetensorsSaveOptions options) {
@@ -238,34 +225,11 @@ void save_safetensors(const std::filesystem::path& path, const std::vector<std::
   unsigned char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
 
-  auto tmp = path;
-  tmp += fmt::format(".tmp.{}", ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(fmt::format("{}: cannot create: {}", tmp.string(), std::strerror(errno)));
-  try {
-    write_all(fd, len, 8, tmp.string());
-    write_all(fd, text.data(), text.size(), tmp.string());
-    for (const auto& t : host) write_all(fd, t.data_ptr(), t.nbytes(), tmp.string());
-    if (options.fsync && ::fsync(fd) != 0) throw Error(fmt::format("{}: fsync failed: {}", tmp.string(), std::strerror(errno)));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    throw Error(fmt::format("{}: rename failed: {}", path.string(), std::strerror(err)));
-  }
-  if (options.fsync) {
-    auto dir = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
-    int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-      ::fsync(dfd);
-      ::close(dfd);
-    }
-  }
+  AtomicFile f(path, options.fsync);
+  f.write(len, 8);
+  f.write(text);
+  for (const auto& t : host) f.write(t.data_ptr(), t.nbytes());
+  f.commit();
 }
 
 }  // namespace rlx

@@ -116,6 +116,10 @@ expect "dist run: every rank with its rank and the store" 0 'rank 1 of 3 at 127\
   "$rlx" dist run --nproc 3 -- bash -c 'echo rank $RLX_RANK of $RLX_WORLD_SIZE at $RLX_STORE'
 expect "dist run: a failed rank fails the group, named" 1 'rank 2 exit 7' -- \
   "$rlx" dist run --nproc 3 -- bash -c '[ $RLX_RANK = 2 ] && exit 7; sleep 30'
+# Every benchmark runs with its defaults alone (each a few seconds on the tiny preset).
+for b in model sampler bus env learner sync; do
+  expect "bench $b with its defaults" 0 "^\\{.*\"bench\":\"$b\"" -- bash -c "'$rlx' bench $b | tail -n 1"
+done
 expect "bench learner: 1 and 2 ranks, JSON last" 0 '^\{.*"bench":"learner".*"mfu".*"ranks":2' -- \
   bash -c "'$rlx' bench learner --preset tiny --seq 32 --batch-seqs 4 --steps 1 | tail -n 1"
 expect "inspect checkpoint: not a checkpoint" 1 'no checkpoint' -- "$rlx" inspect checkpoint "$work"

@@ -32,6 +32,7 @@ m = [json.loads(l) for l in open(sys.argv[1])]
 assert [x["step"] for x in m] == list(range(1, 21)), m
 assert all(x["version_lag"] == 0 and x["sample_version_min"] == x["step"] - 1 for x in m), m
 assert all(x["samples"] == 16 for x in m)
+assert all(x["entropy"] > 0 for x in m), [x["entropy"] for x in m]  # measured with entropy_coef 0 too
 P
 exactly_once() {  # every lease and prompt once in the trajectory log
   "$rlx" inspect trajectories "$1/trajectories.h5" | python3 -c '

@@ -22,12 +22,12 @@ int main(int argc, char** argv) {
       {"stats", pack(Stats{{{"x", 1.0}}})},
       {"error", pack(ErrorRecord{1, "infra", "timeout"})},
       {"batch_request", pack(BatchRequest{4, 0})},
-      {"batch", pack(BatchHead{.batch_id = 1, .ranks = {0}, .groups = 1})},
+      {"batch", pack(BatchHead{.batch_id = 1, .groups = 1})},
       {"version", pack(VersionUpdate{3})},
       {"control", pack(Control{"save"})},
   };
   const std::string group_frame = pack(g, 3);
-  const auto batch = read_batch(BatchHead{.batch_id = 1, .ranks = {0, 0}, .groups = 2}, {group_frame, group_frame}, nullptr, Limits{});
+  const auto batch = read_batch(BatchHead{.batch_id = 1, .groups = 2}, {group_frame, group_frame}, nullptr, Limits{});
   std::ofstream(dir + "/packed_batch", std::ios::binary) << pack_batch(batch);
   for (const auto& [name, bytes] : frames) std::ofstream(dir + "/" + name, std::ios::binary) << bytes;
   return 0;

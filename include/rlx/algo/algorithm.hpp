@@ -3,7 +3,7 @@
 // behaviour) into a loss plus named metric sums. Algorithms are chosen by name;
 // the bundled ones (algorithms/) register themselves exactly as a user's would:
 //
-//   class MyAlgo : public rlx::algo::PolicyGradient { ... };
+//   class MyAlgo : public rlx::algo::PolicyGradient, public rlx::algo::OutcomeAdvantages { ... };
 //   rlx::algo::register_algorithm("my_algo", [](const rlx::algo::AlgoOptions& o) {
 //     return std::make_unique<MyAlgo>(o);
 //   }, {{"beta", "my algorithm's beta, >= 0 (default 0.1)"}});
@@ -72,7 +72,7 @@ struct AlgoOptions {
 
   template <class V>
   void visit(V& v) {
-    v("name", name, "algorithm: grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, gspo, sft, or a registered one");
+    v("name", name, "algorithm: grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, gspo, ppo, sft, or a registered one");
     v("baseline", baseline, "group advantage baseline (grpo: mean_std; Dr.GRPO: mean)");
     v("aggregation", aggregation, "how per-token losses become the step's loss (normalised over the whole step)");
     v("clip_low", clip.low, "ratio clip below: ratio >= 1 - clip_low", config::in_range(0, 0.999));
@@ -127,7 +127,7 @@ struct LossInputs {
   at::Tensor mask;                // float, 1 where the token is trained
   at::Tensor sequence;            // int64, the sequence of each token (-1 padding)
   at::Tensor logprobs;            // the policy's, with gradient
-  at::Tensor entropy;             // when needs_entropy()
+  at::Tensor entropy;             // per token, without gradient unless options().entropy_coef > 0
   at::Tensor advantages;          // per token
   at::Tensor old_logprobs;        // the policy before this step's updates (PPO ratio)
   at::Tensor ref_logprobs;        // the frozen reference model's
@@ -151,30 +151,28 @@ struct TokenTargets {
 
 using Metrics = std::map<std::string, double>;
 
+// An algorithm: the loss of a micro-batch and what the learner must give it. How it makes
+// advantages is one of the two interfaces below, which it also derives from: from each
+// group's rewards (OutcomeAdvantages: GRPO, RLOO, REINFORCE++, GSPO, SFT) or from a critic's
+// values (CriticAdvantages: PPO). make_algorithm() refuses one with neither or both.
+class OutcomeAdvantages;
+class CriticAdvantages;
 class Algorithm {
  public:
   explicit Algorithm(AlgoOptions options) : opt_(std::move(options)) {}
   virtual ~Algorithm() = default;
   const AlgoOptions& options() const { return opt_; }
 
-  // One advantage per sample, for every group of the rank's batch. `all_reduce` sums
-  // across ranks for batch-wide statistics.
-  virtual std::vector<std::vector<double>> advantages(const std::vector<std::vector<Sample>>& groups,
-                                                      const AllReduceSum& all_reduce) const = 0;
-  // Per-token advantages and value targets from a critic's values (algorithms whose
-  // needs_critic() is true), one entry per sequence. `all_reduce` sums across ranks.
-  virtual std::vector<TokenTargets> token_advantages(const std::vector<TokenTrajectory>& batch,
-                                                     const AllReduceSum& all_reduce) const;
   // The micro-batch's share of the step's loss; adds to `metrics` (names from metric_names()).
   virtual at::Tensor loss(const LossInputs& in, const Normalizers& norm, Metrics& metrics) const = 0;
-  // A separate critic's loss (algorithms whose needs_critic() is true).
-  virtual at::Tensor value_loss(const LossInputs& in, const Normalizers& norm, Metrics& metrics) const;
   virtual std::vector<std::string> metric_names() const = 0;
-  virtual std::vector<std::string> value_metric_names() const { return {}; }
   virtual bool needs_reference() const { return opt_.kl_coef > 0 || opt_.kl_target > 0; }
-  virtual bool needs_entropy() const { return opt_.entropy_coef > 0; }
   virtual bool needs_old_logprobs() const { return true; }
-  virtual bool needs_critic() const { return false; }
+
+  // How it makes advantages: exactly one of these is not null.
+  const OutcomeAdvantages* outcome() const;
+  const CriticAdvantages* critic() const;
+  bool needs_critic() const { return critic() != nullptr; }
 
   // The KL coefficient in force (adaptive when options().kl_target > 0), and the
   // controller's update after a batch whose mean KL per sequence was `kl` over
@@ -192,6 +190,33 @@ class Algorithm {
   double kl_coef_ = opt_.kl_coef;
 };
 
+// Advantages from the rewards of each prompt's group of samples.
+class OutcomeAdvantages {
+ public:
+  virtual ~OutcomeAdvantages() = default;
+  // One advantage per sample, for every group of the rank's batch. `all_reduce` sums
+  // across ranks for batch-wide statistics.
+  virtual std::vector<std::vector<double>> advantages(const std::vector<std::vector<Sample>>& groups,
+                                                      const AllReduceSum& all_reduce) const = 0;
+};
+
+// Advantages from a critic's values, and the critic's loss (a separate network, or a value
+// head on the policy: algorithm.critic).
+class CriticAdvantages {
+ public:
+  virtual ~CriticAdvantages() = default;
+  // Per-token advantages and value targets, one entry per sequence. `all_reduce` sums
+  // across ranks.
+  virtual std::vector<TokenTargets> token_advantages(const std::vector<TokenTrajectory>& batch,
+                                                     const AllReduceSum& all_reduce) const = 0;
+  virtual at::Tensor value_loss(const LossInputs& in, const Normalizers& norm, Metrics& metrics) const = 0;
+  virtual std::vector<std::string> value_metric_names() const = 0;
+};
+
+// The clipped value loss (options.value_clip; 0: plain squared error) over the trained
+// tokens, adding value_loss, value and value_clipped to `metrics`: what PPO's critic uses.
+at::Tensor clipped_value_loss(const AlgoOptions& options, const LossInputs& in, const Normalizers& norm, Metrics& metrics);
+
 // What a batch looked like, summed over every rank: reward mean/std, advantage
 // mean/std/min/max, response length mean/max. rewards, advantages (one per trained
 // token, or per sample) and response lengths are this rank's.
@@ -199,9 +224,9 @@ Metrics batch_metrics(const std::vector<double>& rewards, const std::vector<doub
                       const std::vector<int64_t>& response_lengths, const AllReduceSum& all_reduce,
                       const std::function<void(std::vector<double>&)>& all_reduce_max = {});
 
-// The clipped-surrogate family (GRPO, RLOO, REINFORCE++, GSPO): ratio clipping
+// The clipped-surrogate family (GRPO, RLOO, REINFORCE++, GSPO, PPO): ratio clipping
 // (asymmetric, dual-clip), optional KL-in-loss, entropy bonus and truncated IS.
-// Subclasses choose the advantages and, optionally, the log ratio.
+// Subclasses add how they make advantages and, optionally, the log ratio.
 class PolicyGradient : public Algorithm {
  public:
   using Algorithm::Algorithm;

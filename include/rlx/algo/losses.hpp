@@ -69,7 +69,6 @@ enum class KlEstimator { k1, k2, k3 };
 constexpr std::array<std::pair<KlEstimator, std::string_view>, 3> enum_names(KlEstimator) {
   return {{{KlEstimator::k1, "k1"}, {KlEstimator::k2, "k2"}, {KlEstimator::k3, "k3"}}};
 }
-KlEstimator kl_estimator_from_string(const std::string& s);
 // Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman's k1, k2, k3).
 at::Tensor kl_penalty(const at::Tensor& logp, const at::Tensor& ref_logp, KlEstimator estimator);
 

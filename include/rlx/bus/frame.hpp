@@ -18,11 +18,12 @@
 namespace rlx::bus {
 
 inline constexpr uint32_t kMagic = 0x42584c52;  // "RLXB" little-endian
-// 5: a sample's weight versions are runs (VersionRuns), not a value per token; 4: a batch
+// 6: batches and batch requests no longer carry learner ranks (the learner splits a batch
+// itself); 5: a sample's weight versions are runs (VersionRuns), not a value per token; 4: a batch
 // request says which batches the learner has received (it may ask for one ahead); 3: a batch
 // is a multipart message (a BatchHead frame, then its groups' frames as the workers sent
 // them); 2: the checksum is XXH3-64 (1: XXH64).
-inline constexpr uint16_t kProtocolVersion = 5;
+inline constexpr uint16_t kProtocolVersion = 6;
 inline constexpr size_t kHeaderBytes = 40;
 
 enum class MsgType : uint16_t {

@@ -222,11 +222,6 @@ class ReplayBuffer {
   Counts counts_;
 };
 
-// Assigns each group (given by its token count) to one of `num_ranks` learner ranks so that
-// token counts are balanced (largest group first to the rank with the fewest tokens; ties
-// to the lower rank).
-std::vector<uint32_t> assign_ranks(const std::vector<int64_t>& group_tokens, uint32_t num_ranks);
-
 // How long the hub waits before its next turn after one that took trajectory groups
 // (HubOptions::coalesce_us): at most `coalesce_s`; nothing while the interval between
 // groups of the fastest worker sending lately (`group_interval_s`) is unknown (0); at most

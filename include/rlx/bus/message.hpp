@@ -170,7 +170,7 @@ struct Stats {
 };
 
 // A learner asks for the next batch: `max_groups` groups (0: no limit) and at most
-// `max_tokens` tokens (0: no limit), split across `num_ranks` learner ranks.
+// `max_tokens` tokens (0: no limit). The learner splits a batch across its ranks itself.
 // `ack_batch_id` confirms the batches trained: until then the hub keeps a batch and sends
 // it again to this learner if the request's `have_batch_id` says it never arrived (a
 // reconnect), or returns it to the buffer if the learner restarts (a new incarnation), so
@@ -183,14 +183,13 @@ struct BatchRequest {
   static constexpr MsgType kType = MsgType::batch_request;
   uint32_t max_groups = 0;
   uint64_t max_tokens = 0;
-  uint32_t num_ranks = 1;
   uint64_t ack_batch_id = 0;   // the newest batch trained: it and older ones are confirmed
   uint64_t have_batch_id = 0;  // the newest batch received (>= ack_batch_id; newer ones are sent again)
   // The weight version the batch will be trained with, when later than the hub's (a batch
   // asked for ahead): only groups within max_staleness of it are picked (-1: the hub's).
   int64_t train_version = -1;
   template <class Ar> void serialize(Ar& ar) {
-    ar(max_groups, max_tokens, num_ranks, ack_batch_id, have_batch_id, train_version);
+    ar(max_groups, max_tokens, ack_batch_id, have_batch_id, train_version);
   }
 };
 
@@ -200,9 +199,8 @@ struct BatchRequest {
 struct Batch {
   uint64_t batch_id = 0;
   std::vector<TrajectoryGroup> groups;
-  std::vector<uint32_t> ranks;  // per group: the learner rank that trains it (balanced by tokens)
-  bool end = false;             // every lease has ended and the buffer is drained
-  template <class Ar> void serialize(Ar& ar) { ar(batch_id, groups, ranks, end); }
+  bool end = false;  // every lease has ended and the buffer is drained
+  template <class Ar> void serialize(Ar& ar) { ar(batch_id, groups, end); }
   bool operator==(const Batch&) const = default;
 };
 
@@ -210,10 +208,9 @@ struct Batch {
 struct BatchHead {
   static constexpr MsgType kType = MsgType::batch;
   uint64_t batch_id = 0;
-  std::vector<uint32_t> ranks;
   bool end = false;
   uint64_t groups = 0;
-  template <class Ar> void serialize(Ar& ar) { ar(batch_id, ranks, end, groups); }
+  template <class Ar> void serialize(Ar& ar) { ar(batch_id, end, groups); }
 };
 // A batch has at most this many groups (a learner asks for tens to thousands).
 inline constexpr uint64_t kMaxBatchGroups = uint64_t{1} << 16;
@@ -376,7 +373,6 @@ TrajectoryGroup to_group(const GroupView& view);  // copies the arrays out
 struct BatchView {
   uint64_t batch_id = 0;
   std::vector<GroupView> groups;
-  std::vector<uint32_t> ranks;  // per group: the learner rank that trains it
   bool end = false;
   std::vector<std::string_view> frames;
   std::shared_ptr<const void> keep;

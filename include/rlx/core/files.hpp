@@ -15,8 +15,31 @@ namespace rlx {
 
 // Writes all of `bytes` to `fd` (retrying short writes and EINTR); false on an error.
 bool write_all(int fd, std::string_view bytes) noexcept;
-// Writes `bytes` to `path` so that a crash leaves either the old file or the new one.
-void write_file_atomic(const std::filesystem::path& path, std::string_view bytes);
+// A file replaced whole: written to PATH.tmp-PID, then renamed over PATH by commit(), so
+// that a reader or a crash sees the old file or the new one. Durable (the default): the
+// file and its directory are fsynced too, so the new file survives a power loss. Not
+// committed (an error, an exception): the temporary file is removed.
+//
+//   rlx::AtomicFile f(dir / "model.safetensors");
+//   f.write(header); f.write(data, n);
+//   f.commit();
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::filesystem::path path, bool durable = true);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  void write(const void* data, size_t bytes);  // throws rlx::Error naming the file
+  void write(std::string_view bytes) { write(bytes.data(), bytes.size()); }
+  void commit();
+
+ private:
+  std::filesystem::path path_, tmp_;
+  bool durable_;
+  int fd_ = -1;
+};
+// One AtomicFile write of `bytes`.
+void write_file_atomic(const std::filesystem::path& path, std::string_view bytes, bool durable = true);
 // fsync of a file or a directory; throws rlx::Error naming the path.
 void fsync_path(const std::filesystem::path& path);
 // xxh64 (seed 0) of the file's contents.

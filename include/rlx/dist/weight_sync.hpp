@@ -1,9 +1,7 @@
 // Weight sync: versioned, atomic hand-over of the learner's weights to rollout
 // engines.
 //
-// Paths (choose_sync_path picks one from the placement; the config may override):
-//   colocated  learner and engine in one process: the engine takes the gathered
-//              tensors directly (Engine::update_weights copies them once).
+// Paths (a run picks one by train.weight_sync):
 //   shm        same host, CPU: a POSIX shared-memory segment with two slots of flat
 //              buffers (double buffering) and a per-slot sequence lock. The learner
 //              writes version v into the slot not holding v - 1 and then publishes it;
@@ -51,10 +49,6 @@
 #include <vector>
 
 namespace rlx::dist {
-
-enum class SyncPath { colocated, shm, tcp };
-// colocated when learner and engine share a process; shm on the same host; tcp across hosts.
-SyncPath choose_sync_path(bool same_process, bool same_host);
 
 // What travels: every tensor's name and shape, in order, in one dtype.
 struct WeightLayout {

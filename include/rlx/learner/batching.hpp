@@ -48,4 +48,10 @@ std::vector<MicroBatch> pack_micro_batches(const std::vector<Sequence>& seqs, co
 // data left runs so that every rank runs the same collectives.
 MicroBatch empty_micro_batch();
 
+// Which learner rank trains each group of a batch (given by its token count), so that the
+// ranks' token counts are balanced: largest group first to the rank with the fewest
+// tokens, ties to the earlier group and the lower rank. With at least as many groups as
+// ranks every rank gets one. A pure function of the list: every rank computes the same.
+std::vector<uint32_t> assign_ranks(const std::vector<int64_t>& group_tokens, uint32_t num_ranks);
+
 }  // namespace rlx

@@ -4,6 +4,8 @@
 
 #include "../helpers.hpp"
 #include "../test_models.hpp"
+#include "rlx/env/bundled.hpp"
+#include "rlx/env/env.hpp"
 #include "rlx/learner/algorithm_loss.hpp"
 #include "rlx/learner/reference.hpp"
 #include "rlx/rollout/engine.hpp"
@@ -167,12 +169,12 @@ TEST_CASE("algorithms are chosen by name, an unknown name suggests the closest",
     CHECK(std::find(names.begin(), names.end(), n) != names.end());
   CHECK_THROWS_WITH(make_algorithm({.name = "grpoo"}), Catch::Contains("did you mean \"grpo\""));
   auto rloo = make_algorithm({.name = "rloo"});
-  CHECK(rloo->advantages({{{.reward = 1}, {.reward = 0}, {.reward = 0}, {.reward = 1}}}, {})[0][0] ==
+  CHECK(rloo->outcome()->advantages({{{.reward = 1}, {.reward = 0}, {.reward = 0}, {.reward = 1}}}, {})[0][0] ==
         Approx(2.0 / 3.0));
   // REINFORCE++ whitens over the batch (token-weighted), across ranks through all_reduce.
   auto rpp = make_algorithm({.name = "reinforce_pp"});
   int calls = 0;
-  auto adv = rpp->advantages({{{.reward = 1, .response_tokens = 2}, {.reward = 0, .response_tokens = 2}},
+  auto adv = rpp->outcome()->advantages({{{.reward = 1, .response_tokens = 2}, {.reward = 0, .response_tokens = 2}},
                               {{.reward = 3, .response_tokens = 4}}},
                              [&](std::vector<double>&) { ++calls; });
   CHECK(calls == 1);
@@ -382,7 +384,7 @@ TEST_CASE("PPO's per-token advantages: GAE over the reward at the last token, KL
   auto ppo = make_algorithm({.name = "ppo", .whiten_batch = false, .gamma = 1.0, .gae_lambda = 0.5});
   REQUIRE(ppo->needs_critic());
   const auto v = at::tensor({0.5, 0.2}, at::kDouble);
-  auto out = ppo->token_advantages({{.reward = 1.0, .values = v}}, {});
+  auto out = ppo->critic()->token_advantages({{.reward = 1.0, .values = v}}, {});
   CHECK(out[0].advantages[0].item<double>() == Approx(0.1));
   CHECK(out[0].advantages[1].item<double>() == Approx(0.8));
   CHECK(out[0].returns[0].item<double>() == Approx(0.6));
@@ -391,7 +393,7 @@ TEST_CASE("PPO's per-token advantages: GAE over the reward at the last token, KL
   // t1: delta = 1.01 - 0.2 = 0.81; t0: delta = -0.02 + 0.2 - 0.5 = -0.32, A = -0.32 + 0.405 = 0.085.
   auto kl = make_algorithm({.name = "ppo", .kl_coef = 0.1, .kl_estimator = KlEstimator::k1, .whiten_batch = false,
                             .kl_placement = KlPlacement::reward, .gamma = 1.0, .gae_lambda = 0.5});
-  out = kl->token_advantages({{.reward = 1.0,
+  out = kl->critic()->token_advantages({{.reward = 1.0,
                                .values = v,
                                .old_logprobs = at::tensor({-1.0, -2.0}, at::kDouble),
                                .ref_logprobs = at::tensor({-1.2, -1.9}, at::kDouble)}},
@@ -400,11 +402,12 @@ TEST_CASE("PPO's per-token advantages: GAE over the reward at the last token, KL
   CHECK(out[0].advantages[0].item<double>() == Approx(0.085));
   // Whitened over the batch (two sequences): mean 0, unbiased std 1 over all tokens.
   auto w = make_algorithm({.name = "ppo"});
-  out = w->token_advantages({{.reward = 1.0, .values = v}, {.reward = 0.0, .values = at::tensor({0.3}, at::kDouble)}}, {});
+  out = w->critic()->token_advantages({{.reward = 1.0, .values = v}, {.reward = 0.0, .values = at::tensor({0.3}, at::kDouble)}}, {});
   auto all = at::cat({out[0].advantages, out[1].advantages});
   CHECK(all.mean().item<double>() == Approx(0.0).margin(1e-9));
   CHECK(all.std().item<double>() == Approx(1.0).epsilon(1e-6));
-  CHECK_THROWS_WITH(w->advantages({}, {}), Catch::Contains("token_advantages"));
+  CHECK(w->outcome() == nullptr);  // PPO makes no advantages from outcomes alone
+
 }
 
 TEST_CASE("the adaptive KL controller moves the coefficient toward the target, by at most 20% per horizon", "[algo]") {
@@ -534,7 +537,7 @@ TEST_CASE("train_on_batch shapes rewards with the overlong penalty before the ad
 
 namespace {
 // A user's algorithm with a hyperparameter of its own: GRPO's advantages scaled by `scale`.
-class ScaledGrpo final : public rlx::algo::PolicyGradient {
+class ScaledGrpo final : public rlx::algo::PolicyGradient, public rlx::algo::OutcomeAdvantages {
  public:
   explicit ScaledGrpo(const AlgoOptions& o)
       : PolicyGradient(o),
@@ -595,4 +598,29 @@ TEST_CASE("algorithm.options: a registered algorithm's own hyperparameters, decl
                     Catch::Contains("algorithm.options.every") && Catch::Contains("not an integer"));
   CHECK_THROWS_WITH(rlx::algo::make_algorithm({.name = "scaled_grpo", .options = {{"clamp", "yes"}}}),
                     Catch::Contains("algorithm.options.clamp") && Catch::Contains("true or false"));
+}
+
+namespace {
+// An algorithm that says nothing of how it makes advantages.
+class NoAdvantages final : public rlx::algo::PolicyGradient {
+ public:
+  using PolicyGradient::PolicyGradient;
+};
+}  // namespace
+
+TEST_CASE("the algorithm registry: a duplicate name is an error naming it, an algorithm without advantages is refused",
+          "[algo]") {
+  register_bundled_algorithms();
+  CHECK_THROWS_WITH(rlx::algo::register_algorithm("grpo", [](const AlgoOptions& o) { return std::make_unique<ScaledGrpo>(o); }),
+                    Catch::Contains("\"grpo\" is already registered"));
+  CHECK(dynamic_cast<ScaledGrpo*>(rlx::algo::make_algorithm({.name = "grpo"}).get()) == nullptr);  // the first stays
+  rlx::algo::register_algorithm("no_advantages", [](const AlgoOptions& o) { return std::make_unique<NoAdvantages>(o); });
+  CHECK_THROWS_WITH(rlx::algo::make_algorithm({.name = "no_advantages"}),
+                    Catch::Contains("no_advantages") && Catch::Contains("OutcomeAdvantages"));
+  // Environments alike.
+  rlx::env::register_bundled();
+  CHECK_THROWS_WITH(rlx::env::Registry::global().add("arithmetic", "again", [](const rlx::env::Context&) {
+                      return std::unique_ptr<rlx::env::Env>();
+                    }),
+                    Catch::Contains("'arithmetic' is already registered"));
 }

@@ -142,10 +142,9 @@ TEST_CASE("bus messages: every type round-trips through a frame", "[bus]") {
   CHECK(unpack<ErrorRecord>(decode_frame(pack(ErrorRecord{1, "data", "bad task"}), limits), limits).reason == "bad task");
   Stats st{.values = {{"a", 1.5}, {"b", -2}}};
   CHECK((unpack<Stats>(decode_frame(pack(st), limits), limits).values == st.values));
-  BatchHead head{.batch_id = 4, .ranks = {0, 1}, .end = true, .groups = 2};
+  BatchHead head{.batch_id = 4, .end = true, .groups = 2};
   auto got_head = unpack<BatchHead>(decode_frame(pack(head), limits), limits);
   CHECK(got_head.batch_id == 4);
-  CHECK(got_head.ranks == head.ranks);
   CHECK(got_head.groups == 2);
 }
 
@@ -160,8 +159,8 @@ TEST_CASE("bus messages: malformed frames are rejected with a reason", "[bus]") 
   bad[0] = 'X';
   CHECK(reason_of([&] { decode_frame(bad, limits); }) == Reject::bad_magic);
   bad = good;
-  bad[4] = 4;  // protocol version 4 (a version per token): refused, not misread
-  CHECK_THAT(rlx::test::error_of([&] { decode_frame(bad, limits); }), Contains("protocol version 4 (this build speaks 5)"));
+  bad[4] = 5;  // protocol version 5 (batches with learner ranks): refused, not misread
+  CHECK_THAT(rlx::test::error_of([&] { decode_frame(bad, limits); }), Contains("protocol version 5 (this build speaks 6)"));
   CHECK(reason_of([&] { decode_frame(bad, limits); }) == Reject::bad_version);
   bad = good;
   bad[6] = 99;
@@ -198,7 +197,7 @@ TEST_CASE("bus messages: a batch read in place names the damaged group, a packed
   g2.lease_id = 43;
   const auto f1 = std::make_shared<std::string>(pack(g1, 5));
   const auto f2 = std::make_shared<std::string>(pack(g2, 6));
-  const BatchHead head{.batch_id = 9, .ranks = {0, 1}, .groups = 2};
+  const BatchHead head{.batch_id = 9, .groups = 2};
   const auto batch = read_batch(head, {*f1, *f2}, f1, limits);
   CHECK(to_group(batch.groups[1]) == g2);
   CHECK((batch.copy().groups == std::vector<TrajectoryGroup>{g1, g2}));
@@ -212,7 +211,7 @@ TEST_CASE("bus messages: a batch read in place names the damaged group, a packed
   const std::string packed = pack_batch(batch);
   const auto back = unpack_batch(std::make_shared<const std::string>(packed), limits);
   CHECK(back.copy() == batch.copy());
-  CHECK(back.ranks == head.ranks);
+  CHECK(back.end == head.end);
   auto unpack_text = [&](std::string bytes) {
     return rlx::test::error_of([&] { unpack_batch(std::make_shared<const std::string>(std::move(bytes)), limits); });
   };

@@ -42,3 +42,32 @@ TEST_CASE("remove_tree reports what it cannot remove, naming the path", "[core][
              Catch::Matchers::Contains("cannot remove") && Catch::Matchers::Contains("below"));
   CHECK(fs::exists(root / "sub" / "f"));
 }
+
+TEST_CASE("AtomicFile: the old file or the whole new one, never a part, and no temporary file left", "[core][files]") {
+  rlx::test::TempDir dir;
+  const auto path = dir.path / "state.bin";
+  rlx::write_file_atomic(path, "old");
+  auto entries = [&] {
+    size_t n = 0;
+    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir.path)) ++n;
+    return n;
+  };
+  {
+    rlx::AtomicFile f(path);
+    f.write("new, in ");
+    CHECK(rlx::read_file(path, 100) == "old");  // a reader mid-write sees the old file
+    f.write("two parts");
+  }  // never committed (an exception): the old file stays, the temporary goes
+  CHECK(rlx::read_file(path, 100) == "old");
+  CHECK(entries() == 1);
+  {
+    rlx::AtomicFile f(path, /*durable=*/false);
+    f.write("new");
+    f.write(std::string(3, '!'));
+    f.commit();
+    CHECK_THROWS_WITH(f.write("more"), Catch::Contains("after commit"));
+  }
+  CHECK(rlx::read_file(path, 100) == "new!!!");
+  CHECK(entries() == 1);
+  CHECK_THROWS_WITH(rlx::AtomicFile(dir.path / "missing" / "x"), Catch::Contains("open failed"));
+}

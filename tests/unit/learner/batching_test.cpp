@@ -84,3 +84,14 @@ TEST_CASE("packed rows are no longer than the longest sequence (attention is den
   }
   CHECK(rows == 8);  // five full 8-token rows; the five 3-token ones as 3 + 3, 3 + 3, 3
 }
+
+TEST_CASE("assign_ranks: a batch's groups shared by tokens, every rank fed, the same answer on every rank", "[learner]") {
+  // Largest first to the least loaded rank: 9 -> 0, 7 -> 1, 5 -> 1 (7 < 9), 4 -> 0 (12 > 9),
+  // then 1 -> rank 1 (12 < 13).
+  CHECK((rlx::assign_ranks({5, 9, 1, 7, 4}, 2) == std::vector<uint32_t>{1, 0, 1, 1, 0}));
+  // Equal groups alternate; as many groups as ranks: one each.
+  CHECK((rlx::assign_ranks({3, 3, 3, 3}, 2) == std::vector<uint32_t>{0, 1, 0, 1}));
+  CHECK((rlx::assign_ranks({1, 100, 2}, 3) == std::vector<uint32_t>{2, 0, 1}));
+  CHECK((rlx::assign_ranks({4, 2}, 1) == std::vector<uint32_t>{0, 0}));
+  CHECK_THROWS_WITH(rlx::assign_ranks({1}, 0), Catch::Contains("num_ranks"));
+}
