@@ -3,7 +3,7 @@
 # outside project that finds it with find_package(rlx).
 #   run.sh BUILD_DIR PROJECT_DIR WORK_DIR
 set -euo pipefail
-build=$1 project=$2 work=$3
+build=$1 project=$(cd "$2" && pwd) work=$3
 rm -rf "$work" && mkdir -p "$work"
 cmake --install "$build" --prefix "$work/prefix" > "$work/install.log"
 launcher=()
@@ -25,7 +25,7 @@ assert all(x["samples"] == 8 for x in m), m
 print("my_trainer: 4 steps of count_a with scaled_grpo")
 P
 # Its option is checked like every key: a misspelt one is named, with the declared one.
-if out=$("$work/build/my_trainer" run "$project/project/run.yaml" run.name=bad algorithm.options={scal: 2} 2>&1); then
+if out=$("$work/build/my_trainer" run "$project/project/run.yaml" run.name=bad "algorithm.options={scal: 2}" 2>&1); then
   echo "a misspelt algorithm option was accepted"; exit 1
 fi
 grep -q "algorithm.options.scal" <<<"$out" && grep -q 'did you mean "scale"' <<<"$out" || { echo "$out"; exit 1; }
