@@ -1,0 +1,128 @@
+// The rollout worker: leases from the hub -> episodes in environments -> trajectory groups
+// back to the hub, with weights taken from a subscriber at step boundaries and unfinished
+// multi-turn episodes checkpointed so that another worker continues them. It works
+// in-process with any Engine, environment source, hub client and weight subscriber; the
+// launcher's worker role (src/launch/worker_role.cpp) adds signals, env servers, status
+// and statistics around it.
+//
+//   rlx::rollout::EnvSource envs{.make = [&] { return registry.make("arithmetic", context); }};
+//   rlx::rollout::Worker worker({.who = "worker-0", .rollout = {.max_turns = 1, .sampling = {...}}},
+//                               engine, envs, client, subscriber);
+//   worker.run(stop, leave);   // until the hub has no more leases, or stop / leave is set
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "rlx/bus/client.hpp"
+#include "rlx/dist/weight_sync.hpp"
+#include "rlx/env/env.hpp"
+#include "rlx/rollout/engine.hpp"
+
+namespace rlx::rollout {
+
+// Where a worker's environments come from: one instance per sample, and the sampler's
+// stop sequences (an in-process instance's stop_strings()).
+struct EnvSource {
+  std::function<std::unique_ptr<env::Env>()> make;
+  std::vector<std::string> stop_strings;
+};
+
+// How episodes are rolled out: turns, sampling, and the seed sampling is keyed by (with
+// the prompt, epoch, sample and turn, so a re-issued lease samples the same tokens).
+struct RolloutOptions {
+  int max_turns = 1;
+  SamplingParams sampling;  // n is set per group
+  uint64_t seed = 0;
+};
+
+// The episodes of one lease (a group), stepped in lockstep with the other leases of a
+// grant so that every turn is one batched engine call.
+struct GroupRollout {
+  bus::Lease lease;
+  std::vector<std::unique_ptr<env::Env>> envs;
+  std::vector<env::Episode> episodes;
+  std::vector<std::vector<int64_t>> versions;  // per token: the weight version, -1 outside actions
+  std::string error;                           // an error ends the group (reported to the hub)
+  std::string error_kind = "infra";            // infra: retried elsewhere; data: the task is bad
+  int start_turn = 0;                          // > 0: continued from an episode checkpoint
+};
+
+// Checkpoints of unfinished multi-turn episodes, one file per lease in `dir`
+// (p{prompt}.e{epoch}), replaced atomically every `every` turns and removed when the group
+// is sent. Whoever takes the lease next continues from it: each sample's tokens, masks,
+// log-probs, versions and reward so far, and its environment's saved state. The file is
+// the xxh64 of its body (16 hex digits), a newline, then the body (JSON).
+class EpisodeCheckpoints {
+ public:
+  EpisodeCheckpoints(std::filesystem::path dir, uint32_t every) : dir_(std::move(dir)), every_(every) {}
+  bool due(int finished_turns) const { return every_ > 0 && finished_turns % static_cast<int>(every_) == 0; }
+  void save(const GroupRollout& g, int next_turn);
+  // Continues `g` from its lease's checkpoint, if there is one that matches the lease. A
+  // damaged or mismatched checkpoint is reported and removed; the group starts over.
+  bool restore(GroupRollout& g, const EnvSource& envs);
+  void remove(const bus::Lease& l);
+  uint64_t saved() const { return saved_; }
+
+ private:
+  std::filesystem::path file(const bus::Lease& l) const;
+  std::filesystem::path dir_;
+  uint32_t every_;
+  uint64_t saved_ = 0;
+};
+
+// Runs every lease's group to the end: turn 0 samples each group's shared prompt once with
+// n = group size (the samples share its KV blocks); later turns continue each unfinished
+// episode. An environment that fails (InfraError) ends its group as an infra error (the
+// lease is retried), a task it rejects as a data error; a FatalError ends the call.
+// `stop` set: the groups are cut short and marked as errors (nothing of them may be sent).
+std::vector<GroupRollout> rollout_groups(Engine& engine, const EnvSource& envs, const std::vector<bus::Lease>& leases,
+                                         const RolloutOptions& options, EpisodeCheckpoints* checkpoints = nullptr,
+                                         const std::function<void()>& after_checkpoint = {},
+                                         const std::atomic<bool>* stop = nullptr);
+
+// A finished group as the trajectories the hub takes (its episodes are moved out).
+bus::TrajectoryGroup to_trajectory_group(GroupRollout& group, const std::string& worker);
+
+struct WorkerOptions {
+  std::string who = "worker";
+  RolloutOptions rollout;
+  uint32_t leases_per_request = 4;
+  double weights_timeout_s = 600;  // a lease's min_version must arrive within this
+  std::filesystem::path episode_dir;  // episode checkpoints (with episode_checkpoint_turns > 0)
+  uint32_t episode_checkpoint_turns = 0;
+  std::function<void(uint64_t saved)> after_episode_checkpoint;  // after a round of checkpoints (a test's fault)
+  std::function<void(const std::string&)> status;  // what the worker is doing now
+  std::function<void()> after_round;               // after each grant's groups were sent (statistics)
+};
+
+class Worker {
+ public:
+  Worker(WorkerOptions options, Engine& engine, EnvSource envs, bus::Client& client, dist::WeightSubscriber& weights);
+  // Leases -> groups until the hub has no lease left (the run's data is done), `end` is
+  // set (stop now: groups in flight are not sent; the hub re-issues their leases) or
+  // `leave` is set (finish and send the leases held, then return). Weights are applied
+  // between grants; a lease's min_version is waited for. Returns the groups sent.
+  int64_t run(const std::atomic<bool>& end, const std::atomic<bool>& leave);
+  int64_t groups_sent() const { return groups_sent_; }
+  double busy_s() const { return busy_s_; }  // seconds spent rolling out
+
+ private:
+  void apply_weights();
+  void say(const std::string& what) const;
+  WorkerOptions o_;
+  Engine& engine_;
+  EnvSource envs_;
+  bus::Client& client_;
+  dist::WeightSubscriber& weights_;
+  EpisodeCheckpoints episodes_;
+  int64_t groups_sent_ = 0;
+  double busy_s_ = 0;
+};
+
+}  // namespace rlx::rollout

@@ -1,0 +1,315 @@
+// The rollout worker (rollout/worker.hpp): leases -> episodes -> groups.
+#include "rlx/rollout/worker.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "rlx/core/clock.hpp"
+#include "rlx/core/error.hpp"
+#include "rlx/core/files.hpp"
+#include "rlx/core/rng.hpp"
+#include "rlx/core/log.hpp"
+#include "rlx/core/trace.hpp"
+
+namespace rlx::rollout {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+void trace_span(const char* name, int64_t start_us) {
+  if (auto* t = TraceWriter::installed()) t->complete(name, "", start_us, TraceWriter::now_us() - start_us);
+}
+}  // namespace
+
+fs::path EpisodeCheckpoints::file(const bus::Lease& l) const { return dir_ / fmt::format("p{}.e{}", l.prompt_index, l.epoch); }
+
+void EpisodeCheckpoints::remove(const bus::Lease& l) {
+  std::error_code ec;
+  fs::remove(file(l), ec);
+}
+
+void EpisodeCheckpoints::save(const GroupRollout& g, int next_turn) {
+  json samples = json::array();
+  for (size_t k = 0; k < g.episodes.size(); ++k)
+    samples.push_back({{"episode", g.episodes[k].to_json()}, {"env_state", g.envs[k]->save_state()},
+                       {"versions", g.versions[k]}});
+  const auto body = json{{"format", "rlx-episodes/1"}, {"prompt_index", g.lease.prompt_index}, {"epoch", g.lease.epoch},
+                         {"task_xxh64", hash_name(g.lease.task)}, {"next_turn", next_turn}, {"samples", samples}}
+                        .dump();
+  fs::create_directories(dir_);
+  write_file_atomic(file(g.lease), fmt::format("{:016x}\n{}", hash_name(body), body));
+  ++saved_;
+}
+
+bool EpisodeCheckpoints::restore(GroupRollout& g, const EnvSource& envs) {
+  const auto path = file(g.lease);
+  if (every_ == 0 || !fs::exists(path)) return false;
+  try {
+    const auto text = read_file(path, uint64_t{1} << 30);
+    const auto nl = text.find('\n');
+    RLX_CHECK(nl == 16, "no checksum line");
+    const std::string_view body = std::string_view(text).substr(17);
+    RLX_CHECK(fmt::format("{:016x}", hash_name(body)) == text.substr(0, 16), "checksum mismatch (damaged file)");
+    const auto j = json::parse(body);
+    RLX_CHECK(j.at("format") == "rlx-episodes/1", "unknown format {}", j.at("format").dump());
+    RLX_CHECK(j.at("prompt_index").get<uint64_t>() == g.lease.prompt_index && j.at("epoch").get<uint64_t>() == g.lease.epoch &&
+                  j.at("task_xxh64").get<uint64_t>() == hash_name(g.lease.task),
+              "it belongs to another task");
+    const auto& samples = j.at("samples");
+    RLX_CHECK(samples.size() == g.lease.group_size, "{} samples, the lease has {}", samples.size(), g.lease.group_size);
+    for (const auto& s : samples) {
+      g.envs.push_back(envs.make());
+      g.envs.back()->load_state(s.at("env_state").get<std::string>());
+      g.episodes.push_back(env::Episode::from_json(s.at("episode")));
+      g.versions.push_back(s.at("versions").get<std::vector<int64_t>>());
+      RLX_CHECK(g.versions.back().size() == g.episodes.back().tokens.size(), "versions do not match the tokens");
+    }
+    g.start_turn = j.at("next_turn").get<int>();
+    return true;
+  } catch (const FatalError&) {
+    throw;  // not the checkpoint's fault: the run cannot go on
+  } catch (const std::exception& e) {
+    log::warn("episode checkpoint {}: {}; the episode starts over", path.string(), e.what());
+    g.envs.clear(), g.episodes.clear(), g.versions.clear();
+    remove(g.lease);
+    return false;
+  }
+}
+
+namespace {
+// Runs f for a group: an environment that failed (InfraError) sends the lease back to be
+// retried, a task the environment rejects (Error) ends it as a data error; a FatalError
+// ends the run.
+template <class F>
+void guarded(GroupRollout& gr, F&& f) {
+  try {
+    f();
+  } catch (const env::InfraError& e) {
+    gr.error_kind = "infra", gr.error = e.what();
+  } catch (const FatalError&) {
+    throw;  // the run cannot go on: not this task's fault
+  } catch (const Error& e) {
+    gr.error_kind = "data", gr.error = e.what();
+  }
+}
+
+}  // namespace
+
+std::vector<GroupRollout> rollout_groups(Engine& engine, const EnvSource& envs, const std::vector<bus::Lease>& leases,
+                                         const RolloutOptions& options, EpisodeCheckpoints* checkpoints,
+                                         const std::function<void()>& after_checkpoint, const std::atomic<bool>* stop) {
+  std::vector<GroupRollout> groups(leases.size());
+  for (size_t g = 0; g < leases.size(); ++g) {
+    auto& gr = groups[g];
+    gr.lease = leases[g];
+    // An environment that failed (InfraError) sends the lease back to be retried; a task
+    // the environment rejects ends the lease as a data error. A server past its restarts
+    // (envs.make() throws) ends the worker.
+    json task;
+    try {
+      task = json::parse(gr.lease.task);
+    } catch (const json::exception& e) {
+      gr.error_kind = "data", gr.error = fmt::format("lease {}: the task is not JSON: {}", gr.lease.lease_id, e.what());
+      continue;
+    }
+    if (checkpoints && checkpoints->restore(gr, envs)) {
+      log::info("lease {} (prompt {}): continues its episodes at turn {}", gr.lease.lease_id, gr.lease.prompt_index,
+                gr.start_turn);
+      continue;
+    }
+    for (uint32_t k = 0; k < gr.lease.group_size && gr.error.empty(); ++k) {
+      gr.envs.push_back(envs.make());
+      guarded(gr, [&] {
+        gr.episodes.emplace_back().start(gr.envs.back()->reset(task));
+        gr.versions.emplace_back(gr.episodes.back().tokens.size(), -1);
+      });
+    }
+  }
+  for (int turn = 0; turn < options.max_turns; ++turn) {
+    std::vector<GenerationRequest> requests;
+    std::vector<std::pair<size_t, int64_t>> owner;  // group, sample (-1: all samples)
+    auto params = options.sampling;
+    params.n = 1;
+    params.stop_strings.insert(params.stop_strings.end(), envs.stop_strings.begin(), envs.stop_strings.end());
+    for (size_t g = 0; g < groups.size(); ++g) {
+      auto& gr = groups[g];
+      if (!gr.error.empty() || turn < gr.start_turn) continue;
+      const auto& l = gr.lease;
+      const bool shared = turn == 0 && std::all_of(gr.episodes.begin(), gr.episodes.end(),
+                                                   [&](const env::Episode& e) { return e.tokens == gr.episodes[0].tokens; });
+      if (shared) {
+        auto p = params;
+        p.n = l.group_size;
+        requests.push_back({.id = fmt::format("p{}.e{}.t0", l.prompt_index, l.epoch), .prompt = gr.episodes[0].tokens,
+                            .params = p, .seed = options.seed});
+        owner.emplace_back(g, -1);
+        continue;
+      }
+      for (size_t k = 0; k < gr.episodes.size(); ++k) {
+        if (gr.episodes[k].done) continue;
+        requests.push_back({.id = fmt::format("p{}.e{}.s{}.t{}", l.prompt_index, l.epoch, k, turn),
+                            .prompt = gr.episodes[k].tokens, .params = params, .seed = options.seed});
+        owner.emplace_back(g, static_cast<int64_t>(k));
+      }
+    }
+    if (requests.empty()) break;
+    const int64_t gen_us = TraceWriter::now_us();
+    auto results = engine.generate(std::move(requests), stop);
+    trace_span("generate", gen_us);
+    if (stop && *stop) {  // the samples are cut short: nothing of these groups may be sent
+      for (auto& gr : groups)
+        if (gr.error.empty()) gr.error_kind = "infra", gr.error = "the worker was stopped";
+      return groups;
+    }
+    const int64_t env_us = TraceWriter::now_us();
+    for (size_t r = 0; r < results.size(); ++r) {
+      auto& gr = groups[owner[r].first];
+      for (size_t s = 0; s < results[r].samples.size() && gr.error.empty(); ++s) {
+        const size_t k = owner[r].second < 0 ? s : static_cast<size_t>(owner[r].second);
+        auto& out = results[r].samples[s];
+        auto& ep = gr.episodes[k];
+        auto& ver = gr.versions[k];
+        ep.add_action(out.tokens, out.logprobs);
+        ver.insert(ver.end(), out.versions.begin(), out.versions.end());
+        guarded(gr, [&] {
+          auto step = gr.envs[k]->step(out.tokens);
+          ++ep.turns;
+          ep.reward += step.reward;
+          ep.done = step.done;
+          if (!ep.done) {
+            ep.add_observation(step.observation);
+            ver.resize(ep.tokens.size(), -1);
+          }
+        });
+      }
+    }
+    trace_span("env_step", env_us);
+    // Unfinished episodes are saved every K turns (not after the last one).
+    if (!checkpoints || !checkpoints->due(turn + 1) || turn + 1 >= options.max_turns) continue;
+    bool saved = false;
+    for (auto& gr : groups) {
+      if (!gr.error.empty() || turn < gr.start_turn ||
+          std::all_of(gr.episodes.begin(), gr.episodes.end(), [](const env::Episode& e) { return e.done; }))
+        continue;
+      try {
+        checkpoints->save(gr, turn + 1);
+        saved = true;
+      } catch (const env::InfraError& e) {  // a remote environment's state could not be read
+        gr.error_kind = "infra", gr.error = e.what();
+      }
+    }
+    if (saved && after_checkpoint) after_checkpoint();
+  }
+  return groups;
+}
+
+
+bus::TrajectoryGroup to_trajectory_group(GroupRollout& gr, const std::string& worker) {
+  bus::TrajectoryGroup group{.lease_id = gr.lease.lease_id, .prompt_index = gr.lease.prompt_index,
+                             .epoch = gr.lease.epoch, .worker = worker};
+  for (size_t k = 0; k < gr.episodes.size(); ++k) {
+    auto& ep = gr.episodes[k];
+    bus::Trajectory t;
+    t.tokens.assign(ep.tokens.begin(), ep.tokens.end());
+    t.loss_mask = std::move(ep.loss_mask);
+    t.logprobs = std::move(ep.logprobs);
+    t.versions = bus::TokenVersions(gr.versions[k]);
+    t.prompt_len = ep.prompt_len;
+    t.reward = static_cast<float>(ep.reward);
+    t.finish = ep.done ? "stop" : "length";
+    group.samples.push_back(std::move(t));
+  }
+  return group;
+}
+
+Worker::Worker(WorkerOptions options, Engine& engine, EnvSource envs, bus::Client& client, dist::WeightSubscriber& weights)
+    : o_(std::move(options)),
+      engine_(engine),
+      envs_(std::move(envs)),
+      client_(client),
+      weights_(weights),
+      episodes_(o_.episode_dir, o_.episode_dir.empty() ? 0 : o_.episode_checkpoint_turns) {
+  RLX_CHECK(envs_.make, "rollout worker {}: no environment source", o_.who);
+  RLX_CHECK(o_.leases_per_request >= 1, "rollout worker {}: leases_per_request must be at least 1", o_.who);
+}
+
+void Worker::say(const std::string& what) const {
+  if (o_.status) o_.status(what);
+}
+
+void Worker::apply_weights() {
+  if (auto u = weights_.poll()) engine_.update_weights(u->version, u->tensors);  // applied before the next step
+}
+
+int64_t Worker::run(const std::atomic<bool>& end, const std::atomic<bool>& leave) {
+  int64_t wait_us = TraceWriter::now_us();  // since the last grant was done
+  while (!leave && !end) {
+    apply_weights();
+    bus::LeaseGrant grant;
+    say("asking the hub for leases");
+    try {
+      grant = client_.request_leases(o_.leases_per_request);
+    } catch (const Error&) {
+      if (end) break;  // stopped while waiting for the hub's answer
+      throw;
+    }
+    if (grant.exhausted) break;
+    if (grant.leases.empty()) {
+      say(fmt::format("no lease to take (has weights v{}; the hub waits for the learner's next version, or its leases "
+                      "are all out)",
+                      weights_.version()));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (o_.after_round) o_.after_round();
+      continue;
+    }
+    // A lease asks for weights at least as new as its min_version (synchronous mode: the
+    // current one); the learner has published them by the time the hub knows them.
+    int64_t need = 0;
+    for (const auto& l : grant.leases) need = std::max(need, l.min_version);
+    const double deadline = now_s() + o_.weights_timeout_s;
+    if (weights_.version() < need) say(fmt::format("waiting for weights v{} (has v{})", need, weights_.version()));
+    while (weights_.version() < need && !end && !leave) {
+      RLX_CHECK(now_s() < deadline, "{}: weights version {} did not arrive within {} s (have {})", o_.who, need,
+                o_.weights_timeout_s, weights_.version());
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      apply_weights();
+    }
+    if (end) break;  // the leases held are re-issued if the run goes on
+    trace_span("wait_leases", wait_us);
+    const double busy_from = now_s();
+    const int64_t rollout_us = TraceWriter::now_us();
+    say(fmt::format("rolling out {} leases", grant.leases.size()));
+    std::function<void()> after_checkpoint;
+    if (o_.after_episode_checkpoint) after_checkpoint = [this] { o_.after_episode_checkpoint(episodes_.saved()); };
+    auto groups = rollout_groups(engine_, envs_, grant.leases, o_.rollout, &episodes_, after_checkpoint, &end);
+    if (end) break;  // cut short: the hub re-issues these leases if the run goes on
+    for (auto& gr : groups) {
+      if (!gr.error.empty()) {
+        if (gr.error_kind == "data") episodes_.remove(gr.lease);  // infra: the retry continues from it
+        log::warn("{}: lease {} (prompt {}): {} error: {}", o_.who, gr.lease.lease_id, gr.lease.prompt_index,
+                  gr.error_kind, gr.error);
+        client_.report_error(gr.lease.lease_id, gr.error_kind, gr.error);
+        continue;
+      }
+      try {
+        client_.submit(to_trajectory_group(gr, o_.who));
+      } catch (const Error&) {
+        if (end) break;  // stopped while out of credit: the hub re-issues this lease if the run goes on
+        throw;
+      }
+      episodes_.remove(gr.lease);
+      ++groups_sent_;
+    }
+    trace_span("rollout", rollout_us);
+    wait_us = TraceWriter::now_us();
+    busy_s_ += now_s() - busy_from;
+    if (o_.after_round) o_.after_round();
+  }
+  return groups_sent_;
+}
+
+}  // namespace rlx::rollout

@@ -1,0 +1,175 @@
+// The rollout worker in-process: a hub on its own thread (real ZeroMQ over ipc://), a
+// learner client taking the groups, weights through a shared-memory segment, and the
+// arithmetic environment; the worker runs on a thread of the test.
+#include "rlx/rollout/worker.hpp"
+
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <set>
+#include <thread>
+
+#include "../helpers.hpp"
+#include "rlx/bus/hub.hpp"
+#include "rlx/env/bundled.hpp"
+#include "rlx/model/config.hpp"
+
+using rlx::test::TempDir;
+namespace bus = rlx::bus;
+namespace rollout = rlx::rollout;
+
+namespace {
+
+struct HubThread {
+  bus::Hub hub;
+  std::atomic<bool> stop{false};
+  std::thread thread;
+  HubThread(bus::HubOptions o, std::vector<std::string> records) : hub(std::move(o), std::move(records)) {
+    thread = std::thread([this] { hub.run(stop); });
+  }
+  ~HubThread() {
+    stop = true;
+    thread.join();
+  }
+};
+
+// Everything a worker needs, as the launcher's worker role builds it, on a tiny model.
+struct Rig {
+  TempDir dir;
+  std::shared_ptr<const rlx::Tokenizer> tok = std::make_shared<rlx::CharTokenizer>(rlx::default_char_alphabet());
+  std::shared_ptr<rlx::Transformer> model;
+  std::unique_ptr<rlx::Engine> engine;
+  rlx::env::Context context;
+  std::string address, segment;
+  std::unique_ptr<HubThread> hub;
+  std::unique_ptr<rlx::dist::ShmWeightPublisher> pub;
+
+  explicit Rig(int tasks, uint32_t group_size = 2) {
+    rlx::env::register_bundled();
+    auto mc = rlx::model_preset("tiny");
+    mc.vocab_size = tok->vocab_size();
+    model = std::make_shared<rlx::Transformer>(mc);
+    model->init_weights(3);
+    engine = std::make_unique<rlx::Engine>(model, rlx::EngineConfig{.block_size = 16, .kv_cache_blocks = 256}, tok);
+    context = {.tokenizer = tok.get(), .options = {{"digits", 1}, {"terms", 2}}, .seed = 1};
+    std::vector<std::string> records;
+    for (int i = 0; i < tasks; ++i)
+      records.push_back(rlx::env::Registry::global().generate("arithmetic", 1, static_cast<uint64_t>(i), context.options).dump());
+    address = "ipc://" + (dir.path / "hub.sock").string();
+    bus::HubOptions o;
+    o.address = address;
+    o.group_size = group_size;
+    o.heartbeat_s = 0.1;
+    o.peer_timeout_s = 5;
+    o.replay.max_staleness = 0;  // synchronous: a lease asks for the current version
+    hub = std::make_unique<HubThread>(o, std::move(records));
+    segment = "rlx-worker-test-" + std::to_string(::getpid());
+    pub = std::make_unique<rlx::dist::ShmWeightPublisher>(
+        rlx::dist::ShmSyncOptions{.name = segment},
+        rlx::dist::WeightLayout::of(model->hf_parameters(), at::kFloat));
+  }
+  rollout::EnvSource envs() {
+    return {.make = [this] { return rlx::env::Registry::global().make("arithmetic", context); },
+            .stop_strings = rlx::env::Registry::global().make("arithmetic", context)->stop_strings()};
+  }
+  bus::ClientOptions client(const std::string& who, const std::string& role = "worker") const {
+    return {.address = address, .who = who, .role = role, .heartbeat_s = 0.1, .hub_timeout_s = 5, .request_timeout_s = 20,
+            .credit_wait_s = 20};
+  }
+  rollout::WorkerOptions options() const {
+    return {.who = "w0",
+            .rollout = {.max_turns = 1, .sampling = {.temperature = 1.0, .max_new_tokens = 4}, .seed = 1},
+            .leases_per_request = 3,
+            .weights_timeout_s = 20};
+  }
+};
+
+}  // namespace
+
+TEST_CASE("rollout worker in-process: every lease becomes one group, sampled under the weights the lease asks for",
+          "[rollout][worker]") {
+  Rig rig(6);
+  // Version 1 (the initial weights, published) before any lease: every lease asks for it.
+  rig.pub->publish(1, rig.model->hf_parameters());
+  bus::Client learner(rig.client("learner", "learner"));
+  learner.publish_version(1);
+  bus::Client client(rig.client("w0"));
+  rlx::dist::ShmWeightSubscriber weights({.name = rig.segment});
+  std::vector<std::string> said;
+  auto o = rig.options();
+  int rounds = 0;
+  o.status = [&](const std::string& what) { said.push_back(what); };
+  o.after_round = [&] { ++rounds; };
+  rollout::Worker worker(o, *rig.engine, rig.envs(), client, weights);
+  std::atomic<bool> end{false}, leave{false};
+  int64_t sent = -1;
+  std::thread t([&] { sent = worker.run(end, leave); });  // until the hub's 6 prompts are done
+  std::vector<bus::TrajectoryGroup> groups;
+  while (groups.size() < 6) {
+    auto b = learner.next_batch({.max_groups = 6}, 30);
+    for (auto& g : b.groups) groups.push_back(std::move(g));
+    if (b.end) break;
+  }
+  t.join();
+  CHECK(sent == 6);
+  CHECK(worker.groups_sent() == 6);
+  CHECK(rounds >= 2);  // 3 leases a request
+  CHECK(worker.busy_s() > 0);
+  CHECK(rig.engine->weight_version() == 1);
+  REQUIRE(groups.size() == 6);
+  std::set<uint64_t> prompts;
+  for (const auto& g : groups) {
+    prompts.insert(g.prompt_index);
+    CHECK(g.worker == "w0");
+    REQUIRE(g.samples.size() == 2);
+    for (const auto& s : g.samples) {
+      REQUIRE(s.tokens.size() > s.prompt_len);
+      CHECK(s.loss_mask.size() == s.tokens.size());
+      CHECK(s.logprobs.size() == s.tokens.size());
+      const auto v = s.versions.per_token();
+      for (size_t i = 0; i < v.size(); ++i) CHECK(v[i] == (s.loss_mask[i] ? 1 : -1));  // actions only, at version 1
+      CHECK((s.reward == 0.0f || s.reward == 1.0f));
+    }
+  }
+  CHECK(prompts.size() == 6);  // each prompt once
+  CHECK(std::find(said.begin(), said.end(), "asking the hub for leases") != said.end());
+}
+
+TEST_CASE("rollout worker in-process: leave finishes the leases held, end stops without sending a group cut short",
+          "[rollout][worker]") {
+  Rig rig(40);
+  rig.pub->publish(1, rig.model->hf_parameters());
+  bus::Client learner(rig.client("learner", "learner"));
+  learner.publish_version(1);
+  rlx::dist::ShmWeightSubscriber weights({.name = rig.segment});
+  {
+    bus::Client client(rig.client("leaver"));
+    std::atomic<bool> end{false}, leave{false};
+    auto o = rig.options();
+    o.who = "leaver";
+    o.after_round = [&] { leave = true; };  // after its first grant's groups
+    rollout::Worker worker(o, *rig.engine, rig.envs(), client, weights);
+    CHECK(worker.run(end, leave) == 3);  // one grant of 3 leases, sent whole
+  }
+  {
+    bus::Client client(rig.client("stopped"));
+    std::atomic<bool> end{false}, leave{false};
+    auto o = rig.options();
+    o.who = "stopped";
+    // Stopped while it waits for a version that never comes: returns at once, sends nothing.
+    learner.publish_version(2);
+    o.status = [&](const std::string& what) {
+      if (what.starts_with("waiting for weights v2")) end = true;
+    };
+    rollout::Worker worker(o, *rig.engine, rig.envs(), client, weights);
+    CHECK(worker.run(end, leave) == 0);
+  }
+  // A version that does not come within weights_timeout_s is an error naming it.
+  bus::Client client(rig.client("late"));
+  auto o = rig.options();
+  o.who = "late";
+  o.weights_timeout_s = 0.5;
+  rollout::Worker worker(o, *rig.engine, rig.envs(), client, weights);
+  std::atomic<bool> end{false}, leave{false};
+  CHECK_THROWS_WITH(worker.run(end, leave), Catch::Contains("late: weights version 2 did not arrive within 0.5 s"));
+}
