@@ -68,6 +68,12 @@ struct Rig {
         rlx::dist::ShmSyncOptions{.name = segment},
         rlx::dist::WeightLayout::of(model->hf_parameters(), at::kFloat));
   }
+  // The learner's version 1 (the initial weights) published and announced: every lease
+  // asks for it (synchronous hub).
+  void publish_v1(bus::Client& learner) {
+    pub->publish(1, model->hf_parameters());
+    learner.publish_version(1);
+  }
   rollout::EnvSource envs() {
     return {.make = [this] { return rlx::env::Registry::global().make("arithmetic", context); },
             .stop_strings = rlx::env::Registry::global().make("arithmetic", context)->stop_strings()};
@@ -89,10 +95,8 @@ struct Rig {
 TEST_CASE("rollout worker in-process: every lease becomes one group, sampled under the weights the lease asks for",
           "[rollout][worker]") {
   Rig rig(6);
-  // Version 1 (the initial weights, published) before any lease: every lease asks for it.
-  rig.pub->publish(1, rig.model->hf_parameters());
   bus::Client learner(rig.client("learner", "learner"));
-  learner.publish_version(1);
+  rig.publish_v1(learner);
   bus::Client client(rig.client("w0"));
   rlx::dist::ShmWeightSubscriber weights({.name = rig.segment});
   std::vector<std::string> said;
@@ -138,9 +142,8 @@ TEST_CASE("rollout worker in-process: every lease becomes one group, sampled und
 TEST_CASE("rollout worker in-process: leave finishes the leases held, end stops without sending a group cut short",
           "[rollout][worker]") {
   Rig rig(40);
-  rig.pub->publish(1, rig.model->hf_parameters());
   bus::Client learner(rig.client("learner", "learner"));
-  learner.publish_version(1);
+  rig.publish_v1(learner);
   rlx::dist::ShmWeightSubscriber weights({.name = rig.segment});
   {
     bus::Client client(rig.client("leaver"));
