@@ -1,0 +1,189 @@
+// The learner's step loop (learner/loop.hpp).
+#include "rlx/learner/loop.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <tuple>
+
+#include "rlx/core/clock.hpp"
+#include "rlx/core/error.hpp"
+#include "rlx/core/log.hpp"
+#include "rlx/core/trace.hpp"
+#include "rlx/learner/batching.hpp"
+
+namespace rlx {
+
+using nlohmann::json;
+
+namespace {
+
+void trace_span(const char* name, int64_t start_us) {
+  if (auto* t = TraceWriter::installed()) t->complete(name, "", start_us, TraceWriter::now_us() - start_us);
+}
+
+// Rank 0's value on every rank.
+int64_t broadcast_value(dist::Communicator& comm, int64_t value, const char* what) {
+  if (comm.size() == 1) return value;
+  auto t = at::tensor({value}, at::kLong);
+  comm.broadcast(t, 0, what)->wait();
+  return t.item<int64_t>();
+}
+
+// Rank 0's batch on every rank: its head and group frames as they came from the hub, which
+// each rank checks and reads in place.
+bus::BatchView broadcast_batch(dist::Communicator& comm, bus::BatchView batch) {
+  auto bytes = std::make_shared<std::string>();
+  if (comm.rank() == 0) *bytes = bus::pack_batch(batch);
+  const auto n = broadcast_value(comm, static_cast<int64_t>(bytes->size()), "learner: batch size");
+  RLX_CHECK(n >= 0 && n <= (int64_t{1} << 34), "learner: a batch of {} bytes", n);
+  bytes->resize(static_cast<size_t>(n));
+  auto t = at::from_blob(bytes->data(), {n}, at::kByte);
+  comm.broadcast(t, 0, "learner: batch")->wait();
+  if (comm.rank() == 0) return batch;
+  // Rank 0's client held the frames to its own max_frame_mb; here, its largest setting.
+  return bus::unpack_batch(std::move(bytes), bus::Limits{.max_frame_bytes = uint64_t{4096} << 20});
+}
+}  // namespace
+
+LearnerLoop::LearnerLoop(LoopOptions options, LoopParts parts) : o_(std::move(options)), p_(std::move(parts)) {
+  RLX_CHECK(p_.comm.rank() != 0 || p_.client, "learner loop: rank 0 needs a hub client");
+  RLX_CHECK(o_.groups_per_step >= static_cast<uint32_t>(p_.comm.size()),
+            "learner loop: {} groups per step cannot feed {} ranks", o_.groups_per_step, p_.comm.size());
+}
+
+void LearnerLoop::say(const std::string& what) const {
+  if (o_.status) o_.status(what);
+}
+
+LearnerLoop::End LearnerLoop::run(int64_t& step, const std::atomic<bool>& stop) {
+  auto& comm = p_.comm;
+  const bool lead = comm.rank() == 0;
+  const int world = comm.size();
+  const double t_start = now_s();
+  for (;;) {
+    const double t0 = now_s();
+    const int64_t t0_us = TraceWriter::now_us();
+    // Rank 0 takes the batch (waiting in slices so that SIGINT/SIGTERM is noticed while
+    // rollout is slow) and decides for every rank: train it, or stop.
+    bus::BatchView batch;  // its groups read in place from the frames the hub sent
+    enum : int64_t { kTrain = 0, kStop = 1, kEnd = 2 };
+    int64_t what = kTrain;
+    say(lead ? fmt::format("waiting for a batch of {} groups from the hub (step {})", o_.groups_per_step, step + 1)
+             : fmt::format("waiting for rank 0's batch (step {})", step + 1));
+    if (lead) {
+      if (step >= o_.steps) what = kEnd;
+      while (what == kTrain && !stop) {
+        try {
+          batch = p_.client->next_batch_view({.max_groups = o_.groups_per_step}, 1.0);
+          break;
+        } catch (const bus::TimeoutError&) {
+          RLX_CHECK(now_s() - t0 < o_.batch_timeout_s, "learner: no batch from the hub within {} s (step {})",
+                    o_.batch_timeout_s, step + 1);
+        }
+      }
+      if (what == kTrain && batch.groups.empty()) {
+        if (stop) {
+          what = kStop;
+        } else {
+          RLX_CHECK(batch.end, "learner: the hub sent an empty batch that is not the end");
+          log::info("learner: the hub has no more groups; stopping at step {}", step);
+          what = kEnd;
+        }
+      }
+      RLX_CHECK(what != kTrain || batch.groups.size() >= static_cast<size_t>(world),
+                "learner: a batch of {} groups cannot feed {} ranks", batch.groups.size(), world);
+    }
+    what = broadcast_value(comm, what, "learner: train or stop");
+    if (what == kStop) return End::stopped;
+    if (what == kEnd) return step >= o_.steps ? End::steps : End::exhausted;
+    const double t_wait = now_s() - t0;
+    trace_span("wait_batch", t0_us);
+    if (world > 1) batch = broadcast_batch(comm, std::move(batch));
+    // Groups in prompt order: the step does not depend on which worker finished first;
+    // the ranks share them balanced by tokens.
+    std::vector<size_t> order(batch.groups.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+      const auto &a = batch.groups[x], &b = batch.groups[y];
+      return std::tie(a.epoch, a.prompt_index) < std::tie(b.epoch, b.prompt_index);
+    });
+    std::vector<int64_t> group_tokens;
+    for (const size_t i : order) group_tokens.push_back(batch.groups[i].num_tokens());
+    const auto rank_of = assign_ranks(group_tokens, static_cast<uint32_t>(world));
+    std::vector<Sequence> seqs;
+    std::vector<double> rewards;
+    std::vector<size_t> sizes;
+    int64_t vmin = INT64_MAX, vmax = -1, tokens = 0;
+    for (size_t gi = 0; gi < order.size(); ++gi) {
+      const auto& g = batch.groups[order[gi]];
+      const auto [lo_v, hi_v] = g.version_range();
+      if (lo_v >= 0) vmin = std::min(vmin, lo_v), vmax = std::max(vmax, hi_v);
+      tokens += g.num_tokens();
+      if (static_cast<int>(rank_of[gi]) != comm.rank()) continue;
+      sizes.push_back(g.samples.size());
+      for (const auto& t : g.samples) {
+        Sequence sq;
+        sq.tokens.resize(t.tokens.size());
+        for (size_t i = 0; i < t.tokens.size(); ++i) sq.tokens[i] = t.tokens[i];
+        t.loss_mask.append_to(sq.loss_mask);
+        t.logprobs.append_to(sq.values["behaviour_logprobs"]);
+        rewards.push_back(t.reward);
+        seqs.push_back(std::move(sq));
+      }
+    }
+    const double t1 = now_s();
+    const int64_t t1_us = TraceWriter::now_us();
+    say(fmt::format("training step {}", step + 1));
+    if (o_.on_rewards) {
+      const size_t n = rewards.size();
+      o_.on_rewards(step + 1, rewards, sizes);
+      RLX_CHECK(rewards.size() == n, "a trainer's on_rewards hook changed the number of rewards ({} -> {})", n,
+                rewards.size());
+    }
+    auto m = train_on_batch(p_.algorithm, p_.models, seqs, rewards, sizes);
+    const double t_train = now_s() - t1;
+    trace_span("train", t1_us);
+    ++step;
+    trained_batch_ = batch.batch_id;
+    const auto params = p_.models.policy.model().gather_parameters();  // collective
+    const double t2 = now_s();
+    const int64_t t2_us = TraceWriter::now_us();
+    say(fmt::format("publishing weights v{}", step));
+    if (lead) {
+      if (p_.publisher) p_.publisher->publish(step, params);
+      p_.client->publish_version(step);
+    }
+    const double t_sync = now_s() - t2;
+    trace_span("publish_weights", t2_us);
+    saved_ = false;
+    const double t3 = now_s();
+    if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0 && p_.checkpoint) {
+      const int64_t t3_us = TraceWriter::now_us();
+      p_.checkpoint(step, trained_batch_);
+      saved_ = true;
+      trace_span("checkpoint", t3_us);
+    }
+    const double t_ckpt = now_s() - t3;
+    if (auto* t = TraceWriter::installed()) t->flush();
+    if (!lead) continue;
+    json line = {{"step", step},
+                 {"time_s", now_s() - t_start},
+                 {"groups", batch.groups.size()},
+                 {"learner_ranks", world},
+                 {"sequence_tokens", tokens},  // prompts, actions and observations
+                 {"tokens_per_s", static_cast<double>(tokens) / std::max(now_s() - t0, 1e-9)},
+                 {"sample_version_min", vmin == INT64_MAX ? -1 : vmin},
+                 {"sample_version_max", vmax},
+                 {"version_lag", vmin == INT64_MAX ? 0 : step - 1 - vmin},  // trained version minus oldest sample
+                 {"wait_s", t_wait},
+                 {"train_s", t_train},
+                 {"sync_s", t_sync},
+                 {"checkpoint_s", t_ckpt},
+                 // the learner's share of the step spent working (training, publishing, checkpointing)
+                 {"busy_learner", (t_train + t_sync + t_ckpt) / std::max(now_s() - t0, 1e-9)}};
+    for (const auto& [k, v] : m) line[k] = v;
+    if (o_.on_step) o_.on_step(step, line);
+  }
+}
+
+}  // namespace rlx
