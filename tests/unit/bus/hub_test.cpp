@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "../helpers.hpp"
+#include "../hub_thread.hpp"
 #include "rlx/bus/client.hpp"
 #include "rlx/bus/h5store.hpp"
 
@@ -58,19 +59,7 @@ TrajectoryGroup answer(const Lease& lease, int tokens = 6) {
   return g;
 }
 
-// A hub serving on its own thread for the duration of a test.
-struct HubThread {
-  Hub hub;
-  std::atomic<bool> stop{false};
-  std::thread thread;
-  HubThread(HubOptions o, std::vector<std::string> records) : hub(std::move(o), std::move(records)) {
-    thread = std::thread([this] { hub.run(stop); });
-  }
-  ~HubThread() {
-    stop = true;
-    thread.join();
-  }
-};
+using rlx::test::HubThread;
 
 HubOptions options(const TempDir& dir, const std::string& name) {
   HubOptions o;

@@ -9,26 +9,15 @@
 #include <thread>
 
 #include "../helpers.hpp"
+#include "../hub_thread.hpp"
 #include "../test_models.hpp"
 #include "rlx/bus/hub.hpp"
 
+using rlx::test::HubThread;
 using rlx::test::TempDir;
 namespace bus = rlx::bus;
 
 namespace {
-
-struct HubThread {
-  bus::Hub hub;
-  std::atomic<bool> stop{false};
-  std::thread thread;
-  HubThread(bus::HubOptions o, std::vector<std::string> records) : hub(std::move(o), std::move(records)) {
-    thread = std::thread([this] { hub.run(stop); });
-  }
-  ~HubThread() {
-    stop = true;
-    thread.join();
-  }
-};
 
 // A group for `lease` as a worker would send it: prompt 2 tokens, 3 sampled, reward s % 2.
 bus::TrajectoryGroup group_for(const bus::Lease& lease, int64_t vocab) {

@@ -10,28 +10,17 @@
 #include <thread>
 
 #include "../helpers.hpp"
+#include "../hub_thread.hpp"
 #include "rlx/bus/hub.hpp"
 #include "rlx/env/bundled.hpp"
 #include "rlx/model/config.hpp"
 
+using rlx::test::HubThread;
 using rlx::test::TempDir;
 namespace bus = rlx::bus;
 namespace rollout = rlx::rollout;
 
 namespace {
-
-struct HubThread {
-  bus::Hub hub;
-  std::atomic<bool> stop{false};
-  std::thread thread;
-  HubThread(bus::HubOptions o, std::vector<std::string> records) : hub(std::move(o), std::move(records)) {
-    thread = std::thread([this] { hub.run(stop); });
-  }
-  ~HubThread() {
-    stop = true;
-    thread.join();
-  }
-};
 
 // Everything a worker needs, as the launcher's worker role builds it, on a tiny model.
 struct Rig {
