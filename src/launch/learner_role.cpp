@@ -104,14 +104,14 @@ int run_learner(const RoleContext& ctx) {
     ro.timeout_s = std::max(ro.timeout_s, cfg.train.batch_timeout_s + 60);
     // Ranks on CUDA devices use NCCL where it is built, unless RLX_COMM_BACKEND says otherwise.
     if (std::getenv("RLX_COMM_BACKEND") == nullptr)
-      ro.nccl = cfg.learner.options(cfg.run.seed).fsdp.device.is_cuda() && dist::nccl_available();
+      ro.nccl = learner_options(cfg.learner, cfg.run.seed).fsdp.device.is_cuda() && dist::nccl_available();
     comm = dist::connect(ro);
   } else {
     comm = dist::single_process();
   }
   algo::register_bundled_algorithms();
   auto algorithm = algo::make_algorithm(cfg.algorithm);
-  auto lo = cfg.learner.options(cfg.run.seed);
+  auto lo = learner_options(cfg.learner, cfg.run.seed);
   const bool head = algorithm->needs_critic() && cfg.algorithm.critic == algo::CriticKind::head;
   lo.value_head = head;
   lo.entropy = true;  // the metric GRPO users watch most; in the loss when algorithm.entropy_coef > 0

@@ -34,7 +34,7 @@ int run_sft(const RunConfig& cfg) {
   auto ao = cfg.algorithm;
   ao.name = "sft";
   auto sft = algo::make_algorithm(ao);
-  auto lo = cfg.learner.options(cfg.run.seed);
+  auto lo = learner_options(cfg.learner, cfg.run.seed);
   lo.optimizer.lr = cfg.sft.lr;
   Learner learner(model->config(), *comm, lo);
   learner.load_from(*model);

@@ -212,4 +212,17 @@ StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_
   return r;
 }
 
+LearnerOptions learner_options(const LearnerSection& s, uint64_t seed) {
+  LearnerOptions o;
+  o.optimizer = {.lr = s.lr, .beta1 = s.beta1, .beta2 = s.beta2, .eps = s.eps, .weight_decay = s.weight_decay};
+  o.schedule = {.kind = s.schedule, .warmup_steps = s.warmup_steps, .total_steps = s.total_steps, .min_lr_ratio = s.min_lr_ratio};
+  o.max_grad_norm = s.max_grad_norm;
+  o.packing = {.micro_batch_tokens = s.micro_batch_tokens, .row_tokens = s.row_tokens, .pack = s.pack};
+  o.fsdp.compute_dtype = to_scalar_type(s.compute_dtype);
+  o.fsdp.reduce_dtype = to_scalar_type(s.reduce_dtype);
+  o.fsdp.activation_checkpointing = s.activation_checkpointing;
+  o.seed = seed;
+  return o;
+}
+
 }  // namespace rlx

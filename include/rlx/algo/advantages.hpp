@@ -8,6 +8,8 @@
 
 #include <ATen/ATen.h>
 
+#include "rlx/algo/options.hpp"
+
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -21,17 +23,6 @@ namespace rlx::algo {
 // A batch's sums across every rank (for batch-wide statistics): sums `values` in place.
 using AllReduceSum = std::function<void(std::vector<double>& values)>;
 
-enum class GroupBaseline {
-  mean_std,  // GRPO: (r - mean) / (std + eps), std the unbiased sample std of the group
-  mean,      // Dr.GRPO: r - mean (no std: no difficulty re-weighting)
-  rloo,      // RLOO: r - mean of the *other* samples = n / (n - 1) * (r - mean)
-  none,      // REINFORCE without a baseline: r
-};
-
-constexpr std::array<std::pair<GroupBaseline, std::string_view>, 4> enum_names(GroupBaseline) {
-  return {{{GroupBaseline::mean_std, "mean_std"}, {GroupBaseline::mean, "mean"}, {GroupBaseline::rloo, "rloo"},
-           {GroupBaseline::none, "none"}}};
-}
 GroupBaseline group_baseline_from_string(const std::string& s);
 
 // One advantage per sample of a group. A group of one has advantage 0 for the

@@ -26,94 +26,11 @@
 
 #include "rlx/algo/advantages.hpp"
 #include "rlx/algo/losses.hpp"
+#include "rlx/algo/options.hpp"
 #include "rlx/core/config.hpp"
 
 namespace rlx::algo {
 
-// Where the KL to the reference model enters: a loss term (GRPO) or a per-token
-// reward penalty -kl_coef * (logp_old - logp_ref) (PPO, Ziegler et al. 2019).
-enum class KlPlacement { loss, reward };
-constexpr std::array<std::pair<KlPlacement, std::string_view>, 2> enum_names(KlPlacement) {
-  return {{{KlPlacement::loss, "loss"}, {KlPlacement::reward, "reward"}}};
-}
-// PPO's value model: a separate critic network, or a value head on the policy trained
-// with the policy loss (loss + vf_coef * value loss).
-enum class CriticKind { separate, head };
-constexpr std::array<std::pair<CriticKind, std::string_view>, 2> enum_names(CriticKind) {
-  return {{{CriticKind::separate, "separate"}, {CriticKind::head, "head"}}};
-}
-
-struct AlgoOptions {
-  std::string name = "grpo";
-  GroupBaseline baseline = GroupBaseline::mean_std;  // group advantages (grpo: mean_std; Dr.GRPO: mean)
-  Aggregation aggregation = Aggregation::token_mean;
-  ClipRange clip;                                    // PPO-style ratio clipping
-  double kl_coef = 0.0;                              // KL to the reference model in the loss (0: none)
-  KlEstimator kl_estimator = KlEstimator::k3;
-  double entropy_coef = 0.0;                         // entropy bonus (0: none)
-  double max_tokens = 1024;                          // seq_mean_token_sum_norm's constant
-  double tis_cap = 0.0;                              // truncated IS between sampler and learner (0: off)
-  bool whiten_batch = true;                          // REINFORCE++ and PPO: whiten advantages over the whole batch
-  KlPlacement kl_placement = KlPlacement::loss;
-  double kl_target = 0.0;                            // > 0: adaptive KL coefficient toward this KL per sequence
-  double kl_horizon = 10000;                         // the adaptive controller's horizon (sequences)
-  double gamma = 1.0;                                // PPO: discount
-  double gae_lambda = 0.95;                          // PPO: GAE lambda
-  double value_clip = 0.2;                           // PPO: value clipping around the old values; 0 off
-  double vf_coef = 0.5;                              // PPO with critic = head: weight of the value loss
-  CriticKind critic = CriticKind::separate;
-  double critic_lr = 0.0;                            // the separate critic's learning rate (0: learner.lr)
-  int64_t epochs = 1;                                // passes over each batch
-  int64_t overlong_buffer = 0;                       // DAPO soft overlong penalty over the last N tokens (0: off)
-  int64_t max_response_tokens = 0;                   // ... of responses up to this many tokens
-  double overlong_factor = 1.0;                      // ... scaled by this
-  int64_t mini_batches = 1;                          // optimizer steps per pass
-  std::map<std::string, std::string> options;        // a registered algorithm's own (see option())
-
-  template <class V>
-  void visit(V& v) {
-    v("name", name, "algorithm: grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, gspo, ppo, sft, or a registered one");
-    v("baseline", baseline, "group advantage baseline (grpo: mean_std; Dr.GRPO: mean)");
-    v("aggregation", aggregation, "how per-token losses become the step's loss (normalised over the whole step)");
-    v("clip_low", clip.low, "ratio clip below: ratio >= 1 - clip_low", config::in_range(0, 0.999));
-    v("clip_high", clip.high, "ratio clip above: ratio <= 1 + clip_high (DAPO clip-higher: > clip_low)",
-      config::at_least(0));
-    v("dual_clip", clip.dual_clip, "dual-clip constant c > 1 for negative advantages; 0 off", config::at_least(0));
-    v("kl_coef", kl_coef, "KL-to-reference coefficient in the loss; 0: no reference model", config::at_least(0));
-    v("kl_estimator", kl_estimator, "KL estimator: k1, k2 or k3");
-    v("entropy_coef", entropy_coef, "entropy bonus coefficient", config::at_least(0));
-    v("max_tokens", max_tokens, "the constant of seq_mean_token_sum_norm (the response-length limit)",
-      config::greater_than(0));
-    v("tis_cap", tis_cap, "truncated importance sampling cap between sampler and learner; 0 off", config::at_least(0));
-    v("whiten_batch", whiten_batch, "REINFORCE++ and PPO: whiten advantages over the whole batch");
-    v("kl_placement", kl_placement, "where the KL to the reference enters: loss (GRPO) or reward (PPO)");
-    v("kl_target", kl_target, "> 0: adapt kl_coef toward this KL per sequence (Ziegler et al.); 0: fixed",
-      config::at_least(0));
-    v("kl_horizon", kl_horizon, "the adaptive KL controller's horizon, in sequences", config::greater_than(0));
-    v("gamma", gamma, "PPO: discount factor", config::in_range(0, 1));
-    v("gae_lambda", gae_lambda, "PPO: GAE lambda", config::in_range(0, 1));
-    v("value_clip", value_clip, "PPO: clip values to old +- value_clip in the value loss; 0 off", config::at_least(0));
-    v("vf_coef", vf_coef, "PPO with critic = head: the value loss's weight", config::at_least(0));
-    v("critic", critic, "PPO's value model: separate (its own network) or head (on the policy)");
-    v("critic_lr", critic_lr, "the separate critic's learning rate; 0: learner.lr", config::at_least(0));
-    v("epochs", epochs, "passes over each batch (PPO epochs)", config::in_range(1, 64));
-    v("mini_batches", mini_batches, "optimizer steps per pass over a batch", config::in_range(1, 4096));
-    v("overlong_buffer", overlong_buffer, "DAPO soft overlong penalty: 0 off, else the last N tokens before "
-      "max_response_tokens cost up to overlong_factor", config::at_least(0));
-    v("max_response_tokens", max_response_tokens, "the response-length limit the overlong penalty refers to",
-      config::at_least(0));
-    v("overlong_factor", overlong_factor, "the overlong penalty's largest value", config::at_least(0));
-    v("options", options, "the algorithm's own options, declared when it registers (a key it does not declare is an "
-      "error listing those it does); each value is read as JSON when it parses, else as text");
-  }
-  void validate() const {
-    RLX_CHECK(overlong_buffer == 0 || (max_response_tokens > overlong_buffer),
-              "algorithm.max_response_tokens ({}) must exceed algorithm.overlong_buffer ({})", max_response_tokens,
-              overlong_buffer);
-    RLX_CHECK(clip.dual_clip == 0 || clip.dual_clip > 1, "algorithm.dual_clip must be 0 or > 1, got {}", clip.dual_clip);
-    RLX_CHECK(tis_cap == 0 || tis_cap >= 1, "algorithm.tis_cap must be 0 or >= 1, got {}", tis_cap);
-  }
-};
 
 // One sample (response) of a group.
 struct Sample {

@@ -10,6 +10,8 @@
 
 #include <ATen/ATen.h>
 
+#include "rlx/algo/options.hpp"
+
 #include <array>
 #include <string>
 #include <string_view>
@@ -17,18 +19,6 @@
 
 namespace rlx::algo {
 
-enum class Aggregation {
-  token_mean,               // sum over every trained token / trained tokens in the step
-  seq_mean_token_sum,       // mean over sequences of each sequence's token sum
-  seq_mean_token_mean,      // mean over sequences of each sequence's token mean
-  seq_mean_token_sum_norm,  // token sum / (sequences x max_tokens): Dr.GRPO's constant normaliser
-};
-constexpr std::array<std::pair<Aggregation, std::string_view>, 4> enum_names(Aggregation) {
-  return {{{Aggregation::token_mean, "token_mean"},
-           {Aggregation::seq_mean_token_sum, "seq_mean_token_sum"},
-           {Aggregation::seq_mean_token_mean, "seq_mean_token_mean"},
-           {Aggregation::seq_mean_token_sum_norm, "seq_mean_token_sum_norm"}}};
-}
 Aggregation aggregation_from_string(const std::string& s);
 
 // Step-wide counts (over every micro-batch and rank).
@@ -43,11 +33,6 @@ struct Normalizers {
 at::Tensor aggregate(const at::Tensor& per_token, const at::Tensor& mask, const at::Tensor& sequence, Aggregation mode,
                      const Normalizers& norm);
 
-struct ClipRange {
-  double low = 0.2;        // ratio >= 1 - low
-  double high = 0.2;       // ratio <= 1 + high (DAPO clip-higher: high > low)
-  double dual_clip = 0.0;  // > 1: for negative advantages the loss is at most dual_clip * |A| (0: off)
-};
 
 struct PolicyLoss {
   at::Tensor loss;     // [R, T] per-token loss
@@ -65,10 +50,6 @@ PolicyLoss clipped_policy_loss(const at::Tensor& logp, const at::Tensor& old_log
 at::Tensor gspo_log_ratio(const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& mask,
                           const at::Tensor& sequence);
 
-enum class KlEstimator { k1, k2, k3 };
-constexpr std::array<std::pair<KlEstimator, std::string_view>, 3> enum_names(KlEstimator) {
-  return {{{KlEstimator::k1, "k1"}, {KlEstimator::k2, "k2"}, {KlEstimator::k3, "k3"}}};
-}
 // Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman's k1, k2, k3).
 at::Tensor kl_penalty(const at::Tensor& logp, const at::Tensor& ref_logp, KlEstimator estimator);
 

@@ -9,7 +9,7 @@
 #include "rlx/bus/hub.hpp"
 #include "rlx/core/config.hpp"
 #include "rlx/core/log.hpp"
-#include "rlx/algo/algorithm.hpp"
+#include "rlx/algo/options.hpp"
 #include "rlx/env/options.hpp"
 #include "rlx/learner/options.hpp"
 #include "rlx/model/config.hpp"

@@ -25,6 +25,7 @@
 #include "rlx/core/rng.hpp"
 #include "rlx/dist/fsdp.hpp"
 #include "rlx/learner/batching.hpp"
+#include "rlx/learner/options.hpp"
 #include "rlx/learner/optimizer.hpp"
 
 namespace rlx {
@@ -132,5 +133,9 @@ void annotate_sequences(std::vector<Sequence>& seqs, const PackOptions& packing,
 at::Tensor gather_logprobs(const at::Tensor& logits, const at::Tensor& targets);
 // Entropy of softmax(logits) over the last dimension, in fp32: [..., V] -> [...].
 at::Tensor entropy_from_logits(const at::Tensor& logits);
+
+// The options a run config's `learner:` section describes (the learner's random stream
+// keyed by `seed`).
+LearnerOptions learner_options(const LearnerSection& section, uint64_t seed);
 
 }  // namespace rlx

@@ -12,6 +12,8 @@
 
 #include <ATen/ATen.h>
 
+#include "rlx/learner/options.hpp"
+
 #include <array>
 #include <cstdint>
 #include <string_view>
@@ -66,12 +68,6 @@ class AdamW {
   at::Tensor device_step_;  // the step count as the fused kernel reads it (one fp32 on the device)
 };
 
-enum class LrScheduleKind { constant, linear_warmup, cosine };
-constexpr std::array<std::pair<LrScheduleKind, std::string_view>, 3> enum_names(LrScheduleKind) {
-  return {{{LrScheduleKind::constant, "constant"},
-           {LrScheduleKind::linear_warmup, "linear_warmup"},
-           {LrScheduleKind::cosine, "cosine"}}};
-}
 
 struct LrSchedule {
   LrScheduleKind kind = LrScheduleKind::constant;

@@ -1,11 +1,24 @@
-// The `learner:` section of a run config, and the LearnerOptions it builds.
+// The `learner:` section of a run config: torch-free, so reading a config compiles no
+// ATen. learner_options() (learner.hpp) turns it into LearnerOptions.
 #pragma once
 
+#include <array>
+#include <cstdint>
+#include <string_view>
+#include <utility>
+
 #include "rlx/core/config.hpp"
-#include "rlx/learner/learner.hpp"
 #include "rlx/model/config.hpp"
 
 namespace rlx {
+
+enum class LrScheduleKind { constant, linear_warmup, cosine };
+constexpr std::array<std::pair<LrScheduleKind, std::string_view>, 3> enum_names(LrScheduleKind) {
+  return {{{LrScheduleKind::constant, "constant"},
+           {LrScheduleKind::linear_warmup, "linear_warmup"},
+           {LrScheduleKind::cosine, "cosine"}}};
+}
+
 
 struct LearnerSection {
   double lr = 1e-6;
@@ -58,19 +71,6 @@ struct LearnerSection {
               "learner.total_steps ({}) must exceed learner.warmup_steps ({}) for the cosine schedule", total_steps,
               warmup_steps);
     RLX_CHECK(reduce_dtype != DType::float16, "learner.reduce_dtype must be float32 or bfloat16");
-  }
-
-  LearnerOptions options(uint64_t seed) const {
-    LearnerOptions o;
-    o.optimizer = {.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = weight_decay};
-    o.schedule = {.kind = schedule, .warmup_steps = warmup_steps, .total_steps = total_steps, .min_lr_ratio = min_lr_ratio};
-    o.max_grad_norm = max_grad_norm;
-    o.packing = {.micro_batch_tokens = micro_batch_tokens, .row_tokens = row_tokens, .pack = pack};
-    o.fsdp.compute_dtype = to_scalar_type(compute_dtype);
-    o.fsdp.reduce_dtype = to_scalar_type(reduce_dtype);
-    o.fsdp.activation_checkpointing = activation_checkpointing;
-    o.seed = seed;
-    return o;
   }
 };
 
