@@ -7,6 +7,7 @@
 
 #include "rlx/core/config.hpp"
 #include "rlx/launch/roles.hpp"
+#include "rlx/launch/tasks.hpp"
 
 namespace rlx::launch {
 

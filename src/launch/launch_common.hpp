@@ -16,7 +16,9 @@
 
 #include "rlx/core/clock.hpp"
 #include "rlx/dist/local_group.hpp"
+#include "rlx/launch/launcher.hpp"
 #include "rlx/launch/roles.hpp"
+#include "rlx/launch/tasks.hpp"
 
 namespace rlx::launch {
 

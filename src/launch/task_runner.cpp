@@ -18,7 +18,9 @@
 #include "rlx/core/signals.hpp"
 #include "rlx/dist/local_group.hpp"
 #include "rlx/dist/rendezvous.hpp"
+#include "rlx/launch/launcher.hpp"
 #include "rlx/launch/roles.hpp"
+#include "rlx/launch/tasks.hpp"
 
 namespace rlx::launch {
 

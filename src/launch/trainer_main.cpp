@@ -29,7 +29,9 @@
 #include "rlx/env/sandbox.hpp"
 #include "rlx/env/server.hpp"
 #include "rlx/launch/main.hpp"
+#include "rlx/launch/launcher.hpp"
 #include "rlx/launch/roles.hpp"
+#include "rlx/launch/tasks.hpp"
 #include "role_common.hpp"
 
 namespace rlx::launch {

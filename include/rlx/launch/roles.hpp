@@ -1,4 +1,5 @@
-// The roles of a run and the launcher that starts them (`rlx run CONFIG`).
+// The roles of a run (the launcher that starts them: launcher.hpp; a run as many tasks
+// under Slurm or Kubernetes: tasks.hpp).
 //
 // Every role is a process of the same binary (`rlx role NAME ...`):
 //   hub      the replay hub: prompts (the dataset, or tasks the environment
@@ -14,8 +15,6 @@
 // watches them: when the learner finishes, the others are stopped; when any role
 // fails, the run stops and the error names the role, its index and how it ended.
 //
-//   rlx::RunConfig cfg = rlx::config::load_file<rlx::RunConfig>("grpo.yaml", overrides);
-//   return rlx::launch::launch(cfg, "/proc/self/exe");
 #pragma once
 
 #include <filesystem>
@@ -116,60 +115,5 @@ int run_sft(const RunConfig& cfg);
 // Greedy held-out accuracy (mean episode reward) of `cfg`'s model on sft.eval_tasks tasks
 // drawn from the environment's generator with a seed disjoint from training's.
 double evaluate(const RunConfig& cfg);
-
-struct LaunchOptions {
-  bool resume = false;  // continue the run directory from its newest checkpoint
-  bool force = false;   // start over in a run directory that holds a run
-  // SIGHUP to the launcher reads the config again through this (the file and the command
-  // line's overrides, validated): a changed rollout.workers scales the workers as `rlx
-  // scale` does; other changed keys are named and left as they are (they need a restart,
-  // --resume). A config that no longer loads is reported and the run goes on unchanged.
-  std::function<RunConfig()> reload;
-};
-
-// `rlx run`: the run directory, the roles as processes of `exe`, and their watch.
-// Returns the exit code (128 + signal when SIGINT/SIGTERM stopped it after a checkpoint).
-int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& options = {});
-
-// A run as many tasks: under Slurm (`srun -n T rlx run CONFIG`, T > 1, by SLURM_PROCID
-// and SLURM_NTASKS) or as a Kubernetes Indexed Job (`rlx k8s render`: RLX_TASK_INDEX,
-// RLX_NUM_TASKS, RLX_TASK_GROUP), each task is one role of the plan: 0 the hub (it also
-// prepares the run directory, hosts the learner group's store and prints the progress),
-// 1..L the learner ranks (train.learner_ranks), then the W rollout workers
-// (rollout.workers): T must be 1 + L + W. Each task runs its role as a child with the local
-// launcher's policies (heartbeats; a worker is restarted up to rollout.max_restarts times);
-// a dead hub or learner rank fails the whole group with an error naming it, and `--resume`
-// (or a requeued job) continues from the last checkpoint. The tasks coordinate through
-// files in run_dir/tasks/GROUP/, so the run directory must be shared (NFS, Lustre) when
-// they span nodes; weights go through /dev/shm on one node, over tcp across nodes
-// (train.transport).
-struct RoleTask {
-  int procid = 0, ntasks = 1;
-  std::string group;  // names this start of the tasks (slurm-JOB.STEP.RESTARTS, or RLX_TASK_GROUP)
-  std::string role;   // hub, learner or worker
-  int index = 0;      // learner rank or worker index
-  bool tcp = false;   // train.transport: tcp (or auto, and the tasks span nodes)
-};
-// The task of this process, or none (a single process launches every role). A plan that
-// does not fit the tasks is a ConfigError naming the keys.
-std::optional<RoleTask> task_from_env(const RunConfig& cfg);
-
-// `rlx k8s render`: a headless Service, a ConfigMap with the resolved config, and an
-// Indexed Job of 1 + L + W pods, each running `rlx run` as one task of the plan. The pods
-// share one node (pod affinity), its network and /dev/shm, and the run directory
-// (a hostPath, or a ReadWriteMany claim).
-struct K8sOptions {
-  std::string image = "rlx:latest";
-  std::string namespace_;      // empty: the current one
-  std::string host_path = "/var/lib/rlx/runs";  // the run directories on the node
-  std::string claim;           // a PersistentVolumeClaim instead of the hostPath
-  bool resume = false;         // the pods run `rlx run --resume`
-};
-std::string render_k8s(const RunConfig& cfg, const K8sOptions& options);
-
-// `rlx scale RUN_DIR N`: asks the running launcher of RUN_DIR for N rollout workers. New
-// workers join at once (they catch up to the current weights); surplus ones finish and
-// send the leases they hold, then exit. Nothing is lost or repeated either way.
-void scale(const std::filesystem::path& run_dir, uint32_t workers);
 
 }  // namespace rlx::launch
