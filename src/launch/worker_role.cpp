@@ -1,6 +1,5 @@
-// The rollout worker role: leases -> episodes -> groups, environments in process or behind
-// env servers, episode checkpoints, weight subscription; and the held-out evaluation that
-// rolls tasks out the same way.
+// The rollout worker role: rollout::Worker (leases -> episodes -> groups) in a process, with
+// its environments in process or behind sandboxed env servers, signals, status and statistics.
 #include "rlx/launch/roles.hpp"
 
 #include "role_common.hpp"
@@ -148,48 +147,6 @@ std::string check_env_server(const RoleContext& ctx, double timeout_s) {
   std::error_code ec;
   fs::remove_all(socket_dir(ctx.run_dir) / "env-sockets" / "check", ec);
   return why;
-}
-
-namespace {
-// Held-out tasks come from a generator stream that training never draws from.
-constexpr uint64_t kHeldOutSeed = 0x68656c646f7574;  // "heldout"
-
-std::vector<bus::Lease> generated_leases(const RunConfig& cfg, uint64_t seed, uint64_t first, uint64_t count) {
-  std::vector<bus::Lease> out;
-  const auto options = cfg.env.options_json();
-  for (uint64_t i = 0; i < count; ++i)
-    out.push_back({.lease_id = first + i, .prompt_index = first + i, .group_size = 1,
-                   .task = env::Registry::global().generate(cfg.env.name, seed, first + i, options).dump()});
-  return out;
-}
-
-}  // namespace
-
-double greedy_accuracy(const RunConfig& cfg, const std::shared_ptr<Transformer>& model,
-                       const std::shared_ptr<const Tokenizer>& tok) {
-  RoleContext ctx{.cfg = cfg};
-  ctx.cfg.rollout.temperature = 0;
-  ctx.cfg.env.servers = 0;
-  Engine engine(model, {.block_size = static_cast<int32_t>(cfg.rollout.block_size), .kv_cache_blocks = cfg.rollout.kv_cache_blocks},
-                tok);
-  WorkerEnvs envs(ctx, tok);
-  double total = 0;
-  const rollout::RolloutOptions ro{.max_turns = cfg.env.max_turns,
-                                   .sampling = {.temperature = 0, .max_new_tokens = cfg.rollout.max_new_tokens},
-                                   .seed = cfg.run.seed};
-  for (const auto& g :
-       rollout::rollout_groups(engine, envs.source(), generated_leases(cfg, cfg.run.seed ^ kHeldOutSeed, 0, cfg.sft.eval_tasks), ro)) {
-    RLX_CHECK(g.error.empty(), "eval: task {}: {}", g.lease.prompt_index, g.error);
-    total += g.episodes[0].reward;
-  }
-  return total / cfg.sft.eval_tasks;
-}
-
-double evaluate(const RunConfig& cfg) {
-  set_threads(cfg);
-  env::register_bundled();
-  auto tok = run_tokenizer(cfg);
-  return greedy_accuracy(cfg, initial_model(cfg, *tok), tok);
 }
 
 int run_worker(const RoleContext& ctx) {
