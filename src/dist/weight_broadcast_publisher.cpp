@@ -244,6 +244,10 @@ struct BroadcastWeightPublisher::Impl {
   void catch_up() {
     while (!stop) {
       std::this_thread::sleep_for(std::chrono::milliseconds(kPollMs * 5));
+      // `group` is publish()'s: read it only while publish() is not running. A publish in
+      // progress re-forms the group with every live member itself.
+      std::unique_lock send_lock(send_mu, std::try_to_lock);
+      if (!send_lock.owns_lock() || last_version == 0 || stop) continue;
       bool newcomer = false;
       {
         std::lock_guard lock(mu);
@@ -251,8 +255,6 @@ struct BroadcastWeightPublisher::Impl {
           if (members.contains(id) && std::find(group.begin(), group.end(), id) == group.end()) newcomer = true;
       }
       if (!newcomer) continue;
-      std::lock_guard send_lock(send_mu);
-      if (last_version == 0 || stop) continue;
       try {
         deliver(last_version, nullptr);
       } catch (const std::exception& e) {
