@@ -8,7 +8,7 @@ void register_bundled(Registry& registry) {
   const std::pair<const char*, void (*)(Registry&)> all[] = {
       {"arithmetic", envs::register_arithmetic},     {"countdown", envs::register_countdown},
       {"calculator", envs::register_calculator},     {"python_code", envs::register_python_code},
-      {"guess_number", envs::register_guess_number}};
+      {"guess_number", envs::register_guess_number}, {"synthetic", envs::register_synthetic}};
   for (auto [name, add] : all)
     if (!registry.has(name)) add(registry);
 }

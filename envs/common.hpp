@@ -173,5 +173,6 @@ void register_countdown(env::Registry& r);
 void register_calculator(env::Registry& r);
 void register_python_code(env::Registry& r);
 void register_guess_number(env::Registry& r);
+void register_synthetic(env::Registry& r);
 
 }  // namespace rlx::envs

@@ -9,11 +9,11 @@
 #   EXTRA_DEBS="nlohmann-json3-dev libcli11-dev libicu-dev libicu72 libpcre2-dev libpcre2-8-0
 #   libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libseccomp-dev libseccomp2 libxxhash-dev
 #   libxxhash0 pkgconf pkgconf-bin libpkgconf3 pkg-config libsodium-dev"
-#   steps (default all, in this order): build parity model learner sync gpu_tests sanitizer unit decode sampler
+#   steps (default all, in this order): build parity model learner sync gpu_tests sanitizer unit decode sampler colocated
 set -uo pipefail
 out=${1:?usage: cuda_check.sh OUT [STEP...]}
 shift
-steps=${*:-build parity model learner sync gpu_tests sanitizer unit decode sampler}
+steps=${*:-build parity model learner sync gpu_tests sanitizer unit decode sampler colocated}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 build=${RLX_CUDA_BUILD:-$root/build/cuda}
@@ -98,6 +98,26 @@ for s in $steps; do
       # The CPU unit suite against this LibTorch. Tokenizer parity needs the npm fixtures,
       # which are fetched where there is network; without them those cases fail by design.
       (cd "$build" && step unit 300 ctest -L unit -j"$(nproc)" --timeout 120 --output-on-failure) ;;
+    colocated)
+      # One GPU, the whole loop (train.placement = colocated): the throughput config (random
+      # Qwen2.5-0.5B shape, 64 x 8 samples x 512 tokens a step), then generation alone and
+      # training alone on the same shapes, for "step time within 15% of their sum"; then the
+      # quickstart's task from an SFT warm start, for its reward curve and wall time.
+      runs=/tmp/rlx-colocated
+      step colocated_throughput 540 "$rlx" run examples/configs/throughput_0.5b.yaml run.out_dir=$runs --force \
+        && cp $runs/throughput_0.5b/metrics.jsonl "$out/colocated_throughput.jsonl"
+      grep "memory plan" -A14 $runs/throughput_0.5b/logs/learner-0/rank-0.err >> "$log" 2>/dev/null
+      step colocated_generate_alone 300 "$rlx" bench sampler --preset qwen2.5-0.5b --arch qwen2 --dtype bfloat16 \
+        --device cuda --batch 512 --prompt 64 --new 512 --iters 1 --kv-cache-mb 6144 --max-batch-tokens 16384 \
+        && json colocated_generate_alone
+      step colocated_train_alone 300 "$rlx" bench learner --device cuda --preset qwen2.5-0.5b --arch qwen2 \
+        --dtype bfloat16 --seq 576 --batch-seqs 512 --micro-batch-tokens 16384 --steps 3 --ranks 1 \
+        && json colocated_train_alone
+      step colocated_sft 300 "$rlx" sft examples/configs/sft_arithmetic.yaml run.out_dir=$runs model.device=cuda
+      step colocated_quickstart 540 "$rlx" run examples/configs/grpo_arithmetic_gpu.yaml run.out_dir=$runs \
+        model.path=$runs/sft_arithmetic/final --force && cp $runs/grpo_arithmetic_gpu/metrics.jsonl "$out/colocated_quickstart.jsonl"
+      step colocated_eval 120 "$rlx" eval examples/configs/grpo_arithmetic_gpu.yaml run.out_dir=$runs \
+        model.path=$runs/grpo_arithmetic_gpu/final && json colocated_eval ;;
     *) say "unknown step $s"; exit 2 ;;
   esac
 done

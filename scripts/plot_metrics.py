@@ -18,7 +18,9 @@ CURVES = [  # (file, title, keys)
     ("kl_entropy.png", "KL to reference / behaviour mismatch / entropy", ["kl", "mismatch_kl", "entropy"]),
     ("length.png", "response length (tokens)", ["response_length_mean", "response_length_max"]),
     ("throughput.png", "tokens/s", ["tokens_per_s"]),
-    ("time.png", "seconds per step", ["wait_s", "train_s", "sync_s"]),
+    ("time.png", "seconds per step: generate / train / sync / wait", ["step_s", "generate_s", "train_s", "sync_s", "wait_s"]),
+    ("busy.png", "busy fraction of the step", ["busy_device", "busy_learner", "busy_rollout"]),
+    ("memory.png", "peak memory (MiB; device on CUDA, resident on CPU)", "peak_mem_mb_"),
 ]
 
 
@@ -40,6 +42,8 @@ def main() -> int:
     out.mkdir(exist_ok=True)
     steps = [r["step"] for r in rows]
     for name, title, keys in CURVES:
+        if isinstance(keys, str):  # a prefix: every key that starts with it (one per role)
+            keys = sorted({k for r in rows for k in r if k.startswith(keys)})
         present = [k for k in keys if any(k in r for r in rows)]
         if not present:
             continue

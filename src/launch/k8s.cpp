@@ -91,7 +91,7 @@ std::string render_k8s(const RunConfig& cfg_in, const K8sOptions& o) {
   RLX_CHECK(!o.image.empty(), "k8s: --image is empty");
   auto cfg = cfg_in;
   cfg.run.out_dir = "/runs";  // the run volume inside every pod
-  const int tasks = 1 + static_cast<int>(cfg.train.learner_ranks) + static_cast<int>(cfg.rollout.workers);
+  const int tasks = 1 + static_cast<int>(cfg.train.learner_ranks) + static_cast<int>(worker_processes(cfg));
   const auto name = dns_name(cfg.run.name);
 
   json service;

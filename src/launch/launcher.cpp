@@ -184,7 +184,8 @@ class Roles {
     remove_endpoints(run_dir);  // a former attempt's: roles wait for this one's
     hub_ = start("hub", 0);
     learner_ = start("learner", 0, static_cast<int>(cfg.train.learner_ranks));
-    scale(scaled_workers(run_dir_, cfg.rollout.workers));
+    colocated_ = cfg.train.placement == Placement::colocated;  // the rollout engine is in the learner
+    if (!colocated_) scale(scaled_workers(run_dir_, cfg.rollout.workers));
   }
 
   enum class State { running, learner_done, failed, hopeless };
@@ -243,7 +244,13 @@ class Roles {
                 << std::endl;
       start_worker(w);  // its leases are issued again by the hub; its episodes continue from their checkpoints
     }
-    if (!stopping) {
+    if (!stopping && colocated_ && !said_no_scale_ && fs::exists(run_dir_ / "scale.json")) {
+      said_no_scale_ = true;
+      std::cerr << "rlx run: rlx scale does not apply to a colocated run (its rollout engine is in the learner "
+                   "process); ignored"
+                << std::endl;
+    }
+    if (!stopping && !colocated_) {
       const auto wanted = scaled_workers(run_dir_, cfg_.rollout.workers);
       if (wanted != active_workers()) {
         std::cerr << fmt::format("rlx run: rollout workers {} -> {} (rlx scale)", active_workers(), wanted) << std::endl;
@@ -316,7 +323,7 @@ class Roles {
     add("hub", 0);
     for (size_t w = 0; w < workers_.size(); ++w)
       if (workers_[w].group) add("worker", static_cast<int>(w));
-    if (active_workers() == 0) parts.push_back("no rollout worker (rlx scale to 0: rollout paused)");
+    if (active_workers() == 0 && !colocated_) parts.push_back("no rollout worker (rlx scale to 0: rollout paused)");
     return fmt::format("{}", fmt::join(parts, "; "));
   }
 
@@ -365,6 +372,7 @@ class Roles {
   std::string exe_, weights_;
   int attempt_;
   bool tcp_ = false;
+  bool colocated_ = false, said_no_scale_ = false;
   std::vector<std::string> env_;
   std::unique_ptr<dist::LocalGroup> hub_, learner_;
   struct WorkerSlot {  // worker index = position

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <set>
 
+#include "colocated.hpp"
 #include "role_common.hpp"
 #include "rlx/bus/client.hpp"
 #include "rlx/core/clock.hpp"
@@ -23,6 +24,8 @@
 #include "rlx/learner/algorithm_loss.hpp"
 #include "rlx/learner/checkpoint.hpp"
 #include "rlx/learner/loop.hpp"
+#include "rlx/launch/memory_plan.hpp"
+#include "rlx/rollout/paged_kv_cache.hpp"
 #include "rlx/model/hf.hpp"
 
 namespace rlx::launch {
@@ -57,7 +60,7 @@ class RolloutBusy {
   explicit RolloutBusy(fs::path run_dir) : dir_(std::move(run_dir) / "stats") {}
   void add_to(json& line) {
     std::error_code ec;
-    double sum = 0;
+    double sum = 0, rolling = 0;
     int n = 0;
     for (const auto& e : fs::directory_iterator(dir_, ec)) {
       const auto name = e.path().stem().string();
@@ -73,10 +76,13 @@ class RolloutBusy {
       last = {pid, wall, busy};
       if (dw <= 0) continue;
       const double frac = std::clamp(db / dw, 0.0, 1.0);
-      line["busy_" + name.substr(0, 6) + "_" + name.substr(7)] = frac;
-      sum += frac, ++n;
+      const auto index = name.substr(7);
+      line["busy_worker_" + index] = frac;
+      if (j.contains("peak_mem_mb")) line["peak_mem_mb_worker_" + index] = j.value("peak_mem_mb", 0.0);
+      sum += frac, rolling += std::max(0.0, db), ++n;
     }
     if (n > 0) line["busy_rollout"] = sum / n;
+    if (n > 0) line["generate_s"] = rolling / n;  // each worker's seconds rolling out, mean
   }
 
  private:
@@ -97,6 +103,7 @@ int run_learner(const RoleContext& ctx) {
   status::set("loading the model");
   auto tok = run_tokenizer(cfg);
   auto start = initial_model(cfg, *tok);
+  const bool colocated = cfg.train.placement == Placement::colocated;
   // The learner group: ranks wait in collectives while rank 0 waits for a batch.
   std::unique_ptr<dist::Communicator> comm;
   if (cfg.train.learner_ranks > 1) {
@@ -115,6 +122,24 @@ int run_learner(const RoleContext& ctx) {
   const bool head = algorithm->needs_critic() && cfg.algorithm.critic == algo::CriticKind::head;
   lo.value_head = head;
   lo.entropy = true;  // the metric GRPO users watch most; in the loss when algorithm.entropy_coef > 0
+  // The memory plan, checked against what the device has free before anything else is
+  // allocated (the starting model, already there, stays as a colocated engine's weights).
+  {
+    int64_t parameters = 0, start_bytes = 0;
+    for (const auto& [name, p] : start->hf_parameters())
+      parameters += p.numel(), start_bytes += p.numel() * static_cast<int64_t>(p.element_size());
+    const int64_t kv = colocated ? cfg.rollout.kv_cache_blocks *
+                                       PagedKVCache::block_bytes(start->config(), static_cast<int32_t>(cfg.rollout.block_size),
+                                                                 start->dtype())
+                                 : 0;
+    const auto plan = plan_memory(cfg, start->config(), parameters, kv, algorithm->needs_reference(),
+                                  algorithm->needs_critic() && !head);
+    if (comm->rank() == 0)
+      log::info("learner: memory plan on {} ({} parameters{}):\n{}", cfg.model.device, parameters,
+                colocated ? ", colocated with the rollout engine" : "", plan.describe());
+    const int64_t free = free_memory_bytes(cfg.model.device);
+    plan.check(free < 0 ? free : free + start_bytes, cfg.model.device);
+  }
   Learner policy(start->config(), *comm, lo);
   policy.load_from(*start);
   std::unique_ptr<ReferenceModel> reference;
@@ -132,7 +157,6 @@ int run_learner(const RoleContext& ctx) {
     critic = std::make_unique<Learner>(start->config(), *comm, co);
     critic->load_from(*start);
   }
-  start.reset();
 
   // Resume: the newest verified checkpoint (the launcher restored the hub's state saved
   // with it). Version k is the policy after k steps; version 0 every role builds itself.
@@ -151,19 +175,26 @@ int run_learner(const RoleContext& ctx) {
   // Rank 0 talks to the hub and publishes weights; every rank trains its share.
   const bool lead = comm->rank() == 0;
   auto params = policy.model().gather_parameters();
+  // Colocated: the starting model becomes the rollout engine's (worker 0 runs in this process).
+  std::unique_ptr<ColocatedRollout> rollout;
+  if (colocated)
+    rollout = std::make_unique<ColocatedRollout>(ctx, start, tok, dist::WeightLayout::of(params, to_scalar_type(cfg.model.dtype)));
+  start.reset();
   std::unique_ptr<dist::WeightPublisher> pub;
+  dist::WeightPublisher* publisher = nullptr;  // pub, or the colocated engine's
   std::unique_ptr<bus::Client> client;
   if (lead) {
-    pub = ctx.weight_publisher(dist::WeightLayout::of(params, to_scalar_type(cfg.model.dtype)));
+    if (!rollout) pub = ctx.weight_publisher(dist::WeightLayout::of(params, to_scalar_type(cfg.model.dtype)));
     client = std::make_unique<bus::Client>(
         bus::ClientOptions{.address = ctx.hub_address(),
                            .who = "learner",
                            .role = "learner",
                            .prefetch_batches = cfg.learner.prefetch_batch ? 1 : 0});
     client->give_up_when(launcher_gone);  // the hub stops with the launcher
+    publisher = rollout ? &rollout->publisher() : pub.get();
     status::set(fmt::format("publishing weights v{}", step));
     if (step > 0) {
-      pub->publish(step, params);
+      publisher->publish(step, params);
       client->publish_version(step);
     } else if (cfg.learner.prefetch_batch) {
       client->publish_version(0);  // so that the batch asked ahead of step 1 is picked for version 1
@@ -195,6 +226,7 @@ int run_learner(const RoleContext& ctx) {
   const double t_start = now_s();
   const int64_t first_step = step;
   RolloutBusy rollout_busy(ctx.run_dir);
+  if (rollout) rollout->start(g_stop);
   LearnerLoop loop(
       {.steps = cfg.train.steps,
        .groups_per_step = cfg.train.groups_per_step,
@@ -212,7 +244,9 @@ int run_learner(const RoleContext& ctx) {
            },
        .on_step =
            [&](int64_t s, json& line) {
-             rollout_busy.add_to(line);
+             if (rollout) rollout->add_metrics(line);
+             else rollout_busy.add_to(line);
+             line["peak_mem_mb_learner"] = peak_memory_mb(cfg);
              for (const auto& h : hooks())
                if (h.on_step) h.on_step(s, line);
              metrics_out << line.dump() << std::endl;
@@ -226,13 +260,15 @@ int run_learner(const RoleContext& ctx) {
        .algorithm = *algorithm,
        .comm = *comm,
        .client = client.get(),
-       .publisher = pub.get(),
+       .publisher = publisher,
+       .turns = rollout ? &rollout->turns() : nullptr,
        .checkpoint =
            [&](int64_t, uint64_t batch) {
              trained_batch = batch;
              checkpoint();
            }});
   const auto end = loop.run(step, g_stop);
+  if (rollout) rollout->finish();  // worker 0 stops (its groups in flight go back); its failure ends the role here
   trained_batch = loop.trained_batch();
   const bool stopped = end == LearnerLoop::End::stopped;
   const bool saved = step == first_step ? first_step > 0 : loop.saved();

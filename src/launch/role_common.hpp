@@ -37,6 +37,9 @@ struct Fault {
   // Not yet fired in this run directory: marks it and says true.
   bool fires(const std::filesystem::path& run_dir) const;
 };
+// This process's peak memory in MiB: on a CUDA model.device what LibTorch's allocator
+// handed out at most, else the peak resident set (ru_maxrss).
+double peak_memory_mb(const RunConfig& cfg);
 double greedy_accuracy(const RunConfig& cfg, const std::shared_ptr<Transformer>& model,
                        const std::shared_ptr<const Tokenizer>& tok);
 

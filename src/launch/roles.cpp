@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 
 #include "rlx/bus/hub.hpp"
 #include "rlx/core/clock.hpp"
+#include "rlx/core/torch_compat.hpp"
 #include "rlx/core/files.hpp"
 #include "rlx/core/rng.hpp"
 #include "rlx/core/log.hpp"
@@ -232,7 +234,7 @@ void write_tokenizer(const RunConfig& cfg, const fs::path& file) {
 
 // Threads per process: the configured number, else the cores shared among the roles.
 void set_threads(const RunConfig& cfg) {
-  const auto procs = cfg.rollout.workers + cfg.train.learner_ranks;
+  const auto procs = worker_processes(cfg) + cfg.train.learner_ranks;  // colocated: the learner's process rolls out too
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   set_compute_threads(cfg.run.threads > 0 ? cfg.run.threads : std::max(1, cores / static_cast<int>(procs)));
 }
@@ -256,6 +258,14 @@ bus::HubOptions hub_options(const RoleContext& ctx) {
 bool launcher_gone() {
   const char* p = std::getenv("RLX_LAUNCHER_PID");
   return p && ::getppid() != std::atoi(p);
+}
+
+double peak_memory_mb(const RunConfig& cfg) {
+  const auto device_peak = compat::device_peak_bytes(at::Device(cfg.model.device));
+  if (device_peak >= 0) return static_cast<double>(device_peak) / (1024.0 * 1024.0);
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // KiB on Linux
 }
 
 std::atomic<bool> g_stop{false};

@@ -43,12 +43,15 @@ std::optional<RoleTask> task_from_env(const RunConfig& cfg) {
     throw ConfigError(fmt::format("{}={} / {}={}: not numbers", index_var, procid, count_var, ntasks));
   }
   if (t.ntasks <= 1) return std::nullopt;  // one task: it launches every role itself
-  const int learners = static_cast<int>(cfg.train.learner_ranks), workers = static_cast<int>(cfg.rollout.workers);
+  // Colocated: the rollout engine is in the learner's task.
+  const bool colocated = cfg.train.placement == Placement::colocated;
+  const int learners = static_cast<int>(cfg.train.learner_ranks), workers = static_cast<int>(worker_processes(cfg));
   if (t.ntasks != 1 + learners + workers)
     throw ConfigError(fmt::format(
         "placement: {} tasks ({}), but the plan has 1 hub + {} learner ranks (train.learner_ranks) + {} rollout workers "
-        "(rollout.workers) = {}",
-        t.ntasks, count_var, learners, workers, 1 + learners + workers));
+        "(rollout.workers{}) = {}",
+        t.ntasks, count_var, learners, workers, colocated ? "; none with train.placement = colocated" : "",
+        1 + learners + workers));
   const char* nodes = std::getenv("SLURM_NNODES");
   const bool many_nodes = slurm && nodes && std::atoi(nodes) > 1;
   if (many_nodes && cfg.train.transport == Transport::local)
@@ -215,7 +218,7 @@ class TaskRunner {
     static constexpr double kWorkersEndS = 40;  // a worker's own stop is bounded by 30 s
     static constexpr double kSayWaitingS = 5;   // a worker stops in well under a second
     if (learner_done_at_ == 0) learner_done_at_ = now_s();
-    for (uint32_t i = 0; i < cfg_.rollout.workers; ++i)
+    for (uint32_t i = 0; i < worker_processes(cfg_); ++i)
       if (!fs::exists(coord_ / fmt::format("worker-{}-ended", i))) {
         const double waited = now_s() - learner_done_at_;
         if (waited >= kSayWaitingS && !said_waiting_) {

@@ -58,6 +58,21 @@ void validate_run_config(const RunConfig& cfg) {
   if (cfg.train.learner_ranks > cfg.train.groups_per_step)
     throw ConfigError(fmt::format("train.learner_ranks = {}: more learner ranks than train.groups_per_step = {}",
                                   cfg.train.learner_ranks, cfg.train.groups_per_step));
+  if (cfg.train.placement == Placement::colocated) {
+    if (cfg.train.learner_ranks != 1)
+      throw ConfigError(fmt::format("train.placement = colocated with train.learner_ranks = {}: a colocated run has one "
+                                    "learner rank with its rollout engine in the same process (several colocated ranks "
+                                    "are not built); set train.learner_ranks = 1 or train.placement = split",
+                                    cfg.train.learner_ranks));
+    if (cfg.rollout.workers != 1)
+      throw ConfigError(fmt::format("train.placement = colocated with rollout.workers = {}: a colocated run's one rollout "
+                                    "engine lives in the learner process; set rollout.workers = 1 or train.placement = split",
+                                    cfg.rollout.workers));
+    if (cfg.train.weight_sync != WeightSync::auto_)
+      throw ConfigError(fmt::format("train.weight_sync = {} with train.placement = colocated: a colocated run copies the "
+                                    "weights into its engine in process; leave train.weight_sync at auto",
+                                    config::enum_to_string(cfg.train.weight_sync)));
+  }
   if (cfg.train.weight_sync == WeightSync::shm && cfg.train.transport == Transport::tcp)
     throw ConfigError("train.weight_sync = shm with train.transport = tcp: shared memory reaches one host only; use "
                       "tcp, broadcast or auto");

@@ -3,6 +3,7 @@
 #include "rlx/launch/roles.hpp"
 
 #include "role_common.hpp"
+#include "worker_envs.hpp"
 
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -44,110 +45,12 @@ using nlohmann::json;
 
 namespace {
 
-// The directory of librlx (a trainer's binary may live elsewhere; its servers load it).
-fs::path library_dir() {
-  Dl_info info{};
-  if (::dladdr(reinterpret_cast<const void*>(&library_dir), &info) == 0 || !info.dli_fname) return {};
-  return fs::canonical(info.dli_fname).parent_path();
-}
-
-// Whether the run's environment runs code: it then gets a sandbox of its own inside the
-// server, which runs outside one (namespaces do not nest under the sandbox's filter).
-bool runs_code(const RunConfig& cfg) { return env::Registry::global().needs(cfg.env.name).runs_code; }
-
-// An env server of this run: its command, sandbox, and ipc address. `name` names its
-// socket's directory (worker-W.S).
-struct EnvServerPlan {
-  env::EnvServerProcess::Options process;
-  std::string address;
-};
-EnvServerPlan env_server_plan(const RoleContext& ctx, const std::string& name) {
-  const auto& e = ctx.cfg.env;
-  // Each server's socket in a directory of its own: the sandbox makes its writable
-  // paths its own user's, so servers (and the run directory) must not share one.
-  const auto sock_dir = socket_dir(ctx.run_dir) / "env-sockets" / name;
-  fs::create_directories(sock_dir);
-  const auto sock = sock_dir / "env.sock";
-  fs::copy_file(ctx.run_dir / "tokenizer.json", sock_dir / "tokenizer.json", fs::copy_options::overwrite_existing);
-  EnvServerPlan plan{.address = "ipc://" + sock.string()};
-  std::vector<std::string> argv{ctx.exe, "env", "serve", "--address", plan.address, "--tokenizer",
-                                (sock_dir / "tokenizer.json").string(), "--options", e.options_json().dump(),
-                                "--seed", std::to_string(ctx.cfg.run.seed)};
-  if (runs_code(ctx.cfg)) argv.push_back("--code-sandbox");
-  // The server's binary and its libraries must be visible (read-only) inside.
-  // A server lives as long as the worker: the time limits bound one server's life,
-  // a stuck call is caught by env.timeout_s.
-  auto sandbox = e.sandbox;
-  sandbox.limits.wall_s = sandbox.limits.cpu_s = 86400;
-  const auto bin = fs::path(ctx.exe).parent_path();
-  for (const auto& dir : {bin, bin.parent_path() / "lib", library_dir()})
-    if (!dir.empty() && fs::exists(dir) && std::find(sandbox.readonly_paths.begin(), sandbox.readonly_paths.end(), dir.string()) ==
-                               sandbox.readonly_paths.end())
-      sandbox.readonly_paths.push_back(dir.string());
-  plan.process = {.argv = argv, .rlx = ctx.exe, .sandboxed = !runs_code(ctx.cfg), .sandbox = sandbox,
-                  .writable = {sock_dir.string()}, .max_restarts = e.max_restarts};
-  return plan;
-}
-
 std::atomic<bool> g_end{false};  // the worker's SIGTERM
 extern "C" void on_end(int) { g_end = true; }
 std::atomic<bool> g_leave{false};  // the worker's SIGUSR1 (`rlx scale` down)
 extern "C" void on_leave(int) { g_leave = true; }
 
-// Environments of a worker: in-process, or behind sandboxed env servers (env.servers).
-class WorkerEnvs {
- public:
-  WorkerEnvs(const RoleContext& ctx, std::shared_ptr<const Tokenizer> tok) : ctx_(ctx), tok_(std::move(tok)) {
-    const auto& e = ctx.cfg.env;
-    context_ = {.tokenizer = tok_.get(), .options = e.options_json(), .seed = ctx.cfg.run.seed};
-    if (runs_code(ctx.cfg)) {  // (with servers, only to ask the environment for its stop strings)
-      sandbox_ = std::make_unique<Sandbox>(e.sandbox);
-      context_.sandbox = sandbox_.get();
-    }
-    for (uint32_t s = 0; s < e.servers; ++s) {
-      auto plan = env_server_plan(ctx, fmt::format("worker-{}.{}", ctx.index, s));
-      servers_.push_back(std::make_unique<env::EnvServerProcess>(std::move(plan.process)));
-      addresses_.push_back(plan.address);
-    }
-  }
-  // For the worker: make() per sample, and the sampler's stop sequences, asked of an
-  // in-process instance (a server's RemoteEnv does not carry them).
-  rollout::EnvSource source() {
-    return {.make = [this] { return make(); },
-            .stop_strings = env::Registry::global().make(ctx_.cfg.env.name, context_)->stop_strings()};
-  }
-
-  std::unique_ptr<env::Env> make() {
-    const auto& e = ctx_.cfg.env;
-    if (servers_.empty()) return env::Registry::global().make(e.name, context_);
-    const size_t s = next_++ % servers_.size();
-    servers_[s]->ensure_running();
-    return std::make_unique<env::RemoteEnv>(env::RemoteEnvOptions{.address = addresses_[s], .env = e.name, .timeout_s = e.timeout_s,
-                                                                  .retries = e.retries, .server = servers_[s].get(),
-                                                                  .cancel = [] { return g_end.load(); },
-                                                                  .leave = [] { return g_leave.load(); }});
-  }
-
- private:
-  const RoleContext& ctx_;
-  std::shared_ptr<const Tokenizer> tok_;
-  env::Context context_;
-  std::unique_ptr<Sandbox> sandbox_;
-  std::vector<std::unique_ptr<env::EnvServerProcess>> servers_;
-  std::vector<std::string> addresses_;
-  size_t next_ = 0;
-};
-
 }  // namespace
-
-std::string check_env_server(const RoleContext& ctx, double timeout_s) {
-  auto plan = env_server_plan(ctx, "check");
-  plan.process.argv.insert(plan.process.argv.end(), {"--check", ctx.cfg.env.name});
-  auto why = env::EnvServerProcess::trial(std::move(plan.process), timeout_s);
-  std::error_code ec;
-  fs::remove_all(socket_dir(ctx.run_dir) / "env-sockets" / "check", ec);
-  return why;
-}
 
 int run_worker(const RoleContext& ctx) {
   const auto& cfg = ctx.cfg;
@@ -165,8 +68,7 @@ int run_worker(const RoleContext& ctx) {
   status::set("loading the model");
   auto tok = run_tokenizer(cfg);
   auto model = initial_model(cfg, *tok);
-  Engine engine(model, {.block_size = static_cast<int32_t>(cfg.rollout.block_size), .kv_cache_blocks = cfg.rollout.kv_cache_blocks},
-                tok);
+  Engine engine(model, engine_config(cfg), tok);
   // SIGTERM while it waits for the learner's first weights (a worker restarted as the run
   // ended, when the learner and its segment are gone): it stops there.
   std::unique_ptr<dist::WeightSubscriber> subscriber;
@@ -180,7 +82,7 @@ int run_worker(const RoleContext& ctx) {
   }
   auto& weights = *subscriber;
   status::set(cfg.env.servers > 0 ? fmt::format("starting {} env servers", cfg.env.servers) : "starting");
-  WorkerEnvs envs(ctx, tok);
+  WorkerEnvs envs(ctx, tok, [] { return g_end.load(); }, [] { return g_leave.load(); });
   const std::string who = fmt::format("worker-{}", ctx.index);
   bus::Client client({.address = ctx.hub_address(), .who = who});
   // The hub stops with the launcher; SIGTERM ends a wait for the hub's answer (a hub
@@ -202,29 +104,20 @@ int run_worker(const RoleContext& ctx) {
     try {
       write_file_atomic(stats_file,
                         json{{"pid", ::getpid()}, {"wall_s", now_s() - born}, {"busy_s", worker->busy_s()},
-                             {"groups", worker->groups_sent()}}.dump(),
+                             {"groups", worker->groups_sent()}, {"peak_mem_mb", peak_memory_mb(cfg)}}.dump(),
                         /*durable=*/false);
     } catch (const std::exception&) {  // a full disk: the busy fraction is missing, not the run
     }
   };
-  worker = std::make_unique<rollout::Worker>(
-      rollout::WorkerOptions{
-          .who = who,
-          .rollout = {.max_turns = cfg.env.max_turns,
-                      .sampling = {.temperature = cfg.rollout.temperature, .max_new_tokens = cfg.rollout.max_new_tokens},
-                      .seed = cfg.run.seed},
-          .leases_per_request = cfg.rollout.leases_per_request,
-          .weights_timeout_s = cfg.train.batch_timeout_s,
-          .episode_dir = ctx.run_dir / "episodes",
-          .episode_checkpoint_turns = cfg.rollout.episode_checkpoint_turns,
-          .after_episode_checkpoint = after_checkpoint,
-          .status = [](const std::string& what) { status::set(what); },
-          .after_round =
-              [&] {
-                status::ready();  // the hub answered
-                write_stats();
-                if (auto* t = TraceWriter::installed()) t->flush();
-              }},
+  auto options = worker_options(ctx, who);
+  options.after_episode_checkpoint = after_checkpoint;
+  options.status = [](const std::string& what) { status::set(what); };
+  options.after_round = [&] {
+    status::ready();  // the hub answered
+    write_stats();
+    if (auto* t = TraceWriter::installed()) t->flush();
+  };
+  worker = std::make_unique<rollout::Worker>(std::move(options),
       engine, envs.source(), client, weights);
   const int64_t groups_sent = worker->run(g_end, g_leave);
   client.close(g_end ? 5 : 30);  // SIGTERM: the hub may be gone too (the launcher died)

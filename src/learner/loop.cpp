@@ -131,6 +131,14 @@ LearnerLoop::End LearnerLoop::run(int64_t& step, const std::atomic<bool>& stop) 
         seqs.push_back(std::move(sq));
       }
     }
+    // Colocated: the device is ours from training to the published weights (the worker
+    // generates outside this turn).
+    DeviceTurns::Turn turn;
+    if (p_.turns) {
+      say(fmt::format("waiting for the device (the rollout engine generates) for step {}", step + 1));
+      turn = p_.turns->hold(DeviceTurns::Use::train, &stop);
+      if (!turn) return End::stopped;
+    }
     const double t1 = now_s();
     const int64_t t1_us = TraceWriter::now_us();
     say(fmt::format("training step {}", step + 1));
@@ -149,10 +157,9 @@ LearnerLoop::End LearnerLoop::run(int64_t& step, const std::atomic<bool>& stop) 
     const double t2 = now_s();
     const int64_t t2_us = TraceWriter::now_us();
     say(fmt::format("publishing weights v{}", step));
-    if (lead) {
-      if (p_.publisher) p_.publisher->publish(step, params);
-      p_.client->publish_version(step);
-    }
+    if (lead && p_.publisher) p_.publisher->publish(step, params);
+    turn.release();
+    if (lead) p_.client->publish_version(step);
     const double t_sync = now_s() - t2;
     trace_span("publish_weights", t2_us);
     saved_ = false;
@@ -179,6 +186,7 @@ LearnerLoop::End LearnerLoop::run(int64_t& step, const std::atomic<bool>& stop) 
                  {"train_s", t_train},
                  {"sync_s", t_sync},
                  {"checkpoint_s", t_ckpt},
+                 {"step_s", now_s() - t0},
                  // the learner's share of the step spent working (training, publishing, checkpointing)
                  {"busy_learner", (t_train + t_sync + t_ckpt) / std::max(now_s() - t0, 1e-9)}};
     for (const auto& [k, v] : m) line[k] = v;

@@ -58,6 +58,7 @@ Engine::Engine(std::shared_ptr<Transformer> model, EngineConfig cfg, std::shared
     const int64_t max_seqs = std::min<int64_t>(256, cuda::DecodeGraphs::batch_bucket(cfg_.max_running));
     cache_.enable_static(max_seqs, (max_model_len_ + cfg_.block_size - 1) / cfg_.block_size, *pad);
     graphs_ = std::make_unique<cuda::DecodeGraphs>(*model_, cache_, max_seqs);
+    graph_seqs_ = max_seqs;
   }
 #endif
 }
@@ -125,13 +126,8 @@ int64_t Engine::weight_version() const {
   return version_;
 }
 
-void Engine::update_weights(int64_t version, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                            std::optional<UpdatePolicy> policy) {
-  const std::string who = fmt::format("update_weights(version {})", version);
-  {
-    std::lock_guard lock(inbox_mu_);
-    RLX_CHECK(version > latest_version_, "{}: versions must increase; the latest is {}", who, latest_version_);
-  }
+void Engine::check_weights(const std::string& who,
+                           const std::vector<std::pair<std::string, at::Tensor>>& tensors) const {
   std::map<std::string, at::Tensor> params;
   for (auto& [name, p] : model_->hf_parameters()) params.emplace(name, p);
   std::map<std::string, size_t> seen;
@@ -145,6 +141,16 @@ void Engine::update_weights(int64_t version, const std::vector<std::pair<std::st
     RLX_CHECK(t.is_floating_point(), "{}: '{}' is {}, not a floating-point tensor", who, name, c10::toString(t.scalar_type()));
   }
   for (const auto& [name, p] : params) RLX_CHECK(seen.contains(name), "{}: '{}' is missing; a full set is required", who, name);
+}
+
+void Engine::update_weights(int64_t version, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                            std::optional<UpdatePolicy> policy) {
+  const std::string who = fmt::format("update_weights(version {})", version);
+  {
+    std::lock_guard lock(inbox_mu_);
+    RLX_CHECK(version > latest_version_, "{}: versions must increase; the latest is {}", who, latest_version_);
+  }
+  check_weights(who, tensors);
   PendingUpdate u{version, {}, policy.value_or(cfg_.update_policy)};
   u.tensors.reserve(tensors.size());
   for (const auto& [name, t] : tensors)
@@ -153,6 +159,61 @@ void Engine::update_weights(int64_t version, const std::vector<std::pair<std::st
   RLX_CHECK(version > latest_version_, "{}: versions must increase; the latest is {}", who, latest_version_);
   latest_version_ = version;
   update_inbox_ = std::move(u);  // a newer version staged before the older was applied replaces it
+}
+
+int64_t Engine::load_weights(int64_t version, const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  const std::string who = fmt::format("load_weights(version {})", version);
+  {
+    std::lock_guard lock(inbox_mu_);
+    RLX_CHECK(version > latest_version_, "{}: versions must increase; the latest is {}", who, latest_version_);
+    RLX_CHECK(live_ids_.empty(), "{}: {} requests are in flight (load_weights needs an idle engine; update_weights "
+              "stages weights for a busy one)", who, live_ids_.size());
+  }
+  check_weights(who, tensors);
+  while (!inflight_.empty()) land_decode();  // a last chained step of rows that had all stopped
+  int64_t bytes = 0;
+  {
+    c10::NoGradGuard no_grad;
+    std::map<std::string, at::Tensor> params;
+    for (auto& [name, p] : model_->hf_parameters()) params.emplace(name, p);
+    for (const auto& [name, t] : tensors) {
+      auto& p = params.at(name);
+      p.copy_(t);
+      bytes += p.numel() * static_cast<int64_t>(p.element_size());
+    }
+  }
+  blocks_.clear_cache();
+  prefix_root_ = prefix_root(version);
+  std::lock_guard lock(inbox_mu_);
+  update_inbox_.reset();  // older than this one
+  update_.reset();
+  latest_version_ = version_ = version;
+  return bytes;
+}
+
+void Engine::sleep() {
+  if (asleep_) return;
+  RLX_CHECK(!has_work(), "engine: sleep() with requests in flight");
+  while (!inflight_.empty()) land_decode();
+  RLX_ASSERT(running_.empty() && waiting_.empty(), "engine: idle, yet sequences hold blocks");
+  blocks_.clear_cache();  // the cached prefixes' keys and values go with the pool
+  graphs_.reset();
+  cache_.release();
+  asleep_ = true;
+}
+
+void Engine::wake() {
+  if (!asleep_) return;
+  cache_.restore();
+#if RLX_WITH_CUDA
+  if (graph_seqs_ > 0) graphs_ = std::make_unique<cuda::DecodeGraphs>(*model_, cache_, graph_seqs_);
+#endif
+  asleep_ = false;
+}
+
+int64_t Engine::kv_pool_bytes() const {
+  return static_cast<int64_t>(blocks_.num_blocks()) *
+         PagedKVCache::block_bytes(model_->config(), cfg_.block_size, model_->dtype());
 }
 
 EngineStats Engine::stats() const {
@@ -170,6 +231,7 @@ EngineStats Engine::stats() const {
 // --- stepping --------------------------------------------------------------------------
 
 std::vector<GenerationResult> Engine::step() {
+  RLX_CHECK(!asleep_, "engine: step() while asleep (its KV pool is released; wake() first)");
   std::vector<GenerationResult> finished = std::move(unclaimed_);
   unclaimed_.clear();
   take_inbox(finished);

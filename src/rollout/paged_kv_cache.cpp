@@ -16,17 +16,35 @@ PagedKVCache::PagedKVCache(const ModelConfig& cfg, int32_t num_blocks, int32_t b
     : num_blocks_(num_blocks),
       block_size_(block_size),
       kv_heads_(cfg.num_kv_heads),
+      layers_(cfg.num_layers),
+      head_dim_(cfg.head_dim),
+      options_(at::TensorOptions().dtype(dtype).device(device)),
       head_major_(layout == Layout::head_major || (layout == Layout::for_device && device.is_cuda())) {
   RLX_CHECK(num_blocks >= 1 && block_size >= 1, "PagedKVCache: num_blocks ({}) and block_size ({}) must be >= 1",
             num_blocks, block_size);
-  auto opts = at::TensorOptions().dtype(dtype).device(device);
-  for (int64_t l = 0; l < cfg.num_layers; ++l) {
+  allocate();
+}
+
+void PagedKVCache::allocate() {
+  const int64_t nb = num_blocks_, bs = block_size_;
+  for (int64_t l = 0; l < layers_; ++l) {
     // Zero-filled: padded context positions read block 0, which must never hold NaN.
-    const auto shape = head_major_ ? std::vector<int64_t>{num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim}
-                                   : std::vector<int64_t>{num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim};
-    keys_.push_back(at::zeros(shape, opts));
-    values_.push_back(at::zeros(shape, opts));
+    const auto shape = head_major_ ? std::vector<int64_t>{nb, kv_heads_, bs, head_dim_}
+                                   : std::vector<int64_t>{nb, bs, kv_heads_, head_dim_};
+    keys_.push_back(at::zeros(shape, options_));
+    values_.push_back(at::zeros(shape, options_));
   }
+}
+
+void PagedKVCache::release() {
+  keys_.clear();
+  values_.clear();
+  keys_.shrink_to_fit();
+  values_.shrink_to_fit();
+}
+
+void PagedKVCache::restore() {
+  if (released()) allocate();
 }
 
 int64_t PagedKVCache::block_bytes(const ModelConfig& cfg, int32_t block_size, at::ScalarType dtype) {

@@ -242,7 +242,12 @@ void Worker::say(const std::string& what) const {
 }
 
 void Worker::apply_weights() {
-  if (auto u = weights_.poll()) engine_.update_weights(u->version, u->tensors);  // applied before the next step
+  auto u = weights_.poll();
+  if (!u) return;
+  // Between grants the engine is idle: one copy into its weights; otherwise staged and
+  // applied before its next step.
+  if (engine_.has_work()) engine_.update_weights(u->version, u->tensors);
+  else engine_.load_weights(u->version, u->tensors);
 }
 
 int64_t Worker::run(const std::atomic<bool>& end, const std::atomic<bool>& leave) {
@@ -285,7 +290,15 @@ int64_t Worker::run(const std::atomic<bool>& end, const std::atomic<bool>& leave
     say(fmt::format("rolling out {} leases", grant.leases.size()));
     std::function<void()> after_checkpoint;
     if (o_.after_episode_checkpoint) after_checkpoint = [this] { o_.after_episode_checkpoint(episodes_.saved()); };
+    DeviceTurns::Turn turn;
+    if (o_.turns) {
+      say(fmt::format("waiting for the device (the learner trains) to roll out {} leases", grant.leases.size()));
+      turn = o_.turns->hold(DeviceTurns::Use::generate, &end);
+      if (!turn) break;  // stopped: the hub re-issues these leases if the run goes on
+      say(fmt::format("rolling out {} leases", grant.leases.size()));
+    }
     auto groups = rollout_groups(engine_, envs_, grant.leases, o_.rollout, &episodes_, after_checkpoint, &end);
+    turn.release();
     if (end) break;  // cut short: the hub re-issues these leases if the run goes on
     for (auto& gr : groups) {
       if (!gr.error.empty()) {

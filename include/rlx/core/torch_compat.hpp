@@ -12,6 +12,9 @@
 
 #if RLX_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
 #endif
 
 #define RLX_TORCH_AT_LEAST(major, minor) \
@@ -58,6 +61,29 @@ inline int64_t device_peak_bytes([[maybe_unused]] at::Device device) {
     return c10::cuda::CUDACachingAllocator::getDeviceStats(device.has_index() ? device.index() : 0).allocated_bytes[0].peak;
 #endif
   return -1;
+}
+
+// Bytes a new allocation on a CUDA device can still get: the driver's free memory plus what
+// LibTorch's caching allocator holds reserved but unused; -1 on a CPU build or device.
+inline int64_t device_free_bytes([[maybe_unused]] at::Device device) {
+#if RLX_WITH_CUDA
+  if (device.is_cuda()) {
+    const int index = device.has_index() ? device.index() : 0;
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(index));
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) return -1;
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+    return static_cast<int64_t>(free) + (stats.reserved_bytes[0].current - stats.allocated_bytes[0].current);
+  }
+#endif
+  return -1;
+}
+
+// Waits for the work queued on `device` (a no-op on the CPU).
+inline void synchronize([[maybe_unused]] at::Device device) {
+#if RLX_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::device_synchronize();
+#endif
 }
 
 }  // namespace rlx::compat

@@ -134,6 +134,15 @@ constexpr std::array<std::pair<WeightSync, std::string_view>, 4> enum_names(Weig
   return {{{WeightSync::auto_, "auto"}, {WeightSync::shm, "shm"}, {WeightSync::tcp, "tcp"}, {WeightSync::broadcast, "broadcast"}}};
 }
 
+// Where the learner and the rollout engine run: split (a process per role; weights by
+// train.weight_sync) or colocated (one process runs the learner and a rollout engine on
+// the same device, taking turns; weights go into the engine with one copy, and the KV pool
+// is released while the learner trains).
+enum class Placement { split, colocated };
+constexpr std::array<std::pair<Placement, std::string_view>, 2> enum_names(Placement) {
+  return {{{Placement::split, "split"}, {Placement::colocated, "colocated"}}};
+}
+
 // The training loop.
 struct TrainSection {
   TrainMode mode = TrainMode::sync;
@@ -149,6 +158,7 @@ struct TrainSection {
   Transport transport = Transport::auto_;
   WeightSync weight_sync = WeightSync::auto_;
   int64_t weight_bucket_mb = 256;     // broadcast: bytes per collective
+  Placement placement = Placement::split;
 
   template <class V>
   void visit(V& v) {
@@ -182,6 +192,10 @@ struct TrainSection {
       "local transport, else tcp)");
     v("weight_bucket_mb", weight_bucket_mb, "broadcast weight sync: MiB per collective (a larger tensor goes alone)",
       config::in_range(1, 16384));
+    v("placement", placement,
+      "split (hub, learner ranks and rollout workers as processes) or colocated (one process runs the learner and a "
+      "rollout engine on the same device, taking turns: weights go into the engine with one copy, its KV pool is "
+      "released while the learner trains; one learner rank, one engine)");
   }
 };
 
@@ -232,6 +246,11 @@ struct RunConfig {
     v("sft", sft, "the SFT warm start (`rlx sft`) and held-out evaluation (`rlx eval`)");
   }
 };
+
+// Rollout worker processes a run starts: none when colocated (the engine is in the learner).
+inline uint32_t worker_processes(const RunConfig& cfg) {
+  return cfg.train.placement == Placement::colocated ? 0 : cfg.rollout.workers;
+}
 
 inline void ModelSection::validate() const {
   if (path.empty()) model_preset(preset, arch);  // throws naming the preset

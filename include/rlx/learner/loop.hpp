@@ -21,6 +21,7 @@
 
 #include "rlx/algo/algorithm.hpp"
 #include "rlx/bus/client.hpp"
+#include "rlx/core/device_turns.hpp"
 #include "rlx/dist/comm.hpp"
 #include "rlx/dist/weight_sync.hpp"
 #include "rlx/learner/algorithm_loss.hpp"
@@ -45,6 +46,9 @@ struct LoopParts {
   dist::Communicator& comm;
   bus::Client* client = nullptr;                // rank 0: batches from the hub, versions to it
   dist::WeightPublisher* publisher = nullptr;   // rank 0: the weights after each step
+  // A device shared with a rollout engine in this process (colocated): the loop holds its
+  // train turn from training to the publish of the step's weights.
+  DeviceTurns* turns = nullptr;
   // Collective: saves the step (the hub's id of the last batch trained is given to confirm).
   std::function<void(int64_t step, uint64_t trained_batch)> checkpoint;
 };

@@ -162,6 +162,22 @@ class Engine {
   void update_weights(int64_t version, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                       std::optional<UpdatePolicy> policy = std::nullopt);
   int64_t weight_version() const;
+  // Sets a complete set of weights as `version` now, with one copy into the model: for an
+  // idle engine (nothing queued or running), from the thread that calls step() or one that
+  // excludes it (a colocated learner holding the device). Checked as update_weights.
+  // Returns the bytes copied.
+  int64_t load_weights(int64_t version, const std::vector<std::pair<std::string, at::Tensor>>& tensors);
+
+  // Hands the KV pool's memory back while the engine is idle (a colocated learner trains on
+  // the same device): the pool's tensors are freed and the prefix cache is emptied; CUDA
+  // graphs, which captured the pool's addresses, are dropped. wake() allocates the pool
+  // again (graphs are captured anew as decode steps need them). add() still queues while
+  // asleep; step() refuses to run.
+  void sleep();
+  void wake();
+  bool asleep() const { return asleep_; }
+  // The KV pool's bytes (allocated or not).
+  int64_t kv_pool_bytes() const;
 
   // While paused, step() does nothing but accept aborts; add() still queues.
   void pause();
@@ -183,6 +199,8 @@ class Engine {
     UpdatePolicy policy;
   };
 
+  // Throws unless `tensors` is a complete set of the model's parameters (names, shapes).
+  void check_weights(const std::string& who, const std::vector<std::pair<std::string, at::Tensor>>& tensors) const;
   void take_inbox(std::vector<GenerationResult>& finished);
   bool maybe_apply_update();
   void schedule();
@@ -269,6 +287,8 @@ class Engine {
   std::unordered_set<std::string> live_ids_;
   int64_t latest_version_;  // newest version accepted by update_weights
   bool paused_ = false;
+  bool asleep_ = false;       // sleep(): the KV pool is freed
+  int64_t graph_seqs_ = 0;    // CUDA graphs' batch bound (0: eager), to capture them again after wake()
 };
 
 }  // namespace rlx

@@ -65,6 +65,12 @@ class PagedKVCache final : public KVCache {
   int64_t static_max_seqs() const { return static_max_seqs_; }
   int64_t static_max_context() const { return static_max_blocks_ * block_size_; }
 
+  // Frees the pools' memory (every block's contents are lost); restore() allocates them
+  // again, zero-filled. Nothing may attend in between.
+  void release();
+  void restore();
+  bool released() const { return keys_.empty(); }
+
   // Copies whole blocks (all layers): dst[i] <- src[i]. For copy-on-write.
   void copy_blocks(std::span<const std::pair<BlockId, BlockId>> src_dst);
 
@@ -81,8 +87,10 @@ class PagedKVCache final : public KVCache {
   // The pool rows (see ctx_rows_) of tokens at pool slots (block * block_size + offset).
   at::Tensor pool_rows(const at::Tensor& slots) const;
 
+  void allocate();
   int32_t num_blocks_, block_size_;
-  int64_t kv_heads_;
+  int64_t kv_heads_, layers_, head_dim_;
+  at::TensorOptions options_;
   bool head_major_;  // CUDA: [block, Hkv, block_size, D] for the kernels; CPU: [block, block_size, Hkv, D]
   std::vector<at::Tensor> keys_, values_;  // per layer, head- or token-major
   // The planned step:

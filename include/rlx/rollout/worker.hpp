@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "rlx/bus/client.hpp"
+#include "rlx/core/device_turns.hpp"
 #include "rlx/dist/weight_sync.hpp"
 #include "rlx/env/env.hpp"
 #include "rlx/rollout/engine.hpp"
@@ -99,6 +100,9 @@ struct WorkerOptions {
   std::function<void(uint64_t saved)> after_episode_checkpoint;  // after a round of checkpoints (a test's fault)
   std::function<void(const std::string&)> status;  // what the worker is doing now
   std::function<void()> after_round;               // after each grant's groups were sent (statistics)
+  // A device shared with a learner in this process (colocated): the worker holds its
+  // generate turn while it rolls out a grant.
+  DeviceTurns* turns = nullptr;
 };
 
 class Worker {

@@ -60,7 +60,7 @@ TEST_CASE("registry: bundled environments, a user's environment, clear errors", 
   rlx::env::Registry reg;
   rlx::env::register_bundled(reg);
   rlx::env::register_bundled(reg);  // idempotent
-  for (const char* n : {"arithmetic", "countdown", "calculator", "python_code", "guess_number"}) CHECK(reg.has(n));
+  for (const char* n : {"arithmetic", "countdown", "calculator", "python_code", "guess_number", "synthetic"}) CHECK(reg.has(n));
   // A user's environment registers the same way.
   struct Echo final : rlx::env::Env {
     std::vector<TokenId> reset(const json&) override { return {1, 2}; }
@@ -324,4 +324,23 @@ TEST_CASE("a text env: prompt and reward functions make a checkpointable single-
   CHECK_THROWS_WITH(third->step(gpt2().encode("boom")),
                     Catch::Contains("environment 'echo'") && Catch::Contains("cannot score this") &&
                         Catch::Contains("\"boom\""));
+}
+
+TEST_CASE("synthetic: token ids in and out, no stop, the share of even ids as reward", "[env]") {
+  rlx::env::Registry reg;
+  rlx::env::register_bundled(reg);
+  const json options = {{"prompt_tokens", 7}, {"vocab", 151936}};
+  const auto task = reg.generate("synthetic", 3, 11, options);
+  REQUIRE(task == reg.generate("synthetic", 3, 11, options));  // a task is a function of (seed, index)
+  REQUIRE(task != reg.generate("synthetic", 3, 12, options));
+  auto e = reg.make("synthetic", {.tokenizer = &gpt2(), .options = options});
+  const auto prompt = e->reset(task);
+  REQUIRE(prompt.size() == 7);
+  for (TokenId t : prompt) REQUIRE((t >= 0 && t < 151936));
+  REQUIRE(e->stop_strings().empty());
+  const std::vector<TokenId> action{150000, 3, 8, 151935};
+  REQUIRE(e->step(action).reward == 0.5);
+  REQUIRE_THROWS_WITH(e->step(action), Catch::Contains("after the episode ended"));
+  REQUIRE_THROWS_WITH(e->reset(json{{"tokens", json::array()}}), Catch::Contains("1 to 65536 token ids"));
+  REQUIRE_THROWS_WITH(reg.generate("synthetic", 0, 0, json{{"vocab", 1}}), Catch::Contains("vocab in [2"));
 }

@@ -1,0 +1,116 @@
+// The rollout half of a colocated learner (colocated.hpp).
+#include "colocated.hpp"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <limits>
+#include <string>
+
+#include "rlx/bus/client.hpp"
+#include "rlx/core/clock.hpp"
+#include "rlx/core/log.hpp"
+#include "rlx/core/torch_compat.hpp"
+#include "rlx/env/bundled.hpp"
+#include "rlx/rollout/worker.hpp"
+#include "worker_envs.hpp"
+
+namespace rlx::launch {
+
+using nlohmann::json;
+
+ColocatedRollout::ColocatedRollout(const RoleContext& ctx, std::shared_ptr<Transformer> model,
+                                   std::shared_ptr<const Tokenizer> tok, dist::WeightLayout layout)
+    : ctx_(ctx),
+      tok_(tok),
+      engine_(std::make_unique<Engine>(std::move(model), engine_config(ctx.cfg), std::move(tok))),
+      weights_(*engine_, std::move(layout)),
+      turns_({.on_switch = rollout::kv_handover(*engine_)}) {
+  env::register_bundled();  // the worker's environments (a trainer's own were registered by its main)
+  last_at_ = now_s();
+}
+
+ColocatedRollout::~ColocatedRollout() {
+  try {
+    finish();
+  } catch (const std::exception& e) {
+    log::warn("colocated worker: {}", e.what());
+  }
+}
+
+void ColocatedRollout::start(std::atomic<bool>& stop) {
+  thread_ = std::thread([this, &stop] {
+    try {
+      const std::string who = "worker-0";
+      WorkerEnvs envs(ctx_, tok_, [this] { return end_.load(); }, [] { return false; });
+      bus::Client client({.address = ctx_.hub_address(), .who = who});
+      client.give_up_when([this] { return end_.load() || launcher_gone(); });
+      auto options = worker_options(ctx_, who);
+      options.turns = &turns_;
+      rollout::Worker worker(std::move(options), *engine_, envs.source(), client, weights_);
+      static const std::atomic<bool> never{false};  // a colocated worker does not leave on its own
+      const int64_t sent = worker.run(end_, never);
+      client.close(end_ ? 5 : 30);
+      log::info("{} (colocated): {} groups sent", who, sent);
+    } catch (...) {
+      error_ = std::current_exception();
+      failed_ = true;
+      stop = true;  // the learner's loop ends; finish() rethrows this
+    }
+  });
+}
+
+void ColocatedRollout::finish() {
+  end_ = true;
+  if (thread_.joinable()) thread_.join();
+  if (error_) {
+    auto e = error_;
+    error_ = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+void ColocatedRollout::add_metrics(json& line) {
+  const auto now = turns_.totals();
+  const double t = now_s(), wall = std::max(t - last_at_, 1e-9);
+  constexpr int gen = static_cast<int>(DeviceTurns::Use::generate), train = static_cast<int>(DeviceTurns::Use::train);
+  const double generate = now.held_s[gen] - last_.held_s[gen], training = now.held_s[train] - last_.held_s[train];
+  line["generate_s"] = generate;
+  line["busy_device"] = std::min(1.0, (generate + training) / wall);
+  line["busy_worker_0"] = std::min(1.0, generate / wall);
+  line["busy_rollout"] = std::min(1.0, generate / wall);
+  line["weight_copy_s"] = weights_.last_copy_s();
+  line["kv_pool_mb"] = static_cast<double>(engine_->kv_pool_bytes()) / (1024.0 * 1024.0);
+  last_ = now;
+  last_at_ = t;
+}
+
+int64_t free_memory_bytes(const std::string& device) {
+  const at::Device d(device);
+  if (d.is_cuda()) return compat::device_free_bytes(d);
+  int64_t available = -1;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    int64_t kb = 0;
+    meminfo >> kb;
+    if (key == "MemAvailable:") {
+      available = kb * 1024;
+      break;
+    }
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  // A cgroup (v2) limit below that: what is left of it.
+  std::ifstream max_file("/sys/fs/cgroup/memory.max"), current_file("/sys/fs/cgroup/memory.current");
+  std::string max_text;
+  int64_t current = 0;
+  if (max_file >> max_text && max_text != "max" && current_file >> current) {
+    try {
+      const int64_t left = std::stoll(max_text) - current;
+      if (available < 0 || left < available) available = std::max<int64_t>(0, left);
+    } catch (const std::exception&) {
+    }
+  }
+  return available;
+}
+
+}  // namespace rlx::launch

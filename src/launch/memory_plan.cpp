@@ -1,0 +1,104 @@
+// The learner process's memory plan (launch/memory_plan.hpp).
+#include "rlx/launch/memory_plan.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "rlx/core/error.hpp"
+
+namespace rlx::launch {
+
+namespace {
+
+int64_t dtype_bytes(DType d) { return d == DType::float32 ? 4 : 2; }
+double mib(int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); }
+
+// Activations kept for backward by one micro-batch of `tokens` (an estimate, in bytes): per
+// layer and token the block's saved inputs and outputs (norm inputs, q/k/v, attention output,
+// the MLP's gate, up and product), the attention probabilities of a padded row (the mask
+// path; varlen flash keeps only log-sum-exps), and the log-prob head's one chunk of logits
+// in the compute dtype plus its fp32 work. With activation checkpointing a block keeps only
+// its input, and one block's activations exist at a time.
+int64_t activation_bytes(const RunConfig& cfg, const ModelConfig& m) {
+  const int64_t b = dtype_bytes(cfg.learner.compute_dtype);
+  const int64_t tokens = cfg.learner.micro_batch_tokens;
+  const int64_t row = std::min(cfg.learner.row_tokens, tokens);
+  const int64_t qkv = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim;
+  const int64_t per_token_layer =
+      (4 * m.hidden_size + qkv + m.num_heads * m.head_dim + 3 * m.intermediate_size) * b + m.num_heads * row * 4;
+  const int64_t blocks = cfg.learner.activation_checkpointing
+                             ? tokens * m.hidden_size * b * m.num_layers + tokens * per_token_layer
+                             : tokens * per_token_layer * m.num_layers;
+  const int64_t chunk = std::min<int64_t>(tokens, 1024);  // LearnerOptions::logprob_chunk_tokens
+  return blocks + chunk * m.vocab_size * (b + 4);
+}
+
+}  // namespace
+
+int64_t MemoryPlan::train_bytes() const {
+  int64_t s = 0;
+  for (const auto& i : items) s += i.train ? i.bytes : 0;
+  return s;
+}
+
+int64_t MemoryPlan::generate_bytes() const {
+  int64_t s = 0;
+  for (const auto& i : items) s += i.generate ? i.bytes : 0;
+  return s;
+}
+
+int64_t MemoryPlan::peak_bytes() const { return colocated ? std::max(train_bytes(), generate_bytes()) : train_bytes(); }
+
+std::string MemoryPlan::describe() const {
+  std::string out;
+  for (const auto& i : items) {
+    const char* when = !colocated ? "" : i.train && i.generate ? "  (both phases)" : i.train ? "  (training only)" : "  (generation only)";
+    out += fmt::format("  {:<34} {:>10.1f} MiB{}\n", i.name, mib(i.bytes), when);
+  }
+  if (colocated)
+    out += fmt::format("  training phase {:.1f} MiB, generation phase {:.1f} MiB, peak {:.1f} MiB\n", mib(train_bytes()),
+                       mib(generate_bytes()), mib(peak_bytes()));
+  else
+    out += fmt::format("  peak {:.1f} MiB\n", mib(peak_bytes()));
+  return out;
+}
+
+void MemoryPlan::check(int64_t free_bytes, const std::string& device) const {
+  if (free_bytes < 0 || peak_bytes() <= free_bytes) return;
+  const bool train_phase = !colocated || train_bytes() >= generate_bytes();
+  std::vector<const MemoryItem*> phase;
+  for (const auto& i : items)
+    if (train_phase ? i.train : i.generate) phase.push_back(&i);
+  std::sort(phase.begin(), phase.end(), [](auto* a, auto* b) { return a->bytes > b->bytes; });
+  std::string largest;
+  for (size_t k = 0; k < phase.size() && k < 3; ++k)
+    largest += fmt::format("{}{} {:.1f} MiB{}", k ? ", " : "", phase[k]->name, mib(phase[k]->bytes),
+                           phase[k]->key.empty() ? "" : fmt::format(" ({})", phase[k]->key));
+  throw FatalError(fmt::format("memory plan: the {} needs {:.1f} MiB on {}, which has {:.1f} MiB free; largest: {}",
+                               colocated ? (train_phase ? "training phase" : "generation phase") : "learner",
+                               mib(peak_bytes()), device, mib(free_bytes), largest));
+}
+
+MemoryPlan plan_memory(const RunConfig& cfg, const ModelConfig& m, int64_t parameters, int64_t kv_pool_bytes,
+                       bool reference, bool critic) {
+  MemoryPlan p;
+  p.colocated = cfg.train.placement == Placement::colocated;
+  const int64_t n = parameters;
+  const int64_t compute = dtype_bytes(cfg.learner.compute_dtype);
+  p.items.push_back({.name = "weights (fp32 masters)", .bytes = 4 * n});
+  if (compute != 4) p.items.push_back({.name = "weights (compute-dtype cast)", .bytes = compute * n, .generate = false});
+  p.items.push_back({.name = "gradients (fp32)", .bytes = 4 * n});
+  p.items.push_back({.name = "optimizer state (AdamW, fp32)", .bytes = 8 * n});
+  p.items.push_back({.name = "activations (estimate)", .bytes = activation_bytes(cfg, m), .generate = false,
+                     .key = "learner.micro_batch_tokens"});
+  if (reference) p.items.push_back({.name = "reference model", .bytes = compute * n, .generate = false});
+  if (critic) p.items.push_back({.name = "critic (weights, grads, AdamW)", .bytes = 16 * n, .key = "algorithm.critic"});
+  if (p.colocated) {
+    p.items.push_back({.name = "rollout engine weights", .bytes = dtype_bytes(cfg.model.dtype) * n, .key = "model.dtype"});
+    p.items.push_back({.name = "rollout KV pool", .bytes = kv_pool_bytes, .train = false, .key = "rollout.kv_cache_blocks"});
+  }
+  return p;
+}
+
+}  // namespace rlx::launch

@@ -1,0 +1,40 @@
+#include "rlx/launch/memory_plan.hpp"
+
+#include "../helpers.hpp"
+
+using rlx::launch::plan_memory;
+using rlx::RunConfig;
+
+TEST_CASE("memory plan: a colocated run's peak is its larger phase, not the sum", "[launch][colocated]") {
+  RunConfig cfg;
+  cfg.train.placement = rlx::Placement::colocated;
+  cfg.learner.micro_batch_tokens = 2048;  // activations well below the KV pool: generation is the peak
+  cfg.learner.row_tokens = 256;
+  const auto model = rlx::model_preset("small", rlx::Arch::qwen2);
+  const int64_t n = 4'000'000, kv = int64_t{2} << 30;
+  const auto plan = plan_memory(cfg, model, n, kv, /*reference=*/false, /*critic=*/false);
+  // fp32 masters, gradients and AdamW's two moments: 16 bytes a parameter in both phases;
+  // the engine's fp32 weights 4 more; activations only in training, the KV pool only in generation.
+  int64_t activations = -1;
+  for (const auto& i : plan.items)
+    if (i.name.starts_with("activations")) activations = i.bytes;
+  REQUIRE(activations > 0);
+  REQUIRE(plan.train_bytes() == 20 * n + activations);
+  REQUIRE(plan.generate_bytes() == 20 * n + kv);
+  REQUIRE(plan.peak_bytes() == std::max(plan.train_bytes(), plan.generate_bytes()));
+  REQUIRE(plan.describe().find("rollout KV pool") != std::string::npos);
+
+  plan.check(plan.peak_bytes(), "cpu");  // fits exactly
+  plan.check(-1, "cpu");                 // unknown free memory: no check
+  // Too little: the error names the phase, the device and the key that sizes the largest item.
+  const auto why = rlx::test::error_of([&] { plan.check(plan.peak_bytes() - 1, "cuda:0"); });
+  INFO(why);
+  REQUIRE(why.find("generation phase") != std::string::npos);
+  REQUIRE(why.find("cuda:0") != std::string::npos);
+  REQUIRE(why.find("rollout.kv_cache_blocks") != std::string::npos);
+
+  // A split run has no engine in the learner: neither the engine's weights nor a KV pool.
+  cfg.train.placement = rlx::Placement::split;
+  const auto split = plan_memory(cfg, model, n, 0, false, false);
+  REQUIRE(split.peak_bytes() == 16 * n + activations);
+}
