@@ -565,6 +565,8 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
         why = roles.failure()->message(failed_before);
         state = Roles::State::hopeless;
       }
+      if (state == Roles::State::hopeless && roles.failure() && roles.failure()->cannot_run)
+        why = roles.failure()->message(failed_before);  // the role's own words (the learner's, the hub's)
       if (state == Roles::State::hopeless) {
         // Restarting will not help: stop now, the cause on the console.
         std::cerr << fmt::format("rlx run: {}", why) << std::endl;
