@@ -1,6 +1,8 @@
 // Weight sync by collective broadcast: the publisher (weight_broadcast.hpp); the control protocol is in broadcast_control.hpp.
 #include "rlx/dist/weight_broadcast.hpp"
 
+#include "bus/transport.hpp"
+
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -76,7 +78,7 @@ struct BroadcastWeightPublisher::Impl {
   void serve() {
     while (!stop) {
       zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
-      zmq::poll(&item, 1, std::chrono::milliseconds(kPollMs));
+      if (!bus::detail::poll(&item, 1, std::chrono::milliseconds(kPollMs))) item.revents = 0;  // EINTR: a signal for the process
       for (int n = 0; n < 256 && (item.revents & ZMQ_POLLIN); ++n) {
         std::vector<zmq::message_t> frames;
         if (!zmq::recv_multipart(router, std::back_inserter(frames), zmq::recv_flags::dontwait)) break;

@@ -1,6 +1,8 @@
 // Weight sync by collective broadcast: the subscriber (weight_broadcast.hpp); the control protocol is in broadcast_control.hpp.
 #include "rlx/dist/weight_broadcast.hpp"
 
+#include "bus/transport.hpp"
+
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -90,7 +92,7 @@ struct BroadcastWeightSubscriber::Impl {
       }
       send_text(*s, {{"type", "beat"}, {"id", id}});
       zmq::pollitem_t item{s->handle(), 0, ZMQ_POLLIN, 0};
-      zmq::poll(&item, 1, std::chrono::milliseconds(static_cast<int64_t>(o.heartbeat_s * 1000)));
+      if (!bus::detail::poll(&item, 1, std::chrono::milliseconds(static_cast<int64_t>(o.heartbeat_s * 1000)))) item.revents = 0;  // EINTR: a signal for the process
       zmq::message_t m;
       while (s->recv(m, zmq::recv_flags::dontwait)) {
         const auto j = parse(m);
@@ -184,7 +186,7 @@ struct BroadcastWeightSubscriber::Impl {
         if (!to.empty()) follow(to);
         if (rejoin.exchange(false)) hello();
         zmq::pollitem_t item{control.handle(), 0, ZMQ_POLLIN, 0};
-        zmq::poll(&item, 1, std::chrono::milliseconds(kPollMs));
+        if (!bus::detail::poll(&item, 1, std::chrono::milliseconds(kPollMs))) item.revents = 0;  // EINTR: a signal for the process
         zmq::message_t m;
         if (!control.recv(m, zmq::recv_flags::dontwait)) continue;
         const auto j = parse(m);

@@ -17,6 +17,7 @@
 // another incarnation), else after keepalive_s with no parts, so the subscriber can tell
 // a quiet publisher from a lost one.
 #include <unistd.h>
+#include "bus/transport.hpp"
 #include "rlx/core/hash.hpp"
 
 #include <nlohmann/json.hpp>
@@ -500,7 +501,7 @@ TcpWeightSubscriber::TcpWeightSubscriber(TcpSyncOptions options) : impl_(std::ma
   for (;;) {
     std::vector<zmq::message_t> frames;
     zmq::pollitem_t item{I.dealer->handle(), 0, ZMQ_POLLIN, 0};
-    zmq::poll(&item, 1, std::chrono::milliseconds(50));
+    if (!bus::detail::poll(&item, 1, std::chrono::milliseconds(50))) item.revents = 0;  // a signal: give_up decides
     if ((item.revents & ZMQ_POLLIN) && zmq::recv_multipart(*I.dealer, std::back_inserter(frames), zmq::recv_flags::dontwait)) {
       I.outstanding = false;
       I.first = I.take(frames, layout_, version_);
