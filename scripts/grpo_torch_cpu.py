@@ -143,7 +143,7 @@ def grpo_loop(args):
     newline = tok.ids["\n"]
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     G, N = args.groups, args.group_size
-    times, rewards = [], []
+    times, gen_times, rewards = [], [], []
     for step in range(args.steps):
         t0 = time.perf_counter()
         tasks = [task(rng) for _ in range(G)]
@@ -169,6 +169,7 @@ def grpo_loop(args):
                 if bool(done.all()) or t + 1 == args.max_new_tokens:
                     break
                 logits = model(nxt[:, None], L + t, cache)[:, -1]
+        t_gen = time.perf_counter() - t0
         # Rewards, and GRPO's advantages over each group.
         r = torch.tensor([reward(tok.decode(gen[i, :lengths[i]].tolist()), tasks[i // N][1]) for i in range(G * N)])
         g = r.view(G, N)
@@ -190,10 +191,14 @@ def grpo_loop(args):
         opt.step()
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t0)
+        gen_times.append(t_gen)
         rewards.append(float(r.mean()))
         _ = (T, float(entropy))
     steady = times[args.warmup:]
-    return {"step_s": statistics.median(steady), "step_s_min": min(steady), "reward_first": rewards[0],
+    return {"step_s": statistics.median(steady), "step_s_min": min(steady),
+            "generate_s": statistics.median(gen_times[args.warmup:]),
+            "train_s": statistics.median(t - g for t, g in zip(times[args.warmup:], gen_times[args.warmup:])),
+            "reward_first": rewards[0],
             "reward_last10": statistics.mean(rewards[-10:])}
 
 

@@ -314,13 +314,14 @@ struct RemoteEnv::Impl {
     dealer.connect(o.address);
   }
 
-  // One try: the reply to `req`, or nothing within the timeout.
-  std::optional<EnvReply> try_call(const EnvRequest& req, bool retrying) {
+  // One try: the reply to `req`, or nothing within the timeout (env.timeout_s, or `timeout_s`).
+  std::optional<EnvReply> try_call(const EnvRequest& req, bool retrying, double timeout_s = -1) {
     const auto started = std::chrono::steady_clock::now();
     check_cancel();
     const std::string frame = bus::pack(req, req.turn);
     if (!bus::detail::try_send(dealer, frame)) return std::nullopt;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.timeout_s);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s >= 0 ? timeout_s : o.timeout_s);
     for (;;) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) return std::nullopt;
@@ -385,8 +386,12 @@ struct RemoteEnv::Impl {
 RemoteEnv::RemoteEnv(RemoteEnvOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
 
 RemoteEnv::~RemoteEnv() {
+  // Closing is a courtesy (the server frees the episode's state): it waits briefly, so that a
+  // worker unwinding a grant of many episodes from a dead server ends in seconds, not env.timeout_s each.
+  static constexpr double kCloseWaitS = 0.5;
   try {
-    if (impl_->started) (void)impl_->try_call({.episode = impl_->episode, .turn = impl_->turn + 1, .op = "close"}, false);
+    if (impl_->started)
+      (void)impl_->try_call({.episode = impl_->episode, .turn = impl_->turn + 1, .op = "close"}, false, kCloseWaitS);
   } catch (...) {
   }
 }

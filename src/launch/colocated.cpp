@@ -22,9 +22,10 @@ using nlohmann::json;
 ColocatedRollout::ColocatedRollout(const RoleContext& ctx, std::shared_ptr<Transformer> model,
                                    std::shared_ptr<const Tokenizer> tok, dist::WeightLayout layout)
     : ctx_(ctx),
+      overlap_(ctx.cfg.train.mode == TrainMode::async),
       tok_(tok),
       engine_(std::make_unique<Engine>(std::move(model), engine_config(ctx.cfg), std::move(tok))),
-      weights_(*engine_, std::move(layout)),
+      weights_(*engine_, std::move(layout), /*staged=*/overlap_),
       turns_({.on_switch = rollout::kv_handover(*engine_)}) {
   env::register_bundled();  // the worker's environments (a trainer's own were registered by its main)
   last_at_ = now_s();
@@ -46,8 +47,11 @@ void ColocatedRollout::start(std::atomic<bool>& stop) {
       bus::Client client({.address = ctx_.hub_address(), .who = who});
       client.give_up_when([this] { return end_.load() || launcher_gone(); });
       auto options = worker_options(ctx_, who);
-      options.turns = &turns_;
+      options.turns = turns();
+      rollout::Worker* self = nullptr;
+      options.after_round = [this, &self] { generated_s_ = self->busy_s(); };
       rollout::Worker worker(std::move(options), *engine_, envs.source(), client, weights_);
+      self = &worker;
       static const std::atomic<bool> never{false};  // a colocated worker does not leave on its own
       const int64_t sent = worker.run(end_, never);
       client.close(end_ ? 5 : 30);
@@ -74,7 +78,14 @@ void ColocatedRollout::add_metrics(json& line) {
   const auto now = turns_.totals();
   const double t = now_s(), wall = std::max(t - last_at_, 1e-9);
   constexpr int gen = static_cast<int>(DeviceTurns::Use::generate), train = static_cast<int>(DeviceTurns::Use::train);
-  const double generate = now.held_s[gen] - last_.held_s[gen], training = now.held_s[train] - last_.held_s[train];
+  const double done = generated_s_.load();
+  // With turns, what each use held; overlapping, the worker's rollout seconds and the
+  // learner's train and publish seconds (their sum, capped: the device's busy share is at
+  // most that when they overlap).
+  const double generate = overlap_ ? done - last_generated_s_ : now.held_s[gen] - last_.held_s[gen];
+  const double training = overlap_ ? line.value("train_s", 0.0) + line.value("sync_s", 0.0)
+                                   : now.held_s[train] - last_.held_s[train];
+  last_generated_s_ = done;
   line["generate_s"] = generate;
   line["busy_device"] = std::min(1.0, (generate + training) / wall);
   line["busy_worker_0"] = std::min(1.0, generate / wall);

@@ -30,7 +30,9 @@ class ColocatedRollout {
   ColocatedRollout& operator=(const ColocatedRollout&) = delete;
 
   dist::WeightPublisher& publisher() { return weights_; }
-  DeviceTurns& turns() { return turns_; }
+  // The device's turns, or null when generation and training overlap (train.mode = async:
+  // the KV pool stays, versions are staged for the worker).
+  DeviceTurns* turns() { return overlap_ ? nullptr : &turns_; }
   Engine& engine() { return *engine_; }
 
   // Starts worker 0 on its thread. If it fails, `stop` is set (the learner's loop ends) and
@@ -48,6 +50,7 @@ class ColocatedRollout {
 
  private:
   const RoleContext& ctx_;
+  bool overlap_;
   std::shared_ptr<const Tokenizer> tok_;
   std::unique_ptr<Engine> engine_;
   rollout::ColocatedWeights weights_;
@@ -56,7 +59,8 @@ class ColocatedRollout {
   std::atomic<bool> end_{false}, failed_{false};
   std::exception_ptr error_;
   DeviceTurns::Totals last_;
-  double last_at_ = 0;
+  std::atomic<double> generated_s_{0};  // the worker's seconds rolling out (after each grant)
+  double last_generated_s_ = 0, last_at_ = 0;
 };
 
 // Bytes the learner process can still allocate on `device`: the CUDA device's free memory,

@@ -261,7 +261,7 @@ int run_learner(const RoleContext& ctx) {
        .comm = *comm,
        .client = client.get(),
        .publisher = publisher,
-       .turns = rollout ? &rollout->turns() : nullptr,
+       .turns = rollout ? rollout->turns() : nullptr,
        .checkpoint =
            [&](int64_t, uint64_t batch) {
              trained_batch = batch;

@@ -84,19 +84,22 @@ MemoryPlan plan_memory(const RunConfig& cfg, const ModelConfig& m, int64_t param
                        bool reference, bool critic) {
   MemoryPlan p;
   p.colocated = cfg.train.placement == Placement::colocated;
+  // Colocated async: generation and training overlap, so the KV pool and the activations
+  // are resident together (one phase).
+  const bool overlap = p.colocated && cfg.train.mode == TrainMode::async;
   const int64_t n = parameters;
   const int64_t compute = dtype_bytes(cfg.learner.compute_dtype);
   p.items.push_back({.name = "weights (fp32 masters)", .bytes = 4 * n});
   if (compute != 4) p.items.push_back({.name = "weights (compute-dtype cast)", .bytes = compute * n, .generate = false});
   p.items.push_back({.name = "gradients (fp32)", .bytes = 4 * n});
   p.items.push_back({.name = "optimizer state (AdamW, fp32)", .bytes = 8 * n});
-  p.items.push_back({.name = "activations (estimate)", .bytes = activation_bytes(cfg, m), .generate = false,
+  p.items.push_back({.name = "activations (estimate)", .bytes = activation_bytes(cfg, m), .generate = overlap,
                      .key = "learner.micro_batch_tokens"});
   if (reference) p.items.push_back({.name = "reference model", .bytes = compute * n, .generate = false});
   if (critic) p.items.push_back({.name = "critic (weights, grads, AdamW)", .bytes = 16 * n, .key = "algorithm.critic"});
   if (p.colocated) {
     p.items.push_back({.name = "rollout engine weights", .bytes = dtype_bytes(cfg.model.dtype) * n, .key = "model.dtype"});
-    p.items.push_back({.name = "rollout KV pool", .bytes = kv_pool_bytes, .train = false, .key = "rollout.kv_cache_blocks"});
+    p.items.push_back({.name = "rollout KV pool", .bytes = kv_pool_bytes, .train = overlap, .key = "rollout.kv_cache_blocks"});
   }
   return p;
 }

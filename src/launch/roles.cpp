@@ -234,7 +234,10 @@ void write_tokenizer(const RunConfig& cfg, const fs::path& file) {
 
 // Threads per process: the configured number, else the cores shared among the roles.
 void set_threads(const RunConfig& cfg) {
-  const auto procs = worker_processes(cfg) + cfg.train.learner_ranks;  // colocated: the learner's process rolls out too
+  // Colocated, the learner's process rolls out too: taking turns (sync) one compute thread
+  // at a time, overlapping (async) two, each with its share of the cores.
+  const bool overlap = cfg.train.placement == Placement::colocated && cfg.train.mode == TrainMode::async;
+  const auto procs = worker_processes(cfg) + cfg.train.learner_ranks + (overlap ? 1 : 0);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   set_compute_threads(cfg.run.threads > 0 ? cfg.run.threads : std::max(1, cores / static_cast<int>(procs)));
 }

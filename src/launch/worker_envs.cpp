@@ -48,6 +48,12 @@ EnvServerPlan env_server_plan(const RoleContext& ctx, const std::string& name) {
   // a stuck call is caught by env.timeout_s.
   auto sandbox = e.sandbox;
   sandbox.limits.wall_s = sandbox.limits.cpu_s = 86400;
+  // Every episode a worker runs at once holds a connection to its server (one descriptor
+  // there): a grant of leases_per_request groups of group_size samples, spread over the servers.
+  const uint64_t episodes = uint64_t{ctx.cfg.rollout.leases_per_request} * ctx.cfg.hub.group_size;
+  const uint64_t per_server = (episodes + std::max(1u, e.servers) - 1) / std::max(1u, e.servers);
+  sandbox.limits.open_files = static_cast<uint32_t>(
+      std::min<uint64_t>(1 << 20, std::max<uint64_t>(sandbox.limits.open_files, 64 + 2 * per_server)));
   const auto bin = fs::path(ctx.exe).parent_path();
   for (const auto& dir : {bin, bin.parent_path() / "lib", library_dir()})
     if (!dir.empty() && fs::exists(dir) && std::find(sandbox.readonly_paths.begin(), sandbox.readonly_paths.end(), dir.string()) ==

@@ -12,6 +12,8 @@
 #pragma once
 
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <optional>
 
 #include "rlx/core/device_turns.hpp"
@@ -22,21 +24,34 @@ namespace rlx::rollout {
 
 class ColocatedWeights final : public dist::WeightPublisher, public dist::WeightSubscriber {
  public:
-  ColocatedWeights(Engine& engine, dist::WeightLayout layout);
-  // Copies `tensors` into the engine's weights as `version` (the engine idle: its worker
-  // does not hold the device). Returns the bytes copied.
+  // `staged`: the engine may be generating when a version is published (generation and
+  // training overlap, no device turns): publish() then copies the version aside and the
+  // worker's poll() hands it out, to be loaded between grants (two copies). Otherwise the
+  // engine is idle at every publish (the learner holds the device's train turn) and the
+  // version goes straight into the engine (one copy).
+  ColocatedWeights(Engine& engine, dist::WeightLayout layout, bool staged = false);
+  // Returns the bytes copied.
   int64_t publish(int64_t version, const std::vector<std::pair<std::string, at::Tensor>>& tensors) override;
-  // The engine's version: the worker sees a publish at once.
+  // The engine's version.
   int64_t version() const override { return engine_.weight_version(); }
-  // Nothing to take: publish() already put the weights in the engine.
-  std::optional<dist::WeightUpdate> poll() override { return std::nullopt; }
+  // Staged: the newest version published and not yet handed out (valid until the next
+  // poll); otherwise nothing: publish() already put the weights in the engine.
+  std::optional<dist::WeightUpdate> poll() override;
   const dist::WeightLayout& layout() const override { return layout_; }
   double last_copy_s() const { return last_copy_s_; }  // the last publish's copy (device synchronised)
 
  private:
+  struct Snapshot {
+    int64_t version = 0;
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+  };
   Engine& engine_;
   dist::WeightLayout layout_;
+  bool staged_;
   double last_copy_s_ = 0;
+  std::mutex mu_;
+  std::shared_ptr<Snapshot> pending_;  // staged: published, not yet handed out
+  std::shared_ptr<Snapshot> held_;     // staged: handed out by the last poll (its views stay valid)
 };
 
 // DeviceTurns' on_switch for a colocated engine: its KV pool is released when training takes

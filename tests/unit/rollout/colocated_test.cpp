@@ -1,5 +1,7 @@
 #include "rlx/rollout/colocated.hpp"
 
+#include <c10/core/GradMode.h>
+
 #include "../helpers.hpp"
 
 using rlx::DeviceTurns;
@@ -105,4 +107,31 @@ TEST_CASE("colocated hand-over: training takes the KV pool, generation gets it b
   auto t = turns.hold(DeviceTurns::Use::generate);
   REQUIRE_FALSE(engine.asleep());
   require_same(engine.generate(requests()), before);
+}
+
+TEST_CASE("colocated weights, staged (generation and training overlap): the worker takes the version between grants",
+          "[rollout][colocated]") {
+  auto learner_model = tiny(2);
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  for (auto& [name, p] : learner_model->hf_parameters()) params.emplace_back(name, p);
+  Engine engine(tiny(1), {.kv_cache_blocks = 64});
+  rlx::rollout::ColocatedWeights weights(engine, rlx::dist::WeightLayout::of(params, at::kFloat), /*staged=*/true);
+  engine.add(requests().front());  // the engine is busy: a publish must not touch its weights
+  weights.publish(1, params);
+  weights.publish(2, params);      // a newer version replaces the one not yet taken
+  {
+    c10::NoGradGuard no_grad;
+    for (auto& [name, p] : learner_model->hf_parameters()) p.add_(1.0);  // the learner trains on
+  }
+  REQUIRE(engine.weight_version() == 0);
+  (void)engine.run();
+  auto u = weights.poll();
+  REQUIRE(u.has_value());
+  REQUIRE(u->version == 2);
+  REQUIRE_FALSE(weights.poll().has_value());
+  engine.load_weights(u->version, u->tensors);
+  REQUIRE(weights.version() == 2);
+  // The engine has the weights as published, not as the learner changed them afterwards.
+  Engine fresh(tiny(2), {.kv_cache_blocks = 64}, nullptr, /*weight_version=*/2);
+  require_same(engine.generate(requests()), fresh.generate(requests()));
 }
