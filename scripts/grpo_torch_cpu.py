@@ -209,7 +209,7 @@ def rlx_run(args, placement, mode, work):
     name = f"{placement}_{mode}"
     cmd = [args.rlx, "run", config, f"run.name={name}", f"run.out_dir={work}", f"model.path={os.path.abspath(args.model)}",
            f"train.steps={args.steps}", f"train.placement={placement}", f"train.mode={mode}", "run.plots=false",
-           "learner.checkpoint_every=0"]
+           "learner.checkpoint_every=0", "--force"]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=3600)
     m = [json.loads(l) for l in open(os.path.join(work, name, "metrics.jsonl"))]
     t = [x["time_s"] for x in m]
