@@ -27,6 +27,9 @@ class CudaIpcSlots {
   // Subscriber: maps the publisher's buffers on `device`.
   void open(int device, const IpcHandles& handles);
   char* slot(int s) const { return ptr_[s]; }
+  // Publisher: forgets the buffers without freeing them (a process may still map them); the
+  // driver reclaims them when this process exits.
+  void abandon() { device_ = -1; }
 
   // Device-to-device copy on the legacy default stream; finish() waits for every copy and
   // kernel on the current device (a seqlock is checked only after the bytes are there).

@@ -8,11 +8,14 @@
 
 #include <atomic>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "cuda_ipc.hpp"
+#include "ipc_importers.hpp"
 #include "rlx/core/clock.hpp"
 #include "rlx/core/error.hpp"
+#include "rlx/core/log.hpp"
 #include "rlx/core/torch_compat.hpp"
 
 namespace rlx::dist {
@@ -20,7 +23,7 @@ namespace rlx::dist {
 namespace {
 
 constexpr char kMagic[8] = {'R', 'L', 'X', 'W', 'S', 'Y', 'N', '1'};
-constexpr uint32_t kFormat = 2;  // 2: the slots may be CUDA device buffers
+constexpr uint32_t kFormat = 3;  // 2: the slots may be CUDA device buffers; 3: the importer table
 constexpr int kMaxDims = 8;
 constexpr size_t kNameBytes = 192;
 
@@ -41,6 +44,8 @@ struct alignas(64) SegmentHeader {
   std::atomic<int32_t> closed;    // the publisher shut down
   int32_t device;                 // -1: the slots follow the table; >= 0: buffers on this CUDA device
   detail::IpcHandles ipc_handles;  // device >= 0: each slot's cudaIpcMemHandle_t
+  std::atomic<int32_t> publisher_pid;
+  detail::ImporterTable importers;  // device >= 0: the processes mapping the slots now (ipc_importers.hpp)
   SlotHeader slots[2];
 };
 
@@ -180,6 +185,7 @@ ShmWeightPublisher::ShmWeightPublisher(ShmSyncOptions options, WeightLayout layo
   h->data_offset = data_offset;
   h->total_bytes = total;
   h->device = on_device ? (impl_->device.has_index() ? impl_->device.index() : 0) : -1;
+  h->publisher_pid.store(static_cast<int32_t>(::getpid()), std::memory_order_relaxed);
   if (on_device) {
     try {
       impl_->cuda.allocate(h->device, slot_bytes, h->ipc_handles);
@@ -210,8 +216,21 @@ ShmWeightPublisher::ShmWeightPublisher(ShmSyncOptions options, WeightLayout layo
 
 ShmWeightPublisher::~ShmWeightPublisher() {
   if (impl_ && impl_->map.base != MAP_FAILED) {
-    impl_->map.header()->closed.store(1, std::memory_order_release);
+    auto* h = impl_->map.header();
+    h->closed.store(1, std::memory_order_release);
     ::shm_unlink(shm_path(opt_.name).c_str());
+    if (impl_->device.is_cuda()) {
+      // A subscriber maps the device slots only while it copies a version, and no new copy
+      // starts once `closed` is set: wait for the ones under way before freeing the buffers
+      // (freeing memory another process has open is undefined in CUDA).
+      const auto left = detail::wait_importers_released(h->importers, opt_.close_wait_s);
+      if (!left.empty()) {
+        log::warn("weight sync: /dev/shm/{}: {} process(es) (pid {}) still map the device slots after {} s; they are "
+                  "left to the driver at exit instead of freed",
+                  opt_.name, left.size(), left.front(), opt_.close_wait_s);
+        impl_->cuda.abandon();
+      }
+    }
   }
 }
 
@@ -266,9 +285,8 @@ int64_t ShmWeightPublisher::publish(int64_t version, const std::vector<std::pair
 // --- subscriber ----------------------------------------------------------------------
 
 struct ShmWeightSubscriber::Impl {
-  std::unique_ptr<detail::CudaIpcSlots> cuda;  // the segment's slots are on a device (closed after the mapping goes)
   std::unique_ptr<Mapping> map;
-  const char* slot(int s) const { return cuda ? cuda->slot(s) : map->slot(s); }
+  int device = -1;  // >= 0: the slots are CUDA device buffers, mapped only while a version is copied
 };
 
 ShmWeightSubscriber::ShmWeightSubscriber(ShmSyncOptions options)
@@ -285,12 +303,12 @@ void ShmWeightSubscriber::attach(double timeout_s) {
   const std::string where = "/dev/shm/" + opt_.name;
   for (;;) {
     auto m = std::make_unique<Mapping>();
-    m->fd = ::shm_open(shm_path(opt_.name).c_str(), O_RDONLY, 0);
+    m->fd = ::shm_open(shm_path(opt_.name).c_str(), O_RDWR, 0);  // read-write: the importer table
     struct stat st {};
     if (m->fd >= 0 && ::fstat(m->fd, &st) == 0 && st.st_size >= static_cast<off_t>(sizeof(SegmentHeader))) {
       m->size = static_cast<size_t>(st.st_size);
       m->inode = st.st_ino;
-      m->base = ::mmap(nullptr, m->size, PROT_READ, MAP_SHARED, m->fd, 0);
+      m->base = ::mmap(nullptr, m->size, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, 0);
       RLX_CHECK(m->base != MAP_FAILED, "weight sync: cannot map {}: {}", where, std::strerror(errno));
       auto* h = m->header();
       if (h->magic.load(std::memory_order_acquire) == magic_word()) {
@@ -325,15 +343,15 @@ void ShmWeightSubscriber::attach(double timeout_s) {
                     "weight sync: {}: tensor {} ({:?}) lies outside its slot", where, i, std::string(e.name, len));
           layout.tensors.emplace_back(std::string(e.name, len), std::move(shape));
         }
-        std::unique_ptr<detail::CudaIpcSlots> cuda;
         auto buffer_options = at::TensorOptions().dtype(at::kByte);
         if (h->device >= 0) {
-          cuda = std::make_unique<detail::CudaIpcSlots>();
-          cuda->open(h->device, h->ipc_handles);
+          RLX_CHECK(detail::CudaIpcSlots::available(),
+                    "weight sync: {}'s slots are on CUDA device {} (CUDA IPC), and this build of rlx has no CUDA (RLX_CUDA)",
+                    where, h->device);
           buffer_options = buffer_options.device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(h->device)));
         }
         layout_ = std::move(layout);
-        impl_->cuda = std::move(cuda);
+        impl_->device = h->device;
         impl_->map = std::move(m);
         for (auto& b : buffers_) b = at::empty({h->slot_bytes}, buffer_options);
         buffer_version_[0] = buffer_version_[1] = 0;
@@ -365,6 +383,32 @@ std::optional<WeightUpdate> ShmWeightSubscriber::poll() {
     }
     return std::nullopt;
   }
+  // CUDA IPC: the publisher's device slots are mapped for this copy only, with this process
+  // in the segment's importer table meanwhile (a closing publisher waits for it).
+  struct DeviceSlots {
+    detail::ImporterTable* table = nullptr;
+    int entry = -1;
+    int32_t pid = 0;
+    std::optional<detail::CudaIpcSlots> slots;
+    ~DeviceSlots() {
+      slots.reset();  // closed before the entry goes
+      if (table) detail::release_importer(*table, entry, pid);
+    }
+  } device;
+  const auto publisher_gone = [&] {
+    return h->closed.load(std::memory_order_acquire) || !detail::process_alive(h->publisher_pid.load(std::memory_order_acquire));
+  };
+  if (impl_->device >= 0) {
+    device.pid = static_cast<int32_t>(::getpid());
+    device.entry = detail::claim_importer(h->importers, device.pid);
+    RLX_CHECK(device.entry >= 0, "weight sync: /dev/shm/{}: {} processes already map its device slots", opt_.name,
+              detail::kMaxImporters);
+    device.table = &h->importers;
+    if (publisher_gone()) return std::nullopt;  // closing or dead: its buffers are not ours to read; re-attach later
+    device.slots.emplace();
+    device.slots->open(impl_->device, h->ipc_handles);
+  }
+  const auto slot = [&](int s) -> const char* { return device.slots ? device.slots->slot(s) : impl_->map->slot(s); };
   WeightUpdate u;
   const int target = 1 - current_;
   for (int attempt = 0; attempt < opt_.max_retries; ++attempt, ++u.retries) {
@@ -377,20 +421,24 @@ std::optional<WeightUpdate> ShmWeightSubscriber::poll() {
     }
     const int64_t have = buffer_version_[target];
     char* dst = static_cast<char*>(buffers_[target].data_ptr());
-    const char* src = impl_->slot(s);
+    const char* src = slot(s);
     int64_t copied = 0;
     for (int64_t i = 0; i < h->n_tensors; ++i) {
       const auto& e = m->table()[i];
       if (have > 0 && e.last_changed.load(std::memory_order_relaxed) <= have) continue;  // unchanged since `have`
-      if (impl_->cuda) detail::CudaIpcSlots::copy(dst + e.offset, src + e.offset, e.bytes);
+      if (device.slots) detail::CudaIpcSlots::copy(dst + e.offset, src + e.offset, e.bytes);
       else std::memcpy(dst + e.offset, src + e.offset, static_cast<size_t>(e.bytes));
       copied += e.bytes;
     }
-    if (impl_->cuda) detail::CudaIpcSlots::finish();  // the copy is complete before the seqlock is re-checked
+    if (device.slots) detail::CudaIpcSlots::finish();  // the copy is complete before the seqlock is re-checked
     std::atomic_thread_fence(std::memory_order_acquire);
     if (h->slots[s].seq.load(std::memory_order_relaxed) != seq1) {
       buffer_version_[target] = 0;  // partly overwritten: the next attempt copies everything
       continue;
+    }
+    if (device.slots && !detail::process_alive(h->publisher_pid.load(std::memory_order_acquire))) {
+      buffer_version_[target] = 0;  // the publisher died during the copy: its buffers may be gone; not handed out
+      return std::nullopt;
     }
     buffer_version_[target] = v;
     current_ = target;

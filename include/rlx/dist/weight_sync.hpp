@@ -18,8 +18,11 @@
 //   shm with a CUDA device (CUDA IPC; same host, CUDA builds): the same segment, seqlocks
 //              and table, but the two slots are device buffers the publisher allocates
 //              and exports (cudaIpcGetMemHandle; the handles are in the segment). A
-//              subscriber in another process maps them once and copies device to device
-//              into its own double buffer on each version. Not yet run on a GPU.
+//              subscriber in another process maps them for each version it copies (device
+//              to device into its own double buffer), listed meanwhile in the segment's
+//              importer table; a closing publisher waits for those copies before it frees
+//              the buffers, and a copy during which the publisher died is not handed out.
+//              Not yet run on a GPU.
 //   broadcast  any hosts, a collective (Gloo, or NCCL between GPUs): weight_broadcast.hpp.
 //              The publisher waits for its group; a member joins at the next version.
 //
@@ -101,6 +104,10 @@ struct ShmSyncOptions {
   // Publisher: where the two slots live: "cpu" (in the segment) or "cuda:N" (CUDA IPC; a
   // CUDA build). A subscriber takes the device from the segment.
   std::string device = "cpu";
+  // Publisher on a CUDA device, when it closes: how long it waits for subscribers still
+  // copying a version from its device slots before it frees them (past that they are left
+  // to the driver at exit).
+  double close_wait_s = 10;
 };
 
 // Bounds on what a segment may describe (checked on both sides).
