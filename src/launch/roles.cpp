@@ -81,7 +81,11 @@ std::unique_ptr<dist::WeightPublisher> RoleContext::weight_publisher(const dist:
       return std::make_unique<dist::TcpWeightPublisher>(
           dist::TcpSyncOptions{.bind = "tcp://0.0.0.0:0", .endpoint_file = run_dir / kWeightsEndpointFile}, layout);
     default:
-      return std::make_unique<dist::ShmWeightPublisher>(dist::ShmSyncOptions{.name = weights}, layout);
+      // On a CUDA device the two slots are device buffers the workers map (CUDA IPC): a split
+      // run on one GPU moves its weights device to device.
+      return std::make_unique<dist::ShmWeightPublisher>(
+          dist::ShmSyncOptions{.name = weights, .device = cfg.model.device.starts_with("cuda") ? cfg.model.device : "cpu"},
+          layout);
   }
 }
 
