@@ -113,6 +113,9 @@ for s in $steps; do
       step colocated_train_alone 300 "$rlx" bench learner --device cuda --preset qwen2.5-0.5b --arch qwen2 \
         --dtype bfloat16 --seq 576 --batch-seqs 512 --micro-batch-tokens 16384 --steps 3 --ranks 1 \
         && json colocated_train_alone
+      # The same split on one GPU: learner and worker processes, weights by CUDA IPC.
+      step split_throughput 540 "$rlx" run examples/configs/throughput_0.5b.yaml run.out_dir=$runs run.name=split_0.5b \
+        train.placement=split --force && cp $runs/split_0.5b/metrics.jsonl "$out/split_throughput.jsonl"
       step colocated_sft 300 "$rlx" sft examples/configs/sft_arithmetic.yaml run.out_dir=$runs model.device=cuda
       step colocated_quickstart 540 "$rlx" run examples/configs/grpo_arithmetic_gpu.yaml run.out_dir=$runs \
         model.path=$runs/sft_arithmetic/final --force && cp $runs/grpo_arithmetic_gpu/metrics.jsonl "$out/colocated_quickstart.jsonl"
