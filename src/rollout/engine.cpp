@@ -197,6 +197,7 @@ void Engine::sleep() {
   while (!inflight_.empty()) land_decode();
   RLX_ASSERT(running_.empty() && waiting_.empty(), "engine: idle, yet sequences hold blocks");
   blocks_.clear_cache();  // the cached prefixes' keys and values go with the pool
+  compat::synchronize(model_->device());  // nothing queued on any stream still reads the pool
   graphs_.reset();
   cache_.release();
   asleep_ = true;
