@@ -17,7 +17,7 @@ double mib(int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); }
 // Activations kept for backward by one micro-batch of `tokens` (an estimate, in bytes): per
 // layer and token the block's saved inputs and outputs (norm inputs, q/k/v, attention output,
 // the MLP's gate, up and product), the attention probabilities of a padded row (the mask
-// path; varlen flash keeps only log-sum-exps), and the log-prob head's one chunk of logits
+// path), and the log-prob head's one chunk of logits
 // in the compute dtype plus its fp32 work. With activation checkpointing a block keeps only
 // its input, and one block's activations exist at a time.
 int64_t activation_bytes(const RunConfig& cfg, const ModelConfig& m) {
@@ -25,8 +25,11 @@ int64_t activation_bytes(const RunConfig& cfg, const ModelConfig& m) {
   const int64_t tokens = cfg.learner.micro_batch_tokens;
   const int64_t row = std::min(cfg.learner.row_tokens, tokens);
   const int64_t qkv = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim;
-  const int64_t per_token_layer =
-      (4 * m.hidden_size + qkv + m.num_heads * m.head_dim + 3 * m.intermediate_size) * b + m.num_heads * row * 4;
+  // The mask path keeps each row's attention probabilities (CPU, or fp32 on CUDA); varlen
+  // flash attention (CUDA, bf16/fp16) keeps only a log-sum-exp per head and token.
+  const bool flash = cfg.model.device.starts_with("cuda") && cfg.learner.compute_dtype != DType::float32;
+  const int64_t per_token_layer = (4 * m.hidden_size + qkv + m.num_heads * m.head_dim + 3 * m.intermediate_size) * b +
+                                  m.num_heads * (flash ? 4 : row * 4);
   const int64_t blocks = cfg.learner.activation_checkpointing
                              ? tokens * m.hidden_size * b * m.num_layers + tokens * per_token_layer
                              : tokens * per_token_layer * m.num_layers;

@@ -38,3 +38,24 @@ TEST_CASE("memory plan: a colocated run's peak is its larger phase, not the sum"
   const auto split = plan_memory(cfg, model, n, 0, false, false);
   REQUIRE(split.peak_bytes() == 16 * n + activations);
 }
+
+TEST_CASE("memory plan: activations on the flash path keep no attention probabilities", "[launch][colocated]") {
+  RunConfig cfg;
+  cfg.learner.micro_batch_tokens = 16384;
+  cfg.learner.row_tokens = 2048;
+  cfg.learner.compute_dtype = rlx::DType::bfloat16;
+  const auto model = rlx::model_preset("qwen2.5-0.5b", rlx::Arch::qwen2);
+  auto activations = [&](const RunConfig& c) {
+    for (const auto& i : plan_memory(c, model, 494'000'000, 0, false, false).items)
+      if (i.name.starts_with("activations")) return i.bytes;
+    return int64_t{-1};
+  };
+  cfg.model.device = "cpu";
+  const int64_t mask_path = activations(cfg);
+  cfg.model.device = "cuda";
+  const int64_t flash = activations(cfg);
+  // The probabilities of 14 heads over rows of 2048 tokens, per token and layer, fp32.
+  REQUIRE(mask_path - flash == int64_t{16384} * 24 * 14 * (2048 * 4 - 4));
+  cfg.learner.activation_checkpointing = true;  // one block's activations at a time, plus each block's input
+  REQUIRE(activations(cfg) < flash / 4);
+}
