@@ -37,9 +37,10 @@ import json, sys
 s = json.load(sys.stdin)
 assert s["groups"] == s["distinct_leases"] == s["distinct_prompts"], s'
 }
-same_as_split() {  # same_as_split NAME
-  if cmp -s runs/split/final/model.safetensors "runs/$1/final/model.safetensors"; then ok "$1: final parameters equal the split run's"
-  else fail "$1: final parameters differ from the split run's"; fi
+same_as_split() {  # same_as_split NAME [SPLIT_RUN]
+  local ref=${2:-split}
+  if cmp -s "runs/$ref/final/model.safetensors" "runs/$1/final/model.safetensors"; then ok "$1: final parameters equal the $ref run's"
+  else fail "$1: final parameters differ from the $ref run's"; fi
   exactly_once "runs/$1" && ok "$1: each lease once" || fail "$1: a lease twice in trajectories.h5"
 }
 same_as_split colo
@@ -73,6 +74,10 @@ wait_steps() {
   done
   return 1
 }
+# The runs a signal interrupts are 60 steps (about 3 s): 20 (1 s colocated) can end before
+# a signal sent at step 3 lands. Their reference is the split run of 60 steps.
+"$rlx" run grpo.yaml run.name=split60 train.steps=60 > split60.log 2>&1 || fail "split60: $(tail -3 split60.log)"
+colo="$colo train.steps=60"
 # --- SIGINT, then --resume ---
 # shellcheck disable=SC2086
 "$rlx" run grpo.yaml run.name=int $colo > int.log 2>&1 &
@@ -82,7 +87,7 @@ kill -INT $pid; wait $pid; rc=$?
 [ $rc = 130 ] && ls runs/int/checkpoints | grep -q step_ && ok "colocated SIGINT: checkpoint, exit 130" || fail "SIGINT: rc $rc: $(tail -3 int.log)"
 # shellcheck disable=SC2086
 "$rlx" run grpo.yaml run.name=int $colo --resume > int2.log 2>&1 && grep -q resuming int2.log || fail "resume: $(tail -3 int2.log)"
-same_as_split int
+same_as_split int split60
 
 # --- the colocated process SIGKILLed, or SIGSTOPped (stuck: killed), mid-run: the run restarts and completes ---
 kill_learner() {  # kill_learner NAME SIGNAL [OVERRIDES...]
@@ -97,7 +102,7 @@ kill_learner() {  # kill_learner NAME SIGNAL [OVERRIDES...]
   [ -n "$victim" ] && kill -"$sig" "$victim" || fail "$name: no learner process"
   wait $pid; local rc=$?
   [ $rc = 0 ] && grep -q restart "$name.log" && ok "$name: $sig, restarted, completed" || fail "$name: rc $rc: $(tail -5 "$name.log")"
-  same_as_split "$name"
+  same_as_split "$name" split60
 }
 kill_learner kill KILL
 kill_learner stop STOP train.heartbeat_timeout_s=3
