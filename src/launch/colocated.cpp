@@ -3,14 +3,11 @@
 
 #include <fmt/format.h>
 
-#include <fstream>
-#include <limits>
 #include <string>
 
 #include "rlx/bus/client.hpp"
 #include "rlx/core/clock.hpp"
 #include "rlx/core/log.hpp"
-#include "rlx/core/torch_compat.hpp"
 #include "rlx/env/bundled.hpp"
 #include "rlx/rollout/worker.hpp"
 #include "worker_envs.hpp"
@@ -94,34 +91,6 @@ void ColocatedRollout::add_metrics(json& line) {
   line["kv_pool_mb"] = static_cast<double>(engine_->kv_pool_bytes()) / (1024.0 * 1024.0);
   last_ = now;
   last_at_ = t;
-}
-
-int64_t free_memory_bytes(const std::string& device) {
-  const at::Device d(device);
-  if (d.is_cuda()) return compat::device_free_bytes(d);
-  int64_t available = -1;
-  std::ifstream meminfo("/proc/meminfo");
-  for (std::string key; meminfo >> key;) {
-    int64_t kb = 0;
-    meminfo >> kb;
-    if (key == "MemAvailable:") {
-      available = kb * 1024;
-      break;
-    }
-    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
-  }
-  // A cgroup (v2) limit below that: what is left of it.
-  std::ifstream max_file("/sys/fs/cgroup/memory.max"), current_file("/sys/fs/cgroup/memory.current");
-  std::string max_text;
-  int64_t current = 0;
-  if (max_file >> max_text && max_text != "max" && current_file >> current) {
-    try {
-      const int64_t left = std::stoll(max_text) - current;
-      if (available < 0 || left < available) available = std::max<int64_t>(0, left);
-    } catch (const std::exception&) {
-    }
-  }
-  return available;
 }
 
 }  // namespace rlx::launch

@@ -63,8 +63,4 @@ class ColocatedRollout {
   double last_generated_s_ = 0, last_at_ = 0;
 };
 
-// Bytes the learner process can still allocate on `device`: the CUDA device's free memory,
-// or on the CPU the host's available memory (MemAvailable, within a cgroup's limit).
-int64_t free_memory_bytes(const std::string& device);
-
 }  // namespace rlx::launch

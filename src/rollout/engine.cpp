@@ -171,23 +171,11 @@ int64_t Engine::load_weights(int64_t version, const std::vector<std::pair<std::s
   }
   check_weights(who, tensors);
   while (!inflight_.empty()) land_decode();  // a last chained step of rows that had all stopped
-  int64_t bytes = 0;
-  {
-    c10::NoGradGuard no_grad;
-    std::map<std::string, at::Tensor> params;
-    for (auto& [name, p] : model_->hf_parameters()) params.emplace(name, p);
-    for (const auto& [name, t] : tensors) {
-      auto& p = params.at(name);
-      p.copy_(t);
-      bytes += p.numel() * static_cast<int64_t>(p.element_size());
-    }
-  }
-  blocks_.clear_cache();
-  prefix_root_ = prefix_root(version);
+  const int64_t bytes = install_weights(version, tensors);
   std::lock_guard lock(inbox_mu_);
   update_inbox_.reset();  // older than this one
   update_.reset();
-  latest_version_ = version_ = version;
+  latest_version_ = version;
   return bytes;
 }
 
@@ -357,20 +345,28 @@ bool Engine::maybe_apply_update() {
       while (!running_.empty()) preempt(*running_.back());
       break;
   }
+  install_weights(update_->version, update_->tensors);
+  update_.reset();
+  return true;
+}
+
+int64_t Engine::install_weights(int64_t version, const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  int64_t bytes = 0;
   {
     c10::NoGradGuard no_grad;
     std::map<std::string, at::Tensor> params;
     for (auto& [name, p] : model_->hf_parameters()) params.emplace(name, p);
-    for (const auto& [name, t] : update_->tensors) params.at(name).copy_(t);
+    for (const auto& [name, t] : tensors) {
+      auto& p = params.at(name);
+      p.copy_(t);
+      bytes += p.numel() * static_cast<int64_t>(p.element_size());
+    }
   }
-  blocks_.clear_cache();
-  prefix_root_ = prefix_root(update_->version);
-  {
-    std::lock_guard lock(inbox_mu_);
-    version_ = update_->version;
-  }
-  update_.reset();
-  return true;
+  blocks_.clear_cache();  // cached prefixes hold the old weights' keys and values
+  prefix_root_ = prefix_root(version);
+  std::lock_guard lock(inbox_mu_);
+  version_ = version;
+  return bytes;
 }
 
 void Engine::release_blocks(Seq& s) {

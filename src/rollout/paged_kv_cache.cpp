@@ -37,10 +37,8 @@ void PagedKVCache::allocate() {
 }
 
 void PagedKVCache::release() {
-  keys_.clear();
-  values_.clear();
-  keys_.shrink_to_fit();
-  values_.shrink_to_fit();
+  keys_ = {};
+  values_ = {};
 }
 
 void PagedKVCache::restore() {

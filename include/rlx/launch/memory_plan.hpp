@@ -45,4 +45,9 @@ struct MemoryPlan {
 MemoryPlan plan_memory(const RunConfig& cfg, const ModelConfig& model, int64_t parameters, int64_t kv_pool_bytes,
                        bool reference, bool critic);
 
+// Bytes this process can still allocate on `device` ("cpu", "cuda:N"): the CUDA device's free
+// memory (with LibTorch's unused reserve), or on the CPU the host's available memory
+// (MemAvailable, within a cgroup's limit); -1 when unknown.
+int64_t free_memory_bytes(const std::string& device);
+
 }  // namespace rlx::launch

@@ -203,6 +203,9 @@ class Engine {
   void check_weights(const std::string& who, const std::vector<std::pair<std::string, at::Tensor>>& tensors) const;
   void take_inbox(std::vector<GenerationResult>& finished);
   bool maybe_apply_update();
+  // Copies a checked set of weights into the model as `version` (the engine between steps);
+  // returns the bytes copied.
+  int64_t install_weights(int64_t version, const std::vector<std::pair<std::string, at::Tensor>>& tensors);
   void schedule();
   bool reserve(Seq& s, int64_t n);
   void match_prefix(Seq& s);
