@@ -21,6 +21,7 @@ packages=(
   libgloo-dev                             # headers of the Gloo that LibTorch's c10d links (CPU collectives)
   clang-14 libclang-rt-14-dev             # libFuzzer + sanitizers for the bus decoder's fuzz test
   python3 python3-matplotlib python3-yaml  # plots of a run's curves (scripts/plot_metrics.py); manifest checks
+  python3-jinja2                          # chat-template parity fixtures: jinja2 as transformers drives it
   munge slurmctld slurmd slurm-client   # a real single-node Slurm for the `rlx run` under Slurm test
 )
 # node + npm make the tokenizer parity fixtures (scripts/make_tokenizer_fixtures.sh);

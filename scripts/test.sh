@@ -11,5 +11,6 @@ build=${RLX_BUILD_DIR:-$root/build/release}
 mkdir -p "$(dirname "$build")"
 "$root/scripts/build.sh" "$build"
 "$root/scripts/make_tokenizer_fixtures.sh" "$build/fixtures"
+"$root/scripts/make_chat_template_fixtures.sh" "$build/fixtures/chat"
 cd "$build"
 ctest --output-on-failure -j"${RLX_JOBS:-$(nproc)}" --timeout 900 "$@"

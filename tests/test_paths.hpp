@@ -7,6 +7,7 @@ namespace rlx::test_paths {
 
 extern const char* const kCli;         // the rlx executable
 extern const char* const kFixtureDir;  // tokenizer fixtures (scripts/make_tokenizer_fixtures.sh)
+extern const char* const kSourceDir;   // the source tree (tests/data)
 extern const char* const kDistWorker;  // tests/integration/dist_worker.cpp's executable
 
 }  // namespace rlx::test_paths

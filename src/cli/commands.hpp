@@ -16,6 +16,7 @@ void add_config_commands(CLI::App& app, Action& action);
 void add_model_commands(CLI::App& app, Action& action);
 void add_inspect_commands(CLI::App& app, Action& action);
 void add_tokenize_command(CLI::App& app, Action& action);
+void add_chat_commands(CLI::App& app, Action& action);
 void add_bench_commands(CLI::App& app, Action& action);
 void add_generate_command(CLI::App& app, Action& action);
 // After add_inspect_commands and add_bench_commands: adds to their groups.

@@ -1,0 +1,152 @@
+// A Jinja engine for chat templates: the subset of Jinja2 that Hugging Face
+// `chat_template`s use, with the settings `transformers` renders them under
+// (sandboxed and immutable, `trim_blocks`, `lstrip_blocks`, loop controls, no
+// autoescape, its own `tojson`). No C++ Jinja library is packaged for Debian.
+//
+// Covered: `{{ }}` / `{% %}` / `{# #}` with `-` and `+` whitespace control,
+// `if`/`elif`/`else`, `for` (tuple targets, `if` filter, `else`, `loop.*`,
+// `break`/`continue`), `set` (names, tuples, `namespace` attributes, blocks),
+// `macro` with defaults and keyword arguments, `filter` blocks, `raw`,
+// `generation` (rendered as its body); Python semantics for values, operators,
+// slices, string/dict methods and `str()`/`repr()` output; the filters and tests
+// that real templates call (see docs/CHAT.md for the list). Anything else is an
+// error naming the template and line, never a silent difference.
+//
+//   auto t = rlx::jinja::Template::parse("{% for m in messages %}{{ m.role }};{% endfor %}", "demo");
+//   auto ctx = rlx::jinja::Value::from_json(R"({"messages": [{"role": "user"}]})"_json);
+//   t.render(ctx);  // "user;"
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "rlx/core/error.hpp"
+
+namespace rlx::jinja {
+
+// A template that cannot be parsed or rendered: the message starts with "NAME:LINE: ".
+// `raise_exception(msg)` in a template throws it with the template's own message.
+class TemplateError : public Error {
+ public:
+  using Error::Error;
+};
+
+class Value;
+struct Arguments;
+using Function = std::function<Value(Arguments&)>;
+
+// A Jinja value: Python's None, bool, int, float, str, list (and tuple), dict with string keys
+// (insertion-ordered, like Python's), a callable (macro or built-in), or undefined. Lists and
+// dicts are shared, as Python objects are.
+class Value {
+ public:
+  enum class Kind { undefined, none, boolean, integer, floating, string, list, dict, function };
+  using List = std::vector<Value>;
+  struct Dict {
+    std::vector<std::pair<std::string, Value>> items;
+    bool is_namespace = false;  // `namespace(...)`: its attributes may be assigned
+    const Value* find(std::string_view key) const;
+    void set(std::string key, Value v);
+  };
+
+  Value() = default;  // undefined
+  static Value undefined(std::string name = {});
+  static Value none();
+  Value(bool b);
+  Value(int64_t i);
+  Value(int i) : Value(static_cast<int64_t>(i)) {}
+  Value(double d);
+  Value(std::string s);
+  Value(const char* s) : Value(std::string(s)) {}
+  Value(List l);
+  static Value tuple(List l);  // a list that prints as Python's tuple: ('a', 1)
+  Value(Dict d);
+  Value(Function f, std::string name);
+  static Value from_json(const nlohmann::ordered_json& j);
+  static Value from_json(const nlohmann::json& j);
+
+  Kind kind() const { return kind_; }
+  bool is_undefined() const { return kind_ == Kind::undefined; }
+  bool is_none() const { return kind_ == Kind::none; }
+  bool is_string() const { return kind_ == Kind::string; }
+  bool is_number() const { return kind_ == Kind::integer || kind_ == Kind::floating || kind_ == Kind::boolean; }
+  bool is_list() const { return kind_ == Kind::list; }
+  bool is_tuple() const { return kind_ == Kind::list && b_; }
+  bool is_dict() const { return kind_ == Kind::dict; }
+  bool is_function() const { return kind_ == Kind::function; }
+
+  bool boolean() const { return b_; }
+  int64_t integer() const { return i_; }
+  double number() const;  // int, float or bool as a double
+  const std::string& string() const { return *s_; }
+  const List& list() const { return *l_; }
+  List& list_mut() { return *l_; }
+  const Dict& dict() const { return *d_; }
+  Dict& dict_mut() { return *d_; }
+  const Function& function() const { return *f_; }
+  // For an undefined value, the name it was looked up by ("" if none); for a function, its name.
+  const std::string& name() const { return name_; }
+
+  bool truthy() const;
+  // Python's str(): what `{{ v }}` prints (undefined prints nothing).
+  std::string str() const;
+  // Python's repr(): strings quoted as Python quotes them; what lists and dicts print inside.
+  std::string repr() const;
+  // json.dumps(v, ensure_ascii=False, indent=indent), keys in insertion order: HF's `tojson`.
+  // indent < 0: one line with ", " and ": ". Throws for undefined values and functions.
+  std::string to_json(int indent = -1) const;
+  nlohmann::ordered_json json() const;
+  // Python's ==: 1 == 1.0 == True, lists and dicts element by element.
+  bool equals(const Value& other) const;
+  const char* type_name() const;
+
+ private:
+  Kind kind_ = Kind::undefined;
+  bool b_ = false;
+  int64_t i_ = 0;
+  double f_num_ = 0;
+  std::shared_ptr<const std::string> s_;
+  std::shared_ptr<List> l_;
+  std::shared_ptr<Dict> d_;
+  std::shared_ptr<const Function> f_;
+  std::string name_;
+};
+
+// What a call passes: positional values, then keyword values, in order.
+struct Arguments {
+  std::vector<Value> positional;
+  std::vector<std::pair<std::string, Value>> keywords;
+  std::string callee;  // for error messages
+  // The argument at `index` or named `name`; `fallback` when neither was passed.
+  Value get(size_t index, std::string_view name, Value fallback = Value()) const;
+  // Throws naming the callee when more than `max_positional` positional arguments were
+  // passed or a keyword not in `known`.
+  void check(size_t max_positional, std::initializer_list<std::string_view> known) const;
+};
+
+namespace detail {
+struct Node;
+}
+
+class Template {
+ public:
+  // Parses `source`; `name` prefixes every error ("chat_template:12: ...").
+  static Template parse(std::string_view source, std::string name = "template");
+  // Renders with `context` (a dict) as the global variables, after the built-ins
+  // (`range`, `namespace`, `dict`, `raise_exception`, `strftime_now`, ...).
+  std::string render(const Value& context) const;
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_;
+  std::shared_ptr<const detail::Node> body_;
+};
+
+}  // namespace rlx::jinja

@@ -1,0 +1,34 @@
+// Python's text rules the Jinja engine needs: float repr, string repr, json.dumps options,
+// and UTF-8 code points (Python indexes and measures strings by code point).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace rlx::jinja {
+
+class Value;
+
+std::string python_float(double d);
+std::string python_repr(std::string_view s);
+
+// json.dumps' options as HF's `tojson` passes them through.
+struct JsonStyle {
+  int indent = -1;  // < 0: one line
+  std::string item_separator, key_separator;  // empty: Python's defaults for `indent`
+  bool sort_keys = false;
+  bool ensure_ascii = false;
+};
+std::string json_dumps(const Value& v, const JsonStyle& style);
+
+// Byte offsets of each code point's start in `s`, then s.size(). Invalid bytes count as one
+// code point each.
+std::vector<size_t> code_points(std::string_view s);
+
+// str.upper()/str.lower() for ASCII, Latin-1, Latin Extended-A, Greek and Cyrillic letters.
+std::string py_upper(std::string_view s);
+std::string py_lower(std::string_view s);
+
+}  // namespace rlx::jinja

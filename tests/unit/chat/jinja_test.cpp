@@ -1,0 +1,98 @@
+#include "rlx/chat/jinja.hpp"
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "test_paths.hpp"
+
+using rlx::jinja::Template;
+using rlx::jinja::TemplateError;
+using rlx::jinja::Value;
+using json = nlohmann::ordered_json;
+
+namespace {
+std::string render(const std::string& src, const json& ctx = json::object()) {
+  return Template::parse(src, "t").render(Value::from_json(ctx));
+}
+std::string error_of(const std::string& src, const json& ctx = json::object()) {
+  try {
+    render(src, ctx);
+  } catch (const TemplateError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+const std::filesystem::path kChatFixtures = std::filesystem::path(rlx::test_paths::kFixtureDir) / "chat";
+}  // namespace
+
+TEST_CASE("jinja: whitespace control as transformers sets it (trim_blocks, lstrip_blocks)", "[chat]") {
+  CHECK(render("a\n  {% if true %}\n    b\n  {% endif %}\nc") == "a\n    b\nc");
+  CHECK(render("x  {%- if true -%}  y  {%- endif %} z") == "xy z");
+  CHECK(render("{% if true %}\nkept\n  {%+ if true %} plus{% endif %}{% endif %}") == "kept\n   plus");
+  CHECK(render("line\n") == "line");  // one trailing newline is dropped
+  CHECK(render("{# c #}\nafter") == "after");
+  CHECK(render("{{ 'v' }}\nnext") == "v\nnext");  // trim_blocks leaves expression tags alone
+}
+
+TEST_CASE("jinja: scopes, loops and namespaces behave as Jinja2's", "[chat]") {
+  // `set` in a loop body lives for that iteration only; a namespace carries values out.
+  CHECK(render("{% for i in range(3) %}{% if i == 0 %}{% set x = 5 %}{% endif %}{{ x }};{% endfor %}[{{ x }}]") == "5;;;[]");
+  CHECK(render("{% set ns = namespace(n=0) %}{% for i in range(5) %}{% set ns.n = ns.n + i %}{% endfor %}{{ ns.n }}") == "10");
+  CHECK(render("{% for x in [1,2,3] %}{{ loop.index }}/{{ loop.revindex0 }}{{ '|' if not loop.last }}{% endfor %}") == "1/2|2/1|3/0");
+  CHECK(render("{% for i in range(9) %}{% if i > 3 %}{% break %}{% endif %}{% if i is odd %}{% continue %}{% endif %}{{ i }}{% endfor %}") == "02");
+  CHECK(render("{% for x in [] %}a{% else %}empty{% endfor %}") == "empty");
+  CHECK(render("{% macro m(a, b='B') %}{{ a }}{{ b }}{% endmacro %}{{ m(1) }}{{ m(2, b=3) }}") == "1B23");
+}
+
+TEST_CASE("jinja: values print as Python prints them", "[chat]") {
+  CHECK(render("{{ [1, 'a', none, true, 2.0] }}") == "[1, 'a', None, True, 2.0]");
+  CHECK(render("{{ {'k': \"it's\"} }}") == "{'k': \"it's\"}");
+  CHECK(render("{{ 1e20 }} {{ 1e-7 }} {{ 0.1 + 0.2 }} {{ 7 // -2 }} {{ -7 % 3 }}") == "1e+20 1e-07 0.30000000000000004 -4 2");
+  CHECK(render("{{ d | tojson }}", {{"d", {{"b", 1}, {"a", "é\n"}}}}) == "{\"b\": 1, \"a\": \"é\\n\"}");
+  CHECK(render("{{ 'ünï'[1:] }}{{ 'ünï' | length }}{{ 'ü'.upper() }}") == "nï3Ü");
+}
+
+TEST_CASE("jinja: bad templates name the line and what is wrong", "[chat]") {
+  CHECK_THAT(error_of("line one\n{% if x %}\nno end"), Catch::Contains("t:3:") && Catch::Contains("'endif'"));
+  CHECK_THAT(error_of("\n\n{{ x | nosuch }}"), Catch::Contains("t:3:") && Catch::Contains("no filter named 'nosuch'"));
+  CHECK_THAT(error_of("{% frobnicate %}"), Catch::Contains("t:1:") && Catch::Contains("unknown tag 'frobnicate'"));
+  CHECK_THAT(error_of("a\n{{ raise_exception('roles must alternate') }}"), Catch::Contains("t:2:") && Catch::Contains("roles must alternate"));
+  CHECK_THAT(error_of("\n{{ x.y.z }}", {{"x", json::object()}}), Catch::Contains("t:2:") && Catch::Contains("'y' is undefined"));
+  CHECK_THAT(error_of("{{ 'a' + 1 }}"), Catch::Contains("unsupported operand"));
+  CHECK_THAT(error_of("{{ xs.append(1) }}", {{"xs", json::array()}}), Catch::Contains("immutable"));
+  CHECK_THAT(error_of("{% break %}"), Catch::Contains("outside a loop"));
+  CHECK_THAT(error_of("{{ 'unterminated }}"), Catch::Contains("not closed"));
+  // Bounded: a runaway template stops with an error, not an exhausted machine.
+  CHECK_THAT(error_of("{% for i in range(1000000) %}{% endfor %}"), Catch::Contains("range()"));
+  CHECK_THAT(error_of("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}"), Catch::Contains("nest deeper"));
+}
+
+// Parity with Python's jinja2 (as transformers configures it) on feature cases, from the
+// fixtures scripts/make_chat_template_fixtures.sh writes.
+TEST_CASE("jinja: parity with jinja2 on the feature cases", "[chat]") {
+  auto expected_file = kChatFixtures / "expected.jsonl";
+  if (!std::filesystem::exists(expected_file))
+    FAIL("missing " << expected_file << ": run scripts/make_chat_template_fixtures.sh " << kChatFixtures.string());
+  std::ifstream cases_in(std::filesystem::path(rlx::test_paths::kSourceDir) / "tests/data/jinja_cases.json");
+  json cases = json::parse(cases_in);
+  std::ifstream in(expected_file);
+  int checked = 0, errors = 0;
+  for (std::string line; std::getline(in, line);) {
+    json r = json::parse(line);
+    if (r["template"] != "features") continue;
+    const json& c = cases[std::stoul(r["case"].get<std::string>())];
+    INFO("case " << r["case"] << ": " << c["template"].get<std::string>());
+    if (r.contains("error")) {
+      INFO("jinja2: " << r["error"]);
+      CHECK_THROWS_AS(render(c["template"].get<std::string>(), c["context"]), TemplateError);
+      ++errors;
+    } else {
+      CHECK(render(c["template"].get<std::string>(), c["context"]) == r["text"].get<std::string>());
+    }
+    ++checked;
+  }
+  CHECK(checked >= 30);
+  CHECK(errors >= 5);
+}
