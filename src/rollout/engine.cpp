@@ -538,7 +538,8 @@ SamplingBatch Engine::sampling_batch(const std::vector<Seq*>& seqs, int64_t ahea
   SamplingBatch batch;
   for (const Seq* s : seqs) {
     const auto& r = s->req->req;
-    batch.add(r.params, sampling_uniform(r.seed, r.id, s->sample, static_cast<int64_t>(s->tokens.size()) + ahead));
+    const std::string& key = r.sampling_key.empty() ? r.id : r.sampling_key;
+    batch.add(r.params, sampling_uniform(r.seed, key, s->sample, static_cast<int64_t>(s->tokens.size()) + ahead));
   }
   return batch;
 }
@@ -555,6 +556,7 @@ void Engine::append_token(Seq& s, TokenId token, float logprob) {
   s.out.logprobs.push_back(logprob);
   s.out.versions.push_back(version_);
   ++stats_.generated_tokens;
+  if (s.req->req.on_token) s.req->req.on_token(s.sample, token, logprob);
   if (std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), token) != params.stop_token_ids.end())
     return finish(s, FinishReason::stop);
   if (!params.ignore_eos) {

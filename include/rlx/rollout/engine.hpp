@@ -25,6 +25,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -98,6 +99,12 @@ struct GenerationRequest {
   std::vector<TokenId> prompt;  // non-empty
   SamplingParams params;
   uint64_t seed = 0;            // with id, sample index and position: the sampling randomness
+  std::string sampling_key;     // replaces id in the sampling randomness when set (a server's
+                                // requests with equal seeds sample alike)
+  // Streaming: called on the thread that runs step() with each token as it is sampled
+  // (sample index, token, log-prob), before the request finishes. Tokens are never taken
+  // back. It must return quickly and not call into the engine.
+  std::function<void(int64_t sample, TokenId token, float logprob)> on_token;
 };
 
 struct SampleOutput {

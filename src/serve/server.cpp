@@ -1,0 +1,374 @@
+// The OpenAI-compatible server: HTTP (cpp-httplib) around the engine; see rlx/serve/server.hpp.
+#include "rlx/serve/server.hpp"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <unordered_map>
+
+#include "rlx/core/log.hpp"
+
+namespace rlx::serve {
+namespace {
+
+using json = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// One request in flight: what the engine thread has produced so far.
+struct Pending {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::vector<TokenId>> tokens;  // per sample, as sampled
+  std::vector<std::vector<float>> logprobs;
+  std::optional<GenerationResult> result;
+  std::optional<ApiError> error;
+  bool done = false;
+
+  void finish(std::optional<GenerationResult> r, std::optional<ApiError> e) {
+    {
+      std::lock_guard lock(mu);
+      result = std::move(r);
+      error = std::move(e);
+      done = true;
+    }
+    cv.notify_all();
+  }
+};
+
+}  // namespace
+
+struct Server::Impl {
+  Impl(Engine& e, ServedModel m, ServerOptions o) : engine(e), model(std::move(m)), options(std::move(o)) {}
+
+  Engine& engine;
+  ServedModel model;
+  ServerOptions options;
+  httplib::Server http;
+  int bound_port = -1;
+  std::thread engine_thread, http_thread;
+  std::atomic<bool> stopping{false};
+  std::atomic<int64_t> in_flight{0};
+  std::atomic<uint64_t> counter{0};
+  uint64_t seed_base = std::random_device{}();
+  int64_t max_stop_len_cache = 0;
+
+  std::mutex mu;  // guards the queues and `pending`
+  std::condition_variable cv;
+  std::deque<GenerationRequest> to_add;
+  std::deque<std::string> to_abort;
+  std::unordered_map<std::string, std::shared_ptr<Pending>> pending;
+
+  // ---- engine thread
+  void engine_loop() {
+    while (!stopping) {
+      std::deque<GenerationRequest> adds;
+      std::deque<std::string> aborts;
+      {
+        std::unique_lock lock(mu);
+        cv.wait_for(lock, std::chrono::milliseconds(50),
+                    [&] { return stopping || !to_add.empty() || !to_abort.empty() || engine.has_work(); });
+        adds.swap(to_add);
+        aborts.swap(to_abort);
+      }
+      for (auto& r : adds) {
+        std::string id = r.id;
+        try {
+          engine.add(std::move(r));
+        } catch (const Error& e) {
+          deliver_error(id, ApiError(400, e.what()));
+        }
+      }
+      for (const auto& id : aborts) engine.abort(id);
+      if (!engine.has_work()) continue;
+      std::vector<GenerationResult> done;
+      try {
+        done = engine.step();
+      } catch (const std::exception& e) {
+        log::error("rlx serve: the engine failed a step: {}; ending every request in flight", e.what());
+        fail_all(ApiError(500, fmt::format("the engine failed: {}", e.what())));
+        continue;
+      }
+      for (auto& r : done) {
+        std::shared_ptr<Pending> p;
+        {
+          std::lock_guard lock(mu);
+          auto it = pending.find(r.id);
+          if (it == pending.end()) continue;
+          p = it->second;
+          pending.erase(it);
+        }
+        p->finish(std::move(r), std::nullopt);
+      }
+    }
+  }
+
+  void deliver_error(const std::string& id, ApiError e) {
+    std::shared_ptr<Pending> p;
+    {
+      std::lock_guard lock(mu);
+      auto it = pending.find(id);
+      if (it == pending.end()) return;
+      p = it->second;
+      pending.erase(it);
+    }
+    p->finish(std::nullopt, std::move(e));
+  }
+
+  void fail_all(const ApiError& e) {
+    std::unordered_map<std::string, std::shared_ptr<Pending>> all;
+    {
+      std::lock_guard lock(mu);
+      all.swap(pending);
+    }
+    for (auto& [id, p] : all) {
+      engine.abort(id);
+      p->finish(std::nullopt, e);
+    }
+    if (!stopping) engine.run();  // drains the aborted requests
+  }
+
+  // ---- HTTP side
+  std::shared_ptr<Pending> submit(ParsedRequest& req, const std::string& id) {
+    auto p = std::make_shared<Pending>();
+    auto n = static_cast<size_t>(req.generation.params.n);
+    p->tokens.resize(n);
+    p->logprobs.resize(n);
+    req.generation.id = id;
+    req.generation.sampling_key = "rlx-serve";  // equal seeds, equal samples (OpenAI's `seed`)
+    if (req.stream) {
+      std::weak_ptr<Pending> weak = p;
+      req.generation.on_token = [weak](int64_t sample, TokenId token, float logprob) {
+        auto q = weak.lock();
+        if (!q) return;
+        {
+          std::lock_guard lock(q->mu);
+          q->tokens[static_cast<size_t>(sample)].push_back(token);
+          q->logprobs[static_cast<size_t>(sample)].push_back(logprob);
+        }
+        q->cv.notify_all();
+      };
+    }
+    {
+      std::lock_guard lock(mu);
+      if (stopping) throw ApiError(503, "the server is shutting down");
+      pending[id] = p;
+      to_add.push_back(req.generation);
+    }
+    cv.notify_all();
+    return p;
+  }
+
+  void abort(const std::string& id) {
+    {
+      std::lock_guard lock(mu);
+      to_abort.push_back(id);
+    }
+    cv.notify_all();
+  }
+
+  static void send_error(httplib::Response& res, const ApiError& e) {
+    res.status = e.status;
+    res.set_content(dump(e.body()), "application/json");
+  }
+
+  void handle(const httplib::Request& http_req, httplib::Response& res, Endpoint endpoint) {
+    if (in_flight.fetch_add(1) >= options.limits.max_in_flight) {
+      in_flight.fetch_sub(1);
+      res.set_header("Retry-After", "1");
+      return send_error(res, ApiError(429, fmt::format("more than {} requests in flight; retry later", options.limits.max_in_flight)));
+    }
+    struct Release {
+      std::atomic<int64_t>& n;
+      bool armed = true;
+      ~Release() {
+        if (armed) n.fetch_sub(1);
+      }
+    };
+    auto release = std::make_shared<Release>(Release{in_flight});
+    try {
+      json body;
+      try {
+        body = json::parse(http_req.body);
+      } catch (const json::parse_error& e) {
+        throw ApiError(400, fmt::format("the body is not valid JSON: {}", e.what()));
+      }
+      uint64_t n = counter.fetch_add(1);
+      ParsedRequest req = parse_request(body, endpoint, model, options.limits, seed_base ^ (n * 0x9E3779B97F4A7C15ull));
+      std::string id = fmt::format("{}-{:x}{:06x}", endpoint == Endpoint::chat ? "chatcmpl" : "cmpl", seed_base & 0xffffff, n);
+      int64_t created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+      auto p = submit(req, id);
+      if (!req.stream) {
+        auto deadline = Clock::now() + std::chrono::duration<double>(options.limits.request_timeout_s);
+        std::unique_lock lock(p->mu);
+        if (!p->cv.wait_until(lock, deadline, [&] { return p->done; })) {
+          lock.unlock();
+          abort(id);
+          throw ApiError(504, fmt::format("the request took longer than {} s and was aborted", options.limits.request_timeout_s));
+        }
+        if (p->error) throw *p->error;
+        res.set_content(dump(response(req, *p->result, model, id, created)), "application/json");
+        return;
+      }
+      release->armed = false;  // the stream releases its slot when it ends
+      auto shared_req = std::make_shared<ParsedRequest>(std::move(req));
+      res.set_header("Cache-Control", "no-cache");
+      res.set_chunked_content_provider(
+          "text/event-stream",
+          [this, p, shared_req, id, created](size_t, httplib::DataSink& sink) { return stream(*shared_req, p, id, created, sink); },
+          [this, release, id, p](bool success) {
+            if (!success) abort(id);
+            release->n.fetch_sub(1);
+          });
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
+  }
+
+  // Writes the whole stream of one request; false when the client went away (the request
+  // is then aborted).
+  bool stream(const ParsedRequest& req, const std::shared_ptr<Pending>& p, const std::string& id, int64_t created,
+              httplib::DataSink& sink) {
+    auto write = [&](const json& j) {
+      std::string line = "data: " + dump(j) + "\n\n";
+      return sink.write(line.data(), line.size());
+    };
+    const auto n = static_cast<size_t>(req.generation.params.n);
+    size_t holdback = 0;
+    for (const auto& s : req.generation.params.stop_strings) holdback = std::max(holdback, s.size() - 1);
+    std::vector<size_t> sent_tokens(n, 0), sent_bytes(n, 0);
+    for (size_t i = 0; i < n; ++i)
+      if (!write(chunk_open(req, model, id, created, static_cast<int64_t>(i)))) return abort_stream(id);
+    auto deadline = Clock::now() + std::chrono::duration<double>(options.limits.request_timeout_s);
+    while (true) {
+      std::vector<std::vector<TokenId>> tokens;
+      std::vector<std::vector<float>> logprobs;
+      bool done;
+      {
+        std::unique_lock lock(p->mu);
+        p->cv.wait_for(lock, std::chrono::milliseconds(100));
+        tokens = p->tokens;
+        logprobs = p->logprobs;
+        done = p->done;
+      }
+      if (done && p->error) {
+        write(p->error->body());
+        sink.done();
+        return true;
+      }
+      for (size_t i = 0; i < n; ++i) {
+        if (tokens[i].size() == sent_tokens[i] && !done) continue;
+        std::string text;
+        if (done) {
+          text = sample_text(*model.tokenizer, p->result->samples[i]);
+        } else {
+          SampleOutput partial;
+          partial.tokens = tokens[i];
+          text = sample_text(*model.tokenizer, partial, /*complete_only=*/true);
+          text.erase(text.size() > holdback ? text.size() - holdback : 0);
+        }
+        const std::vector<TokenId>& final_tokens = done ? p->result->samples[i].tokens : tokens[i];
+        const std::vector<float>& final_lps = done ? p->result->samples[i].logprobs : logprobs[i];
+        if (text.size() <= sent_bytes[i] && final_tokens.size() == sent_tokens[i]) continue;
+        std::vector<TokenId> new_tokens(final_tokens.begin() + static_cast<long>(sent_tokens[i]), final_tokens.end());
+        std::vector<float> new_lps(final_lps.begin() + static_cast<long>(sent_tokens[i]), final_lps.end());
+        std::string delta = text.size() > sent_bytes[i] ? text.substr(sent_bytes[i]) : "";
+        if (!write(chunk_delta(req, model, id, created, static_cast<int64_t>(i), delta, new_tokens, new_lps))) return abort_stream(id);
+        sent_tokens[i] = final_tokens.size();
+        sent_bytes[i] = std::max(sent_bytes[i], text.size());
+      }
+      if (done) break;
+      if (Clock::now() > deadline) {
+        abort(id);
+        write(ApiError(504, "the request took too long and was aborted").body());
+        sink.done();
+        return true;
+      }
+    }
+    for (size_t i = 0; i < n; ++i)
+      if (!write(chunk_finish(req, model, id, created, static_cast<int64_t>(i), p->result->samples[i]))) return abort_stream(id);
+    if (req.include_usage && !write(chunk_usage(req, model, id, created, *p->result))) return abort_stream(id);
+    static const std::string kDone = "data: [DONE]\n\n";
+    sink.write(kDone.data(), kDone.size());
+    sink.done();
+    return true;
+  }
+
+  bool abort_stream(const std::string& id) {
+    abort(id);
+    return false;
+  }
+
+  void routes() {
+    http.set_payload_max_length(static_cast<size_t>(options.limits.max_body_bytes));
+    http.new_task_queue = [n = options.limits.max_in_flight] { return new httplib::ThreadPool(static_cast<size_t>(n + 4)); };
+    http.set_read_timeout(30);
+    http.set_write_timeout(30);
+    http.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& r) { handle(q, r, Endpoint::chat); });
+    http.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& r) { handle(q, r, Endpoint::completion); });
+    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& r) {
+      json m = {{"id", model.name}, {"object", "model"}, {"created", 0}, {"owned_by", "rlx"}, {"max_model_len", model.max_model_len}};
+      r.set_content(dump({{"object", "list"}, {"data", json::array({m})}}), "application/json");
+    });
+    http.Get("/health", [](const httplib::Request&, httplib::Response& r) { r.set_content("{\"status\": \"ok\"}", "application/json"); });
+    // Errors httplib answers itself (413 for an oversized body, 404 for an unknown path)
+    // get OpenAI's error object too.
+    http.set_error_handler([this](const httplib::Request& q, httplib::Response& r) {
+      if (!r.body.empty()) return;
+      std::string message = r.status == 413   ? fmt::format("the request body is over {} bytes", options.limits.max_body_bytes)
+                            : r.status == 404 ? fmt::format("no route {} {}", q.method, q.path)
+                                              : fmt::format("HTTP {}", r.status);
+      send_error(r, ApiError(r.status, message));
+    });
+    http.set_exception_handler([](const httplib::Request&, httplib::Response& r, std::exception_ptr ep) {
+      std::string what = "unknown error";
+      try {
+        std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      send_error(r, ApiError(500, what));
+    });
+  }
+};
+
+Server::Server(Engine& engine, ServedModel model, ServerOptions options)
+    : impl_(std::make_unique<Impl>(engine, std::move(model), std::move(options))) {
+  RLX_CHECK(impl_->model.tokenizer, "rlx serve needs the model's tokenizer");
+}
+
+Server::~Server() { stop(); }
+
+void Server::start() {
+  Impl& s = *impl_;
+  s.routes();
+  s.bound_port = s.options.port == 0 ? s.http.bind_to_any_port(s.options.host) : (s.http.bind_to_port(s.options.host, s.options.port) ? s.options.port : -1);
+  RLX_CHECK(s.bound_port > 0, "rlx serve: cannot listen on {}:{} (in use, or not an address of this machine)", s.options.host, s.options.port);
+  s.engine_thread = std::thread([&s] { s.engine_loop(); });
+  s.http_thread = std::thread([&s] { s.http.listen_after_bind(); });
+}
+
+int Server::port() const { return impl_->bound_port; }
+
+void Server::stop() {
+  Impl& s = *impl_;
+  if (!s.engine_thread.joinable()) return;
+  {
+    std::lock_guard lock(s.mu);
+    s.stopping = true;
+  }
+  s.cv.notify_all();
+  s.engine_thread.join();
+  s.fail_all(ApiError(503, "the server is shutting down"));
+  s.http.stop();
+  if (s.http_thread.joinable()) s.http_thread.join();
+}
+
+}  // namespace rlx::serve

@@ -1,0 +1,117 @@
+#include "rlx/serve/openai.hpp"
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+
+#include "test_paths.hpp"
+
+using namespace rlx::serve;
+using json = nlohmann::ordered_json;
+
+namespace {
+const std::filesystem::path kQwen3 = std::filesystem::path(rlx::test_paths::kFixtureDir) / "chat" / "qwen3";
+
+ServedModel qwen3_model() {
+  if (!std::filesystem::exists(kQwen3 / "tokenizer.json"))
+    FAIL("missing " << kQwen3 << ": run scripts/make_chat_template_fixtures.sh (scripts/test.sh does this)");
+  ServedModel m;
+  m.name = "tiny";
+  m.tokenizer = rlx::load_tokenizer(kQwen3 / "tokenizer.json");
+  m.chat_template = rlx::chat::ChatTemplate::load(kQwen3);
+  m.end_of_turn = {*m.tokenizer->token_to_id("<|im_end|>")};
+  m.max_model_len = 256;
+  return m;
+}
+
+ApiError error_of(const json& body, Endpoint e = Endpoint::chat) {
+  static const ServedModel model = qwen3_model();
+  try {
+    parse_request(body, e, model, {}, 1);
+  } catch (const ApiError& err) {
+    return err;
+  }
+  return ApiError(0, "(no error)");
+}
+
+json chat(json extra = json::object()) {
+  json b = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}};
+  for (auto it = extra.begin(); it != extra.end(); ++it) b[it.key()] = it.value();
+  return b;
+}
+}  // namespace
+
+TEST_CASE("openai: a chat request becomes the template's tokens and the engine's parameters", "[serve]") {
+  ServedModel model = qwen3_model();
+  auto req = parse_request(chat({{"n", 3}, {"temperature", 0.5}, {"stop", "x"}, {"seed", 42}, {"max_tokens", 10}}), Endpoint::chat,
+                           model, {}, 7);
+  std::string text = model.chat_template->render(json::parse(R"([{"role": "user", "content": "Hi"}])"));
+  CHECK(req.generation.prompt == model.tokenizer->encode(text));
+  CHECK(req.generation.params.n == 3);
+  CHECK(req.generation.params.temperature == 0.5);
+  CHECK(req.generation.params.stop_strings == std::vector<std::string>{"x"});
+  CHECK(req.generation.params.stop_token_ids == model.end_of_turn);
+  CHECK(req.generation.params.max_new_tokens == 10);
+  CHECK(req.generation.seed == 42);
+  // Without max_tokens a chat request may use the rest of the context.
+  auto open = parse_request(chat(), Endpoint::chat, model, {}, 7);
+  CHECK(open.generation.params.max_new_tokens == model.max_model_len - static_cast<int64_t>(open.generation.prompt.size()));
+  CHECK(open.generation.seed == 7);
+  CHECK(parse_request(chat({{"ignore_eos", true}}), Endpoint::chat, model, {}, 7).generation.params.stop_token_ids.empty());
+}
+
+TEST_CASE("openai: bad requests are 4xx errors naming the field", "[serve]") {
+  auto e = error_of(chat({{"model", "gpt-4o"}}));
+  CHECK(e.status == 404);
+  CHECK(e.code == "model_not_found");
+  CHECK(error_of(chat({{"n", 0}})).param == "n");
+  CHECK(error_of(chat({{"n", "two"}})).param == "n");
+  CHECK(error_of(chat({{"temperature", 3}})).param == "temperature");
+  CHECK(error_of(chat({{"stop", {"a", "b", "c", "d", "e"}}})).param == "stop");
+  CHECK(error_of(chat({{"top_logprobs", 3}})).param == "top_logprobs");
+  CHECK(error_of(chat({{"presence_penalty", 0.5}})).param == "presence_penalty");
+  CHECK(error_of(chat({{"messages", json::array()}})).param == "messages");
+  auto no_role = error_of(chat({{"messages", {{{"content", "x"}}}}}));
+  CHECK(no_role.param == "messages");
+  CHECK_THAT(no_role.what(), Catch::Contains("messages[0]"));
+  auto long_ask = error_of(chat({{"max_tokens", 100000}}));
+  CHECK(long_ask.code == "context_length_exceeded");
+  CHECK(error_of(json::array()).status == 400);
+  json completion = {{"model", "tiny"}, {"prompt", {1, 2, 999999999}}};
+  CHECK(error_of(completion, Endpoint::completion).param == "prompt");
+  CHECK(error_of(json{{"model", "tiny"}}, Endpoint::completion).param == "prompt");
+  // The error object is OpenAI's.
+  json body = error_of(chat({{"n", 0}})).body();
+  CHECK(body["error"]["type"] == "invalid_request_error");
+  CHECK(body["error"]["param"] == "n");
+}
+
+TEST_CASE("openai: responses carry the text cut at the stop string, usage and token ids", "[serve]") {
+  ServedModel model = qwen3_model();
+  auto req = parse_request(chat({{"return_token_ids", true}, {"logprobs", true}}), Endpoint::chat, model, {}, 1);
+  rlx::GenerationResult r;
+  r.id = "x";
+  r.prompt = req.generation.prompt;
+  rlx::SampleOutput s;
+  s.tokens = model.tokenizer->encode("Hello world<|im_end|>");
+  s.logprobs.assign(s.tokens.size(), -0.5f);
+  s.versions.assign(s.tokens.size(), 3);
+  s.finish = rlx::FinishReason::stop;
+  r.samples = {s};
+  json out = response(req, r, model, "chatcmpl-1", 100);
+  CHECK(out["object"] == "chat.completion");
+  CHECK(out["choices"][0]["message"]["content"] == "Hello world");  // the special token is not text
+  CHECK(out["choices"][0]["logprobs"]["content"].size() == s.tokens.size());
+  CHECK(out["choices"][0]["token_ids"] == json(s.tokens));
+  CHECK(out["choices"][0]["weight_versions"][0] == 3);
+  CHECK(out["usage"]["completion_tokens"] == s.tokens.size());
+  CHECK(out["prompt_token_ids"] == json(r.prompt));
+  // A stop string ends the text before it; a stream's text so far ends on a whole character.
+  rlx::SampleOutput stopped;
+  stopped.tokens = model.tokenizer->encode("one, two");
+  stopped.stop_string = ",";
+  CHECK(sample_text(*model.tokenizer, stopped) == "one");
+  rlx::SampleOutput partial;
+  partial.tokens = model.tokenizer->encode("ok\xC3");  // ends inside a character
+  CHECK(sample_text(*model.tokenizer, partial) == "ok\xC3");
+  CHECK(sample_text(*model.tokenizer, partial, /*complete_only=*/true) == "ok");
+}
