@@ -174,5 +174,6 @@ void register_calculator(env::Registry& r);
 void register_python_code(env::Registry& r);
 void register_guess_number(env::Registry& r);
 void register_synthetic(env::Registry& r);
+void register_agent_program(env::Registry& r);
 
 }  // namespace rlx::envs

@@ -193,6 +193,7 @@ void add_env_serve(CLI::App* envc, Action& action) {
     std::string tokenizer, options = "{}";
     uint64_t seed = 0;
     bool code_sandbox = false;
+    std::string code_sandbox_config;  // SandboxOptions as YAML (the run's env.sandbox)
     std::string check;  // an environment to try once, then exit
   };
   auto a = std::make_shared<Args>();
@@ -205,6 +206,8 @@ void add_env_serve(CLI::App* envc, Action& action) {
   serve->add_flag("--code-sandbox", a->code_sandbox,
                   "give environments that run code (python_code) a sandbox of their own; the server itself must then "
                   "run outside one (namespaces do not nest under the sandbox's filter)");
+  serve->add_option("--code-sandbox-config", a->code_sandbox_config,
+                    "that sandbox's options as YAML (the env.sandbox section: limits, paths); default: the defaults");
   serve->add_option("--check", a->check,
                     "try environment NAME once (a generated task: make, reset) and bind the address, then exit 0: "
                     "what `rlx run` does before it starts any role");
@@ -212,7 +215,11 @@ void add_env_serve(CLI::App* envc, Action& action) {
     action = [a] {
       const auto tok = load_tokenizer(a->tokenizer);
       std::unique_ptr<Sandbox> code_sandbox;
-      if (a->code_sandbox) code_sandbox = std::make_unique<Sandbox>();
+      if (a->code_sandbox)
+        code_sandbox = std::make_unique<Sandbox>(a->code_sandbox_config.empty()
+                                                     ? SandboxOptions{}
+                                                     : config::load_string<SandboxOptions>(a->code_sandbox_config, {},
+                                                                                          "--code-sandbox-config"));
       nlohmann::json options;
       try {
         options = nlohmann::json::parse(a->options);

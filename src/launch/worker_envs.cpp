@@ -42,7 +42,8 @@ EnvServerPlan env_server_plan(const RoleContext& ctx, const std::string& name) {
   std::vector<std::string> argv{ctx.exe, "env", "serve", "--address", plan.address, "--tokenizer",
                                 (sock_dir / "tokenizer.json").string(), "--options", e.options_json().dump(),
                                 "--seed", std::to_string(ctx.cfg.run.seed)};
-  if (runs_code(ctx.cfg)) argv.push_back("--code-sandbox");
+  // The code's sandbox is the config's env.sandbox (limits and paths), as in the worker.
+  if (runs_code(ctx.cfg)) argv.insert(argv.end(), {"--code-sandbox", "--code-sandbox-config", config::to_yaml(e.sandbox)});
   // The server's binary and its libraries must be visible (read-only) inside.
   // A server lives as long as the worker: the time limits bound one server's life,
   // a stuck call is caught by env.timeout_s.

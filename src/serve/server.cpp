@@ -353,6 +353,9 @@ void Server::start() {
   RLX_CHECK(s.bound_port > 0, "rlx serve: cannot listen on {}:{} (in use, or not an address of this machine)", s.options.host, s.options.port);
   s.engine_thread = std::thread([&s] { s.engine_loop(); });
   s.http_thread = std::thread([&s] { s.http.listen_after_bind(); });
+  // httplib's stop() before its loop runs is lost: started means running.
+  for (int i = 0; i < 500 && !s.http.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  RLX_CHECK(s.http.is_running(), "rlx serve: the HTTP server did not start");
 }
 
 int Server::port() const { return impl_->bound_port; }
