@@ -184,14 +184,14 @@ struct Server::Impl {
       res.set_header("Retry-After", "1");
       return send_error(res, ApiError(429, fmt::format("more than {} requests in flight; retry later", options.limits.max_in_flight)));
     }
-    struct Release {
+    struct Release {  // gives the slot back once, when the request (or its stream) ends
+      explicit Release(std::atomic<int64_t>& counter) : n(counter) {}
+      Release(const Release&) = delete;
+      Release& operator=(const Release&) = delete;
+      ~Release() { n.fetch_sub(1); }
       std::atomic<int64_t>& n;
-      bool armed = true;
-      ~Release() {
-        if (armed) n.fetch_sub(1);
-      }
     };
-    auto release = std::make_shared<Release>(Release{in_flight});
+    auto release = std::make_shared<Release>(in_flight);
     try {
       json body;
       try {
@@ -216,7 +216,7 @@ struct Server::Impl {
         res.set_content(dump(response(req, *p->result, model, id, created)), "application/json");
         return;
       }
-      release->armed = false;  // the stream releases its slot when it ends
+      // The stream's callbacks hold `release`: the slot is given back when the stream ends.
       auto shared_req = std::make_shared<ParsedRequest>(std::move(req));
       res.set_header("Cache-Control", "no-cache");
       res.set_chunked_content_provider(
@@ -224,7 +224,6 @@ struct Server::Impl {
           [this, p, shared_req, id, created](size_t, httplib::DataSink& sink) { return stream(*shared_req, p, id, created, sink); },
           [this, release, id, p](bool success) {
             if (!success) abort(id);
-            release->n.fetch_sub(1);
           });
     } catch (const ApiError& e) {
       send_error(res, e);
@@ -307,7 +306,11 @@ struct Server::Impl {
 
   void routes() {
     http.set_payload_max_length(static_cast<size_t>(options.limits.max_body_bytes));
-    http.new_task_queue = [n = options.limits.max_in_flight] { return new httplib::ThreadPool(static_cast<size_t>(n + 4)); };
+    // httplib gives each connection a thread for as long as it is kept alive: idle keep-alive
+    // connections must not take the threads that requests in flight need, so the pool is
+    // twice the limit (plus room to answer 429s) and an idle connection is closed after 2 s.
+    http.new_task_queue = [n = options.limits.max_in_flight] { return new httplib::ThreadPool(static_cast<size_t>(2 * n + 8)); };
+    http.set_keep_alive_timeout(2);
     http.set_read_timeout(30);
     http.set_write_timeout(30);
     http.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& r) { handle(q, r, Endpoint::chat); });

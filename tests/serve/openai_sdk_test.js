@@ -2,6 +2,7 @@
 // SDK will not send. Exits non-zero on the first failed check.
 //   node openai_sdk_test.js NODE_MODULES_DIR BASE_URL MODEL MAX_BODY_BYTES
 'use strict';
+const http = require('http');
 const path = require('path');
 const assert = require('assert/strict');
 const [modulesDir, baseURL, model, maxBody] = process.argv.slice(2);
@@ -137,6 +138,31 @@ async function raw(pathname, body, headers = {}) {
     for (const r of rs) assert.equal(r.choices.length, 1);
     const again = await client.chat.completions.create({ model, messages, max_tokens: 12, temperature: 0 });
     assert.equal(again.choices[0].message.content, greedy.choices[0].message.content);
+  });
+
+  await check('more requests than --max-in-flight: 429 with Retry-After, the others answer', async () => {
+    // 16 (the limit) long generations hold every slot for seconds; one more is turned away.
+    // One connection each (Node's http, no agent): a client-side pool would queue them.
+    const post = (body) => new Promise((resolve, reject) => {
+      const u = new URL(baseURL + '/completions');
+      const req = http.request({ host: u.hostname, port: u.port, path: u.pathname, method: 'POST', agent: false,
+                                 headers: { 'content-type': 'application/json' } }, (res) => {
+        let text = '';
+        res.on('data', (c) => { text += c; });
+        res.on('end', () => resolve(JSON.parse(text)));
+      });
+      req.on('error', reject);
+      req.end(JSON.stringify(body));
+    });
+    const long = Array.from({ length: 16 }, (_, i) => post({ model, prompt: [9707 + i], max_tokens: 200, ignore_eos: true, seed: i }));
+    await new Promise((r) => setTimeout(r, 500));
+    const extra = await fetch(baseURL + '/completions', { method: 'POST', headers: { 'content-type': 'application/json' },
+                                                          body: JSON.stringify({ model, prompt: 'x', max_tokens: 1 }) });
+    const extraText = await extra.text();
+    assert.equal(extra.status, 429, `the extra request was answered ${extra.status}: ${extraText}`);
+    assert.ok(extra.headers.get('retry-after'));
+    const done = await Promise.all(long);
+    for (const r of done) assert.equal(r.usage.completion_tokens, 200);
   });
 
   console.log(`openai sdk test: ${checks} checks passed`);

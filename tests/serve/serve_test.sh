@@ -8,6 +8,19 @@ rm -rf "$work" && mkdir -p "$work" && cd "$work"
 [ -f "$fixtures/.complete" ] || { echo "missing $fixtures: run scripts/make_chat_template_fixtures.sh $fixtures"; exit 1; }
 "$rlx" model init --preset tiny --tokenizer "$fixtures/qwen3/tokenizer.json" --out model --seed 1 >/dev/null
 cp "$fixtures/qwen3/tokenizer_config.json" model/
+# rlx chat render: the template's text and the tokenizer's ids; a bad message names itself.
+printf '[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]' > chat.json
+out=$("$rlx" chat render --tokenizer-dir "$fixtures/qwen3" --messages chat.json --var enable_thinking=false --json)
+python3 - "$out" <<'P' || { echo "FAIL: rlx chat render: $out"; exit 1; }
+import json, sys
+r = json.loads(sys.argv[1])
+assert r["text"] == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n", r
+assert r["ids"][:3] == [151644, 8948, 198] and r["ids"][-1] == 271, r["ids"]
+P
+printf '[{"role": "user", "content": 5}]' > bad.json
+if out=$("$rlx" chat render --tokenizer-dir "$fixtures/qwen3" --messages bad.json 2>&1); then echo "FAIL: a bad message rendered"; exit 1; fi
+grep -q 'messages\[0\]' <<<"$out" || { echo "FAIL: bad message error: $out"; exit 1; }
+echo "ok: rlx chat render (text and ids; a bad message named)"
 max_body=65536
 "$rlx" serve --model model --port 0 --threads 1 --max-body-kb 64 --max-in-flight 16 > serve.log 2>&1 &
 pid=$!
