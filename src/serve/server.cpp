@@ -319,7 +319,10 @@ struct Server::Impl {
       json m = {{"id", model.name}, {"object", "model"}, {"created", 0}, {"owned_by", "rlx"}, {"max_model_len", model.max_model_len}};
       r.set_content(dump({{"object", "list"}, {"data", json::array({m})}}), "application/json");
     });
-    http.Get("/health", [](const httplib::Request&, httplib::Response& r) { r.set_content("{\"status\": \"ok\"}", "application/json"); });
+    http.Get("/health", [this](const httplib::Request&, httplib::Response& r) {
+      r.set_content(dump({{"status", "ok"}, {"in_flight", in_flight.load()}, {"max_in_flight", options.limits.max_in_flight}}),
+                    "application/json");
+    });
     // Errors httplib answers itself (413 for an oversized body, 404 for an unknown path)
     // get OpenAI's error object too.
     http.set_error_handler([this](const httplib::Request& q, httplib::Response& r) {

@@ -154,15 +154,21 @@ async function raw(pathname, body, headers = {}) {
       req.on('error', reject);
       req.end(JSON.stringify(body));
     });
-    const long = Array.from({ length: 16 }, (_, i) => post({ model, prompt: [9707 + i], max_tokens: 200, ignore_eos: true, seed: i }));
-    await new Promise((r) => setTimeout(r, 500));
+    const long = Array.from({ length: 16 }, (_, i) => post({ model, prompt: [9707 + i], max_tokens: 400, ignore_eos: true, seed: i }));
+    // Sent once the server counts all 16 in flight (its /health says so), not after a guess.
+    let seen = 0;
+    for (let i = 0; i < 3000 && seen < 16; i++) {
+      seen = (await (await fetch(baseURL.replace(/\/v1$/, '') + '/health')).json()).in_flight;
+      if (seen < 16) await new Promise((r) => setTimeout(r, 10));
+    }
+    assert.equal(seen, 16, 'the 16 requests never were in flight together');
     const extra = await fetch(baseURL + '/completions', { method: 'POST', headers: { 'content-type': 'application/json' },
                                                           body: JSON.stringify({ model, prompt: 'x', max_tokens: 1 }) });
     const extraText = await extra.text();
     assert.equal(extra.status, 429, `the extra request was answered ${extra.status}: ${extraText}`);
     assert.ok(extra.headers.get('retry-after'));
     const done = await Promise.all(long);
-    for (const r of done) assert.equal(r.usage.completion_tokens, 200);
+    for (const r of done) assert.equal(r.usage.completion_tokens, 400);
   });
 
   console.log(`openai sdk test: ${checks} checks passed`);
