@@ -104,7 +104,8 @@ async function main() {
     { role: 'user', content: task.prompt },
   ];
   for (let call = 0; call < (task.max_calls || 4); call++) {
-    const r = await client.chat.completions.create({ model: process.env.RLX_MODEL || 'policy', messages, tools });
+    // (Through rlx's gateway the run's rollout.max_new_tokens bounds a turn instead.)
+    const r = await client.chat.completions.create({ model: process.env.RLX_MODEL || 'policy', messages, tools, max_tokens: 512 });
     const message = r.choices[0].message;
     messages.push(message);
     if (!message.tool_calls || message.tool_calls.length === 0) {

@@ -1,6 +1,8 @@
 // OpenAI requests and responses over the rollout engine; see rlx/serve/openai.hpp.
 #include "rlx/serve/openai.hpp"
 
+#include "rlx/chat/tool_calls.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -172,6 +174,7 @@ ParsedRequest parse_request(const json& body, Endpoint endpoint, const ServedMod
     if (auto t = body.find("tools"); t != body.end() && !t->is_null()) {
       if (!t->is_array()) bad("tools", "'tools' must be a list");
       options.tools = *t;
+      req.tools = !t->empty();
     }
     if (auto k = body.find("chat_template_kwargs"); k != body.end() && !k->is_null()) {
       if (!k->is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
@@ -255,15 +258,22 @@ json response(const ParsedRequest& req, const GenerationResult& result, const Se
     const SampleOutput& s = result.samples[i];
     std::string text = sample_text(tok, s);
     json choice = {{"index", i}};
+    const char* finish = finish_name(s.finish);
     if (req.endpoint == Endpoint::chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", text}};
+      if (req.tools) {
+        // The model's tool calls, in the format Qwen's templates prompt for, as OpenAI's.
+        choice["message"] = chat::parse_assistant(text, fmt::format("call_{}_{}_", id, i));
+        if (choice["message"].contains("tool_calls") && s.finish == FinishReason::stop) finish = "tool_calls";
+      } else {
+        choice["message"] = {{"role", "assistant"}, {"content", text}};
+      }
       choice["logprobs"] = req.logprobs ? chat_logprobs(tok, s.tokens, s.logprobs) : json(nullptr);
     } else {
       std::string prefix = req.echo ? req.prompt_text : "";
       choice["text"] = prefix + text;
       choice["logprobs"] = req.logprobs ? completion_logprobs(tok, s.tokens, s.logprobs, prefix.size()) : json(nullptr);
     }
-    choice["finish_reason"] = finish_name(s.finish);
+    choice["finish_reason"] = finish;
     if (req.return_token_ids) {
       choice["token_ids"] = s.tokens;
       choice["weight_versions"] = s.versions;

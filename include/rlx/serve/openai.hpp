@@ -61,6 +61,7 @@ struct ParsedRequest {
   bool logprobs = false;
   bool echo = false;             // completions: the prompt's text comes first
   bool return_token_ids = false; // rlx's extension: token ids and weight versions per choice
+  bool tools = false;            // chat with `tools`: Hermes <tool_call> blocks become tool_calls
   std::string prompt_text;       // completions with a text prompt: for echo
 };
 

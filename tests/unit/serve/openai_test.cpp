@@ -115,3 +115,34 @@ TEST_CASE("openai: responses carry the text cut at the stop string, usage and to
   CHECK(sample_text(*model.tokenizer, partial) == "ok\xC3");
   CHECK(sample_text(*model.tokenizer, partial, /*complete_only=*/true) == "ok");
 }
+
+TEST_CASE("openai: with tools, Hermes tool-call blocks come back as tool_calls", "[serve]") {
+  ServedModel model = qwen3_model();
+  json tools = json::parse(R"([{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}])");
+  auto req = parse_request(chat({{"tools", tools}}), Endpoint::chat, model, {}, 1);
+  CHECK(req.tools);
+  rlx::GenerationResult r;
+  r.prompt = req.generation.prompt;
+  rlx::SampleOutput call, plain, bad;
+  call.tokens = model.tokenizer->encode("Let me compute.\n<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"2*3\"}}\n</tool_call><|im_end|>");
+  call.finish = rlx::FinishReason::stop;
+  plain.tokens = model.tokenizer->encode("It is 6.<|im_end|>");
+  plain.finish = rlx::FinishReason::stop;
+  bad.tokens = model.tokenizer->encode("<tool_call>not json</tool_call><|im_end|>");
+  bad.finish = rlx::FinishReason::stop;
+  for (auto* s : {&call, &plain, &bad}) s->logprobs.assign(s->tokens.size(), -1.f), s->versions.assign(s->tokens.size(), 0);
+  r.samples = {call, plain, bad};
+  json out = response(req, r, model, "chatcmpl-7", 0);
+  const json& m0 = out["choices"][0]["message"];
+  CHECK(m0["content"] == "Let me compute.");
+  REQUIRE(m0["tool_calls"].size() == 1);
+  CHECK(m0["tool_calls"][0]["type"] == "function");
+  CHECK(m0["tool_calls"][0]["function"]["name"] == "calculator");
+  CHECK(json::parse(m0["tool_calls"][0]["function"]["arguments"].get<std::string>()) == json{{"expression", "2*3"}});
+  CHECK(out["choices"][0]["finish_reason"] == "tool_calls");
+  CHECK(out["choices"][1]["message"]["content"] == "It is 6.");
+  CHECK_FALSE(out["choices"][1]["message"].contains("tool_calls"));
+  CHECK(out["choices"][1]["finish_reason"] == "stop");
+  CHECK(out["choices"][2]["message"]["content"] == "<tool_call>not json</tool_call>");  // kept as the model wrote it
+  CHECK(out["choices"][2]["finish_reason"] == "stop");
+}
