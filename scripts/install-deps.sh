@@ -18,6 +18,7 @@ packages=(
   libpcre2-dev libicu-dev                 # tokenizer pre-tokenization regexes and NFC
   libcli11-dev catch2                     # command line, tests
   libcpp-httplib-dev                      # rlx serve: the OpenAI-compatible HTTP server
+  libprotobuf-dev protobuf-compiler       # TensorBoard event files
   libseccomp-dev                          # sandbox
   libgloo-dev                             # headers of the Gloo that LibTorch's c10d links (CPU collectives)
   clang-14 libclang-rt-14-dev             # libFuzzer + sanitizers for the bus decoder's fuzz test

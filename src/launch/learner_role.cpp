@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iostream>
 #include <numeric>
+#include <optional>
 #include <set>
 
 #include "colocated.hpp"
@@ -15,6 +16,7 @@
 #include "rlx/core/files.hpp"
 #include "rlx/core/log.hpp"
 #include "rlx/core/status.hpp"
+#include "rlx/core/tensorboard.hpp"
 #include "rlx/core/trace.hpp"
 #include "rlx/dist/comm.hpp"
 #include "rlx/dist/rendezvous.hpp"
@@ -223,6 +225,8 @@ int run_learner(const RoleContext& ctx) {
   install_stop_handler();
   std::ofstream metrics_out;
   if (lead) metrics_out.open(ctx.run_dir / "metrics.jsonl", std::ios::app);
+  std::optional<TensorBoardWriter> tensorboard;  // a new events file per process: TensorBoard merges them
+  if (lead && cfg.log.tensorboard) tensorboard.emplace(ctx.run_dir / "tensorboard");
   const double t_start = now_s();
   const int64_t first_step = step;
   RolloutBusy rollout_busy(ctx.run_dir);
@@ -250,6 +254,10 @@ int run_learner(const RoleContext& ctx) {
              for (const auto& h : hooks())
                if (h.on_step) h.on_step(s, line);
              metrics_out << line.dump() << std::endl;
+             if (tensorboard) {
+               tensorboard->add_scalars(s, line);
+               tensorboard->flush();
+             }
              const double per_step = (now_s() - t_start) / static_cast<double>(s - first_step);
              std::cerr << fmt::format("step {}/{}  reward {:.3f}  tokens/s {:.0f}  lag {}  eta {:.0f}s", s, cfg.train.steps,
                                       line.value("reward_mean", 0.0), line["tokens_per_s"].get<double>(),

@@ -55,6 +55,14 @@ assert all(0 <= x["busy_learner"] <= 1 for x in m), [x["busy_learner"] for x in 
 assert any("busy_rollout" in x and 0 <= x["busy_rollout"] <= 1 for x in m), m[-1]
 P
 [ -f runs/clean/final/model.safetensors ] && [ -f runs/clean/final/config.json ] && ok "final HF export" || fail "no final export"
+"$rlx" inspect tensorboard runs/clean/tensorboard | python3 -c '
+import json, sys
+e = [json.loads(l) for l in sys.stdin]
+assert e[0]["file_version"] == "brain.Event:2", e[0]
+steps = [x for x in e if "scalars" in x]
+assert [x["step"] for x in steps] == list(range(1, 21)), [x["step"] for x in steps]
+assert all("reward_mean" in x["scalars"] and "tokens_per_s" in x["scalars"] for x in steps)
+' && ok "TensorBoard events: a scalar event per step, every CRC valid" || fail "tensorboard events"
 [ "$(ls runs/clean/plots/*.png 2>/dev/null | wc -l)" -ge 5 ] && grep -q "rlx run: plots $PWD/runs/clean/plots" clean.log \
   && ok "PNG plots of the curves at the end" || fail "plots: $(ls runs/clean/plots; cat runs/clean/logs/plots/rank-0.err)"
 [ "$(ls runs/clean/checkpoints | grep -c step_)" = 2 ] && [ "$(ls runs/clean | grep -c '^hub-step_')" = 2 ] \

@@ -41,9 +41,12 @@ struct RunSection {
 
 struct LogSection {
   log::Level level = log::Level::info;
+  bool tensorboard = true;  // TensorBoard event files beside metrics.jsonl
   template <class V>
   void visit(V& v) {
     v("level", level, "log level");
+    v("tensorboard", tensorboard,
+      "write each step's metrics as TensorBoard scalars too (RUN_DIR/tensorboard/events.out.tfevents.*)");
   }
 };
 

@@ -1,0 +1,54 @@
+// TensorBoard event files: scalars per step, as `tensorboard --logdir RUN_DIR/tensorboard`
+// reads them. Each record is TFRecord-framed (length, masked CRC32C of the length, an
+// `Event` protobuf, masked CRC32C of it); the first event names the file version.
+//
+//   rlx::TensorBoardWriter tb(run_dir / "tensorboard");
+//   tb.add_scalars(step, metrics_line);    // every number of a metrics.jsonl object
+//   tb.flush();
+//   auto events = rlx::read_tensorboard_events(tb.file());   // checks every CRC
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace rlx {
+
+// CRC-32C (Castagnoli), and TFRecord's mask of it.
+uint32_t crc32c(std::string_view data);
+uint32_t masked_crc32c(std::string_view data);
+
+class TensorBoardWriter {
+ public:
+  // Creates `dir` and a new events.out.tfevents.<seconds>.<host>.<pid> file in it.
+  explicit TensorBoardWriter(const std::filesystem::path& dir);
+  // One event at `step` holding a scalar per number of `metrics` (a JSON object; nested
+  // objects as "outer/inner"); strings, lists and non-finite numbers are skipped.
+  void add_scalars(int64_t step, const nlohmann::json& metrics, double wall_time = -1);
+  void flush();
+  const std::filesystem::path& file() const { return file_; }
+
+ private:
+  void write_record(const std::string& payload);
+  std::filesystem::path file_;
+  std::ofstream out_;
+};
+
+struct TensorBoardEvent {
+  double wall_time = 0;
+  int64_t step = 0;
+  std::string file_version;                          // the first event's
+  std::vector<std::pair<std::string, float>> scalars;  // tag, value
+};
+
+// Every event of a file. Throws rlx::Error naming the file and the byte offset of a record
+// that is cut short, fails its CRC or does not parse.
+std::vector<TensorBoardEvent> read_tensorboard_events(const std::filesystem::path& file);
+
+}  // namespace rlx
