@@ -67,6 +67,8 @@ class Progress {
   // When the last new step was seen (now_s(); the creation of this object before the first).
   double last_step_at() const { return last_step_at_; }
   int64_t last_step() const { return last_step_; }
+  // The last step's metrics line (null before the first).
+  const nlohmann::json& last_line() const { return last_line_; }
   void poll() {
     std::ifstream in(file_);
     if (!in) return;
@@ -87,6 +89,7 @@ class Progress {
   void show(const nlohmann::json& j) {
     const auto step = j.value("step", int64_t{0});
     last_step_ = step;
+    last_line_ = j;
     last_step_at_ = now_s();
     const double t = j.value("time_s", 0.0);
     const double eta = step > 0 ? t / static_cast<double>(step) * static_cast<double>(steps_ - step) : 0;
@@ -103,6 +106,7 @@ class Progress {
   bool tty_;
   double last_step_at_ = now_s(), printed_at_ = now_s();
   int64_t last_step_ = 0;
+  nlohmann::json last_line_;
   bool shown_ = false;
   std::streamoff offset_ = 0;
 };

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
@@ -29,6 +30,7 @@
 #include "rlx/learner/checkpoint.hpp"
 #include "rlx/model/hf.hpp"
 #include "launch_common.hpp"
+#include "rlx/serve/metrics_endpoint.hpp"
 
 namespace rlx::launch {
 
@@ -530,6 +532,28 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
   block_leave_signal();
   std::cerr << fmt::format("rlx run: {} (logs in {})", run_dir.string(), (run_dir / "logs").string()) << std::endl;
 
+  // Live metrics: the latest step's line and the run's state, as Prometheus gauges.
+  struct Live {
+    std::mutex mu;
+    nlohmann::json line;
+    double last_step_at = now_s();
+    uint32_t attempt = 0;
+  };
+  auto live = std::make_shared<Live>();
+  std::optional<serve::MetricsEndpoint> metrics_endpoint;
+  if (cfg.log.metrics_port > 0) {
+    metrics_endpoint.emplace(cfg.log.metrics_host, cfg.log.metrics_port, [live, steps = cfg.train.steps] {
+      std::lock_guard lock(live->mu);
+      std::string out = serve::prometheus_gauges(live->line, "rlx_");
+      out += fmt::format("# TYPE rlx_up gauge\nrlx_up 1\n# TYPE rlx_train_steps gauge\nrlx_train_steps {}\n", steps);
+      out += fmt::format("# TYPE rlx_attempt gauge\nrlx_attempt {}\n", live->attempt);
+      out += fmt::format("# TYPE rlx_seconds_since_step gauge\nrlx_seconds_since_step {:.3f}\n", now_s() - live->last_step_at);
+      return out;
+    });
+    std::cerr << fmt::format("rlx run: live metrics on http://{}:{}/metrics", cfg.log.metrics_host, metrics_endpoint->port())
+              << std::endl;
+  }
+
   int stopped_by = 0;
   std::optional<RoleFailure> failed_before;  // how the previous attempt ended
   for (uint32_t attempt = 0;; ++attempt) {
@@ -550,6 +574,12 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
                   strsignal(stopped_by));
         if (g_reload.exchange(false) && stopped_by == 0) reload_config(cfg, lo, run_dir);
         progress.poll();
+        if (metrics_endpoint) {
+          std::lock_guard lock(live->mu);
+          if (!progress.last_line().is_null()) live->line = progress.last_line();
+          live->last_step_at = progress.last_step_at();
+          live->attempt = attempt;
+        }
         // No step for a while: say what each role is doing (what it waits on), not silence.
         const double quiet = now_s() - std::max(progress.last_step_at(), reported_at);
         if (stopped_by == 0 && quiet >= cfg.train.report_every_s) {

@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "rlx/core/log.hpp"
+#include "serve/port_check.hpp"
 
 namespace rlx::serve {
 namespace {
@@ -355,6 +356,9 @@ Server::~Server() { stop(); }
 void Server::start() {
   Impl& s = *impl_;
   s.routes();
+  if (s.options.port != 0)
+    if (auto why = detail::port_unavailable(s.options.host, s.options.port); !why.empty())
+      RLX_CHECK(false, "rlx serve: cannot listen on {}:{}: {}", s.options.host, s.options.port, why);
   s.bound_port = s.options.port == 0 ? s.http.bind_to_any_port(s.options.host) : (s.http.bind_to_port(s.options.host, s.options.port) ? s.options.port : -1);
   RLX_CHECK(s.bound_port > 0, "rlx serve: cannot listen on {}:{} (in use, or not an address of this machine)", s.options.host, s.options.port);
   s.engine_thread = std::thread([&s] { s.engine_loop(); });

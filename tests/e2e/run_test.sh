@@ -85,6 +85,20 @@ wait_steps() {  # wait_steps NAME N: until the run has N metrics lines (bounded)
   return 1
 }
 
+# --- the live metrics endpoint while a run goes (a long run, stopped once read) ---
+mport=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$rlx" run grpo.yaml run.name=live train.steps=2000 learner.checkpoint_every=0 log.metrics_port=$mport > live.log 2>&1 &
+pid=$!
+wait_steps live 3 || fail "live: no progress"
+python3 - "$mport" <<'P' && ok "live metrics: Prometheus text of the latest step while the run goes" || fail "live metrics: $(grep metrics live.log)"
+import sys, urllib.request
+text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=10).read().decode()
+g = {l.split()[0]: float(l.split()[1]) for l in text.splitlines() if l and not l.startswith("#")}
+assert g["rlx_up"] == 1 and g["rlx_train_steps"] == 2000 and g["rlx_step"] >= 3, g
+assert "rlx_reward_mean" in g and "rlx_tokens_per_s" in g and "rlx_busy_learner" in g and "rlx_version_lag" in g, sorted(g)
+P
+kill -INT $pid; wait $pid
+
 # --- SIGINT, then --resume ---
 "$rlx" run grpo.yaml run.name=int > int.log 2>&1 &
 pid=$!

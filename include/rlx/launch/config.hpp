@@ -42,11 +42,17 @@ struct RunSection {
 struct LogSection {
   log::Level level = log::Level::info;
   bool tensorboard = true;  // TensorBoard event files beside metrics.jsonl
+  int metrics_port = 0;     // the launcher's Prometheus endpoint (0: none)
+  std::string metrics_host = "127.0.0.1";
   template <class V>
   void visit(V& v) {
     v("level", level, "log level");
     v("tensorboard", tensorboard,
       "write each step's metrics as TensorBoard scalars too (RUN_DIR/tensorboard/events.out.tfevents.*)");
+    v("metrics_port", metrics_port,
+      "serve live metrics as Prometheus text on this port (GET /metrics: the latest step's metrics, the run's state); 0: off",
+      config::in_range(0, 65535));
+    v("metrics_host", metrics_host, "the address the metrics endpoint listens on");
   }
 };
 
