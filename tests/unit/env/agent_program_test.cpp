@@ -1,6 +1,9 @@
 // The agent_program environment with a real agent: examples/agents/calculator_agent.js on
 // the OpenAI Node SDK, in the sandbox, reaching the policy only through the gateway's unix
 // socket. The policy here is scripted (exact tokens), so the turns are known.
+// Not tagged [sandbox]: the sandbox's fallback without rlx-sandbox-helper (that suite)
+// forks from this multi-threaded process, and the gateway's threads make that child hang
+// before it runs the program; agent_program needs the helper (docs/CHAT.md).
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -47,7 +50,7 @@ const std::string kAnswer = "The answer is 413.<|im_end|>";
 const json kTask = {{"prompt", "What is (12 * 34) + 5?"}, {"answer", 413}};
 }  // namespace
 
-TEST_CASE("agent_program: a sandboxed SDK agent's calls are the episode's turns", "[env][sandbox][agent]") {
+TEST_CASE("agent_program: a sandboxed SDK agent's calls are the episode's turns", "[env][agent]") {
   Fixture f;
   auto env = f.make();
   auto prompt = env->reset(kTask);
@@ -77,7 +80,7 @@ TEST_CASE("agent_program: a sandboxed SDK agent's calls are the episode's turns"
   CHECK(wrong.reward == 0.0);
 }
 
-TEST_CASE("agent_program: a saved episode continues in another environment by replaying the program", "[env][sandbox][agent]") {
+TEST_CASE("agent_program: a saved episode continues in another environment by replaying the program", "[env][agent]") {
   Fixture f;
   auto first = f.make();
   first->reset(kTask);
@@ -93,7 +96,7 @@ TEST_CASE("agent_program: a saved episode continues in another environment by re
   CHECK(end.info["calls"] == 2);
 }
 
-TEST_CASE("agent_program: a program that fails says why", "[env][sandbox][agent]") {
+TEST_CASE("agent_program: a program that fails says why", "[env][agent]") {
   Fixture f;
   auto dir = std::filesystem::temp_directory_path() / "rlx_agent_test";
   std::filesystem::create_directories(dir);
@@ -105,7 +108,7 @@ TEST_CASE("agent_program: a program that fails says why", "[env][sandbox][agent]
   CHECK_THROWS_WITH(f.make(json{{"chat_template_dir", kQwen3.string()}}), Catch::Contains("'command'"));
 }
 
-TEST_CASE("agent_program: a turn cut by length is closed by the template, and the agent asks again", "[env][sandbox][agent]") {
+TEST_CASE("agent_program: a turn cut by length is closed by the template, and the agent asks again", "[env][agent]") {
   Fixture f;
   auto env = f.make();
   env->reset(kTask);
