@@ -81,24 +81,16 @@ class AgentProgram final : public TextEnv {
     env_ = option<std::vector<std::string>>("env", {});
     for (const auto& e : env_) RLX_CHECK(e.find('=') != std::string::npos && e.front() != '=', "agent_program: option 'env': '{}' is not NAME=VALUE", e);
     RLX_CHECK(call_timeout_s_ > 0 && call_timeout_s_ <= 86400, "agent_program: call_timeout_s must be in (0, 86400]");
-    char dir_template[] = "/tmp/rlx-agent-XXXXXX";
-    RLX_CHECK(::mkdtemp(dir_template), "agent_program: mkdtemp: {}", std::strerror(errno));
-    socket_dir_ = dir_template;
-    std::filesystem::permissions(socket_dir_, std::filesystem::perms::owner_all | std::filesystem::perms::group_exec |
-                                                  std::filesystem::perms::others_exec);
-    SandboxOptions so = c.sandbox->options();
-    so.writable_paths.push_back(socket_dir_.string());
+    sandbox_options_ = c.sandbox->options();
     for (const auto& p : option<std::vector<std::string>>("readonly_paths", {}))
-      so.readonly_paths.push_back(std::filesystem::absolute(p).string());
-    sandbox_ = std::make_unique<Sandbox>(so);
-    gateway_ = std::make_unique<serve::Gateway>(socket_dir_ / "gateway.sock");
+      sandbox_options_.readonly_paths.push_back(std::filesystem::absolute(p).string());
   }
 
   ~AgentProgram() override {
     stop_program();
     gateway_.reset();
     std::error_code ec;
-    std::filesystem::remove_all(socket_dir_, ec);
+    if (!socket_dir_.empty()) std::filesystem::remove_all(socket_dir_, ec);
   }
 
   std::vector<TokenId> reset(const nlohmann::json& task) override {
@@ -177,7 +169,23 @@ class AgentProgram final : public TextEnv {
     return ctx_.tokenizer->encode(text, {.add_special_tokens = false, .parse_special = true});
   }
 
+  // The socket directory, sandbox and gateway, at the first episode: an instance made only to
+  // ask for stop_strings() (the worker does) starts none of them.
+  void open_gateway() {
+    if (gateway_) return;
+    char dir_template[] = "/tmp/rlx-agent-XXXXXX";
+    RLX_CHECK(::mkdtemp(dir_template), "agent_program: mkdtemp: {}", std::strerror(errno));
+    socket_dir_ = dir_template;
+    std::filesystem::permissions(socket_dir_, std::filesystem::perms::owner_all | std::filesystem::perms::group_exec |
+                                                  std::filesystem::perms::others_exec);
+    SandboxOptions so = sandbox_options_;
+    so.writable_paths.push_back(socket_dir_.string());
+    sandbox_ = std::make_unique<Sandbox>(so);
+    gateway_ = std::make_unique<serve::Gateway>(socket_dir_ / "gateway.sock");
+  }
+
   void begin(const nlohmann::json& task) {
+    open_gateway();
     stop_program();
     gateway_->reset();
     task_ = task;
@@ -318,6 +326,7 @@ class AgentProgram final : public TextEnv {
   std::optional<chat::ChatTemplate> template_;
   std::string eos_;
   double call_timeout_s_ = 60;
+  SandboxOptions sandbox_options_;
   std::filesystem::path socket_dir_;
   std::unique_ptr<Sandbox> sandbox_;
   std::unique_ptr<serve::Gateway> gateway_;

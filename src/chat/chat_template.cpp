@@ -3,21 +3,15 @@
 
 #include <fmt/format.h>
 
-#include <fstream>
-#include <sstream>
+#include "rlx/core/files.hpp"
+
 
 namespace rlx::chat {
 namespace {
 
 using json = nlohmann::ordered_json;
+constexpr uint64_t kMaxConfigBytes = 64ull << 20;  // tokenizer_config.json lists added tokens: MiBs at most
 
-std::string read_file(const std::filesystem::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  RLX_CHECK(in.good(), "cannot read {}", file.string());
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // transformers' special_tokens_map: the tokens that are set, an AddedToken's dict as its content.
 json special_tokens_of(const json& config) {
@@ -78,12 +72,12 @@ ChatTemplate ChatTemplate::load(const std::filesystem::path& tokenizer_dir) {
   json config = json::object();
   if (std::filesystem::exists(config_file)) {
     try {
-      config = json::parse(read_file(config_file));
+      config = json::parse(read_file(config_file, kMaxConfigBytes));
     } catch (const json::exception& e) {
       RLX_CHECK(false, "{}: not valid JSON: {}", config_file.string(), e.what());
     }
   }
-  if (std::filesystem::exists(jinja_file)) return from_source(read_file(jinja_file), config, jinja_file.string());
+  if (std::filesystem::exists(jinja_file)) return from_source(read_file(jinja_file, kMaxConfigBytes), config, jinja_file.string());
   RLX_CHECK(std::filesystem::exists(config_file), "{}: has neither chat_template.jinja nor tokenizer_config.json",
             tokenizer_dir.string());
   return from_config(config, config_file.string());

@@ -4,26 +4,22 @@
 //   parsed, none is added). --json prints {"text": ..., "ids": [...]} instead.
 #include <fmt/ranges.h>
 
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "commands.hpp"
 #include "rlx/chat/chat_template.hpp"
 #include "rlx/core/error.hpp"
+#include "rlx/core/files.hpp"
 #include "rlx/model/tokenizer.hpp"
 
 namespace rlx::cli {
 namespace {
 
 nlohmann::ordered_json read_json_file(const std::string& file, const char* what) {
-  std::ifstream in(file, std::ios::binary);
-  RLX_CHECK(in.good(), "{}: cannot read {}", what, file);
-  std::ostringstream s;
-  s << in.rdbuf();
+  const std::string text = read_file(file, 64ull << 20);
   try {
-    return nlohmann::ordered_json::parse(s.str());
+    return nlohmann::ordered_json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     RLX_CHECK(false, "{}: {} is not valid JSON: {}", what, file, e.what());
   }
