@@ -2,14 +2,20 @@
 # The GPU half of rlx's checks, on a CUDA machine without network (../shared/notes/cuda.md):
 # builds with RLX_CUDA=ON against the LibTorch inside PyTorch 2.x and runs the GPU tests,
 # the HF parity check and the GPU benchmarks, each bounded in time. Everything it prints
-# goes to OUT/log.txt; each step's JSON result to OUT/STEP.json.
+# goes to OUT/log.txt; each step's JSON result is a line {"step": NAME, "result": {...}} of
+# OUT/results.jsonl (the device tool brings back at most 8 files).
 #
 #   source .device/setup.sh; scripts/cuda_check.sh OUT [STEP...]
 # .device comes from ../shared/device/fetch-debs.sh on the Debian machine, with
 #   EXTRA_DEBS="nlohmann-json3-dev libcli11-dev libicu-dev libicu72 libpcre2-dev libpcre2-8-0
 #   libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libseccomp-dev libseccomp2 libxxhash-dev
-#   libxxhash0 pkgconf pkgconf-bin libpkgconf3 pkg-config libsodium-dev"
-#   steps (default all, in this order): build parity model learner sync gpu_tests sanitizer unit decode sampler colocated
+#   libxxhash0 pkgconf pkgconf-bin libpkgconf3 pkg-config libsodium-dev libcpp-httplib-dev
+#   libcpp-httplib0.11 libssl-dev libssl3 zlib1g-dev libbrotli-dev libbrotli1 libprotobuf-dev
+#   libprotobuf32 libprotoc32 libprotobuf-lite32 protobuf-compiler"
+#   steps (default all, in this order): build ceilings parity model learner sync gpu_tests sanitizer
+#   unit decode sampler colocated
+# RLX_CUDA_DEADLINE=S: no step starts after S seconds, and none runs past them (a lease is short:
+# the steps run in the order given, so name the most wanted first).
 set -uo pipefail
 out=${1:?usage: cuda_check.sh OUT [STEP...]}
 shift
@@ -20,32 +26,61 @@ build=${RLX_CUDA_BUILD:-$root/build/cuda}
 rlx=$build/rlx
 mkdir -p "$out"
 log=$out/log.txt
+deadline=${RLX_CUDA_DEADLINE:-100000}
 say() { echo "== $(date +%T) $*" | tee -a "$log"; }
-# step NAME SECONDS CMD...: runs CMD with a time limit; its output is appended to the log.
+# step NAME SECONDS CMD...: runs CMD with a time limit (cut to the deadline); its output is
+# appended to the log. A step past the deadline is skipped (rc 125).
 step() {
-  local name=$1 limit=$2 t0=$SECONDS rc
+  local name=$1 limit=$2 t0=$SECONDS rc left=$((deadline - SECONDS))
   shift 2
+  if [ "$left" -lt 15 ]; then say "$name: skipped, past the deadline"; return 125; fi
+  [ "$limit" -gt "$left" ] && limit=$left
   say "$name: $*"
   timeout --kill-after=10 "$limit" "$@" >> "$log" 2>&1
   rc=$?
   say "$name: rc $rc after $((SECONDS - t0)) s"
   return $rc
 }
-# json NAME: the last line of the log that is a JSON object is appended to OUT/NAME.json.
-json() { grep '^{' "$log" | tail -1 >> "$out/$1.json"; }
+# json NAME: the last line of the log that is a JSON object goes to OUT/results.jsonl.
+json() { echo "{\"step\": \"$1\", \"result\": $(grep '^{' "$log" | tail -1)}" >> "$out/results.jsonl"; }
+# have FILE: FILE was built (a failed build leaves the steps that need it out).
+have() { [ -x "$1" ] || { say "skipped: $1 was not built"; return 1; }; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$log" 2>&1
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' >> "$log" 2>&1
 
 for s in $steps; do
   case $s in
+    build|ceilings) ;;
+    gpu_tests) have "$build/tests/rlx_tests" || continue ;;
+    sanitizer) have "$build/tests/rlx_cuda_kernel_tests" || continue ;;
+    unit) have "$build/tests/rlx_tests" || continue ;;
+    *) have "$rlx" || continue ;;
+  esac
+  case $s in
     build)
       # The image may hold Catch2 v3; the tests are written for v2 (carried in .device/debs).
       c2=/tmp/rlx-catch2; rm -rf $c2; dpkg -x .device/debs/catch2_*.deb $c2
       step configure 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRLX_CUDA=ON \
         -DRLX_BUILD_EXAMPLES=OFF -DCatch2_DIR=$c2/usr/lib/cmake/Catch2 || exit 1
+      # -k 0: what builds is built, so one broken target leaves the others' steps to run.
       step build 420 cmake --build "$build" -j"$(nproc)" --target rlx_cli rlx_tests rlx_cuda_kernel_tests -- -k 0 ||
-        { grep -E -A4 "error:|FAILED|undefined reference" "$log" | grep -v "^/opt/gcc/bin" | head -200; exit 1; } ;;
+        grep -E -A4 "error:|FAILED|undefined reference" "$log" | grep -v "^/opt/gcc/bin" | head -200 > "$out/build_errors.txt" ;;
+    ceilings)
+      # This device's ceilings, measured in the run: device-to-device copy bandwidth (bytes read
+      # and written) and the bf16 GEMM rate, for the roofline and MFU figures.
+      step ceilings 60 python3 -c '
+import json, torch
+x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda"); y = torch.empty_like(x)
+a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda"); b = torch.randn_like(a)
+def t(f, n):
+    for _ in range(3): f()
+    s, e = torch.cuda.Event(True), torch.cuda.Event(True); s.record()
+    for _ in range(n): f()
+    e.record(); torch.cuda.synchronize(); return s.elapsed_time(e) / 1e3 / n
+c = t(lambda: y.copy_(x), 20); g = t(lambda: a @ b, 20)
+print(json.dumps({"device": torch.cuda.get_device_name(), "copy_gbs": 2 * x.numel() / c / 1e9,
+                  "bf16_gemm_tflops": 2 * 8192**3 / g / 1e12}))' && json ceilings ;;
     parity)
       step parity 180 python3 scripts/hf_parity.py --rlx "$rlx" --out /tmp/rlx-parity --device cuda && json parity ;;
     model)
@@ -62,22 +97,25 @@ for s in $steps; do
       # with step k+1 launched before step k's tokens are read back (same kernels otherwise),
       # random Qwen2.5-0.5B-shaped weights: graph_steps and overlapped_steps in the JSON say
       # how many steps replayed and how many overlapped.
-      for b in 1 64 256; do
-        for go in 0:1 1:0 1:1; do
+      # RLX_DECODE_BATCHES, RLX_DECODE_MODES (graphs:overlap pairs) and RLX_DECODE_NEW narrow it.
+      for b in ${RLX_DECODE_BATCHES:-1 64 256}; do
+        for go in ${RLX_DECODE_MODES:-0:1 1:0 1:1}; do
           g=${go%:*} o=${go#*:}
           step decode_b${b}_graphs${g}_overlap$o 120 "$rlx" bench sampler --preset qwen2.5-0.5b --arch qwen2 \
-            --dtype bfloat16 --device cuda --batch $b --prompt 512 --new 128 --iters 1 --kv-cache-mb 16384 \
+            --dtype bfloat16 --device cuda --batch $b --prompt 512 --new ${RLX_DECODE_NEW:-128} --iters 1 --kv-cache-mb 16384 \
             --max-batch-tokens 16384 --cuda-graphs $g --overlap $o && json decode
         done
       done ;;
     sampler)
       step sampler 540 python3 scripts/bench_hf_generate.py --rlx "$rlx" --out /tmp/rlx-sampler \
-        --batches "${RLX_SAMPLER_BATCHES:-1,64,256}" && json sampler ;;
+        --batches "${RLX_SAMPLER_BATCHES:-1,64,256}" --compiled "${RLX_SAMPLER_COMPILED:-1}" \
+        --bandwidth-gbs "$(grep -o '"copy_gbs": [0-9.]*' "$out/results.jsonl" 2>/dev/null | tail -1 | grep -o '[0-9.]*$' || echo 3000)" \
+        && json sampler ;;
     learner)
       step learner_torch 150 python3 scripts/bench_torch_train.py --seq 2048 --batch-seqs 8 && json learner_torch
       step learner 200 "$rlx" bench learner --device cuda --preset qwen2.5-0.5b --arch qwen2 --dtype bfloat16 \
         --seq 2048 --batch-seqs 8 --micro-batch-tokens 16384 --steps 5 --ranks 1 && json learner
-      step learner_mb4k 200 "$rlx" bench learner --device cuda --preset qwen2.5-0.5b --arch qwen2 --dtype bfloat16 \
+      [ "${RLX_LEARNER_ACCUM:-1}" = 1 ] && step learner_mb4k 200 "$rlx" bench learner --device cuda --preset qwen2.5-0.5b --arch qwen2 --dtype bfloat16 \
         --seq 2048 --batch-seqs 8 --micro-batch-tokens 4096 --steps 5 --ranks 1 && json learner_mb4k ;;
     sync)
       # Weight sync by CUDA IPC (a subscriber process, device-to-device copies; the
@@ -85,9 +123,9 @@ for s in $steps; do
       step sync_cuda_ipc 120 "$rlx" bench sync --path cuda-ipc --mb 1000 --versions 10 && json sync_cuda_ipc
       step sync_shm 120 "$rlx" bench sync --path shm --mb 1000 --versions 10 && json sync_shm ;;
     gpu_tests)
-      step gpu_tests 240 "$build/tests/rlx_tests" "[cuda]"
       # The engine's own kernels against their CPU references (tests/cuda/kernels_test.cpp).
-      step kernel_tests 120 "$build/tests/rlx_cuda_kernel_tests" ;;
+      [ -x "$build/tests/rlx_cuda_kernel_tests" ] && step kernel_tests 120 "$build/tests/rlx_cuda_kernel_tests" -d yes
+      step gpu_tests 240 "$build/tests/rlx_tests" "[cuda]" -d yes ;;
     sanitizer)
       # The kernels under compute-sanitizer: out-of-bounds and misaligned accesses, then races
       # in shared memory.
@@ -104,7 +142,7 @@ for s in $steps; do
       # training alone on the same shapes, for "step time within 15% of their sum"; then the
       # quickstart's task from an SFT warm start, for its reward curve and wall time.
       runs=/tmp/rlx-colocated
-      step colocated_throughput 540 "$rlx" run examples/configs/throughput_0.5b.yaml run.out_dir=$runs --force \
+      step colocated_throughput 540 "$rlx" run examples/configs/throughput_0.5b.yaml run.out_dir=$runs --force ${RLX_COLOCATED_ARGS:-} \
         && cp $runs/throughput_0.5b/metrics.jsonl "$out/colocated_throughput.jsonl"
       grep "memory plan" -A14 $runs/throughput_0.5b/logs/learner-0/rank-0.err >> "$log" 2>/dev/null
       step colocated_generate_alone 300 "$rlx" bench sampler --preset qwen2.5-0.5b --arch qwen2 --dtype bfloat16 \
