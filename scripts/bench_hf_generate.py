@@ -90,36 +90,39 @@ def main():
 
     rows = []
     for b in [int(x) for x in args.batches.split(",")]:
+        # Mean context over the decode: prompt + new / 2.
+        ctx = args.prompt + args.new / 2
+        roofline = b * args.bandwidth_gbs * 1e9 / (weight_bytes + b * ctx * kv_per_token)
+        row = {"batch": b, "roofline_output_tokens_per_s": roofline}
+        # rlx first, then HF, then the compiled peer (the slowest to set up): each result is
+        # printed as it lands, so a run cut short by its time limit still reports the ones done.
+        proc = subprocess.run([args.rlx, "bench", "sampler", "--model", model_dir, "--dtype", "bfloat16",
+                               "--device", "cuda", "--batch", str(b), "--prompt", str(args.prompt), "--new",
+                               str(args.new), "--iters", "1", "--kv-cache-mb", "16384",
+                               "--max-batch-tokens", "16384"], capture_output=True, text=True, timeout=600)
+        rlx = {"error": proc.stderr[-2000:]} if proc.returncode != 0 else json.loads(proc.stdout.strip().splitlines()[-1])
+        row["rlx"] = rlx
+        if "decode_step_ms" in rlx:
+            row["rlx_decode_fraction_of_roofline"] = (b * 1e3 / rlx["decode_step_ms"]) / roofline
+        print(json.dumps(row), flush=True)
         with torch.no_grad():
-            hf = hf_generate(model, b, args.prompt, args.new)
+            row["hf"] = hf = hf_generate(model, b, args.prompt, args.new)
         torch.cuda.empty_cache()
-        compiled = None
+        if "output_tokens_per_s" in rlx:
+            row["rlx_vs_hf"] = rlx["output_tokens_per_s"] / hf["output_tokens_per_s"]
+        print(json.dumps(row), flush=True)
         if args.compiled:
             try:
                 compiled = compiled_generate(model, b, args.prompt, args.new)
             except Exception as e:  # a transformers or torch without the static-cache path
                 compiled = {"error": f"{type(e).__name__}: {e}"[:2000]}
             torch.cuda.empty_cache()
-        proc = subprocess.run([args.rlx, "bench", "sampler", "--model", model_dir, "--dtype", "bfloat16",
-                               "--device", "cuda", "--batch", str(b), "--prompt", str(args.prompt), "--new",
-                               str(args.new), "--iters", "1", "--kv-cache-mb", "16384",
-                               "--max-batch-tokens", "16384"], capture_output=True, text=True, timeout=600)
-        if proc.returncode != 0:
-            rlx = {"error": proc.stderr[-2000:]}
-        else:
-            rlx = json.loads(proc.stdout.strip().splitlines()[-1])
-        # Mean context over the decode: prompt + new / 2.
-        ctx = args.prompt + args.new / 2
-        roofline = b * args.bandwidth_gbs * 1e9 / (weight_bytes + b * ctx * kv_per_token)
-        row = {"batch": b, "hf": hf, "compiled": compiled, "rlx": rlx, "roofline_output_tokens_per_s": roofline}
-        if "output_tokens_per_s" in rlx:
-            row["rlx_vs_hf"] = rlx["output_tokens_per_s"] / hf["output_tokens_per_s"]
-            if compiled and "decode_step_ms" in compiled:
+            row["compiled"] = compiled
+            if "decode_step_ms" in compiled and "decode_step_ms" in rlx:
                 row["rlx_vs_compiled_decode"] = compiled["decode_step_ms"] / rlx["decode_step_ms"]
                 row["compiled_decode_fraction_of_roofline"] = (b * 1e3 / compiled["decode_step_ms"]) / roofline
-            row["rlx_decode_fraction_of_roofline"] = (b * 1e3 / rlx["decode_step_ms"]) / roofline
+            print(json.dumps(row), flush=True)
         rows.append(row)
-        print(json.dumps(row), flush=True)
     result = {"bench": "sampler_vs_hf", "gpu": torch.cuda.get_device_name(), "prompt": args.prompt, "new": args.new,
               "weight_bytes": weight_bytes, "kv_bytes_per_token": kv_per_token, "rows": rows}
     with open(os.path.join(args.out, "sampler.json"), "w") as f:

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "rlx/core/error.hpp"
-#include "tensorboard.pb.h"
+#include "tensorboard_proto.hpp"
 
 namespace rlx {
 namespace {
@@ -46,17 +46,15 @@ double now_wall() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-void add_values(tensorboard::Summary& summary, const nlohmann::json& j, const std::string& prefix) {
+void add_values(std::vector<std::pair<std::string, float>>& scalars, const nlohmann::json& j, const std::string& prefix) {
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string tag = prefix.empty() ? it.key() : prefix + "/" + it.key();
     if (it->is_object()) {
-      add_values(summary, *it, tag);
+      add_values(scalars, *it, tag);
     } else if (it->is_number() || it->is_boolean()) {
       double v = it->is_boolean() ? (it->get<bool>() ? 1.0 : 0.0) : it->get<double>();
       if (!std::isfinite(v)) continue;
-      auto* value = summary.add_value();
-      value->set_tag(tag);
-      value->set_simple_value(static_cast<float>(v));
+      scalars.emplace_back(tag, static_cast<float>(v));
     }
   }
 }
@@ -74,7 +72,10 @@ uint32_t masked_crc32c(std::string_view data) {
   return ((c >> 15) | (c << 17)) + 0xa282ead8u;
 }
 
+bool tensorboard_available() { return tb_proto::built(); }
+
 TensorBoardWriter::TensorBoardWriter(const std::filesystem::path& dir) {
+  RLX_CHECK(tb_proto::built(), "TensorBoard: rlx was built without protobuf (RLX_TENSORBOARD=OFF)");
   std::filesystem::create_directories(dir);
   char host[256] = "host";
   ::gethostname(host, sizeof host - 1);
@@ -82,20 +83,15 @@ TensorBoardWriter::TensorBoardWriter(const std::filesystem::path& dir) {
   file_ = dir / fmt::format("events.out.tfevents.{}.{}.{}", static_cast<int64_t>(now), host, ::getpid());
   out_.open(file_, std::ios::binary | std::ios::trunc);
   RLX_CHECK(out_.good(), "cannot write {}", file_.string());
-  tensorboard::Event e;
-  e.set_wall_time(now);
-  e.set_file_version("brain.Event:2");
-  write_record(e.SerializeAsString());
+  write_record(tb_proto::serialize({.wall_time = now, .step = 0, .file_version = "brain.Event:2", .scalars = {}}));
   flush();
 }
 
 void TensorBoardWriter::add_scalars(int64_t step, const nlohmann::json& metrics, double wall_time) {
   RLX_CHECK(metrics.is_object(), "TensorBoard scalars come from a JSON object, got {}", metrics.type_name());
-  tensorboard::Event e;
-  e.set_wall_time(wall_time < 0 ? now_wall() : wall_time);
-  e.set_step(step);
-  add_values(*e.mutable_summary(), metrics, "");
-  write_record(e.SerializeAsString());
+  tb_proto::Event e{.wall_time = wall_time < 0 ? now_wall() : wall_time, .step = step, .file_version = {}, .scalars = {}};
+  add_values(e.scalars, metrics, "");
+  write_record(tb_proto::serialize(e));
 }
 
 void TensorBoardWriter::write_record(const std::string& payload) {
@@ -126,13 +122,10 @@ std::vector<TensorBoardEvent> read_tensorboard_events(const std::filesystem::pat
     std::string_view payload(data.data() + off + 12, len);
     RLX_CHECK(static_cast<uint32_t>(read_le(std::string_view(data.data() + off + 12 + len, 4))) == masked_crc32c(payload),
               "{}: the record at byte {} is corrupt (CRC mismatch)", file.string(), off);
-    tensorboard::Event e;
-    RLX_CHECK(e.ParseFromArray(payload.data(), static_cast<int>(payload.size())), "{}: the record at byte {} is not an Event",
-              file.string(), off);
-    TensorBoardEvent out{.wall_time = e.wall_time(), .step = e.step(), .file_version = e.file_version(), .scalars = {}};
-    if (e.has_summary())
-      for (const auto& v : e.summary().value()) out.scalars.emplace_back(v.tag(), v.simple_value());
-    events.push_back(std::move(out));
+    tb_proto::Event e;
+    RLX_CHECK(tb_proto::parse(payload, e), "{}: the record at byte {} is not an Event", file.string(), off);
+    events.push_back({.wall_time = e.wall_time, .step = e.step, .file_version = std::move(e.file_version),
+                      .scalars = std::move(e.scalars)});
     off += 12 + len + 4;
   }
   return events;

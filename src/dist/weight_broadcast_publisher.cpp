@@ -136,7 +136,7 @@ struct BroadcastWeightPublisher::Impl {
   void form(const std::vector<std::string>& ids) {
     reset_group();
     ++generation;
-    const auto prefix = fmt::format("rlx/weights/{}", generation);
+    const auto prefix = fmt::format("rlx/weights/{}", generation.load());
     const int world = static_cast<int>(ids.size()) + 1;
     for (size_t i = 0; i < ids.size(); ++i) {
       std::string route;

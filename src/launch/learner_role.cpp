@@ -226,7 +226,12 @@ int run_learner(const RoleContext& ctx) {
   std::ofstream metrics_out;
   if (lead) metrics_out.open(ctx.run_dir / "metrics.jsonl", std::ios::app);
   std::optional<TensorBoardWriter> tensorboard;  // a new events file per process: TensorBoard merges them
-  if (lead && cfg.log.tensorboard) tensorboard.emplace(ctx.run_dir / "tensorboard");
+  if (lead && cfg.log.tensorboard) {
+    if (tensorboard_available())
+      tensorboard.emplace(ctx.run_dir / "tensorboard");
+    else
+      log::warn("log.tensorboard: this rlx was built without protobuf (RLX_TENSORBOARD=OFF); metrics.jsonl only");
+  }
   const double t_start = now_s();
   const int64_t first_step = step;
   RolloutBusy rollout_busy(ctx.run_dir);

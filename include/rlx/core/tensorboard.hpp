@@ -24,6 +24,9 @@ namespace rlx {
 uint32_t crc32c(std::string_view data);
 uint32_t masked_crc32c(std::string_view data);
 
+// False where rlx was built without protobuf (RLX_TENSORBOARD=OFF): the writer is then refused.
+bool tensorboard_available();
+
 class TensorBoardWriter {
  public:
   // Creates `dir` and a new events.out.tfevents.<seconds>.<host>.<pid> file in it.

@@ -16,6 +16,7 @@ using rlx::TokenId;
 
 std::shared_ptr<rlx::Transformer> tiny(uint64_t seed, at::Device device) {
   auto c = rlx::model_preset("tiny", rlx::Arch::qwen2);
+  c.head_dim = 64;  // a width the engine's kernels and CUDA graphs take (64 or 128); the preset's is 16
   c.initializer_range = 0.08;  // peaked logits: greedy choices are not near-ties
   auto cpu = std::make_shared<rlx::Transformer>(c);
   cpu->init_weights(seed);
