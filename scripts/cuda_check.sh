@@ -13,13 +13,15 @@
 #   libcpp-httplib0.11 libssl-dev libssl3 zlib1g-dev libbrotli-dev libbrotli1 libprotobuf-dev
 #   libprotobuf32 libprotoc32 libprotobuf-lite32 protobuf-compiler"
 #   steps (default all, in this order): build ceilings parity model learner sync gpu_tests sanitizer
-#   unit decode sampler colocated
+#   unit decode profile sampler colocated
 # RLX_CUDA_DEADLINE=S: no step starts after S seconds, and none runs past them (a lease is short:
-# the steps run in the order given, so name the most wanted first).
+# the steps run in the order given, so name the most wanted first). A lease is 15 minutes of
+# device time, starts (~45 s) included, and the machine goes back 30 s after a call, so a failed
+# build costs a fresh start and a full build (127 s at -j16 on the H200, 2026-11-26): one call.
 set -uo pipefail
 out=${1:?usage: cuda_check.sh OUT [STEP...]}
 shift
-steps=${*:-build parity model learner sync gpu_tests sanitizer unit decode sampler colocated}
+steps=${*:-build ceilings parity model learner sync gpu_tests sanitizer unit decode profile sampler colocated}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 build=${RLX_CUDA_BUILD:-$root/build/cuda}
@@ -109,6 +111,14 @@ print(json.dumps({"device": torch.cuda.get_device_name(), "copy_gbs": 2 * x.nume
             --max-batch-tokens 16384 --cuda-graphs $g --overlap $o && json decode
         done
       done ;;
+    profile)
+      # Where a decode step's time goes, by kernel: ncu times each launch (graphs off, so each
+      # kernel is its own launch; the summary averages by kernel name). 16 decode steps.
+      for b in ${RLX_PROFILE_BATCHES:-1 64}; do
+        step profile_decode_b$b 240 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
+          --launch-count 3000 "$rlx" bench sampler --preset qwen2.5-0.5b --arch qwen2 --dtype bfloat16 --device cuda \
+          --batch $b --prompt 512 --new 16 --iters 1 --kv-cache-mb 16384 --max-batch-tokens 16384 --cuda-graphs 0 --overlap 0
+      done ;;
     sampler)
       step sampler 540 python3 scripts/bench_hf_generate.py --rlx "$rlx" --out /tmp/rlx-sampler \
         --batches "${RLX_SAMPLER_BATCHES:-1,64,256}" --compiled "${RLX_SAMPLER_COMPILED:-1}" \
@@ -118,6 +128,9 @@ print(json.dumps({"device": torch.cuda.get_device_name(), "copy_gbs": 2 * x.nume
       step learner_torch 150 python3 scripts/bench_torch_train.py --seq 2048 --batch-seqs 8 && json learner_torch
       step learner 200 "$rlx" bench learner --device cuda --preset qwen2.5-0.5b --arch qwen2 --dtype bfloat16 \
         --seq 2048 --batch-seqs 8 --micro-batch-tokens 16384 --steps 5 --ranks 1 && json learner
+      # Where the step's time goes: rank 0's operators by device time over 3 more steps.
+      step learner_profile 200 "$rlx" bench learner --device cuda --preset qwen2.5-0.5b --arch qwen2 --dtype bfloat16 \
+        --seq 2048 --batch-seqs 8 --micro-batch-tokens 16384 --steps 2 --ranks 1 --profile 3
       [ "${RLX_LEARNER_ACCUM:-1}" = 1 ] && step learner_mb4k 200 "$rlx" bench learner --device cuda --preset qwen2.5-0.5b --arch qwen2 --dtype bfloat16 \
         --seq 2048 --batch-seqs 8 --micro-batch-tokens 4096 --steps 5 --ranks 1 && json learner_mb4k ;;
     sync)

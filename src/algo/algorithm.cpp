@@ -6,8 +6,10 @@
 #include <type_traits>
 #include <cmath>
 #include <mutex>
+#include <set>
 #include <tuple>
 
+#include "rlx/algo/mismatch_metrics.hpp"
 #include "rlx/core/config.hpp"
 #include "rlx/core/error.hpp"
 
@@ -35,8 +37,12 @@ nlohmann::json option_value(const std::string& text) {
 }  // namespace
 
 std::vector<std::string> PolicyGradient::metric_names() const {
-  return {"pg_loss", "clipped_tokens", "ratio", "approx_kl", "kl", "entropy", "tokens", "mismatch_kl",
-          "value_loss", "value_clipped", "value"};
+  std::vector<std::string> names{"pg_loss",   "clipped_tokens",  "ratio",           "approx_kl",  "kl",
+                                 "entropy",   "tokens",          "mismatch_kl",     "value_loss", "value_clipped",
+                                 "value",     "mismatch_masked", "mismatch_weight"};
+  const auto& bins = mismatch_bin_names();
+  names.insert(names.end(), bins.begin(), bins.end());
+  return names;
 }
 
 const OutcomeAdvantages* Algorithm::outcome() const { return dynamic_cast<const OutcomeAdvantages*>(this); }
@@ -67,17 +73,21 @@ Metrics Algorithm::means(const Metrics& sums) {
   static const std::map<std::string, std::string> per_token{
       {"clipped_tokens", "clip_fraction"}, {"ratio", "ratio"},   {"approx_kl", "approx_kl"},
       {"kl", "kl"},                        {"entropy", "entropy"}, {"mismatch_kl", "mismatch_kl"},
-      {"value_clipped", "value_clip_fraction"}, {"value", "value_mean"}};
+      {"value_clipped", "value_clip_fraction"}, {"value", "value_mean"},
+      {"mismatch_masked", "mismatch_masked_fraction"}, {"mismatch_weight", "mismatch_weight_mean"}};
+  static const std::set<std::string> bins(mismatch_bin_names().begin(), mismatch_bin_names().end());
   Metrics out;
   auto it = sums.find("tokens");
   const double tokens = it == sums.end() ? 0.0 : it->second;
   for (const auto& [name, value] : sums) {
+    if (bins.contains(name)) continue;  // read as quantiles below
     auto p = per_token.find(name);
     if (p == per_token.end())
       out[name] = value;
     else if (tokens > 0)
       out[p->second] = value / tokens;
   }
+  add_mismatch_quantiles(sums, out);
   return out;
 }
 
@@ -116,20 +126,26 @@ at::Tensor PolicyGradient::loss(const LossInputs& in, const Normalizers& norm, M
   RLX_CHECK(in.old_logprobs.defined(), "{}: the batch has no old log-probs", opt_.name);
   auto pg = clipped_policy_loss(in.logprobs, in.old_logprobs, in.advantages, opt_.clip, log_ratio(in));
   auto per_token = pg.loss;
-  if (opt_.tis_cap > 0) {
-    RLX_CHECK(in.behaviour_logprobs.defined(), "{}: truncated IS needs the sampler's log-probs", opt_.name);
-    per_token = per_token * truncated_is_weights(in.old_logprobs, in.behaviour_logprobs, opt_.tis_cap);
-  }
   auto m = in.mask;
+  auto mismatch = opt_.mismatch;
+  if (opt_.tis_cap > 0) mismatch = {.mode = Mismatch::token_truncate, .low = 0, .high = opt_.tis_cap};
+  RLX_CHECK(mismatch.mode == Mismatch::none || in.behaviour_logprobs.defined(),
+            "{}: algorithm.mismatch ({}) needs the sampler's log-probs", opt_.name, config::enum_to_string(mismatch.mode));
+  if (in.behaviour_logprobs.defined()) {
+    auto w = mismatch_weights(in.old_logprobs, in.behaviour_logprobs, m, in.sequence, mismatch);
+    if (mismatch.mode != Mismatch::none) per_token = per_token * w.weights;
+    metrics["mismatch_kl"] +=
+        (kl_penalty(in.old_logprobs, in.behaviour_logprobs, KlEstimator::k3) * m).sum().item<double>();
+    metrics["mismatch_masked"] += ((1 - w.kept) * m).sum().item<double>();
+    metrics["mismatch_weight"] += (w.weights * m).sum().item<double>();
+    add_mismatch_histogram(w.log_ratio, m, metrics);
+  }
   auto loss = aggregate(per_token, m, in.sequence, opt_.aggregation, norm);
   metrics["pg_loss"] += loss.item<double>();
   metrics["clipped_tokens"] += (pg.clipped * m).sum().item<double>();
   metrics["ratio"] += (pg.ratio * m).sum().item<double>();
   metrics["approx_kl"] += (kl_penalty(in.logprobs.detach(), in.old_logprobs, KlEstimator::k3) * m).sum().item<double>();
   metrics["tokens"] += m.sum().item<double>();
-  if (in.behaviour_logprobs.defined())
-    metrics["mismatch_kl"] +=
-        (kl_penalty(in.old_logprobs, in.behaviour_logprobs, KlEstimator::k3) * m).sum().item<double>();
   if (in.ref_logprobs.defined()) {
     auto kl = kl_penalty(in.logprobs, in.ref_logprobs, opt_.kl_estimator);
     if (opt_.kl_placement == KlPlacement::loss && kl_coef_ > 0)

@@ -17,6 +17,16 @@ std::pair<at::Tensor, at::Tensor> per_sequence_sum(const at::Tensor& x, const at
   // Slot of the padding id (-1), if present, is 0 since uniq is sorted; callers mask it.
   return {sums, uniq};
 }
+
+// Each token's sequence sum (or mean over the sequence's masked tokens) of x * mask, without
+// gradient: [R, T] like x.
+at::Tensor per_sequence_value(const at::Tensor& x, const at::Tensor& mask, const at::Tensor& sequence, bool mean) {
+  auto m = mask.to(x.scalar_type());
+  auto [sums, uniq] = per_sequence_sum((x * m).detach(), sequence);
+  if (mean) sums = sums / per_sequence_sum(m, sequence).first.clamp_min(1);
+  auto inverse = std::get<1>(at::_unique(sequence.reshape({-1}).clamp_min(-1), true, true));
+  return sums.index_select(0, inverse).view_as(x);
+}
 }  // namespace
 
 at::Tensor aggregate(const at::Tensor& per_token, const at::Tensor& mask, const at::Tensor& sequence, Aggregation mode,
@@ -65,15 +75,7 @@ PolicyLoss clipped_policy_loss(const at::Tensor& logp, const at::Tensor& old_log
 
 at::Tensor gspo_log_ratio(const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& mask,
                           const at::Tensor& sequence) {
-  auto m = mask.to(logp.scalar_type());
-  auto token_lr = (logp - old_logp) * m;
-  auto [sums, uniq] = per_sequence_sum(token_lr.detach(), sequence);
-  auto [counts, unused] = per_sequence_sum(m, sequence);
-  auto seq_mean = sums / counts.clamp_min(1);
-  auto ids = sequence.reshape({-1});
-  auto inverse = std::get<1>(at::_unique(ids, true, true));
-  auto per_token = seq_mean.index_select(0, inverse).view_as(logp);
-  return per_token + logp - logp.detach();
+  return per_sequence_value(logp - old_logp, mask, sequence, /*mean=*/true) + logp - logp.detach();
 }
 
 at::Tensor kl_penalty(const at::Tensor& logp, const at::Tensor& ref_logp, KlEstimator estimator) {
@@ -93,9 +95,41 @@ at::Tensor clipped_value_loss(const at::Tensor& v, const at::Tensor& v_old, cons
   return 0.5 * at::max((v - ret).pow(2), (clipped - ret).pow(2));
 }
 
-at::Tensor truncated_is_weights(const at::Tensor& old_logp, const at::Tensor& behaviour_logp, double cap) {
-  RLX_CHECK(cap >= 1, "truncated importance sampling cap must be >= 1, got {}", cap);
-  return at::exp(old_logp - behaviour_logp).clamp_max(cap).detach();
+MismatchWeights mismatch_weights(const at::Tensor& old_logp, const at::Tensor& behaviour_logp, const at::Tensor& mask,
+                                 const at::Tensor& sequence, const MismatchOptions& o) {
+  RLX_CHECK(old_logp.sizes() == behaviour_logp.sizes() && mask.sizes() == old_logp.sizes() &&
+                sequence.sizes() == old_logp.sizes(),
+            "mismatch weights: old and behaviour log-probs, mask and sequence ids must have the same shape");
+  RLX_CHECK(o.low >= 0 && o.low < o.high, "mismatch band [{}, {}] is empty", o.low, o.high);
+  MismatchWeights out;
+  out.log_ratio = (old_logp - behaviour_logp).detach().to(at::kFloat);
+  const bool by_sequence = o.mode == Mismatch::sequence_truncate || o.mode == Mismatch::sequence_mask;
+  // A sequence's log ratio: the sum (product of ratios) or mean (geometric mean) over its trained tokens.
+  auto lr = by_sequence ? per_sequence_value(out.log_ratio, mask, sequence, o.sequence_ratio == SequenceRatio::geometric)
+                        : out.log_ratio;
+  // Clamped before exp: a product over a long sequence overflows fp32 (its weight is then the cap, or masked).
+  auto rho = at::exp(lr.clamp(-80, 80));
+  switch (o.mode) {
+    case Mismatch::none:
+      out.weights = at::ones_like(rho);
+      out.kept = at::ones_like(rho);
+      break;
+    case Mismatch::token_truncate:
+    case Mismatch::sequence_truncate:
+      RLX_CHECK(o.high >= 1, "mismatch truncation cap must be >= 1, got {}", o.high);
+      out.weights = rho.clamp_max(o.high);
+      out.kept = at::ones_like(rho);
+      break;
+    case Mismatch::token_mask:
+    case Mismatch::sequence_mask:
+    case Mismatch::icepop:
+      RLX_CHECK(o.mode != Mismatch::icepop || o.low > 0, "icepop masks on both sides: its band's low end must be > 0");
+      out.kept = ((rho >= o.low) & (rho <= o.high)).to(at::kFloat);
+      out.weights = rho * out.kept;
+      break;
+  }
+  out.weights = out.weights.to(old_logp.scalar_type());
+  return out;
 }
 
 }  // namespace rlx::algo

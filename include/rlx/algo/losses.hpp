@@ -57,8 +57,15 @@ at::Tensor kl_penalty(const at::Tensor& logp, const at::Tensor& ref_logp, KlEsti
 at::Tensor clipped_value_loss(const at::Tensor& values, const at::Tensor& old_values, const at::Tensor& returns,
                               double clip);
 
-// Truncated importance-sampling weights between the learner's and the sampler's
-// log-probs: min(exp(old_logp - behaviour_logp), cap), without gradient.
-at::Tensor truncated_is_weights(const at::Tensor& old_logp, const at::Tensor& behaviour_logp, double cap);
+// Per-token weights correcting the sampler/learner mismatch (options.hpp's Mismatch), without
+// gradient: weights multiply the per-token policy loss; kept is 0 where a mask mode dropped
+// the token (or its sequence), else 1; log_ratio is each token's log(old / behaviour).
+struct MismatchWeights {
+  at::Tensor weights;
+  at::Tensor kept;
+  at::Tensor log_ratio;
+};
+MismatchWeights mismatch_weights(const at::Tensor& old_logp, const at::Tensor& behaviour_logp, const at::Tensor& mask,
+                                 const at::Tensor& sequence, const MismatchOptions& options);
 
 }  // namespace rlx::algo

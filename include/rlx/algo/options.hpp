@@ -62,6 +62,37 @@ constexpr std::array<std::pair<CriticKind, std::string_view>, 2> enum_names(Crit
   return {{{CriticKind::separate, "separate"}, {CriticKind::head, "head"}}};
 }
 
+// Correcting the mismatch between the sampler's log-probs (behaviour) and the learner's
+// (old, before this step's update), per token rho = exp(old - behaviour) or per sequence
+// rho_seq = exp(sum, or mean, of the sequence's log ratios). Each mode weights the policy
+// loss without gradient:
+//   token_truncate     min(rho, high)                          truncated IS (TIS)
+//   token_mask         rho, or 0 where rho leaves [low, high]  masked IS (MIS), per token
+//   sequence_truncate  min(rho_seq, high) on every token        sequence-level IS
+//   sequence_mask      rho_seq, or 0 for the whole sequence where rho_seq leaves [low, high]
+//   icepop             token_mask with a two-sided band, low > 0 (IcePop, Ring-1T: [0.5, 5])
+enum class Mismatch { none, token_truncate, token_mask, sequence_truncate, sequence_mask, icepop };
+constexpr std::array<std::pair<Mismatch, std::string_view>, 6> enum_names(Mismatch) {
+  return {{{Mismatch::none, "none"},
+           {Mismatch::token_truncate, "token_truncate"},
+           {Mismatch::token_mask, "token_mask"},
+           {Mismatch::sequence_truncate, "sequence_truncate"},
+           {Mismatch::sequence_mask, "sequence_mask"},
+           {Mismatch::icepop, "icepop"}}};
+}
+// A sequence's ratio: the product of its token ratios (sequence-level IS) or their geometric
+// mean (length-independent, as GSPO's).
+enum class SequenceRatio { product, geometric };
+constexpr std::array<std::pair<SequenceRatio, std::string_view>, 2> enum_names(SequenceRatio) {
+  return {{{SequenceRatio::product, "product"}, {SequenceRatio::geometric, "geometric"}}};
+}
+struct MismatchOptions {
+  Mismatch mode = Mismatch::none;
+  double low = 0.0;   // the band's lower end (mask modes; 0: one-sided)
+  double high = 2.0;  // the truncation cap, or the band's upper end
+  SequenceRatio sequence_ratio = SequenceRatio::product;
+};
+
 struct AlgoOptions {
   std::string name = "grpo";
   GroupBaseline baseline = GroupBaseline::mean_std;  // group advantages (grpo: mean_std; Dr.GRPO: mean)
@@ -72,6 +103,7 @@ struct AlgoOptions {
   double entropy_coef = 0.0;                         // entropy bonus (0: none)
   double max_tokens = 1024;                          // seq_mean_token_sum_norm's constant
   double tis_cap = 0.0;                              // truncated IS between sampler and learner (0: off)
+  MismatchOptions mismatch;                          // sampler/learner mismatch correction (tis_cap: token_truncate)
   bool whiten_batch = true;                          // REINFORCE++ and PPO: whiten advantages over the whole batch
   KlPlacement kl_placement = KlPlacement::loss;
   double kl_target = 0.0;                            // > 0: adaptive KL coefficient toward this KL per sequence
@@ -103,7 +135,15 @@ struct AlgoOptions {
     v("entropy_coef", entropy_coef, "entropy bonus coefficient", config::at_least(0));
     v("max_tokens", max_tokens, "the constant of seq_mean_token_sum_norm (the response-length limit)",
       config::greater_than(0));
-    v("tis_cap", tis_cap, "truncated importance sampling cap between sampler and learner; 0 off", config::at_least(0));
+    v("tis_cap", tis_cap, "truncated importance sampling cap between sampler and learner; 0 off (the same as "
+      "mismatch: token_truncate with mismatch_high)", config::at_least(0));
+    v("mismatch", mismatch.mode, "sampler/learner mismatch correction: none, token_truncate (TIS), token_mask (MIS), "
+      "sequence_truncate, sequence_mask, icepop (docs/ARCHITECTURE.md, Algorithms)");
+    v("mismatch_low", mismatch.low, "the mask modes' band, lower end (0: one-sided; icepop needs > 0)",
+      config::at_least(0));
+    v("mismatch_high", mismatch.high, "the truncation cap, or the mask modes' band upper end", config::greater_than(0));
+    v("mismatch_sequence_ratio", mismatch.sequence_ratio,
+      "a sequence's ratio for the sequence modes: product (sequence-level IS) or geometric (mean log ratio)");
     v("whiten_batch", whiten_batch, "REINFORCE++ and PPO: whiten advantages over the whole batch");
     v("kl_placement", kl_placement, "where the KL to the reference enters: loss (GRPO) or reward (PPO)");
     v("kl_target", kl_target, "> 0: adapt kl_coef toward this KL per sequence (Ziegler et al.); 0: fixed",
@@ -131,6 +171,15 @@ struct AlgoOptions {
               overlong_buffer);
     RLX_CHECK(clip.dual_clip == 0 || clip.dual_clip > 1, "algorithm.dual_clip must be 0 or > 1, got {}", clip.dual_clip);
     RLX_CHECK(tis_cap == 0 || tis_cap >= 1, "algorithm.tis_cap must be 0 or >= 1, got {}", tis_cap);
+    RLX_CHECK(tis_cap == 0 || mismatch.mode == Mismatch::none,
+              "algorithm.tis_cap and algorithm.mismatch: choose one (tis_cap is mismatch: token_truncate)");
+    RLX_CHECK(mismatch.low < mismatch.high, "algorithm.mismatch_low ({}) must be below algorithm.mismatch_high ({})",
+              mismatch.low, mismatch.high);
+    RLX_CHECK(mismatch.mode != Mismatch::icepop || mismatch.low > 0,
+              "algorithm.mismatch: icepop masks on both sides: set algorithm.mismatch_low > 0 (e.g. 0.5)");
+    RLX_CHECK((mismatch.mode != Mismatch::token_truncate && mismatch.mode != Mismatch::sequence_truncate) ||
+                  mismatch.high >= 1,
+              "algorithm.mismatch_high must be >= 1 to truncate importance weights, got {}", mismatch.high);
   }
 };
 

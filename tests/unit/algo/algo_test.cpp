@@ -1,4 +1,5 @@
 #include "rlx/algo/algorithm.hpp"
+#include "rlx/algo/mismatch_metrics.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -96,7 +97,7 @@ TEST_CASE("the clipped surrogate: symmetric, clip-higher, dual-clip (hand-comput
   CHECK_THROWS_WITH(clipped_policy_loss(t({0}), t({0}), t({1}), {.dual_clip = 0.5}), Catch::Contains("dual clip"));
 }
 
-TEST_CASE("KL estimators, value loss, truncated IS (hand-computed)", "[algo]") {
+TEST_CASE("KL estimators, value loss (hand-computed)", "[algo]") {
   // pi = 0.5, pi_ref = 0.25: log(pi_ref / pi) = -log 2.
   // k1 = log 2 = 0.693147; k2 = 0.5 (log 2)^2 = 0.240227; k3 = 0.5 + log 2 - 1 = 0.193147.
   auto lp = t({std::log(0.5)}), ref = t({std::log(0.25)});
@@ -106,8 +107,99 @@ TEST_CASE("KL estimators, value loss, truncated IS (hand-computed)", "[algo]") {
   CHECK(kl_penalty(lp, lp, KlEstimator::k3).item<double>() == 0.0);
   // v 1, v_old 0, R 2, clip 0.5: max((1 - 2)^2, (0.5 - 2)^2) / 2 = 1.125.
   CHECK(clipped_value_loss(t({1}), t({0}), t({2}), 0.5).item<double>() == Approx(1.125));
-  // exp(0 - log 0.25) = 4, capped at 2.
-  CHECK(truncated_is_weights(t({0}), t({std::log(0.25)}), 2.0).item<double>() == Approx(2.0));
+}
+
+TEST_CASE("mismatch correction modes (hand-computed)", "[algo]") {
+  // Sequence 0: token ratios old/behaviour 4, 0.5, 1.25 (the last not trained); sequence 1:
+  // ratios 1.5, 0.2; then padding. Trained ratios of sequence 0: 4 x 0.5 = 2 (product),
+  // sqrt(2) = 1.41421 (geometric mean); sequence 1: 1.5 x 0.2 = 0.3, sqrt(0.3) = 0.547723.
+  auto behaviour = t({0, 0, 0, 0, 0, 0});
+  auto old = t({std::log(4.0), std::log(0.5), std::log(1.25), std::log(1.5), std::log(0.2), 3.0});
+  auto mask = t({1, 1, 0, 1, 1, 0});
+  auto seq = at::tensor({0, 0, 0, 1, 1, -1}, at::kLong).unsqueeze(0);
+  auto w = [&](Mismatch mode, double low, double high, SequenceRatio r = SequenceRatio::product) {
+    auto out = mismatch_weights(old, behaviour, mask, seq, {.mode = mode, .low = low, .high = high, .sequence_ratio = r});
+    std::vector<double> weights, kept;
+    for (int64_t i = 0; i < 5; ++i) {  // the padding position is not asserted
+      weights.push_back(out.weights[0][i].item<double>());
+      kept.push_back(out.kept[0][i].item<double>());
+    }
+    return std::pair{weights, kept};
+  };
+  auto near = [](const std::vector<double>& a, std::vector<double> b) {
+    REQUIRE(a.size() == b.size());
+    for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == Approx(b[i]).margin(1e-6));
+  };
+  // TIS: min(rho, 2).
+  near(w(Mismatch::token_truncate, 0, 2).first, {2, 0.5, 1.25, 1.5, 0.2});
+  // Masked IS per token, band [0.3, 2]: 4 and 0.2 dropped, the rest keep rho.
+  auto [tm, tk] = w(Mismatch::token_mask, 0.3, 2);
+  near(tm, {0, 0.5, 1.25, 1.5, 0});
+  near(tk, {0, 1, 1, 1, 0});
+  // IcePop, band [0.5, 5]: only 0.2 leaves it.
+  near(w(Mismatch::icepop, 0.5, 5).first, {4, 0.5, 1.25, 1.5, 0});
+  // Sequence-level IS (product), truncated at 1.5: sequence 0's 2 -> 1.5; sequence 1's 0.3 stays.
+  near(w(Mismatch::sequence_truncate, 0, 1.5).first, {1.5, 1.5, 1.5, 0.3, 0.3});
+  // Geometric mean, truncated at 10: sqrt 2 and sqrt 0.3.
+  near(w(Mismatch::sequence_truncate, 0, 10, SequenceRatio::geometric).first,
+       {1.41421356, 1.41421356, 1.41421356, 0.54772256, 0.54772256});
+  // Sequence mask, band [0.5, 3]: sequence 1 (0.3) is dropped whole.
+  auto [sm, sk] = w(Mismatch::sequence_mask, 0.5, 3);
+  near(sm, {2, 2, 2, 0, 0});
+  near(sk, {1, 1, 1, 0, 0});
+  // none: weights 1, nothing dropped; the log ratios are reported either way.
+  auto none = mismatch_weights(old, behaviour, mask, seq, {});
+  CHECK(none.weights.sum().item<double>() == Approx(6.0));
+  CHECK(none.log_ratio[0][0].item<double>() == Approx(std::log(4.0)));
+  CHECK_THROWS_WITH(mismatch_weights(old, behaviour, mask, seq, {.mode = Mismatch::icepop, .low = 0, .high = 5}),
+                    Catch::Contains("icepop"));
+  CHECK_THROWS_WITH(mismatch_weights(old, behaviour, mask, seq, {.mode = Mismatch::token_truncate, .low = 0, .high = 0.5}),
+                    Catch::Contains(">= 1"));
+}
+
+TEST_CASE("mismatch metrics: ratio quantiles from summed bins, masked fraction in the step's metrics", "[algo]") {
+  // 100 tokens at ratio 1 (log 0), 1 token at e^2 (bin (1, 3]), one masked out.
+  std::vector<double> lr(100, 0.0);
+  lr.push_back(2.0);
+  lr.push_back(-5.0);
+  std::vector<double> m(101, 1.0);
+  m.push_back(0.0);
+  std::map<std::string, double> sums;
+  add_mismatch_histogram(t(lr), t(m), sums);
+  add_mismatch_histogram(t({0.0}), t({1.0}), sums);  // a second micro-batch adds up
+  double total = 0;
+  for (const auto& n : mismatch_bin_names()) total += sums[n];
+  CHECK(total == 102);
+  CHECK(mismatch_ratio_quantile(sums, 0.5) == Approx(1.0).margin(1e-3));  // inside (-1e-4, 1e-4]
+  CHECK(mismatch_ratio_quantile(sums, 1.0) > std::exp(1.0));             // the e^2 token's bin
+  CHECK(mismatch_ratio_quantile(sums, 1.0) <= std::exp(3.0));
+  CHECK(std::isnan(mismatch_ratio_quantile({}, 0.5)));
+  // Through a loss: an icepop band that drops one token of four.
+  AlgoOptions o;
+  o.mismatch = {.mode = Mismatch::icepop, .low = 0.5, .high = 2};
+  register_bundled_algorithms();
+  auto algo = make_algorithm(o);
+  LossInputs in;
+  in.mask = t({1, 1, 1, 1});
+  in.sequence = at::tensor({0, 0, 1, 1}, at::kLong).unsqueeze(0);
+  in.logprobs = t({-1, -1, -1, -1}).requires_grad_();
+  in.old_logprobs = t({-1, -1, -1, -1});
+  in.behaviour_logprobs = t({-1, -1, -1, -1 - std::log(4.0)});  // the last token's ratio is 4
+  in.advantages = t({1, 1, -1, -1});
+  Metrics sums2;
+  auto loss = algo->loss(in, {.tokens = 4, .sequences = 2, .max_tokens = 4}, sums2);
+  loss.backward();
+  CHECK(in.logprobs.grad()[0][3].item<double>() == 0.0);  // dropped: no gradient
+  CHECK(in.logprobs.grad()[0][2].item<double>() != 0.0);
+  auto means = Algorithm::means(sums2);
+  CHECK(means["mismatch_masked_fraction"] == Approx(0.25));
+  CHECK(means["mismatch_weight_mean"] == Approx(0.75));
+  CHECK(means.contains("mismatch_ratio_p50"));
+  CHECK_FALSE(means.contains("mismatch_lr_bin_00"));
+  // A mismatch mode without the sampler's log-probs is refused, naming the mode.
+  in.behaviour_logprobs = at::Tensor();
+  Metrics unused;
+  CHECK_THROWS_WITH(algo->loss(in, {.tokens = 4, .sequences = 2, .max_tokens = 4}, unused), Catch::Contains("icepop"));
 }
 
 TEST_CASE("aggregation modes (hand-computed)", "[algo]") {
