@@ -10,6 +10,7 @@ void register_reinforce_pp();
 void register_gspo();
 void register_sft();
 void register_ppo();
+void register_distill();
 
 void register_bundled_algorithms() {
   static std::once_flag once;
@@ -19,6 +20,7 @@ void register_bundled_algorithms() {
     register_gspo();
     register_sft();
     register_ppo();
+    register_distill();
   });
 }
 

@@ -74,7 +74,8 @@ Metrics Algorithm::means(const Metrics& sums) {
       {"clipped_tokens", "clip_fraction"}, {"ratio", "ratio"},   {"approx_kl", "approx_kl"},
       {"kl", "kl"},                        {"entropy", "entropy"}, {"mismatch_kl", "mismatch_kl"},
       {"value_clipped", "value_clip_fraction"}, {"value", "value_mean"},
-      {"mismatch_masked", "mismatch_masked_fraction"}, {"mismatch_weight", "mismatch_weight_mean"}};
+      {"mismatch_masked", "mismatch_masked_fraction"}, {"mismatch_weight", "mismatch_weight_mean"},
+      {"teacher_kl", "teacher_kl"}};
   static const std::set<std::string> bins(mismatch_bin_names().begin(), mismatch_bin_names().end());
   Metrics out;
   auto it = sums.find("tokens");

@@ -111,6 +111,9 @@ std::vector<std::pair<std::string, double>> Hub::Impl::stats() const {
   add("leases_pending_reissue", static_cast<double>(leases.pending_reissue()));
   add("leases_completed", static_cast<double>(leases.completed()));
   add("lease_errors", static_cast<double>(leases.errors().size()));
+  std::map<std::string, double> by_kind{{"infra", 0}, {"data", 0}, {"filtered", 0}};  // groups given up, by kind
+  for (const auto& e : leases.errors()) by_kind[e.kind] += 1;
+  for (const auto& [kind, n] : by_kind) add("lease_errors_" + kind, n);
   add("accepted_total", static_cast<double>(accepted_total));
   const auto& c = buffer.counts();
   add("replay_stale", static_cast<double>(c.stale));

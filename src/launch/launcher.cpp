@@ -191,6 +191,14 @@ class Roles {
   }
 
   enum class State { running, learner_done, failed, hopeless };
+  // Worker restarts after deaths, and roles killed as stuck, in this attempt (live metrics).
+  uint32_t worker_restarts() const {
+    uint32_t n = 0;
+    for (const auto& w : workers_) n += w.restarts;
+    return n;
+  }
+  size_t killed_stuck() const { return killed_stuck_.size(); }
+
   // Polls every role once; restarts dead workers (bounded). `why` names a failure, and
   // failure() says how it ended. `hopeless`: a role cannot run (restarting will not help).
   State poll(bool stopping, std::string& why) {
@@ -538,6 +546,8 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
     nlohmann::json line;
     double last_step_at = now_s();
     uint32_t attempt = 0;
+    uint64_t worker_restarts = 0, killed_stuck = 0;  // over every attempt of this launcher
+    uint64_t earlier_restarts = 0, earlier_stuck = 0;  // ... of the attempts before this one
   };
   auto live = std::make_shared<Live>();
   std::optional<serve::MetricsEndpoint> metrics_endpoint;
@@ -548,6 +558,10 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
       out += fmt::format("# TYPE rlx_up gauge\nrlx_up 1\n# TYPE rlx_train_steps gauge\nrlx_train_steps {}\n", steps);
       out += fmt::format("# TYPE rlx_attempt gauge\nrlx_attempt {}\n", live->attempt);
       out += fmt::format("# TYPE rlx_seconds_since_step gauge\nrlx_seconds_since_step {:.3f}\n", now_s() - live->last_step_at);
+      // Errors by kind, from the launcher's side (the hub's kinds are in the line, rlx_errors_*).
+      out += fmt::format("# TYPE rlx_errors_worker_restarts counter\nrlx_errors_worker_restarts {}\n", live->worker_restarts);
+      out += fmt::format("# TYPE rlx_errors_killed_stuck counter\nrlx_errors_killed_stuck {}\n", live->killed_stuck);
+      out += fmt::format("# TYPE rlx_errors_run_restarts counter\nrlx_errors_run_restarts {}\n", live->attempt);
       return out;
     });
     std::cerr << fmt::format("rlx run: live metrics on http://{}:{}/metrics", cfg.log.metrics_host, metrics_endpoint->port())
@@ -578,7 +592,10 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
           std::lock_guard lock(live->mu);
           if (!progress.last_line().is_null()) live->line = progress.last_line();
           live->last_step_at = progress.last_step_at();
+          if (live->attempt != attempt) live->earlier_restarts = live->worker_restarts, live->earlier_stuck = live->killed_stuck;
           live->attempt = attempt;
+          live->worker_restarts = live->earlier_restarts + roles.worker_restarts();
+          live->killed_stuck = live->earlier_stuck + roles.killed_stuck();
         }
         // No step for a while: say what each role is doing (what it waits on), not silence.
         const double quiet = now_s() - std::max(progress.last_step_at(), reported_at);

@@ -135,7 +135,8 @@ int run_learner(const RoleContext& ctx) {
                                                                  start->dtype())
                                  : 0;
     const auto plan = plan_memory(cfg, start->config(), parameters, kv, algorithm->needs_reference(),
-                                  algorithm->needs_critic() && !head);
+                                  algorithm->needs_critic() && !head,
+                                  algorithm->needs_teacher() ? read_hf_config(cfg.algorithm.teacher).num_parameters() : 0);
     if (comm->rank() == 0)
       log::info("learner: memory plan on {} ({} parameters{}):\n{}", cfg.model.device, parameters,
                 colocated ? ", colocated with the rollout engine" : "", plan.describe());
@@ -148,6 +149,21 @@ int run_learner(const RoleContext& ctx) {
   if (algorithm->needs_reference()) {
     reference = std::make_unique<ReferenceModel>(start->config(), *comm, lo.fsdp);
     reference->load_from(*start);
+  }
+  // On-policy distillation: the teacher, frozen and sharded like the reference model.
+  std::unique_ptr<ReferenceModel> teacher;
+  if (algorithm->needs_teacher()) {
+    status::set("loading the teacher");
+    auto t = load_hf(cfg.algorithm.teacher, {.dtype = to_scalar_type(cfg.model.dtype), .device = at::Device(cfg.model.device)});
+    RLX_CHECK(t->config().vocab_size == start->config().vocab_size,
+              "algorithm.teacher {}: its vocabulary ({} tokens) is not the student's ({}): distillation scores the "
+              "student's tokens with the teacher, so both need the same tokenizer",
+              cfg.algorithm.teacher, t->config().vocab_size, start->config().vocab_size);
+    teacher = std::make_unique<ReferenceModel>(t->config(), *comm, lo.fsdp);
+    teacher->load_from(*t);
+    if (comm->rank() == 0)
+      log::info("learner: teacher {} ({} layers, hidden {})", cfg.algorithm.teacher, t->config().num_layers,
+                t->config().hidden_size);
   }
   std::unique_ptr<Learner> critic;
   if (algorithm->needs_critic() && !head) {
@@ -269,7 +285,7 @@ int run_learner(const RoleContext& ctx) {
                                       line["version_lag"].get<int64_t>(), per_step * static_cast<double>(cfg.train.steps - s))
                        << std::endl;
            }},
-      {.models = {.policy = policy, .critic = critic.get(), .reference = reference.get()},
+      {.models = {.policy = policy, .critic = critic.get(), .reference = reference.get(), .teacher = teacher.get()},
        .algorithm = *algorithm,
        .comm = *comm,
        .client = client.get(),

@@ -87,7 +87,7 @@ void MemoryPlan::check(int64_t free_bytes, const std::string& device) const {
 }
 
 MemoryPlan plan_memory(const RunConfig& cfg, const ModelConfig& m, int64_t parameters, int64_t kv_pool_bytes,
-                       bool reference, bool critic) {
+                       bool reference, bool critic, int64_t teacher_parameters) {
   MemoryPlan p;
   p.colocated = cfg.train.placement == Placement::colocated;
   // Colocated async: generation and training overlap, so the KV pool and the activations
@@ -103,6 +103,9 @@ MemoryPlan plan_memory(const RunConfig& cfg, const ModelConfig& m, int64_t param
                      .key = "learner.micro_batch_tokens"});
   if (reference) p.items.push_back({.name = "reference model", .bytes = compute * n, .generate = false});
   if (critic) p.items.push_back({.name = "critic (weights, grads, AdamW)", .bytes = 16 * n, .key = "algorithm.critic"});
+  if (teacher_parameters > 0)
+    p.items.push_back({.name = "teacher model", .bytes = compute * teacher_parameters, .generate = false,
+                       .key = "algorithm.teacher"});
   if (p.colocated) {
     p.items.push_back({.name = "rollout engine weights", .bytes = dtype_bytes(cfg.model.dtype) * n, .key = "model.dtype"});
     p.items.push_back({.name = "rollout KV pool", .bytes = kv_pool_bytes, .train = overlap, .key = "rollout.kv_cache_blocks"});

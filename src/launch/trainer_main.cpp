@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -45,7 +46,13 @@ namespace {
 void validate_run_config(const RunConfig& cfg) {
   cfg.model.validate();
   cfg.learner.validate();
-  (void)algo::make_algorithm(cfg.algorithm);  // a registered name, valid options
+  const auto algorithm = algo::make_algorithm(cfg.algorithm);  // a registered name, valid options
+  if (!cfg.algorithm.teacher.empty() && !algorithm->needs_teacher())
+    throw ConfigError(fmt::format("algorithm.teacher: algorithm {} uses no teacher (algorithm distill does)",
+                                  cfg.algorithm.name));
+  if (algorithm->needs_teacher() && !std::filesystem::exists(std::filesystem::path(cfg.algorithm.teacher) / "config.json"))
+    throw ConfigError(fmt::format("algorithm.teacher: {} is not an HF model directory (no config.json)",
+                                  cfg.algorithm.teacher));
   env::register_bundled();
   if (!env::Registry::global().has(cfg.env.name)) {
     std::vector<std::string> names;

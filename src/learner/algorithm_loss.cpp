@@ -28,6 +28,7 @@ algo::LossInputs loss_inputs(const MicroBatch& mb, const TokenOutputs& out, bool
   if (on_policy && !in.old_logprobs.defined() && out.logprobs.defined()) in.old_logprobs = out.logprobs.detach();
   in.old_values = value("old_values");
   in.ref_logprobs = value("ref_logprobs");
+  in.teacher_logprobs = value("teacher_logprobs");
   in.behaviour_logprobs = value("behaviour_logprobs");
   return in;
 }
@@ -96,6 +97,7 @@ algo::Metrics train_on_batch(algo::Algorithm& algorithm, const TrainModels& m, s
   RLX_CHECK(!head || m.policy.options().value_head, "{}: critic = head needs a policy learner with a value head", o.name);
   RLX_CHECK(!algorithm.needs_reference() || m.reference, "{}: needs the reference model (kl_coef or kl_target > 0)",
             o.name);
+  RLX_CHECK(!algorithm.needs_teacher() || m.teacher, "{}: needs a teacher model (algorithm.teacher)", o.name);
   auto sum = all_reduce_sum(comm, "batch statistics");
 
   // 1. What the models say about the batch before any update. With one optimizer step on the
@@ -105,6 +107,7 @@ algo::Metrics train_on_batch(algo::Algorithm& algorithm, const TrainModels& m, s
   const bool on_policy = o.epochs == 1 && o.mini_batches == 1 && o.kl_target <= 0 && !algorithm.needs_critic();
   if (algorithm.needs_old_logprobs() && !on_policy) m.policy.annotate(seqs, "old_logprobs", head ? "old_values" : "");
   if (m.reference && algorithm.needs_reference()) m.reference->annotate(seqs, m.policy.options().packing);
+  if (algorithm.needs_teacher()) m.teacher->annotate(seqs, m.policy.options().packing, "teacher_logprobs");
   if (algorithm.needs_critic() && !head) m.critic->annotate(seqs, "", "old_values");
 
   // 2. Advantages (and returns), from rewards shaped by the overlong penalty.

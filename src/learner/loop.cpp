@@ -55,6 +55,25 @@ void LearnerLoop::say(const std::string& what) const {
   if (o_.status) o_.status(what);
 }
 
+void LearnerLoop::add_error_counts(json& line) {
+  std::vector<std::pair<std::string, double>> stats;
+  try {
+    stats = p_.client->hub_stats();
+  } catch (const Error& e) {  // the metrics go on without them; the batch requests say if the hub is gone
+    if (!said_no_stats_) log::warn("learner: no error counts from the hub: {}", e.what());
+    said_no_stats_ = true;
+    return;
+  }
+  double rejected = 0, worker = 0;
+  for (const auto& [k, v] : stats) {
+    if (k.rfind("lease_errors_", 0) == 0) line["errors_" + k.substr(13)] = v;
+    if (k.rfind("rejected_", 0) == 0) rejected += v;
+    if (k == "worker_errors") worker = v;
+  }
+  line["errors_worker_reported"] = worker;
+  line["errors_rejected"] = rejected;
+}
+
 LearnerLoop::End LearnerLoop::run(int64_t& step, const std::atomic<bool>& stop) {
   auto& comm = p_.comm;
   const bool lead = comm.rank() == 0;
@@ -190,6 +209,7 @@ LearnerLoop::End LearnerLoop::run(int64_t& step, const std::atomic<bool>& stop) 
                  // the learner's share of the step spent working (training, publishing, checkpointing)
                  {"busy_learner", (t_train + t_sync + t_ckpt) / std::max(now_s() - t0, 1e-9)}};
     for (const auto& [k, v] : m) line[k] = v;
+    add_error_counts(line);
     if (o_.on_step) o_.on_step(step, line);
   }
 }

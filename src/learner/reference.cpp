@@ -19,9 +19,9 @@ at::Tensor ReferenceModel::logprobs(const MicroBatch& mb) {
   return out;
 }
 
-void ReferenceModel::annotate(std::vector<Sequence>& seqs, const PackOptions& packing) {
+void ReferenceModel::annotate(std::vector<Sequence>& seqs, const PackOptions& packing, const std::string& key) {
   annotate_sequences(seqs, packing, model_.comm(),
-                     [&](const MicroBatch& mb) { return std::map<std::string, at::Tensor>{{"ref_logprobs", logprobs(mb)}}; });
+                     [&](const MicroBatch& mb) { return std::map<std::string, at::Tensor>{{key, logprobs(mb)}}; });
 }
 
 }  // namespace rlx

@@ -96,6 +96,22 @@ text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout
 g = {l.split()[0]: float(l.split()[1]) for l in text.splitlines() if l and not l.startswith("#")}
 assert g["rlx_up"] == 1 and g["rlx_train_steps"] == 2000 and g["rlx_step"] >= 3, g
 assert "rlx_reward_mean" in g and "rlx_tokens_per_s" in g and "rlx_busy_learner" in g and "rlx_version_lag" in g, sorted(g)
+kinds = ("infra", "data", "filtered", "worker_reported", "rejected", "worker_restarts", "killed_stuck", "run_restarts")
+assert all(g[f"rlx_errors_{k}"] == 0 for k in kinds), {k: g.get(f"rlx_errors_{k}") for k in kinds}
+P
+# Errors by kind move: a worker killed is restarted (rlx_errors_worker_restarts), its leases
+# re-issued; the run goes on.
+victim=$(pgrep -f -- "role worker.*runs/live" | head -1)
+[ -n "$victim" ] && kill -KILL "$victim"
+python3 - "$mport" <<'P' && ok "live metrics: a killed worker counts in rlx_errors_worker_restarts" || fail "live metrics: errors by kind"
+import sys, time, urllib.request
+for _ in range(150):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=10).read().decode()
+    g = {l.split()[0]: float(l.split()[1]) for l in text.splitlines() if l and not l.startswith("#")}
+    if g.get("rlx_errors_worker_restarts", 0) >= 1:
+        break
+    time.sleep(0.2)
+assert g["rlx_errors_worker_restarts"] == 1 and g["rlx_errors_run_restarts"] == 0, g
 P
 kill -INT $pid; wait $pid
 

@@ -48,6 +48,7 @@ struct LossInputs {
   at::Tensor advantages;          // per token
   at::Tensor old_logprobs;        // the policy before this step's updates (PPO ratio)
   at::Tensor ref_logprobs;        // the frozen reference model's
+  at::Tensor teacher_logprobs;    // a distillation teacher's (Algorithm::needs_teacher())
   at::Tensor behaviour_logprobs;  // the sampler's
   at::Tensor values;              // the value head's, with gradient (PPO with critic = head, or the critic)
   at::Tensor old_values;          // the values before this batch's updates (value clipping)
@@ -85,6 +86,8 @@ class Algorithm {
   virtual std::vector<std::string> metric_names() const = 0;
   virtual bool needs_reference() const { return opt_.kl_coef > 0 || opt_.kl_target > 0; }
   virtual bool needs_old_logprobs() const { return true; }
+  // On-policy distillation: a frozen teacher (options().teacher) scores the sampled tokens.
+  virtual bool needs_teacher() const { return false; }
 
   // How it makes advantages: exactly one of these is not null.
   const OutcomeAdvantages* outcome() const;

@@ -119,6 +119,7 @@ struct AlgoOptions {
   int64_t max_response_tokens = 0;                   // ... of responses up to this many tokens
   double overlong_factor = 1.0;                      // ... scaled by this
   int64_t mini_batches = 1;                          // optimizer steps per pass
+  std::string teacher;                               // distill: the teacher's HF directory
   std::map<std::string, std::string> options;        // a registered algorithm's own (see option())
 
   template <class V>
@@ -162,6 +163,8 @@ struct AlgoOptions {
     v("max_response_tokens", max_response_tokens, "the response-length limit the overlong penalty refers to",
       config::at_least(0));
     v("overlong_factor", overlong_factor, "the overlong penalty's largest value", config::at_least(0));
+    v("teacher", teacher, "on-policy distillation (algorithm distill): the teacher's HF directory, frozen and "
+      "sharded like the reference model; same tokenizer as the student");
     v("options", options, "the algorithm's own options, declared when it registers (a key it does not declare is an "
       "error listing those it does); each value is read as JSON when it parses, else as text");
   }

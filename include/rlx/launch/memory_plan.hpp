@@ -43,7 +43,7 @@ struct MemoryPlan {
 // (0 for a split run). Activations are an estimate from learner.micro_batch_tokens,
 // learner.row_tokens, the model's widths and learner.activation_checkpointing.
 MemoryPlan plan_memory(const RunConfig& cfg, const ModelConfig& model, int64_t parameters, int64_t kv_pool_bytes,
-                       bool reference, bool critic);
+                       bool reference, bool critic, int64_t teacher_parameters = 0);
 
 // Bytes this process can still allocate on `device` ("cpu", "cuda:N"): the CUDA device's free
 // memory (with LibTorch's unused reserve), or on the CPU the host's available memory

@@ -29,6 +29,7 @@ struct TrainModels {
   Learner& policy;                       // with a value head when algorithm critic = head
   Learner* critic = nullptr;             // critic = separate: a learner with only a value head
   ReferenceModel* reference = nullptr;   // when the algorithm needs_reference()
+  ReferenceModel* teacher = nullptr;     // when the algorithm needs_teacher(): frozen, like the reference
 };
 
 // Trains on this rank's part of a batch (collective: every rank calls it, with the

@@ -66,9 +66,13 @@ class LearnerLoop {
 
  private:
   void say(const std::string& what) const;
+  // Rank 0: the hub's errors so far, by kind, into a step's line (errors_infra, errors_data,
+  // errors_filtered: groups given up; errors_worker_reported; errors_rejected: frames refused).
+  void add_error_counts(nlohmann::json& line);
   LoopOptions o_;
   LoopParts p_;
   bool saved_ = true;
+  bool said_no_stats_ = false;
   uint64_t trained_batch_ = 0;
 };
 

@@ -19,9 +19,9 @@ class ReferenceModel {
   void init_weights(uint64_t seed) { model_.init_weights(seed); }
   // log p_ref(target) of every position: [R, T] fp32 (collective, like every forward).
   at::Tensor logprobs(const MicroBatch& mb);
-  // Fills each sequence's "ref_logprobs" value (per token; the first token's is 0),
-  // packing them as the learner would.
-  void annotate(std::vector<Sequence>& seqs, const PackOptions& packing);
+  // Fills each sequence's `key` value (per token; the first token's is 0), packing them as
+  // the learner would. A distillation teacher is a ReferenceModel that fills "teacher_logprobs".
+  void annotate(std::vector<Sequence>& seqs, const PackOptions& packing, const std::string& key = "ref_logprobs");
 
  private:
   dist::ShardedTransformer model_;
