@@ -252,7 +252,20 @@ at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, con
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const auto& att = *blk.self_attn;
   const auto& mlp = *blk.mlp;
-  auto x = (*blk.input_layernorm)(h_in);
+  at::Tensor x;
+#if RLX_WITH_CUDA
+  if (h_in.is_cuda() && h_in.scalar_type() == blk.input_layernorm->weight.scalar_type()) {
+    // The previous layer's MLP output added here, with this norm: one kernel.
+    auto& norm = *blk.input_layernorm;
+    if (st.pending.defined()) {
+      x = cuda::add_rms_norm(const_cast<at::Tensor&>(h_in), st.pending, norm.weight, norm.eps);
+      st.pending = at::Tensor();
+    } else {
+      x = cuda::rms_norm(h_in, norm.weight, norm.eps);
+    }
+  }
+#endif
+  if (!x.defined()) x = (*blk.input_layernorm)(h_in);
   auto qkv = at::linear(x, att.qkv_weight, att.qkv_bias);
   // A cache that rotates and stores keys itself (RoPE + KV append in one kernel) takes qkv as it is.
   at::Tensor a = st.cache ? st.cache->attend_rotating(index, qkv, inv_freq_, Hq, scale) : at::Tensor();
@@ -271,7 +284,8 @@ at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, con
     normed = cuda::add_rms_norm(attn_out, h_in, blk.post_attention_layernorm->weight, blk.post_attention_layernorm->eps);
     h = attn_out;
     auto gu = at::linear(normed, mlp.gate_up_weight, mlp.gate_up_bias);
-    return h + (*mlp.down_proj)(cuda::silu_mul(gu));
+    st.pending = (*mlp.down_proj)(cuda::silu_mul(gu));  // added by the next norm
+    return h;
   }
 #endif
   h = h_in + attn_out;
@@ -307,6 +321,15 @@ at::Tensor Transformer::layer(int64_t index, const at::Tensor& h_in, const Forwa
 
 at::Tensor Transformer::end_forward(const at::Tensor& h, const ForwardState& st) {
   if (st.cache) st.cache->end();
+#if RLX_WITH_CUDA
+  if (st.pending.defined()) {  // the last layer's MLP output, added with the final norm
+    auto out = cuda::add_rms_norm(const_cast<at::Tensor&>(h), st.pending, body_->norm->weight, body_->norm->eps);
+    st.pending = at::Tensor();
+    return out;
+  }
+  if (h.is_cuda() && !c10::GradMode::is_enabled() && h.scalar_type() == body_->norm->weight.scalar_type())
+    return cuda::rms_norm(h, body_->norm->weight, body_->norm->eps);
+#endif
   return (*body_->norm)(h);
 }
 

@@ -228,6 +228,15 @@ TEST_CASE("cuda kernels: residual add + RMSNorm, SiLU-and-multiply, RoPE + KV ap
       rlx::cuda::reference::add_rms_norm(res.data(), x.data(), weight.data(), want.data(), rows, hidden, 1e-6f);
       CHECK(max_abs_diff(decode(dr.get<uint8_t>(), dtype), res) <= tolerance(dtype) * 2);
       CHECK(max_abs_diff(decode(out.get<uint8_t>(), dtype), want) <= tolerance(dtype) * 8);
+      // Nothing to add (a layer's input norm, the final norm): the residual is only read.
+      const auto before = dr.get<uint8_t>();
+      launch_ok(rlx::cuda::add_rms_norm({.dtype = dtype, .residual = dr.p, .x = nullptr, .weight = dw.p, .out = out.p,
+                                         .rows = rows, .hidden = hidden, .eps = 1e-6f},
+                                        nullptr));
+      cuda_ok(cudaDeviceSynchronize());
+      rlx::cuda::reference::add_rms_norm(res.data(), nullptr, weight.data(), want.data(), rows, hidden, 1e-6f);
+      CHECK(dr.get<uint8_t>() == before);
+      CHECK(max_abs_diff(decode(out.get<uint8_t>(), dtype), want) <= tolerance(dtype) * 8);
     }
     {
       const int rows = 3, inter = 4864;

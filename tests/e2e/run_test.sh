@@ -404,8 +404,9 @@ P
 
 # --- every example config runs (2 short steps; the arithmetic ones from the SFT warm start above) ---
 examples=$(cd "$here/../../examples/configs" && pwd)
-for c in grpo_arithmetic ppo_arithmetic grpo_code grpo_calculator; do
+for c in grpo_arithmetic ppo_arithmetic distill_arithmetic grpo_code grpo_calculator; do
   warm=(); [[ $c == *arithmetic ]] && warm=("model.path=$PWD/runs/sft/final")
+  [[ $c == distill* ]] && warm+=("algorithm.teacher=$PWD/runs/sft/final")
   "$rlx" run "$examples/$c.yaml" run.out_dir=examples "${warm[@]}" train.steps=2 train.groups_per_step=2 hub.group_size=4 rollout.max_new_tokens=24 run.threads=1 > "example-$c.log" 2>&1 \
     && [ -f "examples/$c/final/model.safetensors" ] && ok "example $c.yaml runs" || fail "example $c: $(tail -3 "example-$c.log")"
 done

@@ -42,6 +42,9 @@ struct ForwardState {
   VarlenSeqs varlen;
   int64_t batch = 0, time = 0;
   KVCache* cache = nullptr;
+  // Inference on CUDA: a layer's MLP output not yet added to its residual stream; the next
+  // layer's input norm (or the final norm) adds it in the same kernel as its RMSNorm.
+  mutable at::Tensor pending;
 };
 
 namespace detail {

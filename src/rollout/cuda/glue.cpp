@@ -144,24 +144,38 @@ at::Tensor decode_attention_on_device(const at::Tensor& q_in, const at::Tensor& 
   return out;
 }
 
-at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& x_in, const at::Tensor& weight, double eps) {
+namespace {
+// RMSNorm(residual (+ x)) * weight in one kernel; with x, residual <- residual + x first. The
+// kernel writes `residual` only where it adds an x.
+at::Tensor launch_rms_norm(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, double eps,
+                           const char* what) {
   const c10::cuda::CUDAGuard guard(residual.device());
-  RLX_ASSERT(residual.is_contiguous() && residual.sizes() == x_in.sizes() && residual.scalar_type() == x_in.scalar_type() &&
+  RLX_ASSERT(residual.is_contiguous() && (!x.defined() || (x.sizes() == residual.sizes() && x.is_contiguous() &&
+                                                            x.scalar_type() == residual.scalar_type())) &&
                  weight.scalar_type() == residual.scalar_type() && weight.numel() == residual.size(-1),
-             "add_rms_norm: residual {}, x {}, weight {}", residual.sizes(), x_in.sizes(), weight.sizes());
-  const auto x = x_in.contiguous();
+             "{}: residual {}, x {}, weight {}", what, residual.sizes(), x.defined() ? x.sizes() : at::IntArrayRef{},
+             weight.sizes());
   auto out = at::empty_like(residual);
   const int64_t hidden = residual.size(-1);
   AddRmsNormArgs a{.dtype = dtype_of(residual),
-                   .residual = residual.data_ptr(),
-                   .x = x.data_ptr(),
+                   .residual = const_cast<void*>(residual.data_ptr()),
+                   .x = x.defined() ? x.data_ptr() : nullptr,
                    .weight = weight.data_ptr(),
                    .out = out.data_ptr(),
                    .rows = static_cast<int>(residual.numel() / hidden),
                    .hidden = static_cast<int>(hidden),
                    .eps = static_cast<float>(eps)};
-  check("add_rms_norm", cuda::add_rms_norm(a, c10::cuda::getCurrentCUDAStream().stream()));
+  check(what, cuda::add_rms_norm(a, c10::cuda::getCurrentCUDAStream().stream()));
   return out;
+}
+}  // namespace
+
+at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return launch_rms_norm(residual, x.contiguous(), weight, eps, "add_rms_norm");
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return launch_rms_norm(x.contiguous(), at::Tensor(), weight, eps, "rms_norm");
 }
 
 at::Tensor rope_append(const at::Tensor& qkv_in, const at::Tensor& positions, const at::Tensor& slots,

@@ -41,6 +41,8 @@ at::Tensor decode_attention_on_device(const at::Tensor& q, const at::Tensor& k_p
 // residual <- residual + x; returns RMSNorm(residual) * weight (one kernel). residual is
 // [..., hidden] contiguous, x and weight of its dtype.
 at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, double eps);
+// RMSNorm(x) * weight, one kernel (the same one, with nothing to add).
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 // RoPE on the q and k heads of qkv [rows, (q_heads + 2 Hkv) * D] at `positions` (int64
 // [rows]), k and v written into the head-major pools at `slots` (int64 [rows]); returns the
 // rotated q [rows, q_heads, D].

@@ -396,6 +396,18 @@ struct ToyTask {
     }
     return total / static_cast<double>(rewards.size());
   }
+
+  // One RL step: a batch sampled with seed `step`, trained on, the new weights in the engine
+  // as version `version`. Returns the batch's mean reward and the step's metrics.
+  std::pair<double, rlx::algo::Metrics> train(int step, int64_t version, Algorithm& algo, const rlx::TrainModels& m) {
+    std::vector<rlx::Sequence> seqs;
+    std::vector<double> rewards;
+    std::vector<size_t> groups;
+    const double reward = sample(step, seqs, rewards, groups);
+    auto metrics = rlx::train_on_batch(algo, m, seqs, rewards, groups);
+    engine.update_weights(version, m.policy.model().gather_parameters());
+    return {reward, metrics};
+  }
 };
 
 rlx::LearnerOptions toy_options(double lr) {
@@ -414,14 +426,7 @@ TEST_CASE("a short GRPO run on a toy task improves its reward (fixed seeds)", "[
   learner.load_from(*task.model);
   auto grpo = make_algorithm({.name = "grpo"});
   std::vector<double> mean_reward;
-  for (int step = 0; step < 16; ++step) {
-    std::vector<rlx::Sequence> seqs;
-    std::vector<double> rewards;
-    std::vector<size_t> groups;
-    mean_reward.push_back(task.sample(step, seqs, rewards, groups));
-    rlx::train_on_batch(*grpo, {.policy = learner}, seqs, rewards, groups);
-    task.engine.update_weights(step + 1, learner.model().gather_parameters());
-  }
+  for (int step = 0; step < 16; ++step) mean_reward.push_back(task.train(step, step + 1, *grpo, {.policy = learner}).first);
   const double first = (mean_reward[0] + mean_reward[1] + mean_reward[2]) / 3;
   const double last = (mean_reward[13] + mean_reward[14] + mean_reward[15]) / 3;
   INFO("mean reward over the first 3 steps " << first << ", over the last 3 " << last);
@@ -715,4 +720,126 @@ TEST_CASE("the algorithm registry: a duplicate name is an error naming it, an al
                       return std::unique_ptr<rlx::env::Env>();
                     }),
                     Catch::Contains("'arithmetic' is already registered"));
+}
+
+TEST_CASE("on-policy distillation: the advantage is the teacher's log-prob less the student's (hand-computed, finite differences)",
+          "[algo]") {
+  register_bundled_algorithms();
+  AlgoOptions o{.name = "distill"};
+  o.teacher = "teacher-dir";
+  o.options = {{"reward_coef", "0.5"}, {"distill_coef", "2"}};
+  auto d = make_algorithm(o);
+  CHECK(d->needs_teacher());
+  CHECK_FALSE(d->needs_reference());
+  // Group advantages of the reward, scaled by reward_coef: rewards 1, 0 -> +-0.7071 x 0.5.
+  auto adv = d->outcome()->advantages({{{.reward = 1}, {.reward = 0}}}, nullptr);
+  CHECK(adv[0][0] == Approx(0.5 * std::sqrt(0.5)));
+  CHECK(adv[0][1] == Approx(-0.5 * std::sqrt(0.5)));
+  // Tokens: student (old) log-probs -1, -2; teacher's -0.5, -3. Per-token advantage
+  // A = 1 - 2 (old - teacher) = 2, -1; on-policy ratio 1: loss = -(2 - 1) / 2 = -0.5; its
+  // gradient in the log-probs -A / 2 = -1, 0.5; teacher_kl = ((-0.5) + 1) / 2 = 0.25.
+  LossInputs in;
+  in.mask = t({1, 1, 0});
+  in.sequence = at::tensor({0, 0, -1}, at::kLong).unsqueeze(0);
+  in.logprobs = t({-1, -2, -3}).requires_grad_();
+  in.old_logprobs = t({-1, -2, -3});
+  in.teacher_logprobs = t({-0.5, -3, -9});
+  in.advantages = t({1, 1, 1});
+  const Normalizers norm{.tokens = 2, .sequences = 1, .max_tokens = 4};
+  Metrics sums;
+  auto loss = d->loss(in, norm, sums);
+  CHECK(loss.item<double>() == Approx(-0.5));
+  loss.backward();
+  CHECK(in.logprobs.grad()[0][0].item<double>() == Approx(-1.0));
+  CHECK(in.logprobs.grad()[0][1].item<double>() == Approx(0.5));
+  CHECK(Algorithm::means(sums)["teacher_kl"] == Approx(0.25));
+  check_gradient(
+      [&](const at::Tensor& x) {
+        LossInputs v = in;
+        v.logprobs = x;
+        Metrics unused;
+        return d->loss(v, norm, unused);
+      },
+      t({-1.05, -1.9, -3.0}));
+  // What it needs is named: the teacher's directory, its log-probs, no KL to a reference.
+  CHECK_THROWS_WITH(make_algorithm({.name = "distill"}), Catch::Contains("algorithm.teacher"));
+  AlgoOptions kl = o;
+  kl.kl_coef = 0.1;
+  CHECK_THROWS_WITH(make_algorithm(kl), Catch::Contains("kl_coef"));
+  in.teacher_logprobs = at::Tensor();
+  Metrics unused;
+  CHECK_THROWS_WITH(d->loss(in, norm, unused), Catch::Contains("teacher log-probs"));
+}
+
+TEST_CASE("on-policy distillation: a student learns a GRPO-trained teacher's behaviour without the reward (fixed seeds)",
+          "[algo]") {
+  register_bundled_algorithms();
+  auto comm = rlx::dist::single_process();
+  // The teacher: GRPO on the toy task (reward: the share of token 3) until it prefers token 3.
+  ToyTask teach;
+  rlx::Learner teacher_learner(teach.cfg, *comm, toy_options(2e-2));
+  teacher_learner.load_from(*teach.model);
+  auto grpo = make_algorithm({.name = "grpo"});
+  for (int step = 0; step < 24; ++step) teach.train(step, step + 1, *grpo, {.policy = teacher_learner});
+  rlx::Transformer trained(teach.cfg);
+  {
+    c10::NoGradGuard g;
+    std::map<std::string, at::Tensor> src;
+    for (auto& [name, t] : teacher_learner.model().gather_parameters()) src[name] = t;
+    for (auto& [name, t] : trained.hf_parameters()) {
+      REQUIRE(src.count(name));
+      t.copy_(src.at(name).view_as(t));
+    }
+  }
+  rlx::ReferenceModel teacher(teach.cfg, *comm);
+  teacher.load_from(trained);
+  // The student starts where the teacher did and never sees the reward (reward_coef 0).
+  ToyTask task;
+  rlx::Learner learner(task.cfg, *comm, toy_options(2e-2));
+  learner.load_from(*task.model);
+  AlgoOptions o{.name = "distill"};
+  o.teacher = "in-memory";
+  auto distill = make_algorithm(o);
+  std::vector<double> reward, kl;
+  for (int step = 0; step < 24; ++step) {
+    auto [r, m] = task.train(100 + step, step + 1, *distill, {.policy = learner, .teacher = &teacher});
+    reward.push_back(r);
+    kl.push_back(m.at("teacher_kl"));
+  }
+  const double r0 = (reward[0] + reward[1] + reward[2]) / 3, r1 = (reward[21] + reward[22] + reward[23]) / 3;
+  const double k0 = (kl[0] + kl[1] + kl[2]) / 3, k1 = (kl[21] + kl[22] + kl[23]) / 3;
+  INFO("student's reward (never trained on) " << r0 << " -> " << r1 << "; reverse KL to the teacher " << k0 << " -> " << k1);
+  CHECK(r1 > r0 + 0.2);
+  CHECK(k1 < 0.5 * k0);
+}
+
+TEST_CASE("on-policy distillation from a larger teacher lowers the student's reverse KL to it (fixed seeds)", "[algo]") {
+  register_bundled_algorithms();
+  ToyTask task;  // the student samples; its reward is ignored (reward_coef 0)
+  auto comm = rlx::dist::single_process();
+  // The teacher: wider and deeper than the student, same vocabulary, peaked.
+  auto tcfg = rlx::test::test_model({.vocab = 16, .hidden = 32, .layers = 2, .heads = 4, .head_dim = 8, .intermediate = 48});
+  tcfg.initializer_range = 0.3;
+  rlx::Transformer teacher_init(tcfg);
+  teacher_init.init_weights(21);
+  rlx::ReferenceModel teacher(tcfg, *comm);
+  teacher.load_from(teacher_init);
+  rlx::Learner learner(task.cfg, *comm, toy_options(2e-2));
+  learner.load_from(*task.model);
+  AlgoOptions o{.name = "distill"};
+  o.teacher = "in-memory";
+  auto distill = make_algorithm(o);
+  std::vector<double> kl;
+  for (int step = 0; step < 24; ++step)
+    kl.push_back(task.train(step, step + 1, *distill, {.policy = learner, .teacher = &teacher}).second.at("teacher_kl"));
+  const double first = (kl[0] + kl[1] + kl[2]) / 3, last = (kl[21] + kl[22] + kl[23]) / 3;
+  INFO("reverse KL to the teacher on the student's samples: steps 1-3 " << first << ", steps 22-24 " << last);
+  CHECK(first > 0.1);
+  CHECK(last < 0.6 * first);
+  // Without the teacher the step says what is missing.
+  std::vector<rlx::Sequence> seqs;
+  std::vector<double> rewards;
+  std::vector<size_t> groups;
+  task.sample(99, seqs, rewards, groups);
+  CHECK_THROWS_WITH(rlx::train_on_batch(*distill, {.policy = learner}, seqs, rewards, groups), Catch::Contains("teacher"));
 }

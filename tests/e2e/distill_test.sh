@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# On-policy distillation end to end (algorithm distill): `rlx run` loads a teacher from an HF
+# directory into the learner, scores the student's sampled tokens with it, and trains on the
+# per-token reverse KL, without the reward. A teacher identical to the student must read a KL
+# of exactly 0 (its log-probs align with the student's token for token); a teacher SFT'd for
+# longer (held-out accuracy about 0.57) must raise a briefly SFT'd student's held-out accuracy
+# (about 0.16) and lower the reverse KL; the memory plan must count the teacher; a teacher with another vocabulary stops the run at the learner's start, naming
+# algorithm.teacher; a teacher for an algorithm that uses none, or a directory that is not a
+# model, is refused before any process starts.
+#   distill_test.sh RLX_BINARY WORK_DIR
+set -uo pipefail
+rlx=$1 work=$2 here=$(cd "$(dirname "$0")" && pwd)
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+cp "$here/grpo.yaml" grpo.yaml
+fast=(learner.micro_batch_tokens=4096 learner.row_tokens=256)
+failures=0
+fail() { failures=$((failures + 1)); echo "FAIL: $*"; }
+teacher=$("$rlx" sft grpo.yaml run.name=teacher sft.steps=400 sft.batch=32 sft.lr=2e-3 sft.eval_tasks=200 "${fast[@]}" \
+  2>teacher.log | tail -n 1) || { echo "FAIL: teacher sft: $(tail -3 teacher.log)"; exit 1; }
+student=$("$rlx" sft grpo.yaml run.name=student sft.steps=150 sft.batch=32 sft.lr=2e-3 sft.eval_tasks=200 "${fast[@]}" \
+  2>student.log | tail -n 1) || { echo "FAIL: student sft: $(tail -3 student.log)"; exit 1; }
+distill() {  # distill NAME TEACHER [OVERRIDES...]
+  local name=$1 teacher=$2
+  shift 2
+  "$rlx" run grpo.yaml run.name="$name" model.path=runs/student/final algorithm.name=distill algorithm.teacher="$teacher" \
+    train.steps=6 train.groups_per_step=4 rollout.workers=1 learner.lr=1e-3 learner.checkpoint_every=0 "${fast[@]}" "$@" \
+    > "$name.log" 2>&1
+}
+distill self runs/student/final && python3 - runs/self/metrics.jsonl <<'P' && echo "ok: a teacher equal to the student reads KL 0" \
+  || fail "self-distillation: $(tail -3 self.log)"
+import json, sys
+m = [json.loads(l) for l in open(sys.argv[1])]
+assert len(m) == 6 and all(x["teacher_kl"] == 0 for x in m), [x.get("teacher_kl") for x in m]
+P
+# The student learns from the teacher alone (no reward: reward_coef 0), on tasks it samples
+# itself; its greedy accuracy is read on held-out tasks.
+distill distill runs/teacher/final train.steps=150 train.groups_per_step=16 hub.group_size=8 train.generated_tasks=20000 \
+  rollout.leases_per_request=16 || fail "distillation run: $(tail -5 distill.log)"
+after=$("$rlx" eval grpo.yaml model.path=runs/distill/final sft.eval_tasks=200 | tail -n 1)
+python3 - "$teacher" "$student" "$after" runs/distill <<'P' && echo "ok: distilled from the teacher alone, the student gains held-out accuracy" \
+  || fail "distillation: $(tail -3 distill.log)"
+import json, pathlib, sys
+teacher, student, after = (json.loads(a) for a in sys.argv[1:4])
+run = pathlib.Path(sys.argv[4])
+m = [json.loads(l) for l in open(run / "metrics.jsonl")]
+assert [x["step"] for x in m] == list(range(1, 151)), len(m)
+kl = [x["teacher_kl"] for x in m]
+t, s, a = teacher["accuracy_after"], student["accuracy_after"], after["accuracy"]
+first, last = sum(kl[:25]) / 25, sum(kl[-25:]) / 25
+print(f"held-out accuracy: teacher {t:.3f}, student {s:.3f} -> {a:.3f} after distillation; "
+      f"reverse KL to the teacher {first:.3f} -> {last:.3f} (steps 1-25, 126-150)")
+assert t >= s + 0.2, f"the teacher ({t}) is not much better than the student ({s})"
+assert a >= s + 0.05, f"the student's accuracy did not rise: {s} -> {a}"
+assert last < 0.8 * first, kl
+err = (run / "logs" / "learner-0" / "rank-0.err").read_text()
+assert "teacher model" in err and "learner: teacher" in err, err[-2000:]
+P
+# Refused before any process starts, naming the key.
+"$rlx" model init --preset tiny --vocab-size 50 --out wide > /dev/null 2>&1 || fail "model init"
+distill wide wide; rc=$?
+out=$(cat wide.log); [ $rc != 0 ] && grep -q "vocabulary" <<<"$out" && grep -q "algorithm.teacher" <<<"$out" \
+  && echo "ok: a teacher with another vocabulary is refused, naming algorithm.teacher" || fail "vocabulary: $out"
+out=$("$rlx" run grpo.yaml algorithm.teacher=runs/teacher/final 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "uses no teacher" <<<"$out" && echo "ok: algorithm.teacher with grpo is refused" || fail "grpo teacher: rc $rc: $out"
+out=$("$rlx" run grpo.yaml algorithm.name=distill algorithm.teacher=nowhere 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "not an HF model directory" <<<"$out" && echo "ok: a missing teacher directory is refused" \
+  || fail "missing teacher: rc $rc: $out"
+exit $failures
