@@ -403,7 +403,7 @@ Value string_method(const Value& self, const std::string& name) {
       {"count",
        [](const Value& s, Arguments& a) -> Value {
          a.check(1, {});
-         const std::string& sub = need_string(a.get(0, "sub"), "count");
+         const std::string sub = need_string(a.get(0, "sub"), "count");  // a copy: get() returns a temporary
          if (sub.empty()) return Value(py_len(s) + 1);
          int64_t n = 0;
          for (size_t at = s.string().find(sub); at != std::string::npos; at = s.string().find(sub, at + sub.size())) ++n;

@@ -52,6 +52,9 @@ TEST_CASE("jinja: values print as Python prints them", "[chat]") {
   CHECK(render("{{ 1e20 }} {{ 1e-7 }} {{ 0.1 + 0.2 }} {{ 7 // -2 }} {{ -7 % 3 }}") == "1e+20 1e-07 0.30000000000000004 -4 2");
   CHECK(render("{{ d | tojson }}", {{"d", {{"b", 1}, {"a", "é\n"}}}}) == "{\"b\": 1, \"a\": \"é\\n\"}");
   CHECK(render("{{ 'ünï'[1:] }}{{ 'ünï' | length }}{{ 'ü'.upper() }}") == "nï3Ü");
+  // A method's argument made on the spot (a temporary) outlives its use: count once held a
+  // reference into it (gcc 13's -Wdangling-reference on the CUDA image).
+  CHECK(render("{{ 'abcabcab'.count('ab' ~ '') }} {{ 'aaa'.count('') }} {{ s.count(s[0:2]) }}", {{"s", "xyxyx"}}) == "3 4 2");
 }
 
 TEST_CASE("jinja: bad templates name the line and what is wrong", "[chat]") {
