@@ -116,7 +116,7 @@ TEST_CASE("rollout worker in-process: every lease becomes one group, sampled und
     CHECK(g.worker == "w0");
     REQUIRE(g.samples.size() == 2);
     for (const auto& s : g.samples) {
-      REQUIRE(s.tokens.size() > s.prompt_len);
+      REQUIRE(s.tokens.size() > static_cast<size_t>(s.prompt_len));
       CHECK(s.loss_mask.size() == s.tokens.size());
       CHECK(s.logprobs.size() == s.tokens.size());
       const auto v = s.versions.per_token();
