@@ -6,14 +6,10 @@
 # OUT/results.jsonl (the device tool brings back at most 8 files).
 #
 #   source .device/setup.sh; scripts/cuda_check.sh OUT [STEP...]
-# .device comes from ../shared/device/fetch-debs.sh on the Debian machine, with
-#   EXTRA_DEBS="nlohmann-json3-dev libcli11-dev libicu-dev libicu72 libpcre2-dev libpcre2-8-0
-#   libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libseccomp-dev libseccomp2 libxxhash-dev
-#   libxxhash0 pkgconf pkgconf-bin libpkgconf3 pkg-config libsodium-dev libcpp-httplib-dev
-#   libcpp-httplib0.11 libssl-dev libssl3 zlib1g-dev libbrotli-dev libbrotli1 libprotobuf-dev
-#   libprotobuf32 libprotoc32 libprotobuf-lite32 protobuf-compiler"
-#   steps (default all, in this order): build ceilings parity model learner sync gpu_tests sanitizer
-#   unit decode profile sampler colocated
+# .device comes from scripts/prepare_device.sh on the Debian machine (the .deb files of the
+# dependencies, and TensorBoard files of a CPU run for the `tensorboard` step).
+#   steps (default all, in this order): build ceilings tensorboard parity model learner sync gpu_tests
+#   sanitizer unit decode profile sampler colocated
 # RLX_CUDA_DEADLINE=S: no step starts after S seconds, and none runs past them (a lease is short:
 # the steps run in the order given, so name the most wanted first). A lease is 15 minutes of
 # device time, starts (~45 s) included, and the machine goes back 30 s after a call, so a failed
@@ -21,7 +17,7 @@
 set -uo pipefail
 out=${1:?usage: cuda_check.sh OUT [STEP...]}
 shift
-steps=${*:-build ceilings parity model learner sync gpu_tests sanitizer unit decode profile sampler colocated}
+steps=${*:-build ceilings tensorboard parity model learner sync gpu_tests sanitizer unit decode profile sampler colocated}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 build=${RLX_CUDA_BUILD:-$root/build/cuda}
@@ -53,7 +49,7 @@ python3 -c 'import torch, transformers; print("torch", torch.__version__, "trans
 
 for s in $steps; do
   case $s in
-    build|ceilings) ;;
+    build|ceilings|tensorboard) ;;
     gpu_tests) have "$build/tests/rlx_tests" || continue ;;
     sanitizer) have "$build/tests/rlx_cuda_kernel_tests" || continue ;;
     unit) have "$build/tests/rlx_tests" || continue ;;
@@ -111,6 +107,9 @@ print(json.dumps({"device": torch.cuda.get_device_name(), "copy_gbs": 2 * x.nume
             --max-batch-tokens 16384 --cuda-graphs $g --overlap $o && json decode
         done
       done ;;
+    tensorboard)
+      # TensorBoard's own reader (the image's tensorboard package) on a CPU run's event files.
+      step tensorboard 60 python3 scripts/read_tensorboard.py .device/tb .device/tb.expected.jsonl && json tensorboard ;;
     profile)
       # Where a decode step's time goes, by kernel: ncu times each launch (graphs off, so each
       # kernel is its own launch; the summary averages by kernel name). 16 decode steps.
