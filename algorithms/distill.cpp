@@ -21,14 +21,9 @@ class Distill : public PolicyGradient, public OutcomeAdvantages {
   bool needs_teacher() const override { return true; }
   std::vector<std::vector<double>> advantages(const std::vector<std::vector<Sample>>& groups,
                                               const AllReduceSum&) const override {
-    std::vector<std::vector<double>> out;
-    for (const auto& g : groups) {
-      std::vector<double> rewards;
-      for (const auto& s : g) rewards.push_back(s.reward);
-      auto a = group_advantages(rewards, opt_.baseline);
-      for (auto& x : a) x *= reward_coef_;
-      out.push_back(std::move(a));
-    }
+    auto out = group_advantages_of(groups, opt_.baseline);
+    for (auto& g : out)
+      for (auto& a : g) a *= reward_coef_;
     return out;
   }
   at::Tensor loss(const LossInputs& in, const Normalizers& norm, Metrics& metrics) const override {

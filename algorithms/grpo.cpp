@@ -11,13 +11,7 @@ class Grpo : public PolicyGradient, public OutcomeAdvantages {
   using PolicyGradient::PolicyGradient;
   std::vector<std::vector<double>> advantages(const std::vector<std::vector<Sample>>& groups,
                                               const AllReduceSum&) const override {
-    std::vector<std::vector<double>> out;
-    for (const auto& g : groups) {
-      std::vector<double> rewards;
-      for (const auto& s : g) rewards.push_back(s.reward);
-      out.push_back(group_advantages(rewards, opt_.baseline));
-    }
-    return out;
+    return group_advantages_of(groups, opt_.baseline);
   }
 };
 

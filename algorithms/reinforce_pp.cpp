@@ -10,12 +10,7 @@ class ReinforcePP : public PolicyGradient, public OutcomeAdvantages {
   ReinforcePP(AlgoOptions o, bool baseline) : PolicyGradient(std::move(o)), baseline_(baseline) {}
   std::vector<std::vector<double>> advantages(const std::vector<std::vector<Sample>>& groups,
                                               const AllReduceSum& all_reduce) const override {
-    std::vector<std::vector<double>> out;
-    for (const auto& g : groups) {
-      std::vector<double> rewards;
-      for (const auto& s : g) rewards.push_back(s.reward);
-      out.push_back(group_advantages(rewards, baseline_ ? GroupBaseline::mean : GroupBaseline::none));
-    }
+    auto out = group_advantages_of(groups, baseline_ ? GroupBaseline::mean : GroupBaseline::none);
     if (!opt_.whiten_batch) return out;
     // Batch statistics over tokens: each sample's advantage counts once per trained token.
     std::vector<double> values, weights;

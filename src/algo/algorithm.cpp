@@ -69,6 +69,16 @@ void Algorithm::observe_kl(double kl, double sequences) {
   kl_coef_ *= 1.0 + error * sequences / opt_.kl_horizon;
 }
 
+std::vector<std::vector<double>> group_advantages_of(const std::vector<std::vector<Sample>>& groups, GroupBaseline baseline) {
+  std::vector<std::vector<double>> out;
+  for (const auto& g : groups) {
+    std::vector<double> rewards;
+    for (const auto& s : g) rewards.push_back(s.reward);
+    out.push_back(group_advantages(rewards, baseline));
+  }
+  return out;
+}
+
 Metrics Algorithm::means(const Metrics& sums) {
   static const std::map<std::string, std::string> per_token{
       {"clipped_tokens", "clip_fraction"}, {"ratio", "ratio"},   {"approx_kl", "approx_kl"},

@@ -69,6 +69,9 @@ struct TokenTargets {
 
 using Metrics = std::map<std::string, double>;
 
+// Each group's advantages from its samples' rewards (advantages.hpp's group_advantages).
+std::vector<std::vector<double>> group_advantages_of(const std::vector<std::vector<Sample>>& groups, GroupBaseline baseline);
+
 // An algorithm: the loss of a micro-batch and what the learner must give it. How it makes
 // advantages is one of the two interfaces below, which it also derives from: from each
 // group's rewards (OutcomeAdvantages: GRPO, RLOO, REINFORCE++, GSPO, SFT) or from a critic's
