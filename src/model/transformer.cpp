@@ -327,8 +327,6 @@ at::Tensor Transformer::end_forward(const at::Tensor& h, const ForwardState& st)
     st.pending = at::Tensor();
     return out;
   }
-  if (h.is_cuda() && !c10::GradMode::is_enabled() && h.scalar_type() == body_->norm->weight.scalar_type())
-    return cuda::rms_norm(h, body_->norm->weight, body_->norm->eps);
 #endif
   return (*body_->norm)(h);
 }
