@@ -23,6 +23,8 @@ void save_state(AutogradContext* ctx, const ForwardState& st) {
   auto& d = ctx->saved_data;
   d["batch"] = st.batch;
   d["time"] = st.time;
+  d["lora_key"] = static_cast<int64_t>(st.lora_key);
+  d["train"] = st.train;
   if (st.mask.defined()) d["mask"] = st.mask;
   d["cos"] = st.cos;
   d["sin"] = st.sin;
@@ -39,6 +41,8 @@ ForwardState load_state(AutogradContext* ctx) {
   ForwardState st;
   st.batch = d["batch"].toInt();
   st.time = d["time"].toInt();
+  st.lora_key = static_cast<uint64_t>(d["lora_key"].toInt());
+  st.train = d["train"].toBool();
   if (d.count("mask") != 0) st.mask = d["mask"].toTensor();
   st.cos = d["cos"].toTensor();
   st.sin = d["sin"].toTensor();
@@ -55,59 +59,59 @@ ForwardState load_state(AutogradContext* ctx) {
 // One transformer block as an autograd function of (its unit's shard, its input).
 // Forward gathers the block's weights, runs it and frees them; backward gathers
 // again, differentiates the block (recomputing it when checkpointing), and
-// returns the reduce-scattered shard gradient.
+// returns the reduce-scattered shard gradient. `shard` is the block's trained shard (its
+// adapters' with LoRA).
 struct BlockFunction : torch::autograd::Function<BlockFunction> {
-  static Variable forward(AutogradContext* ctx, ShardedTransformer* self, int64_t unit, const ForwardState* st,
+  static Variable forward(AutogradContext* ctx, ShardedTransformer* self, int64_t layer, const ForwardState* st,
                           Variable shard, Variable h) {
-    const auto u = static_cast<size_t>(unit);
-    self->gather(u);
-    if (self->options().prefetch && u + 1 < self->units().size()) self->start_gather(u + 1);
+    self->gather_block(layer);
+    if (self->options().prefetch && layer + 1 < self->config().num_layers) self->start_gather_block(layer + 1);
     ctx->saved_data["self"] = reinterpret_cast<int64_t>(self);
-    ctx->saved_data["unit"] = unit;
+    ctx->saved_data["layer"] = layer;
     save_state(ctx, *st);
     Variable out;
     if (self->options().activation_checkpointing) {
-      out = self->module().layer(unit - 1, h, *st);
+      out = self->module().layer(layer, h, *st);
       ctx->saved_data["input"] = h;
     } else {
       c10::AutoGradMode grad(true);
       auto leaf = h.detach().requires_grad_(true);
-      auto inner = self->module().layer(unit - 1, leaf, *st);
+      auto inner = self->module().layer(layer, leaf, *st);
       ctx->saved_data["input"] = leaf;
       ctx->saved_data["output"] = inner;
       out = inner.detach();
     }
-    self->release(u);
+    self->release_block(layer);
     return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     auto* self = reinterpret_cast<ShardedTransformer*>(ctx->saved_data["self"].toInt());
-    const int64_t unit = ctx->saved_data["unit"].toInt();
-    const auto u = static_cast<size_t>(unit);
-    self->gather(u);
-    if (self->options().prefetch && u > 1) self->start_gather(u - 1);
+    const int64_t layer = ctx->saved_data["layer"].toInt();
+    self->gather_block(layer);
+    if (self->options().prefetch && layer > 0) self->start_gather_block(layer - 1);
     Variable input, output;
     {
       c10::AutoGradMode grad(true);
       if (self->options().activation_checkpointing) {
         const ForwardState st = load_state(ctx);
         input = ctx->saved_data["input"].toTensor().detach().requires_grad_(true);
-        output = self->module().layer(unit - 1, input, st);
+        output = self->module().layer(layer, input, st);
       } else {
         input = ctx->saved_data["input"].toTensor();
         output = ctx->saved_data["output"].toTensor();
       }
     }
+    const size_t tu = self->trained_unit_of_block(layer);
     variable_list inputs{input};
-    auto params = self->unit_parameters(u);
+    auto params = self->unit_parameters(tu);
     inputs.insert(inputs.end(), params.begin(), params.end());
     auto grads = torch::autograd::grad({output}, inputs, {grad_out[0]}, /*retain_graph=*/false,
                                        /*create_graph=*/false, /*allow_unused=*/true);
     ctx->saved_data.clear();
     std::vector<at::Tensor> param_grads(grads.begin() + 1, grads.end());
-    self->release(u);
-    auto shard_grad = self->reduce_gradients(u, param_grads);
+    self->release_block(layer);
+    auto shard_grad = self->reduce_gradients(tu, param_grads);
     return {Variable(), Variable(), Variable(), shard_grad, grads[0]};
   }
 };
@@ -122,18 +126,30 @@ ShardedTransformer::ShardedTransformer(const ModelConfig& cfg, Communicator& com
             "fsdp: compute dtype must be float32, bfloat16 or float16");
   RLX_CHECK(opt_.reduce_dtype == at::kFloat || opt_.reduce_dtype == at::kBFloat16,
             "fsdp: gradient reduce dtype must be float32 or bfloat16");
+  RLX_CHECK(!(opt_.frozen && opt_.lora.enabled()), "fsdp: a frozen model has no adapters to train");
   model_ = std::make_shared<Transformer>(cfg_, opt_.compute_dtype, opt_.device);
+  const bool lora = opt_.lora.enabled();
+  if (lora) model_->add_lora(opt_.lora, LoraMode::unmerged);
   const int64_t world = comm_.size();
+  const auto layers = static_cast<size_t>(cfg_.num_layers);
 
-  units_.resize(1 + static_cast<size_t>(cfg_.num_layers));
+  units_.resize(1 + layers * (lora ? 2 : 1));
   params_.resize(units_.size());
   units_[0].name = "root";
-  for (int64_t l = 0; l < cfg_.num_layers; ++l) units_[1 + static_cast<size_t>(l)].name = fmt::format("layers.{}", l);
-  for (auto& [name, p] : model_->hf_parameters()) {
+  for (size_t l = 0; l < layers; ++l) {
+    units_[1 + l].name = fmt::format("layers.{}", l);
+    if (lora) units_[1 + layers + l].name = fmt::format("layers.{}.lora", l);
+  }
+  for (auto& u : units_) u.trained = !opt_.frozen && (!lora || u.name.ends_with(".lora"));
+  auto named = model_->hf_parameters();
+  for (auto& a : model_->lora_parameters()) named.push_back(a);
+  for (auto& [name, p] : named) {
     size_t u = 0;
-    if (name.rfind(kLayerPrefix, 0) == 0) u = 1 + std::stoul(name.substr(std::strlen(kLayerPrefix)));
+    if (name.rfind(kLayerPrefix, 0) == 0)
+      u = 1 + std::stoul(name.substr(std::strlen(kLayerPrefix))) + (is_lora_parameter(name) ? layers : 0);
     RLX_ASSERT(u < units_.size(), "parameter {} outside the model's layers", name);
     auto& unit = units_[u];
+    if (!unit.trained) p.requires_grad_(false);
     FlatSlot slot;
     slot.name = name;
     slot.shape = p.sizes().vec();
@@ -150,26 +166,59 @@ ShardedTransformer::ShardedTransformer(const ModelConfig& cfg, Communicator& com
     auto& unit = units_[u];
     unit.padded = round_up(unit.numel, world);
     unit.shard_numel = unit.padded / world;
-    unit.shard = at::zeros({unit.shard_numel}, fp32).requires_grad_(true);
-    auto mask = at::zeros({unit.padded}, fp32);
-    for (const auto& s : unit.slots)
-      if (s.decay) mask.narrow(0, s.offset, s.numel).fill_(1.0);
-    unit.decay_mask = mask.narrow(0, comm_.rank() * unit.shard_numel, unit.shard_numel).clone();
+    // A trained shard is an fp32 master; a frozen one is kept in the compute dtype.
+    unit.shard = at::zeros({unit.shard_numel}, unit.trained ? fp32 : fp32.dtype(opt_.compute_dtype));
+    if (unit.trained) {
+      unit.shard.requires_grad_(true);
+      auto mask = at::zeros({unit.padded}, fp32);
+      for (const auto& s : unit.slots)
+        if (s.decay) mask.narrow(0, s.offset, s.numel).fill_(1.0);
+      unit.decay_mask = mask.narrow(0, comm_.rank() * unit.shard_numel, unit.shard_numel).clone();
+    }
     // The module's parameters become views into the unit's flat buffer, whose storage
-    // is freed and reallocated as the unit is released and gathered. One fp32 rank has
-    // nothing to gather: the buffer is the shard itself, always there, trained in place.
-    unit.full = in_place() ? unit.shard.detach()
-                           : at::empty({unit.padded}, at::TensorOptions().dtype(opt_.compute_dtype).device(opt_.device));
+    // is freed and reallocated as the unit is released and gathered. One rank whose shard
+    // is in the compute dtype has nothing to gather: the buffer is the shard itself,
+    // always there (trained in place when trained).
+    unit.in_place = world == 1 && unit.shard.scalar_type() == opt_.compute_dtype;
+    unit.full = unit.in_place ? unit.shard.detach()
+                              : at::empty({unit.padded}, at::TensorOptions().dtype(opt_.compute_dtype).device(opt_.device));
     for (size_t i = 0; i < unit.slots.size(); ++i) {
       const auto& s = unit.slots[i];
       auto& p = params_[u][i];
       p.set_(unit.full.storage(), s.offset, s.shape, c10::contiguous_strides(s.shape));
     }
-    if (in_place())
+    if (unit.in_place)
       unit.gathered = true;
     else
       free_storage(unit);  // one rank in a lower precision allocates it once, at the first gather
   }
+}
+
+std::vector<ShardedUnit*> ShardedTransformer::trained_units() {
+  std::vector<ShardedUnit*> out;
+  for (auto& u : units_)
+    if (u.trained) out.push_back(&u);
+  return out;
+}
+
+size_t ShardedTransformer::trained_unit_of_block(int64_t l) const {
+  const auto u = 1 + static_cast<size_t>(l) + (opt_.lora.enabled() ? static_cast<size_t>(cfg_.num_layers) : 0);
+  return units_[u].trained ? u : std::string::npos;
+}
+
+void ShardedTransformer::gather_block(int64_t l) {
+  gather(1 + static_cast<size_t>(l));
+  if (opt_.lora.enabled()) gather(1 + static_cast<size_t>(cfg_.num_layers + l));
+}
+
+void ShardedTransformer::start_gather_block(int64_t l) {
+  start_gather(1 + static_cast<size_t>(l));
+  if (opt_.lora.enabled()) start_gather(1 + static_cast<size_t>(cfg_.num_layers + l));
+}
+
+void ShardedTransformer::release_block(int64_t l) {
+  release(1 + static_cast<size_t>(l));
+  if (opt_.lora.enabled()) release(1 + static_cast<size_t>(cfg_.num_layers + l));
 }
 
 ShardedTransformer::~ShardedTransformer() {
@@ -199,7 +248,9 @@ void ShardedTransformer::allocate_storage(ShardedUnit& u) {
   impl->set_nbytes(bytes);
 }
 
-bool ShardedTransformer::in_place() const { return comm_.size() == 1 && opt_.compute_dtype == at::kFloat; }
+bool ShardedTransformer::in_place() const {
+  return std::all_of(units_.begin(), units_.end(), [](const ShardedUnit& u) { return u.in_place; });
+}
 
 void ShardedTransformer::start_gather(size_t index) {
   auto& u = units_[index];
@@ -234,7 +285,7 @@ void ShardedTransformer::gather(size_t index) {
 
 void ShardedTransformer::release(size_t index) {
   if (comm_.size() == 1) {  // nothing was gathered: the parameters stay (in place, or the kept cast)
-    units_[index].gathered = in_place();
+    units_[index].gathered = units_[index].in_place;
     return;
   }
   auto& u = units_[index];
@@ -278,17 +329,19 @@ at::Tensor ShardedTransformer::reduce_gradients(size_t index, const std::vector<
 at::Tensor ShardedTransformer::forward_hidden(const ForwardInput& in) {
   gather(0);
   auto st = model_->begin_forward(in);
-  if (opt_.prefetch && units_.size() > 1) start_gather(1);
+  const int64_t layers = cfg_.num_layers;
+  if (opt_.prefetch && layers > 0) start_gather_block(0);
   auto h = model_->embed(st);
-  const bool grad = c10::GradMode::is_enabled();
-  for (size_t u = 1; u < units_.size(); ++u) {
+  // A frozen model (or a forward without gradients) runs its blocks directly.
+  const bool grad = c10::GradMode::is_enabled() && !opt_.frozen;
+  for (int64_t l = 0; l < layers; ++l) {
     if (grad) {
-      h = BlockFunction::apply(this, static_cast<int64_t>(u), &st, units_[u].shard, h);
+      h = BlockFunction::apply(this, l, &st, units_[trained_unit_of_block(l)].shard, h);
     } else {
-      gather(u);
-      if (opt_.prefetch && u + 1 < units_.size()) start_gather(u + 1);
-      h = model_->layer(static_cast<int64_t>(u) - 1, h, st);
-      release(u);
+      gather_block(l);
+      if (opt_.prefetch && l + 1 < layers) start_gather_block(l + 1);
+      h = model_->layer(l, h, st);
+      release_block(l);
     }
   }
   return model_->end_forward(h, st);
@@ -306,6 +359,10 @@ at::Tensor ShardedTransformer::logits(const at::Tensor& hidden) {
 
 void ShardedTransformer::finish_backward() {
   auto& root = units_[0];
+  if (!root.trained) {  // frozen (LoRA): its parameters have no gradient
+    release(0);
+    return;
+  }
   std::vector<at::Tensor> grads;
   bool any = false;
   for (auto& p : params_[0]) {
@@ -328,15 +385,20 @@ void ShardedTransformer::load_from(const Transformer& full) {
   RLX_CHECK(full.config().num_layers == cfg_.num_layers && full.config().hidden_size == cfg_.hidden_size &&
                 full.config().vocab_size == cfg_.vocab_size,
             "fsdp: the model to shard has a different shape");
-  std::map<std::string, at::Tensor> by_name;
-  for (auto& [name, p] : full.hf_parameters()) by_name[name] = p;
+  load_units(0, 1 + static_cast<size_t>(cfg_.num_layers), full.hf_parameters(), "parameter");
+}
+
+void ShardedTransformer::load_units(size_t first, size_t end, const std::vector<std::pair<std::string, at::Tensor>>& named,
+                                    const char* what) {
+  std::map<std::string, at::Tensor> by_name(named.begin(), named.end());
   c10::NoGradGuard no_grad;
-  for (auto& u : units_) {
+  for (size_t i = first; i < end; ++i) {
+    auto& u = units_[i];
     auto flat = at::zeros({u.padded}, at::TensorOptions().dtype(at::kFloat));
     for (const auto& s : u.slots) {
       auto it = by_name.find(s.name);
-      RLX_CHECK(it != by_name.end(), "fsdp: the model to shard has no parameter {}", s.name);
-      RLX_CHECK(it->second.sizes().vec() == s.shape, "fsdp: parameter {} has shape [{}], expected [{}]", s.name,
+      RLX_CHECK(it != by_name.end(), "fsdp: no {} {} given", what, s.name);
+      RLX_CHECK(it->second.sizes().vec() == s.shape, "fsdp: {} {} has shape [{}], expected [{}]", what, s.name,
                 fmt::join(it->second.sizes().vec(), ", "), fmt::join(s.shape, ", "));
       flat.narrow(0, s.offset, s.numel).copy_(it->second.reshape({-1}));
     }
@@ -348,16 +410,62 @@ void ShardedTransformer::init_weights(uint64_t seed) {
   Transformer full(cfg_, at::kFloat, at::kCPU);
   full.init_weights(seed);
   load_from(full);
+  if (opt_.lora.enabled()) init_lora(seed);
+}
+
+void ShardedTransformer::init_lora(uint64_t seed) {
+  RLX_CHECK(opt_.lora.enabled(), "fsdp: init_lora without adapters");
+  std::vector<std::pair<std::string, at::Tensor>> adapters;
+  for (size_t u = 1 + static_cast<size_t>(cfg_.num_layers); u < units_.size(); ++u)
+    for (const auto& s : units_[u].slots) adapters.emplace_back(s.name, at::empty(s.shape, at::kFloat));
+  init_lora_weights(adapters, seed);
+  load_lora(adapters);
+}
+
+void ShardedTransformer::load_lora(const std::vector<std::pair<std::string, at::Tensor>>& adapters) {
+  RLX_CHECK(opt_.lora.enabled(), "fsdp: load_lora without adapters");
+  load_units(1 + static_cast<size_t>(cfg_.num_layers), units_.size(), adapters, "adapter");
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ShardedTransformer::gather_units(size_t first, size_t end) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (size_t i = first; i < end; ++i) {
+    auto& u = units_[i];
+    auto full = at::empty({u.padded}, u.shard.options().requires_grad(false));
+    comm_.all_gather(full, u.shard.detach(), fmt::format("{} master weights", u.name))->wait();
+    for (const auto& s : u.slots)
+      out.emplace_back(s.name, full.narrow(0, s.offset, s.numel).view(s.shape).to(at::kFloat, /*non_blocking=*/false,
+                                                                                    /*copy=*/true));
+  }
+  return out;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ShardedTransformer::gather_parameters() {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (auto& u : units_) {
-    auto full = at::empty({u.padded}, u.shard.options().requires_grad(false));
-    comm_.all_gather(full, u.shard.detach(), fmt::format("{} master weights", u.name))->wait();
-    for (const auto& s : u.slots) out.emplace_back(s.name, full.narrow(0, s.offset, s.numel).view(s.shape).clone());
+  const auto base_end = 1 + static_cast<size_t>(cfg_.num_layers);
+  auto out = gather_units(0, base_end);
+  if (!opt_.lora.enabled()) return out;
+  // Each target's weight with its adapter merged in: W + scale * B A.
+  std::map<std::string, at::Tensor> adapters;
+  for (auto& [name, t] : gather_units(base_end, units_.size())) adapters.emplace(name, t);
+  const double scale = opt_.lora.scale();
+  for (auto& [name, w] : out) {
+    constexpr std::string_view suffix = ".weight";
+    if (!name.ends_with(suffix)) continue;
+    const auto stem = name.substr(0, name.size() - suffix.size());
+    auto a = adapters.find(stem + ".lora_A.weight");
+    if (a == adapters.end()) continue;
+    w.add_(at::matmul(adapters.at(stem + ".lora_B.weight"), a->second), scale);
   }
   return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ShardedTransformer::gather_lora_parameters() {
+  if (!opt_.lora.enabled()) return {};
+  return gather_units(1 + static_cast<size_t>(cfg_.num_layers), units_.size());
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ShardedTransformer::sync_parameters() {
+  return opt_.lora.enabled() ? gather_lora_parameters() : gather_parameters();
 }
 
 int64_t ShardedTransformer::local_numel() const {

@@ -121,6 +121,7 @@ int run_learner(const RoleContext& ctx) {
   algo::register_bundled_algorithms();
   auto algorithm = algo::make_algorithm(cfg.algorithm);
   auto lo = learner_options(cfg.learner, cfg.run.seed);
+  lo.fsdp.lora = cfg.model.lora;
   const bool head = algorithm->needs_critic() && cfg.algorithm.critic == algo::CriticKind::head;
   lo.value_head = head;
   lo.entropy = true;  // the metric GRPO users watch most; in the loss when algorithm.entropy_coef > 0
@@ -146,7 +147,9 @@ int run_learner(const RoleContext& ctx) {
   Learner policy(start->config(), *comm, lo);
   policy.load_from(*start);
   std::unique_ptr<ReferenceModel> reference;
-  if (algorithm->needs_reference()) {
+  if (algorithm->needs_reference() && lo.fsdp.lora.enabled()) {
+    reference = std::make_unique<ReferenceModel>(policy.model());  // the base: the adapters switched off
+  } else if (algorithm->needs_reference()) {
     reference = std::make_unique<ReferenceModel>(start->config(), *comm, lo.fsdp);
     reference->load_from(*start);
   }
@@ -192,11 +195,14 @@ int run_learner(const RoleContext& ctx) {
   }
   // Rank 0 talks to the hub and publishes weights; every rank trains its share.
   const bool lead = comm->rank() == 0;
-  auto params = policy.model().gather_parameters();
+  // What a weight update carries: every weight, or with LoRA the adapters.
+  auto params = policy.model().sync_parameters();
   // Colocated: the starting model becomes the rollout engine's (worker 0 runs in this process).
   std::unique_ptr<ColocatedRollout> rollout;
-  if (colocated)
+  if (colocated) {
+    add_engine_adapters(*start, cfg);
     rollout = std::make_unique<ColocatedRollout>(ctx, start, tok, dist::WeightLayout::of(params, to_scalar_type(cfg.model.dtype)));
+  }
   start.reset();
   std::unique_ptr<dist::WeightPublisher> pub;
   dist::WeightPublisher* publisher = nullptr;  // pub, or the colocated engine's
@@ -314,6 +320,7 @@ int run_learner(const RoleContext& ctx) {
     return 0;
   }
   export_hf(policy, ctx.run_dir / "final");
+  if (cfg.model.lora.enabled()) export_peft_adapter(policy, ctx.run_dir / "final" / "adapter", cfg.model.path);
   if (lead) write_tokenizer(cfg, ctx.run_dir / "final" / "tokenizer.json");
   return 0;
 }

@@ -42,6 +42,23 @@ int64_t activation_bytes(const RunConfig& cfg, const ModelConfig& m) {
 
 }  // namespace
 
+int64_t lora_parameter_count(const ModelConfig& m, const LoraSpec& lora) {
+  if (!lora.enabled()) return 0;
+  const int64_t h = m.hidden_size, q = m.num_heads * m.head_dim, kv = m.num_kv_heads * m.head_dim,
+                i = m.intermediate_size;
+  int64_t per_layer = 0;
+  for (const auto& t : lora.targets) {
+    // An adapter is A [rank, in] and B [out, rank].
+    const auto [in, out] = t == "q_proj"    ? std::pair{h, q}
+                           : t == "k_proj" || t == "v_proj" ? std::pair{h, kv}
+                           : t == "o_proj"  ? std::pair{q, h}
+                           : t == "down_proj" ? std::pair{i, h}
+                                              : std::pair{h, i};  // gate_proj, up_proj
+    per_layer += lora.rank * (in + out);
+  }
+  return per_layer * m.num_layers;
+}
+
 int64_t MemoryPlan::train_bytes() const {
   int64_t s = 0;
   for (const auto& i : items) s += i.train ? i.bytes : 0;
@@ -95,14 +112,26 @@ MemoryPlan plan_memory(const RunConfig& cfg, const ModelConfig& m, int64_t param
   const bool overlap = p.colocated && cfg.train.mode == TrainMode::async;
   const int64_t n = parameters;
   const int64_t compute = dtype_bytes(cfg.learner.compute_dtype);
-  p.items.push_back({.name = "weights (fp32 masters)", .bytes = 4 * n});
-  if (compute != 4) p.items.push_back({.name = "weights (compute-dtype cast)", .bytes = compute * n, .generate = false});
-  p.items.push_back({.name = "gradients (fp32)", .bytes = 4 * n});
-  p.items.push_back({.name = "optimizer state (AdamW, fp32)", .bytes = 8 * n});
+  const auto& lora = cfg.model.lora;
+  // What is trained: every weight, or with LoRA only the adapters (the base frozen in the
+  // compute dtype, and KL's reference is that base: no copy).
+  const int64_t t = lora.enabled() ? lora_parameter_count(m, lora) : n;
+  if (lora.enabled()) {
+    p.items.push_back({.name = "base weights (frozen)", .bytes = compute * n, .key = "learner.compute_dtype"});
+    p.items.push_back({.name = "LoRA adapters (fp32 masters)", .bytes = 4 * t, .key = "model.lora.rank"});
+  } else {
+    p.items.push_back({.name = "weights (fp32 masters)", .bytes = 4 * n});
+    if (compute != 4) p.items.push_back({.name = "weights (compute-dtype cast)", .bytes = compute * n, .generate = false});
+  }
+  p.items.push_back({.name = "gradients (fp32)", .bytes = 4 * t});
+  p.items.push_back({.name = "optimizer state (AdamW, fp32)", .bytes = 8 * t});
   p.items.push_back({.name = "activations (estimate)", .bytes = activation_bytes(cfg, m), .generate = overlap,
                      .key = "learner.micro_batch_tokens"});
-  if (reference) p.items.push_back({.name = "reference model", .bytes = compute * n, .generate = false});
-  if (critic) p.items.push_back({.name = "critic (weights, grads, AdamW)", .bytes = 16 * n, .key = "algorithm.critic"});
+  if (reference && !lora.enabled()) p.items.push_back({.name = "reference model", .bytes = compute * n, .generate = false});
+  if (critic)
+    p.items.push_back({.name = "critic (weights, grads, AdamW)",
+                       .bytes = lora.enabled() ? compute * n + 16 * t : 16 * n,
+                       .key = "algorithm.critic"});
   if (teacher_parameters > 0)
     p.items.push_back({.name = "teacher model", .bytes = compute * teacher_parameters, .generate = false,
                        .key = "algorithm.teacher"});

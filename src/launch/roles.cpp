@@ -124,6 +124,11 @@ std::shared_ptr<Transformer> initial_model(const RunConfig& cfg, const Tokenizer
   return model;
 }
 
+void add_engine_adapters(Transformer& model, const RunConfig& cfg) {
+  if (cfg.model.lora.enabled())
+    model.add_lora(cfg.model.lora, cfg.rollout.lora_merged ? LoraMode::merged : LoraMode::unmerged);
+}
+
 Fault Fault::from_env() {
   Fault f;
   const char* v = std::getenv("RLX_FAULT");

@@ -36,6 +36,7 @@ int run_sft(const RunConfig& cfg) {
   auto sft = algo::make_algorithm(ao);
   auto lo = learner_options(cfg.learner, cfg.run.seed);
   lo.optimizer.lr = cfg.sft.lr;
+  lo.fsdp.lora = cfg.model.lora;
   Learner learner(model->config(), *comm, lo);
   learner.load_from(*model);
   const auto options = cfg.env.options_json();
@@ -73,6 +74,7 @@ int run_sft(const RunConfig& cfg) {
                 << std::endl;
   }
   export_hf(learner, run_dir / "final");
+  if (cfg.model.lora.enabled()) export_peft_adapter(learner, run_dir / "final" / "adapter", cfg.model.path);
   write_tokenizer(cfg, run_dir / "final" / "tokenizer.json");
   auto tuned = cfg;
   tuned.model.path = (run_dir / "final").string();

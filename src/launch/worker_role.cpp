@@ -68,6 +68,7 @@ int run_worker(const RoleContext& ctx) {
   status::set("loading the model");
   auto tok = run_tokenizer(cfg);
   auto model = initial_model(cfg, *tok);
+  add_engine_adapters(*model, cfg);
   Engine engine(model, engine_config(cfg), tok);
   // SIGTERM while it waits for the learner's first weights (a worker restarted as the run
   // ended, when the learner and its segment are gone): it stops there.

@@ -49,9 +49,15 @@ void remove_partials(const fs::path& root) {
 
 json units_json(Learner& l) {
   json units = json::array();
-  for (auto& u : l.model().units())
-    units.push_back({{"name", u.name}, {"numel", u.numel}, {"padded", u.padded}, {"shard_numel", u.shard_numel}});
+  for (auto* u : l.model().trained_units())
+    units.push_back({{"name", u->name}, {"numel", u->numel}, {"padded", u->padded}, {"shard_numel", u->shard_numel}});
   return units;
+}
+
+// The adapters a checkpoint's units belong to (null without LoRA).
+json lora_json(const LoraSpec& lora) {
+  if (!lora.enabled()) return nullptr;
+  return {{"rank", lora.rank}, {"alpha", lora.alpha}, {"dropout", lora.dropout}, {"targets", lora.targets}};
 }
 
 // Restores one unit's three flat tensors from the saved shards, resharding when the
@@ -161,12 +167,13 @@ fs::path save_checkpoint(Learner& learner, const CheckpointOptions& o, const jso
   comm.barrier("checkpoint: start");
 
   std::vector<std::pair<std::string, at::Tensor>> tensors;
-  auto& units = learner.model().units();
+  // The trained units only: with LoRA the adapters (the base is the run's model.path).
+  const auto units = learner.model().trained_units();
   auto& slots = learner.optimizer().slots();
   for (size_t i = 0; i < units.size(); ++i) {
-    tensors.emplace_back(units[i].name + ".param", units[i].shard.detach());
-    tensors.emplace_back(units[i].name + ".exp_avg", slots[i].exp_avg);
-    tensors.emplace_back(units[i].name + ".exp_avg_sq", slots[i].exp_avg_sq);
+    tensors.emplace_back(units[i]->name + ".param", units[i]->shard.detach());
+    tensors.emplace_back(units[i]->name + ".exp_avg", slots[i].exp_avg);
+    tensors.emplace_back(units[i]->name + ".exp_avg_sq", slots[i].exp_avg_sq);
   }
   if (learner.value_head().defined()) {  // replicated: every rank's file holds it
     const auto& slot = slots[units.size()];
@@ -190,6 +197,7 @@ fs::path save_checkpoint(Learner& learner, const CheckpointOptions& o, const jso
                {"world_size", world},
                {"model", model_config_to_hf(learner.model().config(), at::kFloat)},
                {"units", units_json(learner)},
+               {"lora", lora_json(learner.model().lora())},
                {"optimizer",
                 {{"lr", opt.optimizer.lr},
                  {"beta1", opt.optimizer.beta1},
@@ -241,15 +249,19 @@ std::optional<LoadedCheckpoint> load_latest_checkpoint(Learner& learner, const C
       continue;
     }
     const auto& lj = info.learner;
-    auto& units = learner.model().units();
+    const auto units = learner.model().trained_units();
+    const json saved_lora = lj.value("lora", json(nullptr)), lora = lora_json(learner.model().lora());
+    RLX_CHECK(saved_lora == lora, "checkpoint {}: it holds {}, this run trains {} (model.lora)", dir.string(),
+              saved_lora.is_null() ? "every weight" : "LoRA adapters " + saved_lora.dump(),
+              lora.is_null() ? "every weight" : "LoRA adapters " + lora.dump());
     const auto& saved_units = lj.at("units");
     RLX_CHECK(saved_units.size() == units.size(), "checkpoint {}: {} units, this model has {}", dir.string(),
               saved_units.size(), units.size());
     for (size_t i = 0; i < units.size(); ++i)
-      RLX_CHECK(saved_units[i].at("name") == units[i].name && saved_units[i].at("numel") == units[i].numel,
+      RLX_CHECK(saved_units[i].at("name") == units[i]->name && saved_units[i].at("numel") == units[i]->numel,
                 "checkpoint {}: unit {} ({}, {} parameters) does not match this model's {} ({} parameters)",
                 dir.string(), i, saved_units[i].at("name").get<std::string>(), saved_units[i].at("numel").get<int64_t>(),
-                units[i].name, units[i].numel);
+                units[i]->name, units[i]->numel);
     const int old_world = info.world_size;
     std::map<int, SafetensorsFile> files;
     auto file = [&](int k) -> SafetensorsFile& {
@@ -260,8 +272,8 @@ std::optional<LoadedCheckpoint> load_latest_checkpoint(Learner& learner, const C
     auto& slots = learner.optimizer().slots();
     for (size_t i = 0; i < units.size(); ++i) {
       const int64_t old_shard = saved_units[i].at("shard_numel").get<int64_t>();
-      const auto& name = units[i].name;
-      restore_unit(units[i], slots[i], rank, old_world, old_shard, [&](int k) {
+      const auto& name = units[i]->name;
+      restore_unit(*units[i], slots[i], rank, old_world, old_shard, [&](int k) {
         auto& f = file(k);
         return std::vector<at::Tensor>{f.tensor(name + ".param"), f.tensor(name + ".exp_avg"),
                                        f.tensor(name + ".exp_avg_sq")};
@@ -307,6 +319,32 @@ void export_hf(Learner& learner, const fs::path& dir, at::ScalarType dtype) {
     save_hf(model, dir);
   }
   learner.comm().barrier("export: written");
+}
+
+void export_peft_adapter(Learner& learner, const fs::path& dir, const std::string& base_model) {
+  const auto& lora = learner.model().lora();
+  RLX_CHECK(lora.enabled(), "export_peft_adapter: the learner trains no adapters");
+  auto adapters = learner.model().gather_lora_parameters();
+  if (learner.comm().rank() == 0) {
+    fs::create_directories(dir);
+    for (auto& [name, t] : adapters) name = "base_model.model." + name;  // PEFT's prefix
+    save_safetensors(dir / "adapter_model.safetensors", adapters, {{"format", "pt"}});
+    const json config = {{"peft_type", "LORA"},
+                         {"task_type", "CAUSAL_LM"},
+                         {"base_model_name_or_path", base_model},
+                         {"r", lora.rank},
+                         {"lora_alpha", lora.alpha},
+                         {"lora_dropout", lora.dropout},
+                         {"target_modules", lora.targets},
+                         {"bias", "none"},
+                         {"fan_in_fan_out", false},
+                         {"inference_mode", true},
+                         {"init_lora_weights", true},
+                         {"use_rslora", false},
+                         {"modules_to_save", nullptr}};
+    write_file_atomic(dir / "adapter_config.json", config.dump(2));
+  }
+  learner.comm().barrier("export: adapter written");
 }
 
 }  // namespace rlx

@@ -31,7 +31,8 @@ Learner::Learner(const ModelConfig& cfg, dist::Communicator& comm, LearnerOption
   opt_.schedule.validate();
   RLX_CHECK(opt_.max_grad_norm >= 0, "learner.max_grad_norm must be >= 0, got {}", opt_.max_grad_norm);
   RLX_CHECK(opt_.policy_head || opt_.value_head, "a learner needs a policy head, a value head, or both");
-  for (auto& u : model_.units()) optimizer_.add(u.shard, u.decay_mask);
+  for (auto* u : model_.trained_units()) optimizer_.add(u->shard, u->decay_mask);
+  if (opt_.fsdp.lora.enabled()) model_.init_lora(opt_.seed);  // B = 0: the adapted model starts as the base
   if (opt_.value_head) {
     // Zero-initialised: every value starts at 0, and the first gradients come from the returns alone.
     value_head_ = at::zeros({cfg.hidden_size + 1}, at::TensorOptions().dtype(at::kFloat).device(opt_.fsdp.device));
@@ -42,7 +43,7 @@ Learner::Learner(const ModelConfig& cfg, dist::Communicator& comm, LearnerOption
 
 std::vector<at::Tensor> Learner::trained_tensors() const {
   std::vector<at::Tensor> out;
-  for (const auto& u : const_cast<dist::ShardedTransformer&>(model_).units()) out.push_back(u.shard);
+  for (const auto* u : const_cast<dist::ShardedTransformer&>(model_).trained_units()) out.push_back(u->shard);
   if (value_head_.defined()) out.push_back(value_head_);
   return out;
 }
@@ -157,6 +158,8 @@ StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_
 
   const auto trained = trained_tensors();
   for (auto t : trained) t.mutable_grad() = at::Tensor();
+  // Adapter dropout masks: a stream per (seed, rank, step), the same after a resume.
+  model_.module().set_lora_dropout_seed(hash_name(fmt::format("lora-dropout/{}/{}", comm_.rank(), ctx.step), opt_.seed));
   double loss_sum = 0;
   Metrics metrics;
   for (size_t i = 0; i < n_mbs; ++i) {
@@ -187,7 +190,7 @@ StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_
 
   RECORD_USER_SCOPE("rlx::learner::norm_and_update");
   std::vector<at::Tensor> shards;
-  for (auto& u : model_.units()) shards.push_back(u.shard);
+  for (auto* u : model_.trained_units()) shards.push_back(u->shard);
   for (const auto& [name, value] : metrics)
     RLX_CHECK(std::find(metric_names.begin(), metric_names.end(), name) != metric_names.end(),
               "the loss function reported metric {:?}, which is not among the step's metric names", name);

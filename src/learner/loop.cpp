@@ -172,11 +172,12 @@ LearnerLoop::End LearnerLoop::run(int64_t& step, const std::atomic<bool>& stop) 
     trace_span("train", t1_us);
     ++step;
     trained_batch_ = batch.batch_id;
-    const auto params = p_.models.policy.model().gather_parameters();  // collective
+    const auto params = p_.models.policy.model().sync_parameters();  // collective; with LoRA the adapters
     const double t2 = now_s();
     const int64_t t2_us = TraceWriter::now_us();
     say(fmt::format("publishing weights v{}", step));
-    if (lead && p_.publisher) p_.publisher->publish(step, params);
+    int64_t sync_bytes = 0;
+    if (lead && p_.publisher) sync_bytes = p_.publisher->publish(step, params);
     turn.release();
     if (lead) p_.client->publish_version(step);
     const double t_sync = now_s() - t2;
@@ -204,6 +205,7 @@ LearnerLoop::End LearnerLoop::run(int64_t& step, const std::atomic<bool>& stop) 
                  {"wait_s", t_wait},
                  {"train_s", t_train},
                  {"sync_s", t_sync},
+                 {"sync_bytes", sync_bytes},  // what the publisher wrote for this version
                  {"checkpoint_s", t_ckpt},
                  {"step_s", now_s() - t0},
                  // the learner's share of the step spent working (training, publishing, checkpointing)

@@ -4,15 +4,45 @@
 #include "rlx/model/logprob_head.hpp"
 #include <c10/core/GradMode.h>
 
+#include "rlx/core/error.hpp"
+
 namespace rlx {
 
+namespace {
+dist::FsdpOptions frozen(dist::FsdpOptions o) {
+  o.frozen = true;
+  o.lora = {.rank = 0};
+  return o;
+}
+}  // namespace
+
 ReferenceModel::ReferenceModel(const ModelConfig& cfg, dist::Communicator& comm, dist::FsdpOptions options)
-    : model_(cfg, comm, options) {
-  for (auto& u : model_.units()) u.shard.requires_grad_(false);
+    : owned_(std::make_unique<dist::ShardedTransformer>(cfg, comm, frozen(options))), model_(*owned_) {}
+
+ReferenceModel::ReferenceModel(dist::ShardedTransformer& lora_policy) : model_(lora_policy), base_of_lora_(true) {
+  RLX_CHECK(lora_policy.lora().enabled(), "ReferenceModel: the policy has no adapters to switch off");
+}
+
+void ReferenceModel::load_from(const Transformer& full) {
+  RLX_CHECK(owned_, "ReferenceModel: the base of a LoRA policy is the policy's own weights");
+  model_.load_from(full);
+}
+
+void ReferenceModel::init_weights(uint64_t seed) {
+  RLX_CHECK(owned_, "ReferenceModel: the base of a LoRA policy is the policy's own weights");
+  model_.init_weights(seed);
 }
 
 at::Tensor ReferenceModel::logprobs(const MicroBatch& mb) {
   c10::NoGradGuard no_grad;
+  // The adapters off for this forward only (the policy's next forward has them again).
+  struct Base {
+    dist::ShardedTransformer* m;
+    ~Base() {
+      if (m) m->set_lora_active(true);
+    }
+  } base{base_of_lora_ ? &model_ : nullptr};
+  if (base.m) model_.set_lora_active(false);
   auto hidden = model_.forward_hidden({.tokens = mb.tokens, .segments = mb.segments});
   auto out = token_logprobs(hidden, model_.lm_head_weight(), mb.targets.to(hidden.device())).logprobs;
   model_.release_all();

@@ -65,13 +65,28 @@ std::pair<at::Tensor, at::Tensor> rope_tables(const ModelConfig& cfg, const at::
 
 namespace detail {
 
+// One matrix of a LoRA adapter (its module name, lora_A or lora_B, is PEFT's).
+struct LoraWeight : torch::nn::Module {
+  at::Tensor weight;
+  LoraWeight(int64_t rows, int64_t cols, const at::TensorOptions& o) {
+    weight = register_parameter("weight", at::zeros({rows, cols}, o));
+  }
+};
+
 struct Projection : torch::nn::Module {
   at::Tensor weight, bias;
+  std::shared_ptr<LoraWeight> lora_A, lora_B;  // add_lora(): A [rank, in], B [out, rank]
+  at::Tensor base;                             // LoraMode::merged: the weight without the adapter
   Projection(int64_t in, int64_t out, bool with_bias, const at::TensorOptions& o) {
     weight = register_parameter("weight", at::empty({out, in}, o));
     if (with_bias) bias = register_parameter("bias", at::empty({out}, o));
   }
   at::Tensor operator()(const at::Tensor& x) const { return at::linear(x, weight, bias); }
+  void add_lora(int64_t rank) {
+    const auto o = weight.options();
+    lora_A = register_module("lora_A", std::make_shared<LoraWeight>(rank, weight.size(1), o));
+    lora_B = register_module("lora_B", std::make_shared<LoraWeight>(weight.size(0), rank, o));
+  }
 };
 
 struct RmsNorm : torch::nn::Module {
@@ -124,6 +139,17 @@ struct Block : torch::nn::Module {
   std::shared_ptr<Attention> self_attn;
   std::shared_ptr<Mlp> mlp;
   std::shared_ptr<RmsNorm> input_layernorm, post_attention_layernorm;
+  // The projection a LoRA target names (model/lora.hpp's kLoraTargets).
+  Projection& projection(std::string_view name) {
+    if (name == "q_proj") return *self_attn->q_proj;
+    if (name == "k_proj") return *self_attn->k_proj;
+    if (name == "v_proj") return *self_attn->v_proj;
+    if (name == "o_proj") return *self_attn->o_proj;
+    if (name == "gate_proj") return *mlp->gate_proj;
+    if (name == "up_proj") return *mlp->up_proj;
+    RLX_CHECK(name == "down_proj", "no projection named {:?}", name);
+    return *mlp->down_proj;
+  }
   Block(const ModelConfig& c, const at::TensorOptions& o) {
     self_attn = register_module("self_attn", std::make_shared<Attention>(c, o));
     mlp = register_module("mlp", std::make_shared<Mlp>(c, o));
@@ -192,6 +218,8 @@ ForwardState Transformer::begin_forward(const ForwardInput& in, KVCache* cache) 
   st.batch = in.tokens.size(0);
   st.time = in.tokens.size(1);
   st.cache = cache;
+  st.lora_key = lora_forwards_++;
+  st.train = c10::GradMode::is_enabled();
   st.tokens = in.tokens.to(device_, at::kLong);
   if (in.segments.defined())
     RLX_CHECK(in.segments.sizes() == in.tokens.sizes(), "forward: segments shape {} differs from tokens shape {}",
@@ -266,7 +294,11 @@ at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, con
   }
 #endif
   if (!x.defined()) x = (*blk.input_layernorm)(h_in);
+  // Unmerged adapters add to each GEMM's output, as in layer().
+  const bool lora = lora_on();
+  const uint64_t site = static_cast<uint64_t>(index) * 4;
   auto qkv = at::linear(x, att.qkv_weight, att.qkv_bias);
+  if (lora) qkv = with_lora(qkv, {att.q_proj.get(), att.k_proj.get(), att.v_proj.get()}, x, st, site);
   // A cache that rotates and stores keys itself (RoPE + KV append in one kernel) takes qkv as it is.
   at::Tensor a = st.cache ? st.cache->attend_rotating(index, qkv, inv_freq_, Hq, scale) : at::Tensor();
   if (!a.defined()) {
@@ -276,7 +308,9 @@ at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, con
     auto v = parts[2].view({B, T, Hkv, D});
     a = st.cache ? st.cache->attend(index, q, k, v, scale) : sequence_attention(q, k, v, st, scale);
   }
-  auto attn_out = (*att.o_proj)(a.reshape({B, T, Hq * D}));
+  a = a.reshape({B, T, Hq * D});
+  auto attn_out = (*att.o_proj)(a);
+  if (lora) attn_out = with_lora(attn_out, {att.o_proj.get()}, a, st, site + 1);
   at::Tensor h, normed;
 #if RLX_WITH_CUDA
   if (h_in.is_cuda()) {
@@ -284,14 +318,21 @@ at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, con
     normed = cuda::add_rms_norm(attn_out, h_in, blk.post_attention_layernorm->weight, blk.post_attention_layernorm->eps);
     h = attn_out;
     auto gu = at::linear(normed, mlp.gate_up_weight, mlp.gate_up_bias);
-    st.pending = (*mlp.down_proj)(cuda::silu_mul(gu));  // added by the next norm
+    if (lora) gu = with_lora(gu, {mlp.gate_proj.get(), mlp.up_proj.get()}, normed, st, site + 2);
+    auto act = cuda::silu_mul(gu);
+    st.pending = (*mlp.down_proj)(act);  // added by the next norm
+    if (lora) st.pending = with_lora(st.pending, {mlp.down_proj.get()}, act, st, site + 3);
     return h;
   }
 #endif
   h = h_in + attn_out;
   normed = (*blk.post_attention_layernorm)(h);
   auto gu = at::linear(normed, mlp.gate_up_weight, mlp.gate_up_bias);
-  return h + (*mlp.down_proj)(fused::silu_mul(gu));
+  if (lora) gu = with_lora(gu, {mlp.gate_proj.get(), mlp.up_proj.get()}, normed, st, site + 2);
+  auto act = fused::silu_mul(gu);
+  auto down = (*mlp.down_proj)(act);
+  if (lora) down = with_lora(down, {mlp.down_proj.get()}, act, st, site + 3);
+  return h + down;
 }
 
 at::Tensor Transformer::layer(int64_t index, const at::Tensor& h_in, const ForwardState& st) {
@@ -304,19 +345,123 @@ at::Tensor Transformer::layer(int64_t index, const at::Tensor& h_in, const Forwa
   const auto& mlp = *blk.mlp;
   // q, k and v in one GEMM, gate and up in another (their weights joined for it), and the
   // attention scale folded into the rotation of q where no cache takes it.
+  // Adapters (trained mode) add to each GEMM's output; `site` keys their dropout masks.
+  const bool lora = lora_on();
+  const uint64_t site = static_cast<uint64_t>(index) * 4;
   auto x = (*blk.input_layernorm)(h_in);
   auto qkv = at::linear(x, joined({att.q_proj->weight, att.k_proj->weight, att.v_proj->weight}),
                         joined({att.q_proj->bias, att.k_proj->bias, att.v_proj->bias}));
+  if (lora) qkv = with_lora(qkv, {att.q_proj.get(), att.k_proj.get(), att.v_proj.get()}, x, st, site);
   auto parts = qkv.split_with_sizes({Hq * D, Hkv * D, Hkv * D}, -1);
   auto q = fused::rope(parts[0].view({B, T, Hq, D}), st.cos, st.sin, st.cache ? 1.0 : scale);
   auto k = fused::rope(parts[1].view({B, T, Hkv, D}), st.cos, st.sin);
   auto v = parts[2].view({B, T, Hkv, D});
-  auto a = st.cache ? st.cache->attend(index, q, k, v, scale) : sequence_attention(q, k, v, st, 1.0);
-  auto h = h_in + (*att.o_proj)(a.reshape({B, T, Hq * D}));
-  auto gu = at::linear((*blk.post_attention_layernorm)(h),
-                       joined({mlp.gate_proj->weight, mlp.up_proj->weight}),
+  auto a = (st.cache ? st.cache->attend(index, q, k, v, scale) : sequence_attention(q, k, v, st, 1.0))
+               .reshape({B, T, Hq * D});
+  auto o = (*att.o_proj)(a);
+  if (lora) o = with_lora(o, {att.o_proj.get()}, a, st, site + 1);
+  auto h = h_in + o;
+  auto normed = (*blk.post_attention_layernorm)(h);
+  auto gu = at::linear(normed, joined({mlp.gate_proj->weight, mlp.up_proj->weight}),
                        joined({mlp.gate_proj->bias, mlp.up_proj->bias}));
-  return h + (*mlp.down_proj)(fused::silu_mul(gu));
+  if (lora) gu = with_lora(gu, {mlp.gate_proj.get(), mlp.up_proj.get()}, normed, st, site + 2);
+  auto act = fused::silu_mul(gu);
+  auto down = (*mlp.down_proj)(act);
+  if (lora) down = with_lora(down, {mlp.down_proj.get()}, act, st, site + 3);
+  return h + down;
+}
+
+at::Tensor Transformer::with_lora(const at::Tensor& y, std::initializer_list<const detail::Projection*> projections,
+                                  const at::Tensor& x, const ForwardState& st, uint64_t site) const {
+  bool any = false;
+  for (const auto* p : projections) any = any || p->lora_A != nullptr;
+  if (!any) return y;
+  at::Tensor in = x;
+  if (lora_.dropout > 0 && st.train) {
+    // Inverted dropout, its mask drawn from (seed, forward key, layer and site) on the host:
+    // the same mask when a checkpointed block runs again in backward.
+    RngStream rng(lora_seed_, hash_name(fmt::format("lora-dropout/{}/{}", st.lora_key, site)));
+    const double keep = 1.0 - lora_.dropout;
+    auto mask = at::empty(x.sizes(), at::TensorOptions().dtype(at::kFloat));
+    float* m = mask.data_ptr<float>();
+    const auto scale = static_cast<float>(1.0 / keep);
+    for (int64_t i = 0; i < mask.numel(); ++i) m[i] = rng.uniform() < keep ? scale : 0.0f;
+    in = x * mask.to(x.device(), x.scalar_type());
+  }
+  const double s = lora_.scale();
+  std::vector<at::Tensor> parts;
+  for (const auto* p : projections) {
+    if (p->lora_A) {
+      parts.push_back(at::linear(at::linear(in, p->lora_A->weight), p->lora_B->weight) * s);
+    } else {
+      auto shape = y.sizes().vec();
+      shape.back() = p->weight.size(0);
+      parts.push_back(at::zeros(shape, y.options()));
+    }
+  }
+  return y + (parts.size() == 1 ? parts[0] : at::cat(parts, -1));
+}
+
+void Transformer::add_lora(const LoraSpec& spec, LoraMode mode) {
+  spec.validate();
+  RLX_CHECK(spec.enabled(), "add_lora: the rank must be at least 1");
+  RLX_CHECK(!lora_.enabled(), "add_lora: the model already has adapters");
+  lora_ = spec;
+  lora_mode_ = mode;
+  c10::NoGradGuard no_grad;
+  for (auto& blk : body_->blocks) {
+    for (const auto& t : spec.targets) {
+      auto& p = blk->projection(t);
+      p.add_lora(spec.rank);
+      if (mode == LoraMode::merged) p.base = p.weight.detach().clone();
+    }
+  }
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Transformer::lora_parameters() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : named_parameters(/*recurse=*/true))
+    if (is_lora_parameter(item.key())) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Transformer::sync_parameters() const {
+  return lora_.enabled() ? lora_parameters() : hf_parameters();
+}
+
+void Transformer::init_lora(uint64_t seed) { init_lora_weights(lora_parameters(), seed); }
+
+void init_lora_weights(const std::vector<std::pair<std::string, at::Tensor>>& adapters, uint64_t seed) {
+  c10::NoGradGuard no_grad;
+  for (const auto& [name, p] : adapters) {
+    if (name.find(".lora_B.") != std::string::npos) {
+      p.zero_();
+      continue;
+    }
+    // kaiming_uniform_(a = sqrt(5)) as PEFT draws it: bound sqrt(6 / ((1 + 5) fan_in)).
+    const double bound = 1.0 / std::sqrt(static_cast<double>(p.size(1)));
+    auto host = at::empty({p.numel()}, at::TensorOptions().dtype(at::kFloat));
+    float* data = host.data_ptr<float>();
+    RngStream rng(seed, hash_name(name));
+    for (int64_t i = 0; i < p.numel(); ++i) data[i] = static_cast<float>((2.0 * rng.uniform() - 1.0) * bound);
+    p.copy_(host.view(p.sizes()));
+  }
+}
+
+int64_t Transformer::merge_lora() {
+  RLX_CHECK(lora_.enabled() && lora_mode_ == LoraMode::merged, "merge_lora: the model has no merged adapters");
+  c10::NoGradGuard no_grad;
+  int64_t bytes = 0;
+  const double s = lora_.scale();
+  for (auto& blk : body_->blocks) {
+    for (const auto& t : lora_.targets) {
+      auto& p = blk->projection(t);
+      auto delta = at::matmul(p.lora_B->weight.to(at::kFloat), p.lora_A->weight.to(at::kFloat));
+      p.weight.copy_(at::add(p.base.to(at::kFloat), delta, s));  // the kept base is not written
+      bytes += p.weight.numel() * static_cast<int64_t>(p.weight.element_size());
+    }
+  }
+  return bytes;
 }
 
 at::Tensor Transformer::end_forward(const at::Tensor& h, const ForwardState& st) {
@@ -379,7 +524,8 @@ void Transformer::init_weights(uint64_t seed) {
 
 std::vector<std::pair<std::string, at::Tensor>> Transformer::hf_parameters() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& item : named_parameters(/*recurse=*/true)) out.emplace_back(item.key(), item.value());
+  for (const auto& item : named_parameters(/*recurse=*/true))
+    if (!is_lora_parameter(item.key())) out.emplace_back(item.key(), item.value());
   return out;
 }
 

@@ -129,7 +129,7 @@ int64_t Engine::weight_version() const {
 void Engine::check_weights(const std::string& who,
                            const std::vector<std::pair<std::string, at::Tensor>>& tensors) const {
   std::map<std::string, at::Tensor> params;
-  for (auto& [name, p] : model_->hf_parameters()) params.emplace(name, p);
+  for (auto& [name, p] : model_->sync_parameters()) params.emplace(name, p);  // with LoRA: the adapters
   std::map<std::string, size_t> seen;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& [name, t] = tensors[i];
@@ -355,12 +355,14 @@ int64_t Engine::install_weights(int64_t version, const std::vector<std::pair<std
   {
     c10::NoGradGuard no_grad;
     std::map<std::string, at::Tensor> params;
-    for (auto& [name, p] : model_->hf_parameters()) params.emplace(name, p);
+    for (auto& [name, p] : model_->sync_parameters()) params.emplace(name, p);
     for (const auto& [name, t] : tensors) {
       auto& p = params.at(name);
       p.copy_(t);
       bytes += p.numel() * static_cast<int64_t>(p.element_size());
     }
+    // Merged adapters: the served weights become base + scale * B A.
+    if (model_->has_lora() && model_->lora_merged()) bytes += model_->merge_lora();
   }
   blocks_.clear_cache();  // cached prefixes hold the old weights' keys and values
   prefix_root_ = prefix_root(version);

@@ -17,6 +17,11 @@
 // rank in a lower precision keeps the cast of its shards and makes it again only after they
 // change (their version counter moved: an optimizer step or a load).
 //
+// Frozen units (a reference model's, or the base weights under LoRA) keep their shards in
+// the compute dtype, get no gradients and no optimizer state. With LoRA (FsdpOptions::lora)
+// each block's adapters are a unit of their own ("layers.N.lora", fp32, trained), gathered
+// and released with the block; they are all that trained_units() lists.
+//
 //   rlx::dist::ShardedTransformer model(cfg, *comm, {.activation_checkpointing = true});
 //   model.init_weights(seed);
 //   auto logits = model.logits(model.forward_hidden({.tokens = ids, .segments = seg}));
@@ -41,6 +46,8 @@ struct FsdpOptions {
   bool activation_checkpointing = false;      // recompute each block in backward
   bool prefetch = true;                       // start the next block's gather before this one runs
   at::Device device = at::kCPU;
+  bool frozen = false;                        // nothing is trained (a reference model)
+  LoraSpec lora{.rank = 0};                   // adapters: only they are trained
 };
 
 // Where one parameter lives in its unit's flat buffer.
@@ -65,6 +72,8 @@ struct ShardedUnit {
   std::unique_ptr<Work> pending;
   bool gathered = false;
   int64_t cast_version = -1;  // one rank: the shard's version counter when `full` was cast from it
+  bool trained = true;        // false: frozen (the shard in the compute dtype, no gradient)
+  bool in_place = false;      // one rank, the shard in the compute dtype: `full` is the shard
 };
 
 class ShardedTransformer {
@@ -74,10 +83,16 @@ class ShardedTransformer {
   ShardedTransformer(const ShardedTransformer&) = delete;
   ShardedTransformer& operator=(const ShardedTransformer&) = delete;
 
-  // This rank's shards of a full model's parameters (same config; any dtype).
+  // This rank's shards of a full model's parameters (same config; any dtype). Adapters
+  // are not touched.
   void load_from(const Transformer& full);
-  // As Transformer::init_weights(seed) would initialise the whole model.
+  // As Transformer::init_weights(seed) would initialise the whole model (and the adapters
+  // as init_lora(seed)).
   void init_weights(uint64_t seed);
+  // The adapters as Transformer::init_lora(seed) initialises them (A random, B zero).
+  void init_lora(uint64_t seed);
+  // This rank's shards of adapters given by name (lora_parameters()' names; all of them).
+  void load_lora(const std::vector<std::pair<std::string, at::Tensor>>& adapters);
 
   // Hidden states [B, T, hidden]; differentiable with respect to the shards when
   // grad mode is on.
@@ -91,13 +106,26 @@ class ShardedTransformer {
   // Frees whatever is still gathered (after a forward without backward).
   void release_all();
 
-  // Full parameters by HF name (fp32, gathered from the masters on every rank).
+  // Full parameters by HF name (fp32, gathered from the masters on every rank); with LoRA
+  // the adapters merged in (W + scale * B A), as an exported model has them.
   std::vector<std::pair<std::string, at::Tensor>> gather_parameters();
+  // The adapters by name (fp32, gathered on every rank); empty without LoRA.
+  std::vector<std::pair<std::string, at::Tensor>> gather_lora_parameters();
+  // What a weight update to rollout engines carries (collective): the adapters with LoRA,
+  // else every parameter (Transformer::sync_parameters()'s names and order).
+  std::vector<std::pair<std::string, at::Tensor>> sync_parameters();
+  // Trained mode LoRA: whether forward adds the adapters (off: the base weights, KL's
+  // reference at no extra memory).
+  void set_lora_active(bool on) { model_->set_lora_active(on); }
+  const LoraSpec& lora() const { return opt_.lora; }
 
   const ModelConfig& config() const { return cfg_; }
   const FsdpOptions& options() const { return opt_; }
   Communicator& comm() { return comm_; }
   std::vector<ShardedUnit>& units() { return units_; }
+  // The units an optimizer updates, in a stable order: every unit, or with LoRA only the
+  // adapters' (none when frozen).
+  std::vector<ShardedUnit*> trained_units();
   // The module whose parameters are views into the gathered buffers (valid only while gathered).
   Transformer& module() { return *model_; }
   // Parameters held by this rank (shards only) and in the whole model.
@@ -106,6 +134,13 @@ class ShardedTransformer {
   // One rank in fp32: the module's parameters are views of the shards (no gather, no free,
   // no copies), and the optimizer's updates are the module's weights.
   bool in_place() const;
+
+  // A block (layer `l`'s unit and its adapters' unit): gathered, prefetched and released together.
+  void gather_block(int64_t l);
+  void start_gather_block(int64_t l);
+  void release_block(int64_t l);
+  // The unit whose shard a block's gradients go to (its adapters' with LoRA); npos when frozen.
+  size_t trained_unit_of_block(int64_t l) const;
 
   // Used by the per-block autograd function.
   void gather(size_t unit);
@@ -123,7 +158,12 @@ class ShardedTransformer {
   Communicator& comm_;
   FsdpOptions opt_;
   std::shared_ptr<Transformer> model_;
-  std::vector<ShardedUnit> units_;  // [0] root, [1 + l] layer l
+  std::vector<std::pair<std::string, at::Tensor>> gather_units(size_t first, size_t end);
+  // Units [first, end) from named full tensors (this rank's slice of each flat buffer).
+  void load_units(size_t first, size_t end, const std::vector<std::pair<std::string, at::Tensor>>& named,
+                  const char* what);
+
+  std::vector<ShardedUnit> units_;  // [0] root, [1 + l] layer l, then with LoRA [1 + L + l] layer l's adapters
   std::vector<std::vector<at::Tensor>> params_;  // the module's parameter tensors per unit, slot order
 };
 

@@ -13,6 +13,7 @@
 #include "rlx/env/options.hpp"
 #include "rlx/learner/options.hpp"
 #include "rlx/model/config.hpp"
+#include "rlx/model/lora.hpp"
 
 namespace rlx {
 
@@ -72,6 +73,7 @@ struct ModelSection {
   int64_t vocab_size = 0;         // 0: the preset's (or the tokenizer's)
   DType dtype = DType::float32;   // weights and activations
   std::string device = "cpu";     // cpu, cuda, cuda:N
+  LoraSpec lora;                  // adapters: only they are trained and synced
 
   template <class V>
   void visit(V& v) {
@@ -81,6 +83,7 @@ struct ModelSection {
     v("vocab_size", vocab_size, "override the preset's vocabulary size (0: keep)", config::at_least(0));
     v("dtype", dtype, "dtype of weights and activations");
     v("device", device, "cpu, cuda or cuda:N");
+    v("lora", lora, "LoRA adapters on the model's projections (rank 0: none)");
   }
   void validate() const;
 };
@@ -105,6 +108,9 @@ struct RolloutSection {
   // Multi-turn episodes are saved every K turns (environment state, tokens so far, the
   // sampling position), so that a restarted or other worker continues them mid-way.
   uint32_t episode_checkpoint_turns = 2;
+  // With model.lora: the engine merges the adapters into its weights at each update (it
+  // keeps a copy of the targets' base weights), or adds them in every forward.
+  bool lora_merged = true;
 
   template <class V>
   void visit(V& v) {
@@ -117,6 +123,9 @@ struct RolloutSection {
     v("max_restarts", max_restarts, "restarts of one rollout worker before the run restarts", config::in_range(0, 1000));
     v("episode_checkpoint_turns", episode_checkpoint_turns,
       "save unfinished episodes every K turns so another worker continues them (0: never)", config::in_range(0, 1 << 20));
+    v("lora_merged", lora_merged,
+      "with model.lora: merge the adapters into the engine's weights at each update (a copy of the targets' base "
+      "weights kept); false: add them in every forward");
   }
 };
 

@@ -42,6 +42,9 @@ struct MemoryPlan {
 // `parameters`: the policy's parameter count; `kv_pool_bytes`: the colocated engine's pool
 // (0 for a split run). Activations are an estimate from learner.micro_batch_tokens,
 // learner.row_tokens, the model's widths and learner.activation_checkpointing.
+// Parameters of the adapters `lora` puts on a model of shape `model` (0 without).
+int64_t lora_parameter_count(const ModelConfig& model, const LoraSpec& lora);
+
 MemoryPlan plan_memory(const RunConfig& cfg, const ModelConfig& model, int64_t parameters, int64_t kv_pool_bytes,
                        bool reference, bool critic, int64_t teacher_parameters = 0);
 

@@ -64,6 +64,10 @@ std::shared_ptr<const Tokenizer> run_tokenizer(const RunConfig& cfg);
 // Writes the run's tokenizer as tokenizer.json (env servers and exported models load it).
 void write_tokenizer(const RunConfig& cfg, const std::filesystem::path& file);
 std::shared_ptr<Transformer> initial_model(const RunConfig& cfg, const Tokenizer& tokenizer);
+// A rollout engine's model: with model.lora, `model` gets its adapters (zero: the base
+// model, version 0), merged or not as rollout.lora_merged says; the weight updates then
+// carry only the adapters.
+void add_engine_adapters(Transformer& model, const RunConfig& cfg);
 
 // A role's heartbeat: a thread rewrites run_dir/heartbeats/ROLE-INDEX every 0.5 s while
 // the process runs (a SIGSTOPped or frozen process stops beating; the launcher notices),

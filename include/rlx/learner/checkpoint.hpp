@@ -72,6 +72,12 @@ CheckpointInfo verify_checkpoint(const std::filesystem::path& dir);
 std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path& root);
 
 // Gathers the full fp32 parameters and writes an HF directory on rank 0 (collective).
+// With LoRA the adapters are merged in (W + scale * B A).
 void export_hf(Learner& learner, const std::filesystem::path& dir, at::ScalarType dtype = at::kFloat);
+// A LoRA learner's adapters as PEFT writes them (collective; rank 0 writes): `dir`/
+// adapter_config.json (peft_type LORA, r, lora_alpha, lora_dropout, target_modules,
+// base_model_name_or_path = `base_model`) and `dir`/adapter_model.safetensors (fp32;
+// "base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight", ...).
+void export_peft_adapter(Learner& learner, const std::filesystem::path& dir, const std::string& base_model);
 
 }  // namespace rlx

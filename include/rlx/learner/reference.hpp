@@ -5,7 +5,10 @@
 //   rlx::ReferenceModel ref(cfg, *comm, learner.options().fsdp);
 //   ref.load_from(initial_policy);                          // or load_hf(...) and load_from
 //   seq.values["ref_logprobs"] = ...  // from ref.logprobs(micro_batch)
+//   rlx::ReferenceModel base(learner.model());              // LoRA: the base, no copy
 #pragma once
+
+#include <memory>
 
 #include "rlx/dist/fsdp.hpp"
 #include "rlx/learner/batching.hpp"
@@ -14,9 +17,13 @@ namespace rlx {
 
 class ReferenceModel {
  public:
+  // A model of its own (frozen: its shards in the compute dtype).
   ReferenceModel(const ModelConfig& cfg, dist::Communicator& comm, dist::FsdpOptions options = {});
-  void load_from(const Transformer& full) { model_.load_from(full); }
-  void init_weights(uint64_t seed) { model_.init_weights(seed); }
+  // A LoRA policy's base weights: the policy's own model with its adapters switched off
+  // for these forwards (no memory of its own).
+  explicit ReferenceModel(dist::ShardedTransformer& lora_policy);
+  void load_from(const Transformer& full);
+  void init_weights(uint64_t seed);
   // log p_ref(target) of every position: [R, T] fp32 (collective, like every forward).
   at::Tensor logprobs(const MicroBatch& mb);
   // Fills each sequence's `key` value (per token; the first token's is 0), packing them as
@@ -24,7 +31,9 @@ class ReferenceModel {
   void annotate(std::vector<Sequence>& seqs, const PackOptions& packing, const std::string& key = "ref_logprobs");
 
  private:
-  dist::ShardedTransformer model_;
+  std::unique_ptr<dist::ShardedTransformer> owned_;
+  dist::ShardedTransformer& model_;
+  bool base_of_lora_ = false;
 };
 
 }  // namespace rlx

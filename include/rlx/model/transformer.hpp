@@ -21,6 +21,7 @@
 
 #include "rlx/model/config.hpp"
 #include "rlx/model/kv_cache.hpp"
+#include "rlx/model/lora.hpp"
 #include "rlx/model/varlen_attention.hpp"
 
 namespace rlx {
@@ -45,7 +46,22 @@ struct ForwardState {
   // Inference on CUDA: a layer's MLP output not yet added to its residual stream; the next
   // layer's input norm (or the final norm) adds it in the same kernel as its RMSNorm.
   mutable at::Tensor pending;
+  // Trained LoRA adapters with dropout: the key of this forward's dropout masks (a block
+  // recomputed in backward draws the same ones).
+  uint64_t lora_key = 0;
+  bool train = false;  // begun with gradients on: adapter dropout applies
 };
+
+// How a model carries LoRA adapters (model/lora.hpp).
+enum class LoraMode {
+  unmerged,  // forward adds scale * B A x to each target (the learner, or an engine; switchable off)
+  merged,    // the served weights are base + scale * B A, made again by merge_lora() (an engine)
+};
+
+// PEFT's initialisation of adapters given by name (model/lora.hpp's names): each lora_A
+// Kaiming-uniform (bound 1 / sqrt(in)) from rlx's generator keyed by the seed and the name
+// (the same values on any machine and rank count), each lora_B zero.
+void init_lora_weights(const std::vector<std::pair<std::string, at::Tensor>>& adapters, uint64_t seed);
 
 namespace detail {
 struct Body;
@@ -84,8 +100,32 @@ class Transformer : public torch::nn::Module {
   // weights on every machine, device and LibTorch version.
   void init_weights(uint64_t seed);
 
-  // Parameters by HF name, in a stable order (the tied LM head is not listed).
+  // Parameters by HF name, in a stable order (the tied LM head is not listed; nor are
+  // LoRA adapters: lora_parameters()).
   std::vector<std::pair<std::string, at::Tensor>> hf_parameters() const;
+
+  // LoRA: registers an adapter (A [rank, in], B [out, rank], both zero) on every projection
+  // that `spec` targets. Once per model; merged keeps a copy of each target's weight.
+  void add_lora(const LoraSpec& spec, LoraMode mode);
+  bool has_lora() const { return lora_.enabled(); }
+  bool lora_merged() const { return lora_.enabled() && lora_mode_ == LoraMode::merged; }
+  const LoraSpec& lora() const { return lora_; }
+  // The adapters' parameters by PEFT's names (without its "base_model.model." prefix), in
+  // a stable order: each target's lora_A, then its lora_B.
+  std::vector<std::pair<std::string, at::Tensor>> lora_parameters() const;
+  // What a weight update carries: the adapters when the model has them, else hf_parameters().
+  std::vector<std::pair<std::string, at::Tensor>> sync_parameters() const;
+  // PEFT's initialisation: A Kaiming-uniform (bound 1 / sqrt(in)), drawn from rlx's
+  // generator per name; B zero (so the adapted model starts as the base).
+  void init_lora(uint64_t seed);
+  // Unmerged mode: whether forward adds the adapters (off: the base model, KL's reference).
+  void set_lora_active(bool on) { lora_active_ = on; }
+  bool lora_active() const { return lora_active_; }
+  // The seed of the adapters' dropout masks while training (with the forward's key).
+  void set_lora_dropout_seed(uint64_t seed) { lora_seed_ = seed, lora_forwards_ = 0; }
+  // Merged mode: each target's served weight becomes base + scale * B A (computed in fp32)
+  // from the adapters' current values. Returns the bytes of weights written.
+  int64_t merge_lora();
 
   // For inference (the rollout engine): each layer's q/k/v and gate/up weights (and
   // biases) become one tensor each, and the parameters views of it, so that forwards
@@ -98,6 +138,11 @@ class Transformer : public torch::nn::Module {
 
  private:
   at::Tensor fused_layer(const detail::Block& blk, int64_t index, const at::Tensor& h, const ForwardState& st);
+  // Unmerged mode: `y` (the joined outputs of `projections`, in that order) plus the
+  // adapters' updates of those that have one, from their shared input `x`.
+  at::Tensor with_lora(const at::Tensor& y, std::initializer_list<const detail::Projection*> projections,
+                       const at::Tensor& x, const ForwardState& st, uint64_t site) const;
+  bool lora_on() const { return lora_.enabled() && lora_mode_ == LoraMode::unmerged && lora_active_; }
 
   ModelConfig cfg_;
   at::ScalarType dtype_;
@@ -106,6 +151,10 @@ class Transformer : public torch::nn::Module {
   std::shared_ptr<detail::Projection> lm_head_;  // null when tied
   at::Tensor inv_freq_;                          // fp32 [head_dim / 2], a buffer
   bool fused_ = false;
+  LoraSpec lora_{.rank = 0};
+  LoraMode lora_mode_ = LoraMode::unmerged;
+  bool lora_active_ = true;
+  uint64_t lora_seed_ = 0, lora_forwards_ = 0;  // dropout: the seed, and forwards since it was set
 };
 
 }  // namespace rlx
