@@ -410,7 +410,6 @@ void ShardedTransformer::init_weights(uint64_t seed) {
   Transformer full(cfg_, at::kFloat, at::kCPU);
   full.init_weights(seed);
   load_from(full);
-  if (opt_.lora.enabled()) init_lora(seed);
 }
 
 void ShardedTransformer::init_lora(uint64_t seed) {

@@ -52,8 +52,9 @@ std::vector<rlx::Sequence> global_batch(int64_t step, int64_t n) {
   return out;
 }
 
-rlx::LearnerOptions learner_options(bool checkpointing, uint64_t seed, bool bf16 = false) {
+rlx::LearnerOptions learner_options(bool checkpointing, uint64_t seed, bool bf16 = false, int64_t lora_rank = 0) {
   rlx::LearnerOptions o;
+  o.fsdp.lora.rank = lora_rank;  // all seven projections, alpha 16
   o.optimizer.lr = 3e-3;
   o.optimizer.weight_decay = 0.1;
   o.schedule.kind = rlx::LrScheduleKind::cosine;
@@ -72,14 +73,21 @@ rlx::LearnerOptions learner_options(bool checkpointing, uint64_t seed, bool bf16
   return o;
 }
 
-int run_reference(int64_t steps, int64_t batch, const std::string& out) {
+// With `lora_rank`, only adapters (initialised as the sharded learner's, seed 99) are
+// trained, and only they are written.
+int run_reference(int64_t steps, int64_t batch, const std::string& out, int64_t lora_rank) {
   auto cfg = test_model();
-  auto opts = learner_options(false, 0);
+  auto opts = learner_options(false, 0, false, lora_rank);
   rlx::Transformer model(cfg);
   model.init_weights(7);
+  if (lora_rank > 0) {
+    model.add_lora(opts.fsdp.lora, rlx::LoraMode::unmerged);
+    model.init_lora(99);
+    for (auto& [name, p] : model.hf_parameters()) p.requires_grad_(false);
+  }
   rlx::AdamW opt(opts.optimizer);
   std::vector<at::Tensor> params;
-  for (auto& [name, p] : model.hf_parameters()) {
+  for (auto& [name, p] : lora_rank > 0 ? model.lora_parameters() : model.hf_parameters()) {
     params.push_back(p);
     opt.add(p, p.dim() >= 2 ? at::ones_like(p) : at::zeros_like(p));
   }
@@ -102,18 +110,18 @@ int run_reference(int64_t steps, int64_t batch, const std::string& out) {
     const double norm = std::sqrt(rlx::grad_sq_norm(params));
     opt.step(opts.schedule.at(opt.step_count(), opts.optimizer.lr), rlx::clip_factor(norm, opts.max_grad_norm));
   }
-  rlx::save_safetensors(out, model.hf_parameters());
+  rlx::save_safetensors(out, lora_rank > 0 ? model.lora_parameters() : model.hf_parameters());
   return 0;
 }
 
 int run_sharded(const rlx::algo::Algorithm* algorithm, int64_t steps, int64_t batch, const std::string& out, bool checkpointing, const std::string& ckpt,
                 int64_t save_every, const std::string& crash_at, int64_t crash_save, bool rng_noise, double timeout_s,
-                bool bf16) {
+                bool bf16, int64_t lora_rank) {
   auto rdv = rlx::dist::rendezvous_from_env();
   rdv.timeout_s = timeout_s;
   auto comm = rlx::dist::connect(rdv);
   const int rank = comm->rank(), world = comm->size();
-  rlx::Learner learner(test_model(), *comm, learner_options(checkpointing, 99, bf16));
+  rlx::Learner learner(test_model(), *comm, learner_options(checkpointing, 99, bf16, lora_rank));
   learner.init_weights(7);
   rlx::CheckpointOptions co{.root = ckpt, .keep_last = 2};
   if (!ckpt.empty()) {
@@ -156,7 +164,7 @@ int run_sharded(const rlx::algo::Algorithm* algorithm, int64_t steps, int64_t ba
       std::cout << "saved " << r.step << std::endl;
     }
   }
-  auto params = learner.model().gather_parameters();
+  auto params = lora_rank > 0 ? learner.model().gather_lora_parameters() : learner.model().gather_parameters();
   if (rank == 0 && !out.empty()) rlx::save_safetensors(out, params);
   return 0;
 }
@@ -297,9 +305,11 @@ int main(int argc, char** argv) {
   app.add_option("--algo", algo, "train with this algorithm's loss instead of SFT");
   app.add_option("--aggregation", aggregation);
   app.add_option("--timeout", timeout_s);
+  int64_t lora_rank = 0;
+  app.add_option("--lora", lora_rank, "sharded, reference: train LoRA adapters of this rank only");
   CLI11_PARSE(app, argc, argv);
   try {
-    if (mode == "reference") return run_reference(steps, batch, out);
+    if (mode == "reference") return run_reference(steps, batch, out, lora_rank);
     if (mode == "ppo") return run_ppo(steps, batch, epochs, out, timeout_s);
     if (mode == "subscribe") return run_subscriber(shm, tcp, broadcast, until, count, engine_on, uniform, out);
     std::unique_ptr<rlx::algo::Algorithm> algorithm;
@@ -308,7 +318,8 @@ int main(int argc, char** argv) {
       algorithm = rlx::algo::make_algorithm(
           {.name = algo, .aggregation = rlx::algo::aggregation_from_string(aggregation), .max_tokens = 20});
     }
-    return run_sharded(algorithm.get(), steps, batch, out, checkpointing, ckpt, save_every, crash_at, crash_save, rng_noise, timeout_s, bf16);
+    return run_sharded(algorithm.get(), steps, batch, out, checkpointing, ckpt, save_every, crash_at, crash_save, rng_noise, timeout_s, bf16,
+                       lora_rank);
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << std::endl;
     return 1;

@@ -86,8 +86,8 @@ class ShardedTransformer {
   // This rank's shards of a full model's parameters (same config; any dtype). Adapters
   // are not touched.
   void load_from(const Transformer& full);
-  // As Transformer::init_weights(seed) would initialise the whole model (and the adapters
-  // as init_lora(seed)).
+  // As Transformer::init_weights(seed) would initialise the whole model (not the adapters:
+  // init_lora, which a Learner calls with its own seed).
   void init_weights(uint64_t seed);
   // The adapters as Transformer::init_lora(seed) initialises them (A random, B zero).
   void init_lora(uint64_t seed);
