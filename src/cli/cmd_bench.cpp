@@ -2,7 +2,7 @@
 // Forward tokens/s (no grad), forward+backward tokens/s and KV-cache decode tokens/s
 // of a randomly initialised model. The last line is JSON.
 //
-// rlx bench sampler --preset NAME [--batch B] [--prompt P] [--new N] [--n G] [--naive]
+// rlx bench sampler --preset NAME [--batch B] [--prompt P] [--new N] [--n G] [--naive] [--lora-rank R --lora-merged 0|1]
 // The rollout engine generating B requests (x G samples) of P prompt tokens and N new
 // tokens: output tokens/s, ms per decode step, prefill tokens/s, peak memory; with
 // --naive the same generation by full recompute (no KV cache) and the ratio.
@@ -45,6 +45,8 @@ struct SamplerArgs {
   bool naive = false;
   bool cuda_graphs = true;
   bool overlap = true;
+  int64_t lora_rank = 0;  // > 0: adapters on every projection (random), applied as lora_merged says
+  bool lora_merged = true;
 };
 
 int bench_sampler(const SamplerArgs& a) {
@@ -68,12 +70,28 @@ int bench_sampler(const SamplerArgs& a) {
     for (int64_t t = 0; t < a.prompt; ++t) r.prompt.push_back(static_cast<TokenId>(rng.uniform_int(0, cfg.vocab_size - 1)));
     requests.push_back(std::move(r));
   }
+  if (a.lora_rank > 0) model->add_lora({.rank = a.lora_rank}, a.lora_merged ? LoraMode::merged : LoraMode::unmerged);
   Engine engine(model, {.block_size = static_cast<int32_t>(a.block_size),
                         .kv_cache_mb = a.kv_cache_mb,
                         .max_batch_tokens = a.max_batch_tokens,
                         .max_running = std::max<int64_t>(256, a.batch * a.n),
                         .cuda_graphs = a.cuda_graphs,
                         .overlap = a.overlap});
+  // LoRA: what a weight update costs the engine (the adapters copied in, and merged when
+  // merging), timed over a few updates of random adapters.
+  double lora_update_ms = 0;
+  int64_t lora_update_bytes = 0;
+  if (a.lora_rank > 0) {
+    auto update = model->sync_parameters();
+    for (auto& [n, t] : update) t = at::randn(t.sizes(), at::TensorOptions().dtype(at::kFloat)) * 0.01;
+    constexpr int kUpdates = 5;
+    for (int v = 1; v <= kUpdates; ++v) {
+      const auto t0 = std::chrono::steady_clock::now();
+      lora_update_bytes = engine.load_weights(v, update);
+      compat::synchronize(device);
+      lora_update_ms += seconds_since(t0) * 1e3 / kUpdates;
+    }
+  }
   engine.generate({requests.front()});  // warm-up
 
   // Each iteration: every request from an empty engine; steps are timed one by one and
@@ -125,7 +143,13 @@ int bench_sampler(const SamplerArgs& a) {
                       {"overlap", a.overlap},
                       {"overlapped_steps", st.overlapped_steps},
                       {"discarded_rows", st.discarded_rows},
-                      {"peak_rss_mb", peak_rss_mb()}};
+                      {"peak_rss_mb", peak_rss_mb()},
+                      {"lora_rank", a.lora_rank}};
+  if (a.lora_rank > 0) {
+    r["lora_merged"] = a.lora_merged;
+    r["lora_update_ms"] = lora_update_ms;
+    r["lora_update_bytes"] = lora_update_bytes;
+  }
   const int64_t device_peak = compat::device_peak_bytes(device);
   if (device_peak >= 0) r["device_peak_mb"] = static_cast<double>(device_peak) / (1 << 20);
   std::cout << fmt::format("{} ({} params) on {} ({}): {} requests x {} samples, prompt {}, {} new tokens\n", name,
@@ -272,6 +296,9 @@ void add_bench_commands(CLI::App& app, Action& action) {
   sampler->add_option("--iters", s->iters, "timed repetitions")->check(CLI::Range(1, 1000));
   sampler->add_option("--threads", s->threads, "compute threads (0: all cores)")->check(CLI::Range(0, 1024));
   sampler->add_flag("--naive", s->naive, "also time full recompute without a KV cache");
+  sampler->add_option("--lora-rank", s->lora_rank, "LoRA adapters of this rank on every projection (0: none)")
+      ->check(CLI::Range(0, 4096));
+  sampler->add_option("--lora-merged", s->lora_merged, "LoRA: merged into the weights at each update (1) or added per forward (0)");
   sampler->add_option("--cuda-graphs", s->cuda_graphs, "on CUDA, replay decode steps as CUDA graphs (1) or run eagerly (0)");
   sampler->add_option("--overlap", s->overlap,
                       "launch decode step k+1 before step k's tokens are read back (1) or one step at a time (0)");

@@ -456,8 +456,9 @@ int64_t Transformer::merge_lora() {
   for (auto& blk : body_->blocks) {
     for (const auto& t : lora_.targets) {
       auto& p = blk->projection(t);
-      auto delta = at::matmul(p.lora_B->weight.to(at::kFloat), p.lora_A->weight.to(at::kFloat));
-      p.weight.copy_(at::add(p.base.to(at::kFloat), delta, s));  // the kept base is not written
+      // One pass writing the weight (base + s * B A, GEMM-accumulated in fp32 on every
+      // device LibTorch has); the kept base is not written.
+      at::addmm_out(p.weight, p.base, p.lora_B->weight, p.lora_A->weight, /*beta=*/1, /*alpha=*/s);
       bytes += p.weight.numel() * static_cast<int64_t>(p.weight.element_size());
     }
   }

@@ -123,8 +123,8 @@ class Transformer : public torch::nn::Module {
   bool lora_active() const { return lora_active_; }
   // The seed of the adapters' dropout masks while training (with the forward's key).
   void set_lora_dropout_seed(uint64_t seed) { lora_seed_ = seed, lora_forwards_ = 0; }
-  // Merged mode: each target's served weight becomes base + scale * B A (computed in fp32)
-  // from the adapters' current values. Returns the bytes of weights written.
+  // Merged mode: each target's served weight becomes base + scale * B A (one addmm into
+  // it) from the adapters' current values. Returns the bytes of weights written.
   int64_t merge_lora();
 
   // For inference (the rollout engine): each layer's q/k/v and gate/up weights (and
