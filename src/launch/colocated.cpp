@@ -43,7 +43,7 @@ void ColocatedRollout::start(std::atomic<bool>& stop) {
       WorkerEnvs envs(ctx_, tok_, [this] { return end_.load(); }, [] { return false; });
       bus::Client client({.address = ctx_.hub_address(), .who = who});
       client.give_up_when([this] { return end_.load() || launcher_gone(); });
-      auto options = worker_options(ctx_, who);
+      auto options = worker_options(ctx_, who, engine_->model_config().vocab_size);
       options.turns = turns();
       rollout::Worker* self = nullptr;
       options.after_round = [this, &self] { generated_s_ = self->busy_s(); };

@@ -40,6 +40,15 @@ struct Fault {
 // This process's peak memory in MiB: on a CUDA model.device what LibTorch's allocator
 // handed out at most, else the peak resident set (ru_maxrss).
 double peak_memory_mb(const RunConfig& cfg);
+// One of the environment's generated tasks as a supervised example: the prompt its
+// environment renders, and the reference completion (the task's "completion", or its
+// "answer" and a newline). `who` names the caller in the error for a task with neither.
+struct TaskExample {
+  std::vector<TokenId> prompt;
+  std::string completion;
+};
+TaskExample task_example(const RunConfig& cfg, const Tokenizer& tok, uint64_t seed, uint64_t index, const char* who);
+
 double greedy_accuracy(const RunConfig& cfg, const std::shared_ptr<Transformer>& model,
                        const std::shared_ptr<const Tokenizer>& tok);
 

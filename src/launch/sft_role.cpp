@@ -20,6 +20,18 @@ namespace rlx::launch {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+TaskExample task_example(const RunConfig& cfg, const Tokenizer& tok, uint64_t seed, uint64_t index, const char* who) {
+  const auto options = cfg.env.options_json();
+  const auto task = env::Registry::global().generate(cfg.env.name, seed, index, options);
+  auto env = env::Registry::global().make(cfg.env.name, {.tokenizer = &tok, .options = options, .seed = cfg.run.seed});
+  TaskExample out;
+  out.prompt = env->reset(task);
+  if (task.contains("completion")) out.completion = task["completion"].get<std::string>();
+  else if (task.contains("answer")) out.completion = (task["answer"].is_string() ? task["answer"].get<std::string>() : task["answer"].dump()) + "\n";
+  else throw Error(fmt::format("{}: the {} task has neither \"completion\" nor \"answer\"", who, cfg.env.name));
+  return out;
+}
+
 int run_sft(const RunConfig& cfg) {
   set_threads(cfg);
   env::register_bundled();
@@ -39,19 +51,12 @@ int run_sft(const RunConfig& cfg) {
   lo.fsdp.lora = cfg.model.lora;
   Learner learner(model->config(), *comm, lo);
   learner.load_from(*model);
-  const auto options = cfg.env.options_json();
   std::ofstream metrics_out(run_dir / "metrics.jsonl", std::ios::trunc);
   for (int64_t step = 0; step < cfg.sft.steps; ++step) {
     std::vector<Sequence> seqs;
     for (uint32_t b = 0; b < cfg.sft.batch; ++b) {
-      const auto task = env::Registry::global().generate(cfg.env.name, cfg.run.seed,
-                                                         static_cast<uint64_t>(step) * cfg.sft.batch + b, options);
-      auto env = env::Registry::global().make(cfg.env.name, {.tokenizer = tok.get(), .options = options, .seed = cfg.run.seed});
-      const auto prompt = env->reset(task);
-      std::string completion;
-      if (task.contains("completion")) completion = task["completion"].get<std::string>();
-      else if (task.contains("answer")) completion = (task["answer"].is_string() ? task["answer"].get<std::string>() : task["answer"].dump()) + "\n";
-      else throw Error(fmt::format("sft: the {} task has neither \"completion\" nor \"answer\"", cfg.env.name));
+      const auto [prompt, completion] =
+          task_example(cfg, *tok, cfg.run.seed, static_cast<uint64_t>(step) * cfg.sft.batch + b, "sft");
       const auto target = tok->encode(completion);
       Sequence s;
       s.tokens.assign(prompt.begin(), prompt.end());

@@ -1,6 +1,7 @@
 // The trainer commands (rlx's, and those of a user's trainer through trainer_main):
 // rlx run CONFIG [key=value ...]    validate the config, then start and watch every role
 // rlx sft / eval CONFIG             warm start; greedy held-out accuracy
+// rlx rm CONFIG                     a reward model from preference pairs
 // rlx scale RUN_DIR --workers N     rollout workers of a running job
 // rlx k8s render CONFIG             the Kubernetes manifest of the plan
 // rlx role NAME --config F ...      one role of a run (what `rlx run` starts; internal)
@@ -53,6 +54,9 @@ void validate_run_config(const RunConfig& cfg) {
   if (algorithm->needs_teacher() && !std::filesystem::exists(std::filesystem::path(cfg.algorithm.teacher) / "config.json"))
     throw ConfigError(fmt::format("algorithm.teacher: {} is not an HF model directory (no config.json)",
                                   cfg.algorithm.teacher));
+  if (!cfg.reward_model.path.empty() && !std::filesystem::exists(std::filesystem::path(cfg.reward_model.path) / "config.json"))
+    throw ConfigError(fmt::format("reward_model.path: {} is not an HF model directory (no config.json)",
+                                  cfg.reward_model.path));
   env::register_bundled();
   if (!env::Registry::global().has(cfg.env.name)) {
     std::vector<std::string> names;
@@ -288,6 +292,14 @@ void add_trainer_commands(CLI::App& app, Action& action) {
   sft->add_option("overrides", sft_args->overrides, "section.key=value overrides");
   sft->callback([sft_args, &action] {
     action = [sft_args] { return run_sft(config::load_file<RunConfig>(sft_args->file, sft_args->overrides)); };
+  });
+  auto rm_args = std::make_shared<RunArgs>();
+  auto* rm = app.add_subcommand("rm", "Train a reward model on preference pairs (Bradley-Terry; writes RUN_DIR/final, an HF "
+                                      "sequence classifier)");
+  rm->add_option("config", rm_args->file, "YAML run config (sections rm, env, model)")->required();
+  rm->add_option("overrides", rm_args->overrides, "section.key=value overrides");
+  rm->callback([rm_args, &action] {
+    action = [rm_args] { return run_rm(config::load_file<RunConfig>(rm_args->file, rm_args->overrides)); };
   });
   auto eval_args = std::make_shared<RunArgs>();
   auto* ev = app.add_subcommand("eval", "Greedy held-out accuracy of CONFIG's model (model.path=DIR) on its environment");

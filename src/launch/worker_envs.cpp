@@ -6,6 +6,8 @@
 #include <algorithm>
 
 #include "rlx/core/error.hpp"
+#include "rlx/core/log.hpp"
+#include "rlx/model/reward_model.hpp"
 
 namespace rlx::launch {
 
@@ -112,16 +114,35 @@ EngineConfig engine_config(const RunConfig& cfg) {
   return {.block_size = static_cast<int32_t>(cfg.rollout.block_size), .kv_cache_blocks = cfg.rollout.kv_cache_blocks};
 }
 
-rollout::WorkerOptions worker_options(const RoleContext& ctx, const std::string& who) {
+rollout::WorkerOptions worker_options(const RoleContext& ctx, const std::string& who, int64_t vocab_size) {
   const auto& cfg = ctx.cfg;
-  return {.who = who,
-          .rollout = {.max_turns = cfg.env.max_turns,
-                      .sampling = {.temperature = cfg.rollout.temperature, .max_new_tokens = cfg.rollout.max_new_tokens},
-                      .seed = cfg.run.seed},
-          .leases_per_request = cfg.rollout.leases_per_request,
-          .weights_timeout_s = cfg.train.batch_timeout_s,
-          .episode_dir = ctx.run_dir / "episodes",
-          .episode_checkpoint_turns = cfg.rollout.episode_checkpoint_turns};
+  rollout::WorkerOptions o{.who = who,
+                           .rollout = {.max_turns = cfg.env.max_turns,
+                                       .sampling = {.temperature = cfg.rollout.temperature,
+                                                    .max_new_tokens = cfg.rollout.max_new_tokens},
+                                       .seed = cfg.run.seed},
+                           .leases_per_request = cfg.rollout.leases_per_request,
+                           .weights_timeout_s = cfg.train.batch_timeout_s,
+                           .episode_dir = ctx.run_dir / "episodes",
+                           .episode_checkpoint_turns = cfg.rollout.episode_checkpoint_turns};
+  const auto& rm = cfg.reward_model;
+  if (!rm.path.empty()) {
+    // The reward model beside the engine, on its device and in its dtype.
+    auto model = std::make_shared<RewardModel>(
+        RewardModel::load(rm.path, {.dtype = to_scalar_type(cfg.model.dtype), .device = at::Device(cfg.model.device)}));
+    RLX_CHECK(model->body().config().vocab_size == vocab_size,
+              "reward_model.path {}: its vocabulary ({} tokens) is not the policy's ({}): it scores the policy's tokens, "
+              "so both need the same tokenizer",
+              rm.path, model->body().config().vocab_size, vocab_size);
+    o.score = [model, batch = rm.max_batch_tokens](const std::vector<std::vector<int64_t>>& seqs) {
+      return model->score(seqs, batch);
+    };
+    o.score_coef = rm.coef;
+    o.env_coef = rm.env_coef;
+    log::info("{}: reward model {} ({} layers, hidden {}); reward = {} x env + {} x score", who, rm.path,
+              model->body().config().num_layers, model->body().config().hidden_size, rm.env_coef, rm.coef);
+  }
+  return o;
 }
 
 }  // namespace rlx::launch

@@ -43,6 +43,7 @@ class WorkerEnvs {
 // The rollout engine's settings of a run (rollout.block_size, rollout.kv_cache_blocks).
 EngineConfig engine_config(const RunConfig& cfg);
 // A worker's options in this run; the caller adds status, statistics and its device turns.
-rollout::WorkerOptions worker_options(const RoleContext& ctx, const std::string& who);
+// With reward_model.path, loads the reward model (its vocabulary must be `vocab_size`, the policy's).
+rollout::WorkerOptions worker_options(const RoleContext& ctx, const std::string& who, int64_t vocab_size);
 
 }  // namespace rlx::launch

@@ -110,7 +110,7 @@ int run_worker(const RoleContext& ctx) {
     } catch (const std::exception&) {  // a full disk: the busy fraction is missing, not the run
     }
   };
-  auto options = worker_options(ctx, who);
+  auto options = worker_options(ctx, who, model->config().vocab_size);
   options.after_episode_checkpoint = after_checkpoint;
   options.status = [](const std::string& what) { status::set(what); };
   options.after_round = [&] {

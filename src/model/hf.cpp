@@ -205,16 +205,31 @@ std::shared_ptr<Transformer> load_hf(const fs::path& dir, HfLoadOptions options)
   auto model = std::make_shared<Transformer>(cfg, options.dtype, options.device);
   c10::NoGradGuard no_grad;
   std::set<std::string> used;
-  for (auto& [name, p] : model->hf_parameters()) {
+  auto read = [&](const std::string& name) {
     auto it = where.find(name);
-    RLX_CHECK(it != where.end(), "{}: missing tensor '{}'", dir.string(), name);
+    RLX_CHECK(it != where.end(), "{}: missing tensor '{}'{}", dir.string(), name,
+              options.score && name == "score.weight" ? " (not a sequence classifier's directory)" : "");
     auto fit = files.find(it->second);
     if (fit == files.end()) fit = files.emplace(it->second, SafetensorsFile::open(it->second)).first;
-    at::Tensor t = fit->second.tensor(name);
-    RLX_CHECK(t.sizes() == p.sizes(), "{}: tensor '{}' has shape {}, the config needs {}", it->second.string(), name,
+    used.insert(name);
+    return std::pair{fit->second.tensor(name), it->second};
+  };
+  for (auto& [name, p] : model->hf_parameters()) {
+    if (options.score && name == "lm_head.weight") {  // a classifier has none; unused
+      p.zero_();
+      continue;
+    }
+    auto [t, file] = read(name);
+    RLX_CHECK(t.sizes() == p.sizes(), "{}: tensor '{}' has shape {}, the config needs {}", file.string(), name,
               t.sizes(), p.sizes());
     p.copy_(t);
-    used.insert(name);
+  }
+  if (options.score) {
+    auto [t, file] = read("score.weight");
+    RLX_CHECK(t.dim() == 2 && t.size(0) == 1 && t.size(1) == cfg.hidden_size,
+              "{}: score.weight has shape {}; a reward model's head is [1, {}] (one label)", file.string(), t.sizes(),
+              cfg.hidden_size);
+    *options.score = t.reshape({cfg.hidden_size}).to(options.device, at::kFloat);
   }
   for (const auto& [name, file] : where) {
     if (used.count(name)) continue;
@@ -229,8 +244,21 @@ std::shared_ptr<Transformer> load_hf(const fs::path& dir, HfLoadOptions options)
 
 void save_hf(const Transformer& model, const fs::path& dir, HfSaveOptions options) {
   fs::create_directories(dir);
-  write_json(dir / "config.json", model_config_to_hf(model.config(), model.dtype()));
+  auto config = model_config_to_hf(model.config(), model.dtype());
   auto params = model.hf_parameters();
+  if (options.score.defined()) {
+    // transformers' *ForSequenceClassification: the body and `score`, one label.
+    const auto cls = model.config().arch == Arch::qwen2 ? "Qwen2ForSequenceClassification" : "LlamaForSequenceClassification";
+    config["architectures"] = {cls};
+    config["id2label"] = {{"0", "LABEL_0"}};
+    config["label2id"] = {{"LABEL_0", 0}};
+    config["num_labels"] = 1;
+    if (!config.contains("pad_token_id") || config["pad_token_id"].is_null())
+      config["pad_token_id"] = std::max<int64_t>(model.config().eos_token_id, 0);
+    std::erase_if(params, [](const auto& p) { return p.first == "lm_head.weight"; });
+    params.emplace_back("score.weight", options.score.detach().reshape({1, -1}).to(at::kCPU, model.dtype()));
+  }
+  write_json(dir / "config.json", config);
   std::vector<std::vector<std::pair<std::string, at::Tensor>>> shards(1);
   uint64_t size = 0, total = 0;
   for (auto& [name, t] : params) {

@@ -208,6 +208,32 @@ std::vector<GroupRollout> rollout_groups(Engine& engine, const EnvSource& envs, 
 }
 
 
+void score_episodes(std::vector<GroupRollout>& groups, const WorkerOptions& o) {
+  if (!o.score) return;
+  std::vector<std::vector<int64_t>> seqs;
+  std::vector<env::Episode*> eps;
+  for (auto& gr : groups) {
+    if (!gr.error.empty()) continue;
+    for (auto& ep : gr.episodes) {
+      seqs.emplace_back(ep.tokens.begin(), ep.tokens.end());
+      eps.push_back(&ep);
+    }
+  }
+  if (seqs.empty()) return;
+  const int64_t t0 = TraceWriter::now_us();
+  std::vector<double> scores;
+  try {
+    scores = o.score(seqs);
+  } catch (const Error& e) {  // the groups go back to the hub, their leases retried
+    for (auto& gr : groups)
+      if (gr.error.empty()) gr.error_kind = "infra", gr.error = fmt::format("reward model: {}", e.what());
+    return;
+  }
+  RLX_ASSERT(scores.size() == eps.size(), "a reward model returned {} scores for {} episodes", scores.size(), eps.size());
+  for (size_t i = 0; i < eps.size(); ++i) eps[i]->reward = o.env_coef * eps[i]->reward + o.score_coef * scores[i];
+  trace_span("reward_model", t0);
+}
+
 bus::TrajectoryGroup to_trajectory_group(GroupRollout& gr, const std::string& worker) {
   bus::TrajectoryGroup group{.lease_id = gr.lease.lease_id, .prompt_index = gr.lease.prompt_index,
                              .epoch = gr.lease.epoch, .worker = worker};
@@ -298,6 +324,7 @@ int64_t Worker::run(const std::atomic<bool>& end, const std::atomic<bool>& leave
       say(fmt::format("rolling out {} leases", grant.leases.size()));
     }
     auto groups = rollout_groups(engine_, envs_, grant.leases, o_.rollout, &episodes_, after_checkpoint, &end);
+    if (!end) score_episodes(groups, o_);  // on the device turn: a reward model runs there too
     turn.release();
     if (end) break;  // cut short: the hub re-issues these leases if the run goes on
     for (auto& gr : groups) {

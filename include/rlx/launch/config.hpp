@@ -234,6 +234,45 @@ struct SftSection {
   }
 };
 
+// `rlx rm`: a reward model trained from preference pairs (Bradley-Terry).
+struct RmSection {
+  int64_t steps = 200;        // optimizer steps
+  uint32_t batch = 16;        // pairs per step
+  double lr = 1e-4;
+  uint32_t eval_pairs = 200;  // held-out pairs for the pairwise accuracy it prints
+  // JSONL of {"prompt", "chosen", "rejected"} (text); empty: pairs from the environment's
+  // tasks (chosen: a task's answer; rejected: another task's answer that differs).
+  std::string data;
+
+  template <class V>
+  void visit(V& v) {
+    v("steps", steps, "reward-model optimizer steps", config::in_range(0, 100000000));
+    v("batch", batch, "preference pairs per step", config::in_range(1, 1 << 20));
+    v("lr", lr, "reward-model learning rate", config::greater_than(0));
+    v("eval_pairs", eval_pairs, "held-out pairs for the pairwise accuracy", config::in_range(1, 1 << 20));
+    v("data", data,
+      "JSONL of {prompt, chosen, rejected}; empty: pairs from the environment's tasks (a task's answer against "
+      "another's)");
+  }
+};
+
+// A reward model scoring each episode on the rollout side:
+// reward = env_coef * the environment's reward + coef * the model's score.
+struct RewardModelSection {
+  std::string path;                 // HF sequence-classification directory; empty: none
+  double coef = 1.0;
+  double env_coef = 1.0;
+  int64_t max_batch_tokens = 8192;  // rows x longest row per scoring forward
+
+  template <class V>
+  void visit(V& v) {
+    v("path", path, "HF *ForSequenceClassification directory (`rlx rm` writes one); empty: no reward model");
+    v("coef", coef, "weight of the reward model's score in the reward");
+    v("env_coef", env_coef, "weight of the environment's reward (0: the reward model's score alone)");
+    v("max_batch_tokens", max_batch_tokens, "tokens per scoring forward (rows x longest row)", config::at_least(1));
+  }
+};
+
 struct RunConfig {
   RunSection run;
   LogSection log;
@@ -247,6 +286,8 @@ struct RunConfig {
   RolloutSection rollout;
   TrainSection train;
   SftSection sft;
+  RmSection rm;
+  RewardModelSection reward_model;
 
   template <class V>
   void visit(V& v) {
@@ -262,6 +303,8 @@ struct RunConfig {
     v("rollout", rollout, "rollout workers and sampling");
     v("train", train, "the training loop: steps, groups per step, learner ranks");
     v("sft", sft, "the SFT warm start (`rlx sft`) and held-out evaluation (`rlx eval`)");
+    v("rm", rm, "reward-model training from preference pairs (`rlx rm`)");
+    v("reward_model", reward_model, "a reward model scoring episodes on the rollout side");
   }
 };
 

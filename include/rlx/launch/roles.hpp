@@ -116,6 +116,12 @@ int run_worker(const RoleContext& ctx);
 // writes an HF directory to run_dir/final. Prints the held-out accuracy before and after.
 int run_sft(const RunConfig& cfg);
 
+// `rlx rm`: trains a reward model (the model's body and a scalar head) from preference pairs
+// (rm.data, or pairs from the environment's tasks) with the Bradley-Terry loss, then writes
+// an HF sequence classifier to run_dir/final. Prints the held-out pairwise accuracy before
+// and after.
+int run_rm(const RunConfig& cfg);
+
 // Greedy held-out accuracy (mean episode reward) of `cfg`'s model on sft.eval_tasks tasks
 // drawn from the environment's generator with a seed disjoint from training's.
 double evaluate(const RunConfig& cfg);

@@ -29,6 +29,9 @@ ModelConfig read_hf_config(const std::filesystem::path& dir);
 struct HfLoadOptions {
   at::ScalarType dtype = at::kFloat;  // weights are converted to this
   at::Device device = at::kCPU;
+  // A sequence classifier's directory (reward_model.hpp): no LM head expected (an untied
+  // one is left zero), and `score.weight` read into *score.
+  at::Tensor* score = nullptr;
 };
 // Loads config.json and every weight; missing, unexpected or mis-shaped tensors are errors
 // that name the tensor.
@@ -36,6 +39,7 @@ std::shared_ptr<Transformer> load_hf(const std::filesystem::path& dir, HfLoadOpt
 
 struct HfSaveOptions {
   uint64_t max_shard_bytes = 5'000'000'000;  // above this, shards + model.safetensors.index.json
+  at::Tensor score;  // defined: a sequence classifier with this head [hidden] and no LM head
 };
 void save_hf(const Transformer& model, const std::filesystem::path& dir, HfSaveOptions options = {});
 

@@ -169,6 +169,7 @@ class Engine {
   void update_weights(int64_t version, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                       std::optional<UpdatePolicy> policy = std::nullopt);
   int64_t weight_version() const;
+  const ModelConfig& model_config() const { return model_->config(); }
   // Sets a complete set of weights as `version` now, with one copy into the model: for an
   // idle engine (nothing queued or running), from the thread that calls step() or one that
   // excludes it (a colocated learner holding the device). Checked as update_weights.

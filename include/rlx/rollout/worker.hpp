@@ -103,7 +103,15 @@ struct WorkerOptions {
   // A device shared with a learner in this process (colocated): the worker holds its
   // generate turn while it rolls out a grant.
   DeviceTurns* turns = nullptr;
+  // A reward model: one call per grant scores every finished episode's tokens (prompt,
+  // actions, observations); reward = env_coef * the environment's + score_coef * its score.
+  std::function<std::vector<double>(const std::vector<std::vector<int64_t>>&)> score;
+  double score_coef = 1.0, env_coef = 1.0;
 };
+
+// Adds a reward model's scores to the episodes of the groups without errors (as
+// WorkerOptions::score says). A failure of the scorer ends the groups as infra errors.
+void score_episodes(std::vector<GroupRollout>& groups, const WorkerOptions& options);
 
 class Worker {
  public:
