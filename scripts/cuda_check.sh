@@ -7,9 +7,10 @@
 #
 #   source .device/setup.sh; scripts/cuda_check.sh OUT [STEP...]
 # .device comes from scripts/prepare_device.sh on the Debian machine (the .deb files of the
-# dependencies, and TensorBoard files of a CPU run for the `tensorboard` step).
-#   steps (default all, in this order): build ceilings tensorboard parity model learner sync gpu_tests
-#   sanitizer unit decode profile sampler colocated
+# dependencies, TensorBoard files of a CPU run for the `tensorboard` step, a reward model and
+# a LoRA run for the `readers` step).
+#   steps (default all, in this order): build ceilings tensorboard readers parity model learner sync
+#   gpu_tests sanitizer unit decode profile sampler colocated
 # RLX_CUDA_DEADLINE=S: no step starts after S seconds, and none runs past them (a lease is short:
 # the steps run in the order given, so name the most wanted first). A lease is 15 minutes of
 # device time, starts (~45 s) included, and the machine goes back 30 s after a call, so a failed
@@ -17,7 +18,7 @@
 set -uo pipefail
 out=${1:?usage: cuda_check.sh OUT [STEP...]}
 shift
-steps=${*:-build ceilings tensorboard parity model learner sync gpu_tests sanitizer unit decode profile sampler colocated}
+steps=${*:-build ceilings tensorboard readers parity model learner sync gpu_tests sanitizer unit decode profile sampler colocated}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 build=${RLX_CUDA_BUILD:-$root/build/cuda}
@@ -49,7 +50,7 @@ python3 -c 'import torch, transformers; print("torch", torch.__version__, "trans
 
 for s in $steps; do
   case $s in
-    build|ceilings|tensorboard) ;;
+    build|ceilings|tensorboard|readers) ;;
     gpu_tests) have "$build/tests/rlx_tests" || continue ;;
     sanitizer) have "$build/tests/rlx_cuda_kernel_tests" || continue ;;
     unit) have "$build/tests/rlx_tests" || continue ;;
@@ -110,6 +111,11 @@ print(json.dumps({"device": torch.cuda.get_device_name(), "copy_gbs": 2 * x.nume
     tensorboard)
       # TensorBoard's own reader (the image's tensorboard package) on a CPU run's event files.
       step tensorboard 60 python3 scripts/read_tensorboard.py .device/tb .device/tb.expected.jsonl && json tensorboard ;;
+    readers)
+      # transformers on `rlx rm`'s sequence classifier, PEFT (if installed) on a LoRA run's adapter.
+      r=.device/readers
+      step readers 120 python3 scripts/check_hf_readers.py --rm $r/rm --rm-expected $r/rm_expected.json --base $r/base \
+        --lora-final $r/lora && json readers ;;
     profile)
       # Where a decode step's time goes, by kernel: ncu times each launch (graphs off, so each
       # kernel is its own launch; the summary averages by kernel name). 16 decode steps.

@@ -12,6 +12,7 @@
 #include "commands.hpp"
 #include "rlx/core/log.hpp"
 #include "rlx/model/hf.hpp"
+#include "rlx/model/reward_model.hpp"
 #include "rlx/model/tokenizer.hpp"
 
 namespace rlx::cli {
@@ -104,6 +105,37 @@ void add_model_commands(CLI::App& app, Action& action) {
         rows.push_back(std::move(seq));
       }
       std::cout << nlohmann::json{{"shape", {B, T, V}}, {"logits", rows}}.dump() << std::endl;
+      return 0;
+    };
+  });
+
+  auto sc = std::make_shared<LogitsArgs>();
+  auto* score = model->add_subcommand("score", "Print a reward model's score of each token sequence as JSON (last line)");
+  score->add_option("--model", sc->model, "HF sequence-classifier directory (`rlx rm` writes one)")->required();
+  score->add_option("--tokens", sc->tokens, "token ids as a JSON list of non-empty lists (any lengths)")->required();
+  score->add_option("--dtype", sc->dtype, "float32, bfloat16 or float16")->check(CLI::IsMember({"float32", "bfloat16", "float16"}));
+  score->add_option("--device", sc->device, "cpu or cuda[:N]");
+  score->callback([sc, &action] {
+    action = [sc] {
+      nlohmann::json ids;
+      try {
+        ids = nlohmann::json::parse(sc->tokens);
+      } catch (const nlohmann::json::exception& e) {
+        throw Error(fmt::format("--tokens is not JSON: {}", e.what()));
+      }
+      RLX_CHECK(ids.is_array() && !ids.empty(), "--tokens must be a non-empty list of lists of ids");
+      std::vector<std::vector<int64_t>> seqs;
+      for (const auto& row : ids) {
+        RLX_CHECK(row.is_array() && !row.empty(), "--tokens: {} is not a non-empty list", row.dump());
+        seqs.emplace_back();
+        for (const auto& t : row) {
+          RLX_CHECK(t.is_number_integer(), "--tokens: {} is not an integer id", t.dump());
+          seqs.back().push_back(t.get<int64_t>());
+        }
+      }
+      auto rm = RewardModel::load(sc->model, {.dtype = to_scalar_type(*config::enum_from_string<DType>(sc->dtype)),
+                                              .device = at::Device(sc->device)});
+      std::cout << nlohmann::json{{"scores", rm.score(seqs)}}.dump() << std::endl;
       return 0;
     };
   });
