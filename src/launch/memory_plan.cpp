@@ -42,19 +42,36 @@ int64_t activation_bytes(const RunConfig& cfg, const ModelConfig& m) {
 
 }  // namespace
 
-int64_t lora_parameter_count(const ModelConfig& m, const LoraSpec& lora) {
-  if (!lora.enabled()) return 0;
+namespace {
+// A target projection's [in, out].
+std::pair<int64_t, int64_t> target_shape(const ModelConfig& m, const std::string& t) {
   const int64_t h = m.hidden_size, q = m.num_heads * m.head_dim, kv = m.num_kv_heads * m.head_dim,
                 i = m.intermediate_size;
+  if (t == "q_proj") return {h, q};
+  if (t == "k_proj" || t == "v_proj") return {h, kv};
+  if (t == "o_proj") return {q, h};
+  if (t == "down_proj") return {i, h};
+  return {h, i};  // gate_proj, up_proj
+}
+
+// Weights of the projections `lora` targets (what a merging engine keeps a base copy of).
+int64_t lora_target_weights(const ModelConfig& m, const LoraSpec& lora) {
+  if (!lora.enabled()) return 0;
   int64_t per_layer = 0;
   for (const auto& t : lora.targets) {
-    // An adapter is A [rank, in] and B [out, rank].
-    const auto [in, out] = t == "q_proj"    ? std::pair{h, q}
-                           : t == "k_proj" || t == "v_proj" ? std::pair{h, kv}
-                           : t == "o_proj"  ? std::pair{q, h}
-                           : t == "down_proj" ? std::pair{i, h}
-                                              : std::pair{h, i};  // gate_proj, up_proj
-    per_layer += lora.rank * (in + out);
+    const auto [in, out] = target_shape(m, t);
+    per_layer += in * out;
+  }
+  return per_layer * m.num_layers;
+}
+}  // namespace
+
+int64_t lora_parameter_count(const ModelConfig& m, const LoraSpec& lora) {
+  if (!lora.enabled()) return 0;
+  int64_t per_layer = 0;
+  for (const auto& t : lora.targets) {
+    const auto [in, out] = target_shape(m, t);
+    per_layer += lora.rank * (in + out);  // A [rank, in], B [out, rank]
   }
   return per_layer * m.num_layers;
 }
@@ -137,6 +154,12 @@ MemoryPlan plan_memory(const RunConfig& cfg, const ModelConfig& m, int64_t param
                        .key = "algorithm.teacher"});
   if (p.colocated) {
     p.items.push_back({.name = "rollout engine weights", .bytes = dtype_bytes(cfg.model.dtype) * n, .key = "model.dtype"});
+    if (lora.enabled()) {
+      // The engine's adapters, and with merging a copy of the targets' base weights.
+      const int64_t base_copy = cfg.rollout.lora_merged ? lora_target_weights(m, lora) : 0;
+      p.items.push_back({.name = "rollout engine LoRA + base copy",
+                         .bytes = dtype_bytes(cfg.model.dtype) * (t + base_copy), .key = "rollout.lora_merged"});
+    }
     p.items.push_back({.name = "rollout KV pool", .bytes = kv_pool_bytes, .train = overlap, .key = "rollout.kv_cache_blocks"});
   }
   return p;
