@@ -305,3 +305,53 @@ TEST_CASE("cuda: fused AdamW over decay/no-decay runs and the gradient norm equa
   CHECK(max_abs(cpu.detach(), gpu.detach()) <= 1e-5);
   CHECK(max_abs(a.slots()[0].exp_avg_sq, b.slots()[0].exp_avg_sq) <= 1e-6);
 }
+
+TEST_CASE("cuda: LoRA trains the same adapters as on the CPU, and the engine serves them merged or not, graphs on",
+          "[cuda][lora]") {
+  REQUIRE(torch::cuda::is_available());
+  const at::Device gpu(at::kCUDA, 0);
+  auto base = tiny(5, at::kCPU);
+  std::vector<rlx::Sequence> batch;
+  for (int i = 0; i < 4; ++i) {
+    rlx::Sequence s;
+    for (int t = 0; t < 9 + 5 * i; ++t) {
+      s.tokens.push_back((13 * t + 7 * i + 1) % 512);
+      s.loss_mask.push_back(t >= 3 ? 1 : 0);
+    }
+    batch.push_back(std::move(s));
+  }
+  auto loss = [](const rlx::MicroBatch& mb, const rlx::TokenOutputs& out, const rlx::StepContext& ctx, rlx::Metrics&) {
+    return -(out.logprobs * mb.loss_mask).sum() / ctx.global_loss_tokens;
+  };
+  rlx::LoraSpec spec;
+  spec.rank = 8;
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> adapters;
+  for (auto device : {at::Device(at::kCPU), gpu}) {
+    auto comm = rlx::dist::single_process();
+    rlx::LearnerOptions o;
+    o.optimizer.lr = 1e-2;
+    o.fsdp.device = device;
+    o.fsdp.lora = spec;
+    rlx::Learner learner(base->config(), *comm, o);
+    learner.load_from(*base);
+    for (int s = 0; s < 3; ++s) learner.step(batch, loss);
+    adapters.push_back(learner.model().gather_lora_parameters());
+  }
+  REQUIRE(adapters[0].size() == adapters[1].size());
+  for (size_t i = 0; i < adapters[0].size(); ++i) {
+    const double scale = adapters[0][i].second.abs().max().item<double>();
+    CHECK(max_abs(adapters[0][i].second, adapters[1][i].second) <= 1e-4 * std::max(scale, 1e-2));
+  }
+  // The engine on the GPU: merged and unmerged adapters, decode steps from CUDA graphs.
+  std::vector<std::vector<TokenId>> tokens;
+  for (auto mode : {rlx::LoraMode::merged, rlx::LoraMode::unmerged}) {
+    auto m = tiny(5, gpu);
+    m->add_lora(spec, mode);
+    rlx::Engine engine(m, {.block_size = 4});
+    engine.load_weights(1, adapters[1]);
+    rlx::GenerationRequest r{.id = "l", .prompt = {3, 9, 27, 81, 243}, .params = {.temperature = 0, .max_new_tokens = 16}};
+    tokens.push_back(engine.generate({r}).front().samples.front().tokens);
+    CHECK(engine.stats().graph_steps > 0);
+  }
+  CHECK(tokens[0] == tokens[1]);
+}
