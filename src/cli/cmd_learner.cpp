@@ -88,6 +88,7 @@ struct BenchArgs {
   std::vector<int> ranks{1, 2};
   int threads = 0;
   int64_t profile_steps = 0;  // steps after the timed ones under LibTorch's profiler
+  int64_t lora_rank = 0;      // > 0: train LoRA adapters of this rank on every projection only
   bool checkpointing = false, as_rank = false;
 };
 
@@ -137,6 +138,7 @@ json bench_rank(const BenchArgs& a) {
   o.fsdp.activation_checkpointing = a.checkpointing;
   o.fsdp.compute_dtype = to_scalar_type(*config::enum_from_string<DType>(a.dtype));
   o.fsdp.device = at::Device(a.device);
+  o.fsdp.lora.rank = a.lora_rank;
   Learner learner(cfg, *comm, o);
   learner.init_weights(0);
   auto peak = at::tensor({gemm_gflops(o.fsdp.device, o.fsdp.compute_dtype)}, at::kDouble);
@@ -181,6 +183,7 @@ json bench_rank(const BenchArgs& a) {
           {"tokens_per_step", tokens},
           {"step_s", step_s},
           {"step_s_min", times.front()},
+          {"lora_rank", a.lora_rank},
           {"tokens_per_s", static_cast<double>(tokens) / step_s},
           {"peak_rss_mb", rss.item<double>()},
           {"model_gflops_per_step", flops / 1e9},
@@ -264,6 +267,8 @@ void add_learner_commands(CLI::App& app, Action& action) {
   b->add_option("--steps", a->steps, "timed steps (after one warm-up step)");
   b->add_option("--ranks", a->ranks, "group sizes to run, e.g. 1,2")->delimiter(',');
   b->add_option("--threads", a->threads, "compute threads per rank (0: cores / ranks)");
+  b->add_option("--lora-rank", a->lora_rank, "train only LoRA adapters of this rank on every projection (0: every weight)")
+      ->check(CLI::Range(0, 4096));
   b->add_flag("--activation-checkpointing", a->checkpointing, "recompute each block in backward");
   b->add_option("--profile", a->profile_steps,
                 "then N more steps under LibTorch's profiler: rank 0's operators by self time per step (stderr, JSON)")
