@@ -21,6 +21,27 @@ void trace_span(const char* name, int64_t start_us) {
   if (auto* t = TraceWriter::installed()) t->complete(name, "", start_us, TraceWriter::now_us() - start_us);
 }
 
+// The two parts of a reward scored by a reward model, from each trajectory's metadata
+// ({"reward_env", "reward_model"}; rollout/worker.hpp): their means in the metrics line, so
+// that a policy gaming the model (its score up, the environment's reward down) shows.
+struct RewardParts {
+  double env = 0, model = 0;
+  int64_t n = 0;
+  void add(std::string_view metadata) {
+    if (metadata.find("\"reward_model\"") == std::string_view::npos) return;
+    const auto j = json::parse(metadata, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("reward_env") || !j.contains("reward_model") || !j["reward_env"].is_number() ||
+        !j["reward_model"].is_number())
+      return;
+    env += j["reward_env"].get<double>(), model += j["reward_model"].get<double>(), ++n;
+  }
+  void add_to(json& line) const {
+    if (n == 0) return;
+    line["reward_env_mean"] = env / static_cast<double>(n);
+    line["reward_model_mean"] = model / static_cast<double>(n);
+  }
+};
+
 // Rank 0's value on every rank.
 int64_t broadcast_value(dist::Communicator& comm, int64_t value, const char* what) {
   if (comm.size() == 1) return value;
@@ -133,11 +154,13 @@ LearnerLoop::End LearnerLoop::run(int64_t& step, const std::atomic<bool>& stop) 
     std::vector<double> rewards;
     std::vector<size_t> sizes;
     int64_t vmin = INT64_MAX, vmax = -1, tokens = 0;
+    RewardParts parts;  // a reward model's scores and the environment's rewards, over the whole batch
     for (size_t gi = 0; gi < order.size(); ++gi) {
       const auto& g = batch.groups[order[gi]];
       const auto [lo_v, hi_v] = g.version_range();
       if (lo_v >= 0) vmin = std::min(vmin, lo_v), vmax = std::max(vmax, hi_v);
       tokens += g.num_tokens();
+      for (const auto& t : g.samples) parts.add(t.metadata);
       if (static_cast<int>(rank_of[gi]) != comm.rank()) continue;
       sizes.push_back(g.samples.size());
       for (const auto& t : g.samples) {
@@ -211,6 +234,7 @@ LearnerLoop::End LearnerLoop::run(int64_t& step, const std::atomic<bool>& stop) 
                  // the learner's share of the step spent working (training, publishing, checkpointing)
                  {"busy_learner", (t_train + t_sync + t_ckpt) / std::max(now_s() - t0, 1e-9)}};
     for (const auto& [k, v] : m) line[k] = v;
+    parts.add_to(line);
     add_error_counts(line);
     if (o_.on_step) o_.on_step(step, line);
   }

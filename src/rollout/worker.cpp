@@ -212,11 +212,14 @@ void score_episodes(std::vector<GroupRollout>& groups, const WorkerOptions& o) {
   if (!o.score) return;
   std::vector<std::vector<int64_t>> seqs;
   std::vector<env::Episode*> eps;
+  std::vector<std::pair<double, double>*> parts;
   for (auto& gr : groups) {
     if (!gr.error.empty()) continue;
-    for (auto& ep : gr.episodes) {
-      seqs.emplace_back(ep.tokens.begin(), ep.tokens.end());
-      eps.push_back(&ep);
+    gr.reward_parts.assign(gr.episodes.size(), {0.0, 0.0});
+    for (size_t k = 0; k < gr.episodes.size(); ++k) {
+      seqs.emplace_back(gr.episodes[k].tokens.begin(), gr.episodes[k].tokens.end());
+      eps.push_back(&gr.episodes[k]);
+      parts.push_back(&gr.reward_parts[k]);
     }
   }
   if (seqs.empty()) return;
@@ -230,7 +233,10 @@ void score_episodes(std::vector<GroupRollout>& groups, const WorkerOptions& o) {
     return;
   }
   RLX_ASSERT(scores.size() == eps.size(), "a reward model returned {} scores for {} episodes", scores.size(), eps.size());
-  for (size_t i = 0; i < eps.size(); ++i) eps[i]->reward = o.env_coef * eps[i]->reward + o.score_coef * scores[i];
+  for (size_t i = 0; i < eps.size(); ++i) {
+    *parts[i] = {eps[i]->reward, scores[i]};
+    eps[i]->reward = o.env_coef * eps[i]->reward + o.score_coef * scores[i];
+  }
   trace_span("reward_model", t0);
 }
 
@@ -247,6 +253,8 @@ bus::TrajectoryGroup to_trajectory_group(GroupRollout& gr, const std::string& wo
     t.prompt_len = ep.prompt_len;
     t.reward = static_cast<float>(ep.reward);
     t.finish = ep.done ? "stop" : "length";
+    if (k < gr.reward_parts.size())
+      t.metadata = nlohmann::json{{"reward_env", gr.reward_parts[k].first}, {"reward_model", gr.reward_parts[k].second}}.dump();
     group.samples.push_back(std::move(t));
   }
   return group;

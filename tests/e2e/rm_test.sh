@@ -65,6 +65,10 @@ for run in map(pathlib.Path, sys.argv[1:]):
     assert len(m) == 6, len(m)
     # The environment's rewards are 0 or 1 over 16 samples a step; the scores are not.
     assert any(abs(x["reward_mean"] * 16 - round(x["reward_mean"] * 16)) > 1e-3 for x in m), [x["reward_mean"] for x in m]
+    # The two parts apart: env_coef 0, so the reward is the model's score; the environment's is 0 or 1.
+    assert all(abs(x["reward_model_mean"] - x["reward_mean"]) < 1e-5 for x in m), m[-1]
+    assert all(0 <= x["reward_env_mean"] <= 1 and abs(x["reward_env_mean"] * 16 - round(x["reward_env_mean"] * 16)) < 1e-6
+               for x in m), [x["reward_env_mean"] for x in m]
     logs = "".join(p.read_text() for p in run.glob("logs/*/rank-0.err"))
     assert "reward model" in logs and "0 x env + 1 x score" in logs, logs[-1500:]
 P

@@ -52,6 +52,9 @@ struct GroupRollout {
   std::string error;                           // an error ends the group (reported to the hub)
   std::string error_kind = "infra";            // infra: retried elsewhere; data: the task is bad
   int start_turn = 0;                          // > 0: continued from an episode checkpoint
+  // Scored by a reward model: per episode, the environment's reward and the model's score
+  // (sent as each trajectory's metadata {"reward_env", "reward_model"}).
+  std::vector<std::pair<double, double>> reward_parts;
 };
 
 // Checkpoints of unfinished multi-turn episodes, one file per lease in `dir`

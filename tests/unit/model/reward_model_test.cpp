@@ -152,6 +152,7 @@ TEST_CASE("reward model on the rollout side: env_coef x the environment's reward
       ep.tokens = {static_cast<rlx::TokenId>(g), static_cast<rlx::TokenId>(k + 1)};
       ep.reward = 1.0;
       groups[g].episodes.push_back(ep);
+      groups[g].versions.push_back({-1, -1});
     }
   }
   groups[1].error = "the env failed";  // not scored
@@ -171,6 +172,12 @@ TEST_CASE("reward model on the rollout side: env_coef x the environment's reward
   CHECK(groups[0].episodes[1].reward == 2.0 + 0.5 * 2);
   CHECK(groups[2].episodes[1].reward == 2.0 + 0.5 * 22);
   CHECK(groups[1].episodes[0].reward == 1.0);
+  // Each trajectory carries the two parts, for the metrics line.
+  REQUIRE(groups[2].reward_parts.size() == 2);
+  CHECK(groups[2].reward_parts[1] == std::pair<double, double>{1.0, 22.0});
+  CHECK(groups[1].reward_parts.empty());
+  const auto sent = rlx::rollout::to_trajectory_group(groups[2], "w");
+  CHECK(nlohmann::json::parse(sent.samples[1].metadata) == nlohmann::json{{"reward_env", 1.0}, {"reward_model", 22.0}});
   // A scorer that fails sends the groups back as infra errors (their leases are retried).
   o.score = [](const std::vector<std::vector<int64_t>>&) -> std::vector<double> { throw rlx::Error("out of memory"); };
   rlx::rollout::score_episodes(groups, o);
