@@ -1,6 +1,7 @@
 #include "rlx/model/transformer.hpp"
 
 #include <c10/core/GradMode.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <torch/nn/modules/container/modulelist.h>
 
@@ -378,14 +379,12 @@ at::Tensor Transformer::with_lora(const at::Tensor& y, std::initializer_list<con
   if (!any) return y;
   at::Tensor in = x;
   if (lora_.dropout > 0 && st.train) {
-    // Inverted dropout, its mask drawn from (seed, forward key, layer and site) on the host:
-    // the same mask when a checkpointed block runs again in backward.
-    RngStream rng(lora_seed_, hash_name(fmt::format("lora-dropout/{}/{}", st.lora_key, site)));
+    // Inverted dropout, its mask drawn on the host by a generator seeded from (seed, forward
+    // key, layer and site): the same mask when a checkpointed block runs again in backward.
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(
+        hash_name(fmt::format("lora-dropout/{}/{}", st.lora_key, site), lora_seed_));
     const double keep = 1.0 - lora_.dropout;
-    auto mask = at::empty(x.sizes(), at::TensorOptions().dtype(at::kFloat));
-    float* m = mask.data_ptr<float>();
-    const auto scale = static_cast<float>(1.0 / keep);
-    for (int64_t i = 0; i < mask.numel(); ++i) m[i] = rng.uniform() < keep ? scale : 0.0f;
+    auto mask = at::empty(x.sizes(), at::TensorOptions().dtype(at::kFloat)).bernoulli_(keep, gen).div_(keep);
     in = x * mask.to(x.device(), x.scalar_type());
   }
   const double s = lora_.scale();

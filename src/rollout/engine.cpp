@@ -362,7 +362,7 @@ int64_t Engine::install_weights(int64_t version, const std::vector<std::pair<std
       bytes += p.numel() * static_cast<int64_t>(p.element_size());
     }
     // Merged adapters: the served weights become base + scale * B A.
-    if (model_->has_lora() && model_->lora_merged()) bytes += model_->merge_lora();
+    if (model_->lora_merged()) bytes += model_->merge_lora();
   }
   blocks_.clear_cache();  // cached prefixes hold the old weights' keys and values
   prefix_root_ = prefix_root(version);

@@ -33,6 +33,24 @@ std::shared_ptr<rlx::Transformer> tiny(uint64_t seed, at::Device device) {
   return gpu;
 }
 
+// Four sequences of different lengths (several micro-batches at 32 tokens each), and the
+// NLL of their tokens after the third.
+std::vector<rlx::Sequence> nll_batch() {
+  std::vector<rlx::Sequence> batch;
+  for (int i = 0; i < 4; ++i) {
+    rlx::Sequence s;
+    for (int t = 0; t < 9 + 5 * i; ++t) {
+      s.tokens.push_back((13 * t + 7 * i + 1) % 512);
+      s.loss_mask.push_back(t >= 3 ? 1 : 0);
+    }
+    batch.push_back(std::move(s));
+  }
+  return batch;
+}
+at::Tensor nll_loss(const rlx::MicroBatch& mb, const rlx::TokenOutputs& out, const rlx::StepContext& ctx, rlx::Metrics&) {
+  return -(out.logprobs * mb.loss_mask).sum() / ctx.global_loss_tokens;
+}
+
 double max_abs(const at::Tensor& a, const at::Tensor& b) { return (a.cpu() - b.cpu()).abs().max().item<double>(); }
 
 }  // namespace
@@ -121,18 +139,8 @@ TEST_CASE("cuda: decode steps replayed from CUDA graphs give the eager engine's 
 TEST_CASE("cuda: sharded learner steps on the GPU give the CPU's parameters (fp32)", "[cuda]") {
   REQUIRE(torch::cuda::is_available());
   auto cfg = rlx::model_preset("tiny", rlx::Arch::qwen2);
-  std::vector<rlx::Sequence> batch;
-  for (int i = 0; i < 4; ++i) {
-    rlx::Sequence s;
-    for (int t = 0; t < 9 + 5 * i; ++t) {
-      s.tokens.push_back((13 * t + 7 * i + 1) % 512);
-      s.loss_mask.push_back(t >= 3 ? 1 : 0);
-    }
-    batch.push_back(std::move(s));
-  }
-  auto loss = [](const rlx::MicroBatch& mb, const rlx::TokenOutputs& out, const rlx::StepContext& ctx, rlx::Metrics&) {
-    return -(out.logprobs * mb.loss_mask).sum() / ctx.global_loss_tokens;
-  };
+  const auto batch = nll_batch();
+  const auto loss = nll_loss;
   std::vector<std::vector<at::Tensor>> params;
   std::vector<double> losses;
   for (auto device : {at::Device(at::kCPU), at::Device(at::kCUDA, 0)}) {
@@ -311,18 +319,8 @@ TEST_CASE("cuda: LoRA trains the same adapters as on the CPU, and the engine ser
   REQUIRE(torch::cuda::is_available());
   const at::Device gpu(at::kCUDA, 0);
   auto base = tiny(5, at::kCPU);
-  std::vector<rlx::Sequence> batch;
-  for (int i = 0; i < 4; ++i) {
-    rlx::Sequence s;
-    for (int t = 0; t < 9 + 5 * i; ++t) {
-      s.tokens.push_back((13 * t + 7 * i + 1) % 512);
-      s.loss_mask.push_back(t >= 3 ? 1 : 0);
-    }
-    batch.push_back(std::move(s));
-  }
-  auto loss = [](const rlx::MicroBatch& mb, const rlx::TokenOutputs& out, const rlx::StepContext& ctx, rlx::Metrics&) {
-    return -(out.logprobs * mb.loss_mask).sum() / ctx.global_loss_tokens;
-  };
+  const auto batch = nll_batch();
+  const auto loss = nll_loss;
   rlx::LoraSpec spec;
   spec.rank = 8;
   std::vector<std::vector<std::pair<std::string, at::Tensor>>> adapters;
