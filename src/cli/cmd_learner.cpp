@@ -85,6 +85,10 @@ int inspect_checkpoint(const fs::path& dir, bool as_json) {
 struct BenchArgs {
   std::string preset = "small", arch = "qwen2", dtype = "float32", device = "cpu";
   int64_t seq = 256, batch_seqs = 8, micro_batch_tokens = 2048, steps = 3;
+  int64_t row_tokens = 0;   // packed row length (0: --seq, one sequence a row)
+  int64_t loss_tokens = 0;  // the loss on each sequence's last N tokens only, as on an RL sample's completion (0: all)
+  int64_t group_size = 1;   // sequences in groups of N with the same untrained tokens (one prompt's samples)
+  bool share_prefix = true; // learner.share_prefix
   std::vector<int> ranks{1, 2};
   int threads = 0;
   int64_t profile_steps = 0;  // steps after the timed ones under LibTorch's profiler
@@ -133,8 +137,9 @@ json bench_rank(const BenchArgs& a) {
   const auto plan = set_compute_threads(a.threads);
   const auto cfg = model_preset(a.preset, *config::enum_from_string<Arch>(a.arch));
   LearnerOptions o;
-  o.packing.row_tokens = a.seq;
-  o.packing.micro_batch_tokens = std::max(a.micro_batch_tokens, a.seq);
+  o.packing.row_tokens = std::max(a.row_tokens, a.seq);
+  o.packing.micro_batch_tokens = std::max(a.micro_batch_tokens, o.packing.row_tokens);
+  o.packing.share_prefix = a.share_prefix;
   o.fsdp.activation_checkpointing = a.checkpointing;
   o.fsdp.compute_dtype = to_scalar_type(*config::enum_from_string<DType>(a.dtype));
   o.fsdp.device = at::Device(a.device);
@@ -145,18 +150,23 @@ json bench_rank(const BenchArgs& a) {
   comm->all_reduce(peak, dist::ReduceOp::sum, "bench: gemm peak")->wait();
   RngStream rng(1, 0);
   std::vector<double> times;
-  int64_t tokens = 0;
+  int64_t tokens = 0, run_tokens = 0;
   cli::OpProfile profiler;
   for (int64_t s = 0; s <= a.steps + a.profile_steps; ++s) {  // step 0 is a warm-up
     if (s == a.steps + 1) profiler.start(o.fsdp.device.is_cuda());
     std::vector<Sequence> mine;
+    Sequence q;
     for (int64_t i = 0; i < a.batch_seqs; ++i) {
-      Sequence q;
+      // A group's sequences differ only in their trained tokens (a new group: new tokens throughout).
+      const bool fresh = i % a.group_size == 0;
+      q.tokens.resize(static_cast<size_t>(a.seq));
+      q.loss_mask.resize(static_cast<size_t>(a.seq));
       for (int64_t t = 0; t < a.seq; ++t) {
-        q.tokens.push_back(rng.uniform_int(0, cfg.vocab_size - 1));
-        q.loss_mask.push_back(1);
+        const bool trained = a.loss_tokens == 0 || t >= a.seq - a.loss_tokens;
+        if (fresh || trained) q.tokens[static_cast<size_t>(t)] = rng.uniform_int(0, cfg.vocab_size - 1);
+        q.loss_mask[static_cast<size_t>(t)] = trained ? 1 : 0;
       }
-      if (i % comm->size() == comm->rank()) mine.push_back(std::move(q));
+      if ((i / a.group_size) % comm->size() == comm->rank()) mine.push_back(q);  // a group on one rank
     }
     auto r = learner.step(mine, [](const MicroBatch& mb, const TokenOutputs& out, const StepContext& ctx, Metrics&) {
       return -(out.logprobs * mb.loss_mask).sum() / ctx.global_loss_tokens;
@@ -164,6 +174,7 @@ json bench_rank(const BenchArgs& a) {
     if (s > 0 && s <= a.steps) {
       times.push_back(r.seconds);
       tokens = a.batch_seqs * a.seq;
+      run_tokens = r.tokens;  // every token the model ran, forward and backward (a shared prompt once)
     }
   }
   json profile = nullptr;
@@ -176,11 +187,15 @@ json bench_rank(const BenchArgs& a) {
   auto rss = at::tensor({peak_rss_mb()}, at::kDouble);
   comm->all_reduce(rss, dist::ReduceOp::max, "bench: peak memory")->wait();
   const double device_peak_mb = static_cast<double>(compat::device_peak_bytes(o.fsdp.device)) / (1 << 20);
-  const double flops = train_flops_per_token(cfg, static_cast<double>(a.seq) / 2) * static_cast<double>(tokens);
+  auto ran = at::tensor({static_cast<double>(run_tokens)}, at::kDouble);
+  comm->all_reduce(ran, dist::ReduceOp::sum, "bench: tokens run")->wait();
+  // The model's FLOPs are those of the tokens it ran; tokens/s counts the sequences' tokens.
+  const double flops = train_flops_per_token(cfg, static_cast<double>(a.seq) / 2) * ran.item<double>();
   const double achieved = flops / step_s / 1e9;
   return {{"ranks", comm->size()},
           {"threads_per_rank", plan.threads()},
           {"tokens_per_step", tokens},
+          {"tokens_run_per_step", ran.item<double>()},
           {"step_s", step_s},
           {"step_s_min", times.front()},
           {"lora_rank", a.lora_rank},
@@ -235,6 +250,10 @@ int bench_learner(const BenchArgs& a, const std::vector<std::string>& self_args)
             {"device", a.device},
             {"seq", a.seq},
             {"batch_seqs", a.batch_seqs},
+            {"row_tokens", std::max(a.row_tokens, a.seq)},
+            {"loss_tokens", a.loss_tokens},
+            {"group_size", a.group_size},
+            {"share_prefix", a.share_prefix},
             {"micro_batch_tokens", a.micro_batch_tokens},
             {"activation_checkpointing", a.checkpointing},
             {"parameters", parameter_count(cfg)},
@@ -264,6 +283,14 @@ void add_learner_commands(CLI::App& app, Action& action) {
   b->add_option("--seq", a->seq, "tokens per sequence");
   b->add_option("--batch-seqs", a->batch_seqs, "sequences per step (the whole group's batch)");
   b->add_option("--micro-batch-tokens", a->micro_batch_tokens, "tokens per micro-batch (accumulation above it)");
+  b->add_option("--row-tokens", a->row_tokens, "packed row length: several sequences a row (0: --seq, one a row)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  b->add_option("--loss-tokens", a->loss_tokens, "the loss on each sequence's last N tokens only, as on RL completions (0: all)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  b->add_option("--group-size", a->group_size,
+                 "sequences in groups of N sharing their untrained tokens, as one prompt's samples (with --loss-tokens)")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  b->add_option("--share-prefix", a->share_prefix, "pack a group's shared prompt once (learner.share_prefix)");
   b->add_option("--steps", a->steps, "timed steps (after one warm-up step)");
   b->add_option("--ranks", a->ranks, "group sizes to run, e.g. 1,2")->delimiter(',');
   b->add_option("--threads", a->threads, "compute threads per rank (0: cores / ranks)");

@@ -1,6 +1,7 @@
 #include "rlx/learner/batching.hpp"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 
 #include "rlx/core/error.hpp"
@@ -9,15 +10,86 @@ namespace rlx {
 
 namespace {
 
+// What a row holds: sequences alone (prefix 0), or several after the `prefix` tokens they share.
+struct Unit {
+  int64_t prefix = 0;
+  std::vector<size_t> members;
+  int64_t length = 0;  // tokens in the row
+};
+
 struct Row {
-  std::vector<size_t> seqs;
+  std::vector<Unit> units;
   int64_t fill = 0;
 };
+
+// How many leading tokens of a sequence another could share: those whose next token is not
+// trained (the prompt but its last token, which predicts the first trained one), and never
+// the whole sequence.
+int64_t shareable(const Sequence& s) {
+  const auto L = static_cast<int64_t>(s.tokens.size());
+  int64_t first_trained = L;
+  for (int64_t i = 1; i < L; ++i)
+    if (s.loss_mask[static_cast<size_t>(i)] != 0) {
+      first_trained = i;
+      break;
+    }
+  return first_trained - 1;
+}
+
+// Sequences in units: with sharing, those whose shareable tokens and the token after them
+// are equal form a family (split where it would not fit a row); units in order of their
+// first sequence.
+std::vector<Unit> units_of(const std::vector<Sequence>& seqs, const PackOptions& o) {
+  std::vector<Unit> units;
+  std::map<std::vector<int64_t>, size_t> family;  // key -> index in units
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const auto L = static_cast<int64_t>(seqs[i].tokens.size());
+    const int64_t S = o.pack && o.share_prefix ? shareable(seqs[i]) : 0;
+    if (S < 1) {
+      units.push_back({0, {i}, L});
+      continue;
+    }
+    std::vector<int64_t> key(seqs[i].tokens.begin(), seqs[i].tokens.begin() + S + 1);
+    auto [it, fresh] = family.try_emplace(std::move(key), units.size());
+    if (fresh) units.push_back({S, {}, S});
+    auto& u = units[it->second];
+    u.members.push_back(i);
+    u.length += L - S;
+  }
+  std::vector<Unit> out;
+  for (auto& u : units) {
+    if (u.prefix == 0 || u.length <= o.row_tokens) {
+      out.push_back(std::move(u));
+      continue;
+    }
+    // Too long for one row: chunks that fit, longest members first, each with its own copy.
+    std::stable_sort(u.members.begin(), u.members.end(),
+                     [&](size_t a, size_t b) { return seqs[a].tokens.size() > seqs[b].tokens.size(); });
+    Unit chunk{u.prefix, {}, u.prefix};
+    for (size_t m : u.members) {
+      const auto own = static_cast<int64_t>(seqs[m].tokens.size()) - u.prefix;
+      if (!chunk.members.empty() && chunk.length + own > o.row_tokens) {
+        out.push_back(std::move(chunk));
+        chunk = {u.prefix, {}, u.prefix};
+      }
+      chunk.members.push_back(m);
+      chunk.length += own;
+    }
+    out.push_back(std::move(chunk));
+  }
+  for (auto& u : out)
+    if (u.prefix > 0 && u.members.size() == 1) u = {0, u.members, static_cast<int64_t>(seqs[u.members[0]].tokens.size())};
+  return out;
+}
 
 MicroBatch build(const std::vector<Sequence>& seqs, const std::vector<Row>& rows,
                  const std::vector<std::string>& value_names) {
   int64_t T = 1;
-  for (const auto& r : rows) T = std::max(T, r.fill);
+  bool any_shared = false;
+  for (const auto& r : rows) {
+    T = std::max(T, r.fill);
+    for (const auto& u : r.units) any_shared = any_shared || u.prefix > 0;
+  }
   const int64_t R = static_cast<int64_t>(rows.size());
   MicroBatch mb;
   auto i64 = at::TensorOptions().dtype(at::kLong);
@@ -25,38 +97,67 @@ MicroBatch build(const std::vector<Sequence>& seqs, const std::vector<Row>& rows
   mb.segments = at::zeros({R, T}, i64);
   mb.targets = at::zeros({R, T}, i64);
   mb.sequence = at::full({R, T}, -1, i64);
+  mb.positions = at::arange(T, i64).expand({R, T}).contiguous();  // padding: its column
+  if (any_shared) mb.prefix = at::zeros({R, T}, i64);
   mb.loss_mask = at::zeros({R, T}, at::kFloat);
   for (const auto& name : value_names) mb.values[name] = at::zeros({R, T}, at::kFloat);
   auto tok = mb.tokens.accessor<int64_t, 2>(), seg = mb.segments.accessor<int64_t, 2>(),
-       tgt = mb.targets.accessor<int64_t, 2>(), sq = mb.sequence.accessor<int64_t, 2>();
+       tgt = mb.targets.accessor<int64_t, 2>(), sq = mb.sequence.accessor<int64_t, 2>(),
+       pos_of = mb.positions.accessor<int64_t, 2>();
   auto msk = mb.loss_mask.accessor<float, 2>();
+  int64_t* pre = any_shared ? mb.prefix.data_ptr<int64_t>() : nullptr;
   for (int64_t r = 0; r < R; ++r) {
-    int64_t pos = 0, segment = 0;
-    for (size_t si : rows[static_cast<size_t>(r)].seqs) {
-      const auto& s = seqs[si];
-      ++segment;
-      mb.sequences.push_back(static_cast<int64_t>(si));
-      const int64_t L = static_cast<int64_t>(s.tokens.size());
-      for (int64_t i = 0; i < L; ++i) {
-        tok[r][pos + i] = s.tokens[static_cast<size_t>(i)];
-        seg[r][pos + i] = segment;
-        sq[r][pos + i] = static_cast<int64_t>(si);
-        if (i + 1 < L) {
-          tgt[r][pos + i] = s.tokens[static_cast<size_t>(i + 1)];
-          const bool trained = s.loss_mask[static_cast<size_t>(i + 1)] != 0;
-          msk[r][pos + i] = trained ? 1.0f : 0.0f;
-          mb.loss_tokens += trained;
-          for (const auto& [name, vals] : s.values)
-            mb.values[name].accessor<float, 2>()[r][pos + i] = vals[static_cast<size_t>(i + 1)];
+    int64_t col = 0, segment = 0;
+    for (const auto& u : rows[static_cast<size_t>(r)].units) {
+      int64_t shared_segment = 0;
+      if (u.prefix > 0) {
+        // The prompt once: its targets are the prompt's own next tokens, none trained.
+        const auto& first = seqs[u.members.front()];
+        shared_segment = ++segment;
+        for (int64_t i = 0; i < u.prefix; ++i) {
+          RLX_ASSERT(first.loss_mask[static_cast<size_t>(i + 1)] == 0, "packing: a shared prefix holds a trained token");
+          tok[r][col + i] = first.tokens[static_cast<size_t>(i)];
+          tgt[r][col + i] = first.tokens[static_cast<size_t>(i + 1)];
+          seg[r][col + i] = shared_segment;
+          pos_of[r][col + i] = i;
         }
+        mb.shared.push_back({r, col, u.prefix, {}});
+        for (size_t m : u.members) mb.shared.back().members.push_back(static_cast<int64_t>(m));
+        mb.shared_tokens += u.prefix * static_cast<int64_t>(u.members.size() - 1);
+        col += u.prefix;
       }
-      pos += L;
+      for (size_t si : u.members) {
+        const auto& s = seqs[si];
+        ++segment;
+        mb.sequences.push_back(static_cast<int64_t>(si));
+        const int64_t L = static_cast<int64_t>(s.tokens.size());
+        for (int64_t i = u.prefix, c = col; i < L; ++i, ++c) {
+          tok[r][c] = s.tokens[static_cast<size_t>(i)];
+          seg[r][c] = segment;
+          sq[r][c] = static_cast<int64_t>(si);
+          pos_of[r][c] = i;
+          if (shared_segment) pre[r * T + c] = shared_segment;
+          if (i + 1 < L) {
+            tgt[r][c] = s.tokens[static_cast<size_t>(i + 1)];
+            const bool trained = s.loss_mask[static_cast<size_t>(i + 1)] != 0;
+            msk[r][c] = trained ? 1.0f : 0.0f;
+            mb.loss_tokens += trained;
+            for (const auto& [name, vals] : s.values)
+              mb.values[name].accessor<float, 2>()[r][c] = vals[static_cast<size_t>(i + 1)];
+          }
+        }
+        col += L - u.prefix;
+      }
     }
   }
   return mb;
 }
 
 }  // namespace
+
+ForwardInput forward_input(const MicroBatch& mb) {
+  return {.tokens = mb.tokens, .positions = mb.positions, .segments = mb.segments, .prefix = mb.prefix};
+}
 
 std::vector<MicroBatch> pack_micro_batches(const std::vector<Sequence>& seqs, const PackOptions& o) {
   RLX_CHECK(o.row_tokens >= 1 && o.micro_batch_tokens >= o.row_tokens,
@@ -78,31 +179,28 @@ std::vector<MicroBatch> pack_micro_batches(const std::vector<Sequence>& seqs, co
       RLX_CHECK(s.values.size() == value_names.size(), "packing: sequence {} has different per-token values", i);
     }
   }
-  std::vector<size_t> order(seqs.size());
-  std::iota(order.begin(), order.end(), size_t{0});
+  auto units = units_of(seqs, o);
   if (o.pack)
-    std::stable_sort(order.begin(), order.end(),
-                     [&](size_t a, size_t b) { return seqs[a].tokens.size() > seqs[b].tokens.size(); });
-  // A row holds up to the longest sequence's length (at most row_tokens): attention is
-  // dense over a row, so a row costs its length squared, and rows longer than the longest
-  // sequence only make short sequences pay for each other (15x slower SFT on 40-token
-  // examples with 2048-token rows).
+    std::stable_sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) { return a.length > b.length; });
+  // A row holds up to the longest unit's length (at most row_tokens): attention is dense
+  // over a row, so a row costs its length squared, and rows longer than the longest unit
+  // only make short sequences pay for each other (15x slower SFT on 40-token examples with
+  // 2048-token rows).
   int64_t longest = 0;
-  for (const auto& s : seqs) longest = std::max(longest, static_cast<int64_t>(s.tokens.size()));
+  for (const auto& u : units) longest = std::max(longest, u.length);
   const int64_t capacity = std::min(o.row_tokens, longest);
   std::vector<Row> rows;
-  for (size_t si : order) {
-    const int64_t L = static_cast<int64_t>(seqs[si].tokens.size());
+  for (auto& u : units) {
     Row* target = nullptr;
     if (o.pack)
       for (auto& r : rows)
-        if (r.fill + L <= capacity) {
+        if (r.fill + u.length <= capacity) {
           target = &r;
           break;
         }
     if (!target) target = &rows.emplace_back();
-    target->seqs.push_back(si);
-    target->fill += L;
+    target->fill += u.length;
+    target->units.push_back(std::move(u));
   }
   std::vector<MicroBatch> out;
   std::vector<Row> current;

@@ -49,7 +49,7 @@ std::vector<at::Tensor> Learner::trained_tensors() const {
 }
 
 TokenOutputs Learner::outputs(const MicroBatch& mb, bool entropy) {
-  auto hidden = model_.forward_hidden({.tokens = mb.tokens, .segments = mb.segments});
+  auto hidden = model_.forward_hidden(forward_input(mb));
   TokenOutputs out;
   if (opt_.policy_head) {
     // Chunked over tokens: never the step's [tokens, vocab] logits in fp32 (model/logprob_head.hpp).
@@ -100,7 +100,7 @@ void annotate_sequences(std::vector<Sequence>& seqs, const PackOptions& packing,
     }
     const auto& mb = mbs[i];
     auto sq = mb.sequence.accessor<int64_t, 2>();
-    auto seg = mb.segments.accessor<int64_t, 2>();
+    auto pos = mb.positions.accessor<int64_t, 2>();
     for (auto& [name, tensor] : forward(mb)) {
       for (auto i_seq : mb.sequences) {
         auto& v = seqs[static_cast<size_t>(i_seq)].values[name];
@@ -108,15 +108,18 @@ void annotate_sequences(std::vector<Sequence>& seqs, const PackOptions& packing,
       }
       auto values = tensor.detach().to(at::kCPU, at::kFloat).contiguous();
       auto acc = values.accessor<float, 2>();
-      for (int64_t r = 0; r < values.size(0); ++r) {
-        int64_t start = 0;  // where the current segment (sequence) begins in the row
-        for (int64_t t = 0; t < values.size(1); ++t) {
-          if (t == 0 || seg[r][t] != seg[r][t - 1]) start = t;
-          // Position t predicts the token at t + 1 of the same sequence.
-          if (sq[r][t] < 0 || t + 1 >= values.size(1) || seg[r][t + 1] != seg[r][t]) continue;
-          seqs[static_cast<size_t>(sq[r][t])].values[name][static_cast<size_t>(t + 1 - start)] = acc[r][t];
-        }
-      }
+      // Position t predicts the token after it in the same sequence (none after its last).
+      auto store = [&](int64_t seq, int64_t r, int64_t t) {
+        auto& v = seqs[static_cast<size_t>(seq)].values[name];
+        const auto at = static_cast<size_t>(pos[r][t] + 1);
+        if (at < v.size()) v[at] = acc[r][t];
+      };
+      for (int64_t r = 0; r < values.size(0); ++r)
+        for (int64_t t = 0; t < values.size(1); ++t)
+          if (sq[r][t] >= 0) store(sq[r][t], r, t);
+      for (const auto& p : mb.shared)  // a shared prompt's values, to each sequence that continues it
+        for (int64_t t = p.start; t < p.start + p.length; ++t)
+          for (auto m : p.members) store(m, p.row, t);
     }
   }
 }
@@ -127,7 +130,7 @@ namespace {
 MicroBatch on_device(const MicroBatch& mb, at::Device device) {
   if (device.is_cpu()) return mb;
   MicroBatch d = mb;
-  for (auto* t : {&d.tokens, &d.segments, &d.targets, &d.loss_mask, &d.sequence})
+  for (auto* t : {&d.tokens, &d.segments, &d.targets, &d.loss_mask, &d.sequence, &d.positions, &d.prefix})
     if (t->defined()) *t = t->to(device, /*non_blocking=*/false);
   for (auto& [name, v] : d.values) v = v.to(device);
   return d;
@@ -220,7 +223,10 @@ LearnerOptions learner_options(const LearnerSection& s, uint64_t seed) {
   o.optimizer = {.lr = s.lr, .beta1 = s.beta1, .beta2 = s.beta2, .eps = s.eps, .weight_decay = s.weight_decay};
   o.schedule = {.kind = s.schedule, .warmup_steps = s.warmup_steps, .total_steps = s.total_steps, .min_lr_ratio = s.min_lr_ratio};
   o.max_grad_norm = s.max_grad_norm;
-  o.packing = {.micro_batch_tokens = s.micro_batch_tokens, .row_tokens = s.row_tokens, .pack = s.pack};
+  o.packing = {.micro_batch_tokens = s.micro_batch_tokens,
+               .row_tokens = s.row_tokens,
+               .pack = s.pack,
+               .share_prefix = s.share_prefix};
   o.fsdp.compute_dtype = to_scalar_type(s.compute_dtype);
   o.fsdp.reduce_dtype = to_scalar_type(s.reduce_dtype);
   o.fsdp.activation_checkpointing = s.activation_checkpointing;

@@ -43,7 +43,7 @@ at::Tensor ReferenceModel::logprobs(const MicroBatch& mb) {
     }
   } base{base_of_lora_ ? &model_ : nullptr};
   if (base.m) model_.set_lora_active(false);
-  auto hidden = model_.forward_hidden({.tokens = mb.tokens, .segments = mb.segments});
+  auto hidden = model_.forward_hidden(forward_input(mb));
   auto out = token_logprobs(hidden, model_.lm_head_weight(), mb.targets.to(hidden.device())).logprobs;
   model_.release_all();
   return out;

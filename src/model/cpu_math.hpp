@@ -1,14 +1,16 @@
 // Float math for rlx's CPU kernels that the compiler can vectorise: an exp without a
-// library call, and a marker that builds a function twice (Haswell: AVX2 and FMA; and baseline x86-64),
-// the CPU picking one at load time. Sources using exp_approx are built with
-// -fno-trapping-math, which lets GCC turn its clamp into vector min/max.
+// library call, and a marker that builds a function twice (x86-64-v3: AVX2 and FMA; and
+// baseline x86-64), the CPU picking one at load time by its features. (Not "arch=haswell":
+// GCC's resolver tests that as a CPU model, so every other AVX2 CPU, Zen or Ice Lake, ran the
+// baseline clone.) Sources using exp_approx are built with -fno-trapping-math, which lets GCC
+// turn its clamp into vector min/max.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define RLX_CPU_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#define RLX_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define RLX_CPU_CLONES
 #endif

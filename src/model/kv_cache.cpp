@@ -38,13 +38,18 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   return at::matmul(probs, vh).view({B, Hkv, G, Tq, D}).permute({0, 3, 1, 2, 4}).reshape({B, Tq, Hq, D});
 }
 
-at::Tensor segment_causal_mask(const at::Tensor& segments) {
+at::Tensor segment_causal_mask(const at::Tensor& segments, const at::Tensor& prefix) {
   const int64_t T = segments.size(1);
   auto causal = at::ones({T, T}, segments.options().dtype(at::kBool)).tril();
   auto same = segments.unsqueeze(2) == segments.unsqueeze(1);           // [B, T, T]
   auto valid_key = (segments != 0).unsqueeze(1);                         // [B, 1, T]
   auto eye = at::eye(T, segments.options().dtype(at::kBool)).unsqueeze(0);
-  return (causal.unsqueeze(0) & same & valid_key) | eye;
+  auto allowed = (causal.unsqueeze(0) & same & valid_key) | eye;
+  if (prefix.defined()) {
+    auto p = prefix.to(segments.device(), segments.scalar_type());
+    allowed |= (p.unsqueeze(2) == segments.unsqueeze(1)) & (p != 0).unsqueeze(2);  // the shared prefix, whole
+  }
+  return allowed;
 }
 
 at::Tensor segment_positions(const at::Tensor& segments) {

@@ -228,6 +228,10 @@ ForwardState Transformer::begin_forward(const ForwardInput& in, KVCache* cache) 
   if (in.positions.defined())
     RLX_CHECK(in.positions.sizes() == in.tokens.sizes(), "forward: positions shape {} differs from tokens shape {}",
               in.positions.sizes(), in.tokens.sizes());
+  if (in.prefix.defined())
+    RLX_CHECK(in.prefix.sizes() == in.tokens.sizes() && in.segments.defined() && in.positions.defined() && !cache,
+              "forward: a shared prefix (prefix {}) needs segments and positions of the tokens' shape {} and no cache",
+              in.prefix.sizes(), in.tokens.sizes());
   if (in.tokens.is_cpu()) {
     // A token id outside the vocabulary would index out of bounds in the embedding. (Inputs
     // already on a device are the engine's own and skip this host sync.)
@@ -242,11 +246,11 @@ ForwardState Transformer::begin_forward(const ForwardInput& in, KVCache* cache) 
     positions = cache->begin(in);
   } else {
     auto segments = in.segments.defined() ? in.segments.to(device_) : at::ones({st.batch, st.time}, st.tokens.options());
-    positions = segment_positions(segments);
+    if (!in.positions.defined()) positions = segment_positions(segments);
     if (!flash_varlen_supported(device_, dtype_, cfg_.head_dim)) {
-      st.mask = segment_causal_mask(segments);
+      st.mask = segment_causal_mask(segments, in.prefix);
     } else if (in.segments.defined()) {
-      st.varlen = varlen_from_segments(in.segments, device_);
+      st.varlen = varlen_from_segments(in.segments, device_, in.prefix);
     } else {
       const std::vector<int64_t> rows(static_cast<size_t>(st.batch), st.time);
       st.varlen = varlen_seqs(rows, rows, device_);

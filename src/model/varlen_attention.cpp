@@ -1,5 +1,6 @@
 #include "rlx/model/varlen_attention.hpp"
 
+#include <map>
 #include <numeric>
 
 #include "rlx/core/error.hpp"
@@ -37,25 +38,54 @@ VarlenSeqs varlen_seqs(std::span<const int64_t> q_lens, std::span<const int64_t>
   return s;
 }
 
-VarlenSeqs varlen_from_segments(const at::Tensor& segments, at::Device device) {
+VarlenSeqs varlen_from_segments(const at::Tensor& segments, at::Device device, const at::Tensor& prefix) {
   RLX_ASSERT(segments.dim() == 2 && segments.numel() > 0, "varlen_from_segments: segments {}", segments.sizes());
+  RLX_ASSERT(!prefix.defined() || prefix.sizes() == segments.sizes(), "varlen_from_segments: prefix {} for segments {}",
+             prefix.sizes(), segments.sizes());
   auto seg = segments.to(at::kCPU, at::kLong).contiguous();
   const int64_t B = seg.size(0), T = seg.size(1);
   const int64_t* p = seg.data_ptr<int64_t>();
-  std::vector<int64_t> lens;
+  struct Run {
+    int64_t start, len, prefix;  // row-major token offset, tokens, the prefix segment (0: none)
+  };
+  std::vector<Run> runs;
   for (int64_t b = 0; b < B; ++b) {
-    int64_t run = 1;
-    for (int64_t t = 1; t < T; ++t) {
-      if (p[b * T + t] == p[b * T + t - 1]) {
-        ++run;
-        continue;
-      }
-      lens.push_back(run);
-      run = 1;
+    int64_t start = b * T;
+    for (int64_t t = 1; t <= T; ++t) {
+      if (t < T && p[b * T + t] == p[b * T + t - 1]) continue;
+      runs.push_back({start, b * T + t - start, 0});
+      start = b * T + t;
     }
-    lens.push_back(run);
   }
-  return varlen_seqs(lens, lens, device);
+  std::vector<int64_t> q_lens, k_lens;
+  for (const auto& r : runs) q_lens.push_back(r.len);
+  if (!prefix.defined()) return varlen_seqs(q_lens, q_lens, device);
+  auto pre = prefix.to(at::kCPU, at::kLong).contiguous();
+  const int64_t* pp = pre.data_ptr<int64_t>();
+  // Where each (row, segment) run sits, to find a prefix by its segment id.
+  std::map<std::pair<int64_t, int64_t>, const Run*> by_segment;
+  for (const auto& r : runs) by_segment[{r.start / T, p[r.start]}] = &r;
+  std::vector<int64_t> index;
+  for (auto& r : runs) {
+    const int64_t shared = pp[r.start];
+    for (int64_t i = r.start; i < r.start + r.len; ++i)
+      RLX_CHECK(pp[i] == shared, "forward: prefix differs within segment {} of row {}", p[r.start], r.start / T);
+    int64_t k_len = r.len;
+    if (shared != 0) {
+      auto it = by_segment.find({r.start / T, shared});
+      RLX_CHECK(it != by_segment.end() && shared != p[r.start] && pp[it->second->start] == 0,
+                "forward: row {} segment {} names prefix segment {}, which is not another segment of the row without a "
+                "prefix of its own",
+                r.start / T, p[r.start], shared);
+      for (int64_t i = 0; i < it->second->len; ++i) index.push_back(it->second->start + i);
+      k_len += it->second->len;
+    }
+    for (int64_t i = 0; i < r.len; ++i) index.push_back(r.start + i);
+    k_lens.push_back(k_len);
+  }
+  auto s = varlen_seqs(q_lens, k_lens, device);
+  s.kv_index = at::tensor(index, at::TensorOptions().dtype(at::kLong)).to(device);
+  return s;
 }
 
 bool flash_varlen_supported([[maybe_unused]] at::Device device, [[maybe_unused]] at::ScalarType dtype,
@@ -69,8 +99,16 @@ bool flash_varlen_supported([[maybe_unused]] at::Device device, [[maybe_unused]]
 #endif
 }
 
-at::Tensor varlen_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                      const VarlenSeqs& seqs, double scale) {
+namespace {
+// Keys listed by index: a shared prefix's rows gathered once per sequence that sees them.
+std::pair<at::Tensor, at::Tensor> gather_keys(const at::Tensor& k, const at::Tensor& v, const VarlenSeqs& seqs) {
+  RLX_ASSERT(k.dim() == 3 && v.sizes() == k.sizes(), "varlen_attention: k {}, v {}", k.sizes(), v.sizes());
+  if (!seqs.kv_index.defined()) return {k, v};
+  return {k.index_select(0, seqs.kv_index), v.index_select(0, seqs.kv_index)};
+}
+
+at::Tensor reference_gathered(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const VarlenSeqs& seqs,
+                              double scale) {
   std::vector<at::Tensor> outs;
   outs.reserve(static_cast<size_t>(seqs.seqs()));
   auto lopts = at::TensorOptions().dtype(at::kLong).device(q.device());
@@ -86,11 +124,19 @@ at::Tensor varlen_attention_reference(const at::Tensor& q, const at::Tensor& k, 
   }
   return at::cat(outs, 0);
 }
+}  // namespace
 
-at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const VarlenSeqs& seqs,
+at::Tensor varlen_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const VarlenSeqs& seqs, double scale) {
+  auto [kk, vv] = gather_keys(k, v, seqs);
+  return reference_gathered(q, kk, vv, seqs, scale);
+}
+
+at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in, const VarlenSeqs& seqs,
                             double scale) {
-  RLX_ASSERT(q.dim() == 3 && k.dim() == 3 && v.sizes() == k.sizes() && q.size(0) == seqs.total_q() &&
-                 k.size(0) == seqs.total_k() && q.size(1) % k.size(1) == 0 && q.size(2) == k.size(2),
+  const auto [k, v] = gather_keys(k_in, v_in, seqs);
+  RLX_ASSERT(q.dim() == 3 && q.size(0) == seqs.total_q() && k.size(0) == seqs.total_k() &&
+                 q.size(1) % k.size(1) == 0 && q.size(2) == k.size(2),
              "varlen_attention: q {}, k {}, v {} for {} queries and {} keys", q.sizes(), k.sizes(), v.sizes(),
              seqs.total_q(), seqs.total_k());
 #if RLX_WITH_CUDA && RLX_TORCH_AT_LEAST(2, 1)
@@ -99,7 +145,7 @@ at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::
                                                     seqs.cu_k, seqs.max_q, seqs.max_k, /*dropout_p=*/0.0,
                                                     /*is_causal=*/true, /*return_debug_mask=*/false, scale));
 #endif
-  return varlen_attention_reference(q, k, v, seqs, scale);
+  return reference_gathered(q, k, v, seqs, scale);
 }
 
 }  // namespace rlx

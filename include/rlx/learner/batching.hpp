@@ -2,9 +2,16 @@
 // padding where the attention path allows (each sequence is its own segment of a
 // row, so a row holds several short sequences).
 //
+// Sequences that begin with the same untrained tokens (the samples of one prompt: a GRPO
+// group) share them: the prompt is packed once, as a segment of its own, and each
+// sequence's remaining tokens are a segment that attends to it (ForwardInput::prefix), at
+// the positions that follow it. The model runs the prompt once instead of once per sample;
+// every trained token sees exactly the context it would see alone.
+//
 //   std::vector<rlx::Sequence> seqs = ...;           // token ids + which tokens are trained
 //   auto mbs = rlx::pack_micro_batches(seqs, {.micro_batch_tokens = 8192, .row_tokens = 2048});
 //   // mbs[i].tokens [R, T], .segments (0 = padding), .targets (next token), .loss_mask
+//   auto hidden = model.forward_hidden(rlx::forward_input(mbs[i]));
 #pragma once
 
 #include <ATen/ATen.h>
@@ -13,6 +20,8 @@
 #include <map>
 #include <string>
 #include <vector>
+
+#include "rlx/model/kv_cache.hpp"
 
 namespace rlx {
 
@@ -27,6 +36,13 @@ struct PackOptions {
   int64_t row_tokens = 2048;          // longest row; a longer sequence is an error. Rows are
                                       // only as long as the batch's longest sequence.
   bool pack = true;                   // several sequences per row (false: one per row)
+  bool share_prefix = true;           // with pack: a prompt shared by several sequences packed once
+};
+
+// A prompt packed once for several sequences (MicroBatch::shared).
+struct SharedPrefix {
+  int64_t row = 0, start = 0, length = 0;  // where it sits: row, first column, tokens
+  std::vector<int64_t> members;            // the input sequences that continue it
 };
 
 struct MicroBatch {
@@ -34,11 +50,19 @@ struct MicroBatch {
   at::Tensor segments;   // [R, T] int64, 0 = padding, k = the row's k-th sequence
   at::Tensor targets;    // [R, T] int64, the next token of the same sequence (0 where none)
   at::Tensor loss_mask;  // [R, T] float32, 1 where targets[r, t] is trained
-  at::Tensor sequence;   // [R, T] int64, index into the input sequences (-1 for padding)
+  at::Tensor sequence;   // [R, T] int64, index into the input sequences (-1 for padding and shared prefixes)
+  at::Tensor positions;  // [R, T] int64, each token's position in its input sequence
+  at::Tensor prefix;     // [R, T] int64, the shared prefix segment a token also sees (0: none);
+                         // undefined when the micro-batch shares none
   std::map<std::string, at::Tensor> values;  // [R, T] float32, aligned with targets (value of the target token)
   std::vector<int64_t> sequences;  // which input sequences it holds
+  std::vector<SharedPrefix> shared;
   int64_t loss_tokens = 0;         // sum of loss_mask
+  int64_t shared_tokens = 0;       // tokens not packed again thanks to shared prefixes
 };
+
+// The model's input for a micro-batch: tokens, segments, positions and shared prefixes.
+ForwardInput forward_input(const MicroBatch& mb);
 
 // Deterministic: longest sequences first into the first row with room (first-fit
 // decreasing), rows grouped in order into micro-batches within the budget.

@@ -32,6 +32,7 @@ struct LearnerSection {
   int64_t micro_batch_tokens = 8192;
   int64_t row_tokens = 2048;
   bool pack = true;
+  bool share_prefix = true;
   DType compute_dtype = DType::float32;
   DType reduce_dtype = DType::float32;
   bool activation_checkpointing = false;
@@ -55,6 +56,9 @@ struct LearnerSection {
       config::at_least(1));
     v("row_tokens", row_tokens, "longest packed row (and longest sequence)", config::at_least(1));
     v("pack", pack, "pack several sequences per row (padding-free)");
+    v("share_prefix", share_prefix,
+      "with pack: sequences that begin with the same untrained tokens (one prompt's samples) share them, packed and "
+      "run once");
     v("compute_dtype", compute_dtype, "gathered weights and activations (bfloat16 on CUDA); masters stay fp32");
     v("reduce_dtype", reduce_dtype, "gradients while reduce-scattered (float32 or bfloat16)");
     v("activation_checkpointing", activation_checkpointing, "recompute each block in backward");

@@ -25,6 +25,10 @@ struct ForwardInput {
   at::Tensor positions;  // [B, T] int64 RoPE positions; undefined: derived (per segment, or after the cache)
   at::Tensor segments;   // [B, T] integer; undefined: all 1. 0 marks padding. A token attends only to
                          // earlier tokens of its own segment, so several sequences can be packed in a row.
+  at::Tensor prefix;     // [B, T] integer; undefined: all 0. A segment of the same row whose tokens this
+                         // token also attends to, all of them: a prompt that several sequences share,
+                         // packed once, each sequence's own tokens a segment after it. Needs `positions`
+                         // (the own tokens continue the prefix's) and the full-sequence path (no cache).
 };
 
 // Scaled dot-product attention with grouped-query heads.
@@ -38,8 +42,9 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                      double scale, bool fused = false);
 
 // The mask of the full-sequence path: causal, within a segment, padding masked
-// (a padding query sees only itself, so no row is empty).
-at::Tensor segment_causal_mask(const at::Tensor& segments);
+// (a padding query sees only itself, so no row is empty); with `prefix` (ForwardInput),
+// also every token of the segment each query names there.
+at::Tensor segment_causal_mask(const at::Tensor& segments, const at::Tensor& prefix = {});
 // Positions that restart at 0 at each segment boundary.
 at::Tensor segment_positions(const at::Tensor& segments);
 

@@ -27,6 +27,9 @@ namespace rlx {
 
 struct VarlenSeqs {
   at::Tensor cu_q, cu_k;               // int32 [seqs + 1], cumulative query and key counts, on the device
+  at::Tensor kv_index;                 // int64 [total_k] on the device: the rows of k and v that are
+                                       // the sequences' keys, in order (a shared prefix's rows once per
+                                       // sequence that sees them); undefined: k and v as given
   std::vector<int64_t> q_lens, k_lens; // per sequence, on the host
   int64_t max_q = 0, max_k = 0;
   int64_t seqs() const { return static_cast<int64_t>(q_lens.size()); }
@@ -40,15 +43,17 @@ VarlenSeqs varlen_seqs(std::span<const int64_t> q_lens, std::span<const int64_t>
 
 // The sequences of packed rows: `segments` [B, T] (0 = padding), rows flattened in order;
 // each run of equal values in a row is one sequence (a padding run too, whose outputs
-// nobody reads), queries and keys alike.
-VarlenSeqs varlen_from_segments(const at::Tensor& segments, at::Device device);
+// nobody reads), queries and keys alike. With `prefix` (ForwardInput::prefix), a run whose
+// tokens name a prefix segment has that segment's tokens before its own as keys (kv_index).
+VarlenSeqs varlen_from_segments(const at::Tensor& segments, at::Device device, const at::Tensor& prefix = {});
 
 // Whether varlen_attention runs LibTorch's flash kernel: CUDA with LibTorch >= 2.1,
 // compute capability >= 8.0, bf16 or fp16, head_dim a multiple of 8 up to 256.
 bool flash_varlen_supported(at::Device device, at::ScalarType dtype, int64_t head_dim);
 
-// q [total_q, Hq, D]; k, v [total_k, Hkv, D] (Hq a multiple of Hkv). Returns [total_q, Hq, D]
-// in q's dtype. Differentiable in q, k and v on either path.
+// q [total_q, Hq, D]; k, v [total_k, Hkv, D] (Hq a multiple of Hkv), or with seqs.kv_index
+// any rows that it indexes. Returns [total_q, Hq, D] in q's dtype. Differentiable in q, k and
+// v on either path (a row indexed twice gets both gradients).
 at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const VarlenSeqs& seqs,
                             double scale);
 

@@ -92,3 +92,65 @@ TEST_CASE("varlen attention: an extend step's queries equal the tail of the full
   // Without a GPU the reference path ran (the flash kernel is checked against it in [cuda]).
   CHECK_FALSE(rlx::flash_varlen_supported(at::kCPU, at::kBFloat16, 64));
 }
+
+// A prompt shared by two sequences, packed once ([P | a | b], a and b naming P as their
+// prefix), against each sequence alone ([P a] and [P b]): the same outputs at every token
+// and, for the prompt's rows, the sum of the two copies' gradients; through the segment mask
+// and through varlen attention's key index alike.
+TEST_CASE("varlen attention: a shared prefix packed once equals each sequence with its own copy", "[model]") {
+  at::manual_seed(13);
+  const int64_t P = 5, A = 3, Bn = 2, Hq = 4, Hkv = 2, D = 8;
+  const auto i64 = at::TensorOptions().dtype(at::kLong);
+  auto qp = at::randn({P, Hq, D}), kp = at::randn({P, Hkv, D}), vp = at::randn({P, Hkv, D});
+  auto qa = at::randn({A, Hq, D}), ka = at::randn({A, Hkv, D}), va = at::randn({A, Hkv, D});
+  auto qb = at::randn({Bn, Hq, D}), kb = at::randn({Bn, Hkv, D}), vb = at::randn({Bn, Hkv, D});
+  auto wp = at::randn({P, Hq, D}), wa = at::randn({A, Hq, D}), wb = at::randn({Bn, Hq, D});  // a loss's weights
+
+  // Alone: each sequence with its copy of the prompt, causal.
+  std::vector<at::Tensor> leaves;
+  auto leaf = [&](const at::Tensor& t) { return leaves.emplace_back(t.clone().requires_grad_(true)); };
+  auto alone = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    const int64_t L = q.size(0);
+    auto allowed = at::ones({L, L}, at::kBool).tril().unsqueeze(0);
+    return rlx::attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), allowed, 0.3).squeeze(0);
+  };
+  auto qp1 = leaf(qp), kp1 = leaf(kp), vp1 = leaf(vp), qp2 = leaf(qp), kp2 = leaf(kp), vp2 = leaf(vp);
+  auto qa0 = leaf(qa), ka0 = leaf(ka), va0 = leaf(va), qb0 = leaf(qb), kb0 = leaf(kb), vb0 = leaf(vb);
+  auto oa = alone(at::cat({qp1, qa0}), at::cat({kp1, ka0}), at::cat({vp1, va0}));
+  auto ob = alone(at::cat({qp2, qb0}), at::cat({kp2, kb0}), at::cat({vp2, vb0}));
+  // The prompt's outputs are the same in both copies; the loss counts them once.
+  CHECK(at::allclose(oa.narrow(0, 0, P), ob.narrow(0, 0, P), 1e-6, 1e-6));
+  ((oa.narrow(0, 0, P) * wp).sum() + (oa.narrow(0, P, A) * wa).sum() + (ob.narrow(0, P, Bn) * wb).sum()).backward();
+
+  auto segments = at::tensor({1, 1, 1, 1, 1, 2, 2, 2, 3, 3, 0}, i64).view({1, 11});
+  auto prefix = at::tensor({0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0}, i64).view({1, 11});
+  for (bool varlen : {false, true}) {
+    INFO((varlen ? "varlen, key index" : "segment mask"));
+    auto pad_q = at::zeros({1, Hq, D}), pad_kv = at::zeros({1, Hkv, D});
+    auto q = at::cat({qp, qa, qb, pad_q}).requires_grad_(true), k = at::cat({kp, ka, kb, pad_kv}).requires_grad_(true),
+         v = at::cat({vp, va, vb, pad_kv}).requires_grad_(true);
+    at::Tensor out;
+    if (varlen) {
+      const auto seqs = rlx::varlen_from_segments(segments, at::kCPU, prefix);
+      CHECK(seqs.q_lens == std::vector<int64_t>{P, A, Bn, 1});
+      CHECK(seqs.k_lens == std::vector<int64_t>{P, P + A, P + Bn, 1});
+      out = rlx::varlen_attention(q, k, v, seqs, 0.3);
+    } else {
+      out = rlx::attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), rlx::segment_causal_mask(segments, prefix), 0.3)
+                .squeeze(0);
+    }
+    CHECK(at::allclose(out.narrow(0, 0, P + A), oa, 1e-5, 1e-6));
+    CHECK(at::allclose(out.narrow(0, P + A, Bn), ob.narrow(0, P, Bn), 1e-5, 1e-6));
+    (out.narrow(0, 0, P) * wp).sum().add((out.narrow(0, P, A) * wa).sum()).add((out.narrow(0, P + A, Bn) * wb).sum()).backward();
+    CHECK(at::allclose(q.grad().narrow(0, 0, P), qp1.grad() + qp2.grad(), 1e-5, 1e-6));
+    CHECK(at::allclose(k.grad().narrow(0, 0, P), kp1.grad() + kp2.grad(), 1e-5, 1e-6));
+    CHECK(at::allclose(v.grad().narrow(0, 0, P), vp1.grad() + vp2.grad(), 1e-5, 1e-6));
+    CHECK(at::allclose(k.grad().narrow(0, P, A), ka0.grad(), 1e-5, 1e-6));
+    CHECK(at::allclose(q.grad().narrow(0, P + A, Bn), qb0.grad(), 1e-5, 1e-6));
+    CHECK(at::allclose(v.grad().narrow(0, P + A, Bn), vb0.grad(), 1e-5, 1e-6));
+    CHECK(kp2.grad().abs().sum().item<double>() > 0);  // b's loss reaches the prompt's keys
+  }
+  // A prefix that names no other segment of its row is refused, naming it.
+  auto bad = at::tensor({0, 0, 0, 0, 0, 7, 7, 7, 7, 7, 0}, i64).view({1, 11});
+  CHECK_THROWS_WITH(rlx::varlen_from_segments(segments, at::kCPU, bad), Catch::Contains("prefix segment 7"));
+}
