@@ -11,8 +11,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
-#include <mutex>
 #include <map>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -292,12 +292,45 @@ std::string EnvServerProcess::trial(Options options, double timeout_s) {
 
 // --- the client ----------------------------------------------------------------------------
 
+namespace {
+// Connected DEALER sockets to env servers, kept when an episode ends and handed to the next
+// episode (a connection costs a handshake, and a grant starts many episodes at once). A
+// late answer meant for an earlier episode is dropped by the (episode, turn) match.
+class SocketPool {
+ public:
+  static SocketPool& get() {
+    (void)bus::detail::shared_context();  // constructed first: the context outlives the sockets
+    static SocketPool pool;
+    return pool;
+  }
+  std::optional<zmq::socket_t> take(const std::string& address) {
+    std::lock_guard lock(mu_);
+    auto it = kept_.find(address);
+    if (it == kept_.end() || it->second.empty()) return std::nullopt;
+    auto s = std::move(it->second.back());
+    it->second.pop_back();
+    return s;
+  }
+  void give(const std::string& address, zmq::socket_t socket) {
+    std::lock_guard lock(mu_);
+    auto& kept = kept_[address];
+    if (kept.size() < kMaxPerAddress) kept.push_back(std::move(socket));
+  }
+
+ private:
+  static constexpr size_t kMaxPerAddress = 4096;
+  std::mutex mu_;
+  std::map<std::string, std::vector<zmq::socket_t>> kept_;
+};
+}  // namespace
+
 struct RemoteEnv::Impl {
   RemoteEnvOptions o;
   bus::Limits limits;
   zmq::socket_t dealer;
   uint64_t episode, turn = 0;
-  bool started = false;
+  bool started = false, closed = false;
+  bool reusable = true;  // every call so far was answered: the socket may serve another episode
   std::string state;
   uint64_t recoveries = 0;
 
@@ -305,10 +338,16 @@ struct RemoteEnv::Impl {
     RLX_CHECK(!o.address.empty() && !o.env.empty(), "remote env: an address and an environment name are required");
     std::random_device rd;
     episode = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    if (auto kept = SocketPool::get().take(o.address)) {
+      dealer = std::move(*kept);
+      return;
+    }
     connect();
   }
 
+  // A fresh connection (a new episode, or after a call went unanswered).
   void connect() {
+    reusable = true;
     dealer = zmq::socket_t(bus::detail::shared_context(), zmq::socket_type::dealer);
     bus::detail::configure_socket(dealer, limits, 100);
     dealer.connect(o.address);
@@ -318,13 +357,24 @@ struct RemoteEnv::Impl {
   std::optional<EnvReply> try_call(const EnvRequest& req, bool retrying, double timeout_s = -1) {
     const auto started = std::chrono::steady_clock::now();
     check_cancel();
-    const std::string frame = bus::pack(req, req.turn);
-    if (!bus::detail::try_send(dealer, frame)) return std::nullopt;
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s >= 0 ? timeout_s : o.timeout_s);
+    if (!send(req)) return std::nullopt;
+    return await(req, retrying, started, started + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                          std::chrono::duration<double>(timeout_s >= 0 ? timeout_s : o.timeout_s)));
+  }
+
+  // The request's frame, without waiting for the answer; false if the socket would not take it.
+  bool send(const EnvRequest& req) { return bus::detail::try_send(dealer, bus::pack(req, req.turn)); }
+
+  // The answer to `req` if it comes before `deadline`. Cancelling, leaving and a server that
+  // died end the wait as they end a call.
+  std::optional<EnvReply> await(const EnvRequest& req, bool retrying, std::chrono::steady_clock::time_point started,
+                                std::chrono::steady_clock::time_point deadline) {
     for (;;) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return std::nullopt;
+      if (left.count() <= 0) {
+        reusable = false;
+        return std::nullopt;
+      }
       zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
       bus::detail::poll(&item, 1, std::min(left, std::chrono::milliseconds(200)));
       check_cancel();
@@ -345,6 +395,30 @@ struct RemoteEnv::Impl {
         }
       }
     }
+  }
+
+  EnvRequest reset_request(std::string payload) {
+    turn = 0;
+    return {.episode = episode, .turn = 0, .op = "reset", .env = o.env, .payload = std::move(payload)};
+  }
+  EnvRequest step_request(std::span<const TokenId> action) const {
+    RLX_CHECK(started, "remote env: step() before reset()");
+    return {.episode = episode, .turn = turn + 1, .op = "step", .env = o.env,
+            .action = std::vector<int32_t>(action.begin(), action.end())};
+  }
+  EnvRequest close_request() const { return {.episode = episode, .turn = turn + 1, .op = "close"}; }
+  std::vector<TokenId> apply_reset(EnvReply rep) {
+    state = std::move(rep.state);
+    started = true;
+    closed = false;
+    return std::move(rep.observation);
+  }
+  StepResult apply_step(EnvReply rep) {
+    ++turn;
+    state = std::move(rep.state);
+    StepResult r{.observation = std::move(rep.observation), .reward = rep.reward, .done = rep.done};
+    if (!rep.info.empty()) r.info = nlohmann::json::parse(rep.info, nullptr, /*allow_exceptions=*/false);
+    return r;
   }
 
   void check_cancel() const {
@@ -385,36 +459,133 @@ struct RemoteEnv::Impl {
 
 RemoteEnv::RemoteEnv(RemoteEnvOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
 
+// Closing is a courtesy (the server frees the episode's state): it waits briefly, so that a
+// worker unwinding a grant of many episodes from a dead server ends in seconds, not env.timeout_s each.
+static constexpr double kCloseWaitS = 0.5;
+
 RemoteEnv::~RemoteEnv() {
-  // Closing is a courtesy (the server frees the episode's state): it waits briefly, so that a
-  // worker unwinding a grant of many episodes from a dead server ends in seconds, not env.timeout_s each.
-  static constexpr double kCloseWaitS = 0.5;
   try {
-    if (impl_->started)
-      (void)impl_->try_call({.episode = impl_->episode, .turn = impl_->turn + 1, .op = "close"}, false, kCloseWaitS);
+    if (impl_->started && !impl_->closed) impl_->closed = impl_->try_call(impl_->close_request(), false, kCloseWaitS).has_value();
+    if (impl_->closed && impl_->reusable) SocketPool::get().give(impl_->o.address, std::move(impl_->dealer));
   } catch (...) {
   }
 }
 
 std::vector<TokenId> RemoteEnv::reset(const nlohmann::json& task) {
   auto& I = *impl_;
-  I.turn = 0;
-  auto rep = I.call({.turn = 0, .op = "reset", .payload = task.dump()});
-  I.state = std::move(rep.state);
-  I.started = true;
-  return rep.observation;
+  return I.apply_reset(I.call(I.reset_request(task.dump())));
 }
 
 StepResult RemoteEnv::step(std::span<const TokenId> action) {
   auto& I = *impl_;
-  RLX_CHECK(I.started, "remote env: step() before reset()");
-  auto rep = I.call({.turn = I.turn + 1, .op = "step", .action = std::vector<int32_t>(action.begin(), action.end())});
-  ++I.turn;
-  I.state = std::move(rep.state);
-  StepResult r{.observation = std::move(rep.observation), .reward = rep.reward, .done = rep.done};
-  if (!rep.info.empty()) r.info = nlohmann::json::parse(rep.info, nullptr, /*allow_exceptions=*/false);
-  return r;
+  return I.apply_step(I.call(I.step_request(action)));
 }
+
+// The pipelined calls of reset_all, step_all and close_all.
+struct Pipeline {
+  using Clock = std::chrono::steady_clock;
+
+  // request(i, impl) builds envs[i]'s request (a RemoteEnv), apply(impl, reply) takes its
+  // answer in, plain(i) calls any other Env.
+  template <class T, class Request, class Apply, class Plain>
+  static std::vector<Outcome<T>> run(std::span<Env* const> envs, const char* op, Request request, Apply apply, Plain plain) {
+    std::vector<Outcome<T>> out(envs.size());
+    std::vector<EnvRequest> reqs(envs.size());
+    std::vector<char> sent(envs.size(), 0);
+    status::Scope doing(fmt::format("env calls '{}' of {} episodes at once", op, envs.size()));
+    for (size_t i = 0; i < envs.size(); ++i) {
+      auto* remote = dynamic_cast<RemoteEnv*>(envs[i]);
+      if (!remote) continue;
+      try {
+        auto& I = *remote->impl_;
+        I.check_cancel();
+        reqs[i] = request(i, I);
+        reqs[i].episode = I.episode;
+        reqs[i].env = I.o.env;
+        sent[i] = I.send(reqs[i]);
+      } catch (...) {
+        out[i].error = std::current_exception();
+      }
+    }
+    auto since = Clock::now();  // each wait counts from the answer before it
+    for (size_t i = 0; i < envs.size(); ++i) {
+      if (out[i].error) continue;
+      try {
+        auto* remote = dynamic_cast<RemoteEnv*>(envs[i]);
+        if (!remote) {
+          out[i].value = plain(i);
+          continue;
+        }
+        auto& I = *remote->impl_;
+        std::optional<EnvReply> rep;
+        if (sent[i])
+          rep = I.await(reqs[i], false, since,
+                        since + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(I.o.timeout_s)));
+        if (rep && rep->error_kind == "data")
+          throw Error(fmt::format("environment {} at {}: {}", I.o.env, I.o.address, rep->error));
+        // No answer, or an infra one: the episode's own call, with its retries and recovery.
+        out[i].value = apply(I, rep && rep->error.empty() ? std::move(*rep) : I.call(reqs[i]));
+      } catch (...) {
+        out[i].error = std::current_exception();
+      }
+      since = Clock::now();
+    }
+    return out;
+  }
+
+  static std::vector<Outcome<std::vector<TokenId>>> reset(std::span<Env* const> envs,
+                                                          std::span<const nlohmann::json* const> tasks) {
+    RLX_ASSERT(tasks.size() == envs.size(), "reset_all: {} tasks for {} environments", tasks.size(), envs.size());
+    std::map<const nlohmann::json*, std::string> payloads;  // each task written once
+    return run<std::vector<TokenId>>(
+        envs, "reset",
+        [&](size_t i, RemoteEnv::Impl& I) {
+          auto [it, fresh] = payloads.try_emplace(tasks[i]);
+          if (fresh) it->second = tasks[i]->dump();
+          return I.reset_request(it->second);
+        },
+        [](RemoteEnv::Impl& I, EnvReply rep) { return I.apply_reset(std::move(rep)); },
+        [&](size_t i) { return envs[i]->reset(*tasks[i]); });
+  }
+
+  static std::vector<Outcome<StepResult>> step(std::span<Env* const> envs, std::span<const std::vector<TokenId>> actions) {
+    RLX_ASSERT(actions.size() == envs.size(), "step_all: {} actions for {} environments", actions.size(), envs.size());
+    return run<StepResult>(
+        envs, "step", [&](size_t i, RemoteEnv::Impl& I) { return I.step_request(actions[i]); },
+        [](RemoteEnv::Impl& I, EnvReply rep) { return I.apply_step(std::move(rep)); },
+        [&](size_t i) { return envs[i]->step(actions[i]); });
+  }
+
+  static void close(std::span<Env* const> envs) {
+    std::vector<std::pair<RemoteEnv::Impl*, EnvRequest>> open;
+    for (auto* e : envs)
+      if (auto* remote = dynamic_cast<RemoteEnv*>(e); remote && remote->impl_->started && !remote->impl_->closed) {
+        auto& I = *remote->impl_;
+        I.closed = true;
+        if (I.send(I.close_request())) open.emplace_back(&I, I.close_request());
+      }
+    const auto start = Clock::now();
+    const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(kCloseWaitS));
+    for (auto& [I, req] : open) {
+      try {
+        if (!I->await(req, false, start, deadline)) break;  // a server that does not answer: the rest go unanswered
+      } catch (...) {
+        break;
+      }
+    }
+  }
+};
+
+std::vector<Outcome<std::vector<TokenId>>> reset_all(std::span<Env* const> envs,
+                                                     std::span<const nlohmann::json* const> tasks) {
+  return Pipeline::reset(envs, tasks);
+}
+
+std::vector<Outcome<StepResult>> step_all(std::span<Env* const> envs, std::span<const std::vector<TokenId>> actions) {
+  return Pipeline::step(envs, actions);
+}
+
+void close_all(std::span<Env* const> envs) { Pipeline::close(envs); }
 
 std::string RemoteEnv::save_state() const { return impl_->state; }
 

@@ -13,6 +13,7 @@
 #include "rlx/core/rng.hpp"
 #include "rlx/core/log.hpp"
 #include "rlx/core/trace.hpp"
+#include "rlx/env/server.hpp"
 
 namespace rlx::rollout {
 
@@ -102,14 +103,20 @@ void guarded(GroupRollout& gr, F&& f) {
 std::vector<GroupRollout> rollout_groups(Engine& engine, const EnvSource& envs, const std::vector<bus::Lease>& leases,
                                          const RolloutOptions& options, EpisodeCheckpoints* checkpoints,
                                          const std::function<void()>& after_checkpoint, const std::atomic<bool>* stop) {
+  const int64_t start_us = TraceWriter::now_us();
   std::vector<GroupRollout> groups(leases.size());
+  std::vector<json> tasks(leases.size());
+  // The episodes to start, reset together (one round trip to an env server for them all).
+  std::vector<env::Env*> fresh;
+  std::vector<const json*> fresh_tasks;
+  std::vector<size_t> fresh_group;
   for (size_t g = 0; g < leases.size(); ++g) {
     auto& gr = groups[g];
     gr.lease = leases[g];
     // An environment that failed (InfraError) sends the lease back to be retried; a task
     // the environment rejects ends the lease as a data error. A server past its restarts
     // (envs.make() throws) ends the worker.
-    json task;
+    json& task = tasks[g];
     try {
       task = json::parse(gr.lease.task);
     } catch (const json::exception& e) {
@@ -121,10 +128,20 @@ std::vector<GroupRollout> rollout_groups(Engine& engine, const EnvSource& envs, 
                 gr.start_turn);
       continue;
     }
-    for (uint32_t k = 0; k < gr.lease.group_size && gr.error.empty(); ++k) {
+    for (uint32_t k = 0; k < gr.lease.group_size; ++k) {
       gr.envs.push_back(envs.make());
+      fresh.push_back(gr.envs.back().get());
+      fresh_tasks.push_back(&task);
+      fresh_group.push_back(g);
+    }
+  }
+  if (!fresh.empty()) {
+    auto prompts = env::reset_all(fresh, fresh_tasks);
+    for (size_t i = 0; i < fresh.size(); ++i) {
+      auto& gr = groups[fresh_group[i]];
       guarded(gr, [&] {
-        gr.episodes.emplace_back().start(gr.envs.back()->reset(task));
+        if (prompts[i].error) std::rethrow_exception(prompts[i].error);
+        gr.episodes.emplace_back().start(std::move(prompts[i].value));
         gr.versions.emplace_back(gr.episodes.back().tokens.size(), -1);
       });
     }
@@ -157,6 +174,7 @@ std::vector<GroupRollout> rollout_groups(Engine& engine, const EnvSource& envs, 
       }
     }
     if (requests.empty()) break;
+    if (turn == 0) trace_span("start_envs", start_us);
     const int64_t gen_us = TraceWriter::now_us();
     auto results = engine.generate(std::move(requests), stop);
     trace_span("generate", gen_us);
@@ -166,26 +184,41 @@ std::vector<GroupRollout> rollout_groups(Engine& engine, const EnvSource& envs, 
       return groups;
     }
     const int64_t env_us = TraceWriter::now_us();
+    // Every sample's action to its environment, the calls in flight together.
+    std::vector<env::Env*> stepped;
+    std::vector<std::vector<TokenId>> actions;
+    std::vector<std::pair<size_t, size_t>> at;  // group, sample
     for (size_t r = 0; r < results.size(); ++r) {
       auto& gr = groups[owner[r].first];
-      for (size_t s = 0; s < results[r].samples.size() && gr.error.empty(); ++s) {
+      if (!gr.error.empty()) continue;
+      for (size_t s = 0; s < results[r].samples.size(); ++s) {
         const size_t k = owner[r].second < 0 ? s : static_cast<size_t>(owner[r].second);
         auto& out = results[r].samples[s];
-        auto& ep = gr.episodes[k];
         auto& ver = gr.versions[k];
-        ep.add_action(out.tokens, out.logprobs);
+        gr.episodes[k].add_action(out.tokens, out.logprobs);
         ver.insert(ver.end(), out.versions.begin(), out.versions.end());
-        guarded(gr, [&] {
-          auto step = gr.envs[k]->step(out.tokens);
-          ++ep.turns;
-          ep.reward += step.reward;
-          ep.done = step.done;
-          if (!ep.done) {
-            ep.add_observation(step.observation);
-            ver.resize(ep.tokens.size(), -1);
-          }
-        });
+        stepped.push_back(gr.envs[k].get());
+        actions.emplace_back(out.tokens.begin(), out.tokens.end());
+        at.emplace_back(owner[r].first, k);
       }
+    }
+    auto steps = env::step_all(stepped, actions);
+    for (size_t i = 0; i < steps.size(); ++i) {
+      auto& gr = groups[at[i].first];
+      if (!gr.error.empty()) continue;  // the group ended at an earlier sample's error
+      auto& ep = gr.episodes[at[i].second];
+      auto& ver = gr.versions[at[i].second];
+      guarded(gr, [&] {
+        if (steps[i].error) std::rethrow_exception(steps[i].error);
+        auto& step = steps[i].value;
+        ++ep.turns;
+        ep.reward += step.reward;
+        ep.done = step.done;
+        if (!ep.done) {
+          ep.add_observation(step.observation);
+          ver.resize(ep.tokens.size(), -1);
+        }
+      });
     }
     trace_span("env_step", env_us);
     // Unfinished episodes are saved every K turns (not after the last one).
@@ -286,6 +319,7 @@ void Worker::apply_weights() {
 
 int64_t Worker::run(const std::atomic<bool>& end, const std::atomic<bool>& leave) {
   int64_t wait_us = TraceWriter::now_us();  // since the last grant was done
+  int idle_ms = 1;                          // the pause before asking again after an empty grant
   while (!leave && !end) {
     apply_weights();
     bus::LeaseGrant grant;
@@ -301,10 +335,19 @@ int64_t Worker::run(const std::atomic<bool>& end, const std::atomic<bool>& leave
       say(fmt::format("no lease to take (has weights v{}; the hub waits for the learner's next version, or its leases "
                       "are all out)",
                       weights_.version()));
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      // Asked again after a pause that grows from 1 ms to 20 ms, cut short by new weights:
+      // in synchronous mode the hub grants the next round once the learner's version is out.
+      const int64_t had = weights_.version();
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(idle_ms);
+      while (std::chrono::steady_clock::now() < until && weights_.version() == had && !end && !leave) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        apply_weights();
+      }
+      idle_ms = weights_.version() != had ? 1 : std::min(2 * idle_ms, 20);
       if (o_.after_round) o_.after_round();
       continue;
     }
+    idle_ms = 1;
     // A lease asks for weights at least as new as its min_version (synchronous mode: the
     // current one); the learner has published them by the time the hub knows them.
     int64_t need = 0;
@@ -335,6 +378,7 @@ int64_t Worker::run(const std::atomic<bool>& end, const std::atomic<bool>& leave
     if (!end) score_episodes(groups, o_);  // on the device turn: a reward model runs there too
     turn.release();
     if (end) break;  // cut short: the hub re-issues these leases if the run goes on
+    const int64_t submit_us = TraceWriter::now_us();
     for (auto& gr : groups) {
       if (!gr.error.empty()) {
         if (gr.error_kind == "data") episodes_.remove(gr.lease);  // infra: the retry continues from it
@@ -352,6 +396,15 @@ int64_t Worker::run(const std::atomic<bool>& end, const std::atomic<bool>& leave
       episodes_.remove(gr.lease);
       ++groups_sent_;
     }
+    trace_span("submit", submit_us);
+    // The episodes' state on their env servers freed together (one round trip, not one each).
+    const int64_t close_us = TraceWriter::now_us();
+    std::vector<env::Env*> used;
+    for (auto& gr : groups)
+      for (auto& e : gr.envs) used.push_back(e.get());
+    env::close_all(used);
+    groups.clear();
+    trace_span("close_envs", close_us);
     trace_span("rollout", rollout_us);
     wait_us = TraceWriter::now_us();
     busy_s_ += now_s() - busy_from;

@@ -18,7 +18,9 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <exception>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -103,7 +105,7 @@ struct RemoteEnvOptions {
 class RemoteEnv final : public Env {
  public:
   explicit RemoteEnv(RemoteEnvOptions options);
-  ~RemoteEnv() override;
+  ~RemoteEnv() override;  // closes the episode on the server (waits briefly) unless close_all did
   std::vector<TokenId> reset(const nlohmann::json& task) override;
   StepResult step(std::span<const TokenId> action) override;
   std::string save_state() const override;
@@ -113,6 +115,25 @@ class RemoteEnv final : public Env {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  friend struct Pipeline;
 };
+
+// One call per episode for many episodes at once (a grant's samples): every RemoteEnv's
+// request is sent first, then the answers are gathered, so the lot costs about one round
+// trip plus the server's work instead of a round trip each. Each episode keeps its own
+// retries and recovery (a missing answer falls back to its plain call; the server answers
+// a repeated turn from its cache), and its timeout counts from the previous answer, so a
+// server working through a long queue is not taken for a dead one. Other Envs are called
+// in turn. Each outcome holds the call's result or what it threw.
+template <class T>
+struct Outcome {
+  T value{};
+  std::exception_ptr error;  // set: the call threw this (InfraError, Error, ...)
+};
+std::vector<Outcome<std::vector<TokenId>>> reset_all(std::span<Env* const> envs,
+                                                     std::span<const nlohmann::json* const> tasks);
+std::vector<Outcome<StepResult>> step_all(std::span<Env* const> envs, std::span<const std::vector<TokenId>> actions);
+// Closes RemoteEnvs' episodes together (their destructors then do not call the server).
+void close_all(std::span<Env* const> envs);
 
 }  // namespace rlx::env

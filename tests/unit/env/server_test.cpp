@@ -137,3 +137,80 @@ TEST_CASE("env server: a dead server without a supervisor is an infra error", "[
   server.reset();  // stopped for good
   CHECK_THROWS_AS(remote.step(ids("2")), rlx::env::InfraError);
 }
+
+// A grant's episodes are called together (reset_all, step_all: every request sent, then the
+// answers gathered). Each outcome is that episode's own: a bad task fails only its episode,
+// a server killed between two rounds is restarted once and every episode continues from its
+// last state with each step applied once, and an in-process Env in the same batch is called
+// as it is.
+TEST_CASE("env server: many episodes' calls at once equal the calls one by one, each failing on its own", "[env][server]") {
+  REQUIRE(fs::exists(kTokenizer));
+  rlx::test::TempDir dir;
+  rlx::env::EnvServerProcess server(server_options(dir));
+  const std::string address = "ipc://" + (dir / "env.sock").string();
+  const auto tok = rlx::load_tokenizer(kTokenizer);
+  rlx::env::Registry reg;
+  rlx::env::register_bundled(reg);
+  constexpr size_t kN = 12, kBad = 3, kLocal = 7;
+  std::vector<std::unique_ptr<rlx::env::Env>> envs, locals;
+  std::vector<rlx::env::Env*> all;
+  std::vector<json> tasks;
+  std::vector<const json*> task_of;
+  for (size_t i = 0; i < kN; ++i) {
+    if (i == kLocal)
+      envs.push_back(reg.make("guess_number", {.tokenizer = tok.get()}));
+    else
+      envs.push_back(std::make_unique<rlx::env::RemoteEnv>(rlx::env::RemoteEnvOptions{
+          .address = address, .env = "guess_number", .timeout_s = 30, .retries = 4, .server = &server}));
+    locals.push_back(reg.make("guess_number", {.tokenizer = tok.get()}));
+    all.push_back(envs.back().get());
+    tasks.push_back(i == kBad ? json{{"target", 500}, {"range", 10}} : json{{"target", 10 + i}, {"range", 100}});
+  }
+  for (const auto& t : tasks) task_of.push_back(&t);
+
+  auto prompts = rlx::env::reset_all(all, task_of);
+  REQUIRE(prompts.size() == kN);
+  for (size_t i = 0; i < kN; ++i) {
+    INFO("episode " << i);
+    if (i == kBad) {
+      REQUIRE(prompts[i].error);
+      CHECK_THROWS_WITH(std::rethrow_exception(prompts[i].error), Catch::Contains("outside [1, 10]"));
+      continue;
+    }
+    REQUIRE_FALSE(prompts[i].error);
+    CHECK(prompts[i].value == locals[i]->reset(tasks[i]));
+  }
+  all.erase(all.begin() + kBad);
+  locals.erase(locals.begin() + kBad);
+  tasks.erase(tasks.begin() + kBad);
+
+  // Two rounds of guesses; the server is killed between them.
+  const std::string serve_marker = "env serve --address " + address;
+  for (int round = 0; round < 2; ++round) {
+    if (round == 1) {
+      REQUIRE(::kill(server.pid(), SIGKILL) == 0);
+      for (int i = 0; i < 500 && process_with(serve_marker); ++i) ::usleep(10000);
+      REQUIRE_FALSE(process_with(serve_marker));
+    }
+    std::vector<std::vector<rlx::TokenId>> guesses;
+    for (size_t i = 0; i < all.size(); ++i) guesses.push_back(ids(round == 0 ? "50" : std::to_string(tasks[i]["target"].get<int>())));
+    auto steps = rlx::env::step_all(all, guesses);
+    for (size_t i = 0; i < all.size(); ++i) {
+      INFO("round " << round << ", episode " << i);
+      REQUIRE_FALSE(steps[i].error);
+      const auto want = locals[i]->step(guesses[i]);
+      CHECK(steps[i].value.observation == want.observation);
+      CHECK(steps[i].value.done == want.done);
+      CHECK(steps[i].value.reward == want.reward);
+      CHECK(all[i]->save_state() == locals[i]->save_state());  // each guess applied once
+    }
+  }
+  CHECK(server.restarts() == 1);
+
+  // Closed together; the connections serve the next episodes.
+  rlx::env::close_all(all);
+  envs.clear();
+  rlx::env::RemoteEnv next({.address = address, .env = "guess_number", .timeout_s = 30, .retries = 4, .server = &server});
+  CHECK(next.reset(json{{"target", 5}, {"range", 10}}).size() > 0);
+  CHECK(next.step(ids("5")).done);
+}
