@@ -492,31 +492,54 @@ struct Pipeline {
     std::vector<Outcome<T>> out(envs.size());
     std::vector<EnvRequest> reqs(envs.size());
     std::vector<char> sent(envs.size(), 0);
+    // A server whose call failed for want of answers (retries spent, cancelled, leaving): its
+    // other episodes in this batch fail with it at once rather than each waiting its timeouts.
+    // A FatalError (a server that cannot start) ends the batch: the run cannot go on.
+    std::map<std::string, std::exception_ptr> given_up;
+    auto fail = [&](size_t i, const std::string& address) {
+      out[i].error = std::current_exception();
+      try {
+        throw;
+      } catch (const FatalError&) {
+        throw;
+      } catch (const InfraError&) {
+        given_up.try_emplace(address, out[i].error);
+      } catch (...) {
+      }
+    };
     status::Scope doing(fmt::format("env calls '{}' of {} episodes at once", op, envs.size()));
     for (size_t i = 0; i < envs.size(); ++i) {
       auto* remote = dynamic_cast<RemoteEnv*>(envs[i]);
       if (!remote) continue;
+      auto& I = *remote->impl_;
       try {
-        auto& I = *remote->impl_;
         I.check_cancel();
         reqs[i] = request(i, I);
         reqs[i].episode = I.episode;
         reqs[i].env = I.o.env;
         sent[i] = I.send(reqs[i]);
       } catch (...) {
-        out[i].error = std::current_exception();
+        fail(i, I.o.address);
       }
     }
     auto since = Clock::now();  // each wait counts from the answer before it
     for (size_t i = 0; i < envs.size(); ++i) {
       if (out[i].error) continue;
-      try {
-        auto* remote = dynamic_cast<RemoteEnv*>(envs[i]);
-        if (!remote) {
+      auto* remote = dynamic_cast<RemoteEnv*>(envs[i]);
+      if (!remote) {
+        try {
           out[i].value = plain(i);
-          continue;
+        } catch (...) {
+          out[i].error = std::current_exception();
         }
-        auto& I = *remote->impl_;
+        continue;
+      }
+      auto& I = *remote->impl_;
+      if (auto g = given_up.find(I.o.address); g != given_up.end()) {
+        out[i].error = g->second;
+        continue;
+      }
+      try {
         std::optional<EnvReply> rep;
         if (sent[i])
           rep = I.await(reqs[i], false, since,
@@ -526,7 +549,7 @@ struct Pipeline {
         // No answer, or an infra one: the episode's own call, with its retries and recovery.
         out[i].value = apply(I, rep && rep->error.empty() ? std::move(*rep) : I.call(reqs[i]));
       } catch (...) {
-        out[i].error = std::current_exception();
+        fail(i, I.o.address);
       }
       since = Clock::now();
     }

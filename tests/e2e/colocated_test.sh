@@ -98,7 +98,7 @@ kill_learner() {  # kill_learner NAME SIGNAL [OVERRIDES...]
   local pid=$!
   wait_steps "$name" 3 || fail "$name: no progress"
   local victim
-  victim=$(pgrep -f -- "role learner.*runs/$name" | head -1)
+  victim=$(pgrep -f -- "role learner.*$PWD/runs/$name " | head -1)  # this test's run only (others run in parallel)
   [ -n "$victim" ] && kill -"$sig" "$victim" || fail "$name: no learner process"
   wait $pid; local rc=$?
   [ $rc = 0 ] && grep -q restart "$name.log" && ok "$name: $sig, restarted, completed" || fail "$name: rc $rc: $(tail -5 "$name.log")"

@@ -3,8 +3,8 @@
 # directory into the learner, scores the student's sampled tokens with it, and trains on the
 # per-token reverse KL, without the reward. A teacher identical to the student must read a KL
 # of exactly 0 (its log-probs align with the student's token for token); a teacher SFT'd for
-# longer (held-out accuracy about 0.57) must raise a briefly SFT'd student's held-out accuracy
-# (about 0.16) and lower the reverse KL; the memory plan must count the teacher; a teacher with another vocabulary stops the run at the learner's start, naming
+# longer (held-out accuracy about 0.6) must raise a briefly SFT'd student's held-out accuracy
+# (about 0.16, read on 1,000 tasks) by at least 0.03 and lower the reverse KL; the memory plan must count the teacher; a teacher with another vocabulary stops the run at the learner's start, naming
 # algorithm.teacher; a teacher for an algorithm that uses none, or a directory that is not a
 # model, is refused before any process starts.
 #   distill_test.sh RLX_BINARY WORK_DIR
@@ -15,7 +15,7 @@ cp "$here/grpo.yaml" grpo.yaml
 fast=(learner.micro_batch_tokens=4096 learner.row_tokens=256)
 failures=0
 fail() { failures=$((failures + 1)); echo "FAIL: $*"; }
-teacher=$("$rlx" sft grpo.yaml run.name=teacher sft.steps=400 sft.batch=32 sft.lr=2e-3 sft.eval_tasks=200 "${fast[@]}" \
+teacher=$("$rlx" sft grpo.yaml run.name=teacher sft.steps=600 sft.batch=32 sft.lr=1e-3 sft.eval_tasks=200 "${fast[@]}" \
   2>teacher.log | tail -n 1) || { echo "FAIL: teacher sft: $(tail -3 teacher.log)"; exit 1; }
 student=$("$rlx" sft grpo.yaml run.name=student sft.steps=150 sft.batch=32 sft.lr=2e-3 sft.eval_tasks=200 "${fast[@]}" \
   2>student.log | tail -n 1) || { echo "FAIL: student sft: $(tail -3 student.log)"; exit 1; }
@@ -36,7 +36,9 @@ P
 # itself; its greedy accuracy is read on held-out tasks.
 distill distill runs/teacher/final train.steps=150 train.groups_per_step=16 hub.group_size=8 train.generated_tasks=20000 \
   rollout.leases_per_request=16 || fail "distillation run: $(tail -5 distill.log)"
-after=$("$rlx" eval grpo.yaml model.path=runs/distill/final sft.eval_tasks=200 | tail -n 1)
+# Both read on 1,000 held-out tasks (a standard error of about 0.013 each).
+student=$("$rlx" eval grpo.yaml model.path=runs/student/final sft.eval_tasks=1000 | tail -n 1)
+after=$("$rlx" eval grpo.yaml model.path=runs/distill/final sft.eval_tasks=1000 | tail -n 1)
 python3 - "$teacher" "$student" "$after" runs/distill <<'P' && echo "ok: distilled from the teacher alone, the student gains held-out accuracy" \
   || fail "distillation: $(tail -3 distill.log)"
 import json, pathlib, sys
@@ -45,12 +47,12 @@ run = pathlib.Path(sys.argv[4])
 m = [json.loads(l) for l in open(run / "metrics.jsonl")]
 assert [x["step"] for x in m] == list(range(1, 151)), len(m)
 kl = [x["teacher_kl"] for x in m]
-t, s, a = teacher["accuracy_after"], student["accuracy_after"], after["accuracy"]
+t, s, a = teacher["accuracy_after"], student["accuracy"], after["accuracy"]
 first, last = sum(kl[:25]) / 25, sum(kl[-25:]) / 25
 print(f"held-out accuracy: teacher {t:.3f}, student {s:.3f} -> {a:.3f} after distillation; "
       f"reverse KL to the teacher {first:.3f} -> {last:.3f} (steps 1-25, 126-150)")
 assert t >= s + 0.2, f"the teacher ({t}) is not much better than the student ({s})"
-assert a >= s + 0.05, f"the student's accuracy did not rise: {s} -> {a}"
+assert a >= s + 0.03, f"the student's accuracy did not rise: {s} -> {a}"
 assert last < 0.8 * first, kl
 err = (run / "logs" / "learner-0" / "rank-0.err").read_text()
 assert "teacher model" in err and "learner: teacher" in err, err[-2000:]

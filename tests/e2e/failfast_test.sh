@@ -63,7 +63,7 @@ cannot() {  # cannot NAME EXPECT_REGEX... -- OVERRIDES: exits non-zero within ER
   echo "time: $name: start to exit $took s (rc $rc)"
   local missing=""
   for p in "${patterns[@]}"; do grep -Eq "$p" "$name.log" || missing="$missing '$p'"; done
-  [ $rc != 0 ] && [ $rc != 124 ] && within "$took" $ERROR_BOUND_S && [ -z "$missing" ] && [ -z "$(pgrep -f -- "runs/$name/|rlx-$name-")" ] \
+  [ $rc != 0 ] && [ $rc != 124 ] && within "$took" $ERROR_BOUND_S && [ -z "$missing" ] && [ -z "$(pgrep -f -- "$PWD/runs/$name/|rlx-$name-")" ] \
     && ok "$name: exit $rc within $ERROR_BOUND_S s, the cause on stderr" \
     || fail "$name: rc $rc after $took s, missing$missing: $(tail -4 "$name.log")"
 }
@@ -98,7 +98,7 @@ stop_in() {  # stop_in NAME: SIGINT to the launcher $pid; it must exit 130 withi
   pkill -CONT -f -- "runs/$1/|rlx-$1-" 2>/dev/null
   sleep 0.2
   local left
-  left=$(pgrep -af -- "runs/$1/|rlx-$1-")
+  left=$(pgrep -af -- "$PWD/runs/$1/|rlx-$1-")
   [ $rc = 130 ] && within "$took" $STOP_BOUND_S && [ -z "$left" ] && grep -q -- "--resume" "$1.log" \
     && ok "$1: SIGINT stopped the run in $took s (bound $STOP_BOUND_S s), exit 130" \
     || fail "$1: SIGINT: rc $rc after $took s; left: $left; $(tail -3 "$1.log")"
@@ -158,7 +158,7 @@ stop_in ckpt
 "$rlx" run grpo.yaml run.name=stopped train.steps=200 > stopped.log 2>&1 &
 pid=$!
 wait_steps stopped 2 || fail "stopped: no progress"
-victim=$(pgrep -f -- "role worker.*runs/stopped/" | head -1)
+victim=$(pgrep -f -- "role worker.*$PWD/runs/stopped/" | head -1)
 [ -n "$victim" ] && kill -STOP "$victim" || fail "stopped: no worker to stop"
 stop_in stopped
 # What the checkpoint holds resumes: the stopped run continues to its end.

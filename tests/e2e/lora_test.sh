@@ -70,7 +70,7 @@ assert any(x["kl"] != 0 for x in m[1:]), [x["kl"] for x in m]
 "$rlx" run grpo.yaml run.name=killed "${lora[@]}" > killed.log 2>&1 &
 pid=$!
 wait_steps killed 3 || fail "killed: no progress"
-victim=$(pgrep -f -- "role learner.*runs/killed" | head -1)
+victim=$(pgrep -f -- "role learner.*$PWD/runs/killed" | head -1)
 [ -n "$victim" ] && kill -KILL "$victim" || fail "killed: no learner to kill"
 wait $pid; rc=$?
 [ $rc = 0 ] && grep -q restart killed.log && cmp -s runs/clean/final/model.safetensors runs/killed/final/model.safetensors \

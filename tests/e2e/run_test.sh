@@ -101,7 +101,7 @@ assert all(g[f"rlx_errors_{k}"] == 0 for k in kinds), {k: g.get(f"rlx_errors_{k}
 P
 # Errors by kind move: a worker killed is restarted (rlx_errors_worker_restarts), its leases
 # re-issued; the run goes on.
-victim=$(pgrep -f -- "role worker.*runs/live" | head -1)
+victim=$(pgrep -f -- "role worker.*$PWD/runs/live" | head -1)
 [ -n "$victim" ] && kill -KILL "$victim"
 python3 - "$mport" <<'P' && ok "live metrics: a killed worker counts in rlx_errors_worker_restarts" || fail "live metrics: errors by kind"
 import sys, time, urllib.request
@@ -137,7 +137,7 @@ kill_role() {  # kill_role NAME ROLE_PATTERN [SIGNAL [OVERRIDES...]]
   set -- "$name" "$pattern"
   wait_steps "$1" 3 || fail "$1: no progress"
   local victim
-  victim=$(pgrep -f -- "$2.*runs/$1" | ${PICK:-head} -1)  # PICK=tail: the newest (learner rank 1)
+  victim=$(pgrep -f -- "$2.*$PWD/runs/$1" | ${PICK:-head} -1)  # PICK=tail: the newest (learner rank 1)
   [ -n "$victim" ] && kill -"$sig" "$victim" || fail "$1: no process matching $2"
   wait $pid; local rc=$?
   [ $rc = 0 ] && grep -q restart "$1.log" && ok "$1: killed, restarted, completed" || fail "$1: rc $rc: $(tail -5 "$1.log")"
@@ -165,20 +165,20 @@ same_as_clean killenv
 "$rlx" run grpo.yaml run.name=giveup rollout.max_restarts=0 train.max_restarts=0 > giveup.log 2>&1 &
 pid=$!
 wait_steps giveup 2 || fail "giveup: no progress"
-victim=$(pgrep -f -- "role worker.*runs/giveup" | head -1)
+victim=$(pgrep -f -- "role worker.*$PWD/runs/giveup" | head -1)
 [ -n "$victim" ] && kill -KILL "$victim" || fail "giveup: no worker to kill"
 wait $pid; rc=$?
 [ $rc = 1 ] && grep -q "worker [01] ended: killed by signal 9" giveup.log && grep -q "train.max_restarts); stopping" giveup.log \
-  && [ -z "$(pgrep -f -- "runs/giveup")" ] && ok "giveup: past its restarts the run fails, naming worker, index and signal" \
+  && [ -z "$(pgrep -f -- "$PWD/runs/giveup")" ] && ok "giveup: past its restarts the run fails, naming worker, index and signal" \
   || fail "giveup: rc $rc: $(tail -3 giveup.log)"
 # The launcher killed with SIGKILL: every role and env server goes with it (PDEATHSIG).
 "$rlx" run grpo.yaml run.name=orphans env.servers=1 train.steps=200 > orphans.log 2>&1 &
 pid=$!
 wait_steps orphans 2 || fail "orphans: no progress"
-[ "$(pgrep -f -- "runs/orphans" | wc -l)" -ge 6 ] || fail "orphans: not every role found: $(pgrep -af -- runs/orphans)"
+[ "$(pgrep -f -- "$PWD/runs/orphans" | wc -l)" -ge 6 ] || fail "orphans: not every role found: $(pgrep -af -- runs/orphans)"
 kill -KILL $pid; wait $pid 2>/dev/null
-for _ in $(seq 1 300); do [ -z "$(pgrep -f -- "runs/orphans")" ] && break; sleep 0.1; done
-left=$(pgrep -af -- "runs/orphans")
+for _ in $(seq 1 300); do [ -z "$(pgrep -f -- "$PWD/runs/orphans")" ] && break; sleep 0.1; done
+left=$(pgrep -af -- "$PWD/runs/orphans")
 [ -z "$left" ] && ok "orphans: the launcher SIGKILLed, every child ended within 30 s" || fail "orphans: left running: $left"
 pkill -KILL -f -- "runs/orphans" 2>/dev/null
 # A stopped (SIGSTOP) role beats no more: the launcher reports it, kills it, and restarts.

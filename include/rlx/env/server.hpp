@@ -124,7 +124,10 @@ class RemoteEnv final : public Env {
 // retries and recovery (a missing answer falls back to its plain call; the server answers
 // a repeated turn from its cache), and its timeout counts from the previous answer, so a
 // server working through a long queue is not taken for a dead one. Other Envs are called
-// in turn. Each outcome holds the call's result or what it threw.
+// in turn. Each outcome holds the call's result or what it threw; once a call to a server
+// ends in InfraError (its retries spent, cancelled, the worker leaving), that server's other
+// calls in the batch end with it at once, and a FatalError (a server that cannot start) is
+// thrown.
 template <class T>
 struct Outcome {
   T value{};
