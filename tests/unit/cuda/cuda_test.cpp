@@ -253,6 +253,44 @@ TEST_CASE("cuda: bf16 packed rows through varlen flash attention give the fp32 C
   CHECK(max_abs(a * real, b * real) <= 0.05 * scale);
 }
 
+// A prompt shared by the sequences after it (ForwardInput::prefix, the learner's shared
+// prefixes): on the GPU the flash kernel reads the prompt's keys gathered per sequence
+// (VarlenSeqs::kv_index). The bf16 logits of [P | a | b] equal the fp32 CPU logits of each
+// sequence with its own copy.
+TEST_CASE("cuda: a shared prefix through varlen flash attention gives each sequence's own fp32 CPU logits", "[cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  auto cpu = tiny(3, at::kCPU);
+  auto c = cpu->config();
+  auto gpu = std::make_shared<rlx::Transformer>(c, at::kBFloat16, at::Device(at::kCUDA, 0));
+  {
+    c10::NoGradGuard g;
+    auto src = cpu->hf_parameters();
+    auto dst = gpu->hf_parameters();
+    for (size_t i = 0; i < src.size(); ++i) dst[i].second.copy_(src[i].second);
+  }
+  const auto i64 = at::TensorOptions().dtype(at::kLong);
+  auto prompt = at::randint(512, {9}, i64), a = at::randint(512, {4}, i64), b = at::randint(512, {6}, i64);
+  auto packed = at::cat({prompt, a, b}).view({1, 19});
+  auto segments = at::cat({at::full({9}, 1, i64), at::full({4}, 2, i64), at::full({6}, 3, i64)}).view({1, 19});
+  auto prefix = at::cat({at::zeros({9}, i64), at::ones({10}, i64)}).view({1, 19});
+  auto positions = at::cat({at::arange(9, i64), at::arange(9, 13, i64), at::arange(9, 15, i64)}).view({1, 19});
+  auto st = gpu->begin_forward({.tokens = packed.cuda(), .positions = positions.cuda(), .segments = segments.cuda(),
+                                .prefix = prefix.cuda()});
+  CHECK(st.varlen.defined());
+  CHECK(st.varlen.kv_index.defined());
+  c10::NoGradGuard g;
+  auto shared = gpu->forward({.tokens = packed.cuda(), .positions = positions.cuda(), .segments = segments.cuda(),
+                              .prefix = prefix.cuda()})
+                    .to(at::kFloat)
+                    .cpu()
+                    .squeeze(0);
+  auto alone_a = cpu->forward({.tokens = at::cat({prompt, a}).view({1, 13})}).squeeze(0);
+  auto alone_b = cpu->forward({.tokens = at::cat({prompt, b}).view({1, 15})}).squeeze(0);
+  const double scale = alone_b.abs().max().item<double>();
+  CHECK(max_abs(shared.narrow(0, 0, 13), alone_a) <= 0.05 * scale);
+  CHECK(max_abs(shared.narrow(0, 13, 6), alone_b.narrow(0, 9, 6)) <= 0.05 * scale);
+}
+
 #if RLX_WITH_NCCL
 // Issue 34 item 7 at world size 1 (NCCL refuses two ranks on one GPU): the NCCL communicator's
 // collectives on CUDA tensors and on CPU tensors (staged through the device).
