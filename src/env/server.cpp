@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "../bus/transport.hpp"
@@ -496,6 +497,7 @@ struct Pipeline {
     // other episodes in this batch fail with it at once rather than each waiting its timeouts.
     // A FatalError (a server that cannot start) ends the batch: the run cannot go on.
     std::map<std::string, std::exception_ptr> given_up;
+    std::set<std::string> troubled;
     auto fail = [&](size_t i, const std::string& address) {
       out[i].error = std::current_exception();
       try {
@@ -541,11 +543,16 @@ struct Pipeline {
       }
       try {
         std::optional<EnvReply> rep;
-        if (sent[i])
+        // After a server went unanswered or answered infra (it died, restarted, lost episodes),
+        // requests sent to it before may be lost with it: its other episodes call at once
+        // rather than wait out a timeout each (a request that did arrive is answered again
+        // from the server's cache, applied once).
+        if (sent[i] && !troubled.contains(I.o.address))
           rep = I.await(reqs[i], false, since,
                         since + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(I.o.timeout_s)));
         if (rep && rep->error_kind == "data")
           throw Error(fmt::format("environment {} at {}: {}", I.o.env, I.o.address, rep->error));
+        if (!rep || !rep->error.empty()) troubled.insert(I.o.address);
         // No answer, or an infra one: the episode's own call, with its retries and recovery.
         out[i].value = apply(I, rep && rep->error.empty() ? std::move(*rep) : I.call(reqs[i]));
       } catch (...) {
