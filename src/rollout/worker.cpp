@@ -139,6 +139,7 @@ std::vector<GroupRollout> rollout_groups(Engine& engine, const EnvSource& envs, 
     auto prompts = env::reset_all(fresh, fresh_tasks);
     for (size_t i = 0; i < fresh.size(); ++i) {
       auto& gr = groups[fresh_group[i]];
+      if (!gr.error.empty()) continue;  // the group ended at an earlier sample's error (the first one is reported)
       guarded(gr, [&] {
         if (prompts[i].error) std::rethrow_exception(prompts[i].error);
         gr.episodes.emplace_back().start(std::move(prompts[i].value));
