@@ -17,6 +17,30 @@
 
 namespace rlx::cli {
 
+namespace {
+// --tokens: a JSON list of non-empty lists of integer ids (all of one length when `equal`).
+std::vector<std::vector<int64_t>> token_rows(const std::string& text, bool equal) {
+  nlohmann::json ids;
+  try {
+    ids = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("--tokens is not JSON: {}", e.what()));
+  }
+  RLX_CHECK(ids.is_array() && !ids.empty(), "--tokens must be a non-empty list of non-empty lists of ids");
+  std::vector<std::vector<int64_t>> rows;
+  for (const auto& row : ids) {
+    RLX_CHECK(row.is_array() && !row.empty(), "--tokens: {} is not a non-empty list", row.dump());
+    RLX_CHECK(!equal || row.size() == ids[0].size(), "--tokens rows must have equal lengths");
+    auto& out = rows.emplace_back();
+    for (const auto& t : row) {
+      RLX_CHECK(t.is_number_integer(), "--tokens: {} is not an integer id", t.dump());
+      out.push_back(t.get<int64_t>());
+    }
+  }
+  return rows;
+}
+}  // namespace
+
 void add_model_commands(CLI::App& app, Action& action) {
   auto* model = app.add_subcommand("model", "Create and manage models");
   model->require_subcommand(1);
@@ -75,22 +99,9 @@ void add_model_commands(CLI::App& app, Action& action) {
   logits->add_option("--device", l->device, "cpu or cuda[:N]");
   logits->callback([l, &action] {
     action = [l] {
-      nlohmann::json ids;
-      try {
-        ids = nlohmann::json::parse(l->tokens);
-      } catch (const nlohmann::json::exception& e) {
-        throw Error(fmt::format("--tokens is not JSON: {}", e.what()));
-      }
-      RLX_CHECK(ids.is_array() && !ids.empty() && ids[0].is_array() && !ids[0].empty(),
-                "--tokens must be a non-empty list of non-empty lists of ids");
+      const auto ids = token_rows(l->tokens, /*equal=*/true);
       std::vector<int64_t> flat;
-      for (const auto& row : ids) {
-        RLX_CHECK(row.is_array() && row.size() == ids[0].size(), "--tokens rows must have equal lengths");
-        for (const auto& t : row) {
-          RLX_CHECK(t.is_number_integer(), "--tokens: {} is not an integer id", t.dump());
-          flat.push_back(t.get<int64_t>());
-        }
-      }
+      for (const auto& row : ids) flat.insert(flat.end(), row.begin(), row.end());
       const int64_t B = static_cast<int64_t>(ids.size()), T = static_cast<int64_t>(ids[0].size());
       auto m = load_hf(l->model, {.dtype = to_scalar_type(*config::enum_from_string<DType>(l->dtype)),
                                   .device = at::Device(l->device)});
@@ -117,22 +128,7 @@ void add_model_commands(CLI::App& app, Action& action) {
   score->add_option("--device", sc->device, "cpu or cuda[:N]");
   score->callback([sc, &action] {
     action = [sc] {
-      nlohmann::json ids;
-      try {
-        ids = nlohmann::json::parse(sc->tokens);
-      } catch (const nlohmann::json::exception& e) {
-        throw Error(fmt::format("--tokens is not JSON: {}", e.what()));
-      }
-      RLX_CHECK(ids.is_array() && !ids.empty(), "--tokens must be a non-empty list of lists of ids");
-      std::vector<std::vector<int64_t>> seqs;
-      for (const auto& row : ids) {
-        RLX_CHECK(row.is_array() && !row.empty(), "--tokens: {} is not a non-empty list", row.dump());
-        seqs.emplace_back();
-        for (const auto& t : row) {
-          RLX_CHECK(t.is_number_integer(), "--tokens: {} is not an integer id", t.dump());
-          seqs.back().push_back(t.get<int64_t>());
-        }
-      }
+      const auto seqs = token_rows(sc->tokens, /*equal=*/false);
       auto rm = RewardModel::load(sc->model, {.dtype = to_scalar_type(*config::enum_from_string<DType>(sc->dtype)),
                                               .device = at::Device(sc->device)});
       std::cout << nlohmann::json{{"scores", rm.score(seqs)}}.dump() << std::endl;

@@ -14,6 +14,20 @@ namespace {
 
 using rlx::TokenId;
 
+// `cpu`'s weights in a model of `dtype` on `device`.
+std::shared_ptr<rlx::Transformer> copy_to(const rlx::Transformer& cpu, at::ScalarType dtype, at::Device device) {
+  auto out = std::make_shared<rlx::Transformer>(cpu.config(), dtype, device);
+  c10::NoGradGuard g;
+  auto src = cpu.hf_parameters();
+  auto dst = out->hf_parameters();
+  REQUIRE(src.size() == dst.size());
+  for (size_t i = 0; i < src.size(); ++i) {
+    REQUIRE(src[i].first == dst[i].first);
+    dst[i].second.copy_(src[i].second);
+  }
+  return out;
+}
+
 std::shared_ptr<rlx::Transformer> tiny(uint64_t seed, at::Device device) {
   auto c = rlx::model_preset("tiny", rlx::Arch::qwen2);
   c.head_dim = 64;  // a width the engine's kernels and CUDA graphs take (64 or 128); the preset's is 16
@@ -21,16 +35,7 @@ std::shared_ptr<rlx::Transformer> tiny(uint64_t seed, at::Device device) {
   auto cpu = std::make_shared<rlx::Transformer>(c);
   cpu->init_weights(seed);
   if (device.is_cpu()) return cpu;
-  auto gpu = std::make_shared<rlx::Transformer>(c, at::kFloat, device);
-  c10::NoGradGuard g;
-  auto src = cpu->hf_parameters();
-  auto dst = gpu->hf_parameters();
-  REQUIRE(src.size() == dst.size());
-  for (size_t i = 0; i < src.size(); ++i) {
-    REQUIRE(src[i].first == dst[i].first);
-    dst[i].second.copy_(src[i].second);
-  }
-  return gpu;
+  return copy_to(*cpu, at::kFloat, device);
 }
 
 // Four sequences of different lengths (several micro-batches at 32 tokens each), and the
@@ -230,14 +235,7 @@ TEST_CASE("cuda: varlen flash attention equals the reference in bf16 (extend ste
 TEST_CASE("cuda: bf16 packed rows through varlen flash attention give the fp32 CPU logits", "[cuda]") {
   REQUIRE(torch::cuda::is_available());
   auto cpu = tiny(3, at::kCPU);
-  auto c = cpu->config();
-  auto gpu = std::make_shared<rlx::Transformer>(c, at::kBFloat16, at::Device(at::kCUDA, 0));
-  {
-    c10::NoGradGuard g;
-    auto src = cpu->hf_parameters();
-    auto dst = gpu->hf_parameters();
-    for (size_t i = 0; i < src.size(); ++i) dst[i].second.copy_(src[i].second);
-  }
+  auto gpu = copy_to(*cpu, at::kBFloat16, at::Device(at::kCUDA, 0));
   auto tokens = at::randint(512, {2, 12}, at::TensorOptions().dtype(at::kLong));
   auto segments = at::tensor({1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
                              at::TensorOptions().dtype(at::kLong))
@@ -260,14 +258,7 @@ TEST_CASE("cuda: bf16 packed rows through varlen flash attention give the fp32 C
 TEST_CASE("cuda: a shared prefix through varlen flash attention gives each sequence's own fp32 CPU logits", "[cuda]") {
   REQUIRE(torch::cuda::is_available());
   auto cpu = tiny(3, at::kCPU);
-  auto c = cpu->config();
-  auto gpu = std::make_shared<rlx::Transformer>(c, at::kBFloat16, at::Device(at::kCUDA, 0));
-  {
-    c10::NoGradGuard g;
-    auto src = cpu->hf_parameters();
-    auto dst = gpu->hf_parameters();
-    for (size_t i = 0; i < src.size(); ++i) dst[i].second.copy_(src[i].second);
-  }
+  auto gpu = copy_to(*cpu, at::kBFloat16, at::Device(at::kCUDA, 0));
   const auto i64 = at::TensorOptions().dtype(at::kLong);
   auto prompt = at::randint(512, {9}, i64), a = at::randint(512, {4}, i64), b = at::randint(512, {6}, i64);
   auto packed = at::cat({prompt, a, b}).view({1, 19});
