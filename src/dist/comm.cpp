@@ -16,6 +16,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <condition_variable>
@@ -518,6 +519,161 @@ std::unique_ptr<Communicator> connect(const RendezvousOptions& options) {
 #else
   throw CommError("this rlx was built without Gloo (libgloo-dev): a group of several CPU ranks is not available");
 #endif
+}
+
+// -- a group that re-forms ------------------------------------------------------------
+
+namespace {
+
+// Forwards to the current generation's group; a CommError from it marks the generation broken.
+class Reformable final : public ReformableGroup {
+ public:
+  explicit Reformable(const RendezvousOptions& o) : base_(o) {
+    RLX_CHECK(!o.host_store, "a re-formable group needs the launcher's store: rank {} would host it (RLX_STORE_HOST_SELF)",
+              o.rank);
+#if RLX_WITH_GLOO || RLX_WITH_NCCL
+    if (o.world_size > 1) {
+      RLX_CHECK(o.store_port > 0, "a re-formable group of {} ranks needs a store (RLX_STORE)", o.world_size);
+      // A rank that starts while the group exists replaces a dead one: it joins the next generation.
+      auto s = store_client(o.store_host, o.store_port, o.world_size, o.connect_timeout_s);
+      if (s->check({formed_key()})) {
+        const auto v = s->get(formed_key());
+        generation_ = std::stoll(std::string(v.begin(), v.end())) + 1;
+      }
+    }
+#endif
+    join();
+  }
+
+  int64_t generation() const override { return generation_; }
+  bool broken() const override { return broken_; }
+  void reform() override {
+    group_.reset();  // its process group, heartbeats and connections go first
+    ++generation_;
+    join();
+  }
+
+  void finish() override {
+#if RLX_WITH_GLOO || RLX_WITH_NCCL
+    if (base_.world_size == 1 || base_.rank != 0) return;
+    auto s = store_client(base_.store_host, base_.store_port, base_.world_size, 10);
+    s->set(finished_key(), std::vector<uint8_t>{1});
+#endif
+  }
+  bool finished() const override { return finished_; }
+
+  int rank() const override { return base_.rank; }
+  int size() const override { return base_.world_size; }
+  std::string backend() const override { return group_ ? group_->backend() : "none"; }
+
+  std::unique_ptr<Work> all_gather(const at::Tensor& out, const at::Tensor& in, std::string_view what) override {
+    return guard([&] { return group().all_gather(out, in, what); });
+  }
+  std::unique_ptr<Work> reduce_scatter(const at::Tensor& out, const at::Tensor& in, std::string_view what) override {
+    return guard([&] { return group().reduce_scatter(out, in, what); });
+  }
+  std::unique_ptr<Work> all_reduce(const at::Tensor& t, ReduceOp op, std::string_view what) override {
+    return guard([&] { return group().all_reduce(t, op, what); });
+  }
+  std::unique_ptr<Work> broadcast(const at::Tensor& t, int root, std::string_view what) override {
+    return guard([&] { return group().broadcast(t, root, what); });
+  }
+  void barrier(std::string_view what) override {
+    guard([&] {
+      group().barrier(what);
+      return std::unique_ptr<Work>();
+    });
+  }
+
+ private:
+  struct GuardedWork final : Work {
+    std::unique_ptr<Work> inner;
+    Reformable* owner = nullptr;
+    void wait() override {
+      try {
+        inner->wait();
+      } catch (const CommError&) {
+        owner->broken_ = true;
+        throw;
+      }
+    }
+  };
+  template <class F>
+  std::unique_ptr<Work> guard(F&& f) {
+    std::unique_ptr<Work> w;
+    try {
+      w = f();
+    } catch (const CommError&) {
+      broken_ = true;
+      throw;
+    }
+    if (!w) return w;
+    auto g = std::make_unique<GuardedWork>();
+    g->inner = std::move(w);
+    g->owner = this;
+    return g;
+  }
+  Communicator& group() {
+    if (!group_) throw CommError(fmt::format("rank {}: the group of generation {} did not form", base_.rank, generation_));
+    return *group_;
+  }
+  std::string formed_key() const { return base_.prefix + "rlx/formed_generation"; }
+  std::string finished_key() const { return base_.prefix + "rlx/finished"; }
+
+  void join() {
+    broken_ = false;
+    auto o = base_;
+    o.prefix = base_.prefix + fmt::format("gen/{}/", generation_);
+    // After a death, a survivor notices it at its next collective at the latest.
+    if (generation_ > 0) o.connect_timeout_s = std::max(o.connect_timeout_s, o.timeout_s + 30);
+    if (o.world_size == 1) {
+      group_ = single_process();
+      return;
+    }
+#if RLX_WITH_GLOO || RLX_WITH_NCCL
+    // Every rank arrives first (in slices, so that a group that finished meanwhile is seen),
+    // then the process group forms at once.
+    {
+      auto s = store_client(o.store_host, o.store_port, o.world_size, std::min(o.connect_timeout_s, 30.0));
+      const auto arrived = o.prefix + "rlx/arrived";
+      s->add(arrived, 1);
+      const double deadline = now_s() + o.connect_timeout_s;
+      for (int64_t n = 0; (n = read_counter(*s, arrived)) < o.world_size;) {
+        if (s->check({finished_key()})) {
+          finished_ = true;
+          return;
+        }
+        if (now_s() > deadline)
+          throw CommError(fmt::format("rank {}: generation {} of the group did not form within {:.0f} s: {} of {} ranks "
+                                      "arrived", base_.rank, generation_, o.connect_timeout_s, n, o.world_size));
+        std::this_thread::sleep_for(milliseconds(50));
+      }
+    }
+#endif
+    try {
+      group_ = connect(o);
+    } catch (const CommError& e) {
+      throw CommError(fmt::format("{} (generation {})", e.what(), generation_));
+    }
+#if RLX_WITH_GLOO || RLX_WITH_NCCL
+    if (base_.rank == 0) {
+      auto s = store_client(o.store_host, o.store_port, o.world_size, o.connect_timeout_s);
+      const auto v = std::to_string(generation_);
+      s->set(formed_key(), std::vector<uint8_t>(v.begin(), v.end()));
+    }
+#endif
+  }
+
+  RendezvousOptions base_;
+  int64_t generation_ = 0;
+  bool broken_ = false, finished_ = false;
+  std::unique_ptr<Communicator> group_;
+};
+
+}  // namespace
+
+std::unique_ptr<ReformableGroup> connect_reformable(const RendezvousOptions& options) {
+  return std::make_unique<Reformable>(options);
 }
 
 }  // namespace rlx::dist

@@ -301,6 +301,15 @@ void ShardedTransformer::release_all() {
   for (size_t u = 0; u < units_.size(); ++u) release(u);
 }
 
+void ShardedTransformer::abandon() {
+  for (auto& u : units_) {
+    u.pending.reset();
+    u.send = at::Tensor();
+    if (comm_.size() == 1) u.gathered = u.in_place;
+    else free_storage(u);
+  }
+}
+
 std::vector<at::Tensor> ShardedTransformer::unit_parameters(size_t unit) { return params_[unit]; }
 
 at::Tensor ShardedTransformer::reduce_gradients(size_t index, const std::vector<at::Tensor>& grads) {

@@ -31,43 +31,59 @@ LocalGroup::LocalGroup(LocalGroupOptions options) : opt_(std::move(options)) {
             "local group: ranks {}..{} are not in a group of {}", opt_.first_rank, opt_.first_rank + opt_.world_size - 1,
             opt_.group_size);
   if (!opt_.log_dir.empty()) std::filesystem::create_directories(opt_.log_dir);
-  std::vector<std::string> base;
   for (char** e = environ; *e; ++e) {
     std::string s(*e);
     if (s.rfind("RLX_RANK=", 0) == 0 || s.rfind("RLX_WORLD_SIZE=", 0) == 0 || s.rfind("RLX_STORE", 0) == 0) continue;
-    base.push_back(std::move(s));
+    base_env_.push_back(std::move(s));
   }
-  base.insert(base.end(), opt_.env.begin(), opt_.env.end());
+  base_env_.insert(base_env_.end(), opt_.env.begin(), opt_.env.end());
   done_.assign(static_cast<size_t>(opt_.world_size), false);
+  ranks_.resize(static_cast<size_t>(opt_.world_size));
+  starts_.assign(static_cast<size_t>(opt_.world_size), 0);
   for (int r = 0; r < opt_.world_size; ++r) {
-    auto env = base;
-    env.push_back(fmt::format("RLX_RANK={}", opt_.first_rank + r));
-    env.push_back(fmt::format("RLX_WORLD_SIZE={}", opt_.store.empty() ? opt_.world_size : opt_.group_size));
-    env.push_back(opt_.store.empty() ? fmt::format("RLX_STORE={}:{}", store_.host(), store_.port())
-                                     : fmt::format("RLX_STORE={}", opt_.store));
-    std::vector<char*> envp, argv;
-    for (auto& s : env) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    auto args = opt_.argv;
-    for (auto& s : args) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    RankExit re;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    if (!opt_.log_dir.empty()) {
-      re.out = opt_.log_dir / fmt::format("rank-{}.out", r);
-      re.err = opt_.log_dir / fmt::format("rank-{}.err", r);
-      posix_spawn_file_actions_addopen(&fa, 1, re.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      posix_spawn_file_actions_addopen(&fa, 2, re.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    try {
+      spawn(r);
+    } catch (...) {
+      for (int s = 0; s < r; ++s) ::kill(ranks_[static_cast<size_t>(s)].pid, SIGKILL), ::waitpid(ranks_[static_cast<size_t>(s)].pid, nullptr, 0);
+      throw;
     }
-    const int rc = ::posix_spawnp(&re.pid, argv[0], &fa, nullptr, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) {
-      for (auto& started : ranks_) ::kill(started.pid, SIGKILL);
-      throw Error(fmt::format("local group: cannot start {}: {}", opt_.argv[0], std::strerror(rc)));
-    }
-    ranks_.push_back(re);
   }
+}
+
+void LocalGroup::spawn(int r) {
+  auto env = base_env_;
+  env.push_back(fmt::format("RLX_RANK={}", opt_.first_rank + r));
+  env.push_back(fmt::format("RLX_WORLD_SIZE={}", opt_.store.empty() ? opt_.world_size : opt_.group_size));
+  env.push_back(opt_.store.empty() ? fmt::format("RLX_STORE={}:{}", store_.host(), store_.port())
+                                   : fmt::format("RLX_STORE={}", opt_.store));
+  std::vector<char*> envp, argv;
+  for (auto& s : env) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  auto args = opt_.argv;
+  for (auto& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  RankExit re;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  const auto n = starts_[static_cast<size_t>(r)]++;
+  if (!opt_.log_dir.empty()) {
+    const auto stem = n == 0 ? fmt::format("rank-{}", r) : fmt::format("rank-{}.{}", r, n);
+    re.out = opt_.log_dir / (stem + ".out");
+    re.err = opt_.log_dir / (stem + ".err");
+    posix_spawn_file_actions_addopen(&fa, 1, re.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, re.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  }
+  const int rc = ::posix_spawnp(&re.pid, argv[0], &fa, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) throw Error(fmt::format("local group: cannot start {}: {}", opt_.argv[0], std::strerror(rc)));
+  ranks_[static_cast<size_t>(r)] = re;
+  done_[static_cast<size_t>(r)] = false;
+}
+
+void LocalGroup::restart(int rank) {
+  RLX_CHECK(rank >= 0 && rank < opt_.world_size, "local group: no rank {}", rank);
+  RLX_CHECK(done_[static_cast<size_t>(rank)], "local group: rank {} is still running", rank);
+  spawn(rank);
 }
 
 LocalGroup::~LocalGroup() {
@@ -99,6 +115,11 @@ bool LocalGroup::poll() {
     re.exited = WIFEXITED(status);
     re.code = re.exited ? WEXITSTATUS(status) : -1;
     re.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    if (!re.ok() && fail_time_ < 0 && opt_.replace && opt_.replace(static_cast<int>(r), re)) {
+      spawn(static_cast<int>(r));
+      all = false;
+      continue;
+    }
     if (!re.ok() && opt_.fail_fast && fail_time_ < 0) {
       // One rank failed: the others cannot finish; stop them rather than let them time out.
       fail_time_ = now_s();

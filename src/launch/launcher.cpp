@@ -185,7 +185,13 @@ class Roles {
     tcp_ = cfg.train.transport == Transport::tcp;
     remove_endpoints(run_dir);  // a former attempt's: roles wait for this one's
     hub_ = start("hub", 0);
-    learner_ = start("learner", 0, static_cast<int>(cfg.train.learner_ranks));
+    // A learner rank other than 0 that dies is restarted alone and the group re-forms around
+    // it (rank 0 holds the hub's batches and the weights' endpoint: its death restarts the run).
+    const bool reform = cfg.train.learner_ranks > 1 && cfg.train.max_restarts > 0;
+    learner_ = start("learner", 0, static_cast<int>(cfg.train.learner_ranks), 0,
+                     reform ? std::function<bool(int, const dist::RankExit&)>(
+                                  [this](int r, const dist::RankExit& e) { return replace_learner_rank(r, e); })
+                            : nullptr);
     colocated_ = cfg.train.placement == Placement::colocated;  // the rollout engine is in the learner
     if (!colocated_) scale(scaled_workers(run_dir_, cfg.rollout.workers));
   }
@@ -198,10 +204,12 @@ class Roles {
     return n;
   }
   size_t killed_stuck() const { return killed_stuck_.size(); }
+  uint32_t learner_rank_restarts() const { return learner_rank_restarts_; }
 
   // Polls every role once; restarts dead workers (bounded). `why` names a failure, and
   // failure() says how it ended. `hopeless`: a role cannot run (restarting will not help).
   State poll(bool stopping, std::string& why) {
+    stopping_ = stopping;
     if (!stopping) kill_stuck();
     hub_->poll();
     const bool learner_done = learner_->poll();
@@ -361,8 +369,26 @@ class Roles {
     slot.group = start("worker", static_cast<int>(w), 1, slot.starts++);
     slot.leaving = false;
   }
+  // LocalGroupOptions::replace of the learner group: a dead rank > 0 is restarted alone
+  // (train.max_restarts times in an attempt); its replacement and the other ranks re-form the
+  // group and resume from the newest checkpoint, rank 0 training the steps since again.
+  bool replace_learner_rank(int rank, const dist::RankExit& e) {
+    if (rank == 0 || stopping_ || !learner_->running(0) || learner_rank_restarts_ >= cfg_.train.max_restarts)
+      return false;
+    // The group resumes from a checkpoint, and rank 0 keeps the batches since only when it
+    // checkpoints: else the run restarts (from the start, or from the checkpoint it resumed).
+    if (cfg_.learner.checkpoint_every == 0 || list_checkpoints(run_dir_ / "checkpoints").empty()) return false;
+    ++learner_rank_restarts_;
+    started_[fmt::format("learner-{}", rank)] = wall_now();
+    std::cerr << fmt::format("rlx run: {}; restarting it alone: the learner group re-forms around it ({}/{}, "
+                             "train.max_restarts)",
+                             describe("learner", rank, e), learner_rank_restarts_, cfg_.train.max_restarts)
+              << std::endl;
+    return true;
+  }
   // `earlier`: how many times this role and index were started before in this attempt.
-  std::unique_ptr<dist::LocalGroup> start(const char* role, int index, int world = 1, uint32_t earlier = 0) {
+  std::unique_ptr<dist::LocalGroup> start(const char* role, int index, int world = 1, uint32_t earlier = 0,
+                                          std::function<bool(int, const dist::RankExit&)> replace = nullptr) {
     for (int r = 0; r < world; ++r) started_[fmt::format("{}-{}", role, index + r)] = wall_now();
     const auto resolved = run_dir_ / "config.yaml";
     auto log_dir = run_dir_ / "logs" / fmt::format("{}-{}", role, index);
@@ -371,8 +397,13 @@ class Roles {
         .world_size = world,
         .argv = {exe_, "role", role, "--config", resolved.string(), "--run-dir", run_dir_.string(), "--weights", weights_,
                  "--exe", exe_, "--index", std::to_string(index), "--transport", tcp_ ? "tcp" : "local"},
-        .env = env_,
-        .log_dir = log_dir});
+        .env = replace ? with(env_, fmt::format("{}=1", kLearnerReformEnv)) : env_,
+        .log_dir = log_dir,
+        .replace = std::move(replace)});
+  }
+  static std::vector<std::string> with(std::vector<std::string> v, std::string more) {
+    v.push_back(std::move(more));
+    return v;
   }
   static std::string describe(const char* role, int index, const dist::RankExit& e) {
     return fmt::format("{} {} ended: {} (log: {})", role, index, e.describe(), e.err.string());
@@ -383,6 +414,8 @@ class Roles {
   int attempt_;
   bool tcp_ = false;
   bool colocated_ = false, said_no_scale_ = false;
+  bool stopping_ = false;
+  uint32_t learner_rank_restarts_ = 0;  // learner ranks > 0 restarted alone (the group re-formed)
   std::vector<std::string> env_;
   std::unique_ptr<dist::LocalGroup> hub_, learner_;
   struct WorkerSlot {  // worker index = position
@@ -546,8 +579,8 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
     nlohmann::json line;
     double last_step_at = now_s();
     uint32_t attempt = 0;
-    uint64_t worker_restarts = 0, killed_stuck = 0;  // over every attempt of this launcher
-    uint64_t earlier_restarts = 0, earlier_stuck = 0;  // ... of the attempts before this one
+    uint64_t worker_restarts = 0, killed_stuck = 0, rank_restarts = 0;  // over every attempt of this launcher
+    uint64_t earlier_restarts = 0, earlier_stuck = 0, earlier_ranks = 0;  // ... of the attempts before this one
   };
   auto live = std::make_shared<Live>();
   std::optional<serve::MetricsEndpoint> metrics_endpoint;
@@ -561,6 +594,8 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
       // Errors by kind, from the launcher's side (the hub's kinds are in the line, rlx_errors_*).
       out += fmt::format("# TYPE rlx_errors_worker_restarts counter\nrlx_errors_worker_restarts {}\n", live->worker_restarts);
       out += fmt::format("# TYPE rlx_errors_killed_stuck counter\nrlx_errors_killed_stuck {}\n", live->killed_stuck);
+      out += fmt::format("# TYPE rlx_errors_learner_rank_restarts counter\nrlx_errors_learner_rank_restarts {}\n",
+                         live->rank_restarts);
       out += fmt::format("# TYPE rlx_errors_run_restarts counter\nrlx_errors_run_restarts {}\n", live->attempt);
       return out;
     });
@@ -592,10 +627,13 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
           std::lock_guard lock(live->mu);
           if (!progress.last_line().is_null()) live->line = progress.last_line();
           live->last_step_at = progress.last_step_at();
-          if (live->attempt != attempt) live->earlier_restarts = live->worker_restarts, live->earlier_stuck = live->killed_stuck;
+          if (live->attempt != attempt)
+            live->earlier_restarts = live->worker_restarts, live->earlier_stuck = live->killed_stuck,
+            live->earlier_ranks = live->rank_restarts;
           live->attempt = attempt;
           live->worker_restarts = live->earlier_restarts + roles.worker_restarts();
           live->killed_stuck = live->earlier_stuck + roles.killed_stuck();
+          live->rank_restarts = live->earlier_ranks + roles.learner_rank_restarts();
         }
         // No step for a while: say what each role is doing (what it waits on), not silence.
         const double quiet = now_s() - std::max(progress.last_step_at(), reported_at);

@@ -108,13 +108,27 @@ int run_learner(const RoleContext& ctx) {
   const bool colocated = cfg.train.placement == Placement::colocated;
   // The learner group: ranks wait in collectives while rank 0 waits for a batch.
   std::unique_ptr<dist::Communicator> comm;
+  dist::ReformableGroup* reformable = nullptr;  // the launcher restarts a dead rank > 0: the group re-forms
   if (cfg.train.learner_ranks > 1) {
     auto ro = dist::rendezvous_from_env();
     ro.timeout_s = std::max(ro.timeout_s, cfg.train.batch_timeout_s + 60);
     // Ranks on CUDA devices use NCCL where it is built, unless RLX_COMM_BACKEND says otherwise.
     if (std::getenv("RLX_COMM_BACKEND") == nullptr)
       ro.nccl = learner_options(cfg.learner, cfg.run.seed).fsdp.device.is_cuda() && dist::nccl_available();
-    comm = dist::connect(ro);
+    if (const char* r = std::getenv(kLearnerReformEnv); r && std::string_view(r) == "1") {
+      auto group = dist::connect_reformable(ro);
+      if (group->finished()) {  // a replacement started as the others ended: nothing left to train
+        log::info("learner: rank {}: the learner group finished before this rank could join it", group->rank());
+        return 0;
+      }
+      reformable = group.get();
+      if (group->generation() > 0)
+        log::info("learner: rank {} joined the learner group's generation {} (replacing a rank that died)",
+                  group->rank(), group->generation());
+      comm = std::move(group);
+    } else {
+      comm = dist::connect(ro);
+    }
   } else {
     comm = dist::single_process();
   }
@@ -301,7 +315,33 @@ int run_learner(const RoleContext& ctx) {
            [&](int64_t, uint64_t batch) {
              trained_batch = batch;
              checkpoint();
-           }});
+           },
+       .recover = [&](const dist::CommError& e) -> int64_t {
+         // A rank died: the launcher started its replacement, which joins the next generation
+         // and resumes from the newest checkpoint, as this rank does here (the same collectives
+         // as its start: load the policy, the critic, gather the weights).
+         if (!reformable || !reformable->broken()) throw e;
+         log::warn("learner: {}; re-forming the learner group (generation {})", e.what(), reformable->generation() + 1);
+         status::set("re-forming the learner group");
+         policy.model().abandon();
+         if (critic) critic->model().abandon();
+         if (reference) reference->abandon();
+         if (teacher) teacher->abandon();
+         reformable->reform();
+         auto loaded = load_latest_checkpoint(policy, policy_ckpt);
+         RLX_CHECK(loaded, "learner: the group re-formed, but there is no checkpoint to restore it from yet: the run "
+                   "starts over");
+         if (critic) {
+           auto c = load_latest_checkpoint(*critic, critic_ckpt);
+           RLX_CHECK(c && c->step == loaded->step, "learner: the critic's checkpoint does not match the policy's step {}",
+                     loaded->step);
+         }
+         algorithm->set_kl_coef(loaded->references.value("kl_coef", algorithm->kl_coef()));
+         params = policy.model().sync_parameters();
+         log::info("learner: the group re-formed (generation {}); restored step {} from {}", reformable->generation(),
+                   loaded->step, loaded->dir.string());
+         return loaded->step;
+       }});
   const auto end = loop.run(step, g_stop);
   if (rollout) rollout->finish();  // worker 0 stops (its groups in flight go back); its failure ends the role here
   trained_batch = loop.trained_batch();
@@ -316,12 +356,14 @@ int run_learner(const RoleContext& ctx) {
   }
   if (!saved) checkpoint();
   if (stopped) {
+    if (reformable) reformable->finish();
     log::info("learner: stopped at step {}; `rlx run --resume` continues", step);
     return 0;
   }
   export_hf(policy, ctx.run_dir / "final");
   if (cfg.model.lora.enabled()) export_peft_adapter(policy, ctx.run_dir / "final" / "adapter", cfg.model.path);
   if (lead) write_tokenizer(cfg, ctx.run_dir / "final" / "tokenizer.json");
+  if (reformable) reformable->finish();  // the group's last collective is behind: a late replacement ends
   return 0;
 }
 

@@ -21,6 +21,7 @@
 #include "rlx/launch/launcher.hpp"
 #include "rlx/launch/roles.hpp"
 #include "rlx/launch/tasks.hpp"
+#include "rlx/learner/checkpoint.hpp"
 
 namespace rlx::launch {
 
@@ -126,6 +127,9 @@ class TaskRunner {
           .env = {fmt::format("RLX_LAUNCHER_PID={}", ::getpid())},
           .log_dir = log_dir};
       if (task_.tcp) o.env.push_back("RLX_COMM_INTERFACE=" + host);
+      // The store is task 0's: a learner rank > 0 restarted by its task re-forms the group.
+      if (task_.role == "learner" && cfg_.train.learner_ranks > 1 && cfg_.train.max_restarts > 0)
+        o.env.push_back(fmt::format("{}=1", kLearnerReformEnv));
       if (task_.role == "learner")
         o.first_rank = task_.index, o.group_size = static_cast<int>(cfg_.train.learner_ranks),
         o.store = ready.value("store", std::string());
@@ -193,6 +197,20 @@ class TaskRunner {
       auto failed = role_failure(run_dir_, task_.role.c_str(), task_.index, e);
       if (failed.hopeless(last_failure_)) return fail(me, failed.message(last_failure_));
       last_failure_ = std::move(failed);
+      // A learner rank other than 0, once a checkpoint exists: the other ranks re-form the
+      // group around its replacement (as under the local launcher).
+      if (task_.role == "learner" && task_.index > 0 && !stopping && !fs::exists(coord_ / "learner-done") &&
+          restarts < cfg_.train.max_restarts &&
+          cfg_.learner.checkpoint_every > 0 && !list_checkpoints(run_dir_ / "checkpoints").empty()) {
+        ++restarts;
+        std::cerr << fmt::format("{}: {}; restarting it alone: the learner group re-forms around it ({}/{}, "
+                                 "train.max_restarts)",
+                                 me, why, restarts, cfg_.train.max_restarts)
+                  << std::endl;
+        child = start();
+        killed_stuck = false;
+        continue;
+      }
       if (task_.role == "worker" && restarts < cfg_.rollout.max_restarts) {
         ++restarts;
         std::cerr << fmt::format("{}: {}; restarting it ({}/{})", me, why, restarts, cfg_.rollout.max_restarts) << std::endl;

@@ -96,11 +96,41 @@ void LearnerLoop::add_error_counts(json& line) {
 }
 
 LearnerLoop::End LearnerLoop::run(int64_t& step, const std::atomic<bool>& stop) {
+  const double t_start = now_s();
+  published_ = reported_ = step;  // a resumed run's version was published before the loop
+  for (;;) {
+    try {
+      if (auto end = step_once(step, stop, t_start)) return *end;
+    } catch (const dist::CommError& e) {
+      if (!p_.recover) throw;
+      recover(step, e);
+    }
+  }
+}
+
+void LearnerLoop::recover(int64_t& step, const dist::CommError& e) {
+  const int64_t failed_at = step;
+  const int64_t restored = p_.recover(e);  // collective; rethrows when the group cannot re-form
+  if (p_.comm.rank() == 0) {
+    while (!kept_.empty() && kept_.front().step <= restored) kept_.pop_front();
+    // Every step after the checkpoint must be trained again, from rank 0's copies.
+    const bool have = kept_.empty() ? failed_at <= restored : kept_.front().step == restored + 1;
+    RLX_CHECK(have, "learner: the group re-formed at the checkpoint of step {}, but rank 0 no longer holds the "
+              "batches of the steps after it (it keeps those since its last checkpoint); the run restarts from "
+              "that checkpoint", restored);
+    replay_ = 0;
+    if (!kept_.empty())
+      log::warn("learner: training steps {}..{} again from the batches kept since the checkpoint of step {}",
+                kept_.front().step, kept_.back().step, restored);
+  }
+  step = restored;
+}
+
+std::optional<LearnerLoop::End> LearnerLoop::step_once(int64_t& step, const std::atomic<bool>& stop, double t_start) {
   auto& comm = p_.comm;
   const bool lead = comm.rank() == 0;
   const int world = comm.size();
-  const double t_start = now_s();
-  for (;;) {
+  {
     const double t0 = now_s();
     const int64_t t0_us = TraceWriter::now_us();
     // Rank 0 takes the batch (waiting in slices so that SIGINT/SIGTERM is noticed while
@@ -110,7 +140,11 @@ LearnerLoop::End LearnerLoop::run(int64_t& step, const std::atomic<bool>& stop) 
     int64_t what = kTrain;
     say(lead ? fmt::format("waiting for a batch of {} groups from the hub (step {})", o_.groups_per_step, step + 1)
              : fmt::format("waiting for rank 0's batch (step {})", step + 1));
-    if (lead) {
+    const bool replaying = lead && replay_ < kept_.size();
+    if (replaying) {
+      RLX_ASSERT(kept_[replay_].step == step + 1, "the kept batches are in step order");
+      batch = kept_[replay_++].batch;
+    } else if (lead) {
       if (step >= o_.steps) what = kEnd;
       while (what == kTrain && !stop) {
         try {
@@ -132,6 +166,11 @@ LearnerLoop::End LearnerLoop::run(int64_t& step, const std::atomic<bool>& stop) 
       }
       RLX_CHECK(what != kTrain || batch.groups.size() >= static_cast<size_t>(world),
                 "learner: a batch of {} groups cannot feed {} ranks", batch.groups.size(), world);
+      // Kept until a checkpoint holds its step, to be trained again if the group re-forms.
+      if (what == kTrain && p_.recover && o_.checkpoint_every > 0) {
+        kept_.push_back({step + 1, batch});
+        replay_ = kept_.size();
+      }
     }
     what = broadcast_value(comm, what, "learner: train or stop");
     if (what == kStop) return End::stopped;
@@ -200,9 +239,12 @@ LearnerLoop::End LearnerLoop::run(int64_t& step, const std::atomic<bool>& stop) 
     const int64_t t2_us = TraceWriter::now_us();
     say(fmt::format("publishing weights v{}", step));
     int64_t sync_bytes = 0;
-    if (lead && p_.publisher) sync_bytes = p_.publisher->publish(step, params);
+    // A step trained again after the group re-formed: its version is out already.
+    const bool fresh = step > published_;
+    if (lead && p_.publisher && fresh) sync_bytes = p_.publisher->publish(step, params);
     turn.release();
-    if (lead) p_.client->publish_version(step);
+    if (lead && fresh) p_.client->publish_version(step);
+    published_ = std::max(published_, step);
     const double t_sync = now_s() - t2;
     trace_span("publish_weights", t2_us);
     saved_ = false;
@@ -211,11 +253,13 @@ LearnerLoop::End LearnerLoop::run(int64_t& step, const std::atomic<bool>& stop) 
       const int64_t t3_us = TraceWriter::now_us();
       p_.checkpoint(step, trained_batch_);
       saved_ = true;
+      while (!kept_.empty() && kept_.front().step <= step) kept_.pop_front(), replay_ -= replay_ > 0 ? 1 : 0;
       trace_span("checkpoint", t3_us);
     }
     const double t_ckpt = now_s() - t3;
     if (auto* t = TraceWriter::installed()) t->flush();
-    if (!lead) continue;
+    if (!lead || step <= reported_) return std::nullopt;  // a step trained again was reported
+    reported_ = step;
     json line = {{"step", step},
                  {"time_s", now_s() - t_start},
                  {"groups", batch.groups.size()},
@@ -238,6 +282,7 @@ LearnerLoop::End LearnerLoop::run(int64_t& step, const std::atomic<bool>& stop) 
     add_error_counts(line);
     if (o_.on_step) o_.on_step(step, line);
   }
+  return std::nullopt;
 }
 
 }  // namespace rlx

@@ -96,7 +96,8 @@ text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout
 g = {l.split()[0]: float(l.split()[1]) for l in text.splitlines() if l and not l.startswith("#")}
 assert g["rlx_up"] == 1 and g["rlx_train_steps"] == 2000 and g["rlx_step"] >= 3, g
 assert "rlx_reward_mean" in g and "rlx_tokens_per_s" in g and "rlx_busy_learner" in g and "rlx_version_lag" in g, sorted(g)
-kinds = ("infra", "data", "filtered", "worker_reported", "rejected", "worker_restarts", "killed_stuck", "run_restarts")
+kinds = ("infra", "data", "filtered", "worker_reported", "rejected", "worker_restarts", "killed_stuck", "run_restarts",
+         "learner_rank_restarts")
 assert all(g[f"rlx_errors_{k}"] == 0 for k in kinds), {k: g.get(f"rlx_errors_{k}") for k in kinds}
 P
 # Errors by kind move: a worker killed is restarted (rlx_errors_worker_restarts), its leases
@@ -209,7 +210,18 @@ m = [json.loads(l) for l in open(sys.argv[1])]
 assert len(m) == 20 and all(x["learner_ranks"] == 2 and x["samples"] == 16 and x["version_lag"] == 0 for x in m), m
 P
 exactly_once runs/clean2 >/dev/null && ok "2 ranks: each lease once" || fail "2 ranks: duplicates"
+# Rank 1 alone is restarted; with it, rank 0 re-forms the group under generation 1, both resume
+# from the newest checkpoint and rank 0 trains the steps since from the batches it kept: the hub
+# and the workers go on (no restart of the run), and the parameters are the clean run's.
 REF=clean2 PICK=tail kill_role killrank1 "role learner" KILL train.learner_ranks=2
+grep -q "learner 1 ended: killed by signal 9.*restarting it alone: the learner group re-forms around it" killrank1.log \
+  && ! grep -q "restarting the run" killrank1.log && [ ! -d runs/killrank1/logs/hub-0.1000 ] \
+  && grep -q "the group re-formed (generation 1); restored step" runs/killrank1/logs/learner-0/rank-0.err \
+  && grep -q "joined the learner group's generation 1" runs/killrank1/logs/learner-0/rank-1.1.err \
+  && python3 -c 'import json, sys; m = [json.loads(l)["step"] for l in open(sys.argv[1])]; assert m == list(range(1, 21)), m' \
+       runs/killrank1/metrics.jsonl \
+  && ok "killrank1: rank 1 restarted alone, the group re-formed, every step reported once" \
+  || fail "killrank1: $(grep -h "rlx run:\|re-form" killrank1.log runs/killrank1/logs/learner-0/*.err | tail -6)"
 # The tcp transport (for tasks on many hosts), here on one: the same run, the same parameters.
 "$rlx" run grpo.yaml run.name=tcp train.learner_ranks=2 train.transport=tcp > tcp.log 2>&1 \
   && grep -q "serving tcp://" runs/tcp/logs/hub-0/rank-0.err && grep -q "^tcp://" runs/tcp/weights.endpoint \

@@ -58,6 +58,15 @@ struct Group {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
+  // Waits (at most 120 s) until rank r's output holds `text`; false if it ended first or timed out.
+  bool reached(int r, const std::string& text) {
+    const double end = rlx::now_s() + 120;
+    while (out(r).find(text) == std::string::npos) {
+      if (rlx::now_s() > end || wait(r, 0)) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return true;
+  }
   // Every rank exits 0 within the timeout.
   bool all_ok(double timeout_s) {
     const auto& ranks = g.wait(timeout_s);
@@ -246,13 +255,7 @@ TEST_CASE("a rank killed or stopped mid-step makes the others fail with an attri
       rlx::test::TempDir dir;
       const double timeout = 6;
       Group g(3, {"--steps", "100000", "--timeout", fmt::format("{}", timeout)}, dir.path, "victim");
-      // Wait until the group is training.
-      const double start = rlx::now_s();
-      while (g.out(0).find("step 3 ") == std::string::npos) {
-        REQUIRE(rlx::now_s() - start < 120);
-        REQUIRE_FALSE(g.wait(0, 0));
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
+      REQUIRE(g.reached(0, "step 3 "));  // the group is training
       g.g.signal(1, sig);
       const double killed = rlx::now_s();
       for (int r : {0, 2}) {
@@ -271,6 +274,45 @@ TEST_CASE("a rank killed or stopped mid-step makes the others fail with an attri
       if (sig == SIGSTOP) g.g.signal(1, SIGCONT);
     }
   }
+}
+
+TEST_CASE("a rank killed mid-run is replaced: the group re-forms under a new generation and ends as if nothing died",
+          "[dist]") {
+  rlx::test::TempDir dir;
+  const std::vector<std::string> common{"--steps", "12", "--rng-noise", "--save-every", "3", "--timeout", "20"};
+  auto args = [&](std::vector<std::string> more) {
+    auto a = common;
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  {
+    Group g(3, args({"--checkpoints", (dir / "straight").string(), "--out", (dir / "straight.st").string()}), dir.path,
+            "straight");
+    REQUIRE(g.all_ok(180));
+  }
+  Group g(3, args({"--reform", "--pause", "0.2", "--checkpoints", (dir / "ckpt").string(), "--out",
+                   (dir / "reformed.st").string()}),
+          dir.path, "reformed");
+  REQUIRE(g.reached(0, "step 5 "));
+  g.g.signal(1, SIGKILL);
+  REQUIRE(g.wait(1, 10));
+  CHECK(g.rank(1).signal == SIGKILL);
+  g.g.restart(1);  // what `rlx run`'s launcher does for a learner rank other than 0
+  REQUIRE(g.all_ok(180));
+  for (int r : {0, 2}) {
+    INFO("rank " << r << ": " << g.out(r));
+    CHECK(g.out(r).find("rank 1 is not responding") != std::string::npos);  // the error named the dead peer
+    CHECK(g.out(r).find("reformed generation 1") != std::string::npos);
+    // The newest checkpoint before the death was step 3 or 6 (the kill came after step 5).
+    const bool restored = g.out(r).find("resumed 3 ") != std::string::npos || g.out(r).find("resumed 6 ") != std::string::npos;
+    CHECK(restored);
+  }
+  INFO("the replacement: " << g.out(1));
+  CHECK(g.out(1).find("generation 1") != std::string::npos);
+  CHECK(g.out(1).find("step 12 ") != std::string::npos);
+  // Trained from the restored checkpoint on, the same batches again: the parameters are
+  // those of the run that nothing interrupted, bit for bit.
+  CHECK(bitwise_equal(dir / "reformed.st", dir / "straight.st"));
 }
 
 TEST_CASE("a checkpoint written by 2 ranks resumes on 3 (resharded)", "[dist]") {

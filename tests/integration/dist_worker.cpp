@@ -11,9 +11,11 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <iostream>
 #include <limits>
+#include <thread>
 
 #include "rlx/core/clock.hpp"
 #include "rlx/core/rng.hpp"
@@ -116,22 +118,35 @@ int run_reference(int64_t steps, int64_t batch, const std::string& out, int64_t 
 
 int run_sharded(const rlx::algo::Algorithm* algorithm, int64_t steps, int64_t batch, const std::string& out, bool checkpointing, const std::string& ckpt,
                 int64_t save_every, const std::string& crash_at, int64_t crash_save, bool rng_noise, double timeout_s,
-                bool bf16, int64_t lora_rank) {
+                bool bf16, int64_t lora_rank, bool reform, double pause_s) {
   auto rdv = rlx::dist::rendezvous_from_env();
   rdv.timeout_s = timeout_s;
-  auto comm = rlx::dist::connect(rdv);
+  // --reform: a rank that dies is restarted by the test; the others re-form the group and
+  // every rank resumes from the newest checkpoint.
+  rlx::dist::ReformableGroup* reformable = nullptr;
+  std::unique_ptr<rlx::dist::Communicator> comm;
+  if (reform) {
+    auto g = rlx::dist::connect_reformable(rdv);
+    reformable = g.get();
+    std::cout << "generation " << g->generation() << std::endl;
+    comm = std::move(g);
+  } else {
+    comm = rlx::dist::connect(rdv);
+  }
   const int rank = comm->rank(), world = comm->size();
   rlx::Learner learner(test_model(), *comm, learner_options(checkpointing, 99, bf16, lora_rank));
   learner.init_weights(7);
   rlx::CheckpointOptions co{.root = ckpt, .keep_last = 2};
-  if (!ckpt.empty()) {
+  auto resume = [&] {
     if (auto loaded = rlx::load_latest_checkpoint(learner, co)) {
       std::cout << "resumed " << loaded->step << " cursor " << loaded->references.value("data_cursor", -1) << "\n";
       for (const auto& s : loaded->skipped) std::cout << "skipped " << s << "\n";
     }
-  }
+  };
+  if (!ckpt.empty()) resume();
   int64_t saves = 0;
-  while (learner.step_count() < steps) {
+  while (learner.step_count() < steps) try {
+    if (pause_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(pause_s));
     const int64_t s = learner.step_count();
     auto all = global_batch(s, batch);
     std::vector<rlx::Sequence> mine;
@@ -163,6 +178,13 @@ int run_sharded(const rlx::algo::Algorithm* algorithm, int64_t steps, int64_t ba
       rlx::save_checkpoint(learner, co, {{"data_cursor", r.step}, {"hub_state", "hub/state.bin"}});
       std::cout << "saved " << r.step << std::endl;
     }
+  } catch (const rlx::dist::CommError& e) {
+    if (!reformable || !reformable->broken() || ckpt.empty()) throw;
+    std::cout << "failed at step " << learner.step_count() << ": " << e.what() << std::endl;
+    learner.model().abandon();
+    reformable->reform();
+    std::cout << "reformed generation " << reformable->generation() << std::endl;
+    resume();
   }
   auto params = lora_rank > 0 ? learner.model().gather_lora_parameters() : learner.model().gather_parameters();
   if (rank == 0 && !out.empty()) rlx::save_safetensors(out, params);
@@ -307,6 +329,10 @@ int main(int argc, char** argv) {
   app.add_option("--timeout", timeout_s);
   int64_t lora_rank = 0;
   app.add_option("--lora", lora_rank, "sharded, reference: train LoRA adapters of this rank only");
+  bool reform = false;
+  app.add_flag("--reform", reform, "sharded: a re-formable group; after a rank dies, resume from the newest checkpoint");
+  double pause_s = 0;
+  app.add_option("--pause", pause_s, "sharded: seconds to wait before each step");
   CLI11_PARSE(app, argc, argv);
   try {
     if (mode == "reference") return run_reference(steps, batch, out, lora_rank);
@@ -319,7 +345,7 @@ int main(int argc, char** argv) {
           {.name = algo, .aggregation = rlx::algo::aggregation_from_string(aggregation), .max_tokens = 20});
     }
     return run_sharded(algorithm.get(), steps, batch, out, checkpointing, ckpt, save_every, crash_at, crash_save, rng_noise, timeout_s, bf16,
-                       lora_rank);
+                       lora_rank, reform, pause_s);
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << std::endl;
     return 1;

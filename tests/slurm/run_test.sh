@@ -2,8 +2,8 @@
 # `rlx run` under a real single-node Slurm that this test starts itself: `srun -n T rlx run`
 # gives each task its role from SLURM_PROCID/SLURM_NTASKS (hub, learner ranks, workers).
 # In synchronous mode the run must end with the same final parameters as the same config
-# run by the local launcher, with every lease exactly once; a killed worker is restarted
-# by its task; a plan that does not fit the tasks fails naming the keys.
+# run by the local launcher, with every lease exactly once; a killed worker, or learner rank 1, is
+# restarted by its task; a plan that does not fit the tasks fails naming the keys.
 #   run_test.sh RLX_BINARY WORK_DIR         (needs root: it starts munged, slurmctld, slurmd)
 set -uo pipefail
 rlx=$1 work=$2 here=$(cd "$(dirname "$0")" && pwd)
@@ -73,17 +73,34 @@ out=$(SLURM_PROCID=1 SLURM_NTASKS=4 SLURM_NNODES=2 "$rlx" run grpo.yaml run.name
 [ $rc = 2 ] && grep -q "2 nodes (SLURM_NNODES) with train.transport = local" <<<"$out" \
   && ok "tasks on 2 nodes with train.transport=local are refused" || fail "2 nodes, local: rc $rc: $out"
 
+kill_mid_run() {  # kill_mid_run NAME STEPS ROLE TASKS [OVERRIDES...]: SIGKILL ROLE 1 after STEPS steps; rc in $rc
+  local name=$1 steps=$2 role=$3 tasks=$4
+  shift 4
+  timeout 300 srun -n"$tasks" --kill-on-bad-exit=1 "$rlx" run grpo.yaml run.name="$name" "$@" > "$name.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 1 600); do [ "$(cat "runs/$name/metrics.jsonl" 2>/dev/null | wc -l)" -ge "$steps" ] && break; sleep 0.1; done
+  local victim
+  victim=$(pgrep -f -- "role $role.*runs/$name.*--index 1" | head -1)
+  [ -n "$victim" ] && kill -9 "$victim" || fail "$name: no $role 1 to kill"
+  wait $pid; rc=$?
+}
 # a worker SIGKILLed mid-run (30 steps of about 0.05 s: still running at step 2): its task restarts it
-timeout 300 srun -n4 --kill-on-bad-exit=1 "$rlx" run grpo.yaml run.name=slurmkill train.steps=30 > slurmkill.log 2>&1 &
-pid=$!
-for _ in $(seq 1 600); do [ "$(cat runs/slurmkill/metrics.jsonl 2>/dev/null | wc -l)" -ge 2 ] && break; sleep 0.1; done
-victim=$(pgrep -f -- "role worker.*runs/slurmkill.*--index 1" | head -1)
-[ -n "$victim" ] && kill -9 "$victim" || fail "slurmkill: no worker 1 to kill"
-wait $pid; rc=$?
+kill_mid_run slurmkill 2 worker 4 train.steps=30
 "$rlx" run grpo.yaml run.name=local30 train.steps=30 > local30.log 2>&1 || fail "local30: $(tail -3 local30.log)"
 [ $rc = 0 ] && grep -q "worker 1 ended: killed by signal 9.*restarting it" slurmkill.log \
   && ok "slurmkill: worker 1 killed, restarted by its task, run completed" || fail "slurmkill: rc $rc: $(tail -5 slurmkill.log)"
 same_as slurmkill local30
+
+# learner rank 1 SIGKILLed mid-run (12 steps; after the checkpoint of step 2): its task restarts it
+# alone and the group re-forms around it; the hub and the workers go on; the local run's parameters
+kill_mid_run slurmrank1 3 learner 5 train.learner_ranks=2 train.steps=12
+"$rlx" run grpo.yaml run.name=local2x12 train.learner_ranks=2 train.steps=12 > local2x12.log 2>&1 \
+  || fail "local2x12: $(tail -3 local2x12.log)"
+[ $rc = 0 ] && grep -q "learner 1 ended: killed by signal 9.*restarting it alone" slurmrank1.log \
+  && grep -q "the group re-formed (generation 1)" runs/slurmrank1/logs/learner-0/rank-0.err \
+  && ok "slurmrank1: learner rank 1 killed, restarted by its task, the group re-formed, run completed" \
+  || fail "slurmrank1: rc $rc: $(tail -5 slurmrank1.log)"
+same_as slurmrank1 local2x12
 
 # a plan that does not fit the tasks: every task fails before starting a role, naming the keys
 out=$(timeout 120 srun -n3 "$rlx" run grpo.yaml run.name=misfit 2>&1); rc=$?

@@ -74,4 +74,36 @@ bool nccl_available();
 // bounded by options.connect_timeout_s). One rank per process.
 std::unique_ptr<Communicator> connect(const RendezvousOptions& options);
 
+// A group that outlives the death of a rank, as the learner group does under `rlx run`:
+// after a collective failed (CommError), reform() drops the broken process group and
+// joins the next generation with the same ranks, the dead one's replacement included
+// (the launcher restarts it with the same RLX_RANK). Generation g meets under the store
+// prefix `<prefix>gen/<g>/`; rank 0 records each generation that formed, and a rank that
+// starts while the group exists (a replacement) joins the one after it. Every rank's
+// state (what the dead rank held is gone) is the caller's to restore after reform().
+//
+//   auto comm = rlx::dist::connect_reformable(rlx::dist::rendezvous_from_env());
+//   try { ... comm->all_reduce(t, ReduceOp::sum, "loss")->wait(); }
+//   catch (const CommError&) { if (!comm->broken()) throw; comm->reform(); /* restore */ }
+class ReformableGroup : public Communicator {
+ public:
+  // The generation this rank is in.
+  virtual int64_t generation() const = 0;
+  // Whether a collective of this generation failed (a CommError came from this group,
+  // not from another one, such as a weight broadcast's).
+  virtual bool broken() const = 0;
+  // Leaves this generation and joins the next, waiting for every rank (at least the
+  // collective timeout: a survivor may notice the failure only at its next collective).
+  // Throws CommError when the group does not form.
+  virtual void reform() = 0;
+  // Rank 0, at the end: the group is done, and a rank still waiting to join (a replacement
+  // started as the others finished) stops waiting; finished() is then true there.
+  virtual void finish() = 0;
+  // This rank found the group finished instead of joining it (it has no collectives).
+  virtual bool finished() const = 0;
+};
+
+// The store must be the launcher's (not hosted by rank 0: it would go with rank 0).
+std::unique_ptr<ReformableGroup> connect_reformable(const RendezvousOptions& options);
+
 }  // namespace rlx::dist

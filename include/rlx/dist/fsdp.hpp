@@ -105,6 +105,10 @@ class ShardedTransformer {
   void finish_backward();
   // Frees whatever is still gathered (after a forward without backward).
   void release_all();
+  // After a collective of the group failed: drops the collectives in flight without waiting
+  // for them and frees what is gathered (before the group re-forms; the shards stay as
+  // they were, for the caller to restore).
+  void abandon();
 
   // Full parameters by HF name (fp32, gathered from the masters on every rank); with LoRA
   // the adapters merged in (W + scale * B A), as an exported model has them.

@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,6 +19,16 @@
 #include "rlx/dist/rendezvous.hpp"
 
 namespace rlx::dist {
+
+struct RankExit {
+  pid_t pid = -1;
+  bool exited = false;  // false: still running (wait timed out) or killed by a signal
+  int code = -1;        // exit code when exited
+  int signal = 0;       // the signal that ended it, if any
+  std::filesystem::path out, err;
+  bool ok() const { return exited && code == 0; }
+  std::string describe() const;
+};
 
 struct LocalGroupOptions {
   int world_size = 1;
@@ -32,16 +43,9 @@ struct LocalGroupOptions {
   int first_rank = 0;
   int group_size = 0;
   std::string store;
-};
-
-struct RankExit {
-  pid_t pid = -1;
-  bool exited = false;  // false: still running (wait timed out) or killed by a signal
-  int code = -1;        // exit code when exited
-  int signal = 0;       // the signal that ended it, if any
-  std::filesystem::path out, err;
-  bool ok() const { return exited && code == 0; }
-  std::string describe() const;
+  // Asked when a rank failed (before fail_fast acts): true restarts that rank alone, with
+  // the same command and environment (a group that re-forms, ReformableGroup).
+  std::function<bool(int rank, const RankExit& how)> replace;
 };
 
 class LocalGroup {
@@ -59,12 +63,17 @@ class LocalGroup {
   // Polls once; true when every rank has ended.
   bool poll();
   void signal(int rank, int sig);
+  // Starts rank `rank` again (it must have ended); its logs go to rank-R.N.out / .err.
+  void restart(int rank);
   bool running(int rank) const { return !done_.at(static_cast<size_t>(rank)); }
 
  private:
+  void spawn(int rank);
   LocalGroupOptions opt_;
   StoreServer store_;
+  std::vector<std::string> base_env_;
   std::vector<RankExit> ranks_;
+  std::vector<int> starts_;  // per rank: how many times it was started
   std::vector<bool> done_;
   double fail_time_ = -1;
 };

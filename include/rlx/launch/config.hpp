@@ -169,7 +169,7 @@ struct TrainSection {
   uint32_t learner_ranks = 1;         // learner processes (one group)
   uint64_t generated_tasks = 100000;  // tasks drawn from the environment's generator when hub.dataset is empty
   double batch_timeout_s = 600;       // a learner waits this long for a batch before failing
-  uint32_t max_restarts = 3;          // restarts of the whole run from its last checkpoint
+  uint32_t max_restarts = 3;          // restarts of the whole run; of learner ranks > 0 alone
   double heartbeat_timeout_s = 60;    // a role silent this long is stuck: killed, then restarted
   double start_timeout_s = 600;       // the same before a role's first heartbeat (loading libraries, a model)
   double report_every_s = 30;         // while no step completes, say what each role is doing this often
@@ -189,7 +189,9 @@ struct TrainSection {
       config::in_range(1, uint64_t{1} << 40));
     v("batch_timeout_s", batch_timeout_s, "a learner waits this long for a batch before failing", config::greater_than(0));
     v("max_restarts", max_restarts,
-      "restarts of the run from its last checkpoint after the hub or a learner rank dies", config::in_range(0, 1000));
+      "restarts of the run from its last checkpoint after the hub or learner rank 0 dies; as many restarts of "
+      "learner ranks > 0 alone (the group re-forms around the new rank and resumes from the newest checkpoint)",
+      config::in_range(0, 1000));
     v("heartbeat_timeout_s", heartbeat_timeout_s,
       "a role whose heartbeat is older than this (stopped, frozen) is reported, killed and restarted",
       config::in_range(1, 86400));

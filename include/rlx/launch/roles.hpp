@@ -50,6 +50,9 @@ struct RoleContext {
 // Where a run's unix sockets go (hub.sock, env-sockets/): the run directory, or, where it is
 // too deep for a socket's path (107 bytes), /tmp/rlx-NAME-HASH (run.name, a hash of the path).
 std::filesystem::path socket_dir(const std::filesystem::path& run_dir);
+// Set (to 1) for learner ranks whose launcher restarts a dead rank other than 0 alone:
+// the group re-forms around its replacement (dist::ReformableGroup) instead of the run restarting.
+inline constexpr const char* kLearnerReformEnv = "RLX_LEARNER_REFORM";
 // The files a tcp run's hub and learner rank 0 write their endpoints to.
 inline constexpr const char* kHubEndpointFile = "hub.endpoint";
 inline constexpr const char* kWeightsEndpointFile = "weights.endpoint";

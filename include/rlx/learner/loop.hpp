@@ -12,8 +12,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +53,14 @@ struct LoopParts {
   DeviceTurns* turns = nullptr;
   // Collective: saves the step (the hub's id of the last batch trained is given to confirm).
   std::function<void(int64_t step, uint64_t trained_batch)> checkpoint;
+  // After a collective of the learner group failed (a rank died): re-forms the group and
+  // restores every rank from the newest checkpoint, returning its step (collective, with
+  // the dead rank's replacement, which resumes from the same checkpoint as it starts);
+  // rethrows the error when the group cannot re-form. Rank 0 then trains the steps after
+  // that checkpoint again from the batches it kept since (never more than checkpoint_every
+  // + 1), without publishing their versions or metrics again: no batch is trained twice
+  // or skipped, and the hub and the rollout workers go on. Empty: a CommError ends the loop.
+  std::function<int64_t(const dist::CommError&)> recover;
 };
 
 class LearnerLoop {
@@ -69,8 +79,23 @@ class LearnerLoop {
   // Rank 0: the hub's errors so far, by kind, into a step's line (errors_infra, errors_data,
   // errors_filtered: groups given up; errors_worker_reported; errors_rejected: frames refused).
   void add_error_counts(nlohmann::json& line);
+  // One step: the next batch (rank 0: a kept one while replaying, else the hub's), trained,
+  // published, checkpointed, reported. A value: the loop ends.
+  std::optional<End> step_once(int64_t& step, const std::atomic<bool>& stop, double t_start);
+  // After a CommError: the group re-formed and restored (p_.recover); the kept batches after
+  // the restored step are trained again.
+  void recover(int64_t& step, const dist::CommError& e);
   LoopOptions o_;
   LoopParts p_;
+  // Rank 0: the batches trained (or in training) since the last checkpoint, by step.
+  struct Kept {
+    int64_t step = 0;
+    bus::BatchView batch;
+  };
+  std::deque<Kept> kept_;
+  size_t replay_ = 0;          // kept_[replay_] is the next batch to train again
+  int64_t published_ = -1;     // the newest version rank 0 published (not published again)
+  int64_t reported_ = -1;      // the newest step whose metrics were reported
   bool saved_ = true;
   bool said_no_stats_ = false;
   uint64_t trained_batch_ = 0;

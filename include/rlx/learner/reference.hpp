@@ -29,6 +29,8 @@ class ReferenceModel {
   // Fills each sequence's `key` value (per token; the first token's is 0), packing them as
   // the learner would. A distillation teacher is a ReferenceModel that fills "teacher_logprobs".
   void annotate(std::vector<Sequence>& seqs, const PackOptions& packing, const std::string& key = "ref_logprobs");
+  // After a failed collective (the group re-forms): ShardedTransformer::abandon().
+  void abandon() { model_.abandon(); }
 
  private:
   std::unique_ptr<dist::ShardedTransformer> owned_;
