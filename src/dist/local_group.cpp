@@ -44,7 +44,11 @@ LocalGroup::LocalGroup(LocalGroupOptions options) : opt_(std::move(options)) {
     try {
       spawn(r);
     } catch (...) {
-      for (int s = 0; s < r; ++s) ::kill(ranks_[static_cast<size_t>(s)].pid, SIGKILL), ::waitpid(ranks_[static_cast<size_t>(s)].pid, nullptr, 0);
+      for (int s = 0; s < r; ++s) {
+        const pid_t pid = ranks_[static_cast<size_t>(s)].pid;
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, nullptr, 0);
+      }
       throw;
     }
   }

@@ -124,164 +124,162 @@ void LearnerLoop::recover(int64_t& step, const dist::CommError& e) {
                 kept_.front().step, kept_.back().step, restored);
   }
   step = restored;
+  saved_ = true;  // the state is the checkpoint's: a stop now need not save it again
 }
 
 std::optional<LearnerLoop::End> LearnerLoop::step_once(int64_t& step, const std::atomic<bool>& stop, double t_start) {
   auto& comm = p_.comm;
   const bool lead = comm.rank() == 0;
   const int world = comm.size();
-  {
-    const double t0 = now_s();
-    const int64_t t0_us = TraceWriter::now_us();
-    // Rank 0 takes the batch (waiting in slices so that SIGINT/SIGTERM is noticed while
-    // rollout is slow) and decides for every rank: train it, or stop.
-    bus::BatchView batch;  // its groups read in place from the frames the hub sent
-    enum : int64_t { kTrain = 0, kStop = 1, kEnd = 2 };
-    int64_t what = kTrain;
-    say(lead ? fmt::format("waiting for a batch of {} groups from the hub (step {})", o_.groups_per_step, step + 1)
-             : fmt::format("waiting for rank 0's batch (step {})", step + 1));
-    const bool replaying = lead && replay_ < kept_.size();
-    if (replaying) {
-      RLX_ASSERT(kept_[replay_].step == step + 1, "the kept batches are in step order");
-      batch = kept_[replay_++].batch;
-    } else if (lead) {
-      if (step >= o_.steps) what = kEnd;
-      while (what == kTrain && !stop) {
-        try {
-          batch = p_.client->next_batch_view({.max_groups = o_.groups_per_step}, 1.0);
-          break;
-        } catch (const bus::TimeoutError&) {
-          RLX_CHECK(now_s() - t0 < o_.batch_timeout_s, "learner: no batch from the hub within {} s (step {})",
-                    o_.batch_timeout_s, step + 1);
-        }
-      }
-      if (what == kTrain && batch.groups.empty()) {
-        if (stop) {
-          what = kStop;
-        } else {
-          RLX_CHECK(batch.end, "learner: the hub sent an empty batch that is not the end");
-          log::info("learner: the hub has no more groups; stopping at step {}", step);
-          what = kEnd;
-        }
-      }
-      RLX_CHECK(what != kTrain || batch.groups.size() >= static_cast<size_t>(world),
-                "learner: a batch of {} groups cannot feed {} ranks", batch.groups.size(), world);
-      // Kept until a checkpoint holds its step, to be trained again if the group re-forms.
-      if (what == kTrain && p_.recover && o_.checkpoint_every > 0) {
-        kept_.push_back({step + 1, batch});
-        replay_ = kept_.size();
+  const double t0 = now_s();
+  const int64_t t0_us = TraceWriter::now_us();
+  // Rank 0 takes the batch (waiting in slices so that SIGINT/SIGTERM is noticed while
+  // rollout is slow) and decides for every rank: train it, or stop.
+  bus::BatchView batch;  // its groups read in place from the frames the hub sent
+  enum : int64_t { kTrain = 0, kStop = 1, kEnd = 2 };
+  int64_t what = kTrain;
+  say(lead ? fmt::format("waiting for a batch of {} groups from the hub (step {})", o_.groups_per_step, step + 1)
+           : fmt::format("waiting for rank 0's batch (step {})", step + 1));
+  if (lead && replay_ < kept_.size()) {  // training again after the group re-formed
+    RLX_ASSERT(kept_[replay_].step == step + 1, "the kept batches are in step order");
+    batch = kept_[replay_++].batch;
+  } else if (lead) {
+    if (step >= o_.steps) what = kEnd;
+    while (what == kTrain && !stop) {
+      try {
+        batch = p_.client->next_batch_view({.max_groups = o_.groups_per_step}, 1.0);
+        break;
+      } catch (const bus::TimeoutError&) {
+        RLX_CHECK(now_s() - t0 < o_.batch_timeout_s, "learner: no batch from the hub within {} s (step {})",
+                  o_.batch_timeout_s, step + 1);
       }
     }
-    what = broadcast_value(comm, what, "learner: train or stop");
-    if (what == kStop) return End::stopped;
-    if (what == kEnd) return step >= o_.steps ? End::steps : End::exhausted;
-    const double t_wait = now_s() - t0;
-    trace_span("wait_batch", t0_us);
-    if (world > 1) batch = broadcast_batch(comm, std::move(batch));
-    // Groups in prompt order: the step does not depend on which worker finished first;
-    // the ranks share them balanced by tokens.
-    std::vector<size_t> order(batch.groups.size());
-    std::iota(order.begin(), order.end(), size_t{0});
-    std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-      const auto &a = batch.groups[x], &b = batch.groups[y];
-      return std::tie(a.epoch, a.prompt_index) < std::tie(b.epoch, b.prompt_index);
-    });
-    std::vector<int64_t> group_tokens;
-    for (const size_t i : order) group_tokens.push_back(batch.groups[i].num_tokens());
-    const auto rank_of = assign_ranks(group_tokens, static_cast<uint32_t>(world));
-    std::vector<Sequence> seqs;
-    std::vector<double> rewards;
-    std::vector<size_t> sizes;
-    int64_t vmin = INT64_MAX, vmax = -1, tokens = 0;
-    RewardParts parts;  // a reward model's scores and the environment's rewards, over the whole batch
-    for (size_t gi = 0; gi < order.size(); ++gi) {
-      const auto& g = batch.groups[order[gi]];
-      const auto [lo_v, hi_v] = g.version_range();
-      if (lo_v >= 0) vmin = std::min(vmin, lo_v), vmax = std::max(vmax, hi_v);
-      tokens += g.num_tokens();
-      for (const auto& t : g.samples) parts.add(t.metadata);
-      if (static_cast<int>(rank_of[gi]) != comm.rank()) continue;
-      sizes.push_back(g.samples.size());
-      for (const auto& t : g.samples) {
-        Sequence sq;
-        sq.tokens.resize(t.tokens.size());
-        for (size_t i = 0; i < t.tokens.size(); ++i) sq.tokens[i] = t.tokens[i];
-        t.loss_mask.append_to(sq.loss_mask);
-        t.logprobs.append_to(sq.values["behaviour_logprobs"]);
-        rewards.push_back(t.reward);
-        seqs.push_back(std::move(sq));
+    if (what == kTrain && batch.groups.empty()) {
+      if (stop) {
+        what = kStop;
+      } else {
+        RLX_CHECK(batch.end, "learner: the hub sent an empty batch that is not the end");
+        log::info("learner: the hub has no more groups; stopping at step {}", step);
+        what = kEnd;
       }
     }
-    // Colocated: the device is ours from training to the published weights (the worker
-    // generates outside this turn).
-    DeviceTurns::Turn turn;
-    if (p_.turns) {
-      say(fmt::format("waiting for the device (the rollout engine generates) for step {}", step + 1));
-      turn = p_.turns->hold(DeviceTurns::Use::train, &stop);
-      if (!turn) return End::stopped;
+    RLX_CHECK(what != kTrain || batch.groups.size() >= static_cast<size_t>(world),
+              "learner: a batch of {} groups cannot feed {} ranks", batch.groups.size(), world);
+    // Kept until a checkpoint holds its step, to be trained again if the group re-forms.
+    if (what == kTrain && p_.recover && o_.checkpoint_every > 0) {
+      kept_.push_back({step + 1, batch});
+      replay_ = kept_.size();
     }
-    const double t1 = now_s();
-    const int64_t t1_us = TraceWriter::now_us();
-    say(fmt::format("training step {}", step + 1));
-    if (o_.on_rewards) {
-      const size_t n = rewards.size();
-      o_.on_rewards(step + 1, rewards, sizes);
-      RLX_CHECK(rewards.size() == n, "a trainer's on_rewards hook changed the number of rewards ({} -> {})", n,
-                rewards.size());
-    }
-    auto m = train_on_batch(p_.algorithm, p_.models, seqs, rewards, sizes);
-    const double t_train = now_s() - t1;
-    trace_span("train", t1_us);
-    ++step;
-    trained_batch_ = batch.batch_id;
-    const auto params = p_.models.policy.model().sync_parameters();  // collective; with LoRA the adapters
-    const double t2 = now_s();
-    const int64_t t2_us = TraceWriter::now_us();
-    say(fmt::format("publishing weights v{}", step));
-    int64_t sync_bytes = 0;
-    // A step trained again after the group re-formed: its version is out already.
-    const bool fresh = step > published_;
-    if (lead && p_.publisher && fresh) sync_bytes = p_.publisher->publish(step, params);
-    turn.release();
-    if (lead && fresh) p_.client->publish_version(step);
-    published_ = std::max(published_, step);
-    const double t_sync = now_s() - t2;
-    trace_span("publish_weights", t2_us);
-    saved_ = false;
-    const double t3 = now_s();
-    if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0 && p_.checkpoint) {
-      const int64_t t3_us = TraceWriter::now_us();
-      p_.checkpoint(step, trained_batch_);
-      saved_ = true;
-      while (!kept_.empty() && kept_.front().step <= step) kept_.pop_front(), replay_ -= replay_ > 0 ? 1 : 0;
-      trace_span("checkpoint", t3_us);
-    }
-    const double t_ckpt = now_s() - t3;
-    if (auto* t = TraceWriter::installed()) t->flush();
-    if (!lead || step <= reported_) return std::nullopt;  // a step trained again was reported
-    reported_ = step;
-    json line = {{"step", step},
-                 {"time_s", now_s() - t_start},
-                 {"groups", batch.groups.size()},
-                 {"learner_ranks", world},
-                 {"sequence_tokens", tokens},  // prompts, actions and observations
-                 {"tokens_per_s", static_cast<double>(tokens) / std::max(now_s() - t0, 1e-9)},
-                 {"sample_version_min", vmin == INT64_MAX ? -1 : vmin},
-                 {"sample_version_max", vmax},
-                 {"version_lag", vmin == INT64_MAX ? 0 : step - 1 - vmin},  // trained version minus oldest sample
-                 {"wait_s", t_wait},
-                 {"train_s", t_train},
-                 {"sync_s", t_sync},
-                 {"sync_bytes", sync_bytes},  // what the publisher wrote for this version
-                 {"checkpoint_s", t_ckpt},
-                 {"step_s", now_s() - t0},
-                 // the learner's share of the step spent working (training, publishing, checkpointing)
-                 {"busy_learner", (t_train + t_sync + t_ckpt) / std::max(now_s() - t0, 1e-9)}};
-    for (const auto& [k, v] : m) line[k] = v;
-    parts.add_to(line);
-    add_error_counts(line);
-    if (o_.on_step) o_.on_step(step, line);
   }
+  what = broadcast_value(comm, what, "learner: train or stop");
+  if (what == kStop) return End::stopped;
+  if (what == kEnd) return step >= o_.steps ? End::steps : End::exhausted;
+  const double t_wait = now_s() - t0;
+  trace_span("wait_batch", t0_us);
+  if (world > 1) batch = broadcast_batch(comm, std::move(batch));
+  // Groups in prompt order: the step does not depend on which worker finished first;
+  // the ranks share them balanced by tokens.
+  std::vector<size_t> order(batch.groups.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+    const auto &a = batch.groups[x], &b = batch.groups[y];
+    return std::tie(a.epoch, a.prompt_index) < std::tie(b.epoch, b.prompt_index);
+  });
+  std::vector<int64_t> group_tokens;
+  for (const size_t i : order) group_tokens.push_back(batch.groups[i].num_tokens());
+  const auto rank_of = assign_ranks(group_tokens, static_cast<uint32_t>(world));
+  std::vector<Sequence> seqs;
+  std::vector<double> rewards;
+  std::vector<size_t> sizes;
+  int64_t vmin = INT64_MAX, vmax = -1, tokens = 0;
+  RewardParts parts;  // a reward model's scores and the environment's rewards, over the whole batch
+  for (size_t gi = 0; gi < order.size(); ++gi) {
+    const auto& g = batch.groups[order[gi]];
+    const auto [lo_v, hi_v] = g.version_range();
+    if (lo_v >= 0) vmin = std::min(vmin, lo_v), vmax = std::max(vmax, hi_v);
+    tokens += g.num_tokens();
+    for (const auto& t : g.samples) parts.add(t.metadata);
+    if (static_cast<int>(rank_of[gi]) != comm.rank()) continue;
+    sizes.push_back(g.samples.size());
+    for (const auto& t : g.samples) {
+      Sequence sq;
+      sq.tokens.resize(t.tokens.size());
+      for (size_t i = 0; i < t.tokens.size(); ++i) sq.tokens[i] = t.tokens[i];
+      t.loss_mask.append_to(sq.loss_mask);
+      t.logprobs.append_to(sq.values["behaviour_logprobs"]);
+      rewards.push_back(t.reward);
+      seqs.push_back(std::move(sq));
+    }
+  }
+  // Colocated: the device is ours from training to the published weights (the worker
+  // generates outside this turn).
+  DeviceTurns::Turn turn;
+  if (p_.turns) {
+    say(fmt::format("waiting for the device (the rollout engine generates) for step {}", step + 1));
+    turn = p_.turns->hold(DeviceTurns::Use::train, &stop);
+    if (!turn) return End::stopped;
+  }
+  const double t1 = now_s();
+  const int64_t t1_us = TraceWriter::now_us();
+  say(fmt::format("training step {}", step + 1));
+  if (o_.on_rewards) {
+    const size_t n = rewards.size();
+    o_.on_rewards(step + 1, rewards, sizes);
+    RLX_CHECK(rewards.size() == n, "a trainer's on_rewards hook changed the number of rewards ({} -> {})", n,
+              rewards.size());
+  }
+  auto m = train_on_batch(p_.algorithm, p_.models, seqs, rewards, sizes);
+  const double t_train = now_s() - t1;
+  trace_span("train", t1_us);
+  ++step;
+  trained_batch_ = batch.batch_id;
+  const auto params = p_.models.policy.model().sync_parameters();  // collective; with LoRA the adapters
+  const double t2 = now_s();
+  const int64_t t2_us = TraceWriter::now_us();
+  say(fmt::format("publishing weights v{}", step));
+  int64_t sync_bytes = 0;
+  // A step trained again after the group re-formed: its version is out already.
+  const bool fresh = step > published_;
+  if (lead && p_.publisher && fresh) sync_bytes = p_.publisher->publish(step, params);
+  turn.release();
+  if (lead && fresh) p_.client->publish_version(step);
+  published_ = std::max(published_, step);
+  const double t_sync = now_s() - t2;
+  trace_span("publish_weights", t2_us);
+  saved_ = false;
+  const double t3 = now_s();
+  if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0 && p_.checkpoint) {
+    const int64_t t3_us = TraceWriter::now_us();
+    p_.checkpoint(step, trained_batch_);
+    saved_ = true;
+    while (!kept_.empty() && kept_.front().step <= step) kept_.pop_front(), replay_ -= replay_ > 0 ? 1 : 0;
+    trace_span("checkpoint", t3_us);
+  }
+  const double t_ckpt = now_s() - t3;
+  if (auto* t = TraceWriter::installed()) t->flush();
+  if (!lead || step <= reported_) return std::nullopt;  // a step trained again was reported
+  reported_ = step;
+  json line = {{"step", step},
+               {"time_s", now_s() - t_start},
+               {"groups", batch.groups.size()},
+               {"learner_ranks", world},
+               {"sequence_tokens", tokens},  // prompts, actions and observations
+               {"tokens_per_s", static_cast<double>(tokens) / std::max(now_s() - t0, 1e-9)},
+               {"sample_version_min", vmin == INT64_MAX ? -1 : vmin},
+               {"sample_version_max", vmax},
+               {"version_lag", vmin == INT64_MAX ? 0 : step - 1 - vmin},  // trained version minus oldest sample
+               {"wait_s", t_wait},
+               {"train_s", t_train},
+               {"sync_s", t_sync},
+               {"sync_bytes", sync_bytes},  // what the publisher wrote for this version
+               {"checkpoint_s", t_ckpt},
+               {"step_s", now_s() - t0},
+               // the learner's share of the step spent working (training, publishing, checkpointing)
+               {"busy_learner", (t_train + t_sync + t_ckpt) / std::max(now_s() - t0, 1e-9)}};
+  for (const auto& [k, v] : m) line[k] = v;
+  parts.add_to(line);
+  add_error_counts(line);
+  if (o_.on_step) o_.on_step(step, line);
   return std::nullopt;
 }
 
