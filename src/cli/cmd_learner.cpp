@@ -89,6 +89,7 @@ struct BenchArgs {
   int64_t loss_tokens = 0;  // the loss on each sequence's last N tokens only, as on an RL sample's completion (0: all)
   int64_t group_size = 1;   // sequences in groups of N with the same untrained tokens (one prompt's samples)
   bool share_prefix = true; // learner.share_prefix
+  bool head_on_loss_tokens = true;  // LearnerOptions::head_on_loss_tokens
   std::vector<int> ranks{1, 2};
   int threads = 0;
   int64_t profile_steps = 0;  // steps after the timed ones under LibTorch's profiler
@@ -140,6 +141,7 @@ json bench_rank(const BenchArgs& a) {
   o.packing.row_tokens = std::max(a.row_tokens, a.seq);
   o.packing.micro_batch_tokens = std::max(a.micro_batch_tokens, o.packing.row_tokens);
   o.packing.share_prefix = a.share_prefix;
+  o.head_on_loss_tokens = a.head_on_loss_tokens;
   o.fsdp.activation_checkpointing = a.checkpointing;
   o.fsdp.compute_dtype = to_scalar_type(*config::enum_from_string<DType>(a.dtype));
   o.fsdp.device = at::Device(a.device);
@@ -254,6 +256,7 @@ int bench_learner(const BenchArgs& a, const std::vector<std::string>& self_args)
             {"loss_tokens", a.loss_tokens},
             {"group_size", a.group_size},
             {"share_prefix", a.share_prefix},
+            {"head_on_loss_tokens", a.head_on_loss_tokens},
             {"micro_batch_tokens", a.micro_batch_tokens},
             {"activation_checkpointing", a.checkpointing},
             {"parameters", parameter_count(cfg)},
@@ -291,6 +294,8 @@ void add_learner_commands(CLI::App& app, Action& action) {
                  "sequences in groups of N sharing their untrained tokens, as one prompt's samples (with --loss-tokens)")
       ->check(CLI::Range(int64_t{1}, int64_t{4096}));
   b->add_option("--share-prefix", a->share_prefix, "pack a group's shared prompt once (learner.share_prefix)");
+  b->add_option("--head-on-loss-tokens", a->head_on_loss_tokens,
+                "the policy head at trained tokens only (LearnerOptions::head_on_loss_tokens; 0: at every token)");
   b->add_option("--steps", a->steps, "timed steps (after one warm-up step)");
   b->add_option("--ranks", a->ranks, "group sizes to run, e.g. 1,2")->delimiter(',');
   b->add_option("--threads", a->threads, "compute threads per rank (0: cores / ranks)");

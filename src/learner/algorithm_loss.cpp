@@ -106,8 +106,10 @@ algo::Metrics train_on_batch(algo::Algorithm& algorithm, const TrainModels& m, s
   // pass of their own would give, as verl and TRL take them), not from one more pass.
   const bool on_policy = o.epochs == 1 && o.mini_batches == 1 && o.kl_target <= 0 && !algorithm.needs_critic();
   if (algorithm.needs_old_logprobs() && !on_policy) m.policy.annotate(seqs, "old_logprobs", head ? "old_values" : "");
-  if (m.reference && algorithm.needs_reference()) m.reference->annotate(seqs, m.policy.options().packing);
-  if (algorithm.needs_teacher()) m.teacher->annotate(seqs, m.policy.options().packing, "teacher_logprobs");
+  const auto& po = m.policy.options();
+  if (m.reference && algorithm.needs_reference())
+    m.reference->annotate(seqs, po.packing, "ref_logprobs", po.head_on_loss_tokens);
+  if (algorithm.needs_teacher()) m.teacher->annotate(seqs, po.packing, "teacher_logprobs", po.head_on_loss_tokens);
   if (algorithm.needs_critic() && !head) m.critic->annotate(seqs, "", "old_values");
 
   // 2. Advantages (and returns), from rewards shaped by the overlong penalty.

@@ -159,6 +159,14 @@ ForwardInput forward_input(const MicroBatch& mb) {
   return {.tokens = mb.tokens, .positions = mb.positions, .segments = mb.segments, .prefix = mb.prefix};
 }
 
+at::Tensor loss_positions(const MicroBatch& mb, at::Device device) {
+  const auto mask = mb.loss_mask.reshape({-1});
+  auto at = mask.nonzero().reshape({-1});
+  // None (an empty micro-batch): the whole head, so that its backward runs as on the other ranks.
+  if (at.numel() == mask.numel() || at.numel() == 0) return {};
+  return at.to(device);
+}
+
 std::vector<MicroBatch> pack_micro_batches(const std::vector<Sequence>& seqs, const PackOptions& o) {
   RLX_CHECK(o.row_tokens >= 1 && o.micro_batch_tokens >= o.row_tokens,
             "packing: micro_batch_tokens ({}) must be >= row_tokens ({}) >= 1", o.micro_batch_tokens, o.row_tokens);

@@ -48,13 +48,16 @@ std::vector<at::Tensor> Learner::trained_tensors() const {
   return out;
 }
 
-TokenOutputs Learner::outputs(const MicroBatch& mb, bool entropy) {
+TokenOutputs Learner::outputs(const MicroBatch& mb, bool entropy, bool trained_only) {
   auto hidden = model_.forward_hidden(forward_input(mb));
   TokenOutputs out;
   if (opt_.policy_head) {
     // Chunked over tokens: never the step's [tokens, vocab] logits in fp32 (model/logprob_head.hpp).
-    auto head = token_logprobs(hidden, model_.lm_head_weight(), mb.targets.to(hidden.device()),
-                               {.entropy = entropy, .chunk_tokens = opt_.logprob_chunk_tokens});
+    auto head = token_logprobs(
+        hidden, model_.lm_head_weight(), mb.targets.to(hidden.device()),
+        {.entropy = entropy,
+         .chunk_tokens = opt_.logprob_chunk_tokens,
+         .positions = trained_only && opt_.head_on_loss_tokens ? loss_positions(mb, hidden.device()) : at::Tensor()});
     out.logprobs = head.logprobs;
     if (entropy) out.entropy = head.entropy;
   }
@@ -68,7 +71,7 @@ TokenOutputs Learner::outputs(const MicroBatch& mb, bool entropy) {
 at::Tensor Learner::logprobs(const MicroBatch& mb) {
   RLX_CHECK(opt_.policy_head, "Learner::logprobs: this learner has no policy head");
   c10::NoGradGuard no_grad;
-  auto out = outputs(mb, false).logprobs;
+  auto out = outputs(mb, false, /*trained_only=*/false).logprobs;
   model_.release_all();
   return out;
 }
@@ -78,7 +81,7 @@ void Learner::annotate(std::vector<Sequence>& seqs, const std::string& logprobs_
   RLX_CHECK(values_key.empty() || opt_.value_head, "Learner::annotate: no value head for {:?}", values_key);
   annotate_sequences(seqs, opt_.packing, comm_, [&](const MicroBatch& mb) {
     c10::NoGradGuard no_grad;
-    auto out = outputs(mb, false);
+    auto out = outputs(mb, false, /*trained_only=*/true);
     model_.release_all();
     std::map<std::string, at::Tensor> named;
     if (!logprobs_key.empty()) named[logprobs_key] = out.logprobs;
@@ -171,12 +174,12 @@ StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_
     if (i < mbs.size()) {
       const auto& mb = mbs[i];
       const auto dmb = on_device(mb, opt_.fsdp.device);
-      loss = loss_fn(dmb, outputs(dmb, opt_.entropy), ctx, metrics);
+      loss = loss_fn(dmb, outputs(dmb, opt_.entropy, /*trained_only=*/true), ctx, metrics);
       RLX_CHECK(loss.defined() && loss.numel() == 1, "loss function must return a scalar tensor");
       r.tokens += (mb.segments > 0).sum().item<int64_t>();
       r.padded_tokens += mb.tokens.numel();
     } else {
-      auto out = outputs(empty_micro_batch(), false);  // same collectives, no gradient
+      auto out = outputs(empty_micro_batch(), false, false);  // same collectives, no gradient
       loss = (opt_.policy_head ? out.logprobs : out.values).sum() * 0.0;
     }
     loss_sum += loss.item<double>();

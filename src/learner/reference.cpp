@@ -33,7 +33,7 @@ void ReferenceModel::init_weights(uint64_t seed) {
   model_.init_weights(seed);
 }
 
-at::Tensor ReferenceModel::logprobs(const MicroBatch& mb) {
+at::Tensor ReferenceModel::logprobs(const MicroBatch& mb, bool trained_only) {
   c10::NoGradGuard no_grad;
   // The adapters off for this forward only (the policy's next forward has them again).
   struct Base {
@@ -44,14 +44,18 @@ at::Tensor ReferenceModel::logprobs(const MicroBatch& mb) {
   } base{base_of_lora_ ? &model_ : nullptr};
   if (base.m) model_.set_lora_active(false);
   auto hidden = model_.forward_hidden(forward_input(mb));
-  auto out = token_logprobs(hidden, model_.lm_head_weight(), mb.targets.to(hidden.device())).logprobs;
+  auto out = token_logprobs(hidden, model_.lm_head_weight(), mb.targets.to(hidden.device()),
+                            {.positions = trained_only ? loss_positions(mb, hidden.device()) : at::Tensor()})
+                 .logprobs;
   model_.release_all();
   return out;
 }
 
-void ReferenceModel::annotate(std::vector<Sequence>& seqs, const PackOptions& packing, const std::string& key) {
-  annotate_sequences(seqs, packing, model_.comm(),
-                     [&](const MicroBatch& mb) { return std::map<std::string, at::Tensor>{{key, logprobs(mb)}}; });
+void ReferenceModel::annotate(std::vector<Sequence>& seqs, const PackOptions& packing, const std::string& key,
+                              bool trained_only) {
+  annotate_sequences(seqs, packing, model_.comm(), [&](const MicroBatch& mb) {
+    return std::map<std::string, at::Tensor>{{key, logprobs(mb, trained_only)}};
+  });
 }
 
 }  // namespace rlx

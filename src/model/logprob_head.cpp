@@ -250,10 +250,20 @@ HeadOutputs token_logprobs(const at::Tensor& hidden, const at::Tensor& weight, c
   auto lead = targets.sizes().vec();
   auto flat_hidden = hidden.reshape({-1, hidden.size(-1)});
   auto flat_targets = targets.reshape({-1}).to(at::kLong);
+  const bool some = o.positions.defined();
+  if (some) {  // the positions' rows only (index_select's gradient adds them back)
+    flat_hidden = flat_hidden.index_select(0, o.positions);
+    flat_targets = flat_targets.index_select(0, o.positions);
+  }
   auto out = LogprobHead::apply(flat_hidden, weight.to(hidden.scalar_type()), flat_targets, o.entropy, o.chunk_tokens);
+  // Scattered back among zeros (index_copy's gradient reads the positions' rows).
+  auto place = [&](const at::Tensor& t) {
+    if (!some) return t.view(lead);
+    return at::zeros({targets.numel()}, t.options()).index_copy(0, o.positions, t).view(lead);
+  };
   HeadOutputs r;
-  r.logprobs = out[0].view(lead);
-  if (o.entropy) r.entropy = out[1].view(lead);
+  r.logprobs = place(out[0]);
+  if (o.entropy) r.entropy = place(out[1]);
   return r;
 }
 

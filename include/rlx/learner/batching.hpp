@@ -63,6 +63,9 @@ struct MicroBatch {
 
 // The model's input for a micro-batch: tokens, segments, positions and shared prefixes.
 ForwardInput forward_input(const MicroBatch& mb);
+// The trained positions (loss_mask > 0) as int64 flat indices on `device`, for the policy
+// head (LogprobHeadOptions::positions); undefined when every position, or none, is trained.
+at::Tensor loss_positions(const MicroBatch& mb, at::Device device);
 
 // Deterministic: longest sequences first into the first row with room (first-fit
 // decreasing), rows grouped in order into micro-batches within the budget.

@@ -38,6 +38,9 @@ struct LearnerOptions {
   dist::FsdpOptions fsdp;
   bool entropy = false;        // compute TokenOutputs::entropy (costs a pass over the logits)
   int64_t logprob_chunk_tokens = 1024;  // tokens whose logits exist at once in the policy head
+  // step() and annotate() run the policy head at trained positions only (loss_mask > 0): a
+  // prompt's positions cost no logits; TokenOutputs::logprobs and entropy read 0 there.
+  bool head_on_loss_tokens = true;
   bool policy_head = true;     // the LM head's log-probs (false: a critic that only needs values)
   bool value_head = false;     // a scalar value per position from the last hidden state (PPO's critic)
   uint64_t seed = 0;           // the learner's random stream (per rank: stream = rank)
@@ -53,7 +56,7 @@ struct StepContext {
 
 // What the model computed for a micro-batch, aligned with MicroBatch::targets.
 struct TokenOutputs {
-  at::Tensor logprobs;  // [R, T] fp32: log p(target)
+  at::Tensor logprobs;  // [R, T] fp32: log p(target) (0 where untrained, with LearnerOptions::head_on_loss_tokens)
   at::Tensor entropy;   // [R, T] fp32 entropy of the next-token distribution (when LearnerOptions::entropy)
   at::Tensor values;    // [R, T] fp32 V(prefix up to and including the position) (when LearnerOptions::value_head)
 };
@@ -109,7 +112,8 @@ class Learner {
   std::vector<at::Tensor> trained_tensors() const;
 
  private:
-  TokenOutputs outputs(const MicroBatch& mb, bool entropy);
+  // `trained_only`: the policy head at the micro-batch's trained positions only.
+  TokenOutputs outputs(const MicroBatch& mb, bool entropy, bool trained_only);
 
   dist::Communicator& comm_;
   LearnerOptions opt_;

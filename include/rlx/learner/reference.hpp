@@ -24,11 +24,14 @@ class ReferenceModel {
   explicit ReferenceModel(dist::ShardedTransformer& lora_policy);
   void load_from(const Transformer& full);
   void init_weights(uint64_t seed);
-  // log p_ref(target) of every position: [R, T] fp32 (collective, like every forward).
-  at::Tensor logprobs(const MicroBatch& mb);
+  // log p_ref(target) of every position: [R, T] fp32 (collective, like every forward); with
+  // `trained_only`, of the trained positions only (0 elsewhere: loss_positions()).
+  at::Tensor logprobs(const MicroBatch& mb, bool trained_only = false);
   // Fills each sequence's `key` value (per token; the first token's is 0), packing them as
   // the learner would. A distillation teacher is a ReferenceModel that fills "teacher_logprobs".
-  void annotate(std::vector<Sequence>& seqs, const PackOptions& packing, const std::string& key = "ref_logprobs");
+  // `trained_only` as LearnerOptions::head_on_loss_tokens: untrained positions read 0.
+  void annotate(std::vector<Sequence>& seqs, const PackOptions& packing, const std::string& key = "ref_logprobs",
+                bool trained_only = false);
   // After a failed collective (the group re-forms): ShardedTransformer::abandon().
   void abandon() { model_.abandon(); }
 

@@ -17,6 +17,9 @@ namespace rlx {
 struct LogprobHeadOptions {
   bool entropy = false;          // also -sum p log p per token
   int64_t chunk_tokens = 1024;   // tokens per chunk (their logits exist at once)
+  // int64 flat positions (into targets' elements, on hidden's device): the head runs at these
+  // only; every other position reads 0 and passes no gradient. Undefined: every position.
+  at::Tensor positions;
 };
 
 struct HeadOutputs {

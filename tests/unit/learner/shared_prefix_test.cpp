@@ -164,21 +164,33 @@ TEST_CASE("shared prefixes: the learner's steps and annotations equal those with
     INFO("tensor " << i << ", max difference " << (a[i] - b[i]).abs().max().item<double>());
     CHECK(at::allclose(a[i], b[i], 1e-5, 2e-5));
   }
-  // Annotations (old log-probs, values), prompt positions included, to every sequence.
-  auto copy = seqs, shared = seqs;
-  learners[0]->annotate(copy, "logp");
-  // The same weights, packed with sharing:
-  rlx::annotate_sequences(shared, {.micro_batch_tokens = 64, .row_tokens = 32, .share_prefix = true},
-                          learners[0]->comm(), [&](const rlx::MicroBatch& mb) {
-                            REQUIRE(mb.prefix.defined());
-                            return std::map<std::string, at::Tensor>{{"logp", learners[0]->logprobs(mb)}};
-                          });
+  // Annotations to every sequence, prompt positions included: the head over every position,
+  // packed with a copy per sequence and with sharing.
+  auto every = [&](std::vector<rlx::Sequence> out, bool share) {
+    rlx::annotate_sequences(out, {.micro_batch_tokens = 64, .row_tokens = 32, .share_prefix = share},
+                            learners[0]->comm(), [&](const rlx::MicroBatch& mb) {
+                              CHECK(mb.prefix.defined() == share);
+                              return std::map<std::string, at::Tensor>{{"logp", learners[0]->logprobs(mb)}};
+                            });
+    return out;
+  };
+  const auto copy = every(seqs, false), shared = every(seqs, true);
+  // What the learner annotates (old log-probs): the head at the trained positions only
+  // (LearnerOptions::head_on_loss_tokens), 0 at the others.
+  auto trained = seqs;
+  learners[0]->annotate(trained, "logp");
   for (size_t i = 0; i < seqs.size(); ++i) {
     INFO("sequence " << i);
     const auto& x = copy[i].values.at("logp");
     const auto& y = shared[i].values.at("logp");
+    const auto& t = trained[i].values.at("logp");
     REQUIRE(x.size() == y.size());
+    REQUIRE(t.size() == x.size());
     CHECK(x[0] == 0.0f);
-    for (size_t k = 1; k < x.size(); ++k) CHECK(y[k] == Approx(x[k]).margin(1e-5));
+    for (size_t k = 1; k < x.size(); ++k) {
+      CHECK(y[k] == Approx(x[k]).margin(1e-5));
+      if (seqs[i].loss_mask[k]) CHECK(t[k] == Approx(x[k]).margin(1e-5));
+      else CHECK(t[k] == 0.0f);
+    }
   }
 }

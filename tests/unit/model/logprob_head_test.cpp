@@ -43,3 +43,28 @@ TEST_CASE("logprob head: chunked log-probs and entropy equal the full log_softma
     }
   }
 }
+
+// The head at some positions only (a GRPO batch's trained tokens): those positions' values and
+// gradients are the whole head's, the others read 0 and pass no gradient.
+TEST_CASE("logprob head: at chosen positions only, the same values and gradients there, 0 elsewhere", "[model]") {
+  at::manual_seed(4);
+  const int64_t V = 29, H = 8;
+  auto h0 = at::randn({2, 9, H}), w0 = at::randn({V, H}) * 0.5;
+  auto targets = at::randint(V, {2, 9}, at::TensorOptions().dtype(at::kLong));
+  auto mask = (at::rand({2, 9}) > 0.4).to(at::kFloat);
+  auto a = at::randn({2, 9}), b = at::randn({2, 9});
+  auto h1 = h0.clone().requires_grad_(true), w1 = w0.clone().requires_grad_(true);
+  auto all = rlx::token_logprobs(h1, w1, targets, {.entropy = true, .chunk_tokens = 4});
+  (((all.logprobs * a) + (all.entropy * b)) * mask).sum().backward();
+  auto h2 = h0.clone().requires_grad_(true), w2 = w0.clone().requires_grad_(true);
+  const auto positions = mask.reshape({-1}).nonzero().reshape({-1});
+  REQUIRE(positions.numel() > 0);
+  REQUIRE(positions.numel() < mask.numel());
+  auto some = rlx::token_logprobs(h2, w2, targets, {.entropy = true, .chunk_tokens = 4, .positions = positions});
+  ((some.logprobs * a) + (some.entropy * b)).sum().backward();  // no mask: the others are 0
+  CHECK(at::allclose(some.logprobs, all.logprobs * mask, 1e-6, 1e-6));
+  CHECK(at::allclose(some.entropy, all.entropy * mask, 1e-6, 1e-6));
+  CHECK(at::equal(some.logprobs * (1 - mask), at::zeros_like(mask)));
+  CHECK(at::allclose(h2.grad(), h1.grad(), 1e-6, 1e-6));
+  CHECK(at::allclose(w2.grad(), w1.grad(), 1e-5, 1e-6));
+}
