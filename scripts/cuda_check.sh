@@ -137,7 +137,17 @@ print(json.dumps({"device": torch.cuda.get_device_name(), "copy_gbs": 2 * x.nume
       step learner_profile 200 "$rlx" bench learner --device cuda --preset qwen2.5-0.5b --arch qwen2 --dtype bfloat16 \
         --seq 2048 --batch-seqs 8 --micro-batch-tokens 16384 --steps 2 --ranks 1 --profile 3
       [ "${RLX_LEARNER_ACCUM:-1}" = 1 ] && step learner_mb4k 200 "$rlx" bench learner --device cuda --preset qwen2.5-0.5b --arch qwen2 --dtype bfloat16 \
-        --seq 2048 --batch-seqs 8 --micro-batch-tokens 4096 --steps 5 --ranks 1 && json learner_mb4k ;;
+        --seq 2048 --batch-seqs 8 --micro-batch-tokens 4096 --steps 5 --ranks 1 && json learner_mb4k
+      # A GRPO-shaped batch: 2 prompts x 8 samples, 1536 prompt + 512 completion tokens each;
+      # the prompt packed once (shared prefix), the policy head at the completions only, then at
+      # every token (RLX_LEARNER_GRPO=0 skips both).
+      if [ "${RLX_LEARNER_GRPO:-1}" = 1 ]; then
+        for head in 1 0; do
+          step "learner_grpo_head$head" 200 "$rlx" bench learner --device cuda --preset qwen2.5-0.5b --arch qwen2 \
+            --dtype bfloat16 --seq 2048 --batch-seqs 16 --loss-tokens 512 --group-size 8 --row-tokens 16384 \
+            --micro-batch-tokens 16384 --steps 5 --ranks 1 --head-on-loss-tokens $head && json "learner_grpo_head$head"
+        done
+      fi ;;
     sync)
       # Weight sync by CUDA IPC (a subscriber process, device-to-device copies; the
       # subscriber checks every version's values) against a device copy of the same bytes.
