@@ -225,10 +225,22 @@ class StoreGroup : public Communicator {
     if (size() == 1) return msg;
     try {
       auto probe = group_store(opt_, opt_.store_port, 3.0);
+      auto raw = store_client(opt_.store_host, opt_.store_port, opt_.world_size, 3.0);
       std::vector<int64_t> before(static_cast<size_t>(size()));
       for (int r = 0; r < size(); ++r) before[static_cast<size_t>(r)] = read_counter(*probe, hb_key(r));
-      const double window = 3 * opt_.heartbeat_s + 0.2;
-      std::this_thread::sleep_for(to_ms(window));
+      // A launcher that hosts the store says which rank's process ended (and how) as soon as it
+      // sees it: no need to wait out the heartbeats then.
+      std::vector<std::string> exited;
+      const double window = 3 * opt_.heartbeat_s + 0.2, end = now_s() + window;
+      while (exited.empty() && now_s() < end) {
+        std::this_thread::sleep_for(milliseconds(50));
+        for (int r = 0; r < size(); ++r) {
+          if (r == opt_.rank || !raw->check({exit_key(r)})) continue;
+          const auto how = raw->get(exit_key(r));
+          exited.push_back(fmt::format("rank {} ended ({})", r, std::string(how.begin(), how.end())));
+        }
+      }
+      if (!exited.empty()) return msg + "; " + fmt::format("{}", fmt::join(exited, "; "));
       std::vector<std::string> silent, finished;
       for (int r = 0; r < size(); ++r) {
         if (r == opt_.rank) continue;
@@ -499,6 +511,12 @@ StoreServer::~StoreServer() = default;
 
 int StoreServer::port() const { return impl_->store->getPort(); }
 
+void StoreServer::set(const std::string& key, const std::string& value) {
+  impl_->store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+}
+
+std::string exit_key(int rank) { return fmt::format("rlx/exit/{}", rank); }
+
 std::unique_ptr<Communicator> single_process() { return std::make_unique<SingleProcess>(); }
 
 bool nccl_available() { return RLX_WITH_NCCL != 0; }
@@ -656,8 +674,10 @@ class Reformable final : public ReformableGroup {
       throw CommError(fmt::format("{} (generation {})", e.what(), generation_));
     }
 #if RLX_WITH_GLOO || RLX_WITH_NCCL
+    auto s = store_client(o.store_host, o.store_port, o.world_size, o.connect_timeout_s);
+    // How this rank's predecessor ended is history now (every peer diagnosed it before joining).
+    s->deleteKey(exit_key(base_.rank));
     if (base_.rank == 0) {
-      auto s = store_client(o.store_host, o.store_port, o.world_size, o.connect_timeout_s);
       const auto v = std::to_string(generation_);
       s->set(formed_key(), std::vector<uint8_t>(v.begin(), v.end()));
     }

@@ -10,6 +10,9 @@
 //   rank 0: all_gather "layer 3 weights" failed after 0.2 s (Connection closed by peer
 //   [127.0.0.1]:40211); rank 1 is not responding (no heartbeat for 1.5 s)
 //
+// or, when the launcher that hosts the store saw the process end (exit_key()):
+//   ...; rank 1 ended (killed by signal 9 (Killed))
+//
 //   auto comm = rlx::dist::connect(rlx::dist::rendezvous_from_env());
 //   at::Tensor full = at::empty({comm->size() * n});
 //   comm->all_gather(full, shard, "weights")->wait();

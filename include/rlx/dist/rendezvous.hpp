@@ -42,6 +42,11 @@ struct RendezvousOptions {
 // RLX_WORLD_SIZE: a group of one. Malformed values throw rlx::Error naming the variable.
 RendezvousOptions rendezvous_from_env();
 
+// Where a launcher that hosts the store writes how rank `rank`'s process ended (removed when
+// its replacement has joined a re-formed group): a failed collective's diagnosis names that
+// rank as ended at once.
+std::string exit_key(int rank);
+
 // A TCPStore server owned by a launcher.
 class StoreServer {
  public:
@@ -51,6 +56,8 @@ class StoreServer {
   StoreServer& operator=(const StoreServer&) = delete;
   int port() const;
   const std::string& host() const { return host_; }
+  // Keys of the store itself (outside any group's prefix), such as exit_key().
+  void set(const std::string& key, const std::string& value);
 
  private:
   struct Impl;
