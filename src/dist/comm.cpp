@@ -552,10 +552,10 @@ class Reformable final : public ReformableGroup {
 #if RLX_WITH_GLOO || RLX_WITH_NCCL
     if (o.world_size > 1) {
       RLX_CHECK(o.store_port > 0, "a re-formable group of {} ranks needs a store (RLX_STORE)", o.world_size);
+      raw_ = store_client(o.store_host, o.store_port, o.world_size, o.connect_timeout_s);
       // A rank that starts while the group exists replaces a dead one: it joins the next generation.
-      auto s = store_client(o.store_host, o.store_port, o.world_size, o.connect_timeout_s);
-      if (s->check({formed_key()})) {
-        const auto v = s->get(formed_key());
+      if (raw_->check({formed_key()})) {
+        const auto v = raw_->get(formed_key());
         generation_ = std::stoll(std::string(v.begin(), v.end())) + 1;
       }
     }
@@ -574,8 +574,7 @@ class Reformable final : public ReformableGroup {
   void finish() override {
 #if RLX_WITH_GLOO || RLX_WITH_NCCL
     if (base_.world_size == 1 || base_.rank != 0) return;
-    auto s = store_client(base_.store_host, base_.store_port, base_.world_size, 10);
-    s->set(finished_key(), std::vector<uint8_t>{1});
+    raw_->set(finished_key(), std::vector<uint8_t>{1});
 #endif
   }
   bool finished() const override { return finished_; }
@@ -652,12 +651,11 @@ class Reformable final : public ReformableGroup {
     // Every rank arrives first (in slices, so that a group that finished meanwhile is seen),
     // then the process group forms at once.
     {
-      auto s = store_client(o.store_host, o.store_port, o.world_size, std::min(o.connect_timeout_s, 30.0));
       const auto arrived = o.prefix + "rlx/arrived";
-      s->add(arrived, 1);
+      raw_->add(arrived, 1);
       const double deadline = now_s() + o.connect_timeout_s;
-      for (int64_t n = 0; (n = read_counter(*s, arrived)) < o.world_size;) {
-        if (s->check({finished_key()})) {
+      for (int64_t n = 0; (n = read_counter(*raw_, arrived)) < o.world_size;) {
+        if (raw_->check({finished_key()})) {
           finished_ = true;
           return;
         }
@@ -674,12 +672,11 @@ class Reformable final : public ReformableGroup {
       throw CommError(fmt::format("{} (generation {})", e.what(), generation_));
     }
 #if RLX_WITH_GLOO || RLX_WITH_NCCL
-    auto s = store_client(o.store_host, o.store_port, o.world_size, o.connect_timeout_s);
     // How this rank's predecessor ended is history now (every peer diagnosed it before joining).
-    s->deleteKey(exit_key(base_.rank));
+    raw_->deleteKey(exit_key(base_.rank));
     if (base_.rank == 0) {
       const auto v = std::to_string(generation_);
-      s->set(formed_key(), std::vector<uint8_t>(v.begin(), v.end()));
+      raw_->set(formed_key(), std::vector<uint8_t>(v.begin(), v.end()));
     }
 #endif
   }
@@ -688,6 +685,9 @@ class Reformable final : public ReformableGroup {
   int64_t generation_ = 0;
   bool broken_ = false, finished_ = false;
   std::unique_ptr<Communicator> group_;
+#if RLX_WITH_GLOO || RLX_WITH_NCCL
+  c10::intrusive_ptr<c10d::Store> raw_;  // the store without a generation's prefix (several ranks: set)
+#endif
 };
 
 }  // namespace
