@@ -96,11 +96,11 @@ void LearnerLoop::add_error_counts(json& line) {
 }
 
 LearnerLoop::End LearnerLoop::run(int64_t& step, const std::atomic<bool>& stop) {
-  const double t_start = now_s();
+  t_start_ = now_s();
   published_ = reported_ = step;  // a resumed run's version was published before the loop
   for (;;) {
     try {
-      if (auto end = step_once(step, stop, t_start)) return *end;
+      if (auto end = step_once(step, stop)) return *end;
     } catch (const dist::CommError& e) {
       if (!p_.recover) throw;
       recover(step, e);
@@ -123,11 +123,30 @@ void LearnerLoop::recover(int64_t& step, const dist::CommError& e) {
       log::warn("learner: training steps {}..{} again from the batches kept since the checkpoint of step {}",
                 kept_.front().step, kept_.back().step, restored);
   }
+  // A step whose checkpoint committed before the group broke is reported now; a later one
+  // is trained again, and reported then.
+  if (pending_ && pending_->step <= restored) report(0);
+  pending_.reset();
   step = restored;
   saved_ = true;  // the state is the checkpoint's: a stop now need not save it again
 }
 
-std::optional<LearnerLoop::End> LearnerLoop::step_once(int64_t& step, const std::atomic<bool>& stop, double t_start) {
+void LearnerLoop::report(double t_ckpt) {
+  auto& [step, line, t0, busy_s, tokens] = *pending_;
+  const double step_s = std::max(now_s() - t0, 1e-9);
+  line["time_s"] = now_s() - t_start_;
+  line["checkpoint_s"] = t_ckpt;
+  line["step_s"] = step_s;
+  line["tokens_per_s"] = tokens / step_s;
+  // the learner's share of the step spent working (training, publishing, checkpointing)
+  line["busy_learner"] = (busy_s + t_ckpt) / step_s;
+  add_error_counts(line);
+  reported_ = step;
+  if (o_.on_step) o_.on_step(step, line);
+  pending_.reset();
+}
+
+std::optional<LearnerLoop::End> LearnerLoop::step_once(int64_t& step, const std::atomic<bool>& stop) {
   auto& comm = p_.comm;
   const bool lead = comm.rank() == 0;
   const int world = comm.size();
@@ -247,6 +266,22 @@ std::optional<LearnerLoop::End> LearnerLoop::step_once(int64_t& step, const std:
   const double t_sync = now_s() - t2;
   trace_span("publish_weights", t2_us);
   saved_ = false;
+  if (lead && step > reported_) {  // a step trained again after the group re-formed was reported
+    json line = {{"step", step},
+                 {"groups", batch.groups.size()},
+                 {"learner_ranks", world},
+                 {"sequence_tokens", tokens},  // prompts, actions and observations
+                 {"sample_version_min", vmin == INT64_MAX ? -1 : vmin},
+                 {"sample_version_max", vmax},
+                 {"version_lag", vmin == INT64_MAX ? 0 : step - 1 - vmin},  // trained version minus oldest sample
+                 {"wait_s", t_wait},
+                 {"train_s", t_train},
+                 {"sync_s", t_sync},
+                 {"sync_bytes", sync_bytes}};  // what the publisher wrote for this version
+    for (const auto& [k, v] : m) line[k] = v;
+    parts.add_to(line);
+    pending_ = Pending{step, std::move(line), t0, t_train + t_sync, static_cast<double>(tokens)};
+  }
   const double t3 = now_s();
   if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0 && p_.checkpoint) {
     const int64_t t3_us = TraceWriter::now_us();
@@ -255,31 +290,8 @@ std::optional<LearnerLoop::End> LearnerLoop::step_once(int64_t& step, const std:
     while (!kept_.empty() && kept_.front().step <= step) kept_.pop_front(), replay_ -= replay_ > 0 ? 1 : 0;
     trace_span("checkpoint", t3_us);
   }
-  const double t_ckpt = now_s() - t3;
   if (auto* t = TraceWriter::installed()) t->flush();
-  if (!lead || step <= reported_) return std::nullopt;  // a step trained again was reported
-  reported_ = step;
-  json line = {{"step", step},
-               {"time_s", now_s() - t_start},
-               {"groups", batch.groups.size()},
-               {"learner_ranks", world},
-               {"sequence_tokens", tokens},  // prompts, actions and observations
-               {"tokens_per_s", static_cast<double>(tokens) / std::max(now_s() - t0, 1e-9)},
-               {"sample_version_min", vmin == INT64_MAX ? -1 : vmin},
-               {"sample_version_max", vmax},
-               {"version_lag", vmin == INT64_MAX ? 0 : step - 1 - vmin},  // trained version minus oldest sample
-               {"wait_s", t_wait},
-               {"train_s", t_train},
-               {"sync_s", t_sync},
-               {"sync_bytes", sync_bytes},  // what the publisher wrote for this version
-               {"checkpoint_s", t_ckpt},
-               {"step_s", now_s() - t0},
-               // the learner's share of the step spent working (training, publishing, checkpointing)
-               {"busy_learner", (t_train + t_sync + t_ckpt) / std::max(now_s() - t0, 1e-9)}};
-  for (const auto& [k, v] : m) line[k] = v;
-  parts.add_to(line);
-  add_error_counts(line);
-  if (o_.on_step) o_.on_step(step, line);
+  if (pending_) report(now_s() - t3);
   return std::nullopt;
 }
 

@@ -222,6 +222,18 @@ grep -q "learner 1 ended: killed by signal 9.*restarting it alone: the learner g
        runs/killrank1/metrics.jsonl \
   && ok "killrank1: rank 1 restarted alone, the group re-formed, every step reported once" \
   || fail "killrank1: $(grep -h "rlx run:\|re-form" killrank1.log runs/killrank1/logs/learner-0/*.err | tail -6)"
+# Rank 1 killed inside the checkpoint of step 4, once the shards are written: rank 0 commits
+# it alone and fails the last barrier (or, the kill seen sooner, an earlier one). Each step is
+# still reported once, and the parameters are the clean run's.
+RLX_CHECKPOINT_CRASH_AT=shards-agreed RLX_CHECKPOINT_CRASH_RANK=1 RLX_CHECKPOINT_CRASH_STEP=4 \
+  RLX_CHECKPOINT_CRASH_ONCE="$PWD/ckptrank1.crashed" \
+  "$rlx" run grpo.yaml run.name=ckptrank1 train.learner_ranks=2 > ckptrank1.log 2>&1 \
+  && [ -f ckptrank1.crashed ] && grep -q "the group re-formed (generation 1); restored step" runs/ckptrank1/logs/learner-0/rank-0.err \
+  && python3 -c 'import json, sys; m = [json.loads(l)["step"] for l in open(sys.argv[1])]; assert m == list(range(1, 21)), m' \
+       runs/ckptrank1/metrics.jsonl \
+  && ok "ckptrank1: rank 1 killed in a checkpoint; the group re-formed, every step reported once" \
+  || fail "ckptrank1: $(grep -h "rlx run:\|re-form\|Error" ckptrank1.log runs/ckptrank1/logs/learner-0/*.err | tail -6)"
+same_as_clean ckptrank1 clean2
 # The tcp transport (for tasks on many hosts), here on one: the same run, the same parameters.
 "$rlx" run grpo.yaml run.name=tcp train.learner_ranks=2 train.transport=tcp > tcp.log 2>&1 \
   && grep -q "serving tcp://" runs/tcp/logs/hub-0/rank-0.err && grep -q "^tcp://" runs/tcp/weights.endpoint \

@@ -81,10 +81,12 @@ class LearnerLoop {
   void add_error_counts(nlohmann::json& line);
   // One step: the next batch (rank 0: a kept one while replaying, else the hub's), trained,
   // published, checkpointed, reported. A value: the loop ends.
-  std::optional<End> step_once(int64_t& step, const std::atomic<bool>& stop, double t_start);
+  std::optional<End> step_once(int64_t& step, const std::atomic<bool>& stop);
   // After a CommError: the group re-formed and restored (p_.recover); the kept batches after
   // the restored step are trained again.
   void recover(int64_t& step, const dist::CommError& e);
+  // Rank 0: reports the pending step's line, its checkpoint having taken `t_ckpt` seconds.
+  void report(double t_ckpt);
   LoopOptions o_;
   LoopParts p_;
   // Rank 0: the batches trained (or in training) since the last checkpoint, by step.
@@ -96,6 +98,16 @@ class LearnerLoop {
   size_t replay_ = 0;          // kept_[replay_] is the next batch to train again
   int64_t published_ = -1;     // the newest version rank 0 published (not published again)
   int64_t reported_ = -1;      // the newest step whose metrics were reported
+  // Rank 0: the line of a step trained and published but not yet reported (its checkpoint
+  // runs). A group that breaks after that checkpoint committed still reports it (recover).
+  struct Pending {
+    int64_t step = 0;
+    nlohmann::json line;
+    double t0 = 0, busy_s = 0;  // when the step began; its time training and publishing
+    double tokens = 0;
+  };
+  std::optional<Pending> pending_;
+  double t_start_ = 0;  // when run() began
   bool saved_ = true;
   bool said_no_stats_ = false;
   uint64_t trained_batch_ = 0;
