@@ -467,17 +467,7 @@ RendezvousOptions rendezvous_from_env() {
   o.world_size = env_int("RLX_WORLD_SIZE", 1, 1, 1 << 16);
   o.rank = env_int("RLX_RANK", 0, 0, o.world_size - 1);
   const std::string store = env_or("RLX_STORE", "");
-  if (!store.empty()) {
-    const auto colon = store.rfind(':');
-    RLX_CHECK(colon != std::string::npos && colon > 0, "environment variable RLX_STORE={:?} must be host:port", store);
-    o.store_host = store.substr(0, colon);
-    const std::string port = store.substr(colon + 1);
-    int p = 0;
-    auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
-    RLX_CHECK(ec == std::errc() && end == port.data() + port.size() && p > 0 && p < 65536,
-              "environment variable RLX_STORE={:?}: {:?} is not a port", store, port);
-    o.store_port = p;
-  }
+  if (!store.empty()) std::tie(o.store_host, o.store_port) = store_address(store, "environment variable RLX_STORE");
   o.host_store = env_int("RLX_STORE_HOST_SELF", 0, 0, 1) == 1;
   o.timeout_s = env_int("RLX_COMM_TIMEOUT_S", 300, 1, 24 * 3600);
   o.interface_host = env_or("RLX_COMM_INTERFACE", o.store_host.c_str());
@@ -516,6 +506,31 @@ void StoreServer::set(const std::string& key, const std::string& value) {
 }
 
 std::string exit_key(int rank) { return fmt::format("rlx/exit/{}", rank); }
+
+std::pair<std::string, int> store_address(const std::string& address, std::string_view what) {
+  const auto colon = address.rfind(':');
+  RLX_CHECK(colon != std::string::npos && colon > 0, "{}={:?} must be host:port", what, address);
+  const std::string port = address.substr(colon + 1);
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  RLX_CHECK(ec == std::errc() && end == port.data() + port.size() && p > 0 && p < 65536, "{}={:?}: {:?} is not a port",
+            what, address, port);
+  return {address.substr(0, colon), p};
+}
+
+void record_exit(const std::string& store, int rank, const std::string& how) {
+  try {
+    const auto [host, port] = store_address(store, "the rendezvous store");
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<uint16_t>(port);
+    o.isServer = false;
+    o.waitWorkers = false;
+    o.timeout = std::chrono::seconds(3);
+    c10d::TCPStore(host, o).set(exit_key(rank), std::vector<uint8_t>(how.begin(), how.end()));
+  } catch (const std::exception& e) {  // the peers' diagnosis falls back to their heartbeats
+    log::warn("cannot record in the rendezvous store {} that rank {} ended: {}", store, rank, error_text(e));
+  }
+}
 
 std::unique_ptr<Communicator> single_process() { return std::make_unique<SingleProcess>(); }
 

@@ -120,7 +120,11 @@ bool LocalGroup::poll() {
     re.code = re.exited ? WEXITSTATUS(status) : -1;
     re.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
     // For the peers' diagnosis of the collective this breaks (comm.hpp): who ended, and how.
-    if (!re.ok() && opt_.store.empty()) store_.set(exit_key(opt_.first_rank + static_cast<int>(r)), re.describe());
+    if (!re.ok()) {
+      const int rank = opt_.first_rank + static_cast<int>(r);
+      if (opt_.store.empty()) store_.set(exit_key(rank), re.describe());
+      else record_exit(opt_.store, rank, re.describe());  // another task's store (Slurm, k8s)
+    }
     if (!re.ok() && fail_time_ < 0 && opt_.replace && opt_.replace(static_cast<int>(r), re)) {
       spawn(static_cast<int>(r));
       all = false;

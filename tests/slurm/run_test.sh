@@ -98,7 +98,8 @@ kill_mid_run slurmrank1 3 learner 5 train.learner_ranks=2 train.steps=12
   || fail "local2x12: $(tail -3 local2x12.log)"
 [ $rc = 0 ] && grep -q "learner 1 ended: killed by signal 9.*restarting it alone" slurmrank1.log \
   && grep -q "the group re-formed (generation 1)" runs/slurmrank1/logs/learner-0/rank-0.err \
-  && ok "slurmrank1: learner rank 1 killed, restarted by its task, the group re-formed, run completed" \
+  && grep -q "rank 1 ended (killed by signal 9" runs/slurmrank1/logs/learner-0/rank-0.err \
+  && ok "slurmrank1: learner rank 1 killed, named at once (its task recorded how it ended), restarted by its task, the group re-formed, run completed" \
   || fail "slurmrank1: rc $rc: $(tail -5 slurmrank1.log)"
 same_as slurmrank1 local2x12
 

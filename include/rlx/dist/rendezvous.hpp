@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
 
 namespace rlx::dist {
 
@@ -46,6 +48,11 @@ RendezvousOptions rendezvous_from_env();
 // its replacement has joined a re-formed group): a failed collective's diagnosis names that
 // rank as ended at once.
 std::string exit_key(int rank);
+// Records exit_key(rank) = `how` in the store at `store` (host:port) that another process
+// hosts (a task's launcher under Slurm); a store out of reach is logged, not thrown.
+void record_exit(const std::string& store, int rank, const std::string& how);
+// "host:port" split; `what` names the value in the error when it is not that.
+std::pair<std::string, int> store_address(const std::string& address, std::string_view what);
 
 // A TCPStore server owned by a launcher.
 class StoreServer {
