@@ -68,7 +68,8 @@ void Engine::launch_decode(bool chained) {
       if (s->generated() == 0) ++stats_.prefill_tokens;  // a one-token prompt
     }
 #if RLX_WITH_CUDA
-    f.on_graph = graphs_ && static_cast<int64_t>(f.seqs.size()) <= graphs_->max_seqs();
+    // The graphs sample only: a row asking for log-prob alternatives runs the step eager.
+    f.on_graph = graphs_ && static_cast<int64_t>(f.seqs.size()) <= graphs_->max_seqs() && !wants_alternatives(f.seqs);
 #endif
   }
   std::vector<PagedKVCache::Entry> entries;
@@ -87,9 +88,11 @@ void Engine::launch_decode(bool chained) {
     cache_.plan(entries);
     auto input = at::tensor(tokens, at::TensorOptions().dtype(at::kLong)).to(model_->device()).view({1, rows});
     const auto hidden = model_->forward_hidden({.tokens = input}, &cache_);
-    auto sampled = sample(model_->logits(hidden.select(0, 0)), batch);
+    const auto logits = model_->logits(hidden.select(0, 0));
+    auto sampled = sample(logits, batch);
     const auto toks = sampled.tokens.to(at::kCPU, at::kLong).contiguous();
     const auto lps = sampled.logprobs.to(at::kCPU, at::kFloat).contiguous();
+    f.top = alternatives(logits, f.seqs, toks.data_ptr<int64_t>(), lps.data_ptr<float>());
     f.tokens.assign(toks.data_ptr<int64_t>(), toks.data_ptr<int64_t>() + rows);
     f.logprobs.assign(lps.data_ptr<float>(), lps.data_ptr<float>() + rows);
   });
@@ -116,7 +119,8 @@ void Engine::land_decode() {
       ++stats_.discarded_rows;
       continue;
     }
-    append_token(*s, static_cast<TokenId>(f.tokens[i]), f.logprobs[i]);
+    append_token(*s, static_cast<TokenId>(f.tokens[i]), f.logprobs[i],
+                 f.top.empty() ? std::vector<TokenLogprob>{} : std::move(f.top[i]));
   }
   std::erase_if(running_, [](const Seq* s) { return s->done; });
   // The step behind this one computed these tokens' keys: its full blocks can be shared now.

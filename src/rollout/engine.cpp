@@ -301,6 +301,10 @@ void Engine::take_inbox(std::vector<GenerationResult>& finished) {
   for (auto& r : incoming) {
     auto state = std::make_unique<RequestState>();
     state->remaining = r.params.n;
+    if (r.params.prompt_logprobs >= 0) {
+      state->prompt_logprobs.assign(r.prompt.size() - 1, 0.0f);
+      if (r.params.prompt_logprobs > 0) state->prompt_top.resize(r.prompt.size() - 1);
+    }
     for (int64_t i = 0; i < r.params.n; ++i) {
       auto s = std::make_unique<Seq>();
       s->req = state.get();
@@ -468,7 +472,8 @@ void Engine::schedule() {
     if (draining && !in_flight(*s)) break;
     const auto group = static_cast<int64_t>(1 + s->followers.size());
     if (!running_.empty() && static_cast<int64_t>(running_.size()) + group > cfg_.max_running) break;
-    if (cfg_.prefix_caching && s->computed == 0) match_prefix(*s);
+    // A request for its prompt's log-probs computes the prompt whole.
+    if (cfg_.prefix_caching && s->computed == 0 && s->req->req.params.prompt_logprobs < 0) match_prefix(*s);
     const int64_t n = std::min(static_cast<int64_t>(s->tokens.size()) - s->computed, budget);
     if (!reserve(*s, n)) {
       release_blocks(*s);
@@ -505,6 +510,7 @@ void Engine::forward_and_sample() {
   auto tokens = at::tensor(packed, long_opts).to(device).view({1, static_cast<int64_t>(packed.size())});
   const auto hidden = forgetting_on_error([&] { return model_->forward_hidden({.tokens = tokens}, &cache_); });
   stats_.forward_tokens += static_cast<int64_t>(packed.size());
+  record_prompt_logprobs(hidden.select(0, 0));  // before `computed` moves: the chunks' positions
   for (const auto& [s, n] : plan_) s->computed += n;
   if (completing.empty()) return;
 
@@ -533,7 +539,8 @@ void Engine::forward_and_sample() {
   if (samplers.size() != completing.size()) logits = logits.index_select(0, at::tensor(rows, long_opts).to(device));
   auto sampled = sample(logits, sampling_batch(samplers));
   const auto toks = sampled.tokens.to(at::kCPU).contiguous(), lps = sampled.logprobs.to(at::kCPU).contiguous();
-  append_sampled(samplers, toks.data_ptr<int64_t>(), lps.data_ptr<float>());
+  append_sampled(samplers, toks.data_ptr<int64_t>(), lps.data_ptr<float>(),
+                 alternatives(logits, samplers, toks.data_ptr<int64_t>(), lps.data_ptr<float>()));
 }
 
 SamplingBatch Engine::sampling_batch(const std::vector<Seq*>& seqs, int64_t ahead) const {
@@ -546,19 +553,23 @@ SamplingBatch Engine::sampling_batch(const std::vector<Seq*>& seqs, int64_t ahea
   return batch;
 }
 
-void Engine::append_sampled(const std::vector<Seq*>& seqs, const int64_t* tokens, const float* logprobs) {
-  for (size_t i = 0; i < seqs.size(); ++i) append_token(*seqs[i], static_cast<TokenId>(tokens[i]), logprobs[i]);
+void Engine::append_sampled(const std::vector<Seq*>& seqs, const int64_t* tokens, const float* logprobs,
+                            std::vector<std::vector<TokenLogprob>> top) {
+  for (size_t i = 0; i < seqs.size(); ++i)
+    append_token(*seqs[i], static_cast<TokenId>(tokens[i]), logprobs[i],
+                 top.empty() ? std::vector<TokenLogprob>{} : std::move(top[i]));
   std::erase_if(running_, [](const Seq* s) { return s->done; });
 }
 
-void Engine::append_token(Seq& s, TokenId token, float logprob) {
+void Engine::append_token(Seq& s, TokenId token, float logprob, std::vector<TokenLogprob> top) {
   const auto& params = s.req->req.params;
   s.tokens.push_back(token);
   s.out.tokens.push_back(token);
   s.out.logprobs.push_back(logprob);
   s.out.versions.push_back(version_);
   ++stats_.generated_tokens;
-  if (s.req->req.on_token) s.req->req.on_token(s.sample, token, logprob);
+  if (s.req->req.on_token) s.req->req.on_token(s.sample, token, logprob, top);
+  if (params.logprobs > 0) s.out.top_logprobs.push_back(std::move(top));
   if (std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), token) != params.stop_token_ids.end())
     return finish(s, FinishReason::stop);
   if (!params.ignore_eos) {
@@ -619,7 +630,7 @@ void Engine::collect(std::vector<GenerationResult>& finished) {
     for (auto& f : inflight_)
       for (auto& s : f.seqs)
         if (s != nullptr && s->req == &r) s = nullptr;
-    GenerationResult out{r.req.id, std::move(r.req.prompt), {}};
+    GenerationResult out{r.req.id, std::move(r.req.prompt), {}, std::move(r.prompt_logprobs), std::move(r.prompt_top)};
     for (auto& s : r.seqs) out.samples.push_back(std::move(s->out));
     ids.push_back(out.id);
     finished.push_back(std::move(out));

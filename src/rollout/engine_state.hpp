@@ -30,6 +30,9 @@ struct Engine::RequestState {
   GenerationRequest req;
   std::vector<std::unique_ptr<Seq>> seqs;
   int64_t remaining = 0;
+  // req.params.prompt_logprobs >= 0: by prompt position from 1, filled as prefill computes it.
+  std::vector<float> prompt_logprobs;
+  std::vector<std::vector<TokenLogprob>> prompt_top;
 };
 
 

@@ -19,6 +19,10 @@ void SamplingParams::validate(std::string_view who, int64_t vocab_size, bool has
   config::check_bounds(*this, who);
   for (TokenId t : stop_token_ids)
     RLX_CHECK(t >= 0 && t < vocab_size, "{}: stop_token_ids has {}, outside the vocabulary [0, {})", who, t, vocab_size);
+  RLX_CHECK(logprobs >= 0 && logprobs <= kMaxLogprobs, "{}: logprobs is {}; it must be in [0, {}]", who, logprobs,
+            kMaxLogprobs);
+  RLX_CHECK(prompt_logprobs >= -1 && prompt_logprobs <= kMaxLogprobs,
+            "{}: prompt_logprobs is {}; it must be -1 (none) or in [0, {}]", who, prompt_logprobs, kMaxLogprobs);
   if (stop_strings.empty()) return;
   RLX_CHECK(has_tokenizer, "{}: stop_strings need a tokenizer to decode tokens, and this engine has none", who);
   for (size_t i = 0; i < stop_strings.size(); ++i) {
@@ -147,6 +151,58 @@ at::Tensor sampling_distribution(const at::Tensor& logits_row, const SamplingPar
   double total = 0;
   for (int64_t i = 0; i < vocab; ++i) total += probs[i] = static_cast<double>(row.kept_mass(i));
   return out / total;
+}
+
+namespace {
+// log_softmax(logits / T) in fp32, T 0 read as 1 (greedy records the plain distribution).
+at::Tensor scaled_log_softmax(const at::Tensor& logits, double temperature) {
+  auto x = logits.to(at::kFloat);
+  if (temperature > 0 && temperature != 1.0) x = x / temperature;
+  return at::log_softmax(x, -1);
+}
+}  // namespace
+
+std::vector<std::vector<TokenLogprob>> top_logprobs(const at::Tensor& logits, const std::vector<double>& temperature,
+                                                    const std::vector<int64_t>& k, const std::vector<TokenLogprob>& sampled) {
+  RLX_CHECK(logits.dim() == 2 && static_cast<size_t>(logits.size(0)) == k.size() && temperature.size() == k.size() &&
+                (sampled.empty() || sampled.size() == k.size()),
+            "top_logprobs: {} rows of logits, {} temperatures, {} counts, {} sampled tokens",
+            logits.dim() == 2 ? logits.size(0) : -1, temperature.size(), k.size(), sampled.size());
+  std::vector<std::vector<TokenLogprob>> out(k.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    if (k[i] <= 0) continue;
+    const auto row = logits[static_cast<int64_t>(i)].to(at::kFloat);
+    const double t = temperature[i] > 0 ? temperature[i] : 1.0;
+    const auto [best, ids] = at::topk(row, std::min<int64_t>(k[i], row.numel()));  // on the logits' device
+    at::Tensor lp;
+    if (sampled.empty()) {
+      lp = scaled_log_softmax(row, temperature[i]).index_select(0, ids);
+    } else {
+      const float z = row[sampled[i].token].item<float>();
+      lp = (best - z) / t + sampled[i].logprob;
+    }
+    const auto v = lp.to(at::kCPU).contiguous();
+    const auto id = ids.to(at::kCPU, at::kLong).contiguous();
+    for (int64_t j = 0; j < v.numel(); ++j)
+      out[i].push_back({static_cast<TokenId>(id.data_ptr<int64_t>()[j]), v.data_ptr<float>()[j]});
+    // A fixed order among equal log-probs: the lower id first.
+    std::sort(out[i].begin(), out[i].end(), [](const TokenLogprob& a, const TokenLogprob& b) {
+      return a.logprob > b.logprob || (a.logprob == b.logprob && a.token < b.token);
+    });
+    if (sampled.empty()) continue;
+    for (auto& a : out[i])
+      if (a.token == sampled[i].token) a.logprob = sampled[i].logprob;  // exactly, not up to rounding
+  }
+  return out;
+}
+
+std::vector<float> target_logprobs(const at::Tensor& logits, const std::vector<int64_t>& targets, double temperature) {
+  RLX_CHECK(logits.dim() == 2 && static_cast<size_t>(logits.size(0)) == targets.size(),
+            "target_logprobs: {} rows of logits for {} targets", logits.dim() == 2 ? logits.size(0) : -1, targets.size());
+  if (targets.empty()) return {};
+  const auto idx = at::tensor(targets, at::TensorOptions().dtype(at::kLong)).to(logits.device()).unsqueeze(1);
+  const auto lp = scaled_log_softmax(logits, temperature).gather(1, idx).squeeze(1).to(at::kCPU).contiguous();
+  return {lp.data_ptr<float>(), lp.data_ptr<float>() + lp.numel()};
 }
 
 }  // namespace rlx

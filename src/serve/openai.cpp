@@ -57,28 +57,65 @@ std::string token_text(const Tokenizer& tok, TokenId t) {
   return tok.decode(one);
 }
 
-json chat_logprobs(const Tokenizer& tok, const std::vector<TokenId>& tokens, const std::vector<float>& logprobs) {
+json token_bytes(const std::string& text) {
+  json bytes = json::array();
+  for (unsigned char c : text) bytes.push_back(static_cast<int>(c));
+  return bytes;
+}
+
+using Alternatives = std::vector<std::vector<TokenLogprob>>;
+
+// Chat's `logprobs.content`: per token, its text, log-prob, bytes and `top_logprobs` (the
+// alternatives asked for; an empty list without).
+json chat_logprobs(const Tokenizer& tok, const std::vector<TokenId>& tokens, const std::vector<float>& logprobs,
+                   const Alternatives& top) {
   json content = json::array();
   for (size_t i = 0; i < tokens.size(); ++i) {
     std::string text = token_text(tok, tokens[i]);
-    json bytes = json::array();
-    for (unsigned char c : text) bytes.push_back(static_cast<int>(c));
-    content.push_back({{"token", text}, {"logprob", logprobs[i]}, {"bytes", bytes}, {"top_logprobs", json::array()}});
+    json alternatives = json::array();
+    if (i < top.size())
+      for (const auto& a : top[i]) {
+        std::string t = token_text(tok, a.token);
+        alternatives.push_back({{"token", t}, {"logprob", a.logprob}, {"bytes", token_bytes(t)}});
+      }
+    content.push_back({{"token", text}, {"logprob", logprobs[i]}, {"bytes", token_bytes(text)}, {"top_logprobs", alternatives}});
   }
   return {{"content", content}};
 }
 
-json completion_logprobs(const Tokenizer& tok, const std::vector<TokenId>& tokens, const std::vector<float>& logprobs, size_t offset) {
-  json toks = json::array(), lps = json::array(), offsets = json::array();
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    std::string text = token_text(tok, tokens[i]);
-    toks.push_back(text);
-    lps.push_back(logprobs[i]);
-    offsets.push_back(offset);
-    offset += text.size();
+// Completions' `logprobs`: tokens, token_logprobs, top_logprobs (a {text: log-prob} per
+// token with `logprobs` > 0, else null) and text_offset; with `echo`, the prompt's tokens
+// first (the first one without a log-prob, as OpenAI's).
+class CompletionLogprobs {
+ public:
+  CompletionLogprobs(const Tokenizer& tok, bool with_top) : tok_(tok), with_top_(with_top) {}
+  void add(TokenId token, json logprob, const std::vector<TokenLogprob>* top) {
+    std::string text = token_text(tok_, token);
+    tokens_.push_back(text);
+    logprobs_.push_back(std::move(logprob));
+    offsets_.push_back(offset_);
+    offset_ += text.size();
+    if (!with_top_) return;
+    if (top == nullptr) return top_.push_back(nullptr);
+    json alternatives = json::object();
+    for (const auto& a : *top) alternatives[token_text(tok_, a.token)] = a.logprob;
+    top_.push_back(std::move(alternatives));
   }
-  return {{"tokens", toks}, {"token_logprobs", lps}, {"top_logprobs", nullptr}, {"text_offset", offsets}};
-}
+  void add_all(const std::vector<TokenId>& tokens, const std::vector<float>& logprobs, const Alternatives& top) {
+    for (size_t i = 0; i < tokens.size(); ++i) add(tokens[i], logprobs[i], i < top.size() ? &top[i] : nullptr);
+  }
+  void move_to(size_t offset) { offset_ = offset; }
+  json done() {
+    return {{"tokens", tokens_}, {"token_logprobs", logprobs_}, {"top_logprobs", with_top_ ? top_ : json(nullptr)},
+            {"text_offset", offsets_}};
+  }
+
+ private:
+  const Tokenizer& tok_;
+  bool with_top_;
+  size_t offset_ = 0;
+  json tokens_ = json::array(), logprobs_ = json::array(), top_ = json::array(), offsets_ = json::array();
+};
 
 const char* finish_name(FinishReason r) { return r == FinishReason::length ? "length" : r == FinishReason::stop ? "stop" : "abort"; }
 
@@ -162,8 +199,10 @@ ParsedRequest parse_request(const json& body, Endpoint endpoint, const ServedMod
   const Tokenizer& tok = *model.tokenizer;
   if (endpoint == Endpoint::chat) {
     req.logprobs = field<bool>(body, "logprobs", false);
-    int64_t top = field<int64_t>(body, "top_logprobs", 0);
-    if (top != 0) bad("top_logprobs", "'top_logprobs' > 0 is not supported by rlx serve (the engine records the sampled token's log-prob)");
+    p.logprobs = field<int64_t>(body, "top_logprobs", 0);
+    if (p.logprobs < 0 || p.logprobs > SamplingParams::kMaxLogprobs)
+      bad("top_logprobs", fmt::format("'top_logprobs' must be in [0, {}], got {}", SamplingParams::kMaxLogprobs, p.logprobs));
+    if (p.logprobs > 0 && !req.logprobs) bad("top_logprobs", "'top_logprobs' requires 'logprobs': true");
     if (!model.chat_template) bad("messages", fmt::format("the model '{}' has no chat template; use /v1/completions", model.name));
     auto messages = body.find("messages");
     if (messages == body.end() || !messages->is_array() || messages->empty()) bad("messages", "'messages' must be a non-empty list");
@@ -193,10 +232,15 @@ ParsedRequest parse_request(const json& body, Endpoint endpoint, const ServedMod
     auto lp = body.find("logprobs");
     if (lp != body.end() && !lp->is_null()) {
       if (!lp->is_number_integer() || lp->get<int64_t>() < 0 || lp->get<int64_t>() > 5) bad("logprobs", "'logprobs' must be an integer in [0, 5]");
-      if (lp->get<int64_t>() > 0) bad("logprobs", "'logprobs' > 0 (alternatives per token) is not supported; 0 returns the sampled tokens' log-probs");
+      p.logprobs = lp->get<int64_t>();  // the most likely alternatives per token
       req.logprobs = true;
     }
     req.echo = field<bool>(body, "echo", false);
+    if (req.echo && req.logprobs) {
+      // The prompt's tokens with their log-probs (and alternatives), as lm-evaluation-harness scores continuations.
+      if (req.stream) bad("echo", "'echo' with 'logprobs' is not supported with 'stream': true");
+      p.prompt_logprobs = p.logprobs;
+    }
     auto it = body.find("prompt");
     if (it == body.end() || it->is_null()) bad("prompt", "'prompt' is required");
     json pr = *it;
@@ -267,11 +311,25 @@ json response(const ParsedRequest& req, const GenerationResult& result, const Se
       } else {
         choice["message"] = {{"role", "assistant"}, {"content", text}};
       }
-      choice["logprobs"] = req.logprobs ? chat_logprobs(tok, s.tokens, s.logprobs) : json(nullptr);
+      choice["logprobs"] = req.logprobs ? chat_logprobs(tok, s.tokens, s.logprobs, s.top_logprobs) : json(nullptr);
     } else {
       std::string prefix = req.echo ? req.prompt_text : "";
       choice["text"] = prefix + text;
-      choice["logprobs"] = req.logprobs ? completion_logprobs(tok, s.tokens, s.logprobs, prefix.size()) : json(nullptr);
+      if (req.logprobs) {
+        CompletionLogprobs lps(tok, req.generation.params.logprobs > 0);
+        if (req.echo && !result.prompt.empty()) {
+          const auto& plp = result.prompt_logprobs;
+          const auto& ptop = result.prompt_top_logprobs;
+          lps.add(result.prompt[0], nullptr, nullptr);
+          for (size_t j = 1; j < result.prompt.size(); ++j)
+            lps.add(result.prompt[j], j - 1 < plp.size() ? json(plp[j - 1]) : json(nullptr), j - 1 < ptop.size() ? &ptop[j - 1] : nullptr);
+        }
+        lps.move_to(prefix.size());  // the generated text starts after the prompt's
+        lps.add_all(s.tokens, s.logprobs, s.top_logprobs);
+        choice["logprobs"] = lps.done();
+      } else {
+        choice["logprobs"] = nullptr;
+      }
     }
     choice["finish_reason"] = finish;
     if (req.return_token_ids) {
@@ -299,16 +357,23 @@ json chunk_open(const ParsedRequest& req, const ServedModel& model, const std::s
 }
 
 json chunk_delta(const ParsedRequest& req, const ServedModel& model, const std::string& id, int64_t created, int64_t index,
-                 const std::string& text, const std::vector<TokenId>& tokens, const std::vector<float>& logprobs) {
+                 const std::string& text, const std::vector<TokenId>& tokens, const std::vector<float>& logprobs,
+                 const std::vector<std::vector<TokenLogprob>>& top) {
   json out = base_object(req, model, id, created, true);
   json choice = {{"index", index}};
   const Tokenizer& tok = *model.tokenizer;
   if (req.endpoint == Endpoint::chat) {
     choice["delta"] = {{"content", text}};
-    choice["logprobs"] = req.logprobs ? chat_logprobs(tok, tokens, logprobs) : json(nullptr);
+    choice["logprobs"] = req.logprobs ? chat_logprobs(tok, tokens, logprobs, top) : json(nullptr);
   } else {
     choice["text"] = text;
-    choice["logprobs"] = req.logprobs ? completion_logprobs(tok, tokens, logprobs, 0) : json(nullptr);
+    if (req.logprobs) {
+      CompletionLogprobs lps(tok, req.generation.params.logprobs > 0);
+      lps.add_all(tokens, logprobs, top);
+      choice["logprobs"] = lps.done();
+    } else {
+      choice["logprobs"] = nullptr;
+    }
   }
   choice["finish_reason"] = nullptr;
   if (req.return_token_ids) choice["token_ids"] = tokens;

@@ -28,6 +28,7 @@ struct Pending {
   std::condition_variable cv;
   std::vector<std::vector<TokenId>> tokens;  // per sample, as sampled
   std::vector<std::vector<float>> logprobs;
+  std::vector<std::vector<std::vector<TokenLogprob>>> top;  // per sample, per token: the alternatives asked for
   std::optional<GenerationResult> result;
   std::optional<ApiError> error;
   bool done = false;
@@ -141,17 +142,19 @@ struct Server::Impl {
     auto n = static_cast<size_t>(req.generation.params.n);
     p->tokens.resize(n);
     p->logprobs.resize(n);
+    p->top.resize(n);
     req.generation.id = id;
     req.generation.sampling_key = "rlx-serve";  // equal seeds, equal samples (OpenAI's `seed`)
     if (req.stream) {
       std::weak_ptr<Pending> weak = p;
-      req.generation.on_token = [weak](int64_t sample, TokenId token, float logprob) {
+      req.generation.on_token = [weak](int64_t sample, TokenId token, float logprob, const std::vector<TokenLogprob>& top) {
         auto q = weak.lock();
         if (!q) return;
         {
           std::lock_guard lock(q->mu);
           q->tokens[static_cast<size_t>(sample)].push_back(token);
           q->logprobs[static_cast<size_t>(sample)].push_back(logprob);
+          if (!top.empty()) q->top[static_cast<size_t>(sample)].push_back(top);
         }
         q->cv.notify_all();
       };
@@ -249,12 +252,14 @@ struct Server::Impl {
     while (true) {
       std::vector<std::vector<TokenId>> tokens;
       std::vector<std::vector<float>> logprobs;
+      std::vector<std::vector<std::vector<TokenLogprob>>> top;
       bool done;
       {
         std::unique_lock lock(p->mu);
         p->cv.wait_for(lock, std::chrono::milliseconds(100));
         tokens = p->tokens;
         logprobs = p->logprobs;
+        top = p->top;
         done = p->done;
       }
       if (done && p->error) {
@@ -278,8 +283,11 @@ struct Server::Impl {
         if (text.size() <= sent_bytes[i] && final_tokens.size() == sent_tokens[i]) continue;
         std::vector<TokenId> new_tokens(final_tokens.begin() + static_cast<long>(sent_tokens[i]), final_tokens.end());
         std::vector<float> new_lps(final_lps.begin() + static_cast<long>(sent_tokens[i]), final_lps.end());
+        const auto& final_top = done ? p->result->samples[i].top_logprobs : top[i];
+        std::vector<std::vector<TokenLogprob>> new_top;
+        if (final_top.size() > sent_tokens[i]) new_top.assign(final_top.begin() + static_cast<long>(sent_tokens[i]), final_top.end());
         std::string delta = text.size() > sent_bytes[i] ? text.substr(sent_bytes[i]) : "";
-        if (!write(chunk_delta(req, model, id, created, static_cast<int64_t>(i), delta, new_tokens, new_lps))) return abort_stream(id);
+        if (!write(chunk_delta(req, model, id, created, static_cast<int64_t>(i), delta, new_tokens, new_lps, new_top))) return abort_stream(id);
         sent_tokens[i] = final_tokens.size();
         sent_bytes[i] = std::max(sent_bytes[i], text.size());
       }

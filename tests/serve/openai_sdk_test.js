@@ -90,6 +90,41 @@ async function raw(pathname, body, headers = {}) {
     }
   });
 
+  await check('top_logprobs: alternatives, most likely first, the greedy token first; streamed alike', async () => {
+    const ask = { model, messages, max_tokens: 6, temperature: 0, logprobs: true, top_logprobs: 3 };
+    const r = await client.chat.completions.create(ask);
+    const lp = r.choices[0].logprobs.content;
+    assert.equal(lp.length, r.usage.completion_tokens);
+    for (const t of lp) {
+      assert.equal(t.top_logprobs.length, 3);
+      assert.equal(t.top_logprobs[0].token, t.token);
+      assert.equal(t.top_logprobs[0].logprob, t.logprob);  // the recorded log-prob, exactly
+      assert.ok(t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob && t.top_logprobs[1].logprob >= t.top_logprobs[2].logprob);
+    }
+    const stream = await client.chat.completions.create({ ...ask, stream: true });
+    const streamed = [];
+    for await (const chunk of stream)
+      for (const c of chunk.choices) if (c.logprobs) streamed.push(...c.logprobs.content);
+    assert.deepEqual(streamed, lp);
+  });
+
+  await check('echo with logprobs scores a prompt as generation logged it (lm-evaluation-harness loglikelihood)', async () => {
+    const prompt = [9707, 11, 1879, 13];
+    const gen = await raw('/completions', JSON.stringify({ model, prompt, max_tokens: 1, temperature: 0, logprobs: 1, return_token_ids: true }));
+    assert.equal(gen.status, 200);
+    const next = gen.json.choices[0].token_ids[0];
+    const scored = await client.completions.create({ model, prompt: [...prompt, next], max_tokens: 1, temperature: 0, logprobs: 1, echo: true });
+    const lp = scored.choices[0].logprobs;
+    assert.equal(lp.tokens.length, prompt.length + 2);
+    assert.equal(lp.token_logprobs[0], null);
+    assert.equal(lp.top_logprobs[0], null);
+    // The continuation's score is the log-prob generation recorded for it; greedy: the top alternative.
+    const cont = lp.token_logprobs[prompt.length];
+    assert.ok(Math.abs(cont - gen.json.choices[0].logprobs.token_logprobs[0]) < 1e-4, `${cont} vs ${gen.json.choices[0].logprobs.token_logprobs[0]}`);
+    assert.ok(Math.abs(Math.max(...Object.values(lp.top_logprobs[prompt.length])) - cont) < 1e-6);
+    for (const x of lp.token_logprobs.slice(1)) assert.ok(x <= 0 && Number.isFinite(x));
+  });
+
   await check('stop strings cut the text before the stop string', async () => {
     const r = await client.chat.completions.create({ model, messages, max_tokens: 40, stop: [' ', 'e'], seed: 3 });
     const c = r.choices[0];
@@ -117,6 +152,8 @@ async function raw(pathname, body, headers = {}) {
     await assert.rejects(client.chat.completions.create({ model, messages, temperature: 7 }), (e) => e.status === 400 && e.param === 'temperature');
     await assert.rejects(client.chat.completions.create({ model, messages: [{ content: 'no role' }] }), (e) => e.status === 400 && e.param === 'messages');
     await assert.rejects(client.chat.completions.create({ model, messages, max_tokens: 1e7 }), (e) => e.status === 400 && e.code === 'context_length_exceeded');
+    await assert.rejects(client.chat.completions.create({ model, messages, top_logprobs: 2 }), (e) => e.status === 400 && e.param === 'top_logprobs');
+    await assert.rejects(client.chat.completions.create({ model, messages, logprobs: true, top_logprobs: 21 }), (e) => e.status === 400 && e.param === 'top_logprobs');
   });
 
   await check('malformed JSON: 400 with an error object', async () => {

@@ -102,15 +102,17 @@ struct GenerationRequest {
   std::string sampling_key;     // replaces id in the sampling randomness when set (a server's
                                 // requests with equal seeds sample alike)
   // Streaming: called on the thread that runs step() with each token as it is sampled
-  // (sample index, token, log-prob), before the request finishes. Tokens are never taken
-  // back. It must return quickly and not call into the engine.
-  std::function<void(int64_t sample, TokenId token, float logprob)> on_token;
+  // (sample index, token, log-prob, its alternatives when params.logprobs > 0), before the
+  // request finishes. Tokens are never taken back. It must return quickly and not call into
+  // the engine.
+  std::function<void(int64_t sample, TokenId token, float logprob, const std::vector<TokenLogprob>& top)> on_token;
 };
 
 struct SampleOutput {
   std::vector<TokenId> tokens;    // generated tokens (the stop token or string's last token included)
   std::vector<float> logprobs;    // per token: log_softmax(logits / T)[token]
   std::vector<int64_t> versions;  // per token: the weight version that sampled it
+  std::vector<std::vector<TokenLogprob>> top_logprobs;  // per token, with params.logprobs > 0: the alternatives
   FinishReason finish = FinishReason::length;
   std::string stop_string;        // the stop string that ended the sample, if any
 };
@@ -119,6 +121,10 @@ struct GenerationResult {
   std::string id;
   std::vector<TokenId> prompt;
   std::vector<SampleOutput> samples;  // params.n of them, in sample order
+  // With params.prompt_logprobs >= 0, per prompt token from the second: its log-prob given
+  // the tokens before it, and (prompt_logprobs > 0) its alternatives.
+  std::vector<float> prompt_logprobs;
+  std::vector<std::vector<TokenLogprob>> prompt_top_logprobs;
   // Smallest and largest weight version over every generated token (-1 if none).
   std::pair<int64_t, int64_t> version_range() const;
 };
@@ -241,12 +247,21 @@ class Engine {
     int64_t blocks() const { return add + (cow ? 1 : 0); }
   };
   Reservation reservation(const Seq& s, int64_t n) const;
-  void append_token(Seq& s, TokenId token, float logprob);
+  void append_token(Seq& s, TokenId token, float logprob, std::vector<TokenLogprob> top = {});
+  // Log-prob alternatives (engine_logprobs.cpp): whether any of `seqs` asks for them; each
+  // row's (logits [seqs, V], row i sampled tokens[i] with logprobs[i] for seqs[i]; empty
+  // when none asks); the prompt log-probs of the planned prefill chunks that ask, from the
+  // step's hidden states [tokens, H] in plan order.
+  static bool wants_alternatives(const std::vector<Seq*>& seqs);
+  std::vector<std::vector<TokenLogprob>> alternatives(const at::Tensor& logits, const std::vector<Seq*>& seqs,
+                                                      const int64_t* tokens, const float* logprobs) const;
+  void record_prompt_logprobs(const at::Tensor& hidden);
   // The sampling rows of `seqs`: their parameters and the uniform of the position they
   // sample (`ahead` tokens past their known tokens: 1 for a chained decode step).
   SamplingBatch sampling_batch(const std::vector<Seq*>& seqs, int64_t ahead = 0) const;
   // Appends each sequence's sampled token, then drops the finished ones from the running set.
-  void append_sampled(const std::vector<Seq*>& seqs, const int64_t* tokens, const float* logprobs);
+  void append_sampled(const std::vector<Seq*>& seqs, const int64_t* tokens, const float* logprobs,
+                      std::vector<std::vector<TokenLogprob>> top = {});
   // Runs a step's forward; if it throws, the prefix cache forgets what the step published.
   template <class F>
   auto forgetting_on_error(F&& forward) -> decltype(forward());
@@ -286,6 +301,7 @@ class Engine {
     bool on_graph = false;        // the result waits in graphs_
     std::vector<int64_t> tokens;  // eager: the result
     std::vector<float> logprobs;
+    std::vector<std::vector<TokenLogprob>> top;  // eager, rows asking for alternatives
   };
   std::deque<DecodeLaunch> inflight_;
   std::vector<GenerationResult> unclaimed_;  // finished during generate() for other callers

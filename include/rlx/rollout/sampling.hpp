@@ -41,6 +41,14 @@ struct SamplingParams {
   std::vector<TokenId> stop_token_ids;    // finishing tokens (kept in the output)
   std::vector<std::string> stop_strings;  // UTF-8; the sample ends with the token that completes one
   bool ignore_eos = false;                // do not stop at the tokenizer's EOS
+  // Log-prob alternatives (a server's, not a run's: outside visit()). Both are of the
+  // distribution the sampled token's log-prob is from, log_softmax(logits / T) (T = 1 for
+  // greedy), as vLLM's `logprobs` and `prompt_logprobs`.
+  int64_t logprobs = 0;          // per generated token, its most likely alternatives, 0 to kMaxLogprobs
+  int64_t prompt_logprobs = -1;  // -1: none; else every prompt token's log-prob given the ones before it,
+                                 // with this many alternatives (0 to kMaxLogprobs); the prompt is
+                                 // computed whole (no prefix-cache reuse)
+  static constexpr int64_t kMaxLogprobs = 20;
 
   template <class V>
   void visit(V& v) {
@@ -73,6 +81,25 @@ struct SamplingBatch {
   void add(const SamplingParams& p, double u);
   size_t size() const { return uniform.size(); }
 };
+
+// A token and its log-prob (an alternative of a sampled or prompt token).
+struct TokenLogprob {
+  TokenId token = 0;
+  float logprob = 0;
+  bool operator==(const TokenLogprob&) const = default;
+};
+
+// The k[i] most likely tokens of log_softmax(logits[i] / T[i]) (T 0: 1), most likely first
+// (equal log-probs: the lower token id first), for each row of `logits` [S, V] (any float
+// dtype and device; computed in fp32). Rows with k[i] = 0 get an empty list. With
+// `sampled` (a row's sampled token and the log-prob the sampler recorded for it), the
+// alternatives' log-probs are that one's plus their logit differences / T: the sampled
+// token, when among them, has exactly its recorded log-prob.
+std::vector<std::vector<TokenLogprob>> top_logprobs(const at::Tensor& logits, const std::vector<double>& temperature,
+                                                    const std::vector<int64_t>& k,
+                                                    const std::vector<TokenLogprob>& sampled = {});
+// log_softmax(logits[i] / T)[targets[i]] for each row of `logits` [R, V] (T 0: 1).
+std::vector<float> target_logprobs(const at::Tensor& logits, const std::vector<int64_t>& targets, double temperature);
 
 struct Sampled {
   at::Tensor tokens;    // [S] int64

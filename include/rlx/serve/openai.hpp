@@ -86,7 +86,7 @@ nlohmann::ordered_json chunk_open(const ParsedRequest& req, const ServedModel& m
                                   int64_t index);
 nlohmann::ordered_json chunk_delta(const ParsedRequest& req, const ServedModel& model, const std::string& id, int64_t created,
                                    int64_t index, const std::string& text, const std::vector<TokenId>& tokens,
-                                   const std::vector<float>& logprobs);
+                                   const std::vector<float>& logprobs, const std::vector<std::vector<TokenLogprob>>& top);
 nlohmann::ordered_json chunk_finish(const ParsedRequest& req, const ServedModel& model, const std::string& id, int64_t created,
                                     int64_t index, const SampleOutput& sample);
 nlohmann::ordered_json chunk_usage(const ParsedRequest& req, const ServedModel& model, const std::string& id, int64_t created,

@@ -141,6 +141,37 @@ TEST_CASE("cuda: decode steps replayed from CUDA graphs give the eager engine's 
   CHECK(eager.stats().graph_steps == 0);
 }
 
+TEST_CASE("cuda: log-prob alternatives run those steps eager, with the graphs' tokens; prompt log-probs are the CPU's",
+          "[cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  auto cpu = tiny(4, at::kCPU);
+  auto gpu = copy_to(*cpu, at::kFloat, at::Device(at::kCUDA, 0));
+  std::vector<TokenId> prompt;
+  for (int t = 0; t < 37; ++t) prompt.push_back(static_cast<TokenId>((31 * t + 3) % 512));
+  rlx::SamplingParams plain{.temperature = 0.7, .max_new_tokens = 16};
+  rlx::SamplingParams asked = plain;
+  asked.logprobs = 4;
+  asked.prompt_logprobs = 2;
+  rlx::Engine graphs(gpu, {.block_size = 4});
+  const auto a = graphs.generate({{.id = "a", .prompt = prompt, .params = plain, .seed = 3}});
+  const auto b = graphs.generate({{.id = "a", .prompt = prompt, .params = asked, .seed = 3}});
+  CHECK(graphs.stats().graph_steps > 0);  // the first request's decode steps
+  CHECK(a[0].samples[0].tokens == b[0].samples[0].tokens);
+  const auto& s = b[0].samples[0];
+  REQUIRE(s.top_logprobs.size() == s.tokens.size());
+  for (const auto& top : s.top_logprobs) {
+    REQUIRE(top.size() == 4);
+    CHECK(top[0].logprob >= top[3].logprob);
+  }
+  // The prompt's log-probs against the CPU full forward at T = 0.7.
+  c10::NoGradGuard g;
+  const auto ids = at::tensor(std::vector<int64_t>(prompt.begin(), prompt.end()), at::kLong).unsqueeze(0);
+  const auto logp = at::log_softmax(cpu->forward({.tokens = ids})[0] / 0.7, -1);
+  REQUIRE(b[0].prompt_logprobs.size() == prompt.size() - 1);
+  for (size_t p = 0; p + 1 < prompt.size(); ++p)
+    CHECK(std::abs(b[0].prompt_logprobs[p] - logp[static_cast<int64_t>(p)][prompt[p + 1]].item<float>()) <= 1e-4);
+}
+
 TEST_CASE("cuda: sharded learner steps on the GPU give the CPU's parameters (fp32)", "[cuda]") {
   REQUIRE(torch::cuda::is_available());
   auto cfg = rlx::model_preset("tiny", rlx::Arch::qwen2);

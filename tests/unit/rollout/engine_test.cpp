@@ -148,6 +148,82 @@ TEST_CASE("engine: sampled log-probs equal the full forward's log_softmax(logits
   }
 }
 
+TEST_CASE("engine: log-prob alternatives and prompt log-probs are the full forward's, and change no token", "[rollout][engine]") {
+  auto model = make_model(3);
+  for (const auto& setup : setups()) {
+    for (double T : {0.0, 0.7}) {
+      INFO(setup.name << ", T = " << T);
+      const SamplingParams plain{.temperature = T, .max_new_tokens = 12};
+      Engine ref_engine(model, setup.cfg);
+      const auto ref = ref_engine.generate(mixed_requests(plain, 2));
+      SamplingParams asked = plain;
+      asked.logprobs = 5;
+      asked.prompt_logprobs = 3;
+      Engine engine(model, setup.cfg);
+      const auto reqs = mixed_requests(asked, 2);
+      // Twice: the second time the prefix cache holds every prompt, which must be computed again.
+      for (int round = 0; round < 2; ++round) {
+        INFO("round " << round);
+        const auto results = engine.generate(reqs);
+        for (size_t i = 0; i < reqs.size(); ++i) {
+          const auto& prompt = reqs[i].prompt;
+          CHECK(ref[i].prompt_logprobs.empty());
+          CHECK(ref[i].samples[0].top_logprobs.empty());
+          for (size_t j = 0; j < results[i].samples.size(); ++j) {
+            const auto& s = results[i].samples[j];
+            CHECK(s.tokens == ref[i].samples[j].tokens);  // asking changes nothing sampled
+            CHECK(max_diff(s.logprobs, ref[i].samples[j].logprobs) <= 1e-5);
+            auto all = prompt;
+            all.insert(all.end(), s.tokens.begin(), s.tokens.end());
+            c10::NoGradGuard g;
+            const auto logp = at::log_softmax(model->forward({.tokens = ids_tensor(all)})[0] / (T > 0 ? T : 1.0), -1);
+            REQUIRE(s.top_logprobs.size() == s.tokens.size());
+            for (size_t t = 0; t < s.tokens.size(); ++t) {
+              const auto row = logp[static_cast<int64_t>(prompt.size() + t) - 1];
+              const auto best = std::get<0>(row.topk(5));
+              const auto& top = s.top_logprobs[t];
+              REQUIRE(top.size() == 5);
+              for (size_t a = 0; a < 5; ++a) {
+                if (a > 0) CHECK(top[a].logprob <= top[a - 1].logprob);
+                CHECK(std::abs(top[a].logprob - best[static_cast<int64_t>(a)].item<float>()) <= 1e-5);
+                CHECK(std::abs(top[a].logprob - row[top[a].token].item<float>()) <= 1e-5);
+              }
+              if (T == 0) CHECK((top[0].token == s.tokens[t] && top[0].logprob == s.logprobs[t]));  // exactly the recorded one
+              CHECK(s.logprobs[t] <= top[0].logprob + 1e-6);
+            }
+            if (j > 0) continue;
+            // Prompt token p + 1 given tokens 0..p.
+            const auto& plp = results[i].prompt_logprobs;
+            REQUIRE(plp.size() == prompt.size() - 1);
+            REQUIRE(results[i].prompt_top_logprobs.size() == prompt.size() - 1);
+            double worst = 0;
+            for (size_t p = 0; p + 1 < prompt.size(); ++p) {
+              const auto row = logp[static_cast<int64_t>(p)];
+              worst = std::max(worst, std::abs(static_cast<double>(plp[p]) - row[prompt[p + 1]].item<float>()));
+              const auto& top = results[i].prompt_top_logprobs[p];
+              REQUIRE(top.size() == 3);
+              CHECK(std::abs(top[0].logprob - row.max().item<float>()) <= 1e-5);
+            }
+            CHECK(worst <= 1e-5);
+          }
+        }
+      }
+      CHECK(engine.blocks().num_free() == engine.blocks().num_blocks());
+    }
+  }
+}
+
+TEST_CASE("engine: log-prob counts out of range are rejected, naming the field", "[rollout][engine]") {
+  auto model = make_model(3);
+  Engine engine(model);
+  SamplingParams p{.max_new_tokens = 4};
+  p.logprobs = 21;
+  CHECK_THROWS_WITH(engine.add({.id = "a", .prompt = {1, 2}, .params = p}), Contains("logprobs is 21"));
+  p.logprobs = 0;
+  p.prompt_logprobs = -2;
+  CHECK_THROWS_WITH(engine.add({.id = "b", .prompt = {1, 2}, .params = p}), Contains("prompt_logprobs is -2"));
+}
+
 TEST_CASE("engine: the same seed gives the same tokens whatever the batch, its order and the cache", "[rollout][engine]") {
   auto model = make_model(3);
   GenerationRequest target{.id = "target", .prompt = random_prompt(77, 12), .params = {.max_new_tokens = 30, .n = 2}, .seed = 9};

@@ -67,7 +67,11 @@ TEST_CASE("openai: bad requests are 4xx errors naming the field", "[serve]") {
   CHECK(error_of(chat({{"n", "two"}})).param == "n");
   CHECK(error_of(chat({{"temperature", 3}})).param == "temperature");
   CHECK(error_of(chat({{"stop", {"a", "b", "c", "d", "e"}}})).param == "stop");
-  CHECK(error_of(chat({{"top_logprobs", 3}})).param == "top_logprobs");
+  CHECK(error_of(chat({{"top_logprobs", 3}})).param == "top_logprobs");  // without logprobs: true
+  CHECK(error_of(chat({{"logprobs", true}, {"top_logprobs", 21}})).param == "top_logprobs");
+  CHECK(error_of(json{{"model", "tiny"}, {"prompt", "x"}, {"logprobs", 6}}, Endpoint::completion).param == "logprobs");
+  CHECK(error_of(json{{"model", "tiny"}, {"prompt", "x"}, {"logprobs", 1}, {"echo", true}, {"stream", true}},
+                 Endpoint::completion).param == "echo");
   CHECK(error_of(chat({{"presence_penalty", 0.5}})).param == "presence_penalty");
   CHECK(error_of(chat({{"messages", json::array()}})).param == "messages");
   auto no_role = error_of(chat({{"messages", {{{"content", "x"}}}}}));
@@ -145,4 +149,58 @@ TEST_CASE("openai: with tools, Hermes tool-call blocks come back as tool_calls",
   CHECK(out["choices"][1]["finish_reason"] == "stop");
   CHECK(out["choices"][2]["message"]["content"] == "<tool_call>not json</tool_call>");  // kept as the model wrote it
   CHECK(out["choices"][2]["finish_reason"] == "stop");
+}
+
+TEST_CASE("openai: log-prob alternatives, and echo's prompt log-probs as lm-evaluation-harness reads them", "[serve]") {
+  ServedModel model = qwen3_model();
+  const auto& tok = *model.tokenizer;
+  auto chat_req = parse_request(chat({{"logprobs", true}, {"top_logprobs", 2}}), Endpoint::chat, model, {}, 1);
+  CHECK(chat_req.generation.params.logprobs == 2);
+  CHECK(chat_req.generation.params.prompt_logprobs == -1);
+  rlx::GenerationResult r;
+  r.prompt = chat_req.generation.prompt;
+  rlx::SampleOutput s;
+  s.tokens = tok.encode("Hi there");
+  s.logprobs = {-0.1f, -0.2f};
+  s.versions = {0, 0};
+  s.top_logprobs = {{{s.tokens[0], -0.1f}, {7, -2.5f}}, {{s.tokens[1], -0.2f}, {8, -1.5f}}};
+  s.finish = rlx::FinishReason::length;
+  r.samples = {s};
+  json out = response(chat_req, r, model, "chatcmpl-2", 0);
+  const json& content = out["choices"][0]["logprobs"]["content"];
+  REQUIRE(content.size() == 2);
+  REQUIRE(content[1]["top_logprobs"].size() == 2);
+  CHECK(content[1]["top_logprobs"][0]["token"] == " there");
+  CHECK(content[1]["top_logprobs"][1]["logprob"] == -1.5f);
+  CHECK(content[1]["top_logprobs"][1]["bytes"].size() == tok.decode(std::vector<rlx::TokenId>{8}).size());
+
+  // lm-evaluation-harness's loglikelihood request: token ids, echo, logprobs 1, max_tokens 1.
+  const std::vector<rlx::TokenId> prompt = {9707, 11, 1879};
+  json body = {{"model", "tiny"}, {"prompt", {prompt}}, {"echo", true}, {"logprobs", 1}, {"max_tokens", 1}, {"temperature", 0}};
+  auto req = parse_request(body, Endpoint::completion, model, {}, 1);
+  CHECK(req.generation.params.logprobs == 1);
+  CHECK(req.generation.params.prompt_logprobs == 1);
+  rlx::GenerationResult e;
+  e.prompt = prompt;
+  e.prompt_logprobs = {-3.0f, -4.0f};
+  e.prompt_top_logprobs = {{{5, -1.0f}}, {{1879, -4.0f}}};
+  rlx::SampleOutput g;
+  g.tokens = {13};
+  g.logprobs = {-0.5f};
+  g.versions = {0};
+  g.top_logprobs = {{{13, -0.5f}}};
+  e.samples = {g};
+  json lp = response(req, e, model, "cmpl-1", 0)["choices"][0]["logprobs"];
+  REQUIRE(lp["tokens"].size() == 4);
+  CHECK(lp["token_logprobs"] == json::parse("[null, -3.0, -4.0, -0.5]"));
+  CHECK(lp["top_logprobs"][0].is_null());
+  CHECK(lp["top_logprobs"][2][tok.decode(std::vector<rlx::TokenId>{1879})] == -4.0f);  // greedy: the token is the top one
+  CHECK(lp["top_logprobs"][3].size() == 1);
+  CHECK(lp["text_offset"][0] == 0);
+  CHECK(lp["text_offset"][3] == req.prompt_text.size());  // the generated text starts after the echoed prompt
+  // Without alternatives, top_logprobs is null, as OpenAI's.
+  body["logprobs"] = 0;
+  auto req0 = parse_request(body, Endpoint::completion, model, {}, 1);
+  CHECK(req0.generation.params.prompt_logprobs == 0);
+  CHECK(response(req0, e, model, "cmpl-2", 0)["choices"][0]["logprobs"]["top_logprobs"].is_null());
 }
