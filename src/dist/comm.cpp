@@ -20,6 +20,9 @@
 #include <atomic>
 #include <charconv>
 #include <condition_variable>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
 #include <cstdlib>
 #include <functional>
 #include <mutex>
@@ -55,6 +58,37 @@ int env_int(const char* name, int fallback, int lo, int hi) {
   RLX_CHECK(ec == std::errc() && *end == '\0' && out >= lo && out <= hi,
             "environment variable {}={:?} must be an integer in [{}, {}]", name, v, lo, hi);
   return out;
+}
+
+// Fault injection for the re-formation tests: RLX_COMM_CRASH=RANK:N:WHAT kills this process
+// (SIGKILL, as a crash would) as it starts its Nth collective whose description contains
+// WHAT, on rank RANK; with RLX_COMM_CRASH_ONCE=<file>, only while that file does not exist
+// (it is created first: the replacement rank runs on).
+void crash_point(int rank, std::string_view what) {
+  struct Spec {
+    int rank = -1;
+    int64_t n = 0;
+    std::string what;
+  };
+  static const Spec spec = [] {
+    Spec s;
+    const char* v = std::getenv("RLX_COMM_CRASH");
+    if (v == nullptr || *v == 0) return s;
+    const std::string text(v);
+    const auto a = text.find(':'), b = a == std::string::npos ? a : text.find(':', a + 1);
+    RLX_CHECK(b != std::string::npos, "RLX_COMM_CRASH={:?}: expected RANK:N:WHAT", text);
+    s.rank = std::stoi(text.substr(0, a));
+    s.n = std::stoll(text.substr(a + 1, b - a - 1));
+    s.what = text.substr(b + 1);
+    return s;
+  }();
+  static std::atomic<int64_t> seen{0};
+  if (spec.rank != rank || what.find(spec.what) == std::string_view::npos || ++seen != spec.n) return;
+  if (const char* once = std::getenv("RLX_COMM_CRASH_ONCE"); once && *once) {
+    if (std::filesystem::exists(once)) return;
+    std::ofstream(once) << what << "\n";
+  }
+  std::raise(SIGKILL);
 }
 
 #if RLX_WITH_GLOO || RLX_WITH_NCCL
@@ -187,6 +221,7 @@ class StoreGroup : public Communicator {
 
   template <class Start>
   std::unique_ptr<StoreWork> run(const char* op, std::string_view what, Start&& start) {
+    crash_point(opt_.rank, what);
     auto w = std::make_unique<StoreWork>();
     w->comm = this;
     w->op = op;

@@ -308,6 +308,10 @@ void ShardedTransformer::abandon() {
     if (comm_.size() == 1) u.gathered = u.in_place;
     else free_storage(u);
   }
+  // A backward cut short leaves the root's gradients accumulated in its parameters (they are
+  // reduce-scattered only by finish_backward): the next step must not add to them.
+  for (auto& unit : params_)
+    for (auto& p : unit) p.mutable_grad() = at::Tensor();
 }
 
 std::vector<at::Tensor> ShardedTransformer::unit_parameters(size_t unit) { return params_[unit]; }

@@ -133,6 +133,7 @@ bool LocalGroup::poll() {
     if (!re.ok() && opt_.fail_fast && fail_time_ < 0) {
       // One rank failed: the others cannot finish; stop them rather than let them time out.
       fail_time_ = now_s();
+      first_failed_ = static_cast<int>(r);
       for (size_t o = 0; o < ranks_.size(); ++o)
         if (!done_[o]) ::kill(ranks_[o].pid, SIGTERM);
     }

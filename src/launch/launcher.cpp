@@ -87,7 +87,7 @@ void prepare_resume(const fs::path& dir) {
     // Episodes saved after that checkpoint may carry versions the resumed learner has not
     // made yet: their leases start over.
     rlx::remove_tree(dir / "episodes");
-    step = info.step;
+    step = checkpoint_run_step(info.learner.value("references", json::object()), info.step);
     break;
   }
   if (step == 0) {

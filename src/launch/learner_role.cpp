@@ -36,6 +36,8 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
+int64_t run_step(const LoadedCheckpoint& c) { return checkpoint_run_step(c.references, c.step); }
+
 // Removes the hub states that no kept checkpoint references (they go with the checkpoints).
 void prune_hub_states(const fs::path& run_dir) {
   std::set<std::string> kept;
@@ -199,10 +201,11 @@ int run_learner(const RoleContext& ctx) {
   const CheckpointOptions critic_ckpt{.root = ctx.run_dir / "checkpoints-critic", .keep_last = cfg.learner.checkpoint_keep_last};
   int64_t step = 0;
   if (auto loaded = load_latest_checkpoint(policy, policy_ckpt)) {
-    step = loaded->step;
+    step = run_step(*loaded);
     if (critic) {
       auto c = load_latest_checkpoint(*critic, critic_ckpt);
-      RLX_CHECK(c && c->step == step, "resume: the critic's checkpoint does not match the policy's step {}", step);
+      RLX_CHECK(c && c->step == loaded->step, "resume: the critic's checkpoint does not match the policy's (optimizer step {})",
+                loaded->step);
     }
     algorithm->set_kl_coef(loaded->references.value("kl_coef", algorithm->kl_coef()));  // adaptive KL's state
     log::info("learner: resumed from {} (step {})", loaded->dir.string(), step);
@@ -333,14 +336,14 @@ int run_learner(const RoleContext& ctx) {
                    "starts over");
          if (critic) {
            auto c = load_latest_checkpoint(*critic, critic_ckpt);
-           RLX_CHECK(c && c->step == loaded->step, "learner: the critic's checkpoint does not match the policy's step {}",
-                     loaded->step);
+           RLX_CHECK(c && c->step == loaded->step,
+                     "learner: the critic's checkpoint does not match the policy's (optimizer step {})", loaded->step);
          }
          algorithm->set_kl_coef(loaded->references.value("kl_coef", algorithm->kl_coef()));
          params = policy.model().sync_parameters();
          log::info("learner: the group re-formed (generation {}); restored step {} from {}", reformable->generation(),
-                   loaded->step, loaded->dir.string());
-         return loaded->step;
+                   run_step(*loaded), loaded->dir.string());
+         return run_step(*loaded);
        }});
   const auto end = loop.run(step, g_stop);
   if (rollout) rollout->finish();  // worker 0 stops (its groups in flight go back); its failure ends the role here

@@ -92,7 +92,9 @@ class Roles {
       // The rank that failed first (the others were stopped because of it).
       const auto& ranks = learner_->ranks();
       size_t r = 0;
-      while (r + 1 < ranks.size() && (ranks[r].ok() || ranks[r].signal == SIGTERM || ranks[r].signal == SIGKILL)) ++r;
+      if (learner_->first_failed() >= 0) r = static_cast<size_t>(learner_->first_failed());
+      else
+        while (r + 1 < ranks.size() && (ranks[r].ok() || ranks[r].signal == SIGTERM || ranks[r].signal == SIGKILL)) ++r;
       failure_ = role_failure(run_dir_, "learner", static_cast<int>(r), ranks[r]);
       why = describe("learner", static_cast<int>(r), ranks[r]);
       return failure_->cannot_run ? State::hopeless : State::failed;

@@ -234,6 +234,25 @@ RLX_CHECKPOINT_CRASH_AT=shards-agreed RLX_CHECKPOINT_CRASH_RANK=1 RLX_CHECKPOINT
   && ok "ckptrank1: rank 1 killed in a checkpoint; the group re-formed, every step reported once" \
   || fail "ckptrank1: $(grep -h "rlx run:\|re-form\|Error" ckptrank1.log runs/ckptrank1/logs/learner-0/*.err | tail -6)"
 same_as_clean ckptrank1 clean2
+# PPO with 2 epochs x 2 mini-batches (4 optimizer steps a run step; the checkpoints count
+# optimizer steps), a rank killed inside a backward (RLX_COMM_CRASH=RANK:N:WHAT, once): rank 1
+# (the group re-forms; the gradients the cut-short backward left are dropped), then rank 0 (the
+# run restarts and resumes at the run step it saved, not the optimizer step). Both end with the
+# clean run's parameters and every step reported once.
+ppo2="algorithm.name=ppo algorithm.epochs=2 algorithm.mini_batches=2 train.learner_ranks=2"
+"$rlx" run grpo.yaml run.name=ppo2 $ppo2 > ppo2.log 2>&1 || fail "ppo2: $(tail -3 ppo2.log)"
+for r in 1 0; do
+  RLX_COMM_CRASH="$r:23:layers.1 gradients" RLX_COMM_CRASH_ONCE="$PWD/ppo2kill$r.crashed" \
+    "$rlx" run grpo.yaml run.name=ppo2kill$r $ppo2 > ppo2kill$r.log 2>&1 \
+    && [ -f ppo2kill$r.crashed ] && grep -q "learner $r ended: killed by signal 9" ppo2kill$r.log \
+    && python3 -c 'import json, sys; m = [json.loads(l)["step"] for l in open(sys.argv[1])]; assert m == list(range(1, 21)), m' \
+         runs/ppo2kill$r/metrics.jsonl \
+    && ok "ppo2kill$r: rank $r killed in a backward; every step reported once" \
+    || fail "ppo2kill$r: $(grep -h "rlx run:\|re-form\|Error" ppo2kill$r.log runs/ppo2kill$r/logs/learner-0*/*.err | tail -6)"
+  same_as_clean ppo2kill$r ppo2
+done
+grep -q "the group re-formed (generation 1)" runs/ppo2kill1/logs/learner-0/rank-0.err && grep -q "resuming .* at step [1-9]" ppo2kill0.log \
+  && ok "ppo2kill: rank 1 re-formed the group; rank 0 restarted the run" || fail "ppo2kill: not re-formed / restarted"
 # The tcp transport (for tasks on many hosts), here on one: the same run, the same parameters.
 "$rlx" run grpo.yaml run.name=tcp train.learner_ranks=2 train.transport=tcp > tcp.log 2>&1 \
   && grep -q "serving tcp://" runs/tcp/logs/hub-0/rank-0.err && grep -q "^tcp://" runs/tcp/weights.endpoint \

@@ -106,8 +106,8 @@ class ShardedTransformer {
   // Frees whatever is still gathered (after a forward without backward).
   void release_all();
   // After a collective of the group failed: drops the collectives in flight without waiting
-  // for them and frees what is gathered (before the group re-forms; the shards stay as
-  // they were, for the caller to restore).
+  // for them, frees what is gathered and drops the gradients a cut-short backward left
+  // (before the group re-forms; the shards stay as they were, for the caller to restore).
   void abandon();
 
   // Full parameters by HF name (fp32, gathered from the masters on every rank); with LoRA

@@ -57,6 +57,8 @@ class LocalGroup {
 
   int store_port() const { return store_.port(); }
   const std::vector<RankExit>& ranks() const { return ranks_; }
+  // The rank whose failure stopped the others (fail_fast), -1 while none has.
+  int first_failed() const { return first_failed_; }
   // Waits for every rank (at most timeout_s); a failed rank stops the others.
   // Returns the ranks' exits; those still running at the timeout are killed.
   const std::vector<RankExit>& wait(double timeout_s);
@@ -76,6 +78,7 @@ class LocalGroup {
   std::vector<int> starts_;  // per rank: how many times it was started
   std::vector<bool> done_;
   double fail_time_ = -1;
+  int first_failed_ = -1;
 };
 
 }  // namespace rlx::dist

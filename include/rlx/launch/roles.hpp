@@ -23,6 +23,8 @@
 #include <optional>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "rlx/dist/weight_sync.hpp"
 #include "rlx/launch/config.hpp"
 #include "rlx/model/tokenizer.hpp"
@@ -53,6 +55,12 @@ std::filesystem::path socket_dir(const std::filesystem::path& run_dir);
 // Set (to 1) for learner ranks whose launcher restarts a dead rank other than 0 alone:
 // the group re-forms around its replacement (dist::ReformableGroup) instead of the run restarting.
 inline constexpr const char* kLearnerReformEnv = "RLX_LEARNER_REFORM";
+// The run step a learner checkpoint holds (the weights version the learner role saved in its
+// references); the checkpoint's own step counts optimizer steps, algorithm.epochs x
+// algorithm.mini_batches of them per run step.
+inline int64_t checkpoint_run_step(const nlohmann::json& references, int64_t optimizer_step) {
+  return references.value("weights_version", optimizer_step);
+}
 // The files a tcp run's hub and learner rank 0 write their endpoints to.
 inline constexpr const char* kHubEndpointFile = "hub.endpoint";
 inline constexpr const char* kWeightsEndpointFile = "weights.endpoint";
