@@ -76,10 +76,14 @@ void crash_point(int rank, std::string_view what) {
     if (v == nullptr || *v == 0) return s;
     const std::string text(v);
     const auto a = text.find(':'), b = a == std::string::npos ? a : text.find(':', a + 1);
-    RLX_CHECK(b != std::string::npos, "RLX_COMM_CRASH={:?}: expected RANK:N:WHAT", text);
-    s.rank = std::stoi(text.substr(0, a));
-    s.n = std::stoll(text.substr(a + 1, b - a - 1));
-    s.what = text.substr(b + 1);
+    try {
+      RLX_CHECK(b != std::string::npos, "no two ':'");
+      s.rank = std::stoi(text.substr(0, a));
+      s.n = std::stoll(text.substr(a + 1, b - a - 1));
+      s.what = text.substr(b + 1);
+    } catch (const std::exception& e) {
+      throw Error(fmt::format("RLX_COMM_CRASH={:?}: expected RANK:N:WHAT ({})", text, e.what()));
+    }
     return s;
   }();
   static std::atomic<int64_t> seen{0};
