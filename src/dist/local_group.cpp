@@ -77,7 +77,17 @@ void LocalGroup::spawn(int r) {
     posix_spawn_file_actions_addopen(&fa, 1, re.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_addopen(&fa, 2, re.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   }
-  const int rc = ::posix_spawnp(&re.pid, argv[0], &fa, nullptr, argv.data(), envp.data());
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  if (opt_.block_sigterm) {
+    sigset_t mask;
+    ::pthread_sigmask(SIG_BLOCK, nullptr, &mask);  // the caller's, inherited as without the attribute
+    sigaddset(&mask, SIGTERM);
+    posix_spawnattr_setsigmask(&attr, &mask);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+  }
+  const int rc = ::posix_spawnp(&re.pid, argv[0], &fa, &attr, argv.data(), envp.data());
+  posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&fa);
   if (rc != 0) throw Error(fmt::format("local group: cannot start {}: {}", opt_.argv[0], std::strerror(rc)));
   ranks_[static_cast<size_t>(r)] = re;

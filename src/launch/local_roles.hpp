@@ -273,7 +273,8 @@ class Roles {
                  "--exe", exe_, "--index", std::to_string(index), "--transport", tcp_ ? "tcp" : "local"},
         .env = replace ? with(env_, fmt::format("{}=1", kLearnerReformEnv)) : env_,
         .log_dir = log_dir,
-        .replace = std::move(replace)});
+        .replace = std::move(replace),
+        .block_sigterm = std::string_view(role) == "worker"});
   }
   static std::vector<std::string> with(std::vector<std::string> v, std::string more) {
     v.push_back(std::move(more));

@@ -125,7 +125,8 @@ class TaskRunner {
                    "--weights", weights, "--exe", exe_, "--index", std::to_string(task_.index), "--transport",
                    task_.tcp ? "tcp" : "local"},
           .env = {fmt::format("RLX_LAUNCHER_PID={}", ::getpid())},
-          .log_dir = log_dir};
+          .log_dir = log_dir,
+          .block_sigterm = task_.role == "worker"};
       if (task_.tcp) o.env.push_back("RLX_COMM_INTERFACE=" + host);
       // The store is task 0's: a learner rank > 0 restarted by its task re-forms the group.
       if (task_.role == "learner" && cfg_.train.learner_ranks > 1 && cfg_.train.max_restarts > 0)

@@ -55,14 +55,17 @@ extern "C" void on_leave(int) { g_leave = true; }
 int run_worker(const RoleContext& ctx) {
   const auto& cfg = ctx.cfg;
   ::signal(SIGUSR1, on_leave);  // `rlx scale` down: finish the leases held, send them, exit
-  sigset_t leave;               // the launcher started it with SIGUSR1 blocked: one sent meanwhile arrives now
-  sigemptyset(&leave);
-  sigaddset(&leave, SIGUSR1);
-  ::pthread_sigmask(SIG_UNBLOCK, &leave, nullptr);
   ::signal(SIGINT, SIG_IGN);    // a terminal's SIGINT is the launcher's: it stops workers after the learner
   // SIGTERM (the run is over, or the launcher died): stop at the next lease boundary, so that
   // the env servers are shut down and their logs and this worker's summary reach its log.
   ::signal(SIGTERM, on_end);
+  // The launcher started it with SIGUSR1 and SIGTERM blocked: one sent while it started
+  // arrives now, to the handlers.
+  sigset_t held;
+  sigemptyset(&held);
+  sigaddset(&held, SIGUSR1);
+  sigaddset(&held, SIGTERM);
+  ::pthread_sigmask(SIG_UNBLOCK, &held, nullptr);
   set_threads(cfg);
   env::register_bundled();
   status::set("loading the model");

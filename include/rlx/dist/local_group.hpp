@@ -46,6 +46,10 @@ struct LocalGroupOptions {
   // Asked when a rank failed (before fail_fast acts): true restarts that rank alone, with
   // the same command and environment (a group that re-forms, ReformableGroup).
   std::function<bool(int rank, const RankExit& how)> replace;
+  // The processes start with SIGTERM blocked (besides what the caller blocks): one sent while
+  // a process starts waits until it unblocks SIGTERM, its handler installed, instead of
+  // killing it before it can say so (a rollout worker).
+  bool block_sigterm = false;
 };
 
 class LocalGroup {
