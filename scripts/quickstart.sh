@@ -12,7 +12,8 @@ build=${RLX_BUILD_DIR:-$root/build/release}
 runs=${RLX_RUNS_DIR:-$root/runs}
 "$root/scripts/install-deps.sh"
 mkdir -p "$(dirname "$build")" "$runs"
-"$root/scripts/build.sh" "$build"
+echo "== 0. build the rlx command (rlx_cli and what it links; scripts/test.sh builds the rest)"
+"$root/scripts/build.sh" "$build" rlx_cli
 rlx="$build/rlx"
 cd "$root"
 sft_cfg=examples/configs/sft_arithmetic.yaml grpo_cfg=examples/configs/grpo_arithmetic.yaml

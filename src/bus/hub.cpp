@@ -52,6 +52,7 @@ Hub::Impl::Impl(HubOptions options, std::vector<std::string> records)
     throw Error(fmt::format("hub: cannot bind {}: {}", o.address, e.what()));
   }
   endpoint = router.get(zmq::sockopt::last_endpoint);
+  ipc_file = std::make_unique<detail::IpcFile>(endpoint);
   last_tick = last_heartbeat = last_save = seconds_now();
   log::info("hub: serving {} ({} prompts, group size {}, {} epochs)", endpoint, source.size(), o.group_size, o.epochs);
 }

@@ -66,6 +66,7 @@ struct Hub::Impl {
   zmq::context_t* context;
   std::unique_ptr<detail::ZapHandler> zap;
   zmq::socket_t router;
+  std::unique_ptr<detail::IpcFile> ipc_file;  // hub.sock, removed at the end
   std::string endpoint;
 
   std::map<std::string, Peer> peers;           // by name

@@ -8,24 +8,38 @@
 #include <nlohmann/json.hpp>
 
 #include "rlx/core/error.hpp"
+#include "rlx/core/json.hpp"
 #include "rlx/core/rng.hpp"
 
 namespace rlx::bus {
 
-std::vector<std::string> load_jsonl(const std::filesystem::path& file, size_t max_records) {
+std::vector<std::string> load_jsonl(const std::filesystem::path& file, size_t max_records, size_t max_record_bytes) {
   std::ifstream in(file, std::ios::binary);
   RLX_CHECK(in.good(), "cannot read dataset {}", file.string());
   std::vector<std::string> out;
   std::string line;
   size_t lineno = 0;
-  while (std::getline(in, line)) {
+  for (;;) {
+    // One line, read at most max_record_bytes + 1 bytes into memory.
+    line.clear();
+    bool ended = false;
+    for (int c; (c = in.get()) != std::char_traits<char>::eof();) {
+      if (c == '\n') {
+        ended = true;
+        break;
+      }
+      line.push_back(static_cast<char>(c));
+      RLX_CHECK(line.size() <= max_record_bytes, "{}:{}: a record longer than {} bytes (the limit of one dataset line)",
+                file.string(), lineno + 1, max_record_bytes);
+    }
+    if (!ended && line.empty()) break;
     ++lineno;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(fmt::format("{}:{}: not valid JSON: {}", file.string(), lineno, e.what()));
+      j = parse_json(line, fmt::format("{}:{}", file.string(), lineno));
+    } catch (const JsonError& e) {
+      throw Error(e.what());
     }
     RLX_CHECK(j.is_object() && j.contains("prompt") && j["prompt"].is_string(),
               "{}:{}: each record must be a JSON object with a string \"prompt\"", file.string(), lineno);

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <string_view>
@@ -100,6 +101,20 @@ bool poll(zmq::pollitem_t* items, size_t n, std::chrono::milliseconds timeout) {
     if (e.num() != EINTR) throw;
     return false;
   }
+}
+
+IpcFile::IpcFile(const std::string& endpoint) {
+  constexpr std::string_view kIpc = "ipc://";
+  if (!endpoint.starts_with(kIpc) || endpoint.find('*') != std::string::npos) return;
+  struct stat st {};
+  const auto path = endpoint.substr(kIpc.size());
+  if (::stat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) return;
+  path_ = path, dev_ = st.st_dev, ino_ = st.st_ino;
+}
+
+IpcFile::~IpcFile() {
+  struct stat st {};
+  if (!path_.empty() && ::stat(path_.c_str(), &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_) ::unlink(path_.c_str());
 }
 
 zmq::context_t& shared_context() {

@@ -23,6 +23,21 @@ namespace rlx::bus::detail {
 // The context of the process's bus sockets (inproc:// endpoints need one shared context).
 zmq::context_t& shared_context();
 
+// The file of a bound ipc:// endpoint (ZeroMQ leaves it behind when the socket closes),
+// removed when this goes, unless a later bind of the same path has made a new file there.
+// Bind first, then make this: it records the file's identity.
+class IpcFile {
+ public:
+  explicit IpcFile(const std::string& endpoint);
+  ~IpcFile();
+  IpcFile(const IpcFile&) = delete;
+  IpcFile& operator=(const IpcFile&) = delete;
+
+ private:
+  std::string path_;
+  uint64_t dev_ = 0, ino_ = 0;
+};
+
 // zmq::poll that returns false when a signal interrupted it (EINTR; a SIGTERM handler
 // sets a flag the caller checks) instead of throwing.
 bool poll(zmq::pollitem_t* items, size_t n, std::chrono::milliseconds timeout);

@@ -1,8 +1,10 @@
 // rlx: the command-line entry point (the trainer commands with every bundled part, and the tools).
 #include "commands.hpp"
+#include "rlx/core/threads.hpp"
 #include "rlx/version.hpp"
 
 int main(int argc, char** argv) {
+  rlx::use_blas_kernels_for_this_cpu(argv);  // may re-execute this process once
   CLI::App app{"rlx: reinforcement-learning post-training of language models, natively", "rlx"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("rlx ") + rlx::kVersion);

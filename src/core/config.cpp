@@ -22,7 +22,7 @@ std::string describe(const Bounds& b) {
 }
 
 bool within(double v, const Bounds& b) {
-  if (std::isnan(v)) return false;
+  if (!std::isfinite(v)) return false;
   if (b.min && (b.min_exclusive ? !(v > *b.min) : !(v >= *b.min))) return false;
   if (b.max && (b.max_exclusive ? !(v < *b.max) : !(v <= *b.max))) return false;
   return true;
@@ -53,7 +53,11 @@ std::string closest(std::string_view key, std::span<const std::string> candidate
   return best;
 }
 
-std::string Origin::where(const YAML::Node& node) const {
+std::string Origin::where(const YAML::Node& node, std::string_view path) const {
+  // An override's value was parsed from its own text: its mark says line 1 of nothing.
+  for (const auto& o : overridden)
+    if (!path.empty() && (path == o || (path.starts_with(o) && (path[o.size()] == '.' || path[o.size()] == '['))))
+      return "command line";
   YAML::Mark m = node.Mark();
   if (m.is_null() || m.line < 0) return "command line";
   if (file.empty()) return fmt::format("line {}", m.line + 1);
@@ -71,7 +75,7 @@ std::string Reader::kind(const YAML::Node& n) {
 }
 
 void Reader::fail(const YAML::Node& n, const std::string& path, const std::string& what) {
-  errors_.push_back(fmt::format("{} ({}): {}", path.empty() ? "<top level>" : path, origin_.where(n), what));
+  errors_.push_back(fmt::format("{} ({}): {}", path.empty() ? "<top level>" : path, origin_.where(n, path), what));
 }
 
 void Reader::check_bounds(const YAML::Node& n, const std::string& path, double v, const Bounds& b) {
@@ -84,7 +88,7 @@ void Reader::finish() {
     const std::string key = it->first.Scalar();
     if (std::find(seen_.begin(), seen_.end(), key) != seen_.end()) continue;
     std::string guess = closest(key, seen_);
-    errors_.push_back(fmt::format("{} ({}): unknown key{}", join(key), origin_.where(it->first),
+    errors_.push_back(fmt::format("{} ({}): unknown key{}", join(key), origin_.where(it->first, join(key)),
                                   guess.empty() ? "" : fmt::format("; did you mean '{}'?", join(guess))));
   }
 }
@@ -110,14 +114,22 @@ YAML::Node parse_string(std::string_view text, std::string_view source_name) {
 }
 
 YAML::Node parse_file(const std::filesystem::path& file) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(file, ec);
+  if (ec || !std::filesystem::exists(status)) throw ConfigError(fmt::format("cannot read config file {}: no such file", file.string()));
+  // A directory reads as an empty file (all defaults) and /dev/zero never ends: neither is a config.
+  if (!std::filesystem::is_regular_file(status))
+    throw ConfigError(fmt::format("cannot read config file {}: it is {}, not a file", file.string(),
+                                  std::filesystem::is_directory(status) ? "a directory" : "a device, pipe or socket"));
   std::ifstream in(file, std::ios::binary);
   if (!in) throw ConfigError(fmt::format("cannot read config file {}", file.string()));
-  std::stringstream ss;
-  ss << in.rdbuf();
   constexpr size_t kMaxConfigBytes = 16 << 20;
-  if (ss.str().size() > kMaxConfigBytes)
+  std::string text(kMaxConfigBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxConfigBytes)
     throw ConfigError(fmt::format("config file {} is larger than {} bytes", file.string(), kMaxConfigBytes));
-  return parse_string(ss.str(), file.string());
+  return parse_string(text, file.string());
 }
 
 namespace {
@@ -144,6 +156,13 @@ std::vector<std::string> changed_keys(const YAML::Node& a, const YAML::Node& b) 
   return out;
 }
 
+std::vector<std::string> override_paths(std::span<const std::string> overrides) {
+  std::vector<std::string> out;
+  for (const auto& o : overrides)
+    if (const auto eq = o.find('='); eq != std::string::npos) out.push_back(o.substr(0, eq));
+  return out;
+}
+
 void apply_overrides(YAML::Node& root, std::span<const std::string> overrides) {
   for (const std::string& o : overrides) {
     auto eq = o.find('=');
@@ -159,13 +178,14 @@ void apply_overrides(YAML::Node& root, std::span<const std::string> overrides) {
     }
     for (const auto& p : parts)
       if (p.empty()) throw ConfigError(fmt::format("override '{}' (command line): empty key in '{}'", o, path));
+    // "key=" is the empty string (clearing a path), "key=null" or "key=~" is null.
     YAML::Node value;
     try {
       value = YAML::Load(text);
     } catch (const YAML::Exception&) {
       value = YAML::Node(text);
     }
-    if (value.IsNull() && !text.empty() && text != "null" && text != "~") value = YAML::Node(text);
+    if (value.IsNull() && text != "null" && text != "~") value = YAML::Node(text);
     if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
     if (!root.IsMap()) throw ConfigError(fmt::format("override '{}': the config's top level is not a map", o));
     YAML::Node cur = root;

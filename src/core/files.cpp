@@ -1,6 +1,7 @@
 #include "rlx/core/files.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -160,6 +161,31 @@ uintmax_t remove_tree(const std::filesystem::path& path) {
   const auto n = remove_tree(path, ec);
   RLX_CHECK(!ec, "cannot remove {}: {}", path.string(), ec.message());
   return n;
+}
+
+std::optional<FileLock> FileLock::try_lock(const std::filesystem::path& path, int64_t& holder) {
+  holder = 0;
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) fail(path, "open");
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char buf[32] = {};
+    if (::pread(fd, buf, sizeof buf - 1, 0) > 0) holder = std::strtoll(buf, nullptr, 10);
+    ::close(fd);
+    if (err == EWOULDBLOCK) return std::nullopt;
+    errno = err;
+    fail(path, "flock");
+  }
+  const auto pid = fmt::format("{}\n", ::getpid());
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+    ::close(fd);
+    fail(path, "write");
+  }
+  return FileLock(fd);
+}
+
+FileLock::~FileLock() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 }  // namespace rlx

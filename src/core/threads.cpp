@@ -4,7 +4,11 @@
 #include <dlfcn.h>
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <thread>
 
 namespace rlx {
@@ -28,6 +32,32 @@ ThreadPlan set_compute_threads(int threads) {
   }
   at::set_num_threads(plan.intra_op_threads);
   return plan;
+}
+
+std::string blas_core_name() {
+  using CoreName = char* (*)();
+  auto name = reinterpret_cast<CoreName>(::dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  return name ? std::string(name()) : std::string();
+}
+
+void use_blas_kernels_for_this_cpu(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr || blas_core_name() != "Prescott") return;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  const char* core = nullptr;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq"))
+    core = "SkylakeX";
+  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    core = "Haswell";
+  if (core == nullptr) return;
+  ::setenv("OPENBLAS_CORETYPE", core, 1);
+  ::execv("/proc/self/exe", argv);
+  // exec failed (no /proc): go on with the generic kernels, as before.
+  ::unsetenv("OPENBLAS_CORETYPE");
+#else
+  (void)argv;
+#endif
 }
 
 }  // namespace rlx

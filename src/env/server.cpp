@@ -41,6 +41,7 @@ void serve_envs(const EnvServerOptions& o, const Registry& registry, const Conte
   } catch (const zmq::error_t& e) {
     throw Error(fmt::format("env server: cannot bind {}: {}", o.address, e.what()));
   }
+  const bus::detail::IpcFile ipc_file(router.get(zmq::sockopt::last_endpoint));  // removed at the end
   struct Open {
     std::unique_ptr<Env> env;
     uint64_t turn = 0;

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "rlx/core/clock.hpp"
+#include "rlx/core/files.hpp"
 #include "rlx/dist/local_group.hpp"
 #include "rlx/launch/launcher.hpp"
 #include "rlx/launch/roles.hpp"
@@ -115,6 +116,9 @@ class Progress {
 extern std::atomic<int> g_launcher_signal;
 extern "C" void on_launcher_signal(int sig);
 
+// The run directory (created if missing), locked for this process's lifetime: a second
+// launcher on the same directory is refused, naming the PID of the one running it.
+FileLock lock_run_dir(const std::filesystem::path& run_dir);
 // The run directory, ready for the roles: continued (--resume), refused or cleared when it
 // holds a run (--force), with the resolved config and the run's tokenizer written.
 std::filesystem::path prepare_run_dir(const RunConfig& cfg, const LaunchOptions& lo);

@@ -249,6 +249,15 @@ void remove_endpoints(const fs::path& run_dir) {
 std::atomic<int> g_launcher_signal{0};
 extern "C" void on_launcher_signal(int sig) { g_launcher_signal = sig; }
 
+FileLock lock_run_dir(const fs::path& run_dir) {
+  fs::create_directories(run_dir);
+  int64_t holder = 0;
+  auto lock = FileLock::try_lock(run_dir / "launcher.lock", holder);
+  RLX_CHECK(lock, "run directory {} is in use by another launcher (pid {}); stop it first (SIGINT), then --resume continues "
+            "its run", run_dir.string(), holder);
+  return std::move(*lock);
+}
+
 fs::path prepare_run_dir(const RunConfig& cfg, const LaunchOptions& lo) {
   const fs::path run_dir = fs::absolute(fs::path(cfg.run.out_dir) / cfg.run.name);
   fs::create_directories(run_dir / "logs");
@@ -284,6 +293,8 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
               << std::endl;
     return 1;
   };
+  // One launcher per run directory: taken before anything in it is read or changed.
+  const auto run_lock = lock_run_dir(fs::absolute(fs::path(cfg.run.out_dir) / cfg.run.name));
   if (cfg.run.preflight)
     if (const auto problem = preflight_files(cfg); !problem.empty()) return cannot_start(problem);
   const fs::path run_dir = prepare_run_dir(cfg, lo);

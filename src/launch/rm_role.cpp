@@ -14,6 +14,7 @@
 #include <iostream>
 
 #include "rlx/core/files.hpp"
+#include "rlx/core/json.hpp"
 #include "rlx/dist/comm.hpp"
 #include "rlx/env/bundled.hpp"
 #include "rlx/env/env.hpp"
@@ -63,12 +64,7 @@ std::vector<Pair> file_pairs(const RunConfig& cfg, const Tokenizer& tok) {
   for (size_t n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const auto where = fmt::format("rm.data {} line {}", cfg.rm.data, n);
-    json j;
-    try {
-      j = json::parse(line);
-    } catch (const json::exception& e) {
-      throw Error(fmt::format("{}: not JSON ({})", where, e.what()));
-    }
+    const json j = parse_json(line, where);
     for (const char* key : {"prompt", "chosen", "rejected"})
       RLX_CHECK(j.is_object() && j.contains(key) && j[key].is_string(), "{}: no string \"{}\"", where, key);
     const auto prompt = tok.encode(j["prompt"].get<std::string>());

@@ -101,7 +101,9 @@ class TaskRunner {
     std::unique_ptr<dist::StoreServer> store;
     // Across nodes the learner group's store and its Gloo connections use this host's name.
     const std::string host = task_.tcp ? dist::host_name() : "127.0.0.1";
+    std::optional<FileLock> run_lock;
     if (task_.procid == 0) {
+      run_lock.emplace(lock_run_dir(run_dir_));
       prepare_run_dir(cfg_, lo);
       rlx::remove_tree(run_dir_ / "tasks");
       remove_endpoints(run_dir_);

@@ -25,6 +25,7 @@
 #include "launch/trainer_commands.hpp"
 #include "rlx/algo/algorithm.hpp"
 #include "rlx/bus/hub.hpp"
+#include "rlx/core/threads.hpp"
 #include "rlx/core/files.hpp"
 #include "rlx/core/signals.hpp"
 #include "rlx/env/bundled.hpp"
@@ -403,6 +404,7 @@ void add_trainer_commands(CLI::App& app, Action& action) {
 }
 
 int trainer_main(int argc, char** argv, const std::string& name, const std::function<void()>& register_parts) {
+  use_blas_kernels_for_this_cpu(argv);  // may re-execute this process once
   if (register_parts) register_parts();
   env::register_bundled();
   algo::register_bundled_algorithms();

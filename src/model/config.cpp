@@ -3,6 +3,7 @@
 namespace rlx {
 
 void ModelConfig::validate() const {
+  config::check_bounds(*this, "model config");
   RLX_CHECK(num_heads % num_kv_heads == 0, "num_heads ({}) must be a multiple of num_kv_heads ({})", num_heads,
             num_kv_heads);
   RLX_CHECK(head_dim % 2 == 0, "head_dim ({}) must be even for rotary embeddings", head_dim);
@@ -13,6 +14,14 @@ void ModelConfig::validate() const {
   RLX_CHECK(bos_token_id < vocab_size && eos_token_id < vocab_size,
             "bos_token_id ({}) and eos_token_id ({}) must be below vocab_size ({})", bos_token_id, eos_token_id,
             vocab_size);
+  // Counted in double: an int64 product of absurd sizes would wrap before any check.
+  const double q = double(num_heads) * head_dim, kv = double(num_kv_heads) * head_dim, h = double(hidden_size);
+  const double block = h * (2 * q + 2 * kv) + 3 * h * intermediate_size + 2 * h;
+  const double total = double(vocab_size) * h * (tie_word_embeddings ? 1 : 2) + double(num_layers) * block;
+  RLX_CHECK(total <= kMaxParameters,
+            "about {:.3g} parameters (vocab_size {}, hidden_size {}, intermediate_size {}, num_layers {}, heads {}x{}): more "
+            "than the {:.0g} rlx builds",
+            total, vocab_size, hidden_size, intermediate_size, num_layers, num_heads, head_dim, kMaxParameters);
 }
 
 int64_t ModelConfig::num_parameters() const {

@@ -8,6 +8,8 @@
 #include <sstream>
 
 #include "rlx/core/error.hpp"
+#include "rlx/core/files.hpp"
+#include "rlx/core/json.hpp"
 #include "rlx/core/torch_compat.hpp"
 #include "rlx/model/safetensors.hpp"
 
@@ -18,13 +20,8 @@ namespace fs = std::filesystem;
 
 namespace {
 json read_json(const fs::path& p) {
-  std::ifstream in(p);
-  if (!in) throw Error(fmt::format("cannot read {}", p.string()));
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    throw Error(fmt::format("{}: invalid JSON: {}", p.string(), e.what()));
-  }
+  constexpr uint64_t kMaxJsonBytes = 64 << 20;  // an index of many shards is the largest
+  return parse_json(read_file(p, kMaxJsonBytes), p.string());
 }
 
 void write_json(const fs::path& p, const json& j) {
@@ -50,6 +47,8 @@ ModelConfig model_config_from_hf(const json& j, std::string_view source) {
       RLX_CHECK(!required, "{}: required field missing", where(key));
       return fallback;
     }
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
+      RLX_CHECK(!j[key].is_number_float(), "{}: must be an integer, got {}", where(key), j[key].dump());
     try {
       return j[key].get<T>();
     } catch (const json::exception&) {

@@ -1,5 +1,7 @@
 #include "rlx/model/transformer.hpp"
 
+#include <unistd.h>
+
 #include <c10/core/GradMode.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
@@ -206,6 +208,12 @@ Transformer::Transformer(const ModelConfig& cfg, at::ScalarType dtype, at::Devic
     : cfg_(cfg), dtype_(dtype), device_(device) {
   cfg_.validate();
   dtype_from_scalar_type(dtype);  // rejects non-float dtypes
+  if (device.is_cpu()) {  // a shape that cannot fit is refused before the allocator is asked
+    const double need = static_cast<double>(cfg_.num_parameters()) * static_cast<double>(c10::elementSize(dtype));
+    const double have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+    RLX_CHECK(have <= 0 || need <= have, "the model's {} parameters need {:.1f} GB in {}, more than this machine's {:.1f} GB of memory",
+              cfg_.num_parameters(), need / 1e9, c10::toString(dtype), have / 1e9);
+  }
   auto o = at::TensorOptions().dtype(dtype).device(device);
   body_ = register_module("model", std::make_shared<detail::Body>(cfg_, o));
   if (!cfg_.tie_word_embeddings)

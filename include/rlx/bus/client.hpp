@@ -56,10 +56,10 @@ struct ClientOptions {
     v("who", who, "unique name of this peer");
     v("role", role, "worker, learner or monitor");
     v("incarnation", incarnation, "changes on every restart (0: derived from pid and time)");
-    v("heartbeat_s", heartbeat_s, "heartbeat interval", config::greater_than(0));
-    v("hub_timeout_s", hub_timeout_s, "reconnect after hearing nothing from the hub this long", config::greater_than(0));
-    v("request_timeout_s", request_timeout_s, "a request unanswered this long fails", config::greater_than(0));
-    v("credit_wait_s", credit_wait_s, "submit() waits at most this long for credit", config::greater_than(0));
+    v("heartbeat_s", heartbeat_s, "heartbeat interval", config::seconds());
+    v("hub_timeout_s", hub_timeout_s, "reconnect after hearing nothing from the hub this long", config::seconds());
+    v("request_timeout_s", request_timeout_s, "a request unanswered this long fails", config::seconds());
+    v("credit_wait_s", credit_wait_s, "submit() waits at most this long for credit", config::seconds());
     v("max_frame_mb", max_frame_mb, "largest frame accepted, in MiB", config::in_range(1, 4096));
     v("queue_depth", queue_depth, "ZeroMQ high-water mark, in messages", config::in_range(1, 1000000));
     v("prefetch_batches", prefetch_batches, "learners: batches asked for ahead (0 or 1)", config::in_range(0, 1));

@@ -71,7 +71,7 @@ struct HubOptions {
     v("epochs", epochs, "passes over the dataset (0: endless)");
     v("shuffle", shuffle, "shuffle the prompts each epoch");
     v("group_size", group_size, "samples generated per prompt", config::in_range(1, 4096));
-    v("lease_timeout_s", lease_timeout_s, "a lease not returned in this time is re-issued", config::greater_than(0));
+    v("lease_timeout_s", lease_timeout_s, "a lease not returned in this time is re-issued", config::seconds());
     v("max_attempts", max_attempts, "infra failures of a lease before it ends as an error record", config::at_least(1));
     v("max_leases_per_request", max_leases_per_request, "leases handed out per request at most", config::in_range(1, 4096));
     v("groups_per_version", groups_per_version,
@@ -86,8 +86,8 @@ struct HubOptions {
       "while groups arrive, wait up to this long between turns to take several per wake-up; never so long that a "
       "worker runs out of credit or held acks are late (0: off)",
       config::in_range(0, 10000));
-    v("heartbeat_s", heartbeat_s, "heartbeat interval, both ways", config::greater_than(0));
-    v("peer_timeout_s", peer_timeout_s, "a peer silent this long is declared lost", config::greater_than(0));
+    v("heartbeat_s", heartbeat_s, "heartbeat interval, both ways", config::seconds());
+    v("peer_timeout_s", peer_timeout_s, "a peer silent this long is declared lost", config::seconds());
     v("max_frame_mb", max_frame_mb, "largest frame accepted, in MiB", config::in_range(1, 4096));
     v("queue_depth", queue_depth, "ZeroMQ high-water mark per socket, in messages", config::in_range(1, 1000000));
     v("trajectory_file", trajectory_file, "HDF5 file every accepted group is appended to (empty: none)");
@@ -96,7 +96,7 @@ struct HubOptions {
       "then the hub takes no more groups (workers keep theirs) until a write succeeds",
       config::in_range(16, 65536));
     v("state_file", state_file, "where the hub saves its state (cursor, leases, buffer); restored at start if present");
-    v("save_every_s", save_every_s, "save the state this often (0: on request and at stop only)", config::at_least(0));
+    v("save_every_s", save_every_s, "save the state this often (0: on request and at stop only)", config::seconds_or_zero());
     v("curve", curve, "CURVE encryption and client allow-list (tcp://)");
   }
   void validate() const;

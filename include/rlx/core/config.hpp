@@ -51,10 +51,15 @@ inline Bounds at_most(double v) { return {.max = v}; }
 inline Bounds in_range(double lo, double hi) { return {.min = lo, .max = hi}; }
 // (lo, hi]
 inline Bounds in_half_open(double lo, double hi) { return {.min = lo, .max = hi, .min_exclusive = true}; }
+// A timeout or an interval: a millisecond to 30 days. A value a clock cannot act on
+// (1e-300 s, .inf) is a typo, not a setting.
+inline Bounds seconds() { return in_range(1e-3, 30 * 86400.0); }
+// The same, where 0 turns the timer off.
+inline Bounds seconds_or_zero() { return in_range(0, 30 * 86400.0); }
 
 // Describes a Bounds as text: ">= 1", "in (0, 1]".
 std::string describe(const Bounds& b);
-// Whether v satisfies b (NaN never does).
+// Whether v satisfies b. NaN and infinities never do: no field means "unbounded" by .inf.
 bool within(double v, const Bounds& b);
 
 // Edit distance, for "did you mean" suggestions.
@@ -147,7 +152,9 @@ std::string type_name() {
 // Where a node came from, for messages: "run.yaml:12" or "command line".
 struct Origin {
   std::string file;  // empty: no file
-  std::string where(const YAML::Node& node) const;
+  std::vector<std::string> overridden;  // key paths set by key=value overrides
+  // Where `node` (at key path `path`) came from.
+  std::string where(const YAML::Node& node, std::string_view path = {}) const;
 };
 
 class Reader {
@@ -335,7 +342,8 @@ class Documenter {
 };
 
 // --- entry points ---------------------------------------------------------------------
-// Parses a YAML file; a syntax error becomes a ConfigError naming file, line and column.
+// Parses a YAML file (a regular file of at most 16 MB, read no further); a syntax error
+// becomes a ConfigError naming file, line and column.
 YAML::Node parse_file(const std::filesystem::path& file);
 YAML::Node parse_string(std::string_view text, std::string_view source_name);
 
@@ -357,11 +365,14 @@ T from_yaml(const YAML::Node& root, const Origin& origin, T value = T{}) {
   return value;
 }
 
+// The key paths that "section.key=value" overrides set, for Origin::overridden.
+std::vector<std::string> override_paths(std::span<const std::string> overrides);
+
 template <Section T>
 T load_file(const std::filesystem::path& file, std::span<const std::string> overrides = {}) {
   YAML::Node root = parse_file(file);
   apply_overrides(root, overrides);
-  return from_yaml<T>(root, Origin{file.string()});
+  return from_yaml<T>(root, Origin{file.string(), override_paths(overrides)});
 }
 
 template <Section T>
@@ -369,7 +380,7 @@ T load_string(std::string_view text, std::span<const std::string> overrides = {}
               std::string_view source_name = "<string>") {
   YAML::Node root = parse_string(text, source_name);
   apply_overrides(root, overrides);
-  return from_yaml<T>(root, Origin{std::string(source_name)});
+  return from_yaml<T>(root, Origin{std::string(source_name), override_paths(overrides)});
 }
 
 template <Section T>

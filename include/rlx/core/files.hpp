@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -54,5 +55,27 @@ std::string read_file(const std::filesystem::path& path, uint64_t max_bytes);
 uintmax_t remove_tree(const std::filesystem::path& path, std::error_code& ec) noexcept;
 // As above; throws rlx::Error naming the path and the cause.
 uintmax_t remove_tree(const std::filesystem::path& path);
+
+// An exclusive lock on a file (flock), held while the object lives: a process that dies,
+// however it dies, lets go of it. Not inherited by child processes. The file holds the
+// holder's PID, so whoever is refused can name it.
+//
+//   int64_t holder = 0;
+//   auto lock = rlx::FileLock::try_lock(run_dir / "launcher.lock", holder);
+//   RLX_CHECK(lock, "{} is in use by process {}", run_dir.string(), holder);
+class FileLock {
+ public:
+  // The lock, or nullopt with `holder` set to the PID written by the process that holds
+  // it (0 if unreadable). Throws rlx::Error naming the file if it cannot be opened.
+  static std::optional<FileLock> try_lock(const std::filesystem::path& path, int64_t& holder);
+  FileLock(FileLock&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  FileLock& operator=(FileLock&&) = delete;
+  FileLock(const FileLock&) = delete;
+  ~FileLock();
+
+ private:
+  explicit FileLock(int fd) : fd_(fd) {}
+  int fd_ = -1;
+};
 
 }  // namespace rlx

@@ -37,7 +37,7 @@ struct EnvOptions {
     v("max_turns", max_turns, "actions per episode at most", config::in_range(1, 100000));
     v("servers", servers, "env server processes per rollout worker, each sandboxed (0: environments run in the worker)",
       config::in_range(0, 1024));
-    v("timeout_s", timeout_s, "timeout of one call to an env server", config::greater_than(0));
+    v("timeout_s", timeout_s, "timeout of one call to an env server", config::seconds());
     v("retries", retries, "retries of a call to an env server (restarting it if it died) before an infra error",
       config::in_range(0, 100));
     v("max_restarts", max_restarts, "restarts of one env server before the run fails", config::in_range(0, 1000));

@@ -77,27 +77,29 @@ struct ModelConfig {
   template <class V>
   void visit(V& v) {
     v("arch", arch, "architecture family: llama or qwen2");
-    v("vocab_size", vocab_size, "vocabulary size", config::at_least(1));
-    v("hidden_size", hidden_size, "model width", config::at_least(1));
-    v("intermediate_size", intermediate_size, "SwiGLU MLP width", config::at_least(1));
-    v("num_layers", num_layers, "transformer blocks", config::at_least(1));
-    v("num_heads", num_heads, "query heads", config::at_least(1));
-    v("num_kv_heads", num_kv_heads, "key/value heads; divides num_heads", config::at_least(1));
-    v("head_dim", head_dim, "per-head width (even, for RoPE)", config::at_least(2));
-    v("max_position_embeddings", max_position_embeddings, "longest context", config::at_least(1));
-    v("rms_norm_eps", rms_norm_eps, "RMSNorm epsilon", config::greater_than(0));
+    v("vocab_size", vocab_size, "vocabulary size", config::in_range(1, 1 << 24));
+    v("hidden_size", hidden_size, "model width", config::in_range(1, 1 << 17));
+    v("intermediate_size", intermediate_size, "SwiGLU MLP width", config::in_range(1, 1 << 20));
+    v("num_layers", num_layers, "transformer blocks", config::in_range(1, 1024));
+    v("num_heads", num_heads, "query heads", config::in_range(1, 1024));
+    v("num_kv_heads", num_kv_heads, "key/value heads; divides num_heads", config::in_range(1, 1024));
+    v("head_dim", head_dim, "per-head width (even, for RoPE)", config::in_range(2, 4096));
+    v("max_position_embeddings", max_position_embeddings, "longest context", config::in_range(1, 1 << 24));
+    v("rms_norm_eps", rms_norm_eps, "RMSNorm epsilon", config::in_half_open(0, 1));
     v("rope_theta", rope_theta, "RoPE base", config::greater_than(0));
     v("rope_scaling", rope_scaling, "RoPE scaling");
     v("qkv_bias", qkv_bias, "bias on q/k/v projections");
     v("o_bias", o_bias, "bias on the attention output projection");
     v("mlp_bias", mlp_bias, "bias on the MLP projections");
     v("tie_word_embeddings", tie_word_embeddings, "LM head shares the embedding matrix");
-    v("initializer_range", initializer_range, "std of the normal weight initialisation", config::at_least(0));
-    v("bos_token_id", bos_token_id, "beginning-of-sequence token (-1: none)", config::at_least(-1));
-    v("eos_token_id", eos_token_id, "end-of-sequence token (-1: none)", config::at_least(-1));
+    v("initializer_range", initializer_range, "std of the normal weight initialisation", config::in_range(0, 100));
+    v("bos_token_id", bos_token_id, "beginning-of-sequence token (-1: none)", config::in_range(-1, 1 << 24));
+    v("eos_token_id", eos_token_id, "end-of-sequence token (-1: none)", config::in_range(-1, 1 << 24));
   }
-  // Cross-field checks; throws rlx::Error naming the fields.
+  // Every field within its bounds, the cross-field checks and a parameter count of at most
+  // kMaxParameters, before anything is allocated; throws rlx::Error naming the fields.
   void validate() const;
+  static constexpr double kMaxParameters = 2e12;
   int64_t num_parameters() const;
   bool operator==(const ModelConfig&) const = default;
 };

@@ -37,6 +37,17 @@ TEST_CASE("hub: JSONL datasets are validated with file and line", "[bus]") {
   CHECK_THAT(error_of([&] { load_jsonl(dir / "noprompt.jsonl"); }), Contains("noprompt.jsonl:1") && Contains("\"prompt\""));
   rlx::test::write_file(dir / "empty.jsonl", "\n");
   CHECK_THAT(error_of([&] { load_jsonl(dir / "empty.jsonl"); }), Contains("no records"));
+  // Issue 50, item 11: a record over the limit is refused at its line (a 1 GB line was
+  // read whole); a last line without a newline still counts; a deep record is refused.
+  std::string big = "{\"prompt\": \"" + std::string(200, 'x') + "\"}";
+  rlx::test::write_file(dir / "big.jsonl", "{\"prompt\": \"a\"}\n" + big + "\n");
+  CHECK_THAT(error_of([&] { load_jsonl(dir / "big.jsonl", 10, 100); }),
+             Contains("big.jsonl:2: a record longer than 100 bytes"));
+  CHECK(load_jsonl(dir / "big.jsonl", 10, big.size()).size() == 2);
+  rlx::test::write_file(dir / "tail.jsonl", "{\"prompt\": \"a\"}\n{\"prompt\": \"b\"}");
+  CHECK(load_jsonl(dir / "tail.jsonl").size() == 2);
+  rlx::test::write_file(dir / "deep.jsonl", "{\"prompt\": \"a\", \"x\": " + std::string(5000, '[') + std::string(5000, ']') + "}\n");
+  CHECK_THAT(error_of([&] { load_jsonl(dir / "deep.jsonl"); }), Contains("deep.jsonl:1: nested deeper than"));
 }
 
 TEST_CASE("hub: the prompt source is a seeded permutation per epoch, restorable from its cursor", "[bus]") {

@@ -144,6 +144,48 @@ TEST_CASE("config: command-line overrides", "[config]") {
   CHECK_THAT(msg, Contains("steps is a value, not a section"));
 }
 
+// Issue 50, item 9: inputs a hostile tester tried.
+TEST_CASE("config: a directory, a device, .inf, an absurd timeout and key= are refused or read as meant", "[config]") {
+  // A directory read as an empty file (all defaults), /dev/zero read without end.
+  rlx::test::TempDir dir;
+  CHECK_THAT(rlx::test::error_of([&] { config::load_file<Outer>(dir.path); }), Contains("is a directory, not a file"));
+  CHECK_THAT(rlx::test::error_of([] { config::parse_file("/dev/zero"); }),
+             Contains("/dev/zero: it is a device, pipe or socket, not a file"));
+  // .inf is in no range, whatever the bound says.
+  std::vector<std::string> inf = {"inner.lr=.inf"};
+  auto msg = rlx::test::error_of([&] { config::load_string<Outer>("", inf); });
+  CHECK_THAT(msg, Contains("inner.lr (command line): .inf is out of range"));
+  for (const auto* o : {"learner.lr=.inf", "learner.eps=.inf", "env.timeout_s=.inf", "hub.lease_timeout_s=1e-300",
+                        "hub.peer_timeout_s=-.inf", "learner.lr=.nan"}) {
+    std::vector<std::string> ov = {o};
+    INFO(o);
+    msg = rlx::test::error_of([&] { config::load_string<RunConfig>("", ov); });
+    CHECK_THAT(msg, Contains(std::string(o).substr(0, std::string(o).find('=')) + " (command line)"));
+    CHECK_THAT(msg, Contains("out of range"));
+  }
+  // An override's error is the command line's, not line 1 of the file.
+  rlx::test::write_file(dir / "c.yaml", "steps: 3\ninner:\n  lr: 5\n");
+  std::vector<std::string> ov = {"steps=0"};
+  msg = rlx::test::error_of([&] { config::load_file<Outer>(dir / "c.yaml", ov); });
+  CHECK_THAT(msg, Contains("steps (command line)"));
+  CHECK_THAT(msg, Contains("inner.lr (" + (dir / "c.yaml").string() + ":3)"));
+  // key= is the empty string; key=null is null.
+  std::vector<std::string> empty = {"inner.note=", "name="};
+  auto o = config::load_string<Outer>("inner:\n  note: x\n", empty);
+  CHECK(o.inner.note == std::optional<std::string>(""));
+  CHECK(o.name.empty());
+  auto rc = config::load_string<RunConfig>("hub:\n  state_file: s.json\n", std::vector<std::string>{"hub.state_file="});
+  CHECK(rc.hub.state_file.empty());
+  // run.name is one directory name, in valid UTF-8.
+  for (const auto* name : {"run.name=a\xff\xfe", "run.name=../x", "run.name=a/b", "run.name=.."}) {
+    INFO(name);
+    msg = rlx::test::error_of([&] { config::load_string<RunConfig>("", std::vector<std::string>{name}); });
+    CHECK_THAT(msg, Contains("run ("));
+    CHECK_THAT(msg, Contains("name"));
+  }
+  CHECK(config::load_string<RunConfig>("", std::vector<std::string>{"run.name=été-1"}).run.name == "été-1");
+}
+
 TEST_CASE("config: invalid YAML names the line and column", "[config]") {
   auto msg = rlx::test::error_of([] { config::load_string<Outer>("steps: [1, 2\n", {}, "bad.yaml"); });
   CHECK_THAT(msg, Contains("bad.yaml:"));

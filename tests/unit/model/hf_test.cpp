@@ -57,6 +57,35 @@ TEST_CASE("hf: config.json from transformers, including the v5 rope_parameters l
   bad = j;
   bad["hidden_size"] = "wide";
   CHECK_THROWS_WITH(rlx::model_config_from_hf(bad, "cfg"), Contains("hidden_size: has the wrong type"));
+
+  // Issue 50, item 10: sizes are checked before anything is allocated (these asked the
+  // allocator for 256 TB), each naming the field; floats are not integers.
+  bad = j;
+  bad["num_hidden_layers"] = -1;
+  CHECK_THROWS_WITH(rlx::model_config_from_hf(bad, "cfg"), Contains("num_layers = -1 is not in [1, 1024]"));
+  bad = j;
+  bad["vocab_size"] = 1e12;
+  CHECK_THROWS_WITH(rlx::model_config_from_hf(bad, "cfg"), Contains("vocab_size: must be an integer"));
+  bad["vocab_size"] = int64_t{1000000000000};
+  CHECK_THROWS_WITH(rlx::model_config_from_hf(bad, "cfg"), Contains("vocab_size = 1000000000000 is not in"));
+  bad = j;
+  bad["vocab_size"] = 1 << 24;
+  bad["hidden_size"] = 1 << 17;
+  bad["intermediate_size"] = 1 << 20;
+  bad["num_hidden_layers"] = 1024;
+  bad["head_dim"] = 64;
+  CHECK_THROWS_WITH(rlx::model_config_from_hf(bad, "cfg"), Contains("parameters") && Contains("more than"));
+  bad = j;
+  bad["rms_norm_eps"] = 0;
+  CHECK_THROWS_WITH(rlx::model_config_from_hf(bad, "cfg"), Contains("rms_norm_eps"));
+  // A shape that passes the bounds but cannot fit in this machine's memory: refused by
+  // the constructor, before the allocator (2e11 float32 parameters, 800 GB).
+  auto big = rlx::model_config_from_hf(j, "cfg");
+  big.vocab_size = 1 << 20;
+  big.hidden_size = 1 << 15;
+  big.intermediate_size = 1 << 17;
+  big.num_layers = 12;
+  CHECK_THROWS_WITH(rlx::Transformer(big), Contains("more than this machine's"));
 }
 
 TEST_CASE("hf: save then load is bit-exact and gives the same logits", "[hf]") {
