@@ -16,6 +16,7 @@ between minutes, so each ratio is of a pair), and prints each pair and the media
 """
 import argparse, json, math, statistics, subprocess, time
 
+import blas_kernels  # noqa: F401  (the OpenBLAS kernels rlx runs here; may re-execute this script)
 import torch
 import torch.nn.functional as F
 

@@ -22,6 +22,7 @@ speed-up over this loop:
 """
 import argparse, json, math, os, random, re, shutil, statistics, struct, subprocess, tempfile, time
 
+import blas_kernels  # noqa: F401  (the OpenBLAS kernels rlx runs here; may re-execute this script)
 import torch
 import torch.nn.functional as F
 
