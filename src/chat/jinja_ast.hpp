@@ -1,5 +1,7 @@
 // The Jinja engine's syntax tree: what src/chat/jinja_parse.cpp builds and
-// src/chat/jinja_render.cpp evaluates. Every node keeps its template line for errors.
+// src/chat/jinja_render.cpp evaluates. Every node keeps its template line for errors; the
+// parser bounds the tree's height (ParseLimits), so that evaluating and destroying it
+// recurse a bounded number of levels.
 #pragma once
 
 #include <memory>
@@ -14,6 +16,7 @@ class Renderer;
 
 struct Expr {
   int line = 0;
+  int height = 1;  // levels of the subtree: 1 for a leaf
   virtual ~Expr() = default;
   virtual Value eval(Renderer& r) const = 0;
 };
@@ -156,6 +159,6 @@ struct LoopControl : Node {
 bool has_filter(const std::string& name);
 bool has_test(const std::string& name);
 
-std::unique_ptr<Block> parse_template(std::string_view source, const std::string& name);
+std::unique_ptr<Block> parse_template(std::string_view source, const std::string& name, const ParseLimits& limits);
 
 }  // namespace rlx::jinja::detail

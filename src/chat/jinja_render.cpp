@@ -455,10 +455,10 @@ std::shared_ptr<Frame> builtins() {
 
 }  // namespace detail
 
-Template Template::parse(std::string_view source, std::string name) {
+Template Template::parse(std::string_view source, std::string name, const ParseLimits& limits) {
   Template t;
   t.name_ = std::move(name);
-  t.body_ = detail::parse_template(source, t.name_);
+  t.body_ = detail::parse_template(source, t.name_, limits);
   return t;
 }
 

@@ -15,6 +15,9 @@
 //   auto t = rlx::jinja::Template::parse("{% for m in messages %}{{ m.role }};{% endfor %}", "demo");
 //   auto ctx = rlx::jinja::Value::from_json(R"({"messages": [{"role": "user"}]})"_json);
 //   t.render(ctx);  // "user;"
+//
+// A template downloaded with a model is untrusted: its parse is bounded (ParseLimits), and a
+// bound reached throws LimitError naming it and the position.
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
@@ -36,6 +39,29 @@ namespace rlx::jinja {
 class TemplateError : public Error {
  public:
   using Error::Error;
+};
+
+// A bound of ParseLimits was reached. The message names the template, the line and the
+// field ("chat_template:3: ... (ParseLimits::max_depth)"); `limit()` is the field's name.
+class LimitError : public TemplateError {
+ public:
+  LimitError(std::string message, std::string limit) : TemplateError(std::move(message)), limit_(std::move(limit)) {}
+  const std::string& limit() const { return limit_; }
+
+ private:
+  std::string limit_;
+};
+
+// Bounds on parsing a template: its syntax tree must stay far from the stack's end in the
+// parser, the renderer and its destructor. Real chat templates nest fewer than 20 levels.
+struct ParseLimits {
+  size_t max_template_bytes = 1u << 20;  // the source's size; real chat templates are a few KiB
+  // Nesting of statement blocks, and the height of any expression's syntax tree: brackets,
+  // operators, `not`, `-`, filters, attribute and item lookups and calls each add a level,
+  // and so does each link of a chain (`a + b + c` is 3 deep, `x.a.b` 3). The parser takes
+  // about 2.5 KiB of stack a bracket level (640 KiB at the bound, in a release build).
+  int max_depth = 256;
+  size_t max_nodes = 100'000;  // syntax-tree nodes (statements, expressions, text runs)
 };
 
 class Value;
@@ -138,7 +164,7 @@ struct Node;
 class Template {
  public:
   // Parses `source`; `name` prefixes every error ("chat_template:12: ...").
-  static Template parse(std::string_view source, std::string name = "template");
+  static Template parse(std::string_view source, std::string name = "template", const ParseLimits& limits = {});
   // Renders with `context` (a dict) as the global variables, after the built-ins
   // (`range`, `namespace`, `dict`, `raise_exception`, `strftime_now`, ...).
   std::string render(const Value& context) const;

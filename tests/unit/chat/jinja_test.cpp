@@ -7,6 +7,8 @@
 
 #include "test_paths.hpp"
 
+using rlx::jinja::LimitError;
+using rlx::jinja::ParseLimits;
 using rlx::jinja::Template;
 using rlx::jinja::TemplateError;
 using rlx::jinja::Value;
@@ -25,6 +27,26 @@ std::string error_of(const std::string& src, const json& ctx = json::object()) {
   return "(no error)";
 }
 const std::filesystem::path kChatFixtures = std::filesystem::path(rlx::test_paths::kFixtureDir) / "chat";
+
+std::string repeat(const std::string& s, int n) {
+  std::string out;
+  for (int i = 0; i < n; ++i) out += s;
+  return out;
+}
+// The LimitError a template's parse or render throws: "(none)" when it throws nothing.
+LimitError limit_error(const std::string& src, const ParseLimits& parse = {}, const json& ctx = json::object()) {
+  try {
+    Template::parse(src, "t", parse).render(Value::from_json(ctx));
+  } catch (const LimitError& e) {
+    return e;
+  }
+  return LimitError("(none)", "");
+}
+// After a bound stops a parse, templates parse and render as before.
+void renders_normally_after() {
+  CHECK(render("{% for m in messages %}{{ m.role }}:{{ m.content | trim }};{% endfor %}",
+               {{"messages", {{{"role", "user"}, {"content", " hi "}}}}}) == "user:hi;");
+}
 }  // namespace
 
 TEST_CASE("jinja: whitespace control as transformers sets it (trim_blocks, lstrip_blocks)", "[chat]") {
@@ -98,4 +120,52 @@ TEST_CASE("jinja: parity with jinja2 on the feature cases", "[chat]") {
   }
   CHECK(checked >= 30);
   CHECK(errors >= 5);
+}
+
+// ---- Bounds: a hostile chat_template (downloaded with a model) stops with a LimitError that
+// names the bound and the template line, instead of crashing or hanging what loads it.
+
+TEST_CASE("jinja bounds: nested brackets and blocks are parse errors naming the depth limit", "[chat]") {
+  // 10,000 nested parentheses: the recursive-descent parser, the renderer and the tree's
+  // destructor each recursed once a level (SIGSEGV before the bound).
+  LimitError parens = limit_error("{{ " + repeat("(", 10000) + "1" + repeat(")", 10000) + " }}");
+  CHECK(parens.limit() == "max_depth");
+  CHECK_THAT(parens.what(), Catch::Contains("t:1:") && Catch::Contains("256 levels") && Catch::Contains("column 260") &&
+                                Catch::Contains("ParseLimits::max_depth"));
+  LimitError ifs = limit_error(repeat("{% if true %}", 30000) + repeat("{% endif %}", 30000));
+  CHECK(ifs.limit() == "max_depth");
+  CHECK_THAT(ifs.what(), Catch::Contains("statement blocks nest deeper than 256"));
+  for (const char* open : {"[", "{'k': ", "f(", "x[", "-", "not ", "(1 if "}) {
+    INFO(open);
+    CHECK(limit_error("{{ " + repeat(open, 10000) + "1 }}").limit() == "max_depth");
+  }
+  LimitError lines = limit_error("\n\n{{ " + repeat("[", 300) + " }}");
+  CHECK_THAT(lines.what(), Catch::StartsWith("t:3:"));
+  // Just inside the bound, the same shapes parse and render.
+  CHECK(render("{{ " + repeat("(", 200) + "7" + repeat(")", 200) + " }}") == "7");
+  CHECK(render(repeat("{% if true %}", 200) + "in" + repeat("{% endif %}", 200)) == "in");
+  renders_normally_after();
+}
+
+TEST_CASE("jinja bounds: long flat chains build no deeper tree than the depth limit", "[chat]") {
+  // A left-associative chain is as deep as it is long without any recursion in the parser:
+  // its evaluation and its destruction recursed once a link.
+  for (const char* link : {" + 1", " - 1", " * 1", " ~ 1", " and 1", " or 1", " // 1", " ** 1", ".a", "[0]", "()", " | string",
+                           " if 1 else 1"}) {
+    INFO(link);
+    LimitError e = limit_error("{{ 1" + repeat(link, 10000) + " }}");
+    CHECK(e.limit() == "max_depth");
+    CHECK_THAT(e.what(), Catch::Contains("ParseLimits::max_depth"));
+  }
+  CHECK(limit_error("{{ " + repeat("not ", 10000) + "1 }}").limit() == "max_depth");
+  CHECK(limit_error("{{ " + repeat("- ", 10000) + "1 }}").limit() == "max_depth");
+  // A chain of 200 is fine (real templates chain fewer than 20); a chained comparison is one node.
+  CHECK(render("{{ 0" + repeat(" + 1", 200) + " }}") == "200");
+  CHECK(render("{{ 1" + repeat(" == 1", 10000) + " }}") == "True");
+  CHECK(render("{{ 'a'" + repeat(" | string", 200) + " }}") == "a");
+  // Too many nodes, however flat.
+  ParseLimits few;
+  few.max_nodes = 100;
+  CHECK(limit_error(repeat("{{ 1 }}", 60), few).limit() == "max_nodes");
+  renders_normally_after();
 }
