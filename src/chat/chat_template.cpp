@@ -3,6 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <utility>
+#include <vector>
+
 #include "rlx/core/files.hpp"
 
 
@@ -29,6 +32,28 @@ json special_tokens_of(const json& config) {
     out["additional_special_tokens"] = list;
   }
   return out;
+}
+
+// `j` as a template value; `what` names it in the error when it nests too deep.
+jinja::Value value_of(const json& j, const std::string& what) {
+  try {
+    return jinja::Value::from_json(j);
+  } catch (const jinja::TemplateError& e) {
+    throw Error(fmt::format("{}: {}", what, e.what()));
+  }
+}
+
+// Throws naming `what` when `j` nests deeper than jinja::Value::kMaxDepth: checked without
+// recursion, before anything copies `j` (nlohmann's copy recurses once a level).
+void check_depth(const json& j, const char* what) {
+  std::vector<std::pair<const json*, int>> stack = {{&j, 0}};
+  while (!stack.empty()) {
+    auto [v, depth] = stack.back();
+    stack.pop_back();
+    if (!v->is_structured()) continue;
+    RLX_CHECK(depth < jinja::Value::kMaxDepth, "{}: nested deeper than {} levels", what, jinja::Value::kMaxDepth);
+    for (const auto& child : *v) stack.emplace_back(&child, depth + 1);
+  }
 }
 
 }  // namespace
@@ -114,18 +139,25 @@ std::string ChatTemplate::render(const json& messages, const RenderOptions& opti
   if (with_tools) RLX_CHECK(options.tools.is_array(), "tools must be a list of tool schemas, got {}", options.tools.type_name());
   RLX_CHECK(options.kwargs.is_object(), "template variables must be a JSON object");
   const jinja::Template& t = with_tools && tool_use_ ? *tool_use_ : default_ ? *default_ : *tool_use_;
-  json context = special_tokens_;
-  context["messages"] = messages;
-  context["tools"] = options.tools;
-  context["documents"] = nullptr;
-  context["add_generation_prompt"] = options.add_generation_prompt;
-  for (auto it = options.kwargs.begin(); it != options.kwargs.end(); ++it) context[it.key()] = it.value();
-  return t.render(jinja::Value::from_json(context));
+  // The context's values straight from the caller's JSON: a copy of it would recurse
+  // through it unbounded, from_json stops at jinja::Value::kMaxDepth.
+  jinja::Value::Dict context;
+  for (auto it = special_tokens_.begin(); it != special_tokens_.end(); ++it) context.set(it.key(), value_of(it.value(), it.key()));
+  context.set("messages", value_of(messages, "messages"));
+  context.set("tools", value_of(options.tools, "tools"));
+  context.set("documents", jinja::Value::none());
+  context.set("add_generation_prompt", jinja::Value(options.add_generation_prompt));
+  for (auto it = options.kwargs.begin(); it != options.kwargs.end(); ++it)
+    context.set(it.key(), value_of(it.value(), "template variable " + it.key()));
+  return t.render(jinja::Value(std::move(context)), options.limits);
 }
 
 std::string TurnDelta::after_assistant(const ChatTemplate& tpl, const json& new_messages, const std::string& sampled_end,
                                        const RenderOptions& options) {
   RLX_CHECK(new_messages.is_array() && !new_messages.empty(), "the messages after an assistant turn must be a non-empty list");
+  check_depth(new_messages, "the messages after an assistant turn");
+  check_depth(options.tools, "tools");
+  check_depth(options.kwargs, "template variables");
   // A fixed conversation whose assistant turn is followed by the new messages: the text after
   // the assistant's content is the turn's closing text, the new turns and the generation
   // prompt, whatever the template does to earlier turns (e.g. Qwen3 dropping old reasoning).

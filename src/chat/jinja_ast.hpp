@@ -1,5 +1,7 @@
 // The Jinja engine's syntax tree: what src/chat/jinja_parse.cpp builds and
-// src/chat/jinja_render.cpp evaluates. Every node keeps its template line for errors.
+// src/chat/jinja_render.cpp evaluates. Every node keeps its template line for errors; the
+// parser bounds the tree's height (ParseLimits), so that evaluating and destroying it
+// recurse a bounded number of levels.
 #pragma once
 
 #include <memory>
@@ -14,8 +16,13 @@ class Renderer;
 
 struct Expr {
   int line = 0;
+  int height = 1;  // levels of the subtree: 1 for a leaf
   virtual ~Expr() = default;
-  virtual Value eval(Renderer& r) const = 0;
+  // Counts a step and a level of the renderer's depth, then evaluates.
+  Value eval(Renderer& r) const;
+
+ protected:
+  virtual Value evaluate(Renderer& r) const = 0;
 };
 using ExprPtr = std::unique_ptr<Expr>;
 
@@ -34,70 +41,70 @@ struct CallArgs {
 // ---- expressions
 struct Literal : Expr {
   Value value;
-  Value eval(Renderer& r) const override;
+  Value evaluate(Renderer& r) const override;
 };
 struct Name : Expr {
   std::string name;
-  Value eval(Renderer& r) const override;
+  Value evaluate(Renderer& r) const override;
 };
 struct ListExpr : Expr {
   std::vector<ExprPtr> items;
   bool tuple = false;
-  Value eval(Renderer& r) const override;
+  Value evaluate(Renderer& r) const override;
 };
 struct DictExpr : Expr {
   std::vector<std::pair<ExprPtr, ExprPtr>> items;
-  Value eval(Renderer& r) const override;
+  Value evaluate(Renderer& r) const override;
 };
 struct GetAttr : Expr {
   ExprPtr object;
   std::string attr;
-  Value eval(Renderer& r) const override;
+  Value evaluate(Renderer& r) const override;
 };
 struct GetItem : Expr {
   ExprPtr object, index;
-  Value eval(Renderer& r) const override;
+  Value evaluate(Renderer& r) const override;
 };
 struct Slice : Expr {
   ExprPtr object, start, stop, step;  // each may be null
-  Value eval(Renderer& r) const override;
+  Value evaluate(Renderer& r) const override;
 };
 struct Call : Expr {
   ExprPtr callee;
   CallArgs args;
-  Value eval(Renderer& r) const override;
+  Value evaluate(Renderer& r) const override;
 };
 struct FilterExpr : Expr {
   ExprPtr operand;  // null inside a `{% filter %}` block's chain
   std::string filter;
   CallArgs args;
-  Value eval(Renderer& r) const override;
+  Value evaluate(Renderer& r) const override;
 };
 struct TestExpr : Expr {
   ExprPtr operand;
   std::string test;
   CallArgs args;
   bool negated = false;
-  Value eval(Renderer& r) const override;
+  Value evaluate(Renderer& r) const override;
 };
 struct Unary : Expr {
   char op = '-';  // '-', '+', '!' (not)
   ExprPtr operand;
-  Value eval(Renderer& r) const override;
+  Value evaluate(Renderer& r) const override;
 };
 struct Binary : Expr {
   std::string op;  // + - * / // % ** ~ and or
   ExprPtr left, right;
-  Value eval(Renderer& r) const override;
+  Value evaluate(Renderer& r) const override;
 };
 struct Compare : Expr {  // a < b <= c: Python's chained comparison
   ExprPtr first;
   std::vector<std::pair<std::string, ExprPtr>> rest;  // == != < <= > >= in notin
-  Value eval(Renderer& r) const override;
+  Value evaluate(Renderer& r) const override;
 };
 struct Conditional : Expr {
   ExprPtr then, cond, otherwise;  // otherwise may be null: undefined
-  Value eval(Renderer& r) const override;
+  Value evaluate(Renderer& r) const override;
 };
 
 // ---- statements
@@ -156,6 +163,6 @@ struct LoopControl : Node {
 bool has_filter(const std::string& name);
 bool has_test(const std::string& name);
 
-std::unique_ptr<Block> parse_template(std::string_view source, const std::string& name);
+std::unique_ptr<Block> parse_template(std::string_view source, const std::string& name, const ParseLimits& limits);
 
 }  // namespace rlx::jinja::detail

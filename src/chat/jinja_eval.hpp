@@ -1,5 +1,5 @@
 // The Jinja engine's evaluator state and the Python semantics its parts share: the renderer
-// (frames, control flow, bounds), value helpers (len, iteration, ordering, `in`, str
+// (frames, control flow, the render's budget), value helpers (len, iteration, ordering, `in`, str
 // methods), and the entry points of the filters, tests and methods. Internal to src/chat:
 // jinja_python.cpp (values, methods), jinja_filters.cpp (filters, tests) and
 // jinja_render.cpp (expressions, statements, built-in functions).
@@ -13,13 +13,11 @@
 #include <vector>
 
 #include "chat/jinja_ast.hpp"
+#include "chat/jinja_budget.hpp"
 
 namespace rlx::jinja::detail {
 
-constexpr size_t kMaxOutputBytes = 64u << 20;  // a rendered conversation past this is a runaway template
-constexpr int64_t kMaxIterations = 10'000'000;  // loop iterations in one render
-constexpr int kMaxCallDepth = 64;               // nested macro calls
-constexpr int64_t kMaxRange = 100'000;          // Jinja2's sandbox limit
+constexpr int64_t kMaxRange = 100'000;  // Jinja2's sandbox limit
 
 // An error already prefixed with its template and line: outer statements pass it through.
 class LocatedError : public TemplateError {
@@ -37,13 +35,38 @@ struct Frame {
 // ---------------------------------------------------------------------------------------
 class Renderer {
  public:
-  Renderer(std::string name, std::shared_ptr<Frame> root) : name(std::move(name)), frame(std::move(root)) {}
+  // Installs the render's budget on this thread for the renderer's lifetime.
+  Renderer(std::string name, std::shared_ptr<Frame> root, const RenderLimits& limits)
+      : name(std::move(name)), budget(limits, this->name), frame(std::move(root)) {}
 
   std::string name;
+  RenderBudget budget;
   std::shared_ptr<Frame> frame;
   enum class Flow { normal, brk, cont } flow = Flow::normal;
-  int depth = 0;
+  int depth = 0;       // macro calls in progress
+  int eval_depth = 0;  // expressions and statement blocks in evaluation
   int64_t iterations = 0;
+
+  const RenderLimits& limits() const { return budget.limits(); }
+
+  // A level of evaluation at `line` while in scope: a step, and one level of eval_depth.
+  class Level {
+   public:
+    Level(Renderer& r, int line) : r_(r) {
+      r.budget.line = line;
+      r.budget.step();
+      if (r.eval_depth >= r.limits().max_eval_depth)
+        r.budget.exceeded("max_eval_depth",
+                          fmt::format("expressions and statements nest deeper than {} levels", r.limits().max_eval_depth));
+      ++r.eval_depth;
+    }
+    ~Level() { --r_.eval_depth; }
+    Level(const Level&) = delete;
+    Level& operator=(const Level&) = delete;
+
+   private:
+    Renderer& r_;
+  };
 
   Value lookup(const std::string& n) const {
     for (const Frame* f = frame.get(); f; f = f->parent.get()) {
@@ -54,13 +77,16 @@ class Renderer {
   }
   void assign(const std::string& n, Value v) { frame->vars[n] = std::move(v); }
 
+  // Rethrows `e` prefixed with the template and `line`, unless it already names them.
   [[noreturn]] void located(int line, const std::exception& e) const {
-    if (dynamic_cast<const LocatedError*>(&e)) throw;
+    if (dynamic_cast<const LocatedError*>(&e) || dynamic_cast<const LimitError*>(&e)) throw;
     throw LocatedError(fmt::format("{}:{}: {}", name, line, e.what()));
   }
 
   void count_iteration() {
-    if (++iterations > kMaxIterations) fail(fmt::format("more than {} loop iterations in one render", kMaxIterations));
+    budget.step();
+    if (++iterations > limits().max_iterations)
+      budget.exceeded("max_iterations", fmt::format("more than {} loop iterations in one render", limits().max_iterations));
   }
 
   Value get_attr(const Value& obj, const std::string& attr);
@@ -92,6 +118,6 @@ std::vector<int64_t> slice_indices(int64_t n, const Value& start_v, const Value&
 Value string_method(const Value& self, const std::string& name);
 
 // A call's arguments, evaluated (jinja_render.cpp).
-Arguments evaluate(Renderer& r, const CallArgs& args, std::string callee);
+Arguments evaluate_args(Renderer& r, const CallArgs& args, std::string callee);
 
 }  // namespace rlx::jinja::detail

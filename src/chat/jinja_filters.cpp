@@ -1,5 +1,6 @@
 // The Jinja engine's filters and tests, by name (the ones chat templates call; docs/CHAT.md
-// lists them), with Jinja2's aliases.
+// lists them), with Jinja2's aliases. Each call is a step of the render's budget; what a
+// filter builds is checked against it before it is built.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -98,6 +99,7 @@ const std::map<std::string, FilterFn, std::less<>>& filters() {
       {"escape", [](Renderer&, const Value& v, Arguments& a) -> Value { a.check(0, {}); return Value(html_escape(v.str())); }},
       {"first", [](Renderer&, const Value& v, Arguments& a) -> Value {
          a.check(0, {});
+         if (v.is_string() && !v.string().empty()) return Value(v.string().substr(0, code_point_length(v.string(), 0)));
          auto items = iterate(v);
          return items.empty() ? Value::undefined("first") : items.front();
        }},
@@ -146,14 +148,26 @@ const std::map<std::string, FilterFn, std::less<>>& filters() {
          std::string out;
          bool first = true;
          for (const auto& item : iterate(v)) {
+           std::string piece = (attr.is_undefined() ? item : attribute_path(r, item, attr)).str();
+           check_size(out.size() + sep.size() + piece.size(), "a string made by join");
            if (!first) out += sep;
-           out += (attr.is_undefined() ? item : attribute_path(r, item, attr)).str();
+           out += piece;
            first = false;
          }
          return Value(std::move(out));
        }},
       {"last", [](Renderer&, const Value& v, Arguments& a) -> Value {
          a.check(0, {});
+         if (v.is_string() && !v.string().empty()) {
+           const std::string& s = v.string();
+           size_t at = s.size() - 1;  // the last code point starts at most 3 bytes from the end
+           for (size_t back = std::min<size_t>(s.size(), 4); back >= 1; --back)
+             if (code_point_length(s, s.size() - back) == back) {
+               at = s.size() - back;
+               break;
+             }
+           return Value(s.substr(at));
+         }
          auto items = iterate(v);
          return items.empty() ? Value::undefined("last") : items.back();
        }},
@@ -201,13 +215,16 @@ const std::map<std::string, FilterFn, std::less<>>& filters() {
        }},
       {"reverse", [](Renderer&, const Value& v, Arguments& a) -> Value {
          a.check(0, {});
-         auto items = iterate(v);
-         std::reverse(items.begin(), items.end());
          if (v.is_string()) {
+           const std::string& s = v.string();
+           auto cps = code_points(s);
            std::string out;
-           for (const auto& c : items) out += c.string();
+           out.reserve(s.size());
+           for (size_t i = cps.size() - 1; i > 0; --i) out.append(s, cps[i - 1], cps[i] - cps[i - 1]);
            return Value(std::move(out));
          }
+         auto items = iterate(v);
+         std::reverse(items.begin(), items.end());
          return Value(std::move(items));
        }},
       {"round", [](Renderer&, const Value& v, Arguments& a) -> Value {
@@ -298,18 +315,25 @@ const std::map<std::string, FilterFn, std::less<>>& filters() {
          std::string out;
          const auto& ls = lines.list();
          for (size_t i = 0; i < ls.size(); ++i) {
-           if (i) out += "\n";
            const std::string& l = ls[i].string();
-           out += (i > 0 && (blank || !l.empty())) ? ind + l : l;
+           check_size(out.size() + 1 + ind.size() + l.size(), "a string made by indent");
+           if (i) out += "\n";
+           if (i > 0 && (blank || !l.empty())) out += ind;
+           out += l;
          }
-         if (first) out = ind + out;
+         if (first) {
+           check_size(ind.size() + out.size(), "a string made by indent");
+           out = ind + out;
+         }
          return Value(std::move(out));
        }},
       {"wordcount", [](Renderer&, const Value& v, Arguments& a) -> Value {
          a.check(0, {});
          int64_t n = 0;
          bool in_word = false;
-         for (char c : v.str()) {
+         const std::string text = v.str();
+         charge_scan(text.size());
+         for (char c : text) {
            bool w = std::isalnum(static_cast<unsigned char>(c)) || c == '_' || static_cast<unsigned char>(c) >= 0x80;
            if (w && !in_word) ++n;
            in_word = w;
@@ -405,6 +429,7 @@ bool has_test(const std::string& name) { return find_named(tests(), test_aliases
 Value Renderer::call_filter(const std::string& filter, const Value& operand, Arguments& args) {
   auto fn = find_named(filters(), filter_aliases(), filter);
   if (!fn) fail(fmt::format("no filter named '{}'", filter));
+  budget.step();
   args.callee = filter;
   return fn(*this, operand, args);
 }
@@ -412,6 +437,7 @@ Value Renderer::call_filter(const std::string& filter, const Value& operand, Arg
 bool Renderer::call_test(const std::string& test, const Value& operand, Arguments& args) {
   auto fn = find_named(tests(), test_aliases(), test);
   if (!fn) fail(fmt::format("no test named '{}'", test));
+  budget.step();
   args.callee = test;
   return fn(*this, operand, args);
 }

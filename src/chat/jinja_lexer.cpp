@@ -59,13 +59,13 @@ class Lexer {
         continue;
       }
       bool block = kind == '%';
-      tokens_.push_back({block ? Tok::block_begin : Tok::var_begin, "", line_at(start)});
+      tokens_.push_back({block ? Tok::block_begin : Tok::var_begin, "", line_at(start), start});
       size_t first_token = tokens_.size();
       pos = lex_tag(body, block, strip_next, trim_next);
       if (block && tokens_.size() == first_token + 2 && tokens_[first_token].text == "raw")
         pos = lex_raw(pos, strip_next, trim_next);
     }
-    tokens_.push_back({Tok::eof, "", line_at(src_.size())});
+    tokens_.push_back({Tok::eof, "", line_at(src_.size()), src_.size()});
     return std::move(tokens_);
   }
 
@@ -93,7 +93,7 @@ class Lexer {
   }
 
   void emit_text(size_t begin, size_t end) {
-    if (end > begin) tokens_.push_back({Tok::text, std::string(src_.substr(begin, end - begin)), line_at(begin)});
+    if (end > begin) tokens_.push_back({Tok::text, std::string(src_.substr(begin, end - begin)), line_at(begin), begin});
   }
 
   [[noreturn]] void fail(int line, const std::string& what) const {
@@ -110,7 +110,7 @@ class Lexer {
       if (src_.compare(i, 2, close) == 0 || ((src_[i] == '-' || src_[i] == '+') && src_.compare(i + 1, 2, close) == 0)) {
         char marker = src_[i] == '-' || src_[i] == '+' ? src_[i] : '\0';
         if (marker == '+' && !block) fail(line_at(i), "'+' before '}}' is not allowed");
-        tokens_.push_back({block ? Tok::block_end : Tok::var_end, "", line_at(i)});
+        tokens_.push_back({block ? Tok::block_end : Tok::var_end, "", line_at(i), i});
         strip_next = marker == '-';
         trim_next = block && marker == '\0';
         return i + (marker ? 3 : 2);
@@ -120,7 +120,7 @@ class Lexer {
       if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
         size_t j = i;
         while (j < src_.size() && (std::isalnum(static_cast<unsigned char>(src_[j])) || src_[j] == '_')) ++j;
-        tokens_.push_back({Tok::name, std::string(src_.substr(i, j - i)), line});
+        tokens_.push_back({Tok::name, std::string(src_.substr(i, j - i)), line, i});
         i = j;
       } else if (std::isdigit(static_cast<unsigned char>(c))) {
         size_t j = i;
@@ -145,10 +145,12 @@ class Lexer {
         }
         std::string text(src_.substr(i, j - i));
         text.erase(std::remove(text.begin(), text.end(), '_'), text.end());
-        tokens_.push_back({is_float ? Tok::floating : Tok::integer, text, line});
+        tokens_.push_back({is_float ? Tok::floating : Tok::integer, text, line, i});
         i = j;
       } else if (c == '\'' || c == '"') {
-        tokens_.push_back({Tok::string, lex_string(i, line), line});
+        size_t at = i;
+        std::string text = lex_string(i, line);
+        tokens_.push_back({Tok::string, std::move(text), line, at});
       } else {
         static const char* const kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "~", "<", ">",
                                            "=",  "(",  ")",  "[",  "]",  "{",  "}", ",", ".", ":", "|"};
@@ -156,7 +158,7 @@ class Lexer {
         for (const char* op : kOps) {
           size_t n = std::strlen(op);
           if (src_.compare(i, n, op) == 0) {
-            tokens_.push_back({Tok::op, op, line});
+            tokens_.push_back({Tok::op, op, line, i});
             i += n;
             found = true;
             break;

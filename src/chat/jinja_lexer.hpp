@@ -16,6 +16,7 @@ struct Token {
   Tok type;
   std::string text;
   int line;
+  size_t pos = 0;  // byte offset of the token (of its tag for text and delimiters) in the source
 };
 
 // The tokens of `source`, ending with Tok::eof; throws TemplateError "NAME:LINE: ..." for an

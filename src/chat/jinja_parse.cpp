@@ -1,5 +1,8 @@
 // The Jinja engine's parser: the tokens of jinja_lexer.cpp become the syntax tree of
-// jinja_ast.hpp, with Jinja2's grammar and operator precedence.
+// jinja_ast.hpp, with Jinja2's grammar and operator precedence. The parser's recursion, the
+// tree's height and its node count are bounded (ParseLimits): a template of 10,000 nested
+// brackets or a chain of 10,000 `+` is an error, not a tree that the renderer and the
+// destructors would recurse through to the stack's end.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -11,14 +14,13 @@
 namespace rlx::jinja::detail {
 namespace {
 
-constexpr size_t kMaxTemplateBytes = 1 << 20;  // real chat templates are a few KiB
-
 class Parser {
  public:
-  Parser(std::vector<Token> tokens, const std::string& name) : t_(std::move(tokens)), name_(name) {}
+  Parser(std::vector<Token> tokens, std::string_view source, const std::string& name, const ParseLimits& limits)
+      : t_(std::move(tokens)), source_(source), name_(name), limits_(limits) {}
 
   std::unique_ptr<Block> run() {
-    auto block = std::make_unique<Block>();
+    auto block = make<Block>();
     std::string end;
     *block = parse_until({}, &end);
     return block;
@@ -66,15 +68,51 @@ class Parser {
     ++i_;
   }
   template <class N>
-  std::unique_ptr<N> make() {
+  std::unique_ptr<N> make(int line = 0) {
+    if (++nodes_ > limits_.max_nodes)
+      limit_failed("max_nodes", fmt::format("the template has more than {} syntax-tree nodes", limits_.max_nodes));
     auto n = std::make_unique<N>();
-    n->line = cur().line;
+    n->line = line > 0 ? line : cur().line;
     return n;
+  }
+
+  // ---- bounds
+  [[noreturn]] void limit_failed(const char* limit, const std::string& what) const {
+    size_t pos = std::min(cur().pos, source_.size());
+    size_t line_start = source_.rfind('\n', pos == 0 ? 0 : pos - 1);
+    size_t column = line_start == std::string_view::npos || pos == 0 ? pos + 1 : pos - line_start;
+    throw LimitError(fmt::format("{}:{}: {} at column {} (ParseLimits::{})", name_, cur().line, what, column, limit), limit);
+  }
+  // One level of the parser's recursion (a block, a bracket, a `not` or a sign) while in scope.
+  class Nested {
+   public:
+    Nested(Parser& p, int& depth, const char* what) : depth_(depth) {
+      if (++depth_ > p.limits_.max_depth)
+        p.limit_failed("max_depth", fmt::format("{} nest deeper than {} levels", what, p.limits_.max_depth));
+    }
+    ~Nested() { --depth_; }
+    Nested(const Nested&) = delete;
+    Nested& operator=(const Nested&) = delete;
+
+   private:
+    int& depth_;
+  };
+  // `n`'s height from its children's, checked: a left-associative chain grows its tree one
+  // level per link without any recursion in the parser.
+  void grow(Expr& n, const Expr* child) {
+    if (child) n.height = std::max(n.height, child->height + 1);
+    if (n.height > limits_.max_depth)
+      limit_failed("max_depth", fmt::format("an expression nests deeper than {} levels", limits_.max_depth));
+  }
+  void grow(Expr& n, const CallArgs& args) {
+    for (const auto& e : args.positional) grow(n, e.get());
+    for (const auto& [k, e] : args.keywords) grow(n, e.get());
   }
 
   // Statements up to a block tag named in `ends` (which is consumed; its name goes to
   // *end), or to the end of the template when `ends` is empty.
   Block parse_until(std::initializer_list<const char*> ends, std::string* end) {
+    Nested nested(*this, block_depth_, "statement blocks");
     Block block;
     block.line = cur().line;
     int open_line = cur().line;
@@ -136,7 +174,8 @@ class Parser {
       // transformers' AssistantTracker marks assistant tokens; the text is the body's.
       expect_block_end("generation");
       std::string end;
-      auto n = std::make_unique<Block>(parse_until({"endgeneration"}, &end));
+      auto n = make<Block>();
+      *n = parse_until({"endgeneration"}, &end);
       expect_block_end("endgeneration");
       return n;
     }
@@ -279,18 +318,20 @@ class Parser {
     int line = cur().line;
     ExprPtr first = with_condexpr ? parse_expression() : parse_or();
     if (!is_op(",")) return first;
-    auto list = std::make_unique<ListExpr>();
-    list->line = line;
+    auto list = make<ListExpr>(line);
     list->tuple = true;
+    grow(*list, first.get());
     list->items.push_back(std::move(first));
     while (skip_op(",")) {
       if (cur().type == Tok::var_end || cur().type == Tok::block_end || is_op(")") || is_name("if")) break;
       list->items.push_back(with_condexpr ? parse_expression() : parse_or());
+      grow(*list, list->items.back().get());
     }
     return list;
   }
 
   ExprPtr parse_expression() {
+    Nested nested(*this, expr_depth_, "expressions");
     ExprPtr e = parse_or();
     while (is_name("if")) {
       auto n = make<Conditional>();
@@ -298,15 +339,19 @@ class Parser {
       n->then = std::move(e);
       n->cond = parse_or();
       if (skip_name("else")) n->otherwise = parse_expression();
+      grow(*n, n->then.get());
+      grow(*n, n->cond.get());
+      grow(*n, n->otherwise.get());
       e = std::move(n);
     }
     return e;
   }
 
   ExprPtr binary(std::string op, ExprPtr l, ExprPtr r, int line) {
-    auto n = std::make_unique<Binary>();
-    n->line = line;
+    auto n = make<Binary>(line);
     n->op = std::move(op);
+    grow(*n, l.get());
+    grow(*n, r.get());
     n->left = std::move(l);
     n->right = std::move(r);
     return n;
@@ -332,10 +377,12 @@ class Parser {
   }
   ExprPtr parse_not() {
     if (is_name("not")) {
+      Nested nested(*this, expr_depth_, "expressions");
       auto n = make<Unary>();
       ++i_;
       n->op = '!';
       n->operand = parse_not();
+      grow(*n, n->operand.get());
       return n;
     }
     return parse_compare();
@@ -360,11 +407,12 @@ class Parser {
         break;
       }
       if (!cmp) {
-        cmp = std::make_unique<Compare>();
-        cmp->line = line;
+        cmp = make<Compare>(line);
+        grow(*cmp, e.get());
         cmp->first = std::move(e);
       }
       cmp->rest.emplace_back(op, parse_math1());
+      grow(*cmp, cmp->rest.back().second.get());
     }
     if (cmp) return cmp;
     return e;
@@ -410,10 +458,12 @@ class Parser {
   ExprPtr parse_unary(bool with_filter) {
     ExprPtr e;
     if (is_op("-") || is_op("+")) {
+      Nested nested(*this, expr_depth_, "expressions");
       auto n = make<Unary>();
       n->op = cur().text[0];
       ++i_;
       n->operand = parse_unary(false);
+      grow(*n, n->operand.get());
       e = std::move(n);
     } else {
       e = parse_primary();
@@ -459,7 +509,7 @@ class Parser {
     if (is_op("(")) {
       ++i_;
       if (skip_op(")")) {  // ()
-        auto empty = std::make_unique<ListExpr>();
+        auto empty = make<ListExpr>();
         empty->tuple = true;
         return empty;
       }
@@ -472,6 +522,7 @@ class Parser {
       ++i_;
       while (!is_op("]")) {
         n->items.push_back(parse_expression());
+        grow(*n, n->items.back().get());
         if (!skip_op(",")) break;
       }
       expect_op("]");
@@ -484,6 +535,8 @@ class Parser {
         ExprPtr k = parse_expression();
         expect_op(":");
         n->items.emplace_back(std::move(k), parse_expression());
+        grow(*n, n->items.back().first.get());
+        grow(*n, n->items.back().second.get());
         if (!skip_op(",")) break;
       }
       expect_op("}");
@@ -498,15 +551,21 @@ class Parser {
         ++i_;
         if (cur().type == Tok::integer) {
           auto n = make<GetItem>();
+          grow(*n, e.get());
           n->object = std::move(e);
           auto lit = make<Literal>();
-          lit->value = Value(static_cast<int64_t>(std::stoll(cur().text)));
+          try {
+            lit->value = Value(static_cast<int64_t>(std::stoll(cur().text)));
+          } catch (const std::exception&) {
+            fail(fmt::format("the number {} is out of range", cur().text));
+          }
           ++i_;
           n->index = std::move(lit);
           e = std::move(n);
           continue;
         }
         auto n = make<GetAttr>();
+        grow(*n, e.get());
         n->object = std::move(e);
         n->attr = expect_name();
         e = std::move(n);
@@ -536,14 +595,15 @@ class Parser {
     expect_op("]");
     if (colons == 0) {
       if (!parts[0]) fail("an empty subscript");
-      auto n = std::make_unique<GetItem>();
-      n->line = line;
+      auto n = make<GetItem>(line);
+      grow(*n, object.get());
+      grow(*n, parts[0].get());
       n->object = std::move(object);
       n->index = std::move(parts[0]);
       return n;
     }
-    auto n = std::make_unique<Slice>();
-    n->line = line;
+    auto n = make<Slice>(line);
+    for (const Expr* child : {object.get(), parts[0].get(), parts[1].get(), parts[2].get()}) grow(*n, child);
     n->object = std::move(object);
     n->start = std::move(parts[0]);
     n->stop = std::move(parts[1]);
@@ -574,6 +634,8 @@ class Parser {
     auto n = make<Call>();
     n->callee = std::move(callee);
     n->args = parse_call_args();
+    grow(*n, n->callee.get());
+    grow(*n, n->args);
     return n;
   }
 
@@ -586,6 +648,8 @@ class Parser {
       fail(fmt::format("no filter named '{}'", n->filter));
     }
     if (is_op("(")) n->args = parse_call_args();
+    grow(*n, n->operand.get());
+    grow(*n, n->args);
     return n;
   }
 
@@ -611,6 +675,8 @@ class Parser {
           if (is_name("is")) fail("tests cannot be chained with 'is'");
           n->args.positional.push_back(parse_postfix(parse_primary()));
         }
+        grow(*n, n->operand.get());
+        grow(*n, n->args);
         e = std::move(n);
       } else if (is_op("(")) {
         e = parse_call(std::move(e));
@@ -622,17 +688,25 @@ class Parser {
 
   std::vector<Token> t_;
   size_t i_ = 0;
+  std::string_view source_;
   const std::string& name_;
+  const ParseLimits& limits_;
   int loop_depth_ = 0;
+  int block_depth_ = 0, expr_depth_ = 0;  // the parser's recursion: blocks, and brackets and prefixes
+  size_t nodes_ = 0;
 };
 
 
 }  // namespace
 
-std::unique_ptr<Block> parse_template(std::string_view source, const std::string& name) {
-  if (source.size() > kMaxTemplateBytes)
-    throw TemplateError(fmt::format("{}: the template is {} bytes, over the limit of {}", name, source.size(), kMaxTemplateBytes));
-  Parser parser(lex(source, name), name);
+std::unique_ptr<Block> parse_template(std::string_view source, const std::string& name, const ParseLimits& limits) {
+  RLX_CHECK(limits.max_template_bytes > 0 && limits.max_depth > 0 && limits.max_nodes > 0,
+            "{}: ParseLimits' bounds must be positive", name);
+  if (source.size() > limits.max_template_bytes)
+    throw LimitError(fmt::format("{}: the template is {} bytes, over the limit of {} (ParseLimits::max_template_bytes)", name,
+                                 source.size(), limits.max_template_bytes),
+                     "max_template_bytes");
+  Parser parser(lex(source, name), source, name, limits);
   return parser.run();
 }
 

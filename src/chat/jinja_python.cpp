@@ -1,6 +1,8 @@
 // The Jinja engine's Python semantics: truth-independent helpers (len, iteration, ordering,
 // `in`), str methods as Python has them (by code point where Python counts code points), the
 // methods of str, dict and list values, and attribute and item lookup as Jinja2 does them.
+// Their work is charged to the render's budget: a step per item visited, a step per
+// kBytesPerStep bytes scanned, and what they build checked before it is built.
 #include <algorithm>
 #include <map>
 
@@ -41,7 +43,9 @@ int64_t as_int(const Value& v, const char* what) {
 }
 
 std::vector<Value> chars_of(const std::string& s) {
+  check_items(count_code_points(s), "the characters of a string");
   auto cps = code_points(s);
+  charge_steps(static_cast<int64_t>(cps.size()));
   std::vector<Value> out;
   out.reserve(cps.size() - 1);
   for (size_t i = 0; i + 1 < cps.size(); ++i) out.emplace_back(s.substr(cps[i], cps[i + 1] - cps[i]));
@@ -51,7 +55,7 @@ std::vector<Value> chars_of(const std::string& s) {
 int64_t py_len(const Value& v) {
   switch (v.kind()) {
     case Value::Kind::undefined: return 0;
-    case Value::Kind::string: return static_cast<int64_t>(code_points(v.string()).size() - 1);
+    case Value::Kind::string: return static_cast<int64_t>(count_code_points(v.string()));
     case Value::Kind::list: return static_cast<int64_t>(v.list().size());
     case Value::Kind::dict: return static_cast<int64_t>(v.dict().items.size());
     default: fail(fmt::format("object of type '{}' has no len()", v.type_name()));
@@ -62,9 +66,10 @@ int64_t py_len(const Value& v) {
 std::vector<Value> iterate(const Value& v) {
   switch (v.kind()) {
     case Value::Kind::undefined: return {};
-    case Value::Kind::list: return v.list();
+    case Value::Kind::list: charge_steps(static_cast<int64_t>(v.list().size())); return v.list();
     case Value::Kind::string: return chars_of(v.string());
     case Value::Kind::dict: {
+      charge_steps(static_cast<int64_t>(v.dict().items.size()));
       std::vector<Value> keys;
       for (const auto& [k, x] : v.dict().items) keys.emplace_back(k);
       return keys;
@@ -75,12 +80,14 @@ std::vector<Value> iterate(const Value& v) {
 
 // Python's ordering for sort, min, max and < <= > >=.
 int compare(const Value& a, const Value& b) {
+  charge_steps(1);
   if (a.is_number() && b.is_number()) {
     if (a.kind() != Value::Kind::floating && b.kind() != Value::Kind::floating)
       return a.integer() < b.integer() ? -1 : a.integer() > b.integer() ? 1 : 0;
     return a.number() < b.number() ? -1 : a.number() > b.number() ? 1 : 0;
   }
   if (a.is_string() && b.is_string()) {
+    charge_scan(std::min(a.string().size(), b.string().size()));
     int c = a.string().compare(b.string());  // UTF-8 byte order is code point order
     return c < 0 ? -1 : c > 0 ? 1 : 0;
   }
@@ -102,7 +109,7 @@ bool contains(const Value& container, const Value& item) {
     case Value::Kind::undefined: return false;
     case Value::Kind::string:
       if (!item.is_string()) fail(fmt::format("'in <string>' requires string as left operand, not {}", item.type_name()));
-      return container.string().find(item.string()) != std::string::npos;
+      return find_text(container.string(), item.string()) != std::string::npos;
     case Value::Kind::list:
       return std::any_of(container.list().begin(), container.list().end(), [&](const Value& v) { return v.equals(item); });
     case Value::Kind::dict: return item.is_string() && container.dict().find(item.string()) != nullptr;
@@ -116,18 +123,21 @@ bool py_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1
 
 // str.strip/lstrip/rstrip: whitespace, or any of the code points of `chars`.
 std::string py_strip(const std::string& s, const Value& chars, bool left, bool right) {
-  std::vector<std::string> set;
+  std::vector<std::string_view> set;  // sorted: a lookup per code point stripped
   bool ws = chars.is_none() || chars.is_undefined();
   if (!ws) {
     if (!chars.is_string()) fail(fmt::format("strip arg must be None or str, not {}", chars.type_name()));
-    for (const auto& c : chars_of(chars.string())) set.push_back(c.string());
+    const std::string& c = chars.string();
+    auto cps = code_points(c);
+    for (size_t i = 0; i + 1 < cps.size(); ++i) set.emplace_back(c.data() + cps[i], cps[i + 1] - cps[i]);
+    std::sort(set.begin(), set.end());
   }
   auto cps = code_points(s);
   size_t b = 0, e = cps.size() - 1;
   auto strippable = [&](size_t i) {
     std::string_view c(s.data() + cps[i], cps[i + 1] - cps[i]);
     if (ws) return c.size() == 1 && py_space(c[0]);
-    return std::find(set.begin(), set.end(), c) != set.end();
+    return std::binary_search(set.begin(), set.end(), c);
   };
   if (left)
     while (b < e && strippable(b)) ++b;
@@ -146,9 +156,11 @@ Value py_split(const std::string& s, const Value& sep, int64_t maxsplit, bool fr
       if (i >= s.size()) break;
       size_t j = i;
       while (j < s.size() && !py_space(s[j])) ++j;
+      check_items(words.size() + 1, "the list str.split() makes");
       words.emplace_back(i, j);
       i = j;
     }
+    charge_scan(s.size());
     if (maxsplit >= 0 && static_cast<int64_t>(words.size()) > maxsplit + 1) {
       if (!from_right) {
         auto rest = py_strip(s.substr(words[static_cast<size_t>(maxsplit)].first), Value::none(), false, true);
@@ -172,22 +184,27 @@ Value py_split(const std::string& s, const Value& sep, int64_t maxsplit, bool fr
   if (!from_right) {
     size_t start = 0;
     for (int64_t n = 0; maxsplit < 0 || n < maxsplit; ++n) {
-      size_t at = s.find(d, start);
+      size_t at = find_text(s, d, start);
       if (at == std::string::npos) break;
+      check_items(parts.size() + 2, "the list str.split() makes");
       parts.push_back(s.substr(start, at - start));
       start = at + d.size();
     }
     parts.push_back(s.substr(start));
   } else {
-    size_t end = s.size();
+    // The last separator before `end` is the first of the reversed separator in the reversed
+    // string after its mirror: found in linear time, as rfind would not be.
+    std::string rs(s.rbegin(), s.rend()), rd(d.rbegin(), d.rend());
+    charge_allocation(rs.size() + rd.size());
+    size_t done = 0;  // bytes of rs (the end of s) split off
     for (int64_t n = 0; maxsplit < 0 || n < maxsplit; ++n) {
-      if (end < d.size()) break;
-      size_t at = s.rfind(d, end - d.size());
+      size_t at = find_text(rs, rd, done);
       if (at == std::string::npos) break;
-      parts.push_back(s.substr(at + d.size(), end - at - d.size()));
-      end = at;
+      check_items(parts.size() + 2, "the list str.rsplit() makes");
+      parts.push_back(s.substr(s.size() - at, at - done));
+      done = at + d.size();
     }
-    parts.push_back(s.substr(0, end));
+    parts.push_back(s.substr(0, s.size() - done));
     std::reverse(parts.begin(), parts.end());
   }
   for (auto& p : parts) out.emplace_back(std::move(p));
@@ -202,6 +219,7 @@ std::string py_replace(const std::string& s, const std::string& from, const std:
     int64_t n = 0;
     for (size_t i = 0; i + 1 < cps.size(); ++i) {
       if (count < 0 || n < count) {
+        check_size(out.size() + to.size(), "a string made by replace()");
         out += to;
         ++n;
       }
@@ -212,12 +230,14 @@ std::string py_replace(const std::string& s, const std::string& from, const std:
   }
   size_t start = 0;
   for (int64_t n = 0; count < 0 || n < count; ++n) {
-    size_t at = s.find(from, start);
+    size_t at = find_text(s, from, start);
     if (at == std::string::npos) break;
+    check_size(out.size() + (at - start) + to.size(), "a string made by replace()");
     out.append(s, start, at - start);
     out += to;
     start = at + from.size();
   }
+  check_size(out.size() + (s.size() - start), "a string made by replace()");
   out.append(s, start);
   return out;
 }
@@ -241,7 +261,9 @@ std::string py_title(const std::string& s) {
 
 std::string html_escape(const std::string& s) {
   std::string out;
-  for (char c : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    if ((i & 0xFFFF) == 0) check_size(out.size(), "an escaped string");
+    char c = s[i];
     switch (c) {
       case '&': out += "&amp;"; break;
       case '<': out += "&lt;"; break;
@@ -278,6 +300,7 @@ std::vector<int64_t> slice_indices(int64_t n, const Value& start_v, const Value&
   int64_t stop = clamp(stop_v, step > 0 ? n : -1);
   std::vector<int64_t> out;
   for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(i);
+  charge_steps(static_cast<int64_t>(out.size()));
   return out;
 }
 
@@ -395,10 +418,10 @@ Value string_method(const Value& self, const std::string& name) {
       {"find",
        [](const Value& s, Arguments& a) -> Value {
          a.check(1, {});
-         auto at = s.string().find(need_string(a.get(0, "sub"), "find"));
+         const std::string sub = need_string(a.get(0, "sub"), "find");  // a copy: get() returns a temporary
+         auto at = find_text(s.string(), sub);
          if (at == std::string::npos) return Value(-1);
-         auto cps = code_points(s.string());
-         return Value(static_cast<int64_t>(std::lower_bound(cps.begin(), cps.end(), at) - cps.begin()));
+         return Value(static_cast<int64_t>(count_code_points(std::string_view(s.string()).substr(0, at))));
        }},
       {"count",
        [](const Value& s, Arguments& a) -> Value {
@@ -406,7 +429,7 @@ Value string_method(const Value& self, const std::string& name) {
          const std::string sub = need_string(a.get(0, "sub"), "count");  // a copy: get() returns a temporary
          if (sub.empty()) return Value(py_len(s) + 1);
          int64_t n = 0;
-         for (size_t at = s.string().find(sub); at != std::string::npos; at = s.string().find(sub, at + sub.size())) ++n;
+         for (size_t at = find_text(s.string(), sub); at != std::string::npos; at = find_text(s.string(), sub, at + sub.size())) ++n;
          return Value(n);
        }},
       {"join",
@@ -415,8 +438,10 @@ Value string_method(const Value& self, const std::string& name) {
          std::string out;
          bool first = true;
          for (const auto& v : iterate(a.get(0, "iterable"))) {
+           const std::string& piece = need_string(v, "str.join");
+           check_size(out.size() + s.string().size() + piece.size(), "a string made by str.join()");
            if (!first) out += s.string();
-           out += need_string(v, "str.join");
+           out += piece;
            first = false;
          }
          return Value(std::move(out));
@@ -432,6 +457,7 @@ Value string_method(const Value& self, const std::string& name) {
            if (t[i] != '\n' && t[i] != '\r') continue;
            size_t end = i;
            if (t[i] == '\r' && i + 1 < t.size() && t[i + 1] == '\n') ++i;
+           check_items(out.size() + 2, "the list str.splitlines() makes");
            out.emplace_back(t.substr(start, (keep ? i + 1 : end) - start));
            start = i + 1;
          }
@@ -501,12 +527,13 @@ Value Renderer::get_item(const Value& obj, const Value& index) {
         if (i < 0 || i >= n) return Value::undefined(fmt::format("[{}]", index.integer()));
         return obj.list()[static_cast<size_t>(i)];
       }
-      auto cps = code_points(obj.string());
-      auto n = static_cast<int64_t>(cps.size()) - 1;
+      const std::string& str = obj.string();
+      auto n = static_cast<int64_t>(count_code_points(str));
       if (i < 0) i += n;
       if (i < 0 || i >= n) return Value::undefined(fmt::format("[{}]", index.integer()));
-      auto k = static_cast<size_t>(i);
-      return Value(obj.string().substr(cps[k], cps[k + 1] - cps[k]));
+      size_t at = 0;
+      for (int64_t k = 0; k < i; ++k) at += code_point_length(str, at);
+      return Value(str.substr(at, code_point_length(str, at)));
     }
     default: return Value::undefined(index.repr());
   }

@@ -1,7 +1,8 @@
 // The Jinja engine's evaluator: scopes as Jinja2 has them (a frame per loop iteration and
 // per macro call; `set` writes the innermost frame; `namespace` objects carry values out),
 // Python's operators, and the built-in functions (range, namespace, dict, raise_exception,
-// strftime_now).
+// strftime_now). Every expression and statement evaluated is a step of the render's budget
+// and a level of its depth (RenderLimits).
 #include <algorithm>
 #include <cmath>
 #include <ctime>
@@ -12,7 +13,7 @@
 namespace rlx::jinja {
 namespace detail {
 
-Arguments evaluate(Renderer& r, const CallArgs& args, std::string callee) {
+Arguments evaluate_args(Renderer& r, const CallArgs& args, std::string callee) {
   Arguments a;
   a.callee = std::move(callee);
   for (const auto& e : args.positional) a.positional.push_back(e->eval(r));
@@ -22,17 +23,22 @@ Arguments evaluate(Renderer& r, const CallArgs& args, std::string callee) {
 
 // ---------------------------------------------------------------------------------------
 // Expressions
-Value Literal::eval(Renderer&) const { return value; }
-Value Name::eval(Renderer& r) const { return r.lookup(name); }
+Value Expr::eval(Renderer& r) const {
+  Renderer::Level level(r, line);
+  return evaluate(r);
+}
 
-Value ListExpr::eval(Renderer& r) const {
+Value Literal::evaluate(Renderer&) const { return value; }
+Value Name::evaluate(Renderer& r) const { return r.lookup(name); }
+
+Value ListExpr::evaluate(Renderer& r) const {
   Value::List out;
   out.reserve(items.size());
   for (const auto& e : items) out.push_back(e->eval(r));
   return tuple ? Value::tuple(std::move(out)) : Value(std::move(out));
 }
 
-Value DictExpr::eval(Renderer& r) const {
+Value DictExpr::evaluate(Renderer& r) const {
   Value::Dict d;
   for (const auto& [k, v] : items) {
     Value key = k->eval(r);
@@ -42,13 +48,13 @@ Value DictExpr::eval(Renderer& r) const {
   return Value(std::move(d));
 }
 
-Value GetAttr::eval(Renderer& r) const { return r.get_attr(object->eval(r), attr); }
-Value GetItem::eval(Renderer& r) const {
+Value GetAttr::evaluate(Renderer& r) const { return r.get_attr(object->eval(r), attr); }
+Value GetItem::evaluate(Renderer& r) const {
   Value obj = object->eval(r);
   return r.get_item(obj, index->eval(r));
 }
 
-Value Slice::eval(Renderer& r) const {
+Value Slice::evaluate(Renderer& r) const {
   Value obj = object->eval(r);
   auto opt = [&](const ExprPtr& e) { return e ? e->eval(r) : Value::none(); };
   Value a = opt(start), b = opt(stop), c = opt(step);
@@ -70,29 +76,29 @@ Value Slice::eval(Renderer& r) const {
   fail(fmt::format("'{}' object is not subscriptable", obj.type_name()));
 }
 
-Value Call::eval(Renderer& r) const {
+Value Call::evaluate(Renderer& r) const {
   Value f = callee->eval(r);
   if (!f.is_function()) {
     require_defined(f);
     fail(fmt::format("'{}' object is not callable", f.type_name()));
   }
-  Arguments a = evaluate(r, args, f.name());
+  Arguments a = evaluate_args(r, args, f.name());
   return f.function()(a);
 }
 
-Value FilterExpr::eval(Renderer& r) const {
+Value FilterExpr::evaluate(Renderer& r) const {
   Value v = operand->eval(r);
-  Arguments a = evaluate(r, args, filter);
+  Arguments a = evaluate_args(r, args, filter);
   return r.call_filter(filter, v, a);
 }
 
-Value TestExpr::eval(Renderer& r) const {
+Value TestExpr::evaluate(Renderer& r) const {
   Value v = operand->eval(r);
-  Arguments a = evaluate(r, args, test);
+  Arguments a = evaluate_args(r, args, test);
   return Value(r.call_test(test, v, a) != negated);
 }
 
-Value Unary::eval(Renderer& r) const {
+Value Unary::evaluate(Renderer& r) const {
   Value v = operand->eval(r);
   if (op == '!') return Value(!v.truthy());
   if (!v.is_number()) {
@@ -111,26 +117,43 @@ namespace {
   fail(fmt::format("unsupported operand type(s) for {}: '{}' and '{}'", op, a.type_name(), b.type_name()));
 }
 
+// The size of `n` copies of `unit` bytes, saturating rather than overflowing.
+size_t times(size_t unit, int64_t n) {
+  auto count = static_cast<size_t>(n);
+  if (unit != 0 && count > SIZE_MAX / unit) return SIZE_MAX;
+  return unit * count;
+}
+
 Value repeat(const Value& seq, int64_t n) {
   n = std::max<int64_t>(n, 0);
+  if (seq.is_string() ? seq.string().empty() : seq.list().empty()) n = 0;  // not 2^63 appends of nothing
   if (seq.is_string()) {
-    if (static_cast<double>(seq.string().size()) * static_cast<double>(n) > static_cast<double>(kMaxOutputBytes))
-      fail("a repeated string is over the output limit");
+    check_size(times(seq.string().size(), n), "a repeated string");
     std::string out;
+    out.reserve(seq.string().size() * static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) out += seq.string();
     return Value(std::move(out));
   }
-  if (static_cast<double>(seq.list().size()) * static_cast<double>(n) > 1e6) fail("a repeated list is over 1e6 items");
+  check_size(times(seq.list().size() * sizeof(Value), n), "a repeated list");
   Value::List out;
   for (int64_t i = 0; i < n; ++i) out.insert(out.end(), seq.list().begin(), seq.list().end());
   return Value(std::move(out));
 }
 
 Value arithmetic(const std::string& op, const Value& a, const Value& b) {
-  if (op == "~") return Value(a.str() + b.str());
+  if (op == "~") {
+    std::string out = a.str(), tail = b.str();
+    check_size(out.size() + tail.size(), "a string joined with '~'");
+    out += tail;
+    return Value(std::move(out));
+  }
   if (op == "+") {
-    if (a.is_string() && b.is_string()) return Value(a.string() + b.string());
+    if (a.is_string() && b.is_string()) {
+      check_size(a.string().size() + b.string().size(), "a string joined with '+'");
+      return Value(a.string() + b.string());
+    }
     if (a.is_list() && b.is_list()) {
+      check_items(a.list().size() + b.list().size(), "a list joined with '+'");
       Value::List out = a.list();
       out.insert(out.end(), b.list().begin(), b.list().end());
       return Value(std::move(out));
@@ -181,14 +204,14 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
 }
 }  // namespace
 
-Value Binary::eval(Renderer& r) const {
+Value Binary::evaluate(Renderer& r) const {
   Value a = left->eval(r);
   if (op == "and") return a.truthy() ? right->eval(r) : a;
   if (op == "or") return a.truthy() ? a : right->eval(r);
   return arithmetic(op, a, right->eval(r));
 }
 
-Value Compare::eval(Renderer& r) const {
+Value Compare::evaluate(Renderer& r) const {
   Value a = first->eval(r);
   for (const auto& [op, e] : rest) {
     Value b = e->eval(r);
@@ -207,7 +230,7 @@ Value Compare::eval(Renderer& r) const {
   return Value(true);
 }
 
-Value Conditional::eval(Renderer& r) const {
+Value Conditional::evaluate(Renderer& r) const {
   if (cond->eval(r).truthy()) return then->eval(r);
   return otherwise ? otherwise->eval(r) : Value::undefined();
 }
@@ -220,12 +243,15 @@ void Output::exec(Renderer& r, std::string& out) const { out += expr->eval(r).st
 void Block::exec(Renderer& r, std::string& out) const {
   for (const auto& n : body) {
     try {
+      Renderer::Level level(r, n->line);
       n->exec(r, out);
     } catch (const TemplateError& e) {
       r.located(n->line, e);
     }
-    if (out.size() > kMaxOutputBytes)
-      throw LocatedError(fmt::format("{}:{}: the output is over {} MiB", r.name, n->line, kMaxOutputBytes >> 20));
+    if (out.size() > r.limits().max_output_bytes) {
+      r.budget.line = n->line;
+      r.budget.exceeded("max_output_bytes", fmt::format("the output is over {} bytes", r.limits().max_output_bytes));
+    }
     if (r.flow != Renderer::Flow::normal) return;
   }
 }
@@ -293,6 +319,7 @@ void For::exec(Renderer& r, std::string& out) const {
     r.count_iteration();
     ScopedFrame scope(r, outer);
     bind_targets(r, targets, items[static_cast<size_t>(i)]);
+    RenderBudget::Uncharged evaluators_own(r.budget);  // the `loop` variable is not the template's to pay for
     Value::Dict loop;
     loop.set("index0", Value(i));
     loop.set("index", Value(i + 1));
@@ -311,6 +338,7 @@ void For::exec(Renderer& r, std::string& out) const {
                             }),
                             "loop.cycle"));
     r.assign("loop", Value(std::move(loop)));
+    evaluators_own.end();
     body.exec(r, out);
     if (r.flow == Renderer::Flow::brk) {
       r.flow = Renderer::Flow::normal;
@@ -330,6 +358,11 @@ void Set::exec(Renderer& r, std::string& out) const {
       require_defined(ns);
       fail(fmt::format("cannot assign attribute '{}' on '{}', a {} and not a namespace()", attr, targets[0], ns.type_name()));
     }
+    // The one mutation a template can make: were a namespace able to hold itself (or a value,
+    // or a bound method, holding it), values could nest without end or never be freed.
+    if (v.reaches_namespace())
+      fail(fmt::format("cannot set {}.{} to a {} that is or holds a namespace or a function (it could hold itself)", targets[0],
+                       attr, v.type_name()));
     ns.dict_mut().set(attr, std::move(v));
     return;
   }
@@ -354,7 +387,10 @@ void Macro::exec(Renderer& r, std::string& out) const {
                          if (!parent) fail(fmt::format("macro '{}' is called outside the scope it was defined in", self->name));
                          if (a.positional.size() > self->params.size())
                            fail(fmt::format("macro '{}' takes {} arguments, got {}", self->name, self->params.size(), a.positional.size()));
-                         if (rr.depth >= kMaxCallDepth) fail(fmt::format("macro calls nest deeper than {}", kMaxCallDepth));
+                         rr.budget.step();
+                         if (rr.depth >= rr.limits().max_call_depth)
+                           rr.budget.exceeded("max_call_depth",
+                                              fmt::format("macro calls nest deeper than {} (macro '{}')", rr.limits().max_call_depth, self->name));
                          ScopedFrame scope(rr, parent);
                          for (const auto& [k, v] : a.keywords) {
                            bool known = std::any_of(self->params.begin(), self->params.end(), [&](const auto& p) { return p.first == k; });
@@ -388,7 +424,7 @@ void FilterBlock::exec(Renderer& r, std::string& out) const {
   body.exec(r, captured);
   Value v(std::move(captured));
   for (const auto& f : chain) {
-    Arguments a = evaluate(r, f->args, f->filter);
+    Arguments a = evaluate_args(r, f->args, f->filter);
     v = r.call_filter(f->filter, v, a);
   }
   out += v.str();
@@ -455,14 +491,14 @@ std::shared_ptr<Frame> builtins() {
 
 }  // namespace detail
 
-Template Template::parse(std::string_view source, std::string name) {
+Template Template::parse(std::string_view source, std::string name, const ParseLimits& limits) {
   Template t;
   t.name_ = std::move(name);
-  t.body_ = detail::parse_template(source, t.name_);
+  t.body_ = detail::parse_template(source, t.name_, limits);
   return t;
 }
 
-std::string Template::render(const Value& context) const {
+std::string Template::render(const Value& context, const RenderLimits& limits) const {
   if (!context.is_dict() && !context.is_undefined())
     throw TemplateError(fmt::format("{}: the context must be a dict, got {}", name_, context.type_name()));
   auto globals = detail::builtins();
@@ -470,7 +506,7 @@ std::string Template::render(const Value& context) const {
     for (const auto& [k, v] : context.dict().items) globals->vars[k] = v;
   auto root = std::make_shared<detail::Frame>();
   root->parent = globals;
-  detail::Renderer r(name_, root);
+  detail::Renderer r(name_, root, limits);
   std::string out;
   body_->exec(r, out);
   return out;

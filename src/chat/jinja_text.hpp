@@ -26,6 +26,10 @@ std::string json_dumps(const Value& v, const JsonStyle& style);
 // Byte offsets of each code point's start in `s`, then s.size(). Invalid bytes count as one
 // code point each.
 std::vector<size_t> code_points(std::string_view s);
+size_t count_code_points(std::string_view s);  // len(s), without the offsets
+size_t code_point_length(std::string_view s, size_t i);  // bytes of the code point at s[i] (< s.size())
+// str.find from byte `from`, in time linear in the sizes (npos when absent).
+size_t find_text(std::string_view haystack, std::string_view needle, size_t from = 0);
 
 // str.upper()/str.lower() for ASCII, Latin-1, Latin Extended-A, Greek and Cyrillic letters.
 std::string py_upper(std::string_view s);

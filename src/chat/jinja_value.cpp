@@ -1,30 +1,53 @@
 // Values of the Jinja engine with Python's semantics: truth, equality, str(), repr(), and
-// json.dumps as Hugging Face's `tojson` calls it.
+// json.dumps as Hugging Face's `tojson` calls it. Inside a render, every value created,
+// printed or compared is charged to the render's budget (jinja_budget.hpp), and lists and
+// dicts nest at most Value::kMaxDepth deep.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "chat/jinja_budget.hpp"
 #include "chat/jinja_text.hpp"
 #include "rlx/chat/jinja.hpp"
 
 namespace rlx::jinja {
 
+using detail::charge_scan;
+using detail::charge_steps;
+using detail::check_size;
+
+namespace {
+// A dict lookup is a linear search: charged a step per key tried and the bytes compared.
+template <class Items>
+auto find_item(Items& items, std::string_view key) -> decltype(&items[0]) {
+  size_t tried = 0, compared = 0;
+  decltype(&items[0]) found = nullptr;
+  for (auto& item : items) {
+    ++tried;
+    if (item.first.size() != key.size()) continue;
+    compared += key.size();
+    if (item.first == key) {
+      found = &item;
+      break;
+    }
+  }
+  charge_steps(static_cast<int64_t>(tried + compared / detail::kBytesPerStep));
+  return found;
+}
+}  // namespace
+
 const Value* Value::Dict::find(std::string_view key) const {
-  for (const auto& [k, v] : items)
-    if (k == key) return &v;
-  return nullptr;
+  const auto* item = find_item(items, key);
+  return item ? &item->second : nullptr;
 }
 
 void Value::Dict::set(std::string key, Value v) {
-  for (auto& [k, old] : items)
-    if (k == key) {
-      old = std::move(v);
-      return;
-    }
-  items.emplace_back(std::move(key), std::move(v));
+  if (auto* item = find_item(items, key)) item->second = std::move(v);
+  else items.emplace_back(std::move(key), std::move(v));
 }
 
 Value Value::undefined(std::string name) {
@@ -40,20 +63,58 @@ Value Value::none() {
 Value::Value(bool b) : kind_(Kind::boolean), b_(b), i_(b ? 1 : 0) {}
 Value::Value(int64_t i) : kind_(Kind::integer), i_(i) {}
 Value::Value(double d) : kind_(Kind::floating), f_num_(d) {}
-Value::Value(std::string s) : kind_(Kind::string), s_(std::make_shared<const std::string>(std::move(s))) {}
-Value::Value(List l) : kind_(Kind::list), l_(std::make_shared<List>(std::move(l))) {}
+Value::Value(std::string s) : kind_(Kind::string) {
+  detail::charge_value(s.size(), "a string");
+  s_ = std::make_shared<const std::string>(std::move(s));
+}
+Value::Value(List l) : kind_(Kind::list) {
+  detail::charge_value(l.size() * sizeof(Value), "a list");
+  l_ = std::make_shared<List>(std::move(l));
+  measure();
+}
 Value Value::tuple(List l) {
   Value v(std::move(l));
   v.b_ = true;
   return v;
 }
-Value::Value(Dict d) : kind_(Kind::dict), d_(std::make_shared<Dict>(std::move(d))) {}
+Value::Value(Dict d) : kind_(Kind::dict) {
+  size_t bytes = d.items.size() * sizeof(d.items[0]);
+  for (const auto& item : d.items) bytes += item.first.size();
+  detail::charge_value(bytes, "a dict");
+  d_ = std::make_shared<Dict>(std::move(d));
+  measure();
+}
+// A function may hold any value (a bound method holds its object): it counts as reaching a namespace.
 Value::Value(Function f, std::string name)
-    : kind_(Kind::function), f_(std::make_shared<const Function>(std::move(f))), name_(std::move(name)) {}
+    : kind_(Kind::function),
+      reaches_namespace_(true),
+      f_(std::make_shared<const Function>(std::move(f))),
+      name_(std::move(name)) {}
+
+void Value::measure() {
+  int deepest = 0;
+  bool reaches = kind_ == Kind::dict && d_->is_namespace;
+  auto visit = [&](const Value& v) {
+    deepest = std::max(deepest, v.depth_);
+    reaches = reaches || v.reaches_namespace_;
+  };
+  if (kind_ == Kind::list)
+    for (const auto& v : *l_) visit(v);
+  else
+    for (const auto& item : d_->items) visit(item.second);
+  charge_steps(static_cast<int64_t>(kind_ == Kind::list ? l_->size() : d_->items.size()));
+  depth_ = deepest + 1;
+  reaches_namespace_ = reaches;
+  if (depth_ > kMaxDepth)
+    throw TemplateError(fmt::format("a {} nests deeper than {} levels (Value::kMaxDepth)", type_name(), kMaxDepth));
+}
 
 namespace {
+// Recurses once a level of `j`: bounded by Value::kMaxDepth whoever built `j`.
 template <class Json>
-Value value_from_json(const Json& j) {
+Value value_from_json(const Json& j, int depth) {
+  if ((j.is_array() || j.is_object()) && depth >= Value::kMaxDepth)
+    throw TemplateError(fmt::format("a JSON value nests deeper than {} levels (Value::kMaxDepth)", Value::kMaxDepth));
   switch (j.type()) {
     case nlohmann::json::value_t::null: return Value::none();
     case nlohmann::json::value_t::boolean: return Value(j.template get<bool>());
@@ -68,13 +129,13 @@ Value value_from_json(const Json& j) {
     case nlohmann::json::value_t::array: {
       Value::List l;
       l.reserve(j.size());
-      for (const auto& e : j) l.push_back(value_from_json(e));
+      for (const auto& e : j) l.push_back(value_from_json(e, depth + 1));
       return Value(std::move(l));
     }
     case nlohmann::json::value_t::object: {
       Value::Dict d;
       d.items.reserve(j.size());
-      for (auto it = j.begin(); it != j.end(); ++it) d.items.emplace_back(it.key(), value_from_json(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it) d.items.emplace_back(it.key(), value_from_json(it.value(), depth + 1));
       return Value(std::move(d));
     }
     default: throw TemplateError(fmt::format("a JSON value of type {} has no Jinja value", j.type_name()));
@@ -82,8 +143,8 @@ Value value_from_json(const Json& j) {
 }
 }  // namespace
 
-Value Value::from_json(const nlohmann::ordered_json& j) { return value_from_json(j); }
-Value Value::from_json(const nlohmann::json& j) { return value_from_json(j); }
+Value Value::from_json(const nlohmann::ordered_json& j) { return value_from_json(j, 0); }
+Value Value::from_json(const nlohmann::json& j) { return value_from_json(j, 0); }
 
 double Value::number() const {
   if (kind_ == Kind::floating) return f_num_;
@@ -150,11 +211,20 @@ std::string python_float(double d) {
   return sign + "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
 }
 
-std::string python_repr(std::string_view s) {
+namespace {
+// For loops that append to `out` a piece per input byte: its size is checked once per 64 KiB.
+void check_growing(const std::string& out, size_t i, const char* what) {
+  if ((i & 0xFFFF) == 0) check_size(out.size(), what);
+}
+
+void python_repr_to(std::string& out, std::string_view s) {
+  charge_scan(s.size());
   char quote = '\'';
   if (s.find('\'') != std::string_view::npos && s.find('"') == std::string_view::npos) quote = '"';
-  std::string out(1, quote);
-  for (char c : s) {
+  out += quote;
+  for (size_t i = 0; i < s.size(); ++i) {
+    check_growing(out, i, "a printed string");
+    char c = s[i];
     auto u = static_cast<unsigned char>(c);
     if (c == '\\') out += "\\\\";
     else if (c == quote) out += fmt::format("\\{}", c);
@@ -165,6 +235,52 @@ std::string python_repr(std::string_view s) {
     else out += c;
   }
   out += quote;
+}
+
+// repr() into one buffer, its size checked as it grows: a list that holds one long string
+// many times prints longer than any value it holds.
+void repr_to(std::string& out, const Value& v) {
+  switch (v.kind()) {
+    case Value::Kind::string: python_repr_to(out, v.string()); break;
+    case Value::Kind::list: {
+      const auto& l = v.list();
+      charge_steps(static_cast<int64_t>(l.size()));
+      out += v.is_tuple() ? "(" : "[";
+      for (size_t i = 0; i < l.size(); ++i) {
+        if (i) out += ", ";
+        repr_to(out, l[i]);
+        check_size(out.size(), "a printed list");
+      }
+      if (v.is_tuple()) out += l.size() == 1 ? ",)" : ")";
+      else out += "]";
+      break;
+    }
+    case Value::Kind::dict: {
+      if (v.dict().is_namespace) {
+        out += "<Namespace>";
+        break;
+      }
+      const auto& items = v.dict().items;
+      charge_steps(static_cast<int64_t>(items.size()));
+      out += "{";
+      for (size_t i = 0; i < items.size(); ++i) {
+        if (i) out += ", ";
+        python_repr_to(out, items[i].first);
+        out += ": ";
+        repr_to(out, items[i].second);
+        check_size(out.size(), "a printed dict");
+      }
+      out += "}";
+      break;
+    }
+    default: out += v.repr();
+  }
+}
+}  // namespace
+
+std::string python_repr(std::string_view s) {
+  std::string out;
+  python_repr_to(out, s);
   return out;
 }
 
@@ -183,39 +299,51 @@ std::string Value::repr() const {
     case Kind::boolean: return b_ ? "True" : "False";
     case Kind::integer: return std::to_string(i_);
     case Kind::floating: return python_float(f_num_);
-    case Kind::string: return python_repr(*s_);
-    case Kind::list: {
-      std::string out = b_ ? "(" : "[";
-      for (size_t i = 0; i < l_->size(); ++i) out += (i ? ", " : "") + (*l_)[i].repr();
-      if (b_) return out + (l_->size() == 1 ? ",)" : ")");
-      return out + "]";
-    }
+    case Kind::string:
+    case Kind::list:
     case Kind::dict: {
-      if (d_->is_namespace) return "<Namespace>";
-      std::string out = "{";
-      for (size_t i = 0; i < d_->items.size(); ++i)
-        out += (i ? ", " : "") + python_repr(d_->items[i].first) + ": " + d_->items[i].second.repr();
-      return out + "}";
+      std::string out;
+      repr_to(out, *this);
+      return out;
     }
     case Kind::function: return fmt::format("<function {}>", name_);
   }
   return {};
 }
 
+size_t code_point_length(std::string_view s, size_t i) {
+  auto c = static_cast<unsigned char>(s[i]);
+  size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
+  if (i + n > s.size()) return 1;
+  for (size_t k = 1; k < n; ++k)
+    if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return 1;
+  return n;
+}
+
 std::vector<size_t> code_points(std::string_view s) {
+  detail::charge_allocation((s.size() + 1) * sizeof(size_t));
   std::vector<size_t> starts;
   starts.reserve(s.size() + 1);
-  for (size_t i = 0; i < s.size();) {
-    starts.push_back(i);
-    auto c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
-    if (i + n > s.size()) n = 1;
-    for (size_t k = 1; k < n; ++k)
-      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) n = 1;
-    i += n;
-  }
+  for (size_t i = 0; i < s.size(); i += static_cast<unsigned char>(s[i]) < 0x80 ? 1 : code_point_length(s, i)) starts.push_back(i);
   starts.push_back(s.size());
   return starts;
+}
+
+size_t count_code_points(std::string_view s) {
+  charge_scan(s.size());
+  size_t n = 0;
+  for (size_t i = 0; i < s.size(); i += static_cast<unsigned char>(s[i]) < 0x80 ? 1 : code_point_length(s, i)) ++n;
+  return n;
+}
+
+size_t find_text(std::string_view haystack, std::string_view needle, size_t from) {
+  if (from > haystack.size()) return std::string_view::npos;
+  if (needle.empty()) return from;
+  // glibc's memmem is linear in the worst case (Two-Way); std::string::find is not.
+  const void* at = memmem(haystack.data() + from, haystack.size() - from, needle.data(), needle.size());
+  size_t found = at ? static_cast<size_t>(static_cast<const char*>(at) - haystack.data()) : std::string_view::npos;
+  charge_scan((at ? found + needle.size() : haystack.size()) - from);
+  return found;
 }
 
 namespace {
@@ -282,8 +410,10 @@ std::string py_lower(std::string_view s) { return map_case(s, to_lower_cp); }
 namespace {
 void json_string(std::string& out, std::string_view s, bool ensure_ascii) {
   out += '"';
+  charge_scan(s.size());
   auto cps = ensure_ascii ? code_points(s) : std::vector<size_t>{};
   for (size_t i = 0; i < s.size(); ++i) {
+    check_growing(out, i, "a JSON string");
     char c = s[i];
     switch (c) {
       case '"': out += "\\\""; break;
@@ -340,11 +470,13 @@ void json_dump(std::string& out, const Value& v, const JsonStyle& style, int dep
         out += "[]";
         return;
       }
+      charge_steps(static_cast<int64_t>(v.list().size()));
       out += "[";
       for (size_t i = 0; i < v.list().size(); ++i) {
         if (i) out += item_sep;
         newline(depth + 1);
         json_dump(out, v.list()[i], style, depth + 1);
+        check_size(out.size(), "a JSON text");
       }
       newline(depth);
       out += "]";
@@ -356,6 +488,7 @@ void json_dump(std::string& out, const Value& v, const JsonStyle& style, int dep
         out += "{}";
         return;
       }
+      charge_steps(static_cast<int64_t>(items.size()));
       std::vector<size_t> order(items.size());
       for (size_t i = 0; i < order.size(); ++i) order[i] = i;
       if (style.sort_keys)
@@ -367,6 +500,7 @@ void json_dump(std::string& out, const Value& v, const JsonStyle& style, int dep
         json_string(out, items[order[i]].first, style.ensure_ascii);
         out += style.key_separator;
         json_dump(out, items[order[i]].second, style, depth + 1);
+        check_size(out.size(), "a JSON text");
       }
       newline(depth);
       out += "}";
@@ -424,10 +558,13 @@ bool Value::equals(const Value& o) const {
     return number() == o.number();
   }
   if (kind_ != o.kind_) return false;
+  charge_steps(1);
   switch (kind_) {
     case Kind::undefined:
     case Kind::none: return true;
-    case Kind::string: return *s_ == *o.s_;
+    case Kind::string:
+      if (s_->size() == o.s_->size()) charge_scan(s_->size());
+      return *s_ == *o.s_;
     case Kind::list: {
       if (l_->size() != o.l_->size()) return false;
       for (size_t i = 0; i < l_->size(); ++i)

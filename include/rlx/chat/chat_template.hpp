@@ -28,6 +28,10 @@ struct RenderOptions {
   bool add_generation_prompt = true;
   nlohmann::ordered_json tools;   // null: no tools (the template sees `tools` = none)
   nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();  // extra variables
+  // Bounds on the render (a model's template is untrusted); a server sets `limits.deadline`
+  // to its request's deadline: past it the render throws jinja::LimitError whose limit() is
+  // "deadline".
+  jinja::RenderLimits limits;
 };
 
 class ChatTemplate {
@@ -41,7 +45,8 @@ class ChatTemplate {
                                  const std::string& source);
 
   // Checks `messages` (see check_messages) and renders. Errors name the message or the
-  // template line.
+  // template line; messages, tools or kwargs nested deeper than jinja::Value::kMaxDepth are
+  // errors, as is a bound of options.limits reached (jinja::LimitError).
   std::string render(const nlohmann::ordered_json& messages, const RenderOptions& options = {}) const;
 
   // The special tokens the template sees (bos_token, eos_token, ...), by name.

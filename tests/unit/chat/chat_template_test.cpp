@@ -147,3 +147,37 @@ TEST_CASE("chat template: turns append to the sampled tokens", "[chat]") {
   CHECK(TurnDelta::after_assistant(qwen3, tool_result, "<|im_end|>") ==
         "\n<|im_start|>user\n<tool_response>\n408\n</tool_response><|im_end|>\n<|im_start|>assistant\n");
 }
+
+// Input JSON built anywhere (not only through rlx::parse_json) is converted with a depth
+// bound, and the caller's RenderLimits reach the template.
+TEST_CASE("chat template: deep input and the render's limits", "[chat]") {
+  auto t = ChatTemplate::from_source("{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}", json::object(), "tiny");
+  json ok = json::parse(R"([{"role": "user", "content": "hi"}])");
+  auto deep = [] {
+    json root = json::array();
+    json* at = &root;
+    for (int i = 0; i < 100000; ++i) at = &at->emplace_back(json::array());
+    return root;
+  };
+  json messages = ok;
+  messages[0]["content"] = deep();
+  CHECK_THROWS_WITH(t.render(messages), Catch::Contains("messages: ") && Catch::Contains("nests deeper than 256 levels"));
+  RenderOptions deep_var;
+  deep_var.kwargs["x"] = deep();
+  CHECK_THROWS_WITH(t.render(ok, deep_var), Catch::Contains("template variable x"));
+  RenderOptions deep_tools;
+  deep_tools.tools = json::array();
+  deep_tools.tools.push_back(deep());
+  CHECK_THROWS_WITH(TurnDelta::after_assistant(t, ok, "", deep_tools), Catch::Contains("tools: nested deeper than 256 levels"));
+  // A server's request deadline, already passed.
+  RenderOptions late;
+  late.limits.deadline = std::chrono::steady_clock::now() - std::chrono::milliseconds(1);
+  try {
+    t.render(ok, late);
+    FAIL("rendered past the deadline");
+  } catch (const rlx::jinja::LimitError& e) {
+    CHECK(e.limit() == "deadline");
+    CHECK_THAT(e.what(), Catch::StartsWith("tiny: "));
+  }
+  CHECK(t.render(ok) == "user:hi;");
+}
