@@ -170,20 +170,21 @@ stop_in stopped
 # --- 4. a second launcher on a live run directory (issue 50, item 3) ---
 # It used to start from step 0 in the same directory and kill the first run. Now it is
 # refused at once, naming the first launcher's PID; the first run goes on to its end.
-"$rlx" run grpo.yaml run.name=dual train.steps=12 > dual.log 2>&1 &
+# (300 steps, about 20 s: long enough for the two refusals below, each under a second.)
+"$rlx" run grpo.yaml run.name=dual train.steps=300 train.generated_tasks=2000 > dual.log 2>&1 &
 first=$!
 wait_steps dual 1 || fail "dual: no progress"
 t0=$(now)
-"$rlx" run grpo.yaml run.name=dual train.steps=12 --resume > dual2.log 2>&1; rc=$?
+"$rlx" run grpo.yaml run.name=dual train.steps=300 train.generated_tasks=2000 --resume > dual2.log 2>&1; rc=$?
 [ $rc != 0 ] && grep -q "is in use by another launcher (pid $first)" dual2.log && within "$(since "$t0")" 5 \
   && ok "dual: a second launcher is refused within $(since "$t0") s, naming pid $first" || fail "dual: rc $rc: $(tail -3 dual2.log)"
-"$rlx" run grpo.yaml run.name=dual train.steps=12 --force > dual3.log 2>&1; rc=$?
+"$rlx" run grpo.yaml run.name=dual train.steps=300 train.generated_tasks=2000 --force > dual3.log 2>&1; rc=$?
 [ $rc != 0 ] && grep -q "in use by another launcher" dual3.log && ok "dual: --force is refused too" || fail "dual --force: rc $rc"
 wait $first; rc=$?
-[ $rc = 0 ] && [ "$(wc -l < runs/dual/metrics.jsonl)" = 12 ] && [ -f runs/dual/final/model.safetensors ] \
-  && ok "dual: the first run trained its 12 steps untouched" || fail "dual: first run rc $rc: $(tail -3 dual.log)"
+[ $rc = 0 ] && [ "$(wc -l < runs/dual/metrics.jsonl)" = 300 ] && [ -f runs/dual/final/model.safetensors ] \
+  && ok "dual: the first run trained its 300 steps untouched" || fail "dual: first run rc $rc: $(tail -3 dual.log)"
 # Its end lets go of the lock: --resume of the finished run is allowed again.
-"$rlx" run grpo.yaml run.name=dual train.steps=12 --resume > dual4.log 2>&1 \
+"$rlx" run grpo.yaml run.name=dual train.steps=300 train.generated_tasks=2000 --resume > dual4.log 2>&1 \
   && ok "dual: after the first launcher ends, --resume is allowed" || fail "dual: resume after the end: $(tail -3 dual4.log)"
 # A stale socket is not left behind by a run stopped with SIGTERM (issue 50, item 12).
 [ ! -e runs/dual/hub.sock ] && ok "dual: no hub.sock left after the run" || fail "dual: runs/dual/hub.sock left behind"
