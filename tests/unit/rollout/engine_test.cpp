@@ -114,7 +114,7 @@ std::vector<GenerationRequest> mixed_requests(SamplingParams p, int64_t n_per = 
 
 }  // namespace
 
-TEST_CASE("engine: greedy output equals greedy full-forward decoding, token for token", "[rollout][engine]") {
+TEST_CASE("engine: greedy output equals greedy full-forward decoding, token for token", "[rollout][engine][numerics]") {
   auto model = make_model(1);
   for (const auto& setup : setups()) {
     for (int64_t n : {1, 3}) {
@@ -141,7 +141,7 @@ TEST_CASE("engine: greedy output equals greedy full-forward decoding, token for 
   }
 }
 
-TEST_CASE("engine: sampled log-probs equal the full forward's log_softmax(logits / T) within rounding", "[rollout][engine]") {
+TEST_CASE("engine: sampled log-probs equal the full forward's log_softmax(logits / T) within rounding", "[rollout][engine][numerics]") {
   auto model = make_model(2);
   for (const auto& setup : setups()) {
     INFO(setup.name);
@@ -158,7 +158,7 @@ TEST_CASE("engine: sampled log-probs equal the full forward's log_softmax(logits
   }
 }
 
-TEST_CASE("engine: log-prob alternatives and prompt log-probs are the full forward's, and change no token", "[rollout][engine]") {
+TEST_CASE("engine: log-prob alternatives and prompt log-probs are the full forward's, and change no token", "[rollout][engine][numerics]") {
   auto model = make_model(3);
   for (const auto& setup : setups()) {
     for (double T : {0.0, 0.7}) {
@@ -234,7 +234,7 @@ TEST_CASE("engine: log-prob counts out of range are rejected, naming the field",
   CHECK_THROWS_WITH(engine.add({.id = "b", .prompt = {1, 2}, .params = p}), Contains("prompt_logprobs is -2"));
 }
 
-TEST_CASE("engine: the same seed gives the same tokens whatever the batch, its order and the cache", "[rollout][engine]") {
+TEST_CASE("engine: the same seed gives the same tokens whatever the batch, its order and the cache", "[rollout][engine][numerics]") {
   auto model = make_model(3);
   GenerationRequest target{.id = "target", .prompt = random_prompt(77, 12), .params = {.max_new_tokens = 30, .n = 2}, .seed = 9};
   Engine alone(model);
@@ -320,7 +320,7 @@ TEST_CASE("engine: after finished, aborted and preempted requests every block is
   CHECK(engine.stats().waiting == 0);
 }
 
-TEST_CASE("engine: a weight update mid-flight is applied atomically and recorded per token", "[rollout][engine]") {
+TEST_CASE("engine: a weight update mid-flight is applied atomically and recorded per token", "[rollout][engine][numerics]") {
   auto model_a = make_model(5), model_b = make_model(6);
   auto engine_model = make_model(5);
   std::vector<std::pair<std::string, at::Tensor>> weights_b;
@@ -512,7 +512,7 @@ TEST_CASE("engine: requests added from another thread while stepping all complet
 // Issue 33 item 6: decode step k+1 is launched before step k's tokens are appended. Rows
 // whose sequence stops at k (stop tokens here) are computed and thrown away; the tokens,
 // log-probs and finish reasons equal the unpipelined engine's, and every block comes back.
-TEST_CASE("engine: overlapped decode steps give the unpipelined tokens, stopped rows are discarded", "[rollout][engine]") {
+TEST_CASE("engine: overlapped decode steps give the unpipelined tokens, stopped rows are discarded", "[rollout][engine][numerics]") {
   auto model = make_model(12);
   std::vector<GenerationRequest> reqs;
   for (int i = 0; i < 6; ++i) {
