@@ -156,6 +156,8 @@ ParsedRequest parse_request(const json& body, Endpoint endpoint, const ServedMod
   if (p.n < 1 || p.n > limits.max_n) bad("n", fmt::format("'n' must be in [1, {}], got {}", limits.max_n, p.n));
   p.temperature = field<double>(body, "temperature", 1.0);
   if (p.temperature < 0 || p.temperature > 2) bad("temperature", fmt::format("'temperature' must be in [0, 2], got {}", p.temperature));
+  if (p.temperature > 0 && p.temperature < SamplingParams::kMinTemperature)  // fp32 sampling overflows below it
+    bad("temperature", fmt::format("'temperature' must be 0 (greedy) or in [{}, 2], got {}", SamplingParams::kMinTemperature, p.temperature));
   p.top_p = field<double>(body, "top_p", 1.0);
   if (!(p.top_p > 0 && p.top_p <= 1)) bad("top_p", fmt::format("'top_p' must be in (0, 1], got {}", p.top_p));
   int64_t top_k = field<int64_t>(body, "top_k", 0);

@@ -93,6 +93,10 @@ struct Server::Impl {
       try {
         done = engine.step();
       } catch (const std::exception& e) {
+        // A step is one forward over every running request, and the engine's state after a
+        // failed one is unknown: the failure cannot be pinned on one request, so all end.
+        // Every value a client sends is checked before the engine takes the request
+        // (parse_request, Engine::add), so this is a bug or the device failing, not a client.
         log::error("rlx serve: the engine failed a step: {}; ending every request in flight", e.what());
         fail_all(ApiError(500, fmt::format("the engine failed: {}", e.what())));
         continue;
@@ -133,7 +137,12 @@ struct Server::Impl {
       engine.abort(id);
       p->finish(std::nullopt, e);
     }
-    if (!stopping) engine.run();  // drains the aborted requests
+    if (stopping) return;
+    try {
+      engine.run();  // drains the aborted requests
+    } catch (const std::exception& ex) {
+      log::error("rlx serve: the engine failed again while ending the requests: {}", ex.what());
+    }
   }
 
   // ---- HTTP side

@@ -66,6 +66,13 @@ TEST_CASE("openai: bad requests are 4xx errors naming the field", "[serve]") {
   CHECK(error_of(chat({{"n", 0}})).param == "n");
   CHECK(error_of(chat({{"n", "two"}})).param == "n");
   CHECK(error_of(chat({{"temperature", 3}})).param == "temperature");
+  for (double t : {1e-39, 1e-300, 0.005}) {  // fp32 cannot sample at these: 400, never the engine's failure
+    auto tiny = error_of(chat({{"temperature", t}}));
+    CHECK(tiny.status == 400);
+    CHECK(tiny.param == "temperature");
+    CHECK_THAT(tiny.what(), Catch::Contains("0.01"));
+  }
+  CHECK(error_of(chat({{"temperature", 0.01}})).status == 0);
   CHECK(error_of(chat({{"stop", {"a", "b", "c", "d", "e"}}})).param == "stop");
   CHECK(error_of(chat({{"top_logprobs", 3}})).param == "top_logprobs");  // without logprobs: true
   CHECK(error_of(chat({{"logprobs", true}, {"top_logprobs", 21}})).param == "top_logprobs");
