@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "commands.hpp"
+#include "rlx/core/json.hpp"
 #include "rlx/core/signals.hpp"
 #include "rlx/core/threads.hpp"
 #include "rlx/model/hf.hpp"
@@ -32,14 +33,14 @@ std::vector<TokenId> end_of_turn_ids(const std::filesystem::path& dir, const Tok
   std::ifstream gen(dir / "generation_config.json");
   if (gen.good()) {
     try {
-      auto j = nlohmann::json::parse(gen);
+      auto j = parse_json(std::string(std::istreambuf_iterator<char>(gen), {}), (dir / "generation_config.json").string());
       auto eos = j.value("eos_token_id", nlohmann::json());
       if (eos.is_number_integer()) add(eos.get<int64_t>());
       else if (eos.is_array())
         for (const auto& e : eos)
           if (e.is_number_integer()) add(e.get<int64_t>());
-    } catch (const nlohmann::json::exception& e) {
-      RLX_CHECK(false, "{}: not valid JSON: {}", (dir / "generation_config.json").string(), e.what());
+    } catch (const nlohmann::json::exception& e) {  // a field of the wrong type
+      RLX_CHECK(false, "{}: {}", (dir / "generation_config.json").string(), e.what());
     }
   }
   return ids;

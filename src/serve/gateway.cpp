@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "rlx/core/error.hpp"
+#include "rlx/core/json.hpp"
 
 namespace rlx::serve {
 namespace {
@@ -120,13 +121,18 @@ struct Gateway::Impl {
   void handle(const httplib::Request& q, httplib::Response& r) {
     auto call = std::make_shared<Call>();
     try {
-      call->body = json::parse(q.body);
-    } catch (const json::parse_error& e) {
+      call->body = parse_json<json>(q.body, "the request body");
+    } catch (const JsonError& e) {
       r.status = 400;
-      r.set_content(error_body(fmt::format("the body is not valid JSON: {}", e.what())).dump(), "application/json");
+      r.set_content(error_body(e.what()).dump(), "application/json");
       return;
     }
-    if (call->body.value("stream", false)) {
+    if (!call->body.is_object()) {
+      r.status = 400;
+      r.set_content(error_body("the request body must be a JSON object").dump(), "application/json");
+      return;
+    }
+    if (auto s = call->body.find("stream"); s != call->body.end() && !s->is_null() && (!s->is_boolean() || s->get<bool>())) {
       r.status = 400;
       r.set_content(error_body("the gateway does not stream: call without 'stream'").dump(), "application/json");
       return;

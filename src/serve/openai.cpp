@@ -2,6 +2,7 @@
 #include "rlx/serve/openai.hpp"
 
 #include "rlx/chat/tool_calls.hpp"
+#include "rlx/core/json.hpp"
 
 #include <fmt/format.h>
 
@@ -116,6 +117,17 @@ class CompletionLogprobs {
   size_t offset_ = 0;
   json tokens_ = json::array(), logprobs_ = json::array(), top_ = json::array(), offsets_ = json::array();
 };
+
+// The deepest nesting of brackets and braces in `text`, counting every one (those inside JSON
+// strings too): at least the depth of any JSON value written in it.
+int64_t bracket_depth(std::string_view text) {
+  int64_t depth = 0, deepest = 0;
+  for (char c : text) {
+    if (c == '[' || c == '{') deepest = std::max(deepest, ++depth);
+    else if ((c == ']' || c == '}') && depth > 0) --depth;
+  }
+  return deepest;
+}
 
 const char* finish_name(FinishReason r) { return r == FinishReason::length ? "length" : r == FinishReason::stop ? "stop" : "abort"; }
 
@@ -306,7 +318,9 @@ json response(const ParsedRequest& req, const GenerationResult& result, const Se
     json choice = {{"index", i}};
     const char* finish = finish_name(s.finish);
     if (req.endpoint == Endpoint::chat) {
-      if (req.tools) {
+      // Text the model wrote nested deeper than JSON from a client may be stays text: the
+      // tool-call parser copies and prints what it reads recursively.
+      if (req.tools && bracket_depth(text) <= kMaxJsonDepth) {
         // The model's tool calls, in the format Qwen's templates prompt for, as OpenAI's.
         choice["message"] = chat::parse_assistant(text, fmt::format("call_{}_{}_", id, i));
         if (choice["message"].contains("tool_calls") && s.finish == FinishReason::stop) finish = "tool_calls";

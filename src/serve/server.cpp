@@ -11,6 +11,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "rlx/core/json.hpp"
 #include "rlx/core/log.hpp"
 #include "serve/port_check.hpp"
 
@@ -208,9 +209,9 @@ struct Server::Impl {
     try {
       json body;
       try {
-        body = json::parse(http_req.body);
-      } catch (const json::parse_error& e) {
-        throw ApiError(400, fmt::format("the body is not valid JSON: {}", e.what()));
+        body = parse_json<json>(http_req.body, "the request body");  // bounded depth: what walks it recursively is safe
+      } catch (const JsonError& e) {
+        throw ApiError(400, e.what());
       }
       uint64_t n = counter.fetch_add(1);
       ParsedRequest req = parse_request(body, endpoint, model, options.limits, seed_base ^ (n * 0x9E3779B97F4A7C15ull));
