@@ -72,6 +72,15 @@ void add_serve_command(CLI::App& app, Action& action) {
   cmd->add_option("--max-body-kb", a->max_body_kb, "largest request body in KiB; larger is answered 413")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--max-n", a->limits.max_n, "largest 'n'")->check(CLI::Range(int64_t{1}, int64_t{4096}));
   cmd->add_option("--request-timeout-s", a->limits.request_timeout_s, "a request generating longer is aborted (504)")->check(CLI::PositiveNumber);
+  cmd->add_option("--request-read-timeout-s", a->limits.request_read_timeout_s,
+                  "a request's headers and body must arrive within this many seconds of its first byte (408)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-connections", a->limits.max_connections,
+                  "open connections; more are answered 503 (0: 2 x --max-in-flight + 64)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 16));
+  cmd->add_option("--max-connections-per-peer", a->limits.max_connections_per_peer,
+                  "open connections from one client address; more are answered 429 (0: --max-in-flight + 32)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 16));
   cmd->callback([a, &action] {
     action = [a] {
       set_compute_threads(a->threads);

@@ -1,8 +1,6 @@
 // The OpenAI-compatible server: HTTP (cpp-httplib) around the engine; see rlx/serve/server.hpp.
 #include "rlx/serve/server.hpp"
 
-#include <httplib.h>
-
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -13,6 +11,7 @@
 
 #include "rlx/core/json.hpp"
 #include "rlx/core/log.hpp"
+#include "serve/http_server.hpp"
 #include "serve/port_check.hpp"
 
 namespace rlx::serve {
@@ -22,6 +21,15 @@ using json = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+detail::ConnectionLimits connection_limits(const ServeLimits& l) {
+  detail::ConnectionLimits c;
+  c.max_connections = l.max_connections > 0 ? l.max_connections : 2 * l.max_in_flight + 64;
+  c.max_connections_per_peer = l.max_connections_per_peer > 0 ? l.max_connections_per_peer : l.max_in_flight + 32;
+  c.max_body_bytes = l.max_body_bytes;
+  c.request_read_timeout_s = l.request_read_timeout_s;
+  return c;
+}
 
 // One request in flight: what the engine thread has produced so far.
 struct Pending {
@@ -48,12 +56,16 @@ struct Pending {
 }  // namespace
 
 struct Server::Impl {
-  Impl(Engine& e, ServedModel m, ServerOptions o) : engine(e), model(std::move(m)), options(std::move(o)) {}
+  Impl(Engine& e, ServedModel m, ServerOptions o)
+      : engine(e), model(std::move(m)), options(std::move(o)),
+        http(connection_limits(options.limits), [](const httplib::Request&, int status, const std::string& message) {
+          return dump(ApiError(status, message).body());
+        }) {}
 
   Engine& engine;
   ServedModel model;
   ServerOptions options;
-  httplib::Server http;
+  detail::BoundedServer http;
   int bound_port = -1;
   std::thread engine_thread, http_thread;
   std::atomic<bool> stopping{false};
@@ -192,7 +204,7 @@ struct Server::Impl {
     res.set_content(dump(e.body()), "application/json");
   }
 
-  void handle(const httplib::Request& http_req, httplib::Response& res, Endpoint endpoint) {
+  void handle(const std::string& http_body, httplib::Response& res, Endpoint endpoint) {
     if (in_flight.fetch_add(1) >= options.limits.max_in_flight) {
       in_flight.fetch_sub(1);
       res.set_header("Retry-After", "1");
@@ -209,7 +221,7 @@ struct Server::Impl {
     try {
       json body;
       try {
-        body = parse_json<json>(http_req.body, "the request body");  // bounded depth: what walks it recursively is safe
+        body = parse_json<json>(http_body, "the request body");  // bounded depth: what walks it recursively is safe
       } catch (const JsonError& e) {
         throw ApiError(400, e.what());
       }
@@ -324,16 +336,14 @@ struct Server::Impl {
   }
 
   void routes() {
-    http.set_payload_max_length(static_cast<size_t>(options.limits.max_body_bytes));
-    // httplib gives each connection a thread for as long as it is kept alive: idle keep-alive
-    // connections must not take the threads that requests in flight need, so the pool is
-    // twice the limit (plus room to answer 429s) and an idle connection is closed after 2 s.
-    http.new_task_queue = [n = options.limits.max_in_flight] { return new httplib::ThreadPool(static_cast<size_t>(2 * n + 8)); };
-    http.set_keep_alive_timeout(2);
-    http.set_read_timeout(30);
-    http.set_write_timeout(30);
-    http.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& r) { handle(q, r, Endpoint::chat); });
-    http.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& r) { handle(q, r, Endpoint::completion); });
+    // Bodies, request times and connections are bounded by `http` (serve/http_server.hpp);
+    // each connection has a thread, so a request waiting for the engine holds no one else up.
+    http.post("/v1/chat/completions", [this](const httplib::Request&, const std::string& body, httplib::Response& r) {
+      handle(body, r, Endpoint::chat);
+    });
+    http.post("/v1/completions", [this](const httplib::Request&, const std::string& body, httplib::Response& r) {
+      handle(body, r, Endpoint::completion);
+    });
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& r) {
       json m = {{"id", model.name}, {"object", "model"}, {"created", 0}, {"owned_by", "rlx"}, {"max_model_len", model.max_model_len}};
       r.set_content(dump({{"object", "list"}, {"data", json::array({m})}}), "application/json");
@@ -341,15 +351,6 @@ struct Server::Impl {
     http.Get("/health", [this](const httplib::Request&, httplib::Response& r) {
       r.set_content(dump({{"status", "ok"}, {"in_flight", in_flight.load()}, {"max_in_flight", options.limits.max_in_flight}}),
                     "application/json");
-    });
-    // Errors httplib answers itself (413 for an oversized body, 404 for an unknown path)
-    // get OpenAI's error object too.
-    http.set_error_handler([this](const httplib::Request& q, httplib::Response& r) {
-      if (!r.body.empty()) return;
-      std::string message = r.status == 413   ? fmt::format("the request body is over {} bytes", options.limits.max_body_bytes)
-                            : r.status == 404 ? fmt::format("no route {} {}", q.method, q.path)
-                                              : fmt::format("HTTP {}", r.status);
-      send_error(r, ApiError(r.status, message));
     });
     http.set_exception_handler([](const httplib::Request&, httplib::Response& r, std::exception_ptr ep) {
       std::string what = "unknown error";
@@ -367,6 +368,12 @@ struct Server::Impl {
 Server::Server(Engine& engine, ServedModel model, ServerOptions options)
     : impl_(std::make_unique<Impl>(engine, std::move(model), std::move(options))) {
   RLX_CHECK(impl_->model.tokenizer, "rlx serve needs the model's tokenizer");
+  const ServeLimits& l = impl_->options.limits;
+  RLX_CHECK(l.max_in_flight >= 1 && l.max_body_bytes >= 1 && l.max_n >= 1 && l.max_connections >= 0 &&
+                l.max_connections_per_peer >= 0,
+            "rlx serve: max_in_flight, max_body_bytes and max_n must be >= 1 and the connection limits >= 0");
+  RLX_CHECK(l.request_timeout_s > 0 && l.request_read_timeout_s > 0, "rlx serve: request_timeout_s is {} and request_read_timeout_s {}; both must be > 0",
+            l.request_timeout_s, l.request_read_timeout_s);
 }
 
 Server::~Server() { stop(); }

@@ -133,6 +133,14 @@ Reply post(int port, const std::string& path, const std::string& body) {
   return r;
 }
 
+Reply get(int port, const std::string& path, const char* from = nullptr) {
+  int fd = connect_to(port, from);
+  REQUIRE(send_all(fd, "GET " + path + " HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"));
+  Reply r = parse_reply(read_to_end(fd));
+  ::close(fd);
+  return r;
+}
+
 json chat(json extra = json::object()) {
   json b = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "1+1="}}}}, {"max_tokens", 4}, {"ignore_eos", true}};
   for (auto it = extra.begin(); it != extra.end(); ++it) b[it.key()] = it.value();
@@ -187,4 +195,137 @@ TEST_CASE("serve: a temperature fp32 cannot sample at is a 400 for that request 
   // 0 (greedy) and 0.01 are served.
   CHECK(post(s.port(), "/v1/completions", json{{"model", "tiny"}, {"prompt", "1"}, {"max_tokens", 3}, {"temperature", 0}}.dump()).status == 200);
   CHECK(post(s.port(), "/v1/completions", json{{"model", "tiny"}, {"prompt", "1"}, {"max_tokens", 3}, {"temperature", 0.01}}.dump()).status == 200);
+}
+
+TEST_CASE("serve: bodies over --max-body-kb are 413 however they are framed; the server goes on", "[serve]") {
+  ServeLimits limits;
+  limits.max_body_bytes = 64 << 10;
+  TinyServer s(limits);
+  SECTION("chunked: refused once past the limit, not read whole") {
+    int fd = connect_to(s.port());
+    REQUIRE(send_all(fd, "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"));
+    // 1 MiB of a valid JSON body in 16 KiB chunks, sent while the answer is read.
+    std::thread sender([fd] {
+      std::string start = R"({"model": "tiny", "prompt": ")";
+      send_all(fd, fmt::format("{:x}\r\n{}\r\n", start.size(), start));
+      const std::string chunk(16 << 10, 'x');
+      for (int i = 0; i < 64; ++i)
+        if (!send_all(fd, fmt::format("{:x}\r\n{}\r\n", chunk.size(), chunk))) return;
+      send_all(fd, "2\r\n\"}\r\n0\r\n\r\n");
+    });
+    std::string got;
+    read_until(fd, got, "\r\n\r\n");
+    Reply r = parse_reply(got + read_to_end(fd));
+    sender.join();
+    ::close(fd);
+    CHECK(r.status == 413);
+    CHECK_THAT(r.error()["message"].get<std::string>(), Catch::Contains("over 65536 bytes"));
+  }
+  SECTION("a Content-Length over the limit: refused before the body") {
+    int fd = connect_to(s.port());
+    REQUIRE(send_all(fd, post_head("/v1/completions", 100u << 20)));  // and no body at all
+    Reply r = parse_reply(read_to_end(fd));
+    ::close(fd);
+    CHECK(r.status == 413);
+  }
+  SECTION("neither a length nor chunks: 411; endless headers: 431") {
+    int fd = connect_to(s.port());
+    REQUIRE(send_all(fd, "POST /v1/completions HTTP/1.1\r\nHost: t\r\n\r\n{}"));
+    Reply r = parse_reply(read_to_end(fd));
+    ::close(fd);
+    CHECK(r.status == 411);
+    fd = connect_to(s.port());
+    REQUIRE(send_all(fd, "GET /health HTTP/1.1\r\nHost: t\r\n"));
+    std::thread sender([fd] {
+      for (int i = 0; i < 20000; ++i)
+        if (!send_all(fd, fmt::format("X-Filler-{}: {}\r\n", i, std::string(100, 'y')))) return;
+    });
+    std::string got;
+    read_until(fd, got, "\r\n\r\n");
+    sender.join();
+    ::close(fd);
+    CHECK(parse_reply(got).status == 431);
+  }
+  CHECK(get(s.port(), "/health").status == 200);
+  CHECK(post(s.port(), "/v1/completions", json{{"model", "tiny"}, {"prompt", "1"}, {"max_tokens", 2}}.dump()).status == 200);
+}
+
+TEST_CASE("serve: slow clients neither starve /health nor keep a connection past the read deadline", "[serve]") {
+  SECTION("20 trickling connections from one address: 8 held (the limit per address), 12 refused at once; /health answers") {
+    ServeLimits limits;
+    limits.max_in_flight = 2;  // httplib's old pool: 2 * 2 + 8 = 12 threads
+    limits.max_connections_per_peer = 8;
+    limits.request_read_timeout_s = 60;  // longer than this test: nothing here ends by the deadline
+    TinyServer s(limits);
+    std::vector<int> slow;
+    for (int i = 0; i < 20; ++i) {
+      slow.push_back(connect_to(s.port(), "127.0.0.2"));
+      REQUIRE(send_all(slow.back(), "POST /v1/completions HTTP/1.1\r\nHost: t\r\nX-Slow: "));
+    }
+    // The refused ones are answered at once; the others get nothing while they trickle
+    // (checked below, once /health has answered).
+    int refused = 0;
+    std::vector<pollfd> waiting;
+    for (int fd : slow) waiting.push_back({fd, POLLIN, 0});
+    for (auto until = Clock::now() + std::chrono::seconds(20); refused < 12 && Clock::now() < until;) {
+      if (::poll(waiting.data(), waiting.size(), 100) <= 0) continue;
+      for (auto& p : waiting) {
+        if (p.fd < 0 || !(p.revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        std::string got;
+        read_until(p.fd, got, "\r\n\r\n");
+        CHECK(parse_reply(got).status == 429);
+        ++refused;
+        p.fd = -1;  // poll skips it
+      }
+    }
+    CHECK(refused == 12);
+    std::atomic<bool> stop{false};
+    std::thread trickler([&] {
+      while (!stop) {
+        for (int fd : slow) send_all(fd, "z");
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+    });
+    // Another address is served while they hold their connections (checked after: still open).
+    CHECK(get(s.port(), "/health").status == 200);
+    CHECK(post(s.port(), "/v1/completions", json{{"model", "tiny"}, {"prompt", "1"}, {"max_tokens", 2}}.dump()).status == 200);
+    int still_open = 0;
+    for (int fd : slow) {
+      pollfd p{fd, POLLIN, 0};
+      still_open += ::poll(&p, 1, 0) == 0;
+    }
+    CHECK(still_open == 8);
+    stop = true;
+    trickler.join();
+    for (int fd : slow) ::close(fd);
+  }
+  SECTION("a connection trickling a byte every 100 ms is answered 408 and closed at the deadline") {
+    ServeLimits limits;
+    limits.request_read_timeout_s = 1;
+    TinyServer s(limits);
+    int fd = connect_to(s.port());
+    REQUIRE(send_all(fd, "POST /v1/completions HTTP/1.1\r\nHost: t\r\nX-Slow: "));
+    std::atomic<bool> stop{false};
+    std::atomic<int> sent{0};
+    std::thread trickler([&] {
+      while (!stop && send_all(fd, "z")) {
+        ++sent;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    });
+    // A closed connection (recv returns 0, or fails once the trickle meets the closed socket),
+    // not one held for ever: each byte restarted the old per-read timeout.
+    std::string got;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) got.append(buf, static_cast<size_t>(n));
+    const bool timed_out = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);  // 30 s without a byte or a close
+    stop = true;
+    trickler.join();
+    ::close(fd);
+    CHECK_FALSE(timed_out);
+    CHECK(parse_reply(got).status == 408);
+    CHECK(sent > 3);  // it kept sending
+    CHECK(get(s.port(), "/health").status == 200);
+  }
 }
