@@ -22,6 +22,9 @@ using Clock = std::chrono::steady_clock;
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
+// How often a handler waiting for the engine looks whether its client is still there.
+constexpr auto kClientCheck = std::chrono::milliseconds(50);
+
 detail::ConnectionLimits connection_limits(const ServeLimits& l) {
   detail::ConnectionLimits c;
   c.max_connections = l.max_connections > 0 ? l.max_connections : 2 * l.max_in_flight + 64;
@@ -233,10 +236,19 @@ struct Server::Impl {
       if (!req.stream) {
         auto deadline = Clock::now() + std::chrono::duration<double>(options.limits.request_timeout_s);
         std::unique_lock lock(p->mu);
-        if (!p->cv.wait_until(lock, deadline, [&] { return p->done; })) {
+        while (!p->cv.wait_for(lock, kClientCheck, [&] { return p->done; })) {
           lock.unlock();
-          abort(id);
-          throw ApiError(504, fmt::format("the request took longer than {} s and was aborted", options.limits.request_timeout_s));
+          if (Clock::now() >= deadline) {
+            abort(id);
+            throw ApiError(504, fmt::format("the request took longer than {} s and was aborted", options.limits.request_timeout_s));
+          }
+          if (!detail::BoundedServer::client_connected()) {
+            // Nobody will read the answer: the engine's time goes to the others.
+            abort(id);
+            detail::BoundedServer::close_after_response();
+            throw ApiError(499, "the client closed the connection; the request was aborted");
+          }
+          lock.lock();
         }
         if (p->error) throw *p->error;
         res.set_content(dump(response(req, *p->result, model, id, created)), "application/json");
@@ -278,7 +290,7 @@ struct Server::Impl {
       bool done;
       {
         std::unique_lock lock(p->mu);
-        p->cv.wait_for(lock, std::chrono::milliseconds(100));
+        p->cv.wait_for(lock, kClientCheck);
         tokens = p->tokens;
         logprobs = p->logprobs;
         top = p->top;
@@ -314,6 +326,7 @@ struct Server::Impl {
         sent_bytes[i] = std::max(sent_bytes[i], text.size());
       }
       if (done) break;
+      if (!detail::BoundedServer::client_connected()) return abort_stream(id);  // gone between tokens (a long prefill, a queue)
       if (Clock::now() > deadline) {
         abort(id);
         write(ApiError(504, "the request took too long and was aborted").body());

@@ -141,6 +141,8 @@ Reply get(int port, const std::string& path, const char* from = nullptr) {
   return r;
 }
 
+int64_t in_flight(int port) { return json::parse(get(port, "/health").body).at("in_flight").get<int64_t>(); }
+
 json chat(json extra = json::object()) {
   json b = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "1+1="}}}}, {"max_tokens", 4}, {"ignore_eos", true}};
   for (auto it = extra.begin(); it != extra.end(); ++it) b[it.key()] = it.value();
@@ -148,6 +150,14 @@ json chat(json extra = json::object()) {
 }
 
 std::string nested(int depth) { return std::string(static_cast<size_t>(depth), '[') + std::string(static_cast<size_t>(depth), ']'); }
+
+// Polls until `done` or `limit` passes; whether it came true.
+template <class F>
+bool eventually(F done, std::chrono::seconds limit) {
+  for (auto until = Clock::now() + limit; Clock::now() < until; std::this_thread::sleep_for(std::chrono::milliseconds(20)))
+    if (done()) return true;
+  return done();
+}
 
 }  // namespace
 
@@ -328,4 +338,31 @@ TEST_CASE("serve: slow clients neither starve /health nor keep a connection past
     CHECK(sent > 3);  // it kept sending
     CHECK(get(s.port(), "/health").status == 200);
   }
+}
+
+TEST_CASE("serve: a client that leaves ends its request, streamed or not", "[serve]") {
+  ServeLimits limits;
+  limits.request_timeout_s = 600;
+  TinyServer s(limits);
+  // The engine is paused: nothing generates, so the requests can only end by their clients
+  // leaving, whatever this machine's speed.
+  s.engine->pause();
+  for (bool streamed : {false, true}) {
+    INFO("stream: " << streamed);
+    int fd = connect_to(s.port());
+    json body = {{"model", "tiny"}, {"prompt", "12+3="}, {"max_tokens", 500}, {"n", 4}, {"stream", streamed}};
+    REQUIRE(send_all(fd, post_head("/v1/completions", body.dump().size()) + body.dump()));
+    REQUIRE(eventually([&] { return in_flight(s.port()) == 1; }, std::chrono::seconds(20)));
+    if (streamed) {
+      std::string got;
+      REQUIRE(read_until(fd, got, "data: "));
+    }
+    ::close(fd);
+    CHECK(eventually([&] { return in_flight(s.port()) == 0; }, std::chrono::seconds(20)));
+  }
+  s.engine->resume();
+  // The engine drops them (aborted, nothing left to run) and serves the next request.
+  Reply r = post(s.port(), "/v1/completions", json{{"model", "tiny"}, {"prompt", "1"}, {"max_tokens", 3}, {"ignore_eos", true}}.dump());
+  CHECK(r.status == 200);
+  CHECK(json::parse(r.body)["usage"]["completion_tokens"] == 3);
 }
