@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "commands.hpp"
+#include "rlx/core/json.hpp"
 #include "rlx/core/signals.hpp"
 #include "rlx/core/threads.hpp"
 #include "rlx/model/hf.hpp"
@@ -32,14 +33,14 @@ std::vector<TokenId> end_of_turn_ids(const std::filesystem::path& dir, const Tok
   std::ifstream gen(dir / "generation_config.json");
   if (gen.good()) {
     try {
-      auto j = nlohmann::json::parse(gen);
+      auto j = parse_json(std::string(std::istreambuf_iterator<char>(gen), {}), (dir / "generation_config.json").string());
       auto eos = j.value("eos_token_id", nlohmann::json());
       if (eos.is_number_integer()) add(eos.get<int64_t>());
       else if (eos.is_array())
         for (const auto& e : eos)
           if (e.is_number_integer()) add(e.get<int64_t>());
-    } catch (const nlohmann::json::exception& e) {
-      RLX_CHECK(false, "{}: not valid JSON: {}", (dir / "generation_config.json").string(), e.what());
+    } catch (const nlohmann::json::exception& e) {  // a field of the wrong type
+      RLX_CHECK(false, "{}: {}", (dir / "generation_config.json").string(), e.what());
     }
   }
   return ids;
@@ -71,6 +72,15 @@ void add_serve_command(CLI::App& app, Action& action) {
   cmd->add_option("--max-body-kb", a->max_body_kb, "largest request body in KiB; larger is answered 413")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--max-n", a->limits.max_n, "largest 'n'")->check(CLI::Range(int64_t{1}, int64_t{4096}));
   cmd->add_option("--request-timeout-s", a->limits.request_timeout_s, "a request generating longer is aborted (504)")->check(CLI::PositiveNumber);
+  cmd->add_option("--request-read-timeout-s", a->limits.request_read_timeout_s,
+                  "a request's headers and body must arrive within this many seconds of its first byte (408)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-connections", a->limits.max_connections,
+                  "open connections; more are answered 503 (0: 2 x --max-in-flight + 64)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 16));
+  cmd->add_option("--max-connections-per-peer", a->limits.max_connections_per_peer,
+                  "open connections from one client address; more are answered 429 (0: --max-in-flight + 32)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 16));
   cmd->callback([a, &action] {
     action = [a] {
       set_compute_threads(a->threads);

@@ -17,6 +17,10 @@ namespace rlx {
 void SamplingParams::validate(std::string_view who, int64_t vocab_size, bool has_tokenizer) const {
   RLX_CHECK(!std::isnan(temperature) && !std::isnan(top_p) && !std::isnan(min_p), "{}: sampling parameters are NaN", who);
   config::check_bounds(*this, who);
+  RLX_CHECK(temperature == 0 || (temperature >= kMinTemperature && std::isfinite(temperature)),
+            "{}: temperature is {}; it must be 0 (greedy) or a finite number >= {} (below it the sampler's fp32 arithmetic "
+            "overflows)",
+            who, temperature, kMinTemperature);
   for (TokenId t : stop_token_ids)
     RLX_CHECK(t >= 0 && t < vocab_size, "{}: stop_token_ids has {}, outside the vocabulary [0, {})", who, t, vocab_size);
   RLX_CHECK(logprobs >= 0 && logprobs <= kMaxLogprobs, "{}: logprobs is {}; it must be in [0, {}]", who, logprobs,
@@ -92,6 +96,7 @@ class RuleRow {
     std::vector<uint64_t> kept(static_cast<size_t>(n_));
     uint64_t total = 0;
     for (int64_t i = 0; i < n_; ++i) total += kept[static_cast<size_t>(i)] = kept_mass(i);
+    if (total == 0) return argmax_;  // no mass (logits not finite, or a T outside the rule): greedy
     const uint64_t target = hd::draw_target(u, total);
     uint64_t run = 0;
     for (int64_t i = 0; i < n_; ++i)
@@ -109,11 +114,14 @@ class RuleRow {
 
 at::Tensor rows_fp32(const at::Tensor& logits) { return logits.to(at::kCPU, at::kFloat).contiguous(); }
 
+// Greedy as the kernel decides it, on the fp32 temperature (a T that rounds to 0 is greedy).
+bool greedy_fp32(const SamplingParams& p) { return static_cast<float>(p.temperature) == 0.0f; }
+
 }  // namespace
 
 SampledRow sample_row(const float* logits, int64_t vocab, const SamplingParams& p, double uniform) {
   const RuleRow row(logits, vocab, static_cast<float>(p.temperature), p.top_k, p.top_p, static_cast<float>(p.min_p));
-  const int64_t token = p.greedy() ? row.argmax() : row.draw(uniform);
+  const int64_t token = greedy_fp32(p) ? row.argmax() : row.draw(uniform);
   return {token, row.logprob(token)};
 }
 
@@ -144,12 +152,14 @@ at::Tensor sampling_distribution(const at::Tensor& logits_row, const SamplingPar
   auto* probs = out.data_ptr<double>();
   const RuleRow row(x.data_ptr<float>(), vocab, static_cast<float>(p.temperature), p.top_k, p.top_p,
                     static_cast<float>(p.min_p));
-  if (p.greedy()) {
+  double total = 0;
+  if (!greedy_fp32(p))
+    for (int64_t i = 0; i < vocab; ++i) total += probs[i] = static_cast<double>(row.kept_mass(i));
+  if (total == 0) {  // greedy, or a row without mass (the draw then takes the argmax too)
+    out.zero_();
     probs[row.argmax()] = 1.0;
     return out;
   }
-  double total = 0;
-  for (int64_t i = 0; i < vocab; ++i) total += probs[i] = static_cast<double>(row.kept_mass(i));
   return out / total;
 }
 

@@ -5,7 +5,6 @@
 #include "rlx/serve/gateway.hpp"
 
 #include <fcntl.h>
-#include <httplib.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -21,6 +20,8 @@
 #include <thread>
 
 #include "rlx/core/error.hpp"
+#include "rlx/core/json.hpp"
+#include "serve/http_server.hpp"
 
 namespace rlx::serve {
 namespace {
@@ -84,10 +85,22 @@ void relay(int a, int b, const std::atomic<bool>& stop) {
 
 }  // namespace
 
+// The program's requests: the bridge admits kMaxConnections, all from loopback; each must
+// arrive whole within 30 s.
+detail::ConnectionLimits connection_limits(const GatewayOptions& o) {
+  return {.max_connections = kMaxConnections, .max_connections_per_peer = kMaxConnections, .max_body_bytes = o.max_body_bytes};
+}
+
 struct Gateway::Impl {
+  explicit Impl(GatewayOptions o)
+      : options(o), http(connection_limits(o), [](const httplib::Request& q, int status, const std::string& message) {
+          if (status == 404) return error_body(fmt::format("the gateway serves POST /v1/chat/completions, not {} {}", q.method, q.path)).dump();
+          return error_body(message).dump();
+        }) {}
+
   std::filesystem::path socket_path;
   GatewayOptions options;
-  httplib::Server http;
+  detail::BoundedServer http;
   int port = -1;
   int listen_fd = -1;
   std::thread http_thread, bridge_thread;
@@ -102,31 +115,28 @@ struct Gateway::Impl {
   std::shared_ptr<Call> current;
 
   void routes() {
-    http.set_payload_max_length(static_cast<size_t>(options.max_body_bytes));
-    http.new_task_queue = [] { return new httplib::ThreadPool(kMaxConnections); };
     http.Get("/v1/models", [](const httplib::Request&, httplib::Response& r) {
       json m = {{"object", "list"}, {"data", json::array({{{"id", "policy"}, {"object", "model"}, {"created", 0}, {"owned_by", "rlx"}}})}};
       r.set_content(m.dump(), "application/json");
     });
-    http.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& r) { handle(q, r); });
-    http.set_error_handler([this](const httplib::Request& q, httplib::Response& r) {
-      if (!r.body.empty()) return;
-      std::string message = r.status == 413 ? fmt::format("the request body is over {} bytes", options.max_body_bytes)
-                                            : fmt::format("the gateway serves POST /v1/chat/completions, not {} {}", q.method, q.path);
-      r.set_content(error_body(message).dump(), "application/json");
-    });
+    http.post("/v1/chat/completions", [this](const httplib::Request&, const std::string& body, httplib::Response& r) { handle(body, r); });
   }
 
-  void handle(const httplib::Request& q, httplib::Response& r) {
+  void handle(const std::string& body, httplib::Response& r) {
     auto call = std::make_shared<Call>();
     try {
-      call->body = json::parse(q.body);
-    } catch (const json::parse_error& e) {
+      call->body = parse_json<json>(body, "the request body");
+    } catch (const JsonError& e) {
       r.status = 400;
-      r.set_content(error_body(fmt::format("the body is not valid JSON: {}", e.what())).dump(), "application/json");
+      r.set_content(error_body(e.what()).dump(), "application/json");
       return;
     }
-    if (call->body.value("stream", false)) {
+    if (!call->body.is_object()) {
+      r.status = 400;
+      r.set_content(error_body("the request body must be a JSON object").dump(), "application/json");
+      return;
+    }
+    if (auto s = call->body.find("stream"); s != call->body.end() && !s->is_null() && (!s->is_boolean() || s->get<bool>())) {
       r.status = 400;
       r.set_content(error_body("the gateway does not stream: call without 'stream'").dump(), "application/json");
       return;
@@ -184,10 +194,9 @@ struct Gateway::Impl {
   }
 };
 
-Gateway::Gateway(std::filesystem::path socket_path, GatewayOptions options) : impl_(std::make_unique<Impl>()) {
+Gateway::Gateway(std::filesystem::path socket_path, GatewayOptions options) : impl_(std::make_unique<Impl>(options)) {
   Impl& s = *impl_;
   s.socket_path = std::move(socket_path);
-  s.options = options;
   const std::string path = s.socket_path.string();
   sockaddr_un addr{};
   RLX_CHECK(path.size() < sizeof(addr.sun_path), "gateway socket path {} is longer than {} bytes", path, sizeof(addr.sun_path) - 1);

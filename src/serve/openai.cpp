@@ -2,6 +2,7 @@
 #include "rlx/serve/openai.hpp"
 
 #include "rlx/chat/tool_calls.hpp"
+#include "rlx/core/json.hpp"
 
 #include <fmt/format.h>
 
@@ -117,6 +118,17 @@ class CompletionLogprobs {
   json tokens_ = json::array(), logprobs_ = json::array(), top_ = json::array(), offsets_ = json::array();
 };
 
+// The deepest nesting of brackets and braces in `text`, counting every one (those inside JSON
+// strings too): at least the depth of any JSON value written in it.
+int64_t bracket_depth(std::string_view text) {
+  int64_t depth = 0, deepest = 0;
+  for (char c : text) {
+    if (c == '[' || c == '{') deepest = std::max(deepest, ++depth);
+    else if ((c == ']' || c == '}') && depth > 0) --depth;
+  }
+  return deepest;
+}
+
 const char* finish_name(FinishReason r) { return r == FinishReason::length ? "length" : r == FinishReason::stop ? "stop" : "abort"; }
 
 json base_object(const ParsedRequest& req, const ServedModel& model, const std::string& id, int64_t created, bool chunk) {
@@ -156,6 +168,8 @@ ParsedRequest parse_request(const json& body, Endpoint endpoint, const ServedMod
   if (p.n < 1 || p.n > limits.max_n) bad("n", fmt::format("'n' must be in [1, {}], got {}", limits.max_n, p.n));
   p.temperature = field<double>(body, "temperature", 1.0);
   if (p.temperature < 0 || p.temperature > 2) bad("temperature", fmt::format("'temperature' must be in [0, 2], got {}", p.temperature));
+  if (p.temperature > 0 && p.temperature < SamplingParams::kMinTemperature)  // fp32 sampling overflows below it
+    bad("temperature", fmt::format("'temperature' must be 0 (greedy) or in [{}, 2], got {}", SamplingParams::kMinTemperature, p.temperature));
   p.top_p = field<double>(body, "top_p", 1.0);
   if (!(p.top_p > 0 && p.top_p <= 1)) bad("top_p", fmt::format("'top_p' must be in (0, 1], got {}", p.top_p));
   int64_t top_k = field<int64_t>(body, "top_k", 0);
@@ -304,7 +318,9 @@ json response(const ParsedRequest& req, const GenerationResult& result, const Se
     json choice = {{"index", i}};
     const char* finish = finish_name(s.finish);
     if (req.endpoint == Endpoint::chat) {
-      if (req.tools) {
+      // Text the model wrote nested deeper than JSON from a client may be stays text: the
+      // tool-call parser copies and prints what it reads recursively.
+      if (req.tools && bracket_depth(text) <= kMaxJsonDepth) {
         // The model's tool calls, in the format Qwen's templates prompt for, as OpenAI's.
         choice["message"] = chat::parse_assistant(text, fmt::format("call_{}_{}_", id, i));
         if (choice["message"].contains("tool_calls") && s.finish == FinishReason::stop) finish = "tool_calls";

@@ -1,8 +1,6 @@
 // The OpenAI-compatible server: HTTP (cpp-httplib) around the engine; see rlx/serve/server.hpp.
 #include "rlx/serve/server.hpp"
 
-#include <httplib.h>
-
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -11,7 +9,9 @@
 #include <thread>
 #include <unordered_map>
 
+#include "rlx/core/json.hpp"
 #include "rlx/core/log.hpp"
+#include "serve/http_server.hpp"
 #include "serve/port_check.hpp"
 
 namespace rlx::serve {
@@ -21,6 +21,18 @@ using json = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// How often a handler waiting for the engine looks whether its client is still there.
+constexpr auto kClientCheck = std::chrono::milliseconds(50);
+
+detail::ConnectionLimits connection_limits(const ServeLimits& l) {
+  detail::ConnectionLimits c;
+  c.max_connections = l.max_connections > 0 ? l.max_connections : 2 * l.max_in_flight + 64;
+  c.max_connections_per_peer = l.max_connections_per_peer > 0 ? l.max_connections_per_peer : l.max_in_flight + 32;
+  c.max_body_bytes = l.max_body_bytes;
+  c.request_read_timeout_s = l.request_read_timeout_s;
+  return c;
+}
 
 // One request in flight: what the engine thread has produced so far.
 struct Pending {
@@ -47,12 +59,16 @@ struct Pending {
 }  // namespace
 
 struct Server::Impl {
-  Impl(Engine& e, ServedModel m, ServerOptions o) : engine(e), model(std::move(m)), options(std::move(o)) {}
+  Impl(Engine& e, ServedModel m, ServerOptions o)
+      : engine(e), model(std::move(m)), options(std::move(o)),
+        http(connection_limits(options.limits), [](const httplib::Request&, int status, const std::string& message) {
+          return dump(ApiError(status, message).body());
+        }) {}
 
   Engine& engine;
   ServedModel model;
   ServerOptions options;
-  httplib::Server http;
+  detail::BoundedServer http;
   int bound_port = -1;
   std::thread engine_thread, http_thread;
   std::atomic<bool> stopping{false};
@@ -93,6 +109,10 @@ struct Server::Impl {
       try {
         done = engine.step();
       } catch (const std::exception& e) {
+        // A step is one forward over every running request, and the engine's state after a
+        // failed one is unknown: the failure cannot be pinned on one request, so all end.
+        // Every value a client sends is checked before the engine takes the request
+        // (parse_request, Engine::add), so this is a bug or the device failing, not a client.
         log::error("rlx serve: the engine failed a step: {}; ending every request in flight", e.what());
         fail_all(ApiError(500, fmt::format("the engine failed: {}", e.what())));
         continue;
@@ -133,7 +153,12 @@ struct Server::Impl {
       engine.abort(id);
       p->finish(std::nullopt, e);
     }
-    if (!stopping) engine.run();  // drains the aborted requests
+    if (stopping) return;
+    try {
+      engine.run();  // drains the aborted requests
+    } catch (const std::exception& ex) {
+      log::error("rlx serve: the engine failed again while ending the requests: {}", ex.what());
+    }
   }
 
   // ---- HTTP side
@@ -182,7 +207,7 @@ struct Server::Impl {
     res.set_content(dump(e.body()), "application/json");
   }
 
-  void handle(const httplib::Request& http_req, httplib::Response& res, Endpoint endpoint) {
+  void handle(const std::string& http_body, httplib::Response& res, Endpoint endpoint) {
     if (in_flight.fetch_add(1) >= options.limits.max_in_flight) {
       in_flight.fetch_sub(1);
       res.set_header("Retry-After", "1");
@@ -199,9 +224,9 @@ struct Server::Impl {
     try {
       json body;
       try {
-        body = json::parse(http_req.body);
-      } catch (const json::parse_error& e) {
-        throw ApiError(400, fmt::format("the body is not valid JSON: {}", e.what()));
+        body = parse_json<json>(http_body, "the request body");  // bounded depth: what walks it recursively is safe
+      } catch (const JsonError& e) {
+        throw ApiError(400, e.what());
       }
       uint64_t n = counter.fetch_add(1);
       ParsedRequest req = parse_request(body, endpoint, model, options.limits, seed_base ^ (n * 0x9E3779B97F4A7C15ull));
@@ -211,10 +236,19 @@ struct Server::Impl {
       if (!req.stream) {
         auto deadline = Clock::now() + std::chrono::duration<double>(options.limits.request_timeout_s);
         std::unique_lock lock(p->mu);
-        if (!p->cv.wait_until(lock, deadline, [&] { return p->done; })) {
+        while (!p->cv.wait_for(lock, kClientCheck, [&] { return p->done; })) {
           lock.unlock();
-          abort(id);
-          throw ApiError(504, fmt::format("the request took longer than {} s and was aborted", options.limits.request_timeout_s));
+          if (Clock::now() >= deadline) {
+            abort(id);
+            throw ApiError(504, fmt::format("the request took longer than {} s and was aborted", options.limits.request_timeout_s));
+          }
+          if (!detail::BoundedServer::client_connected()) {
+            // Nobody will read the answer: the engine's time goes to the others.
+            abort(id);
+            detail::BoundedServer::close_after_response();
+            throw ApiError(499, "the client closed the connection; the request was aborted");
+          }
+          lock.lock();
         }
         if (p->error) throw *p->error;
         res.set_content(dump(response(req, *p->result, model, id, created)), "application/json");
@@ -256,7 +290,7 @@ struct Server::Impl {
       bool done;
       {
         std::unique_lock lock(p->mu);
-        p->cv.wait_for(lock, std::chrono::milliseconds(100));
+        p->cv.wait_for(lock, kClientCheck);
         tokens = p->tokens;
         logprobs = p->logprobs;
         top = p->top;
@@ -292,6 +326,7 @@ struct Server::Impl {
         sent_bytes[i] = std::max(sent_bytes[i], text.size());
       }
       if (done) break;
+      if (!detail::BoundedServer::client_connected()) return abort_stream(id);  // gone between tokens (a long prefill, a queue)
       if (Clock::now() > deadline) {
         abort(id);
         write(ApiError(504, "the request took too long and was aborted").body());
@@ -314,16 +349,14 @@ struct Server::Impl {
   }
 
   void routes() {
-    http.set_payload_max_length(static_cast<size_t>(options.limits.max_body_bytes));
-    // httplib gives each connection a thread for as long as it is kept alive: idle keep-alive
-    // connections must not take the threads that requests in flight need, so the pool is
-    // twice the limit (plus room to answer 429s) and an idle connection is closed after 2 s.
-    http.new_task_queue = [n = options.limits.max_in_flight] { return new httplib::ThreadPool(static_cast<size_t>(2 * n + 8)); };
-    http.set_keep_alive_timeout(2);
-    http.set_read_timeout(30);
-    http.set_write_timeout(30);
-    http.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& r) { handle(q, r, Endpoint::chat); });
-    http.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& r) { handle(q, r, Endpoint::completion); });
+    // Bodies, request times and connections are bounded by `http` (serve/http_server.hpp);
+    // each connection has a thread, so a request waiting for the engine holds no one else up.
+    http.post("/v1/chat/completions", [this](const httplib::Request&, const std::string& body, httplib::Response& r) {
+      handle(body, r, Endpoint::chat);
+    });
+    http.post("/v1/completions", [this](const httplib::Request&, const std::string& body, httplib::Response& r) {
+      handle(body, r, Endpoint::completion);
+    });
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& r) {
       json m = {{"id", model.name}, {"object", "model"}, {"created", 0}, {"owned_by", "rlx"}, {"max_model_len", model.max_model_len}};
       r.set_content(dump({{"object", "list"}, {"data", json::array({m})}}), "application/json");
@@ -331,15 +364,6 @@ struct Server::Impl {
     http.Get("/health", [this](const httplib::Request&, httplib::Response& r) {
       r.set_content(dump({{"status", "ok"}, {"in_flight", in_flight.load()}, {"max_in_flight", options.limits.max_in_flight}}),
                     "application/json");
-    });
-    // Errors httplib answers itself (413 for an oversized body, 404 for an unknown path)
-    // get OpenAI's error object too.
-    http.set_error_handler([this](const httplib::Request& q, httplib::Response& r) {
-      if (!r.body.empty()) return;
-      std::string message = r.status == 413   ? fmt::format("the request body is over {} bytes", options.limits.max_body_bytes)
-                            : r.status == 404 ? fmt::format("no route {} {}", q.method, q.path)
-                                              : fmt::format("HTTP {}", r.status);
-      send_error(r, ApiError(r.status, message));
     });
     http.set_exception_handler([](const httplib::Request&, httplib::Response& r, std::exception_ptr ep) {
       std::string what = "unknown error";
@@ -357,6 +381,12 @@ struct Server::Impl {
 Server::Server(Engine& engine, ServedModel model, ServerOptions options)
     : impl_(std::make_unique<Impl>(engine, std::move(model), std::move(options))) {
   RLX_CHECK(impl_->model.tokenizer, "rlx serve needs the model's tokenizer");
+  const ServeLimits& l = impl_->options.limits;
+  RLX_CHECK(l.max_in_flight >= 1 && l.max_body_bytes >= 1 && l.max_n >= 1 && l.max_connections >= 0 &&
+                l.max_connections_per_peer >= 0,
+            "rlx serve: max_in_flight, max_body_bytes and max_n must be >= 1 and the connection limits >= 0");
+  RLX_CHECK(l.request_timeout_s > 0 && l.request_read_timeout_s > 0, "rlx serve: request_timeout_s is {} and request_read_timeout_s {}; both must be > 0",
+            l.request_timeout_s, l.request_read_timeout_s);
 }
 
 Server::~Server() { stop(); }

@@ -75,6 +75,7 @@ expect "generate --json: greedy samples agree" 0 '"tokens":\[([0-9,]+)\].*"token
   "$rlx" generate --model tiny --prompt "12+3=" --n 2 --max-tokens 6 --temperature 0 --json --threads 1
 expect "generate: same seed, same text" 0 '^ok$' -- bash -c "a=\$('$rlx' generate --model tiny --prompt 1 --seed 4 --json); b=\$('$rlx' generate --model tiny --prompt 1 --seed 4 --json); [ \"\$a\" = \"\$b\" ] && echo ok"
 expect "generate rejects top-p outside (0, 1]" 1 "request 'prompt': top_p = 1.5 is not in \(0, 1\]" -- "$rlx" generate --model tiny --prompt 1 --top-p 1.5
+expect "generate rejects a temperature fp32 cannot sample at" 1 "temperature is 1e-39; it must be 0 \(greedy\) or a finite number >= 0.01" -- "$rlx" generate --model tiny --prompt 1 --temperature 1e-39
 expect "generate rejects an empty prompt" 1 "prompt is empty" -- "$rlx" generate --model tiny --prompt ""
 expect "generate rejects max tokens 0" 1 "max_new_tokens = 0" -- "$rlx" generate --model tiny --prompt 1 --max-tokens 0
 expect "bench sampler prints JSON last" 0 '^\{.*"bench":"sampler".*"speedup_vs_naive"' -- \

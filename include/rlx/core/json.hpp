@@ -41,7 +41,7 @@ Json parse_json(std::string_view text, std::string_view what, int max_depth = kM
     return Json::parse(text.begin(), text.end(), bound);
   } catch (const nlohmann::json::parse_error& e) {
     throw JsonError(fmt::format("{}: not valid JSON at byte {}: {}", what, e.byte, e.what()));
-  } catch (const nlohmann::json::out_of_range& e) {  // 1e999: "number overflow"
+  } catch (const nlohmann::json::out_of_range& e) {  // 406: nlohmann's parser refuses 1e999 itself
     throw JsonError(fmt::format("{}: a number out of range (it does not fit a double): {}", what, e.what()));
   }
 }

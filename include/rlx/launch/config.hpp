@@ -9,6 +9,7 @@
 #include "rlx/bus/hub.hpp"
 #include "rlx/core/config.hpp"
 #include "rlx/core/log.hpp"
+#include "rlx/rollout/cuda/sampling_rule.hpp"
 #include "rlx/algo/options.hpp"
 #include "rlx/env/options.hpp"
 #include "rlx/learner/options.hpp"
@@ -119,7 +120,8 @@ struct RolloutSection {
   void visit(V& v) {
     v("workers", workers, "rollout worker processes", config::in_range(1, 1024));
     v("max_new_tokens", max_new_tokens, "tokens per action at most", config::in_range(1, 1 << 20));
-    v("temperature", temperature, "sampling temperature", config::greater_than(0));
+    v("temperature", temperature, "sampling temperature (at least 0.01: below it fp32 sampling overflows)",
+      config::at_least(hd::kMinTemperature));
     v("block_size", block_size, "KV-cache block size in tokens", config::in_range(1, 1024));
     v("kv_cache_blocks", kv_cache_blocks, "KV-cache blocks per worker", config::in_range(1, 1 << 24));
     v("leases_per_request", leases_per_request, "prompts a worker takes per request", config::in_range(1, 4096));

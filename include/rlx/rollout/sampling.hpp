@@ -2,7 +2,9 @@
 //
 // Order of the transforms (HF's): temperature, then top-k, top-p (on the
 // renormalised top-k distribution) and min-p (relative to the most likely token).
-// Temperature 0 is greedy (first index of the maximum). The exact rule (thresholds with
+// Temperature 0 is greedy (first index of the maximum); any other temperature must be at
+// least kMinTemperature (0.01; smaller ones are refused, not rounded to greedy: a run's
+// log-probs are of log_softmax(logits / T), which greedy would silently change). The exact rule (thresholds with
 // ties kept, integer masses, the inverse CDF in vocabulary order) is written once in
 // rollout/cuda/sampling_rule.hpp and followed by this CPU sampler and the GPU kernel alike:
 // the same uniform gives the same token on both, up to ties.
@@ -28,11 +30,12 @@
 
 #include "rlx/core/config.hpp"
 #include "rlx/model/tokenizer.hpp"
+#include "rlx/rollout/cuda/sampling_rule.hpp"
 
 namespace rlx {
 
 struct SamplingParams {
-  double temperature = 1.0;  // 0: greedy
+  double temperature = 1.0;  // 0: greedy; else >= kMinTemperature
   int64_t top_k = 0;         // 0: off
   double top_p = 1.0;        // in (0, 1]; 1: off
   double min_p = 0.0;        // in [0, 1); 0: off
@@ -49,10 +52,11 @@ struct SamplingParams {
                                  // with this many alternatives (0 to kMaxLogprobs); the prompt is
                                  // computed whole (no prefix-cache reuse)
   static constexpr int64_t kMaxLogprobs = 20;
+  static constexpr double kMinTemperature = hd::kMinTemperature;  // below it fp32 sampling is not sound (sampling_rule.hpp)
 
   template <class V>
   void visit(V& v) {
-    v("temperature", temperature, "softmax temperature; 0 is greedy", config::at_least(0));
+    v("temperature", temperature, "softmax temperature; 0 is greedy, else at least 0.01", config::at_least(0));
     v("top_k", top_k, "keep the k most likely tokens (0: off)", config::at_least(0));
     v("top_p", top_p, "nucleus: smallest set with probability >= top_p (1: off)", config::in_half_open(0, 1));
     v("min_p", min_p, "drop tokens less likely than min_p times the most likely (0: off)", config::in_range(0, 1));

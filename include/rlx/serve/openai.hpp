@@ -39,6 +39,11 @@ struct ServeLimits {
   int64_t max_messages = 1024;       // messages of a chat request
   int64_t max_stop = 4;              // stop strings (OpenAI's limit)
   double request_timeout_s = 600;    // a request still generating after this is aborted (504)
+  // Connections (each has a thread): past the limit 503, past the limit per client address
+  // 429. 0: 2 * max_in_flight + 64, and max_in_flight + 32 per address.
+  int64_t max_connections = 0;
+  int64_t max_connections_per_peer = 0;
+  double request_read_timeout_s = 30;  // a request's line, headers and body must arrive within this (408)
 };
 
 // The model a server serves: its name in requests, tokenizer, chat template (if any) and the

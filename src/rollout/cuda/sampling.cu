@@ -104,7 +104,9 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
     return hd::order_key(zi) >= key_min && w >= min_p ? hd::mass_units(w) : 0ull;
   };
 
-  // Inverse CDF in vocabulary order: thread j owns the contiguous chunk j.
+  // Inverse CDF in vocabulary order: thread j owns the contiguous chunk j. A row without
+  // mass (total 0) keeps the first maximum (the scan's barrier orders this write first).
+  if (threadIdx.x == 0) s_token = best_i < n ? best_i : 0;
   const int chunk = (n + kThreads - 1) / kThreads;
   const int lo = min(n, threadIdx.x * chunk), hi = min(n, lo + chunk);
   unsigned long long mine = 0;

@@ -1,6 +1,7 @@
 #include "rlx/rollout/sampling.hpp"
 
 #include <cmath>
+#include <limits>
 
 #include "../helpers.hpp"
 
@@ -122,4 +123,28 @@ TEST_CASE("sampling: bad parameters name the request and the field", "[rollout]"
   CHECK_THAT(err({.stop_strings = {"ok", ""}}), Contains("stop_strings[1] is empty"));
   CHECK_THAT(err({.stop_strings = {"ok"}}, false), Contains("need a tokenizer"));
   CHECK(err({.temperature = 0.7, .top_k = 5, .top_p = 0.9, .min_p = 0.1, .stop_strings = {"\n\n"}}).empty());
+}
+
+TEST_CASE("sampling: a temperature is 0 or at least 0.01; the sampler never fails on one", "[rollout]") {
+  using rlx::test::error_of;
+  auto err = [](double t) { return error_of([&] { SamplingParams{.temperature = t}.validate("request 'r1'", 100, true); }); };
+  // 1e-39 overflows every logit / T in fp32 (the draw found no mass), 1e-300 rounds to an fp32
+  // 0 (it sampled at T = 1): refused, naming the request and the bound.
+  for (double t : {1e-39, 1e-300, 0.005, std::numeric_limits<double>::infinity()})
+    CHECK_THAT(err(t), Contains("request 'r1': temperature is") && Contains("0.01"));
+  CHECK(err(0.0).empty());
+  CHECK(err(SamplingParams::kMinTemperature).empty());
+  CHECK(err(2.0).empty());
+
+  // Unchecked parameters reach the sampler only through a bug; it still answers, greedily.
+  const auto logits = at::tensor({-1.0f, 3.0f, -2.0f, -0.5f, -4.0f});
+  for (double t : {1e-39, 1e-300}) {
+    INFO("T = " << t);
+    const SamplingParams p{.temperature = t, .top_p = 0.9};
+    for (double u : {0.0, 0.5, 0.999}) CHECK(rlx::sample_row(logits.data_ptr<float>(), 5, p, u).token == 1);  // the first maximum
+    CHECK(rlx::sampling_distribution(logits, p)[1].item<double>() == 1.0);
+    rlx::SamplingBatch b;
+    b.add(p, 0.5);
+    CHECK(rlx::sample(logits.unsqueeze(0), b).tokens[0].item<int64_t>() == 1);
+  }
 }

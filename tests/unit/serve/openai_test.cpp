@@ -66,6 +66,13 @@ TEST_CASE("openai: bad requests are 4xx errors naming the field", "[serve]") {
   CHECK(error_of(chat({{"n", 0}})).param == "n");
   CHECK(error_of(chat({{"n", "two"}})).param == "n");
   CHECK(error_of(chat({{"temperature", 3}})).param == "temperature");
+  for (double t : {1e-39, 1e-300, 0.005}) {  // fp32 cannot sample at these: 400, never the engine's failure
+    auto tiny = error_of(chat({{"temperature", t}}));
+    CHECK(tiny.status == 400);
+    CHECK(tiny.param == "temperature");
+    CHECK_THAT(tiny.what(), Catch::Contains("0.01"));
+  }
+  CHECK(error_of(chat({{"temperature", 0.01}})).status == 0);
   CHECK(error_of(chat({{"stop", {"a", "b", "c", "d", "e"}}})).param == "stop");
   CHECK(error_of(chat({{"top_logprobs", 3}})).param == "top_logprobs");  // without logprobs: true
   CHECK(error_of(chat({{"logprobs", true}, {"top_logprobs", 21}})).param == "top_logprobs");
@@ -149,6 +156,19 @@ TEST_CASE("openai: with tools, Hermes tool-call blocks come back as tool_calls",
   CHECK(out["choices"][1]["finish_reason"] == "stop");
   CHECK(out["choices"][2]["message"]["content"] == "<tool_call>not json</tool_call>");  // kept as the model wrote it
   CHECK(out["choices"][2]["finish_reason"] == "stop");
+
+  // A call nested 100,000 deep (a model can be asked to write one) stays text: parsing it as
+  // a call would copy and print it recursively, past the end of the stack.
+  rlx::SampleOutput deep;
+  const std::string args = std::string(100000, '[') + std::string(100000, ']');
+  const std::string deep_text = "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"x\": " + args + "}}\n</tool_call>";
+  deep.tokens = model.tokenizer->encode(deep_text);
+  deep.finish = rlx::FinishReason::stop;
+  deep.logprobs.assign(deep.tokens.size(), -1.f), deep.versions.assign(deep.tokens.size(), 0);
+  r.samples = {deep};
+  json kept = response(req, r, model, "chatcmpl-8", 0)["choices"][0];
+  CHECK(kept["message"]["content"] == deep_text);
+  CHECK_FALSE(kept["message"].contains("tool_calls"));
 }
 
 TEST_CASE("openai: log-prob alternatives, and echo's prompt log-probs as lm-evaluation-harness reads them", "[serve]") {

@@ -2,7 +2,7 @@
 // sampler kernel (src/rollout/cuda/sampling.cu). For one row of logits x[0..V):
 //
 //   greedy (T = 0): the first index of the maximum; log-prob log_softmax(x)[token].
-//   otherwise:
+//   otherwise (T >= kMinTemperature; SamplingParams::validate refuses anything between):
 //     z_i = x_i / T (fp32), m = max z, w_i = exp(z_i - m) in (0, 1] (fp32),
 //     log-prob of the drawn token = z_tok - m - log(sum_i w_i)   (before truncation).
 //     Each token's mass is an integer, q_i = floor(w_i * 2^40) (mass_units), so every sum
@@ -19,7 +19,8 @@
 //     order_key(z) (four 8-bit levels, radix_pick), never by sorting.
 //     The draw is an inverse CDF in vocabulary order: with S the kept mass and
 //     t = floor(u * S) (draw_target), the token is the first kept i whose running sum of
-//     kept q exceeds t.
+//     kept q exceeds t. A row with no mass at all (S = 0: logits that are not finite, or a
+//     T outside the rule) draws its first maximum, as greedy does, rather than failing.
 //
 // The same u gives the same token on CPU and GPU unless a w_i differs between the two
 // exp implementations (an ulp) right at a boundary: "up to ties".
@@ -37,6 +38,14 @@
 
 namespace rlx::hd {
 
+// The smallest temperature other than 0 (greedy). z = x / T must stay finite in fp32 for any
+// logit a model gives, and an fp64 T must not round to 0 (or a subnormal) in fp32: at
+// T = 1e-39 every x / T overflows, at 1e-300 T becomes 0. At T = 0.01, |z| = 100 |x| is far
+// from fp32's 3.4e38, and sampling is already greedy up to near-ties: a token whose logit is
+// 40 ln 2 * T = 0.28 below the maximum has a mass under one unit (2^-40, mass_units). vLLM
+// raises temperatures below 0.01 to 0.01 for the same reason; here they are refused.
+inline constexpr double kMinTemperature = 1e-2;
+
 // Keys that order floats as unsigned integers (-0 sorts just below +0; no NaN in logits).
 RLX_HD uint32_t order_key(float x) {
 #if defined(__CUDA_ARCH__)
@@ -50,7 +59,8 @@ RLX_HD uint32_t order_key(float x) {
 
 // A token's mass in units of 2^-40 of the most likely token's (whose w is exactly 1).
 constexpr float kMassScale = 1099511627776.0f;  // 2^40: a vocabulary of 2^23 tokens sums below 2^64
-RLX_HD uint64_t mass_units(float w) { return static_cast<uint64_t>(w * kMassScale); }
+// A NaN w (a row outside the rule: inf - inf) has no mass, rather than an undefined conversion.
+RLX_HD uint64_t mass_units(float w) { return w > 0.0f ? static_cast<uint64_t>(w * kMassScale) : 0; }
 
 // The mass the top-p set must reach out of `total`; at least 1, so the top token is kept.
 RLX_HD uint64_t top_p_need(double top_p, uint64_t total) {
