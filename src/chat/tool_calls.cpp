@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "rlx/core/json.hpp"
+
 namespace rlx::chat {
 
 nlohmann::ordered_json parse_assistant(std::string_view text, std::string_view call_id_prefix) {
@@ -18,7 +20,12 @@ nlohmann::ordered_json parse_assistant(std::string_view text, std::string_view c
       break;
     }
     std::string_view inner = text.substr(open + kOpen.size(), close - open - kOpen.size());
-    json call = json::parse(inner, nullptr, /*allow_exceptions=*/false);
+    json call;  // bounded: what the model wrote is input like any other
+    try {
+      call = parse_json<json>(inner, "a tool call");
+    } catch (const JsonError&) {
+      call = json();  // not JSON, or nested too deep: not a call
+    }
     bool ok = call.is_object() && call.contains("name") && call["name"].is_string() &&
               (!call.contains("arguments") || call["arguments"].is_object() || call["arguments"].is_string());
     if (!ok) {  // not a call: the model's text, kept

@@ -233,9 +233,17 @@ ParsedRequest parse_request(const json& body, Endpoint endpoint, const ServedMod
       if (!k->is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
       options.kwargs = *k;
     }
+    // The render runs under the request's deadline: a template that loops or grows without end
+    // ends this request alone (rlx's Jinja engine checks the deadline every 1,024 steps).
+    options.limits.deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                                      std::chrono::duration<double>(limits.request_timeout_s));
     std::string text;
     try {
       text = model.chat_template->render(*messages, options);
+    } catch (const jinja::LimitError& e) {
+      if (e.limit() == "deadline")
+        throw ApiError(504, fmt::format("rendering the chat template took longer than {} s: {}", limits.request_timeout_s, e.what()));
+      bad("messages", e.what());
     } catch (const Error& e) {
       bad("messages", e.what());
     }

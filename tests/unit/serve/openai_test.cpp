@@ -1,7 +1,12 @@
 #include "rlx/serve/openai.hpp"
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <filesystem>
+#include <fstream>
 
 #include "test_paths.hpp"
 
@@ -223,4 +228,29 @@ TEST_CASE("openai: log-prob alternatives, and echo's prompt log-probs as lm-eval
   auto req0 = parse_request(body, Endpoint::completion, model, {}, 1);
   CHECK(req0.generation.params.prompt_logprobs == 0);
   CHECK(response(req0, e, model, "cmpl-2", 0)["choices"][0]["logprobs"]["top_logprobs"].is_null());
+}
+
+// Issue 50, item 6: the chat template renders under the request's deadline. A template that
+// loops without end (within every other limit) ends its own request with 504, not the server.
+TEST_CASE("openai: the chat template renders under the request's deadline", "[serve]") {
+  namespace fs = std::filesystem;
+  ServedModel model = qwen3_model();
+  const fs::path dir = fs::temp_directory_path() / fmt::format("rlx-slow-template-{}", ::getpid());
+  fs::create_directories(dir);
+  json config = {{"chat_template", "{% for i in range(100000) %}{% for j in range(100000) %}{% if j < 0 %}x{% endif %}{% endfor %}{% endfor %}"}};
+  std::ofstream(dir / "tokenizer_config.json") << config.dump();
+  model.chat_template = rlx::chat::ChatTemplate::load(dir);
+  ServeLimits limits;
+  limits.request_timeout_s = 0.05;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    parse_request(chat(), Endpoint::chat, model, limits, 1);
+    FAIL("the render was not stopped");
+  } catch (const ApiError& e) {
+    CHECK(e.status == 504);
+    CHECK_THAT(e.what(), Catch::Contains("chat template"));
+  }
+  // Stopped by the deadline, long before the loop's other limits (10 million iterations).
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
+  fs::remove_all(dir);
 }
