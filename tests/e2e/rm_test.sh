@@ -38,13 +38,17 @@ with open("prefs.jsonl", "w") as f:
         d, e = rng.sample("0123456789", 2)
         f.write(json.dumps({"prompt": f"{d}=", "chosen": f"{d}{d}", "rejected": f"{d}{e}"}) + "\n")
 P
-out=$("$rlx" rm grpo.yaml run.name=rmfile model.path=runs/sft/final rm.data=prefs.jsonl rm.steps=100 rm.lr=2e-3 \
+# A learning claim (docs/NUMERICS.md): the held-out accuracy moves with the CPU's rounding. At
+# 200 steps it read 0.97 (SkylakeX BLAS), 1.0 (Prescott), 0.89 (Haswell), 1.0 and 0.97
+# (ATEN_CPU_CAPABILITY default, avx2) on cpu2, 2026-11-27: mean 0.97, sd 0.04. The bound, 0.75,
+# is 5 sd below. (At 100 steps those read 0.82 to 0.97, and the old bound of 0.9 failed.)
+out=$("$rlx" rm grpo.yaml run.name=rmfile model.path=runs/sft/final rm.data=prefs.jsonl rm.steps=200 rm.lr=2e-3 \
   rm.eval_pairs=100 "${fast[@]}" 2>rmfile.log | tail -n 1)
 python3 - "$out" <<'P' && ok "rlx rm: pairs from rm.data, the last rm.eval_pairs held out" || fail "rm data: $(tail -3 rmfile.log)"
 import json, sys
 r = json.loads(sys.argv[1])
 print(f"held-out pairwise accuracy {r['accuracy_before']:.3f} -> {r['accuracy_after']:.3f} ({r['eval_pairs']} pairs)")
-assert r["eval_pairs"] == 100 and r["accuracy_after"] >= 0.9, r
+assert r["eval_pairs"] == 100 and r["accuracy_after"] >= 0.75, r
 P
 printf '{"prompt": "1=", "chosen": "11"}\n' > bad.jsonl
 out=$("$rlx" rm grpo.yaml run.name=bad rm.data=bad.jsonl 2>&1); rc=$?
