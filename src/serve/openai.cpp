@@ -118,17 +118,6 @@ class CompletionLogprobs {
   json tokens_ = json::array(), logprobs_ = json::array(), top_ = json::array(), offsets_ = json::array();
 };
 
-// The deepest nesting of brackets and braces in `text`, counting every one (those inside JSON
-// strings too): at least the depth of any JSON value written in it.
-int64_t bracket_depth(std::string_view text) {
-  int64_t depth = 0, deepest = 0;
-  for (char c : text) {
-    if (c == '[' || c == '{') deepest = std::max(deepest, ++depth);
-    else if ((c == ']' || c == '}') && depth > 0) --depth;
-  }
-  return deepest;
-}
-
 const char* finish_name(FinishReason r) { return r == FinishReason::length ? "length" : r == FinishReason::stop ? "stop" : "abort"; }
 
 json base_object(const ParsedRequest& req, const ServedModel& model, const std::string& id, int64_t created, bool chunk) {
@@ -151,6 +140,37 @@ json ApiError::body() const {
            {{"message", what()}, {"type", type}, {"param", param.empty() ? json(nullptr) : json(param)},
             {"code", code.empty() ? json(nullptr) : json(code)}}}};
 }
+
+namespace {
+// The chat request's prompt text: its messages, tools and template arguments through the
+// model's chat template, under the request's deadline (a template that loops or grows without
+// end fails this request alone; rlx's Jinja engine checks the deadline every 1,024 steps).
+std::string render_chat(const json& body, const json& messages, const ServedModel& model, const ServeLimits& limits,
+                        ParsedRequest& req) {
+  chat::RenderOptions options;
+  options.add_generation_prompt = field<bool>(body, "add_generation_prompt", true);
+  if (auto t = body.find("tools"); t != body.end() && !t->is_null()) {
+    if (!t->is_array()) bad("tools", "'tools' must be a list");
+    options.tools = *t;
+    req.tools = !t->empty();
+  }
+  if (auto k = body.find("chat_template_kwargs"); k != body.end() && !k->is_null()) {
+    if (!k->is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    options.kwargs = *k;
+  }
+  options.limits.deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                                    std::chrono::duration<double>(limits.request_timeout_s));
+  try {
+    return model.chat_template->render(messages, options);
+  } catch (const jinja::LimitError& e) {
+    if (e.limit() == "deadline")
+      throw ApiError(504, fmt::format("rendering the chat template took longer than {} s: {}", limits.request_timeout_s, e.what()));
+    bad("messages", e.what());
+  } catch (const Error& e) {
+    bad("messages", e.what());
+  }
+}
+}  // namespace
 
 ParsedRequest parse_request(const json& body, Endpoint endpoint, const ServedModel& model, const ServeLimits& limits,
                             uint64_t default_seed) {
@@ -222,31 +242,7 @@ ParsedRequest parse_request(const json& body, Endpoint endpoint, const ServedMod
     if (messages == body.end() || !messages->is_array() || messages->empty()) bad("messages", "'messages' must be a non-empty list");
     if (static_cast<int64_t>(messages->size()) > limits.max_messages)
       bad("messages", fmt::format("at most {} messages", limits.max_messages));
-    chat::RenderOptions options;
-    options.add_generation_prompt = field<bool>(body, "add_generation_prompt", true);
-    if (auto t = body.find("tools"); t != body.end() && !t->is_null()) {
-      if (!t->is_array()) bad("tools", "'tools' must be a list");
-      options.tools = *t;
-      req.tools = !t->empty();
-    }
-    if (auto k = body.find("chat_template_kwargs"); k != body.end() && !k->is_null()) {
-      if (!k->is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
-      options.kwargs = *k;
-    }
-    // The render runs under the request's deadline: a template that loops or grows without end
-    // ends this request alone (rlx's Jinja engine checks the deadline every 1,024 steps).
-    options.limits.deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                                                      std::chrono::duration<double>(limits.request_timeout_s));
-    std::string text;
-    try {
-      text = model.chat_template->render(*messages, options);
-    } catch (const jinja::LimitError& e) {
-      if (e.limit() == "deadline")
-        throw ApiError(504, fmt::format("rendering the chat template took longer than {} s: {}", limits.request_timeout_s, e.what()));
-      bad("messages", e.what());
-    } catch (const Error& e) {
-      bad("messages", e.what());
-    }
+    const std::string text = render_chat(body, *messages, model, limits, req);
     prompt = tok.encode(text, {.add_special_tokens = false, .parse_special = true});
     if (!p.ignore_eos)
       for (TokenId t : model.end_of_turn) p.stop_token_ids.push_back(t);
@@ -326,9 +322,9 @@ json response(const ParsedRequest& req, const GenerationResult& result, const Se
     json choice = {{"index", i}};
     const char* finish = finish_name(s.finish);
     if (req.endpoint == Endpoint::chat) {
-      // Text the model wrote nested deeper than JSON from a client may be stays text: the
-      // tool-call parser copies and prints what it reads recursively.
-      if (req.tools && bracket_depth(text) <= kMaxJsonDepth) {
+      // A tool call nested deeper than JSON from a client may be stays text (parse_assistant
+      // reads calls with parse_json's depth bound).
+      if (req.tools) {
         // The model's tool calls, in the format Qwen's templates prompt for, as OpenAI's.
         choice["message"] = chat::parse_assistant(text, fmt::format("call_{}_{}_", id, i));
         if (choice["message"].contains("tool_calls") && s.finish == FinishReason::stop) finish = "tool_calls";
