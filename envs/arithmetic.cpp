@@ -42,7 +42,7 @@ class Arithmetic final : public TextEnv {
   bool done_ = false;
 };
 
-nlohmann::json generate(uint64_t seed, uint64_t index, const nlohmann::json& o) {
+nlohmann::json generate_arithmetic_task(uint64_t seed, uint64_t index, const nlohmann::json& o) {
   const int digits = o.value("digits", 2), terms = o.value("terms", 2);
   const std::string ops = o.value("ops", std::string("+-*"));
   RLX_CHECK(digits >= 1 && digits <= 6 && terms >= 2 && terms <= 8 && !ops.empty() &&
@@ -64,7 +64,7 @@ nlohmann::json generate(uint64_t seed, uint64_t index, const nlohmann::json& o) 
 
 void register_arithmetic(env::Registry& r) {
   r.add("arithmetic", "verifiable sums and products (options: digits, terms, ops)",
-        [](const env::Context& c) { return std::make_unique<Arithmetic>(c); }, generate);
+        [](const env::Context& c) { return std::make_unique<Arithmetic>(c); }, generate_arithmetic_task);
 }
 
 }  // namespace rlx::envs

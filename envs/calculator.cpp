@@ -69,7 +69,7 @@ class Calculator final : public TextEnv {
   bool done_ = false;
 };
 
-nlohmann::json generate(uint64_t seed, uint64_t index, const nlohmann::json&) {
+nlohmann::json generate_calculator_task(uint64_t seed, uint64_t index, const nlohmann::json&) {
   auto rng = task_rng(seed, index, "calculator");
   const auto a = rng.uniform_int(100, 999), b = rng.uniform_int(100, 999), c = rng.uniform_int(100, 999);
   const std::string expr = fmt::format("{} * {} - {}", a, b, c);
@@ -83,7 +83,7 @@ nlohmann::json generate(uint64_t seed, uint64_t index, const nlohmann::json&) {
 
 void register_calculator(env::Registry& r) {
   r.add("calculator", "multi-turn tool use: <calc>EXPR</calc> answered with <result>V</result> (options: max_calls)",
-        [](const env::Context& c) { return std::make_unique<Calculator>(c); }, generate);
+        [](const env::Context& c) { return std::make_unique<Calculator>(c); }, generate_calculator_task);
 }
 
 }  // namespace rlx::envs

@@ -81,7 +81,7 @@ class Countdown final : public TextEnv {
 };
 
 // Numbers, then a target made from a random expression over them (always solvable).
-nlohmann::json generate(uint64_t seed, uint64_t index, const nlohmann::json& o) {
+nlohmann::json generate_countdown_task(uint64_t seed, uint64_t index, const nlohmann::json& o) {
   const int count = o.value("count", 4), max = o.value("max", 25);
   RLX_CHECK(count >= 2 && count <= 6 && max >= 2 && max <= 1000, "countdown options: count in [2, 6], max in [2, 1000]");
   auto rng = task_rng(seed, index, "countdown");
@@ -101,7 +101,7 @@ nlohmann::json generate(uint64_t seed, uint64_t index, const nlohmann::json& o) 
 
 void register_countdown(env::Registry& r) {
   r.add("countdown", "reach a target with the given numbers and + - * / (options: count, max)",
-        [](const env::Context& c) { return std::make_unique<Countdown>(c); }, generate);
+        [](const env::Context& c) { return std::make_unique<Countdown>(c); }, generate_countdown_task);
 }
 
 }  // namespace rlx::envs

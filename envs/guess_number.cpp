@@ -62,7 +62,7 @@ class GuessNumber final : public TextEnv {
   bool done_ = false;
 };
 
-nlohmann::json generate(uint64_t seed, uint64_t index, const nlohmann::json& o) {
+nlohmann::json generate_guess_number_task(uint64_t seed, uint64_t index, const nlohmann::json& o) {
   const long long range = o.value("range", 1000LL);
   RLX_CHECK(range >= 1 && range <= 1000000000, "guess_number options: range in [1, 1e9]");
   auto rng = task_rng(seed, index, "guess_number");
@@ -73,7 +73,7 @@ nlohmann::json generate(uint64_t seed, uint64_t index, const nlohmann::json& o) 
 
 void register_guess_number(env::Registry& r) {
   r.add("guess_number", "long horizon: find a hidden number from higher/lower answers (options: range, max_turns)",
-        [](const env::Context& c) { return std::make_unique<GuessNumber>(c); }, generate);
+        [](const env::Context& c) { return std::make_unique<GuessNumber>(c); }, generate_guess_number_task);
 }
 
 }  // namespace rlx::envs

@@ -141,7 +141,7 @@ class PythonCode final : public TextEnv {
 };
 
 // A few built-in problems (a dataset is the real source); index picks one.
-nlohmann::json generate(uint64_t, uint64_t index, const nlohmann::json&) {
+nlohmann::json generate_python_code_task(uint64_t, uint64_t index, const nlohmann::json&) {
   static const nlohmann::json problems = nlohmann::json::parse(R"JSON([
     {"prompt": "Write a Python function add(a, b) that returns a + b.\n",
      "tests": [{"call": "add(2, 3)", "expect": "5"}, {"call": "add(-1, 1)", "expect": "0"}, {"call": "add(10**12, 1)", "expect": "1000000000001"}]},
@@ -159,7 +159,7 @@ nlohmann::json generate(uint64_t, uint64_t index, const nlohmann::json&) {
 
 void register_python_code(env::Registry& r) {
   r.add("python_code", "write a Python function; hidden tests run in the sandbox; reward = fraction passed (options: python)",
-        [](const env::Context& c) { return std::make_unique<PythonCode>(c); }, generate, {.runs_code = true});
+        [](const env::Context& c) { return std::make_unique<PythonCode>(c); }, generate_python_code_task, {.runs_code = true});
 }
 
 }  // namespace rlx::envs

@@ -49,7 +49,7 @@ class Synthetic final : public env::Env {
   bool done_ = false;
 };
 
-nlohmann::json generate(uint64_t seed, uint64_t index, const nlohmann::json& o) {
+nlohmann::json generate_synthetic_task(uint64_t seed, uint64_t index, const nlohmann::json& o) {
   const int64_t n = o.value("prompt_tokens", int64_t{64}), vocab = o.value("vocab", int64_t{151936});
   RLX_CHECK(n >= 1 && n <= 65536 && vocab >= 2 && vocab <= (int64_t{1} << 31),
             "synthetic options: prompt_tokens in [1, 65536], vocab in [2, 2^31]");
@@ -64,7 +64,7 @@ nlohmann::json generate(uint64_t seed, uint64_t index, const nlohmann::json& o) 
 void register_synthetic(env::Registry& r) {
   r.add("synthetic", "random prompt token ids, no stop, reward = share of even ids (throughput runs; options: "
                      "prompt_tokens, vocab)",
-        [](const env::Context& c) { return std::make_unique<Synthetic>(c); }, generate);
+        [](const env::Context& c) { return std::make_unique<Synthetic>(c); }, generate_synthetic_task);
 }
 
 }  // namespace rlx::envs

@@ -82,7 +82,7 @@ int inspect_checkpoint(const fs::path& dir, bool as_json) {
   return all_ok ? 0 : kExitFailure;
 }
 
-struct BenchArgs {
+struct LearnerBenchArgs {
   std::string preset = "small", arch = "qwen2", dtype = "float32", device = "cpu";
   int64_t seq = 256, batch_seqs = 8, micro_batch_tokens = 2048, steps = 3;
   int64_t row_tokens = 0;   // packed row length (0: --seq, one sequence a row)
@@ -133,7 +133,7 @@ int64_t parameter_count(const ModelConfig& cfg) {
   return n;
 }
 
-json bench_rank(const BenchArgs& a) {
+json bench_rank(const LearnerBenchArgs& a) {
   auto comm = dist::connect(dist::rendezvous_from_env());
   const auto plan = set_compute_threads(a.threads);
   const auto cfg = model_preset(a.preset, *config::enum_from_string<Arch>(a.arch));
@@ -211,7 +211,7 @@ json bench_rank(const BenchArgs& a) {
           {"profile", profile}};
 }
 
-int bench_learner(const BenchArgs& a, const std::vector<std::string>& self_args) {
+int bench_learner(const LearnerBenchArgs& a, const std::vector<std::string>& self_args) {
   if (a.as_rank) {
     auto j = bench_rank(a);
     if (dist::rendezvous_from_env().rank == 0) std::cout << j.dump() << std::endl;
@@ -276,7 +276,7 @@ void add_learner_commands(CLI::App& app, Action& action) {
   ck->add_flag("--json", *as_json, "one JSON line");
   ck->callback([dir, as_json, &action] { action = [dir, as_json] { return inspect_checkpoint(*dir, *as_json); }; });
 
-  auto a = std::make_shared<BenchArgs>();
+  auto a = std::make_shared<LearnerBenchArgs>();
   auto* b = app.get_subcommand("bench")->add_subcommand(
       "learner", "Training steps of the sharded learner (1 and N local ranks): tokens/s, step time, peak memory, MFU");
   b->add_option("--preset", a->preset, "model preset");
