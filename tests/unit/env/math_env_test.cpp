@@ -7,12 +7,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 #include <string>
 #include <sys/wait.h>
-#include <unistd.h>
 
-#include "rlx/env/bundled.hpp"
+#include "../helpers.hpp"
+#include "env_fixtures.hpp"
 #include "rlx/env/env.hpp"
 #include "test_paths.hpp"
 
@@ -21,21 +20,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const rlx::Tokenizer& gpt2() {
-  static const auto tok = [] {
-    const auto path = fs::path(rlx::test_paths::kFixtureDir) / "gpt2" / "tokenizer.json";
-    if (!fs::exists(path)) FAIL("missing " << path << " (scripts/test.sh makes the tokenizer fixtures)");
-    return rlx::load_tokenizer(path);
-  }();
-  return *tok;
-}
-
-rlx::env::Registry& registry() {
-  static rlx::env::Registry r;
-  static std::once_flag once;
-  std::call_once(once, [] { rlx::env::register_bundled(r); });
-  return r;
-}
+using rlx::test::gpt2;
+rlx::env::Registry& registry() { return rlx::test::bundled_registry(); }
 
 std::unique_ptr<rlx::env::Env> make(json options = json::object()) {
   return registry().make("math", {.tokenizer = &gpt2(), .options = std::move(options), .seed = 1});
@@ -50,12 +36,11 @@ rlx::env::StepResult answer(rlx::env::Env& env, const json& task, const std::str
 
 // A scratch directory per test case, removed at the end.
 struct Scratch {
-  fs::path dir = fs::temp_directory_path() / ("rlx-math-test-" + std::to_string(::getpid()));
-  Scratch() { fs::create_directories(dir); }
-  ~Scratch() { fs::remove_all(dir); }
+  rlx::test::TempDir tmp;
+  const fs::path& dir = tmp.path;
   fs::path write(const std::string& name, const std::string& text) const {
-    std::ofstream(dir / name, std::ios::binary) << text;
-    return dir / name;
+    rlx::test::write_file(tmp / name, text);
+    return tmp / name;
   }
 };
 
