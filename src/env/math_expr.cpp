@@ -3,12 +3,12 @@
 #include <fmt/format.h>
 
 #include <cctype>
-#include <charconv>
-#include <cmath>
 #include <limits>
 #include <numbers>
 #include <optional>
 #include <set>
+
+#include "env/math_number.hpp"
 
 namespace rlx::env::math {
 
@@ -81,11 +81,7 @@ class Parser {
     if (peek() != c) fail(fmt::format("expected '{}'", c));
     ++p_;
   }
-  bool at_command(std::string_view name) const {
-    if (peek() != '\\' || s_.compare(p_ + 1, name.size(), name) != 0) return false;
-    const size_t end = p_ + 1 + name.size();
-    return end >= s_.size() || !is_letter(s_[end]);
-  }
+  bool at_command(std::string_view name) const { return command_at(s_, p_, name); }
 
   int32_t node(Expr::Node n) {
     b_.tick();
@@ -221,60 +217,18 @@ class Parser {
     return v;
   }
 
+  // A literal; a whole number right before a fraction of whole numbers is a mixed number:
+  // `2\frac{1}{2}` is two and a half.
   int32_t number() {
-    const size_t start = p_;
-    while (is_digit(peek())) ++p_;
-    bool integer = true;
-    if (peek() == '.') {
-      ++p_;
-      integer = false;
-      while (is_digit(peek())) ++p_;
-    }
-    if (p_ == start + 1 && s_[start] == '.') fail("a lone '.'");
-    if (peek() == 'e' || peek() == 'E') {  // scientific notation only with digits after: 2e3, not 2e
-      size_t q = p_ + 1;
-      if (q < s_.size() && (s_[q] == '+' || s_[q] == '-')) ++q;
-      if (q < s_.size() && is_digit(s_[q])) {
-        p_ = q;
-        while (is_digit(peek())) ++p_;
-        integer = false;
-      }
-    }
-    double v = 0;
-    const auto res = std::from_chars(s_.data() + start, s_.data() + p_, v);
-    if (res.ec != std::errc()) v = std::numeric_limits<double>::infinity();  // out of range
-    const int32_t n = num(v);
-    if (!integer) return n;
-    if (auto f = mixed_fraction()) return bin(Op::add, n, *f);
-    return n;
-  }
-
-  // `2\frac{1}{2}` is two and a half: a whole number right before a fraction of whole numbers.
-  std::optional<int32_t> mixed_fraction() {
-    const size_t saved = p_;
-    skip();
-    for (std::string_view name : {"frac", "dfrac", "tfrac"}) {
-      if (!at_command(name)) continue;
-      p_ += 1 + name.size();
-      const auto a = whole_arg(), b = whole_arg();
-      if (a && b) return bin(Op::div, num(*a), num(*b));
-    }
-    p_ = saved;
-    return std::nullopt;
-  }
-  std::optional<double> whole_arg() {
-    skip();
-    const bool braced = peek() == '{';
-    if (braced) ++p_;
-    skip();
-    const size_t start = p_;
-    while (is_digit(peek()) && (braced || p_ == start)) ++p_;
-    if (p_ == start) return std::nullopt;
-    const double v = std::stod(std::string(s_.substr(start, p_ - start)));
-    skip();
-    if (braced && peek() != '}') return std::nullopt;
-    if (braced) ++p_;
-    return v;
+    const auto n = read_number(s_, p_);
+    if (!n) fail("a lone '.'");
+    p_ = n->end;
+    const int32_t v = num(n->value);
+    if (!n->whole) return v;
+    const auto f = read_whole_fraction(s_, p_);
+    if (!f) return v;
+    p_ = f->end;
+    return bin(Op::add, v, num(f->value));
   }
 
   int32_t command() {

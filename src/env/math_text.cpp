@@ -175,6 +175,24 @@ std::string drop_thousands(const std::string& s) {
   return out;
 }
 
+// "1.5 million" -> "1.5*10^6": a scale word after a number multiplies it.
+std::string scale_words(std::string s) {
+  static const std::pair<std::string_view, std::string_view> words[] = {
+      {" thousand", "*10^3"}, {" million", "*10^6"}, {" billion", "*10^9"}, {" trillion", "*10^12"}};
+  for (const auto& [word, power] : words) {
+    for (size_t pos = 0; (pos = s.find(word, pos)) != std::string::npos;) {
+      const size_t end = pos + word.size();
+      if (pos > 0 && is_digit(s[pos - 1]) && (end == s.size() || !is_letter(s[end]))) {
+        s.replace(pos, word.size(), power);
+        pos += power.size();
+      } else {
+        pos = end;
+      }
+    }
+  }
+  return s;
+}
+
 }  // namespace
 
 std::string trim(std::string_view s) {
@@ -234,7 +252,7 @@ std::vector<std::string> split_top_level(std::string_view s, std::string_view se
 
 Normalized normalize_answer(std::string_view answer) {
   std::string s = drop_latex_noise(ascii_math(std::string(answer)));
-  s = replace_all(squeeze(s), " and ", ", ");
+  s = scale_words(replace_all(replace_all(squeeze(s), " and ", ", "), " or ", ", "));
   Normalized out;
   for (int pass = 0; pass < 3; ++pass) {  // "50 %.", "5 cm." : the steps uncover each other
     while (!s.empty() && (s.back() == '.' || s.back() == ',' || s.back() == ';')) s.pop_back();
