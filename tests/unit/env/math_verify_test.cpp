@@ -6,9 +6,12 @@
 
 #include <catch2/catch.hpp>
 
+#include <fmt/format.h>
+
 #include <string>
 
 #include "rlx/core/config.hpp"
+#include "rlx/core/rng.hpp"
 
 using rlx::env::math::check_equal;
 using rlx::env::math::Verdict;
@@ -206,5 +209,67 @@ TEST_CASE("math_verify: odd input is a verdict, not an exception", "[env][math]"
     INFO(s);
     CHECK_NOTHROW(check_equal(s, "1"));
     CHECK_NOTHROW(check_equal("1", s));
+  }
+}
+
+namespace {
+
+// A random arithmetic expression in one of the notations answers use, with its value
+// computed here, independently of the checker.
+struct Generated {
+  std::string text;
+  double value;
+};
+
+Generated random_expression(rlx::RngStream& rng, int depth) {
+  if (depth == 0 || rng.uniform() < 0.3) {
+    const auto n = rng.uniform_int(1, 20);
+    return {std::to_string(n), static_cast<double>(n)};
+  }
+  const auto a = random_expression(rng, depth - 1), b = random_expression(rng, depth - 1);
+  const auto pick = [&](std::initializer_list<const char*> forms) {
+    return std::string(*(forms.begin() + rng.uniform_int(0, static_cast<int64_t>(forms.size()) - 1)));
+  };
+  switch (rng.uniform_int(0, 3)) {
+    case 0: return {"(" + a.text + ") + (" + b.text + ")", a.value + b.value};
+    case 1: return {"(" + a.text + ")-(" + b.text + ")", a.value - b.value};
+    case 2: return {"(" + a.text + ")" + pick({" \\cdot ", " \\times ", "*", " "}) + "(" + b.text + ")", a.value * b.value};
+    default: {
+      const std::string f = pick({"\\frac", "\\dfrac", "\\tfrac"});
+      if (rng.uniform() < 0.5) return {f + "{" + a.text + "}{" + b.text + "}", a.value / b.value};
+      return {"(" + a.text + ")/(" + b.text + ")", a.value / b.value};
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("math_verify: random expressions equal their values computed independently", "[env][math]") {
+  rlx::RngStream rng(52);
+  for (int i = 0; i < 300; ++i) {
+    const auto g = random_expression(rng, 4);
+    if (g.value == 0) continue;  // a relative tolerance says nothing about 0 + 1e-17
+    const std::string value = fmt::format("{:.17g}", g.value), off = fmt::format("{:.17g}", g.value * 1.001 + 1);
+    INFO(g.text << " = " << value);
+    CHECK(check_equal(g.text, value).verdict == Verdict::equal);
+    CHECK(check_equal(value, g.text).verdict == Verdict::equal);
+    CHECK(check_equal(g.text, off).verdict == Verdict::different);
+  }
+}
+
+TEST_CASE("math_verify: random token soup never throws, and a text equals itself", "[env][math]") {
+  const char* tokens[] = {"1", "23", ".", ",", "x", "y", "+", "-", "*", "/", "^", "(", ")", "[", "]", "{", "}", "\\{",
+                          "\\}", "\\frac", "\\sqrt", "\\pi", "\\pm", "=", "%", "!", "|", " ", "\\text{a}", "\\cup",
+                          "\\in", "e", "\\left(", "\\right)", "\\overline", "cm", "$", "\\"};
+  rlx::RngStream rng(7);
+  for (int i = 0; i < 2000; ++i) {
+    std::string a, b;
+    for (int j = rng.uniform_int(1, 12); j > 0; --j) a += tokens[rng.uniform_int(0, std::size(tokens) - 1)];
+    for (int j = rng.uniform_int(1, 12); j > 0; --j) b += tokens[rng.uniform_int(0, std::size(tokens) - 1)];
+    INFO(a << " | " << b);
+    rlx::env::math::Check same, other;
+    REQUIRE_NOTHROW(same = check_equal(a, a));
+    REQUIRE_NOTHROW(other = check_equal(a, b));
+    CHECK((same.verdict == Verdict::equal || a.find_first_not_of(" $") == std::string::npos));
   }
 }
