@@ -4,6 +4,7 @@
 #include "rlx/env/math_verify.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cctype>
@@ -143,7 +144,7 @@ class Reader {
       if (sides.size() == 2 && a.kind == Answer::Kind::expr && !sides.front().empty()) a.lhs = parse(sides.front());
       return a;
     }
-    if (sides.size() != 2) return text(compact(sides.front()), "more than one '='");
+    if (sides.size() != 2) return text(fmt::format("{}", fmt::join(sides, "=")), "more than one '='");
     Answer a;
     try {
       a.lhs = Expr::parse(sides[0], budget_);
