@@ -175,5 +175,6 @@ void register_python_code(env::Registry& r);
 void register_guess_number(env::Registry& r);
 void register_synthetic(env::Registry& r);
 void register_agent_program(env::Registry& r);
+void register_math(env::Registry& r);
 
 }  // namespace rlx::envs

@@ -2,6 +2,7 @@
 // rlx sandbox check                     the isolation layers this machine grants
 // rlx env serve --address A --tokenizer T  an environment server (all registered environments)
 // rlx env list                          registered environments
+// rlx env score math --input FILE       a {"reward", "extracted"} line per {"response", "answer"} line
 // rlx bench env                         sandbox overhead per execution; environment steps/s
 #include <fmt/format.h>
 #include <spawn.h>
@@ -20,7 +21,10 @@
 #include "rlx/core/signals.hpp"
 #include "rlx/core/clock.hpp"
 #include "rlx/core/error.hpp"
+#include "rlx/core/json.hpp"
 #include "rlx/env/bundled.hpp"
+#include "rlx/env/math_answer.hpp"
+#include "rlx/env/options.hpp"
 #include "rlx/env/sandbox.hpp"
 #include "rlx/env/server.hpp"
 #include "rlx/core/log.hpp"
@@ -111,6 +115,69 @@ void add_env_list(CLI::App& app, Action& action) {
   });
 }
 
+// One scored line of `env score math`, or the reason the line is bad.
+nlohmann::json score_line(const std::string& line, const std::string& where, const env::math::ScoreOptions& options) {
+  const auto j = parse_json(line, where);
+  RLX_CHECK(j.is_object(), "{}: expected a JSON object with \"response\" and \"answer\"", where);
+  RLX_CHECK(j.contains("response") && j["response"].is_string(), "{}: no text \"response\"", where);
+  RLX_CHECK(j.contains("answer") && (j["answer"].is_string() || j["answer"].is_number()),
+            "{}: no \"answer\" (text or a number)", where);
+  const auto& a = j["answer"];
+  const auto reference = env::math::reference_answer(a.is_string() ? a.get<std::string>() : a.dump());
+  const auto s = env::math::score_response(j["response"].get<std::string>(), reference, options);
+  nlohmann::json out = {{"reward", s.reward},
+                        {"extracted", s.extracted ? nlohmann::json(s.extracted->text) : nlohmann::json(nullptr)},
+                        {"outcome", std::string(config::enum_to_string(s.outcome))}};
+  if (!s.detail.empty()) out["detail"] = s.detail;
+  return out;
+}
+
+// `env score math --input FILE.jsonl [--option KEY=VALUE ...]`: the checker on the user's own
+// answers. A bad line is named (file:line) on stderr and the exit status is 1 at the end.
+void add_env_score(CLI::App& app, Action& action) {
+  struct Args {
+    std::string env, input;
+    std::vector<std::string> options;
+  };
+  auto a = std::make_shared<Args>();
+  auto* c = app.get_subcommand("env")->add_subcommand(
+      "score", "Score {\"response\", \"answer\"} JSONL lines with an environment's checker: one {\"reward\", \"extracted\"} line each");
+  c->add_option("env", a->env, "the environment (math)")->required();
+  c->add_option("--input", a->input, "JSONL file, one {\"response\": ..., \"answer\": ...} per line")->required();
+  c->add_option("--option", a->options, "an env.options KEY=VALUE (extract, format_reward, rel_tol, time_limit_s)");
+  c->callback([a, &action] {
+    action = [a] {
+      RLX_CHECK(a->env == "math", "env score: '{}' has no text checker (environments with one: math)", a->env);
+      env::EnvOptions eo;
+      for (const auto& kv : a->options) {
+        const auto eq = kv.find('=');
+        RLX_CHECK(eq != std::string::npos && eq > 0, "env score: --option '{}' is not KEY=VALUE", kv);
+        eo.options[kv.substr(0, eq)] = kv.substr(eq + 1);
+      }
+      const auto options = env::math::ScoreOptions::from_json(eo.options_json());
+      std::ifstream in(a->input, std::ios::binary);
+      RLX_CHECK(in.good(), "env score: cannot read {}", a->input);
+      size_t lineno = 0, bad = 0;
+      for (std::string line; std::getline(in, line);) {
+        ++lineno;
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+        const auto where = fmt::format("{}:{}", a->input, lineno);
+        try {
+          auto out = score_line(line, where, options);
+          out["line"] = lineno;
+          std::cout << out.dump() << "\n";
+        } catch (const Error& e) {
+          ++bad;
+          std::cerr << e.what() << "\n";
+        }
+      }
+      std::cout.flush();
+      if (bad > 0) std::cerr << fmt::format("env score: {} bad line(s) in {}\n", bad, a->input);
+      return bad > 0 ? kExitFailure : 0;
+    };
+  });
+}
+
 }  // namespace
 
 void add_env_commands(CLI::App& app, Action& action) {
@@ -135,6 +202,7 @@ void add_env_commands(CLI::App& app, Action& action) {
   });
   add_bench_env(app, action);
   add_env_list(app, action);
+  add_env_score(app, action);
 }
 
 }  // namespace rlx::cli

@@ -4,6 +4,7 @@
 //   calculator    multi-turn tool use: <calc>EXPR</calc> is answered with <result>V</result>
 //   python_code   write a function; hidden tests run with python3 in the sandbox
 //   guess_number  long horizon: find a hidden number from higher/lower answers
+//   math          dataset problems (GSM8K, MATH) checked by an answer verifier (math_verify.hpp)
 // They use only public headers, as a user's environment would.
 #pragma once
 

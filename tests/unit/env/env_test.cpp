@@ -10,6 +10,7 @@
 #include "rlx/env/options.hpp"
 #include "rlx/env/sandbox.hpp"
 #include "rlx/env/text_env.hpp"
+#include "env_fixtures.hpp"
 #include "test_paths.hpp"
 
 using nlohmann::json;
@@ -17,21 +18,8 @@ using rlx::TokenId;
 
 namespace {
 
-const rlx::Tokenizer& gpt2() {
-  static const auto tok = [] {
-    const auto path = std::filesystem::path(rlx::test_paths::kFixtureDir) / "gpt2" / "tokenizer.json";
-    if (!std::filesystem::exists(path)) FAIL("missing " << path << " (scripts/test.sh makes the tokenizer fixtures)");
-    return rlx::load_tokenizer(path);
-  }();
-  return *tok;
-}
-
-rlx::env::Registry& registry() {
-  static rlx::env::Registry r;
-  static std::once_flag once;
-  std::call_once(once, [] { rlx::env::register_bundled(r); });
-  return r;
-}
+using rlx::test::gpt2;
+rlx::env::Registry& registry() { return rlx::test::bundled_registry(); }
 
 std::unique_ptr<rlx::env::Env> make(const std::string& name, json options = json::object(),
                                     const rlx::Sandbox* sandbox = nullptr) {
