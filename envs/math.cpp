@@ -235,7 +235,7 @@ class Math final : public TextEnv {
 };
 
 // Without env.options.data: a few problems in each format (for `rlx env serve --check math`).
-json generate(uint64_t, uint64_t index, const json& o) {
+json generate_math_task(uint64_t, uint64_t index, const json& o) {
   check_option_names(o);
   if (const auto path = text_option(o, "data"); !path.empty()) {
     const auto file = task_file(path, o);
@@ -262,7 +262,7 @@ void register_math(env::Registry& r) {
           check_option_names(c.options);
           return std::make_unique<Math>(c);
         },
-        generate);
+        generate_math_task);
 }
 
 }  // namespace rlx::envs

@@ -14,7 +14,6 @@ namespace rlx::env::math {
 
 namespace {
 
-bool is_digit(char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; }
 bool is_alnum(char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; }
 
 // The content of the last \boxed{...} / \fbox{...} that is closed; `\boxed 5` takes one token.

@@ -1,4 +1,5 @@
 #include "env/math_expr.hpp"
+#include "env/math_text.hpp"
 
 #include <fmt/format.h>
 
@@ -17,7 +18,6 @@ namespace {
 using Op = Expr::Op;
 using Fn = Expr::Fn;
 
-bool is_digit(char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; }
 bool is_letter(char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0; }
 
 // Functions by the name they are written with, `\sin` or `sin`.

@@ -1,4 +1,5 @@
 #include "env/math_number.hpp"
+#include "env/math_text.hpp"
 
 #include <cctype>
 #include <charconv>
@@ -10,7 +11,6 @@ namespace rlx::env::math {
 
 namespace {
 
-bool is_digit(char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; }
 
 size_t skip_spaces(std::string_view s, size_t p) {
   while (p < s.size() && std::isspace(static_cast<unsigned char>(s[p]))) ++p;

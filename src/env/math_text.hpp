@@ -14,6 +14,8 @@
 
 namespace rlx::env::math {
 
+inline bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
 struct Normalized {
   std::string text;
   bool percent = false;  // the answer ended with a percent sign (removed from text)
