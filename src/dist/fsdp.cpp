@@ -28,6 +28,9 @@ void save_state(AutogradContext* ctx, const ForwardState& st) {
   if (st.mask.defined()) d["mask"] = st.mask;
   d["cos"] = st.cos;
   d["sin"] = st.sin;
+  if (st.routing.defined()) d["routing"] = st.routing;
+  if (st.valid.defined()) d["valid"] = st.valid;
+  if (st.trace) d["trace"] = reinterpret_cast<int64_t>(st.trace);
   if (!st.varlen.defined()) return;
   d["cu_q"] = st.varlen.cu_q;
   d["cu_k"] = st.varlen.cu_k;
@@ -46,6 +49,10 @@ ForwardState load_state(AutogradContext* ctx) {
   if (d.count("mask") != 0) st.mask = d["mask"].toTensor();
   st.cos = d["cos"].toTensor();
   st.sin = d["sin"].toTensor();
+  if (d.count("routing") != 0) st.routing = d["routing"].toTensor();
+  if (d.count("valid") != 0) st.valid = d["valid"].toTensor();
+  // The trace outlives the step's backward (its owner passed it with the forward).
+  if (d.count("trace") != 0) st.trace = reinterpret_cast<RoutingTrace*>(d["trace"].toInt());
   if (d.count("cu_q") == 0) return st;
   st.varlen.cu_q = d["cu_q"].toTensor();
   st.varlen.cu_k = d["cu_k"].toTensor();

@@ -31,7 +31,12 @@ int64_t activation_bytes(const RunConfig& cfg, const ModelConfig& m) {
   // The mask path keeps each row's attention probabilities (CPU, or fp32 on CUDA); varlen
   // flash attention (CUDA, bf16/fp16) keeps only a log-sum-exp per head and token.
   const bool flash = cfg.model.device.starts_with("cuda") && cfg.learner.compute_dtype != DType::float32;
-  const int64_t per_token_layer = (4 * m.hidden_size + qkv + m.num_heads * m.head_dim + 3 * m.intermediate_size) * b +
+  // A sparse layer keeps, per token, each of its k experts' gathered input and SwiGLU
+  // activations, and the router's fp32 probabilities.
+  const int64_t mlp = m.num_experts > 0
+                          ? m.num_experts_per_tok * (m.hidden_size + 3 * m.moe_intermediate_size) * b + m.num_experts * 4
+                          : 3 * m.intermediate_size * b;
+  const int64_t per_token_layer = (4 * m.hidden_size + qkv + m.num_heads * m.head_dim) * b + mlp +
                                   m.num_heads * (flash ? 4 : row * 4);
   const int64_t blocks = cfg.learner.activation_checkpointing
                              ? tokens * m.hidden_size * b * m.num_layers + tokens * per_token_layer
@@ -43,10 +48,10 @@ int64_t activation_bytes(const RunConfig& cfg, const ModelConfig& m) {
 }  // namespace
 
 namespace {
-// A target projection's [in, out].
-std::pair<int64_t, int64_t> target_shape(const ModelConfig& m, const std::string& t) {
+// A target projection's [in, out] in layer `l` (an expert's, in a sparse layer).
+std::pair<int64_t, int64_t> target_shape(const ModelConfig& m, const std::string& t, int64_t l) {
   const int64_t h = m.hidden_size, q = m.num_heads * m.head_dim, kv = m.num_kv_heads * m.head_dim,
-                i = m.intermediate_size;
+                i = m.is_sparse(l) ? m.moe_intermediate_size : m.intermediate_size;
   if (t == "q_proj") return {h, q};
   if (t == "k_proj" || t == "v_proj") return {h, kv};
   if (t == "o_proj") return {q, h};
@@ -54,26 +59,32 @@ std::pair<int64_t, int64_t> target_shape(const ModelConfig& m, const std::string
   return {h, i};  // gate_proj, up_proj
 }
 
+// Calls f(in, out) for every projection `lora` targets, in every layer (each expert's in a
+// sparse layer).
+template <class F>
+void for_each_target(const ModelConfig& m, const LoraSpec& lora, F f) {
+  if (!lora.enabled()) return;
+  for (int64_t l = 0; l < m.num_layers; ++l) {
+    for (const auto& t : lora.targets) {
+      const auto [in, out] = target_shape(m, t, l);
+      const bool expert = m.is_sparse(l) && t != "q_proj" && t != "k_proj" && t != "v_proj" && t != "o_proj";
+      for (int64_t e = 0; e < (expert ? m.num_experts : 1); ++e) f(in, out);
+    }
+  }
+}
+
 // Weights of the projections `lora` targets (what a merging engine keeps a base copy of).
 int64_t lora_target_weights(const ModelConfig& m, const LoraSpec& lora) {
-  if (!lora.enabled()) return 0;
-  int64_t per_layer = 0;
-  for (const auto& t : lora.targets) {
-    const auto [in, out] = target_shape(m, t);
-    per_layer += in * out;
-  }
-  return per_layer * m.num_layers;
+  int64_t n = 0;
+  for_each_target(m, lora, [&](int64_t in, int64_t out) { n += in * out; });
+  return n;
 }
 }  // namespace
 
 int64_t lora_parameter_count(const ModelConfig& m, const LoraSpec& lora) {
-  if (!lora.enabled()) return 0;
-  int64_t per_layer = 0;
-  for (const auto& t : lora.targets) {
-    const auto [in, out] = target_shape(m, t);
-    per_layer += lora.rank * (in + out);  // A [rank, in], B [out, rank]
-  }
-  return per_layer * m.num_layers;
+  int64_t n = 0;
+  for_each_target(m, lora, [&](int64_t in, int64_t out) { n += lora.rank * (in + out); });  // A [rank, in], B [out, rank]
+  return n;
 }
 
 int64_t MemoryPlan::train_bytes() const {

@@ -57,9 +57,13 @@ ModelConfig model_config_from_hf(const json& j, std::string_view source) {
   };
   ModelConfig c;
   const std::string type = get.operator()<std::string>("model_type", "", true);
-  if (type == "llama") c.arch = Arch::llama;
-  else if (type == "qwen2") c.arch = Arch::qwen2;
-  else throw Error(fmt::format("{}: model_type '{}' is not supported (llama, qwen2)", where("model_type"), type));
+  const auto arch = config::enum_from_string<Arch>(type);
+  if (!arch) {
+    std::string known;
+    for (const auto& n : config::enum_name_list<Arch>()) known += (known.empty() ? "" : ", ") + n;
+    throw Error(fmt::format("{}: model_type '{}' is not supported ({})", where("model_type"), type, known));
+  }
+  apply_family(c, *arch);
   c.vocab_size = get.operator()<int64_t>("vocab_size", 0, true);
   c.hidden_size = get.operator()<int64_t>("hidden_size", 0, true);
   c.intermediate_size = get.operator()<int64_t>("intermediate_size", 0, true);
@@ -76,11 +80,36 @@ ModelConfig model_config_from_hf(const json& j, std::string_view source) {
   RLX_CHECK(act == "silu", "{}: activation '{}' is not supported (silu)", where("hidden_act"), act);
   if (c.arch == Arch::qwen2) {
     c.qkv_bias = true;
-    RLX_CHECK(!get.operator()<bool>("use_sliding_window", false, false),
-              "{}: sliding-window attention is not supported", where("use_sliding_window"));
   } else {
     c.qkv_bias = c.o_bias = get.operator()<bool>("attention_bias", false, false);
-    c.mlp_bias = get.operator()<bool>("mlp_bias", false, false);
+    if (c.arch == Arch::llama) c.mlp_bias = get.operator()<bool>("mlp_bias", false, false);
+  }
+  // Sliding-window attention is not built: a window that would change attention within the
+  // model's context is refused (Qwen's use_sliding_window; Mistral's and Mixtral's window).
+  if (c.arch == Arch::qwen2 || c.arch == Arch::qwen3 || c.arch == Arch::qwen3_moe)
+    RLX_CHECK(!get.operator()<bool>("use_sliding_window", false, false),
+              "{}: sliding-window attention is not supported", where("use_sliding_window"));
+  if (c.arch == Arch::mistral || c.arch == Arch::mixtral) {
+    const int64_t window = get.operator()<int64_t>("sliding_window", 0, false);
+    RLX_CHECK(window == 0 || window >= c.max_position_embeddings,
+              "{}: a sliding window of {} tokens, below max_position_embeddings ({}), is not supported (rlx attends to "
+              "the whole context; set it to null, or max_position_embeddings to at most the window)",
+              where("sliding_window"), window, c.max_position_embeddings);
+  }
+  if (c.arch == Arch::qwen3_moe) {
+    c.num_experts = get.operator()<int64_t>("num_experts", 0, true);
+    c.num_experts_per_tok = get.operator()<int64_t>("num_experts_per_tok", 0, true);
+    c.moe_intermediate_size = get.operator()<int64_t>("moe_intermediate_size", 0, true);
+    c.norm_topk_prob = get.operator()<bool>("norm_topk_prob", false, false);
+    c.decoder_sparse_step = get.operator()<int64_t>("decoder_sparse_step", 1, false);
+    c.mlp_only_layers = get.operator()<std::vector<int64_t>>("mlp_only_layers", {}, false);
+    c.router_aux_loss_coef = get.operator()<double>("router_aux_loss_coef", 0.001, false);
+  } else if (c.arch == Arch::mixtral) {
+    c.num_experts = get.operator()<int64_t>("num_local_experts", 0, true);
+    c.num_experts_per_tok = get.operator()<int64_t>("num_experts_per_tok", 0, true);
+    c.moe_intermediate_size = c.intermediate_size;  // Mixtral's experts are its MLP width
+    c.norm_topk_prob = true;
+    c.router_aux_loss_coef = get.operator()<double>("router_aux_loss_coef", 0.001, false);
   }
   // transformers >= 5 moves RoPE settings into `rope_parameters`.
   json rope = j.contains("rope_parameters") && j["rope_parameters"].is_object() ? j["rope_parameters"]
@@ -121,11 +150,87 @@ ModelConfig model_config_from_hf(const json& j, std::string_view source) {
   return c;
 }
 
+namespace {
+// transformers' class names of a family: the causal LM, and the sequence classifier.
+std::pair<const char*, const char*> hf_classes(Arch a) {
+  switch (a) {
+    case Arch::llama: return {"LlamaForCausalLM", "LlamaForSequenceClassification"};
+    case Arch::qwen2: return {"Qwen2ForCausalLM", "Qwen2ForSequenceClassification"};
+    case Arch::qwen3: return {"Qwen3ForCausalLM", "Qwen3ForSequenceClassification"};
+    case Arch::mistral: return {"MistralForCausalLM", "MistralForSequenceClassification"};
+    case Arch::qwen3_moe: return {"Qwen3MoeForCausalLM", "Qwen3MoeForSequenceClassification"};
+    case Arch::mixtral: return {"MixtralForCausalLM", "MixtralForSequenceClassification"};
+  }
+  return {"", ""};
+}
+
+json rope_scaling_to_hf(const RopeScaling& r) {
+  switch (r.type) {
+    case RopeType::none: return nullptr;
+    case RopeType::linear: return {{"rope_type", "linear"}, {"factor", r.factor}};
+    case RopeType::llama3:
+      return {{"rope_type", "llama3"},
+              {"factor", r.factor},
+              {"low_freq_factor", r.low_freq_factor},
+              {"high_freq_factor", r.high_freq_factor},
+              {"original_max_position_embeddings", r.original_max_position_embeddings}};
+  }
+  return nullptr;
+}
+
+// The fields only some families have; refuses what the family cannot express.
+void family_fields_to_hf(const ModelConfig& c, json& j) {
+  const auto family = config::enum_to_string(c.arch);
+  RLX_CHECK(c.qk_norm == (c.arch == Arch::qwen3 || c.arch == Arch::qwen3_moe),
+            "a {} model {} a q/k norm; this config (qk_norm={}) cannot be saved as {}", family,
+            c.qk_norm ? "has no" : "has", c.qk_norm, family);
+  if (c.arch == Arch::qwen2) {
+    RLX_CHECK(c.qkv_bias && !c.o_bias && !c.mlp_bias,
+              "a qwen2 model has q/k/v biases and no output or MLP biases; this config cannot be saved as qwen2");
+  } else {
+    RLX_CHECK(c.qkv_bias == c.o_bias, "{}'s attention_bias covers q/k/v and o together; qkv_bias={} o_bias={}", family,
+              c.qkv_bias, c.o_bias);
+    RLX_CHECK(c.arch == Arch::llama || !c.mlp_bias, "a {} model has no MLP biases", family);
+    j["attention_bias"] = c.qkv_bias;
+  }
+  if (c.arch == Arch::llama) {
+    j["mlp_bias"] = c.mlp_bias;
+    j["pretraining_tp"] = 1;
+  }
+  if (c.arch == Arch::qwen2 || c.arch == Arch::qwen3 || c.arch == Arch::qwen3_moe) {
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+    j["max_window_layers"] = c.num_layers;
+  }
+  if (c.arch == Arch::mistral || c.arch == Arch::mixtral) j["sliding_window"] = nullptr;
+  if (c.arch == Arch::qwen3_moe) {
+    j["num_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["decoder_sparse_step"] = c.decoder_sparse_step;
+    j["mlp_only_layers"] = c.mlp_only_layers;
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    j["output_router_logits"] = false;
+  }
+  if (c.arch == Arch::mixtral) {
+    RLX_CHECK(c.norm_topk_prob && c.decoder_sparse_step == 1 && c.mlp_only_layers.empty() &&
+                  c.moe_intermediate_size == c.intermediate_size,
+              "a mixtral model has every layer sparse, experts of intermediate_size and renormalised top-k weights; "
+              "this config cannot be saved as mixtral");
+    j["num_local_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    j["router_jitter_noise"] = 0.0;
+    j["output_router_logits"] = false;
+  }
+}
+}  // namespace
+
 json model_config_to_hf(const ModelConfig& c, at::ScalarType dtype) {
   json j;
-  const bool qwen = c.arch == Arch::qwen2;
-  j["architectures"] = {qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
-  j["model_type"] = qwen ? "qwen2" : "llama";
+  j["architectures"] = {hf_classes(c.arch).first};
+  j["model_type"] = config::enum_to_string(c.arch);
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
   j["intermediate_size"] = c.intermediate_size;
@@ -144,30 +249,8 @@ json model_config_to_hf(const ModelConfig& c, at::ScalarType dtype) {
   j["torch_dtype"] = dtype_name_hf(dtype);
   j["bos_token_id"] = c.bos_token_id >= 0 ? json(c.bos_token_id) : json();
   j["eos_token_id"] = c.eos_token_id >= 0 ? json(c.eos_token_id) : json();
-  switch (c.rope_scaling.type) {
-    case RopeType::none: j["rope_scaling"] = nullptr; break;
-    case RopeType::linear: j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope_scaling.factor}}; break;
-    case RopeType::llama3:
-      j["rope_scaling"] = {{"rope_type", "llama3"},
-                           {"factor", c.rope_scaling.factor},
-                           {"low_freq_factor", c.rope_scaling.low_freq_factor},
-                           {"high_freq_factor", c.rope_scaling.high_freq_factor},
-                           {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
-      break;
-  }
-  if (qwen) {
-    RLX_CHECK(c.qkv_bias && !c.o_bias && !c.mlp_bias,
-              "a qwen2 model has q/k/v biases and no output or MLP biases; this config cannot be saved as qwen2");
-    j["use_sliding_window"] = false;
-    j["sliding_window"] = c.max_position_embeddings;
-    j["max_window_layers"] = c.num_layers;
-  } else {
-    RLX_CHECK(c.qkv_bias == c.o_bias, "llama's attention_bias covers q/k/v and o together; qkv_bias={} o_bias={}",
-              c.qkv_bias, c.o_bias);
-    j["attention_bias"] = c.qkv_bias;
-    j["mlp_bias"] = c.mlp_bias;
-    j["pretraining_tp"] = 1;
-  }
+  j["rope_scaling"] = rope_scaling_to_hf(c.rope_scaling);
+  family_fields_to_hf(c, j);
   return j;
 }
 
@@ -204,9 +287,9 @@ std::shared_ptr<Transformer> load_hf(const fs::path& dir, HfLoadOptions options)
   auto model = std::make_shared<Transformer>(cfg, options.dtype, options.device);
   c10::NoGradGuard no_grad;
   std::set<std::string> used;
-  auto read = [&](const std::string& name) {
+  auto read = [&](const std::string& name, at::IntArrayRef shape) {
     auto it = where.find(name);
-    RLX_CHECK(it != where.end(), "{}: missing tensor '{}'{}", dir.string(), name,
+    RLX_CHECK(it != where.end(), "{}: missing tensor '{}' of shape {}{}", dir.string(), name, shape,
               options.score && name == "score.weight" ? " (not a sequence classifier's directory)" : "");
     auto fit = files.find(it->second);
     if (fit == files.end()) fit = files.emplace(it->second, SafetensorsFile::open(it->second)).first;
@@ -218,13 +301,13 @@ std::shared_ptr<Transformer> load_hf(const fs::path& dir, HfLoadOptions options)
       p.zero_();
       continue;
     }
-    auto [t, file] = read(name);
+    auto [t, file] = read(name, p.sizes());
     RLX_CHECK(t.sizes() == p.sizes(), "{}: tensor '{}' has shape {}, the config needs {}", file.string(), name,
               t.sizes(), p.sizes());
     p.copy_(t);
   }
   if (options.score) {
-    auto [t, file] = read("score.weight");
+    auto [t, file] = read("score.weight", {1, cfg.hidden_size});
     RLX_CHECK(t.dim() == 2 && t.size(0) == 1 && t.size(1) == cfg.hidden_size,
               "{}: score.weight has shape {}; a reward model's head is [1, {}] (one label)", file.string(), t.sizes(),
               cfg.hidden_size);
@@ -247,8 +330,7 @@ void save_hf(const Transformer& model, const fs::path& dir, HfSaveOptions option
   auto params = model.hf_parameters();
   if (options.score.defined()) {
     // transformers' *ForSequenceClassification: the body and `score`, one label.
-    const auto cls = model.config().arch == Arch::qwen2 ? "Qwen2ForSequenceClassification" : "LlamaForSequenceClassification";
-    config["architectures"] = {cls};
+    config["architectures"] = {hf_classes(model.config().arch).second};
     config["id2label"] = {{"0", "LABEL_0"}};
     config["label2id"] = {{"LABEL_0", 0}};
     config["num_labels"] = 1;

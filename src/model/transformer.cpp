@@ -5,7 +5,6 @@
 #include <c10/core/GradMode.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
-#include <torch/nn/modules/container/modulelist.h>
 
 #include <cmath>
 #include <numbers>
@@ -14,6 +13,7 @@
 #include "rlx/core/torch_compat.hpp"
 #include "rlx/core/rng.hpp"
 #include "rlx/model/fused_ops.hpp"
+#include "model/modules.hpp"
 #if RLX_WITH_CUDA
 #include "rollout/cuda/glue.hpp"
 #endif
@@ -66,124 +66,6 @@ std::pair<at::Tensor, at::Tensor> rope_tables(const ModelConfig& cfg, const at::
   return {emb.cos(), emb.sin()};
 }
 
-namespace detail {
-
-// One matrix of a LoRA adapter (its module name, lora_A or lora_B, is PEFT's).
-struct LoraWeight : torch::nn::Module {
-  at::Tensor weight;
-  LoraWeight(int64_t rows, int64_t cols, const at::TensorOptions& o) {
-    weight = register_parameter("weight", at::zeros({rows, cols}, o));
-  }
-};
-
-struct Projection : torch::nn::Module {
-  at::Tensor weight, bias;
-  std::shared_ptr<LoraWeight> lora_A, lora_B;  // add_lora(): A [rank, in], B [out, rank]
-  at::Tensor base;                             // LoraMode::merged: the weight without the adapter
-  Projection(int64_t in, int64_t out, bool with_bias, const at::TensorOptions& o) {
-    weight = register_parameter("weight", at::empty({out, in}, o));
-    if (with_bias) bias = register_parameter("bias", at::empty({out}, o));
-  }
-  at::Tensor operator()(const at::Tensor& x) const { return at::linear(x, weight, bias); }
-  void add_lora(int64_t rank) {
-    const auto o = weight.options();
-    lora_A = register_module("lora_A", std::make_shared<LoraWeight>(rank, weight.size(1), o));
-    lora_B = register_module("lora_B", std::make_shared<LoraWeight>(weight.size(0), rank, o));
-  }
-};
-
-struct RmsNorm : torch::nn::Module {
-  at::Tensor weight;
-  double eps;
-  RmsNorm(int64_t dim, double eps, const at::TensorOptions& o) : eps(eps) {
-    weight = register_parameter("weight", at::empty({dim}, o));
-  }
-  // HF: normalise in fp32, cast back, then scale (one op on the CPU: model/fused_ops.hpp).
-  at::Tensor operator()(const at::Tensor& x) const { return fused::rms_norm(x, weight, eps); }
-};
-
-// Makes `parts` (parameters of equal trailing shape) views of one new tensor, their
-// concatenation along dim 0, and returns it.
-at::Tensor fuse(std::initializer_list<at::Tensor*> parts) {
-  std::vector<at::Tensor> values;
-  for (auto* p : parts) values.push_back(*p);
-  auto fused = at::cat(values, 0).contiguous();
-  int64_t at = 0;
-  for (auto* p : parts) {
-    const int64_t n = p->size(0);
-    p->set_data(fused.narrow(0, at, n));
-    at += n;
-  }
-  return fused;
-}
-
-struct Attention : torch::nn::Module {
-  std::shared_ptr<Projection> q_proj, k_proj, v_proj, o_proj;
-  at::Tensor qkv_weight, qkv_bias;  // fuse_projections(): q, k, v concatenated
-  Attention(const ModelConfig& c, const at::TensorOptions& o) {
-    q_proj = register_module("q_proj", std::make_shared<Projection>(c.hidden_size, c.num_heads * c.head_dim, c.qkv_bias, o));
-    k_proj = register_module("k_proj", std::make_shared<Projection>(c.hidden_size, c.num_kv_heads * c.head_dim, c.qkv_bias, o));
-    v_proj = register_module("v_proj", std::make_shared<Projection>(c.hidden_size, c.num_kv_heads * c.head_dim, c.qkv_bias, o));
-    o_proj = register_module("o_proj", std::make_shared<Projection>(c.num_heads * c.head_dim, c.hidden_size, c.o_bias, o));
-  }
-};
-
-struct Mlp : torch::nn::Module {
-  std::shared_ptr<Projection> gate_proj, up_proj, down_proj;
-  at::Tensor gate_up_weight, gate_up_bias;  // fuse_projections(): gate, up concatenated
-  Mlp(const ModelConfig& c, const at::TensorOptions& o) {
-    gate_proj = register_module("gate_proj", std::make_shared<Projection>(c.hidden_size, c.intermediate_size, c.mlp_bias, o));
-    up_proj = register_module("up_proj", std::make_shared<Projection>(c.hidden_size, c.intermediate_size, c.mlp_bias, o));
-    down_proj = register_module("down_proj", std::make_shared<Projection>(c.intermediate_size, c.hidden_size, c.mlp_bias, o));
-  }
-};
-
-struct Block : torch::nn::Module {
-  std::shared_ptr<Attention> self_attn;
-  std::shared_ptr<Mlp> mlp;
-  std::shared_ptr<RmsNorm> input_layernorm, post_attention_layernorm;
-  // The projection a LoRA target names (model/lora.hpp's kLoraTargets).
-  Projection& projection(std::string_view name) {
-    if (name == "q_proj") return *self_attn->q_proj;
-    if (name == "k_proj") return *self_attn->k_proj;
-    if (name == "v_proj") return *self_attn->v_proj;
-    if (name == "o_proj") return *self_attn->o_proj;
-    if (name == "gate_proj") return *mlp->gate_proj;
-    if (name == "up_proj") return *mlp->up_proj;
-    RLX_CHECK(name == "down_proj", "no projection named {:?}", name);
-    return *mlp->down_proj;
-  }
-  Block(const ModelConfig& c, const at::TensorOptions& o) {
-    self_attn = register_module("self_attn", std::make_shared<Attention>(c, o));
-    mlp = register_module("mlp", std::make_shared<Mlp>(c, o));
-    input_layernorm = register_module("input_layernorm", std::make_shared<RmsNorm>(c.hidden_size, c.rms_norm_eps, o));
-    post_attention_layernorm =
-        register_module("post_attention_layernorm", std::make_shared<RmsNorm>(c.hidden_size, c.rms_norm_eps, o));
-  }
-};
-
-struct Embedding : torch::nn::Module {
-  at::Tensor weight;
-  Embedding(int64_t n, int64_t dim, const at::TensorOptions& o) { weight = register_parameter("weight", at::empty({n, dim}, o)); }
-};
-
-struct Body : torch::nn::Module {
-  std::shared_ptr<Embedding> embed_tokens;
-  torch::nn::ModuleList layers;
-  std::vector<std::shared_ptr<Block>> blocks;
-  std::shared_ptr<RmsNorm> norm;
-  Body(const ModelConfig& c, const at::TensorOptions& o) {
-    embed_tokens = register_module("embed_tokens", std::make_shared<Embedding>(c.vocab_size, c.hidden_size, o));
-    layers = register_module("layers", torch::nn::ModuleList());
-    for (int64_t i = 0; i < c.num_layers; ++i) {
-      blocks.push_back(std::make_shared<Block>(c, o));
-      layers->push_back(blocks.back());
-    }
-    norm = register_module("norm", std::make_shared<RmsNorm>(c.hidden_size, c.rms_norm_eps, o));
-  }
-};
-
-}  // namespace detail
 
 namespace {
 // Attention of the full-sequence path: q [B, T, Hq, D], k and v [B, T, Hkv, D].
@@ -265,10 +147,50 @@ ForwardState Transformer::begin_forward(const ForwardInput& in, KVCache* cache) 
     }
   }
   if (in.positions.defined()) positions = in.positions.to(device_, at::kLong);
+  if (cfg_.num_experts > 0) begin_routing(in, st);
   auto [cos, sin] = rope_tables(cfg_, inv_freq_, positions);
   st.cos = cos.to(dtype_);
   st.sin = sin.to(dtype_);
   return st;
+}
+
+void Transformer::begin_routing(const ForwardInput& in, ForwardState& st) const {
+  if (in.segments.defined()) st.valid = (in.segments.to(device_) != 0).reshape({-1});
+  if (in.routing.defined()) {
+    const int64_t slots = static_cast<int64_t>(cfg_.sparse_layers().size());
+    RLX_CHECK(in.routing.dim() == 4 && in.routing.size(0) == st.batch && in.routing.size(1) == st.time &&
+                  in.routing.size(2) == slots && in.routing.size(3) == cfg_.num_experts_per_tok,
+              "forward: routing has shape {}; this model's is [{}, {}, {} sparse layers, top {}]", in.routing.sizes(),
+              st.batch, st.time, slots, cfg_.num_experts_per_tok);
+    st.routing = in.routing.to(device_, at::kLong);
+  }
+  st.trace = in.trace;
+  if (st.trace) {
+    st.trace->valid_count = st.valid.defined() ? st.valid.sum() : at::scalar_tensor(st.batch * st.time, at::kLong);
+  }
+}
+
+at::Tensor Transformer::sparse_mlp(const detail::Block& blk, const at::Tensor& x, const ForwardState& st,
+                                   uint64_t site) const {
+  at::Tensor forced;
+  if (st.routing.defined()) forced = st.routing.select(2, blk.sparse_slot);
+  auto strategy = moe_strategy_;
+  // Decode on CUDA: no host sync, so the step's graph can be captured.
+  if (strategy == MoeStrategy::automatic && x.is_cuda() && st.cache && st.time == 1)
+    strategy = MoeStrategy::dense;
+  const bool lora = lora_on();
+  detail::LoraHook hook = [&](const at::Tensor& y, std::initializer_list<const detail::Projection*> ps,
+                              const at::Tensor& in, uint64_t s) { return lora ? with_lora(y, ps, in, st, s) : y; };
+  return detail::moe_forward(*blk.moe, cfg_, x, st.valid, forced, st.trace, blk.sparse_slot, strategy, hook, site);
+}
+
+at::Tensor Transformer::qk_normed(const detail::Attention& att, const at::Tensor& qkv, const ForwardState& st) const {
+  if (!att.q_norm) return qkv;
+  const int64_t B = st.batch, T = st.time, Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
+  auto parts = qkv.split_with_sizes({Hq * D, Hkv * D, Hkv * D}, -1);
+  auto q = (*att.q_norm)(parts[0].reshape({B, T, Hq, D})).reshape({B, T, Hq * D});
+  auto k = (*att.k_norm)(parts[1].reshape({B, T, Hkv, D})).reshape({B, T, Hkv * D});
+  return at::cat({q, k, parts[2]}, -1);
 }
 
 at::Tensor Transformer::embed(const ForwardState& st) { return at::embedding(body_->embed_tokens->weight, st.tokens); }
@@ -280,6 +202,20 @@ void Transformer::fuse_projections() {
     auto& a = *blk->self_attn;
     a.qkv_weight = detail::fuse({&a.q_proj->weight, &a.k_proj->weight, &a.v_proj->weight});
     if (cfg_.qkv_bias) a.qkv_bias = detail::fuse({&a.q_proj->bias, &a.k_proj->bias, &a.v_proj->bias});
+    if (blk->moe) {
+      // Every expert's gate and up rows in one tensor, and every down, each expert's views of them.
+      auto& moe = *blk->moe;
+      std::vector<at::Tensor*> gate_up, down;
+      for (auto& e : moe.experts) {
+        gate_up.insert(gate_up.end(), {&e->gate_proj->weight, &e->up_proj->weight});
+        down.push_back(&e->down_proj->weight);
+      }
+      const int64_t E = cfg_.num_experts, I = cfg_.moe_intermediate_size, H = cfg_.hidden_size;
+      moe.gate_up_all = detail::fuse(gate_up).view({E, 2 * I, H});
+      moe.down_all = detail::fuse(down).view({E, H, I});
+      for (int64_t e = 0; e < E; ++e) moe.experts[static_cast<size_t>(e)]->gate_up_weight = moe.gate_up_all[e];
+      continue;
+    }
     auto& m = *blk->mlp;
     m.gate_up_weight = detail::fuse({&m.gate_proj->weight, &m.up_proj->weight});
     if (cfg_.mlp_bias) m.gate_up_bias = detail::fuse({&m.gate_proj->bias, &m.up_proj->bias});
@@ -292,7 +228,6 @@ at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, con
   const int64_t B = st.batch, T = st.time, Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const auto& att = *blk.self_attn;
-  const auto& mlp = *blk.mlp;
   at::Tensor x;
 #if RLX_WITH_CUDA
   if (h_in.is_cuda() && h_in.scalar_type() == blk.input_layernorm->weight.scalar_type()) {
@@ -312,6 +247,7 @@ at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, con
   const uint64_t site = static_cast<uint64_t>(index) * 4;
   auto qkv = at::linear(x, att.qkv_weight, att.qkv_bias);
   if (lora) qkv = with_lora(qkv, {att.q_proj.get(), att.k_proj.get(), att.v_proj.get()}, x, st, site);
+  qkv = qk_normed(att, qkv, st);
   // A cache that rotates and stores keys itself (RoPE + KV append in one kernel) takes qkv as it is.
   at::Tensor a = st.cache ? st.cache->attend_rotating(index, qkv, inv_freq_, Hq, scale) : at::Tensor();
   if (!a.defined()) {
@@ -330,6 +266,11 @@ at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, con
     // h = h_in + attn_out, in attn_out's storage; normed = RMSNorm(h): one kernel.
     normed = cuda::add_rms_norm(attn_out, h_in, blk.post_attention_layernorm->weight, blk.post_attention_layernorm->eps);
     h = attn_out;
+    if (blk.moe) {
+      st.pending = sparse_mlp(blk, normed, st, site);  // added by the next norm
+      return h;
+    }
+    const auto& mlp = *blk.mlp;
     auto gu = at::linear(normed, mlp.gate_up_weight, mlp.gate_up_bias);
     if (lora) gu = with_lora(gu, {mlp.gate_proj.get(), mlp.up_proj.get()}, normed, st, site + 2);
     auto act = cuda::silu_mul(gu);
@@ -340,6 +281,8 @@ at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, con
 #endif
   h = h_in + attn_out;
   normed = (*blk.post_attention_layernorm)(h);
+  if (blk.moe) return h + sparse_mlp(blk, normed, st, site);
+  const auto& mlp = *blk.mlp;
   auto gu = at::linear(normed, mlp.gate_up_weight, mlp.gate_up_bias);
   if (lora) gu = with_lora(gu, {mlp.gate_proj.get(), mlp.up_proj.get()}, normed, st, site + 2);
   auto act = fused::silu_mul(gu);
@@ -355,7 +298,6 @@ at::Tensor Transformer::layer(int64_t index, const at::Tensor& h_in, const Forwa
   const auto& blk = *body_->blocks[static_cast<size_t>(index)];
   if (fused_ && !c10::GradMode::is_enabled()) return fused_layer(blk, index, h_in, st);
   const auto& att = *blk.self_attn;
-  const auto& mlp = *blk.mlp;
   // q, k and v in one GEMM, gate and up in another (their weights joined for it), and the
   // attention scale folded into the rotation of q where no cache takes it.
   // Adapters (trained mode) add to each GEMM's output; `site` keys their dropout masks.
@@ -365,6 +307,7 @@ at::Tensor Transformer::layer(int64_t index, const at::Tensor& h_in, const Forwa
   auto qkv = at::linear(x, joined({att.q_proj->weight, att.k_proj->weight, att.v_proj->weight}),
                         joined({att.q_proj->bias, att.k_proj->bias, att.v_proj->bias}));
   if (lora) qkv = with_lora(qkv, {att.q_proj.get(), att.k_proj.get(), att.v_proj.get()}, x, st, site);
+  qkv = qk_normed(att, qkv, st);
   auto parts = qkv.split_with_sizes({Hq * D, Hkv * D, Hkv * D}, -1);
   auto q = fused::rope(parts[0].view({B, T, Hq, D}), st.cos, st.sin, st.cache ? 1.0 : scale);
   auto k = fused::rope(parts[1].view({B, T, Hkv, D}), st.cos, st.sin);
@@ -375,6 +318,8 @@ at::Tensor Transformer::layer(int64_t index, const at::Tensor& h_in, const Forwa
   if (lora) o = with_lora(o, {att.o_proj.get()}, a, st, site + 1);
   auto h = h_in + o;
   auto normed = (*blk.post_attention_layernorm)(h);
+  if (blk.moe) return h + sparse_mlp(blk, normed, st, site);
+  const auto& mlp = *blk.mlp;
   auto gu = at::linear(normed, joined({mlp.gate_proj->weight, mlp.up_proj->weight}),
                        joined({mlp.gate_proj->bias, mlp.up_proj->bias}));
   if (lora) gu = with_lora(gu, {mlp.gate_proj.get(), mlp.up_proj.get()}, normed, st, site + 2);
@@ -422,9 +367,10 @@ void Transformer::add_lora(const LoraSpec& spec, LoraMode mode) {
   c10::NoGradGuard no_grad;
   for (auto& blk : body_->blocks) {
     for (const auto& t : spec.targets) {
-      auto& p = blk->projection(t);
-      p.add_lora(spec.rank);
-      if (mode == LoraMode::merged) p.base = p.weight.detach().clone();
+      for (auto* p : blk->projections(t)) {
+        p->add_lora(spec.rank);
+        if (mode == LoraMode::merged) p->base = p->weight.detach().clone();
+      }
     }
   }
 }
@@ -466,11 +412,12 @@ int64_t Transformer::merge_lora() {
   const double s = lora_.scale();
   for (auto& blk : body_->blocks) {
     for (const auto& t : lora_.targets) {
-      auto& p = blk->projection(t);
-      // One pass writing the weight (base + s * B A, GEMM-accumulated in fp32 on every
-      // device LibTorch has); the kept base is not written.
-      at::addmm_out(p.weight, p.base, p.lora_B->weight, p.lora_A->weight, /*beta=*/1, /*alpha=*/s);
-      bytes += p.weight.numel() * static_cast<int64_t>(p.weight.element_size());
+      for (auto* p : blk->projections(t)) {
+        // One pass writing the weight (base + s * B A, GEMM-accumulated in fp32 on every
+        // device LibTorch has); the kept base is not written.
+        at::addmm_out(p->weight, p->base, p->lora_B->weight, p->lora_A->weight, /*beta=*/1, /*alpha=*/s);
+        bytes += p->weight.numel() * static_cast<int64_t>(p->weight.element_size());
+      }
     }
   }
   return bytes;

@@ -19,6 +19,8 @@
 
 namespace rlx {
 
+struct RoutingTrace;  // model/moe.hpp
+
 // One forward call's input.
 struct ForwardInput {
   at::Tensor tokens;     // [B, T] int64
@@ -29,6 +31,11 @@ struct ForwardInput {
                          // token also attends to, all of them: a prompt that several sequences share,
                          // packed once, each sequence's own tokens a segment after it. Needs `positions`
                          // (the own tokens continue the prefix's) and the full-sequence path (no cache).
+  // Mixture-of-experts models (model/moe.hpp):
+  at::Tensor routing;    // [B, T, S, k] integer, S = the sparse layers: the experts each token uses in
+                         // each of them (rollout routing replay); undefined, or a token's row of -1:
+                         // the router chooses.
+  RoutingTrace* trace = nullptr;  // receives what the sparse layers did
 };
 
 // Scaled dot-product attention with grouped-query heads.

@@ -1,6 +1,8 @@
-// Decoder-only transformer of the Llama / Qwen2 family: RMSNorm, rotary embeddings
-// (with linear and llama3 scaling), grouped-query attention, SwiGLU MLP, optional
-// q/k/v, output and MLP biases, tied or untied embeddings; fp32, bf16 or fp16.
+// Decoder-only transformer of the Llama family (Llama, Qwen2, Qwen3, Mistral) and its
+// mixtures of experts (Qwen3-MoE, Mixtral): RMSNorm, rotary embeddings (with linear and
+// llama3 scaling), grouped-query attention with an optional per-head q/k norm, SwiGLU MLPs
+// or sparse layers of SwiGLU experts (model/moe.hpp), optional q/k/v, output and MLP biases,
+// tied or untied embeddings; fp32, bf16 or fp16.
 //
 // Two paths share the weights and the code: the full-sequence forward (training;
 // padding and packing through ForwardInput::segments) and the incremental forward
@@ -22,6 +24,7 @@
 #include "rlx/model/config.hpp"
 #include "rlx/model/kv_cache.hpp"
 #include "rlx/model/lora.hpp"
+#include "rlx/model/moe.hpp"
 #include "rlx/model/varlen_attention.hpp"
 
 namespace rlx {
@@ -50,6 +53,10 @@ struct ForwardState {
   // recomputed in backward draws the same ones).
   uint64_t lora_key = 0;
   bool train = false;  // begun with gradients on: adapter dropout applies
+  // Mixture of experts: ForwardInput's routing on the device, [B, T, S, k] int64; which of
+  // the B * T tokens are not padding ([B * T] bool; undefined: all); where routing goes.
+  at::Tensor routing, valid;
+  RoutingTrace* trace = nullptr;
 };
 
 // How a model carries LoRA adapters (model/lora.hpp).
@@ -64,6 +71,7 @@ enum class LoraMode {
 void init_lora_weights(const std::vector<std::pair<std::string, at::Tensor>>& adapters, uint64_t seed);
 
 namespace detail {
+struct Attention;
 struct Body;
 struct Block;
 struct Projection;
@@ -136,12 +144,20 @@ class Transformer : public torch::nn::Module {
   void fuse_projections();
   bool fused() const { return fused_; }
 
+  // Mixture of experts: each expert over its own rows (grouped; the CPU, training and
+  // prefill) or every expert over every row (dense; CUDA decode, which a graph captures).
+  // Tests force one to compare them.
+  void set_moe_strategy(MoeStrategy s) { moe_strategy_ = s; }
+
  private:
   at::Tensor fused_layer(const detail::Block& blk, int64_t index, const at::Tensor& h, const ForwardState& st);
   // Unmerged mode: `y` (the joined outputs of `projections`, in that order) plus the
   // adapters' updates of those that have one, from their shared input `x`.
   at::Tensor with_lora(const at::Tensor& y, std::initializer_list<const detail::Projection*> projections,
                        const at::Tensor& x, const ForwardState& st, uint64_t site) const;
+  void begin_routing(const ForwardInput& in, ForwardState& st) const;
+  at::Tensor sparse_mlp(const detail::Block& blk, const at::Tensor& x, const ForwardState& st, uint64_t site) const;
+  at::Tensor qk_normed(const detail::Attention& att, const at::Tensor& qkv, const ForwardState& st) const;
   bool lora_on() const { return lora_.enabled() && lora_mode_ == LoraMode::unmerged && lora_active_; }
 
   ModelConfig cfg_;
@@ -151,6 +167,7 @@ class Transformer : public torch::nn::Module {
   std::shared_ptr<detail::Projection> lm_head_;  // null when tied
   at::Tensor inv_freq_;                          // fp32 [head_dim / 2], a buffer
   bool fused_ = false;
+  MoeStrategy moe_strategy_{};  // automatic
   LoraSpec lora_{.rank = 0};
   LoraMode lora_mode_ = LoraMode::unmerged;
   bool lora_active_ = true;
