@@ -124,7 +124,7 @@ struct AlgoOptions {
 
   template <class V>
   void visit(V& v) {
-    v("name", name, "algorithm: grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, gspo, ppo, sft, or a registered one");
+    v("name", name, "algorithm: grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, gspo, cispo, ppo, sft, or a registered one");
     v("baseline", baseline, "group advantage baseline (grpo: mean_std; Dr.GRPO: mean)");
     v("aggregation", aggregation, "how per-token losses become the step's loss (normalised over the whole step)");
     v("clip_low", clip.low, "ratio clip below: ratio >= 1 - clip_low", config::in_range(0, 0.999));
