@@ -966,3 +966,48 @@ TEST_CASE("CISPO is a registered algorithm: on-policy it is REINFORCE with GRPO'
   CHECK(m["clipped_tokens"] == 0);
   CHECK(m["ratio"] == 2);  // summed over tokens
 }
+
+TEST_CASE("algorithm.mask_truncated: a sample cut by max_new_tokens trains nothing, its reward still counts", "[algo]") {
+  register_bundled_algorithms();
+  ToyTask task;
+  auto comm = rlx::dist::single_process();
+  std::vector<rlx::Sequence> seqs;
+  std::vector<double> rewards;
+  std::vector<size_t> groups;
+  task.sample(0, seqs, rewards, groups);
+  // The truncated one: a sample of the first group whose reward is off its group's mean
+  // (a nonzero advantage: its tokens would move the policy).
+  double mean = 0;
+  for (size_t i = 0; i < groups[0]; ++i) mean += rewards[i] / static_cast<double>(groups[0]);
+  size_t cut = 0;
+  while (cut < groups[0] && std::abs(rewards[cut] - mean) < 1e-9) ++cut;
+  REQUIRE(cut < groups[0]);
+  std::vector<uint8_t> truncated(seqs.size(), 0);
+  truncated[cut] = 1;
+  // The same step three ways: masked by train_on_batch; with the sample's mask cleared by
+  // hand (the same update); not masked (a different one).
+  auto run = [&](bool mask, bool clear_by_hand, std::vector<rlx::Sequence>& s) {
+    rlx::Learner l(task.cfg, *comm, toy_options(2e-2));
+    l.load_from(*task.model);
+    auto algo = make_algorithm({.name = "grpo", .mask_truncated = mask});
+    if (clear_by_hand) std::fill(s[cut].loss_mask.begin(), s[cut].loss_mask.end(), uint8_t{0});
+    rlx::train_on_batch(*algo, {.policy = l}, s, rewards, groups, truncated);
+    return l.model().gather_parameters();
+  };
+  auto a = seqs, b = seqs, c = seqs;
+  const auto masked = run(true, false, a), by_hand = run(false, true, b), unmasked = run(false, false, c);
+  CHECK(std::all_of(a[cut].loss_mask.begin(), a[cut].loss_mask.end(), [](uint8_t v) { return v == 0; }));
+  CHECK(std::any_of(c[cut].loss_mask.begin(), c[cut].loss_mask.end(), [](uint8_t v) { return v == 1; }));
+  // The truncated sample's reward is in its group's advantages, as without the mask.
+  for (size_t i = 0; i < groups[0]; ++i) CHECK(a[i].values.at("advantages") == c[i].values.at("advantages"));
+  bool all_equal = true, any_differs = false;
+  for (size_t i = 0; i < masked.size(); ++i) {
+    all_equal = all_equal && at::allclose(masked[i].second, by_hand[i].second, 1e-6, 1e-7);
+    any_differs = any_differs || !at::allclose(masked[i].second, unmasked[i].second, 1e-6, 1e-7);
+  }
+  CHECK(all_equal);
+  CHECK(any_differs);
+  rlx::Learner l(task.cfg, *comm, toy_options(0));
+  CHECK_THROWS_WITH(rlx::train_on_batch(*make_algorithm({.name = "grpo"}), {.policy = l}, a, rewards, groups, {1}),
+                    Catch::Contains("1 truncation marks"));
+}
