@@ -53,11 +53,20 @@ struct LogSection {
   bool tensorboard = true;  // TensorBoard event files beside metrics.jsonl
   int metrics_port = 0;     // the launcher's Prometheus endpoint (0: none)
   std::string metrics_host = "127.0.0.1";
+  int64_t samples_every = 0;     // steps between logged samples (0: none)
+  uint32_t samples_per_step = 4; // samples logged at such a step
   template <class V>
   void visit(V& v) {
     v("level", level, "log level");
     v("tensorboard", tensorboard,
       "write each step's metrics as TensorBoard scalars too (RUN_DIR/tensorboard/events.out.tfevents.*)");
+    v("samples_every", samples_every,
+      "every N steps, write log.samples_per_step of the step's samples as text (prompt, response, reward, extracted "
+      "answer, weight version) to RUN_DIR/samples.jsonl and TensorBoard's text tab; 0: off",
+      config::in_range(0, 100000000));
+    v("samples_per_step", samples_per_step,
+      "samples logged at such a step: one of each group in prompt order, then a second of each, ...",
+      config::in_range(1, 1024));
     v("metrics_port", metrics_port,
       "serve live metrics as Prometheus text on this port (GET /metrics: the latest step's metrics, the run's state); 0: off",
       config::in_range(0, 65535));

@@ -51,4 +51,5 @@ TEST_CASE("rollout config: bad sampling settings name their key before any proce
              Catch::Contains("rollout.update_policy") && Catch::Contains("continue"));
   CHECK_THAT(error_of([&] { load("rollout: {stop: [\"ok\", \"\"]}\n"); }),
              Catch::Contains("rollout") && Catch::Contains("stop[1] is empty"));
+  CHECK_THAT(error_of([&] { load("log: {samples_every: -1}\n"); }), Catch::Contains("log.samples_every"));
 }
