@@ -307,7 +307,7 @@ json trajectory_metadata(const env::Episode& ep, const std::pair<double, double>
   }
   if (!ep.info.empty() && ep.info.back().is_object())
     for (const auto& [key, value] : ep.info.back().items())
-      if (value.is_string() && key.size() <= 64 && text.size() < kMaxEnvCounters)
+      if (value.is_string() && key.size() <= 64 && text.size() < kMaxInfoTexts)
         text[key] = utf8_prefix(value.get<std::string>(), kMaxInfoText);
   if (!counters.empty()) meta["env"] = std::move(counters);
   if (!text.empty()) meta["info"] = std::move(text);

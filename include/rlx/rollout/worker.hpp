@@ -97,11 +97,13 @@ std::vector<GroupRollout> rollout_groups(Engine& engine, const EnvSource& envs, 
 // episode, else "turns" (env.max_turns reached). Its metadata is a JSON object:
 //   "env":  each number (or bool, as 0/1) of the environment's step info, summed over the
 //           episode's turns (counters such as errors_unparsed; at most kMaxEnvCounters)
-//   "info": the last turn's text values (the extracted answer, ...; each cut to kMaxInfoText bytes)
+//   "info": the last turn's text values (the extracted answer, ...; at most kMaxInfoTexts, each
+//           cut to kMaxInfoText bytes)
 //   "reward_env", "reward_model": with a reward model, the two parts of the reward
 // Each part is there only when it has something.
 inline constexpr size_t kMaxEnvCounters = 32;
-inline constexpr size_t kMaxInfoText = 1024;
+inline constexpr size_t kMaxInfoTexts = 8;
+inline constexpr size_t kMaxInfoText = 512;
 bus::TrajectoryGroup to_trajectory_group(GroupRollout& group, const std::string& worker);
 
 struct WorkerOptions {

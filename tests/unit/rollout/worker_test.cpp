@@ -330,9 +330,9 @@ TEST_CASE("rollout worker: a trajectory's finish says why it ended; its metadata
     g.truncated.push_back(k == 0);
     ep.done = k != 2;  // sample 2 ran out of turns
     ep.info.push_back({{"errors_unparsed", 1}, {"ok", true}, {"outcome", "first"}});
-    // A long text is cut to kMaxInfoText bytes, not inside a character (the 2-byte \u00e9 at 1023).
+    // A long text is cut to kMaxInfoText bytes, not inside a character (the 2-byte \u00e9 at 511).
     ep.info.push_back({{"errors_unparsed", 2}, {"nested", {{"a", 1}}}, {"extracted", "\u00e9"},
-                       {"detail", std::string(1023, 'x') + "\u00e9 and more"}});
+                       {"detail", std::string(511, 'x') + "\u00e9 and more"}});
   }
   g.reward_parts = {{1.0, 0.5}, {0.0, 0.25}, {1.0, 0.0}};
   auto t = rollout::to_trajectory_group(g, "w");
@@ -344,10 +344,22 @@ TEST_CASE("rollout worker: a trajectory's finish says why it ended; its metadata
   CHECK(meta["env"] == nlohmann::json{{"errors_unparsed", 3.0}, {"ok", 1.0}});  // summed over turns; nested skipped
   CHECK(meta["info"]["extracted"] == "\u00e9");  // the last turn's text values
   CHECK(!meta["info"].contains("outcome"));
-  CHECK(meta["info"]["detail"] == std::string(1023, 'x'));
-  static_assert(rollout::kMaxInfoText == 1024);
+  CHECK(meta["info"]["detail"] == std::string(511, 'x'));
+  static_assert(rollout::kMaxInfoText == 512);
   CHECK(meta["reward_env"] == 1.0);
   CHECK(meta["reward_model"] == 0.5);
+  // An environment's info is bounded in what a trajectory carries of it.
+  rollout::GroupRollout chatty;
+  chatty.lease = g.lease;
+  auto& ep = chatty.episodes.emplace_back();
+  ep.start(std::vector<rlx::TokenId>{1});
+  chatty.versions.push_back({-1});
+  nlohmann::json info;
+  for (int i = 0; i < 100; ++i) info["n" + std::to_string(i)] = i, info["s" + std::to_string(i)] = "text";
+  ep.info.push_back(info);
+  const auto bounded = nlohmann::json::parse(rollout::to_trajectory_group(chatty, "w").samples[0].metadata);
+  CHECK(bounded["env"].size() == rollout::kMaxEnvCounters);
+  CHECK(bounded["info"].size() == rollout::kMaxInfoTexts);
   // Without info or a reward model: no metadata.
   rollout::GroupRollout plain;
   plain.lease = g.lease;
