@@ -8,6 +8,7 @@ namespace rlx::algo {
 void register_grpo();
 void register_reinforce_pp();
 void register_gspo();
+void register_cispo();
 void register_sft();
 void register_ppo();
 void register_distill();
@@ -18,6 +19,7 @@ void register_bundled_algorithms() {
     register_grpo();
     register_reinforce_pp();
     register_gspo();
+    register_cispo();
     register_sft();
     register_ppo();
     register_distill();

@@ -6,13 +6,9 @@
 
 namespace rlx::algo {
 
-class Grpo : public PolicyGradient, public OutcomeAdvantages {
+class Grpo : public PolicyGradient, public GroupAdvantages {
  public:
-  using PolicyGradient::PolicyGradient;
-  std::vector<std::vector<double>> advantages(const std::vector<std::vector<Sample>>& groups,
-                                              const AllReduceSum&) const override {
-    return group_advantages_of(groups, opt_.baseline);
-  }
+  explicit Grpo(const AlgoOptions& o) : PolicyGradient(o), GroupAdvantages(o.baseline) {}
 };
 
 void register_grpo() {

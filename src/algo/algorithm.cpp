@@ -135,7 +135,7 @@ Metrics batch_metrics(const std::vector<double>& rewards, const std::vector<doub
 at::Tensor PolicyGradient::loss(const LossInputs& in, const Normalizers& norm, Metrics& metrics) const {
   RLX_CHECK(in.advantages.defined(), "{}: the batch has no advantages", opt_.name);
   RLX_CHECK(in.old_logprobs.defined(), "{}: the batch has no old log-probs", opt_.name);
-  auto pg = clipped_policy_loss(in.logprobs, in.old_logprobs, in.advantages, opt_.clip, log_ratio(in));
+  auto pg = policy_loss(in);
   auto per_token = pg.loss;
   auto m = in.mask;
   auto mismatch = opt_.mismatch;

@@ -73,6 +73,22 @@ PolicyLoss clipped_policy_loss(const at::Tensor& logp, const at::Tensor& old_log
   return out;
 }
 
+PolicyLoss cispo_policy_loss(const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& adv,
+                             const ClipRange& clip) {
+  RLX_CHECK(clip.low >= 0 && clip.low < 1 && clip.high >= 0, "clip range: low {} must be in [0, 1), high {} >= 0",
+            clip.low, clip.high);
+  RLX_CHECK(clip.dual_clip == 0, "cispo: dual clip does not apply (the weight is clipped, not the surrogate); got {}",
+            clip.dual_clip);
+  // exp of a log ratio bounded as verl does: the clip takes it into range anyway.
+  const auto ratio = at::exp(at::clamp(logp.detach() - old_logp, -20.0, 20.0));
+  const auto weight = at::clamp(ratio, 1.0 - clip.low, 1.0 + clip.high);
+  PolicyLoss out;
+  out.loss = -weight * adv * logp;
+  out.clipped = (weight != ratio).to(at::kFloat);
+  out.ratio = ratio;
+  return out;
+}
+
 at::Tensor gspo_log_ratio(const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& mask,
                           const at::Tensor& sequence) {
   return per_sequence_value(logp - old_logp, mask, sequence, /*mean=*/true) + logp - logp.detach();

@@ -41,8 +41,9 @@ std::vector<std::string> load_jsonl(const std::filesystem::path& file, size_t ma
     } catch (const JsonError& e) {
       throw Error(e.what());
     }
-    RLX_CHECK(j.is_object() && j.contains("prompt") && j["prompt"].is_string(),
-              "{}:{}: each record must be a JSON object with a string \"prompt\"", file.string(), lineno);
+    // Which fields a task needs is the environment's to say (math reads "question" or "problem").
+    RLX_CHECK(j.is_object(), "{}:{}: each record must be a JSON object (a task for the environment), got {}",
+              file.string(), lineno, j.type_name());
     RLX_CHECK(out.size() < max_records, "{}: more than {} records", file.string(), max_records);
     out.push_back(j.dump());
   }

@@ -83,14 +83,22 @@ TensorBoardWriter::TensorBoardWriter(const std::filesystem::path& dir) {
   file_ = dir / fmt::format("events.out.tfevents.{}.{}.{}", static_cast<int64_t>(now), host, ::getpid());
   out_.open(file_, std::ios::binary | std::ios::trunc);
   RLX_CHECK(out_.good(), "cannot write {}", file_.string());
-  write_record(tb_proto::serialize({.wall_time = now, .step = 0, .file_version = "brain.Event:2", .scalars = {}}));
+  write_record(tb_proto::serialize({.wall_time = now, .step = 0, .file_version = "brain.Event:2", .scalars = {}, .texts = {}}));
   flush();
 }
 
 void TensorBoardWriter::add_scalars(int64_t step, const nlohmann::json& metrics, double wall_time) {
   RLX_CHECK(metrics.is_object(), "TensorBoard scalars come from a JSON object, got {}", metrics.type_name());
-  tb_proto::Event e{.wall_time = wall_time < 0 ? now_wall() : wall_time, .step = step, .file_version = {}, .scalars = {}};
+  tb_proto::Event e{.wall_time = wall_time < 0 ? now_wall() : wall_time, .step = step, .file_version = {}, .scalars = {},
+                    .texts = {}};
   add_values(e.scalars, metrics, "");
+  write_record(tb_proto::serialize(e));
+}
+
+void TensorBoardWriter::add_text(int64_t step, const std::string& tag, const std::string& text, double wall_time) {
+  RLX_CHECK(!tag.empty(), "TensorBoard text needs a tag");
+  tb_proto::Event e{.wall_time = wall_time < 0 ? now_wall() : wall_time, .step = step, .file_version = {}, .scalars = {},
+                    .texts = {{tag, text}}};
   write_record(tb_proto::serialize(e));
 }
 
@@ -125,7 +133,7 @@ std::vector<TensorBoardEvent> read_tensorboard_events(const std::filesystem::pat
     tb_proto::Event e;
     RLX_CHECK(tb_proto::parse(payload, e), "{}: the record at byte {} is not an Event", file.string(), off);
     events.push_back({.wall_time = e.wall_time, .step = e.step, .file_version = std::move(e.file_version),
-                      .scalars = std::move(e.scalars)});
+                      .scalars = std::move(e.scalars), .texts = std::move(e.texts)});
     off += 12 + len + 4;
   }
   return events;

@@ -11,12 +11,13 @@
 
 namespace rlx::tb_proto {
 
-// One tensorflow.Event: a file version record or a summary of scalar values.
+// One tensorflow.Event: a file version record or a summary of scalar and text values.
 struct Event {
   double wall_time = 0;
   int64_t step = 0;
   std::string file_version;                              // set: a file version record
   std::vector<std::pair<std::string, float>> scalars;    // tag, simple_value
+  std::vector<std::pair<std::string, std::string>> texts;  // tag, a scalar string tensor of the text plugin
 };
 
 // False in a build without protobuf (RLX_TENSORBOARD=OFF), where the others throw.

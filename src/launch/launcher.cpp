@@ -61,7 +61,7 @@ bool holds_run(const fs::path& dir) {
 // `logs`: false keeps the logs and the fault-injection marker (a run restarted before its
 // first checkpoint).
 void clear_run(const fs::path& dir, bool logs = true) {
-  for (const char* p : {"hub.state", "trajectories.h5", "metrics.jsonl", "checkpoints", "checkpoints-critic", "final",
+  for (const char* p : {"hub.state", "trajectories.h5", "metrics.jsonl", "samples.jsonl", "checkpoints", "checkpoints-critic", "final",
                         "heartbeats", "episodes", "scale.json", "traces", "trace.json", "stats", "tasks", "env-sockets",
                         kHubEndpointFile, kWeightsEndpointFile})
     rlx::remove_tree(dir / p);
@@ -95,16 +95,19 @@ void prepare_resume(const fs::path& dir) {
     clear_run(dir, /*logs=*/false);
     return;
   }
-  // metrics.jsonl keeps the lines of the steps the checkpoint holds.
-  std::vector<std::string> keep;
-  if (std::ifstream in(dir / "metrics.jsonl"); in) {
+  // metrics.jsonl and samples.jsonl keep the lines of the steps the checkpoint holds.
+  for (const char* name : {"metrics.jsonl", "samples.jsonl"}) {
+    std::vector<std::string> keep;
+    std::ifstream in(dir / name);
+    if (!in) continue;
     for (std::string line; std::getline(in, line);) {
       auto j = json::parse(line, nullptr, false);
       if (!j.is_discarded() && j.value("step", int64_t{0}) <= step) keep.push_back(line);
     }
+    in.close();
+    std::ofstream out(dir / name, std::ios::trunc);
+    for (const auto& l : keep) out << l << "\n";
   }
-  std::ofstream out(dir / "metrics.jsonl", std::ios::trunc);
-  for (const auto& l : keep) out << l << "\n";
   std::cerr << fmt::format("rlx run: resuming {} at step {}", dir.string(), step) << std::endl;
 }
 

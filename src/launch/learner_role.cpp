@@ -26,6 +26,7 @@
 #include "rlx/learner/algorithm_loss.hpp"
 #include "rlx/learner/checkpoint.hpp"
 #include "rlx/learner/loop.hpp"
+#include "rlx/learner/sample_log.hpp"
 #include "rlx/launch/memory_plan.hpp"
 #include "rlx/rollout/paged_kv_cache.hpp"
 #include "rlx/model/hf.hpp"
@@ -271,6 +272,9 @@ int run_learner(const RoleContext& ctx) {
     else
       log::warn("log.tensorboard: this rlx was built without protobuf (RLX_TENSORBOARD=OFF); metrics.jsonl only");
   }
+  // log.samples_every: some of the step's samples as text (samples.jsonl, the TEXT tab).
+  std::ofstream samples_out;
+  if (lead && cfg.log.samples_every > 0) samples_out.open(ctx.run_dir / "samples.jsonl", std::ios::app);
   const double t_start = now_s();
   const int64_t first_step = step;
   RolloutBusy rollout_busy(ctx.run_dir);
@@ -289,6 +293,14 @@ int run_learner(const RoleContext& ctx) {
            [](int64_t s, std::vector<double>& rewards, const std::vector<size_t>& sizes) {
              for (const auto& h : hooks())
                if (h.on_rewards) h.on_rewards(s, rewards, sizes);
+           },
+       .on_batch =
+           [&](int64_t s, const bus::BatchView& batch) {
+             if (cfg.log.samples_every <= 0 || s % cfg.log.samples_every != 0) return;
+             const auto picked = readable_samples(batch, *tok, s, cfg.log.samples_per_step);
+             for (const auto& sample : picked) samples_out << json_line(sample) << "\n";
+             samples_out.flush();
+             if (tensorboard) tensorboard->add_text(s, "samples", samples_markdown(s, picked));
            },
        .on_step =
            [&](int64_t s, json& line) {

@@ -111,16 +111,28 @@ std::unique_ptr<env::Env> WorkerEnvs::make() {
 }
 
 EngineConfig engine_config(const RunConfig& cfg) {
-  return {.block_size = static_cast<int32_t>(cfg.rollout.block_size), .kv_cache_blocks = cfg.rollout.kv_cache_blocks};
+  return {.block_size = static_cast<int32_t>(cfg.rollout.block_size),
+          .kv_cache_blocks = cfg.rollout.kv_cache_blocks,
+          .update_policy = cfg.rollout.update_policy == RolloutUpdatePolicy::continue_ ? UpdatePolicy::continue_
+                                                                                      : UpdatePolicy::finish_old};
+}
+
+rollout::RolloutOptions rollout_options(const RunConfig& cfg) {
+  const auto& r = cfg.rollout;
+  return {.max_turns = cfg.env.max_turns,
+          .sampling = {.temperature = r.temperature,
+                       .top_k = r.top_k,
+                       .top_p = r.top_p,
+                       .min_p = r.min_p,
+                       .max_new_tokens = r.max_new_tokens,
+                       .stop_strings = r.stop},
+          .seed = r.seed >= 0 ? static_cast<uint64_t>(r.seed) : cfg.run.seed};
 }
 
 rollout::WorkerOptions worker_options(const RoleContext& ctx, const std::string& who, int64_t vocab_size) {
   const auto& cfg = ctx.cfg;
   rollout::WorkerOptions o{.who = who,
-                           .rollout = {.max_turns = cfg.env.max_turns,
-                                       .sampling = {.temperature = cfg.rollout.temperature,
-                                                    .max_new_tokens = cfg.rollout.max_new_tokens},
-                                       .seed = cfg.run.seed},
+                           .rollout = rollout_options(cfg),
                            .leases_per_request = cfg.rollout.leases_per_request,
                            .weights_timeout_s = cfg.train.batch_timeout_s,
                            .episode_dir = ctx.run_dir / "episodes",

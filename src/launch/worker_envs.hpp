@@ -12,6 +12,7 @@
 #include "rlx/env/sandbox.hpp"
 #include "rlx/env/server.hpp"
 #include "rlx/launch/roles.hpp"
+#include "rlx/launch/rollout_config.hpp"
 #include "rlx/rollout/engine.hpp"
 #include "rlx/rollout/worker.hpp"
 
@@ -40,8 +41,6 @@ class WorkerEnvs {
   size_t next_ = 0;
 };
 
-// The rollout engine's settings of a run (rollout.block_size, rollout.kv_cache_blocks).
-EngineConfig engine_config(const RunConfig& cfg);
 // A worker's options in this run; the caller adds status, statistics and its device turns.
 // With reward_model.path, loads the reward model (its vocabulary must be `vocab_size`, the policy's).
 rollout::WorkerOptions worker_options(const RoleContext& ctx, const std::string& who, int64_t vocab_size);

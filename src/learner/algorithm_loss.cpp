@@ -1,5 +1,6 @@
 #include "rlx/learner/algorithm_loss.hpp"
 
+#include <algorithm>
 #include <numeric>
 
 #include "rlx/core/error.hpp"
@@ -86,12 +87,15 @@ void set_advantage(Sequence& seq, double advantage) {
 }
 
 algo::Metrics train_on_batch(algo::Algorithm& algorithm, const TrainModels& m, std::vector<Sequence>& seqs,
-                             const std::vector<double>& rewards, const std::vector<size_t>& group_sizes) {
+                             const std::vector<double>& rewards, const std::vector<size_t>& group_sizes,
+                             const std::vector<uint8_t>& truncated) {
   const auto& o = algorithm.options();
   auto& comm = m.policy.comm();
   RLX_CHECK(rewards.size() == seqs.size(), "train_on_batch: {} rewards for {} sequences", rewards.size(), seqs.size());
   RLX_CHECK(std::accumulate(group_sizes.begin(), group_sizes.end(), size_t{0}) == seqs.size(),
             "train_on_batch: the group sizes do not add up to the {} sequences", seqs.size());
+  RLX_CHECK(truncated.empty() || truncated.size() == seqs.size(), "train_on_batch: {} truncation marks for {} sequences",
+            truncated.size(), seqs.size());
   const bool head = algorithm.needs_critic() && o.critic == algo::CriticKind::head;
   RLX_CHECK(!algorithm.needs_critic() || head || m.critic, "{}: needs a critic (algorithm.critic = separate)", o.name);
   RLX_CHECK(!head || m.policy.options().value_head, "{}: critic = head needs a policy learner with a value head", o.name);
@@ -176,6 +180,12 @@ algo::Metrics train_on_batch(algo::Algorithm& algorithm, const TrainModels& m, s
     sum(kl);
     if (kl[1] > 0) algorithm.observe_kl(kl[0] / kl[1], kl[1]);
   }
+
+  // DAPO's overlong filtering: a sample cut by max_new_tokens trains nothing; its reward
+  // counted above, in its group's advantages.
+  if (o.mask_truncated)
+    for (size_t i = 0; i < truncated.size(); ++i)
+      if (truncated[i]) std::fill(seqs[i].loss_mask.begin(), seqs[i].loss_mask.end(), uint8_t{0});
 
   // 4. Epochs x mini-batches of optimizer steps.
   const auto names = algorithm.metric_names();

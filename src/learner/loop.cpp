@@ -10,6 +10,7 @@
 #include "rlx/core/log.hpp"
 #include "rlx/core/trace.hpp"
 #include "rlx/learner/batching.hpp"
+#include "rlx/learner/sample_stats.hpp"
 
 namespace rlx {
 
@@ -20,27 +21,6 @@ namespace {
 void trace_span(const char* name, int64_t start_us) {
   if (auto* t = TraceWriter::installed()) t->complete(name, "", start_us, TraceWriter::now_us() - start_us);
 }
-
-// The two parts of a reward scored by a reward model, from each trajectory's metadata
-// ({"reward_env", "reward_model"}; rollout/worker.hpp): their means in the metrics line, so
-// that a policy gaming the model (its score up, the environment's reward down) shows.
-struct RewardParts {
-  double env = 0, model = 0;
-  int64_t n = 0;
-  void add(std::string_view metadata) {
-    if (metadata.find("\"reward_model\"") == std::string_view::npos) return;
-    const auto j = json::parse(metadata, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object() || !j.contains("reward_env") || !j.contains("reward_model") || !j["reward_env"].is_number() ||
-        !j["reward_model"].is_number())
-      return;
-    env += j["reward_env"].get<double>(), model += j["reward_model"].get<double>(), ++n;
-  }
-  void add_to(json& line) const {
-    if (n == 0) return;
-    line["reward_env_mean"] = env / static_cast<double>(n);
-    line["reward_model_mean"] = model / static_cast<double>(n);
-  }
-};
 
 // Rank 0's value on every rank.
 int64_t broadcast_value(dist::Communicator& comm, int64_t value, const char* what) {
@@ -65,6 +45,16 @@ bus::BatchView broadcast_batch(dist::Communicator& comm, bus::BatchView batch) {
   return bus::unpack_batch(std::move(bytes), bus::Limits{.max_frame_bytes = uint64_t{4096} << 20});
 }
 }  // namespace
+
+std::vector<size_t> prompt_order(const bus::BatchView& batch) {
+  std::vector<size_t> order(batch.groups.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+    const auto &a = batch.groups[x], &b = batch.groups[y];
+    return std::tie(a.epoch, a.prompt_index) < std::tie(b.epoch, b.prompt_index);
+  });
+  return order;
+}
 
 LearnerLoop::LearnerLoop(LoopOptions options, LoopParts parts) : o_(std::move(options)), p_(std::move(parts)) {
   RLX_CHECK(p_.comm.rank() != 0 || p_.client, "learner loop: rank 0 needs a hub client");
@@ -198,26 +188,22 @@ std::optional<LearnerLoop::End> LearnerLoop::step_once(int64_t& step, const std:
   if (world > 1) batch = broadcast_batch(comm, std::move(batch));
   // Groups in prompt order: the step does not depend on which worker finished first;
   // the ranks share them balanced by tokens.
-  std::vector<size_t> order(batch.groups.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-    const auto &a = batch.groups[x], &b = batch.groups[y];
-    return std::tie(a.epoch, a.prompt_index) < std::tie(b.epoch, b.prompt_index);
-  });
+  const auto order = prompt_order(batch);
   std::vector<int64_t> group_tokens;
   for (const size_t i : order) group_tokens.push_back(batch.groups[i].num_tokens());
   const auto rank_of = assign_ranks(group_tokens, static_cast<uint32_t>(world));
   std::vector<Sequence> seqs;
   std::vector<double> rewards;
   std::vector<size_t> sizes;
+  std::vector<uint8_t> truncated;  // cut by max_new_tokens (algorithm.mask_truncated)
   int64_t vmin = INT64_MAX, vmax = -1, tokens = 0;
-  RewardParts parts;  // a reward model's scores and the environment's rewards, over the whole batch
+  SampleStats stats;  // finish reasons, environment counters, a reward model's parts: the whole batch
   for (size_t gi = 0; gi < order.size(); ++gi) {
     const auto& g = batch.groups[order[gi]];
     const auto [lo_v, hi_v] = g.version_range();
     if (lo_v >= 0) vmin = std::min(vmin, lo_v), vmax = std::max(vmax, hi_v);
     tokens += g.num_tokens();
-    for (const auto& t : g.samples) parts.add(t.metadata);
+    for (const auto& t : g.samples) stats.add(t.finish, t.metadata);
     if (static_cast<int>(rank_of[gi]) != comm.rank()) continue;
     sizes.push_back(g.samples.size());
     for (const auto& t : g.samples) {
@@ -227,9 +213,11 @@ std::optional<LearnerLoop::End> LearnerLoop::step_once(int64_t& step, const std:
       t.loss_mask.append_to(sq.loss_mask);
       t.logprobs.append_to(sq.values["behaviour_logprobs"]);
       rewards.push_back(t.reward);
+      truncated.push_back(t.finish == "length" ? 1 : 0);
       seqs.push_back(std::move(sq));
     }
   }
+  if (lead && o_.on_batch && step + 1 > reported_) o_.on_batch(step + 1, batch);  // not a step trained again
   // Colocated: the device is ours from training to the published weights (the worker
   // generates outside this turn).
   DeviceTurns::Turn turn;
@@ -247,7 +235,7 @@ std::optional<LearnerLoop::End> LearnerLoop::step_once(int64_t& step, const std:
     RLX_CHECK(rewards.size() == n, "a trainer's on_rewards hook changed the number of rewards ({} -> {})", n,
               rewards.size());
   }
-  auto m = train_on_batch(p_.algorithm, p_.models, seqs, rewards, sizes);
+  auto m = train_on_batch(p_.algorithm, p_.models, seqs, rewards, sizes, truncated);
   const double t_train = now_s() - t1;
   trace_span("train", t1_us);
   ++step;
@@ -279,7 +267,7 @@ std::optional<LearnerLoop::End> LearnerLoop::step_once(int64_t& step, const std:
                  {"sync_s", t_sync},
                  {"sync_bytes", sync_bytes}};  // what the publisher wrote for this version
     for (const auto& [k, v] : m) line[k] = v;
-    parts.add_to(line);
+    stats.add_to(line);
     pending_ = Pending{step, std::move(line), t0, t_train + t_sync, static_cast<double>(tokens)};
   }
   const double t3 = now_s();

@@ -30,10 +30,8 @@ void SamplingParams::validate(std::string_view who, int64_t vocab_size, bool has
   if (stop_strings.empty()) return;
   RLX_CHECK(has_tokenizer, "{}: stop_strings need a tokenizer to decode tokens, and this engine has none", who);
   for (size_t i = 0; i < stop_strings.size(); ++i) {
-    const auto& s = stop_strings[i];
-    RLX_CHECK(!s.empty(), "{}: stop_strings[{}] is empty", who, i);
-    RLX_CHECK(s.size() <= 1024, "{}: stop_strings[{}] is {} bytes; at most 1024", who, i, s.size());
-    RLX_CHECK(text::is_valid_utf8(s), "{}: stop_strings[{}] is not valid UTF-8", who, i);
+    const auto why = text::stop_string_problem(stop_strings[i]);
+    RLX_CHECK(why.empty(), "{}: stop_strings[{}] {}", who, i, why);
   }
 }
 

@@ -3,7 +3,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <exception>
+#include <stop_token>
 #include <thread>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -37,7 +41,7 @@ void EpisodeCheckpoints::save(const GroupRollout& g, int next_turn) {
   json samples = json::array();
   for (size_t k = 0; k < g.episodes.size(); ++k)
     samples.push_back({{"episode", g.episodes[k].to_json()}, {"env_state", g.envs[k]->save_state()},
-                       {"versions", g.versions[k]}});
+                       {"versions", g.versions[k]}, {"truncated", k < g.truncated.size() && g.truncated[k] != 0}});
   const auto body = json{{"format", "rlx-episodes/1"}, {"prompt_index", g.lease.prompt_index}, {"epoch", g.lease.epoch},
                          {"task_xxh64", hash_name(g.lease.task)}, {"next_turn", next_turn}, {"samples", samples}}
                         .dump();
@@ -67,6 +71,7 @@ bool EpisodeCheckpoints::restore(GroupRollout& g, const EnvSource& envs) {
       g.envs.back()->load_state(s.at("env_state").get<std::string>());
       g.episodes.push_back(env::Episode::from_json(s.at("episode")));
       g.versions.push_back(s.at("versions").get<std::vector<int64_t>>());
+      g.truncated.push_back(s.value("truncated", false) ? 1 : 0);
       RLX_CHECK(g.versions.back().size() == g.episodes.back().tokens.size(), "versions do not match the tokens");
     }
     g.start_turn = j.at("next_turn").get<int>();
@@ -75,7 +80,7 @@ bool EpisodeCheckpoints::restore(GroupRollout& g, const EnvSource& envs) {
     throw;  // not the checkpoint's fault: the run cannot go on
   } catch (const std::exception& e) {
     log::warn("episode checkpoint {}: {}; the episode starts over", path.string(), e.what());
-    g.envs.clear(), g.episodes.clear(), g.versions.clear();
+    g.envs.clear(), g.episodes.clear(), g.versions.clear(), g.truncated.clear();
     remove(g.lease);
     return false;
   }
@@ -144,6 +149,7 @@ std::vector<GroupRollout> rollout_groups(Engine& engine, const EnvSource& envs, 
         if (prompts[i].error) std::rethrow_exception(prompts[i].error);
         gr.episodes.emplace_back().start(std::move(prompts[i].value));
         gr.versions.emplace_back(gr.episodes.back().tokens.size(), -1);
+        gr.truncated.push_back(0);
       });
     }
   }
@@ -198,6 +204,7 @@ std::vector<GroupRollout> rollout_groups(Engine& engine, const EnvSource& envs, 
         auto& ver = gr.versions[k];
         gr.episodes[k].add_action(out.tokens, out.logprobs);
         ver.insert(ver.end(), out.versions.begin(), out.versions.end());
+        gr.truncated[k] = out.finish == FinishReason::length ? 1 : 0;
         stepped.push_back(gr.envs[k].get());
         actions.emplace_back(out.tokens.begin(), out.tokens.end());
         at.emplace_back(owner[r].first, k);
@@ -215,6 +222,7 @@ std::vector<GroupRollout> rollout_groups(Engine& engine, const EnvSource& envs, 
         ++ep.turns;
         ep.reward += step.reward;
         ep.done = step.done;
+        ep.info.push_back(std::move(step.info));
         if (!ep.done) {
           ep.add_observation(step.observation);
           ver.resize(ep.tokens.size(), -1);
@@ -274,6 +282,40 @@ void score_episodes(std::vector<GroupRollout>& groups, const WorkerOptions& o) {
   trace_span("reward_model", t0);
 }
 
+namespace {
+// The first `max` bytes of `s`, not cutting a UTF-8 sequence.
+std::string utf8_prefix(const std::string& s, size_t max) {
+  if (s.size() <= max) return s;
+  size_t n = max;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  return s.substr(0, n);
+}
+
+// A trajectory's metadata (worker.hpp, to_trajectory_group): the environment's counters
+// summed over the turns, its last turn's text values, and a reward model's parts.
+json trajectory_metadata(const env::Episode& ep, const std::pair<double, double>* reward_parts) {
+  json meta = json::object(), counters = json::object(), text = json::object();
+  for (const auto& info : ep.info) {
+    if (!info.is_object()) continue;
+    for (const auto& [key, value] : info.items()) {
+      if (!(value.is_number() || value.is_boolean()) || key.size() > 64) continue;
+      if (!counters.contains(key) && counters.size() >= kMaxEnvCounters) continue;
+      const double v = value.is_boolean() ? (value.get<bool>() ? 1.0 : 0.0) : value.get<double>();
+      if (!std::isfinite(v)) continue;
+      counters[key] = counters.value(key, 0.0) + v;
+    }
+  }
+  if (!ep.info.empty() && ep.info.back().is_object())
+    for (const auto& [key, value] : ep.info.back().items())
+      if (value.is_string() && key.size() <= 64 && text.size() < kMaxInfoTexts)
+        text[key] = utf8_prefix(value.get<std::string>(), kMaxInfoText);
+  if (!counters.empty()) meta["env"] = std::move(counters);
+  if (!text.empty()) meta["info"] = std::move(text);
+  if (reward_parts) meta["reward_env"] = reward_parts->first, meta["reward_model"] = reward_parts->second;
+  return meta;
+}
+}  // namespace
+
 bus::TrajectoryGroup to_trajectory_group(GroupRollout& gr, const std::string& worker) {
   bus::TrajectoryGroup group{.lease_id = gr.lease.lease_id, .prompt_index = gr.lease.prompt_index,
                              .epoch = gr.lease.epoch, .worker = worker};
@@ -286,9 +328,9 @@ bus::TrajectoryGroup to_trajectory_group(GroupRollout& gr, const std::string& wo
     t.versions = bus::TokenVersions(gr.versions[k]);
     t.prompt_len = ep.prompt_len;
     t.reward = static_cast<float>(ep.reward);
-    t.finish = ep.done ? "stop" : "length";
-    if (k < gr.reward_parts.size())
-      t.metadata = nlohmann::json{{"reward_env", gr.reward_parts[k].first}, {"reward_model", gr.reward_parts[k].second}}.dump();
+    t.finish = k < gr.truncated.size() && gr.truncated[k] ? "length" : ep.done ? "stop" : "turns";
+    const auto meta = trajectory_metadata(ep, k < gr.reward_parts.size() ? &gr.reward_parts[k] : nullptr);
+    if (!meta.empty()) t.metadata = meta.dump(-1, ' ', false, json::error_handler_t::replace);
     group.samples.push_back(std::move(t));
   }
   return group;
@@ -304,6 +346,46 @@ Worker::Worker(WorkerOptions options, Engine& engine, EnvSource envs, bus::Clien
   RLX_CHECK(envs_.make, "rollout worker {}: no environment source", o_.who);
   RLX_CHECK(o_.leases_per_request >= 1, "rollout worker {}: leases_per_request must be at least 1", o_.who);
 }
+
+namespace {
+// Partial rollouts: while a grant rolls out (the worker's thread inside engine.generate), a
+// thread of its own stages each new version into the engine, which applies it at its next
+// step under its update policy (continue: the samples in flight go on under it). The
+// subscriber is polled only here while it runs, never from two threads at once.
+class UpdatesDuringRollout {
+ public:
+  UpdatesDuringRollout(Engine& engine, dist::WeightSubscriber& weights, bool on) {
+    if (!on) return;
+    thread_ = std::jthread([this, &engine, &weights](const std::stop_token& stop) {
+      try {
+        while (!stop.stop_requested()) {
+          if (auto u = weights.poll()) engine.update_weights(u->version, u->tensors);
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+      } catch (...) {
+        error_ = std::current_exception();
+      }
+    });
+  }
+  UpdatesDuringRollout(const UpdatesDuringRollout&) = delete;
+  UpdatesDuringRollout& operator=(const UpdatesDuringRollout&) = delete;
+  ~UpdatesDuringRollout() { stop(); }
+  // Stops the thread; rethrows what failed in it (a bad update ends the worker, as between grants).
+  void finish() {
+    stop();
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+
+ private:
+  void stop() {
+    if (!thread_.joinable()) return;
+    thread_.request_stop();
+    thread_.join();
+  }
+  std::jthread thread_;
+  std::exception_ptr error_;
+};
+}  // namespace
 
 void Worker::say(const std::string& what) const {
   if (o_.status) o_.status(what);
@@ -375,7 +457,9 @@ int64_t Worker::run(const std::atomic<bool>& end, const std::atomic<bool>& leave
       if (!turn) break;  // stopped: the hub re-issues these leases if the run goes on
       say(fmt::format("rolling out {} leases", grant.leases.size()));
     }
+    UpdatesDuringRollout updates(engine_, weights_, engine_.config().update_policy == UpdatePolicy::continue_);
     auto groups = rollout_groups(engine_, envs_, grant.leases, o_.rollout, &episodes_, after_checkpoint, &end);
+    updates.finish();
     if (!end) score_episodes(groups, o_);  // on the device turn: a reward model runs there too
     turn.release();
     if (end) break;  // cut short: the hub re-issues these leases if the run goes on

@@ -74,7 +74,7 @@ std::vector<std::vector<double>> group_advantages_of(const std::vector<std::vect
 
 // An algorithm: the loss of a micro-batch and what the learner must give it. How it makes
 // advantages is one of the two interfaces below, which it also derives from: from each
-// group's rewards (OutcomeAdvantages: GRPO, RLOO, REINFORCE++, GSPO, SFT) or from a critic's
+// group's rewards (OutcomeAdvantages: GRPO, RLOO, REINFORCE++, GSPO, CISPO, SFT) or from a critic's
 // values (CriticAdvantages: PPO). make_algorithm() refuses one with neither or both.
 class OutcomeAdvantages;
 class CriticAdvantages;
@@ -123,6 +123,20 @@ class OutcomeAdvantages {
                                                       const AllReduceSum& all_reduce) const = 0;
 };
 
+// Advantages from each group's rewards by a group baseline (GRPO, GSPO, CISPO: their
+// options().baseline), group_advantages_of.
+class GroupAdvantages : public OutcomeAdvantages {
+ public:
+  explicit GroupAdvantages(GroupBaseline baseline) : baseline_(baseline) {}
+  std::vector<std::vector<double>> advantages(const std::vector<std::vector<Sample>>& groups,
+                                              const AllReduceSum&) const override {
+    return group_advantages_of(groups, baseline_);
+  }
+
+ private:
+  GroupBaseline baseline_;
+};
+
 // Advantages from a critic's values, and the critic's loss (a separate network, or a value
 // head on the policy: algorithm.critic).
 class CriticAdvantages {
@@ -147,7 +161,7 @@ Metrics batch_metrics(const std::vector<double>& rewards, const std::vector<doub
                       const std::vector<int64_t>& response_lengths, const AllReduceSum& all_reduce,
                       const std::function<void(std::vector<double>&)>& all_reduce_max = {});
 
-// The clipped-surrogate family (GRPO, RLOO, REINFORCE++, GSPO, PPO): ratio clipping
+// The clipped-surrogate family (GRPO, RLOO, REINFORCE++, GSPO, CISPO, PPO): ratio clipping
 // (asymmetric, dual-clip), optional KL-in-loss, entropy bonus and truncated IS.
 // Subclasses add how they make advantages and, optionally, the log ratio.
 class PolicyGradient : public Algorithm {
@@ -157,6 +171,11 @@ class PolicyGradient : public Algorithm {
   std::vector<std::string> metric_names() const override;
 
  protected:
+  // The per-token policy loss before mismatch weights, KL and entropy: PPO's clipped
+  // surrogate on log_ratio() by default (CISPO's clipped-weight REINFORCE overrides it).
+  virtual PolicyLoss policy_loss(const LossInputs& in) const {
+    return clipped_policy_loss(in.logprobs, in.old_logprobs, in.advantages, opt_.clip, log_ratio(in));
+  }
   // The per-token log ratio pi / pi_old; undefined: logp - old_logp.
   virtual at::Tensor log_ratio(const LossInputs& in) const { return {}; }
 };

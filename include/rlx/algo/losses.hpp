@@ -45,6 +45,13 @@ struct PolicyLoss {
 PolicyLoss clipped_policy_loss(const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& advantages,
                                const ClipRange& clip, const at::Tensor& log_ratio = {});
 
+// CISPO's per-token loss (MiniMax-M1, Chen et al., 2025): -sg(clip(r, 1 - low, 1 + high)) A log pi,
+// r = pi / pi_old. The importance weight is clipped, never the token dropped: every token
+// keeps the gradient -w A of REINFORCE weighted by its clipped ratio w. `clipped` is 1 where
+// the weight was clipped (the token still trains); dual_clip does not apply (an error).
+PolicyLoss cispo_policy_loss(const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& advantages,
+                             const ClipRange& clip);
+
 // GSPO's per-token log ratio: the sequence's mean log ratio (as a value) plus
 // logp - sg(logp), so its gradient is the token's own (Zheng et al., 2025).
 at::Tensor gspo_log_ratio(const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& mask,

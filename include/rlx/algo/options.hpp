@@ -118,13 +118,14 @@ struct AlgoOptions {
   int64_t overlong_buffer = 0;                       // DAPO soft overlong penalty over the last N tokens (0: off)
   int64_t max_response_tokens = 0;                   // ... of responses up to this many tokens
   double overlong_factor = 1.0;                      // ... scaled by this
+  bool mask_truncated = false;                       // DAPO overlong filtering: samples cut by max_new_tokens train nothing
   int64_t mini_batches = 1;                          // optimizer steps per pass
   std::string teacher;                               // distill: the teacher's HF directory
   std::map<std::string, std::string> options;        // a registered algorithm's own (see option())
 
   template <class V>
   void visit(V& v) {
-    v("name", name, "algorithm: grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, gspo, ppo, sft, or a registered one");
+    v("name", name, "algorithm: grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, gspo, cispo, ppo, sft, or a registered one");
     v("baseline", baseline, "group advantage baseline (grpo: mean_std; Dr.GRPO: mean)");
     v("aggregation", aggregation, "how per-token losses become the step's loss (normalised over the whole step)");
     v("clip_low", clip.low, "ratio clip below: ratio >= 1 - clip_low", config::in_range(0, 0.999));
@@ -163,6 +164,9 @@ struct AlgoOptions {
     v("max_response_tokens", max_response_tokens, "the response-length limit the overlong penalty refers to",
       config::at_least(0));
     v("overlong_factor", overlong_factor, "the overlong penalty's largest value", config::at_least(0));
+    v("mask_truncated", mask_truncated,
+      "DAPO's overlong filtering: samples cut by rollout.max_new_tokens (finish \"length\") get no loss; their rewards "
+      "still count in their group's advantages (beside the soft overlong penalty, which shapes the reward)");
     v("teacher", teacher, "on-policy distillation (algorithm distill): the teacher's HF directory, frozen and "
       "sharded like the reference model; same tokenizer as the student");
     v("options", options, "the algorithm's own options, declared when it registers (a key it does not declare is an "

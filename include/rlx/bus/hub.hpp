@@ -33,7 +33,7 @@ namespace rlx::bus {
 
 struct HubOptions {
   std::string address = "ipc:///tmp/rlx-hub.sock";  // ipc://, inproc:// or tcp://HOST:PORT (port 0: any)
-  std::string dataset;                 // JSONL, one {"prompt": ...} per line
+  std::string dataset;                 // JSONL, one task (a JSON object) per line
   uint64_t seed = 0;                   // shuffling seed
   uint64_t epochs = 1;                 // 0: endless
   bool shuffle = true;
@@ -66,7 +66,9 @@ struct HubOptions {
   template <class V>
   void visit(V& v) {
     v("address", address, "endpoint the hub binds: ipc://PATH, inproc://NAME or tcp://HOST:PORT");
-    v("dataset", dataset, "JSONL prompt dataset, one {\"prompt\": ...} object per line");
+    v("dataset", dataset,
+      "JSONL dataset, one task per line: a JSON object whose fields the environment reads ({\"prompt\": ...}; math "
+      "also GSM8K's question/answer, MATH's problem/solution); empty: the environment's own generator");
     v("seed", seed, "seed of the per-epoch prompt order");
     v("epochs", epochs, "passes over the dataset (0: endless)");
     v("shuffle", shuffle, "shuffle the prompts each epoch");

@@ -22,8 +22,9 @@
 
 namespace rlx::bus {
 
-// A JSONL dataset: one JSON object per line with at least "prompt". Throws rlx::Error
-// naming the file and line of the first bad record; an empty file is an error. A line
+// A JSONL dataset: one JSON object per line, a task whose fields the environment reads
+// ({"prompt": ...}, GSM8K's {"question", "answer"}, ...). Throws rlx::Error naming the file
+// and line of the first line that is not a JSON object; an empty file is an error. A line
 // longer than max_record_bytes is an error at that line, found without reading it whole.
 inline constexpr size_t kMaxRecordBytes = size_t{16} << 20;
 std::vector<std::string> load_jsonl(const std::filesystem::path& file, size_t max_records = size_t{1} << 26,

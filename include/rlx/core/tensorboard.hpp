@@ -1,9 +1,10 @@
-// TensorBoard event files: scalars per step, as `tensorboard --logdir RUN_DIR/tensorboard`
-// reads them. Each record is TFRecord-framed (length, masked CRC32C of the length, an
+// TensorBoard event files: scalars per step, and text (TensorBoard's text plugin renders it
+// as markdown), as `tensorboard --logdir RUN_DIR/tensorboard` reads them. Each record is TFRecord-framed (length, masked CRC32C of the length, an
 // `Event` protobuf, masked CRC32C of it); the first event names the file version.
 //
 //   rlx::TensorBoardWriter tb(run_dir / "tensorboard");
 //   tb.add_scalars(step, metrics_line);    // every number of a metrics.jsonl object
+//   tb.add_text(step, "samples", markdown); // the TEXT tab
 //   tb.flush();
 //   auto events = rlx::read_tensorboard_events(tb.file());   // checks every CRC
 #pragma once
@@ -34,6 +35,8 @@ class TensorBoardWriter {
   // One event at `step` holding a scalar per number of `metrics` (a JSON object; nested
   // objects as "outer/inner"); strings, lists and non-finite numbers are skipped.
   void add_scalars(int64_t step, const nlohmann::json& metrics, double wall_time = -1);
+  // One event at `step` holding `text` (markdown) under `tag`, for the text plugin.
+  void add_text(int64_t step, const std::string& tag, const std::string& text, double wall_time = -1);
   void flush();
   const std::filesystem::path& file() const { return file_; }
 
@@ -48,6 +51,7 @@ struct TensorBoardEvent {
   int64_t step = 0;
   std::string file_version;                          // the first event's
   std::vector<std::pair<std::string, float>> scalars;  // tag, value
+  std::vector<std::pair<std::string, std::string>> texts;  // tag, text (the text plugin's)
 };
 
 // Every event of a file. Throws rlx::Error naming the file and the byte offset of a record

@@ -38,6 +38,8 @@ struct LoopOptions {
   std::function<void(const std::string&)> status;  // what the loop is doing now
   // Every rank, before the advantages: the rank's rewards in group order (change in place).
   std::function<void(int64_t step, std::vector<double>& rewards, const std::vector<size_t>& group_sizes)> on_rewards;
+  // Rank 0, before training each step (step = the one it makes): the batch (samples to log).
+  std::function<void(int64_t step, const bus::BatchView& batch)> on_batch;
   // Rank 0, after each step: the step's metrics (rlx's keys; add or write them).
   std::function<void(int64_t step, nlohmann::json& metrics)> on_step;
 };
@@ -62,6 +64,10 @@ struct LoopParts {
   // or skipped, and the hub and the rollout workers go on. Empty: a CommError ends the loop.
   std::function<int64_t(const dist::CommError&)> recover;
 };
+
+// The indices of a batch's groups in prompt order (epoch, prompt index): the order a step
+// trains them in, whichever worker finished first.
+std::vector<size_t> prompt_order(const bus::BatchView& batch);
 
 class LearnerLoop {
  public:

@@ -85,6 +85,12 @@ namespace text {
 // does not start one (overlong forms, surrogates and > U+10FFFF are invalid).
 size_t utf8_sequence_length(std::string_view s, size_t i);
 bool is_valid_utf8(std::string_view s);
+// Why `s` cannot end a sample (empty, over 1024 bytes, not valid UTF-8), or "" when it can.
+inline std::string stop_string_problem(std::string_view s) {
+  if (s.empty()) return "is empty";
+  if (s.size() > 1024) return "is " + std::to_string(s.size()) + " bytes; at most 1024";
+  return is_valid_utf8(s) ? "" : "is not valid UTF-8";
+}
 // NFC normalisation of valid UTF-8 runs; invalid bytes are kept as they are.
 std::string nfc(std::string_view s);
 }  // namespace text

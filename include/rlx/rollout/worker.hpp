@@ -49,6 +49,7 @@ struct GroupRollout {
   std::vector<std::unique_ptr<env::Env>> envs;
   std::vector<env::Episode> episodes;
   std::vector<std::vector<int64_t>> versions;  // per token: the weight version, -1 outside actions
+  std::vector<uint8_t> truncated;              // per episode: its last action was cut by max_new_tokens
   std::string error;                           // an error ends the group (reported to the hub)
   std::string error_kind = "infra";            // infra: retried elsewhere; data: the task is bad
   int start_turn = 0;                          // > 0: continued from an episode checkpoint
@@ -90,7 +91,19 @@ std::vector<GroupRollout> rollout_groups(Engine& engine, const EnvSource& envs, 
                                          const std::function<void()>& after_checkpoint = {},
                                          const std::atomic<bool>* stop = nullptr);
 
-// A finished group as the trajectories the hub takes (its episodes are moved out).
+// A finished group as the trajectories the hub takes (its episodes are moved out). A
+// trajectory's finish is "length" when its last action was cut by max_new_tokens (DAPO's
+// overlong samples: algorithm.mask_truncated), else "stop" when the environment ended the
+// episode, else "turns" (env.max_turns reached). Its metadata is a JSON object:
+//   "env":  each number (or bool, as 0/1) of the environment's step info, summed over the
+//           episode's turns (counters such as errors_unparsed; at most kMaxEnvCounters)
+//   "info": the last turn's text values (the extracted answer, ...; at most kMaxInfoTexts, each
+//           cut to kMaxInfoText bytes)
+//   "reward_env", "reward_model": with a reward model, the two parts of the reward
+// Each part is there only when it has something.
+inline constexpr size_t kMaxEnvCounters = 32;
+inline constexpr size_t kMaxInfoTexts = 8;
+inline constexpr size_t kMaxInfoText = 512;
 bus::TrajectoryGroup to_trajectory_group(GroupRollout& group, const std::string& worker);
 
 struct WorkerOptions {
@@ -122,7 +135,9 @@ class Worker {
   // Leases -> groups until the hub has no lease left (the run's data is done), `end` is
   // set (stop now: groups in flight are not sent; the hub re-issues their leases) or
   // `leave` is set (finish and send the leases held, then return). Weights are applied
-  // between grants; a lease's min_version is waited for. Returns the groups sent.
+  // between grants; with the engine's update_policy continue, also while a grant rolls out
+  // (partial rollouts: samples in flight go on under the new weights, each token recording
+  // the version that sampled it). A lease's min_version is waited for. Returns the groups sent.
   int64_t run(const std::atomic<bool>& end, const std::atomic<bool>& leave);
   int64_t groups_sent() const { return groups_sent_; }
   double busy_s() const { return busy_s_; }  // seconds spent rolling out

@@ -917,3 +917,97 @@ TEST_CASE("on-policy distillation from a larger teacher lowers the student's rev
   task.sample(99, seqs, rewards, groups);
   CHECK_THROWS_WITH(rlx::train_on_batch(*distill, {.policy = learner}, seqs, rewards, groups), Catch::Contains("teacher"));
 }
+
+TEST_CASE("CISPO: the clipped importance weight under a stop-gradient times REINFORCE's loss (hand-computed)", "[algo]") {
+  // Ratios 1.5, 0.5, 1.1 (old log-probs log 0.4, log 0.8, log 0.5) with A = 2, -1, 1 and the
+  // range [0.8, 1.2]: weights 1.2 (clipped), 0.8 (clipped), 1.1. Loss -w A log pi per token;
+  // its gradient -w A, every token's (PPO's clip would give the first two none).
+  const std::vector<double> p{0.6, 0.4, 0.55}, old_p{0.4, 0.8, 0.5}, a{2, -1, 1}, w{1.2, 0.8, 1.1};
+  std::vector<double> lp, old;
+  for (size_t i = 0; i < 3; ++i) lp.push_back(std::log(p[i])), old.push_back(std::log(old_p[i]));
+  auto x = t(lp).requires_grad_(true);
+  auto pg = cispo_policy_loss(x, t(old), t(a), {.low = 0.2, .high = 0.2});
+  for (int64_t i = 0; i < 3; ++i) {
+    INFO("token " << i);
+    CHECK(pg.loss[0][i].item<double>() == Approx(-w[i] * a[i] * lp[i]));
+    CHECK(pg.ratio[0][i].item<double>() == Approx(p[i] / old_p[i]));
+  }
+  CHECK(at::equal(pg.clipped, at::tensor({1.0f, 1.0f, 0.0f}).unsqueeze(0)));
+  pg.loss.sum().backward();
+  for (int64_t i = 0; i < 3; ++i) CHECK(x.grad()[0][i].item<double>() == Approx(-w[i] * a[i]));
+  // Where every weight is clipped it is locally constant: finite differences agree.
+  check_gradient(
+      [&](const at::Tensor& y) {
+        return aggregate(cispo_policy_loss(y, t(old), t(a), {.low = 0.2, .high = 0.2}).loss, t({1, 1, 0}),
+                         at::tensor({0, 0, 1}, at::kLong).unsqueeze(0), Aggregation::token_mean, {.tokens = 2});
+      },
+      t({lp[0], lp[1], std::log(0.9)}));
+  CHECK_THROWS_WITH(cispo_policy_loss(x, t(old), t(a), {.dual_clip = 3}), Catch::Contains("dual clip"));
+}
+
+TEST_CASE("CISPO is a registered algorithm: on-policy it is REINFORCE with GRPO's advantages", "[algo]") {
+  register_bundled_algorithms();
+  auto names = algorithm_names();
+  CHECK(std::find(names.begin(), names.end(), "cispo") != names.end());
+  CHECK_THROWS_WITH(make_algorithm({.name = "cispo", .clip = {.dual_clip = 3}}), Catch::Contains("dual_clip"));
+  auto cispo = make_algorithm({.name = "cispo", .clip = {.low = 0.2, .high = 0.28}});
+  CHECK(cispo->outcome()->advantages({{{.reward = 1}, {.reward = 0}}}, {})[0][0] == Approx(std::sqrt(0.5)).epsilon(1e-4));  // 0.5 / sqrt(0.5)
+  // Two tokens of one sequence, A = 1.5: the step's own log-probs as the old ones (ratio 1,
+  // weight 1), so the loss is -A mean(log pi) and its gradient -A / 2 per token.
+  auto x = t({-0.5, -2.0}).requires_grad_(true);
+  LossInputs in{.mask = t({1, 1}), .sequence = at::tensor({0, 0}, at::kLong).unsqueeze(0), .logprobs = x,
+                .advantages = t({1.5, 1.5}), .old_logprobs = x.detach()};
+  Metrics m;
+  auto loss = cispo->loss(in, {.tokens = 2, .sequences = 1}, m);
+  CHECK(loss.item<double>() == Approx(-1.5 * (-0.5 - 2.0) / 2));
+  loss.backward();
+  CHECK(x.grad()[0][0].item<double>() == Approx(-0.75));
+  CHECK(x.grad()[0][1].item<double>() == Approx(-0.75));
+  CHECK(m["clipped_tokens"] == 0);
+  CHECK(m["ratio"] == 2);  // summed over tokens
+}
+
+TEST_CASE("algorithm.mask_truncated: a sample cut by max_new_tokens trains nothing, its reward still counts", "[algo]") {
+  register_bundled_algorithms();
+  ToyTask task;
+  auto comm = rlx::dist::single_process();
+  std::vector<rlx::Sequence> seqs;
+  std::vector<double> rewards;
+  std::vector<size_t> groups;
+  task.sample(0, seqs, rewards, groups);
+  // The truncated one: a sample of the first group whose reward is off its group's mean
+  // (a nonzero advantage: its tokens would move the policy).
+  double mean = 0;
+  for (size_t i = 0; i < groups[0]; ++i) mean += rewards[i] / static_cast<double>(groups[0]);
+  size_t cut = 0;
+  while (cut < groups[0] && std::abs(rewards[cut] - mean) < 1e-9) ++cut;
+  REQUIRE(cut < groups[0]);
+  std::vector<uint8_t> truncated(seqs.size(), 0);
+  truncated[cut] = 1;
+  // The same step three ways: masked by train_on_batch; with the sample's mask cleared by
+  // hand (the same update); not masked (a different one).
+  auto run = [&](bool mask, bool clear_by_hand, std::vector<rlx::Sequence>& s) {
+    rlx::Learner l(task.cfg, *comm, toy_options(2e-2));
+    l.load_from(*task.model);
+    auto algo = make_algorithm({.name = "grpo", .mask_truncated = mask});
+    if (clear_by_hand) std::fill(s[cut].loss_mask.begin(), s[cut].loss_mask.end(), uint8_t{0});
+    rlx::train_on_batch(*algo, {.policy = l}, s, rewards, groups, truncated);
+    return l.model().gather_parameters();
+  };
+  auto a = seqs, b = seqs, c = seqs;
+  const auto masked = run(true, false, a), by_hand = run(false, true, b), unmasked = run(false, false, c);
+  CHECK(std::all_of(a[cut].loss_mask.begin(), a[cut].loss_mask.end(), [](uint8_t v) { return v == 0; }));
+  CHECK(std::any_of(c[cut].loss_mask.begin(), c[cut].loss_mask.end(), [](uint8_t v) { return v == 1; }));
+  // The truncated sample's reward is in its group's advantages, as without the mask.
+  for (size_t i = 0; i < groups[0]; ++i) CHECK(a[i].values.at("advantages") == c[i].values.at("advantages"));
+  bool all_equal = true, any_differs = false;
+  for (size_t i = 0; i < masked.size(); ++i) {
+    all_equal = all_equal && at::allclose(masked[i].second, by_hand[i].second, 1e-6, 1e-7);
+    any_differs = any_differs || !at::allclose(masked[i].second, unmasked[i].second, 1e-6, 1e-7);
+  }
+  CHECK(all_equal);
+  CHECK(any_differs);
+  rlx::Learner l(task.cfg, *comm, toy_options(0));
+  CHECK_THROWS_WITH(rlx::train_on_batch(*make_algorithm({.name = "grpo"}), {.policy = l}, a, rewards, groups, {1}),
+                    Catch::Contains("1 truncation marks"));
+}

@@ -1,5 +1,7 @@
 #include "rlx/bus/hub_state.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <limits>
 #include <set>
 
@@ -33,8 +35,14 @@ TEST_CASE("hub: JSONL datasets are validated with file and line", "[bus]") {
   CHECK(load_jsonl(dir / "ok.jsonl").size() == 2);
   rlx::test::write_file(dir / "bad.jsonl", "{\"prompt\": \"a\"}\n{\"prompt\": \n");
   CHECK_THAT(error_of([&] { load_jsonl(dir / "bad.jsonl"); }), Contains("bad.jsonl:2: not valid JSON"));
-  rlx::test::write_file(dir / "noprompt.jsonl", "{\"question\": \"a\"}\n");
-  CHECK_THAT(error_of([&] { load_jsonl(dir / "noprompt.jsonl"); }), Contains("noprompt.jsonl:1") && Contains("\"prompt\""));
+  // Any JSON object is a task: which fields it needs is the environment's to check (GSM8K's
+  // question/answer, MATH's problem/solution for the math environment).
+  rlx::test::write_file(dir / "gsm8k.jsonl", "{\"question\": \"a\", \"answer\": \"#### 3\"}\n{\"problem\": \"b\"}\n");
+  const auto tasks = load_jsonl(dir / "gsm8k.jsonl");
+  REQUIRE(tasks.size() == 2);
+  CHECK(nlohmann::json::parse(tasks[0]).at("question") == "a");
+  rlx::test::write_file(dir / "array.jsonl", "{\"prompt\": \"a\"}\n[1, 2]\n");
+  CHECK_THAT(error_of([&] { load_jsonl(dir / "array.jsonl"); }), Contains("array.jsonl:2") && Contains("JSON object"));
   rlx::test::write_file(dir / "empty.jsonl", "\n");
   CHECK_THAT(error_of([&] { load_jsonl(dir / "empty.jsonl"); }), Contains("no records"));
   // Issue 50, item 11: a record over the limit is refused at its line (a 1 GB line was

@@ -58,3 +58,34 @@ TEST_CASE("tensorboard: scalars round-trip through an event file; corruption is 
   CHECK(rlx::read_tensorboard_events(file).size() == 4);
   fs::remove_all(dir);
 }
+
+TEST_CASE("tensorboard: text for the text plugin round-trips; a scalar of 0 is on the wire", "[tensorboard]") {
+  const fs::path dir = fs::temp_directory_path() / "rlx_tensorboard_text_test";
+  fs::remove_all(dir);
+  fs::path file;
+  const std::string text = "**sample 1** reward 1\n\n    prompt: 2+2=\n\u00e9";
+  {
+    rlx::TensorBoardWriter w(dir);
+    file = w.file();
+    w.add_text(7, "samples", text, 50.0);
+    w.add_scalars(8, {{"zero", 0.0}, {"one", 1.0}}, 51.0);
+    w.flush();
+  }
+  auto events = rlx::read_tensorboard_events(file);
+  REQUIRE(events.size() == 3);
+  CHECK(events[1].step == 7);
+  CHECK(events[1].scalars.empty());
+  REQUIRE(events[1].texts.size() == 1);
+  CHECK(events[1].texts[0] == std::pair<std::string, std::string>{"samples", text});
+  using Scalars = std::vector<std::pair<std::string, float>>;
+  CHECK(events[2].scalars == Scalars{{"one", 1.0f}, {"zero", 0.0f}});
+  CHECK(events[2].texts.empty());
+  // TensorBoard reads a value by the field it holds: a scalar 0 must carry simple_value
+  // (field 2, fixed32: tag byte 0x15) rather than leave it out as proto3's default.
+  std::ifstream in(file, std::ios::binary);
+  const std::string bytes(std::istreambuf_iterator<char>(in), {});
+  CHECK(bytes.find(std::string("zero\x15\0\0\0\0", 9)) != std::string::npos);
+  // The text value names its plugin and holds a DT_STRING (7) tensor.
+  CHECK(bytes.find("text") != std::string::npos);
+  fs::remove_all(dir);
+}

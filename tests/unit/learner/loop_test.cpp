@@ -34,7 +34,9 @@ bus::TrajectoryGroup group_for(const bus::Lease& lease, int64_t vocab) {
     }
     t.versions = bus::TokenVersions(versions);
     t.reward = static_cast<float>(s % 2);
-    t.finish = "stop";
+    // Odd samples: cut by max_new_tokens, and a counter of the environment's set.
+    t.finish = s % 2 ? "length" : "stop";
+    t.metadata = nlohmann::json{{"env", {{"errors_unparsed", s % 2}, {"checks", 2}}}}.dump();
     g.samples.push_back(std::move(t));
   }
   return g;
@@ -85,6 +87,7 @@ TEST_CASE("learner loop in-process: batches -> steps -> versions published, metr
   std::vector<nlohmann::json> lines;
   std::vector<int64_t> checkpoints;
   int reward_calls = 0;
+  std::vector<std::pair<int64_t, size_t>> batches;  // on_batch: step, groups
   rlx::LearnerLoop loop({.steps = 10,
                          .groups_per_step = 2,
                          .batch_timeout_s = 30,
@@ -94,6 +97,7 @@ TEST_CASE("learner loop in-process: batches -> steps -> versions published, metr
                            CHECK(r.size() == 4);
                            CHECK((sizes == std::vector<size_t>{2, 2}));
                          },
+                         .on_batch = [&](int64_t s, const bus::BatchView& b) { batches.emplace_back(s, b.groups.size()); },
                          .on_step = [&](int64_t, nlohmann::json& line) { lines.push_back(line); }},
                         {.models = {.policy = learner},
                          .algorithm = *grpo,
@@ -115,7 +119,13 @@ TEST_CASE("learner loop in-process: batches -> steps -> versions published, metr
     CHECK(lines[i]["version_lag"] == 0);  // on-policy
     CHECK(lines[i]["sample_version_min"] == static_cast<int64_t>(i));
     CHECK(std::isfinite(lines[i]["pg_loss"].get<double>()));
+    // The samples' finish reasons and environment counters, over the step's 4 samples.
+    CHECK(lines[i]["truncated_fraction"] == 0.5);
+    CHECK(lines[i]["env_errors_unparsed"] == 2.0);
+    CHECK(lines[i]["env_errors_unparsed_mean"] == 0.5);
+    CHECK(lines[i]["env_checks"] == 8.0);
   }
+  CHECK((batches == std::vector<std::pair<int64_t, size_t>>{{1, 2}, {2, 2}, {3, 2}}));
   CHECK((checkpoints == std::vector<int64_t>{2}));
   CHECK(!loop.saved());  // step 3 is not checkpointed: a stop would save it
   CHECK(pub.version() == 3);

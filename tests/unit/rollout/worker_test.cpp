@@ -6,6 +6,9 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -33,13 +36,14 @@ struct Rig {
   std::unique_ptr<HubThread> hub;
   std::unique_ptr<rlx::dist::ShmWeightPublisher> pub;
 
-  explicit Rig(int tasks, uint32_t group_size = 2) {
+  explicit Rig(int tasks, uint32_t group_size = 2, rlx::UpdatePolicy policy = rlx::UpdatePolicy::finish_old) {
     rlx::env::register_bundled();
     auto mc = rlx::model_preset("tiny");
     mc.vocab_size = tok->vocab_size();
     model = std::make_shared<rlx::Transformer>(mc);
     model->init_weights(3);
-    engine = std::make_unique<rlx::Engine>(model, rlx::EngineConfig{.block_size = 16, .kv_cache_blocks = 256}, tok);
+    engine = std::make_unique<rlx::Engine>(
+        model, rlx::EngineConfig{.block_size = 16, .kv_cache_blocks = 256, .update_policy = policy}, tok);
     context = {.tokenizer = tok.get(), .options = {{"digits", 1}, {"terms", 2}}, .seed = 1};
     std::vector<std::string> records;
     for (int i = 0; i < tasks; ++i)
@@ -164,4 +168,203 @@ TEST_CASE("rollout worker in-process: leave finishes the leases held, end stops 
   rollout::Worker worker(o, *rig.engine, rig.envs(), client, weights);
   std::atomic<bool> end{false}, leave{false};
   CHECK_THROWS_WITH(worker.run(end, leave), Catch::Contains("late: weights version 2 did not arrive within 0.5 s"));
+}
+
+namespace {
+
+// Weights handed out in the order offered (the test decides when a version is out), counting
+// the polls that find nothing new.
+class OfferedWeights final : public rlx::dist::WeightSubscriber {
+ public:
+  explicit OfferedWeights(rlx::dist::WeightLayout layout) : layout_(std::move(layout)) {}
+  void offer(int64_t version, const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+    std::lock_guard lock(mu_);
+    queue_.push_back({.version = version, .tensors = tensors});
+  }
+  std::optional<rlx::dist::WeightUpdate> poll() override {
+    std::lock_guard lock(mu_);
+    if (queue_.empty()) {
+      ++empty_polls_;
+      cv_.notify_all();
+      return std::nullopt;
+    }
+    auto u = std::move(queue_.front());
+    queue_.pop_front();
+    version_ = u.version;
+    return u;
+  }
+  int64_t version() const override {
+    std::lock_guard lock(mu_);
+    return version_;
+  }
+  const rlx::dist::WeightLayout& layout() const override { return layout_; }
+  // Until every offered version was taken and a poll after it found nothing: whoever polls
+  // (the worker's updater thread) has handed the last one to the engine.
+  bool wait_all_taken(double timeout_s) {
+    std::unique_lock lock(mu_);
+    const auto seen = empty_polls_;
+    return cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                        [&] { return queue_.empty() && empty_polls_ > seen; });
+  }
+
+ private:
+  rlx::dist::WeightLayout layout_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<rlx::dist::WeightUpdate> queue_;
+  int64_t version_ = 0;
+  int64_t empty_polls_ = 0;
+};
+
+// Two turns: an observation after the first action, the end after the second (with a
+// counter in its info). The first step of any episode calls `after_first` once.
+class TwoTurns final : public rlx::env::Env {
+ public:
+  TwoTurns(const rlx::Tokenizer& tok, std::function<void()>* after_first) : tok_(tok), after_first_(after_first) {}
+  std::vector<rlx::TokenId> reset(const nlohmann::json&) override { return tok_.encode("1+1="); }
+  rlx::env::StepResult step(std::span<const rlx::TokenId>) override {
+    if (++turn_ == 1) {
+      if (*after_first_) std::exchange(*after_first_, nullptr)();
+      return {.observation = tok_.encode(" ok "), .reward = 0, .done = false};
+    }
+    return {.reward = 1, .done = true, .info = {{"errors_unparsed", 1}, {"extracted", "2"}}};
+  }
+  std::string save_state() const override { return "{}"; }
+  void load_state(std::string_view) override {}
+
+ private:
+  const rlx::Tokenizer& tok_;
+  std::function<void()>* after_first_;
+  int turn_ = 0;
+};
+
+// One lease of two samples through a worker whose engine has `policy`; version 2 is
+// offered after the first turn. Returns the group the hub took and the engine's version
+// after the run.
+std::pair<bus::TrajectoryGroup, int64_t> roll_across_an_update(rlx::UpdatePolicy policy) {
+  Rig rig(1, 2, policy);
+  bus::Client learner(rig.client("learner", "learner"));
+  learner.publish_version(1);
+  OfferedWeights weights(rlx::dist::WeightLayout::of(rig.model->hf_parameters(), at::kFloat));
+  weights.offer(1, rig.model->hf_parameters());
+  std::function<void()> after_first = [&] {
+    weights.offer(2, rig.model->hf_parameters());
+    // Partial rollouts: the update is staged while the grant runs; wait until it is, so
+    // that the second turn is sampled after it.
+    if (policy == rlx::UpdatePolicy::continue_) CHECK(weights.wait_all_taken(20));
+  };
+  // (In-process environments step one after another on the worker's thread.)
+  rollout::EnvSource envs{.make = [&]() -> std::unique_ptr<rlx::env::Env> {
+    return std::make_unique<TwoTurns>(*rig.tok, &after_first);
+  }};
+  auto o = rig.options();
+  o.rollout.max_turns = 2;
+  o.rollout.sampling.ignore_eos = true;  // every action is cut at max_new_tokens (4)
+  bus::Client client(rig.client("w0"));
+  rollout::Worker worker(o, *rig.engine, envs, client, weights);
+  std::atomic<bool> end{false}, leave{false};
+  std::thread t([&] { worker.run(end, leave); });
+  std::vector<bus::TrajectoryGroup> groups;
+  for (int tries = 0; groups.empty() && tries < 10; ++tries) {
+    auto b = learner.next_batch({.max_groups = 1}, 30);
+    for (auto& g : b.groups) groups.push_back(std::move(g));
+    if (b.end) break;
+  }
+  t.join();
+  REQUIRE(groups.size() == 1);
+  return {groups[0], rig.engine->weight_version()};
+}
+
+// The versions of each action's tokens in order (-1 outside actions dropped), per turn.
+std::vector<std::vector<int64_t>> action_versions(const bus::Trajectory& t) {
+  std::vector<std::vector<int64_t>> turns;
+  bool in_action = false;
+  const auto v = t.versions.per_token();
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!t.loss_mask[i]) {
+      in_action = false;
+      continue;
+    }
+    if (!in_action) turns.emplace_back();
+    in_action = true;
+    turns.back().push_back(v[i]);
+  }
+  return turns;
+}
+
+}  // namespace
+
+TEST_CASE("rollout worker: with update_policy continue, a version out mid-grant samples the later tokens",
+          "[rollout][worker]") {
+  // continue: the second turn of each episode is sampled under version 2, staged while the
+  // grant ran; finish_old: the grant finishes on version 1, and version 2 applies after it.
+  for (const auto policy : {rlx::UpdatePolicy::continue_, rlx::UpdatePolicy::finish_old}) {
+    const bool partial = policy == rlx::UpdatePolicy::continue_;
+    INFO((partial ? "continue" : "finish_old"));
+    auto [group, engine_version] = roll_across_an_update(policy);
+    CHECK(engine_version == 2);
+    REQUIRE(group.samples.size() == 2);
+    for (const auto& s : group.samples) {
+      const auto turns = action_versions(s);
+      REQUIRE(turns.size() == 2);
+      CHECK(turns[0] == std::vector<int64_t>(4, 1));
+      CHECK(turns[1] == std::vector<int64_t>(4, partial ? 2 : 1));
+      // The last action was cut at max_new_tokens; the environment's counter and answer ride along.
+      CHECK(s.finish == "length");
+      const auto meta = nlohmann::json::parse(s.metadata);
+      CHECK(meta["env"]["errors_unparsed"] == 1.0);
+      CHECK(meta["info"]["extracted"] == "2");
+    }
+  }
+}
+
+TEST_CASE("rollout worker: a trajectory's finish says why it ended; its metadata carries the environment's info",
+          "[rollout][worker]") {
+  rollout::GroupRollout g;
+  g.lease = {.lease_id = 3, .prompt_index = 1, .epoch = 0, .group_size = 3};
+  for (int k = 0; k < 3; ++k) {
+    auto& ep = g.episodes.emplace_back();
+    ep.start(std::vector<rlx::TokenId>{1, 2});
+    ep.add_action(std::vector<rlx::TokenId>{3, 4}, std::vector<float>{-0.5f, -0.5f});
+    g.versions.push_back({-1, -1, 7, 7});
+    g.truncated.push_back(k == 0);
+    ep.done = k != 2;  // sample 2 ran out of turns
+    ep.info.push_back({{"errors_unparsed", 1}, {"ok", true}, {"outcome", "first"}});
+    // A long text is cut to kMaxInfoText bytes, not inside a character (the 2-byte \u00e9 at 511).
+    ep.info.push_back({{"errors_unparsed", 2}, {"nested", {{"a", 1}}}, {"extracted", "\u00e9"},
+                       {"detail", std::string(511, 'x') + "\u00e9 and more"}});
+  }
+  g.reward_parts = {{1.0, 0.5}, {0.0, 0.25}, {1.0, 0.0}};
+  auto t = rollout::to_trajectory_group(g, "w");
+  REQUIRE(t.samples.size() == 3);
+  CHECK(t.samples[0].finish == "length");  // cut by max_new_tokens
+  CHECK(t.samples[1].finish == "stop");    // the environment ended it
+  CHECK(t.samples[2].finish == "turns");   // env.max_turns reached
+  const auto meta = nlohmann::json::parse(t.samples[0].metadata);
+  CHECK(meta["env"] == nlohmann::json{{"errors_unparsed", 3.0}, {"ok", 1.0}});  // summed over turns; nested skipped
+  CHECK(meta["info"]["extracted"] == "\u00e9");  // the last turn's text values
+  CHECK(!meta["info"].contains("outcome"));
+  CHECK(meta["info"]["detail"] == std::string(511, 'x'));
+  static_assert(rollout::kMaxInfoText == 512);
+  CHECK(meta["reward_env"] == 1.0);
+  CHECK(meta["reward_model"] == 0.5);
+  // An environment's info is bounded in what a trajectory carries of it.
+  rollout::GroupRollout chatty;
+  chatty.lease = g.lease;
+  auto& ep = chatty.episodes.emplace_back();
+  ep.start(std::vector<rlx::TokenId>{1});
+  chatty.versions.push_back({-1});
+  nlohmann::json info;
+  for (int i = 0; i < 100; ++i) info["n" + std::to_string(i)] = i, info["s" + std::to_string(i)] = "text";
+  ep.info.push_back(info);
+  const auto bounded = nlohmann::json::parse(rollout::to_trajectory_group(chatty, "w").samples[0].metadata);
+  CHECK(bounded["env"].size() == rollout::kMaxEnvCounters);
+  CHECK(bounded["info"].size() == rollout::kMaxInfoTexts);
+  // Without info or a reward model: no metadata.
+  rollout::GroupRollout plain;
+  plain.lease = g.lease;
+  plain.episodes.emplace_back().start(std::vector<rlx::TokenId>{1});
+  plain.versions.push_back({-1});
+  CHECK(rollout::to_trajectory_group(plain, "w").samples[0].metadata.empty());
+  CHECK(rollout::to_trajectory_group(plain, "w").samples[0].finish == "turns");
 }
