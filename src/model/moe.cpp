@@ -140,7 +140,8 @@ void record(RoutingTrace& trace, const ModelConfig& cfg, int64_t slot, const at:
     if (v->size() != slots) v->resize(slots);
   const int64_t k = used.size(1);
   auto vf = valid.defined() ? valid.to(at::kFloat) : at::ones({probs.size(0)}, probs.options());
-  const double nv = std::max(1.0, vf.sum().item<double>());
+  // A tensor, not a host value: no sync, so a CUDA graph can capture a traced decode step.
+  const auto nv = vf.sum().clamp_min(1.0);
   const auto s = static_cast<size_t>(slot);
   if (trace.record_experts) trace.experts[s] = used.view({lead[0], lead[1], k});
   trace.counts[s] = at::zeros({cfg.num_experts}, probs.options())
