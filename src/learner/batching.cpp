@@ -193,6 +193,7 @@ std::vector<MicroBatch> pack_micro_batches(const std::vector<Sequence>& seqs, co
   RLX_CHECK(o.row_tokens >= 1 && o.micro_batch_tokens >= o.row_tokens,
             "packing: micro_batch_tokens ({}) must be >= row_tokens ({}) >= 1", o.micro_batch_tokens, o.row_tokens);
   std::vector<std::string> value_names;
+  const auto [layers, top_k] = routing_shape(seqs);
   for (size_t i = 0; i < seqs.size(); ++i) {
     const auto& s = seqs[i];
     RLX_CHECK(!s.tokens.empty(), "packing: sequence {} is empty", i);
@@ -209,7 +210,6 @@ std::vector<MicroBatch> pack_micro_batches(const std::vector<Sequence>& seqs, co
       RLX_CHECK(s.values.size() == value_names.size(), "packing: sequence {} has different per-token values", i);
     }
     if (s.routing.empty()) continue;
-    const auto [layers, top_k] = routing_shape(seqs);
     RLX_CHECK(s.routing_layers == layers && s.routing_top_k == top_k && layers * top_k > 0,
               "packing: sequence {} has routing of {} sparse layers x top {}, another has {} x {}", i, s.routing_layers,
               s.routing_top_k, layers, top_k);

@@ -50,7 +50,7 @@ std::vector<at::Tensor> Learner::trained_tensors() const {
 
 TokenOutputs Learner::outputs(const MicroBatch& mb, bool entropy, bool trained_only, RoutingTrace* trace) {
   auto in = forward_input(mb);
-  if (!opt_.routing_replay) in.routing = {};
+  if (!opt_.routing_replay) in.routing = at::Tensor();
   in.trace = trace;
   auto hidden = model_.forward_hidden(in);
   TokenOutputs out;
@@ -176,9 +176,10 @@ StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_
   for (size_t i = 0; i < n_mbs; ++i) {
     at::Tensor loss;
     RECORD_USER_SCOPE("rlx::learner::micro_batch");  // a named range for LibTorch's profiler
-    // Lives until the micro-batch's backward, which reads it for the load-balancing loss.
+    // Lives until the micro-batch's backward, which reads it for the load-balancing loss
+    // (none for an empty micro-batch: it has no token to balance).
     RoutingTrace trace;
-    trace.aux_loss_coef = opt_.router_aux_loss_coef;
+    trace.aux_loss_coef = i < mbs.size() ? opt_.router_aux_loss_coef : 0.0;
     if (i < mbs.size()) {
       const auto& mb = mbs[i];
       const auto dmb = on_device(mb, opt_.fsdp.device);

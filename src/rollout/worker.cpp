@@ -238,7 +238,14 @@ std::vector<GroupRollout> rollout_groups(Engine& engine, const EnvSource& envs, 
         owner.emplace_back(g, static_cast<int64_t>(k));
       }
     }
-    if (requests.empty()) break;
+    if (requests.empty()) {
+      // Nothing to sample at this turn: done, unless groups continued from a checkpoint
+      // start at a later one (every group of the grant was continued).
+      const bool later = std::any_of(groups.begin(), groups.end(),
+                                     [&](const GroupRollout& gr) { return gr.error.empty() && turn < gr.start_turn; });
+      if (later) continue;
+      break;
+    }
     if (turn == 0) trace_span("start_envs", start_us);
     const int64_t gen_us = TraceWriter::now_us();
     auto results = engine.generate(std::move(requests), stop);

@@ -717,9 +717,12 @@ TEST_CASE("bus: the hub refuses a group whose routing is malformed and stores ro
     for (const auto& l : grant.leases) {
       auto g = answer(l);  // odd prompts carry routing
       if (l.prompt_index == 1) g.samples[1].routing.experts[3] = 4096;  // past any layer's experts
-      if (l.prompt_index == 2) g.samples[0].routing = {.layers = 3, .top_k = 2, .experts = std::vector<int16_t>(35, 0)};
+      if (l.prompt_index == 0) {  // two shapes in one group
+        g.samples[0].routing = {.layers = 2, .top_k = 3, .experts = std::vector<int16_t>(36, 0)};
+        g.samples[1].routing = {.layers = 3, .top_k = 2, .experts = std::vector<int16_t>(36, 0)};
+      }
       w.submit(g);
-      if (l.prompt_index == 0 || l.prompt_index == 3) sent.push_back(g);
+      if (l.prompt_index >= 2) sent.push_back(g);
     }
     REQUIRE(w.flush(10));
     CHECK(w.counters().verdicts.at("invalid") == 2);
@@ -729,7 +732,9 @@ TEST_CASE("bus: the hub refuses a group whose routing is malformed and stores ro
   }
   auto stored = read_trajectory_groups(o.trajectory_file, 0, 10);
   std::sort(stored.begin(), stored.end(), [](const auto& a, const auto& b) { return a.prompt_index < b.prompt_index; });
+  for (auto& g : sent) g.worker = "w0";  // the client names the sender
   REQUIRE(stored.size() == 2);
+  CHECK(stored[0].samples[1].routing.empty());  // prompt 2: none
   CHECK(stored[1].samples[1].routing.layers == 3);
   CHECK((stored == sent));
 }

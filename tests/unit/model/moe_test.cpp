@@ -222,7 +222,7 @@ TEST_CASE("moe: routing replay uses the recorded experts; the trace counts, agre
   CHECK(at::equal(out[1], base[1]));
   CHECK(at::equal(std::get<0>(at::sort(replay.routing()[0][2][0])), at::tensor({3, 4, 5}, at::kLong)));
   const bool same_set = at::equal(std::get<0>(at::sort(routing[0][2][0])), at::tensor({3, 4, 5}, at::kLong));
-  CHECK(replay.agreement() == Catch::Approx(same_set ? 1.0 : 1.0 - 1.0 / 32));
+  CHECK(replay.agreement() == Approx(same_set ? 1.0 : 1.0 - 1.0 / 32));
   // Bad routing: named shape, and an expert the layer does not have.
   CHECK_THROWS_WITH(m->forward({.tokens = tokens, .routing = routing.narrow(2, 0, 1)}), Contains("sparse layers"));
   auto bad = routing.clone();

@@ -574,7 +574,7 @@ RoutingMatch match_routing(rlx::Transformer& m, const GenerationResult& r, size_
   const auto& s = r.samples[sample];
   std::vector<TokenId> all = r.prompt;
   all.insert(all.end(), s.tokens.begin(), s.tokens.end());
-  const auto L = static_cast<int64_t>(all.size()), S = r.routing_layers, k = r.routing_top_k;
+  const auto L = static_cast<int64_t>(all.size()), S = static_cast<int64_t>(r.routing_layers), k = static_cast<int64_t>(r.routing_top_k);
   std::vector<int16_t> got = r.prompt_routing;
   got.insert(got.end(), s.routing.begin(), s.routing.end());
   REQUIRE(static_cast<int64_t>(got.size()) == L * S * k);
