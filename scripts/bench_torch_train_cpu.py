@@ -3,6 +3,10 @@
 python3-torch), same model shape (an rlx preset, Qwen2 layout: q/k/v biases, GQA, RoPE,
 RMSNorm, SwiGLU, tied embeddings), same tokens per step, same loss (minus the mean log-prob
 of the next token), gradient clipping at 1.0 and AdamW (lr 1e-5), same thread count.
+With a mixture-of-experts preset (tiny-moe, small-moe) the model is Qwen3-MoE's: no biases,
+q/k RMSNorm, and each layer's MLP a router and experts computed as transformers' eager
+Qwen3MoeSparseMoeBlock does (softmax in fp32, top-k renormalised, each expert over the rows
+routed to it, index_add back); `rlx bench learner --arch qwen3_moe` is its peer.
 
   python3 scripts/bench_torch_train_cpu.py --preset tiny --seq 256 --batch-seqs 8 --steps 5 --threads 2
 
@@ -21,22 +25,57 @@ import torch
 import torch.nn.functional as F
 
 # name: vocab, hidden, intermediate, layers, heads, kv_heads, head_dim (src/model/config.cpp)
-PRESETS = {"tiny": (512, 64, 176, 2, 4, 2, 16), "small": (4096, 256, 704, 4, 8, 2, 32)}
+PRESETS = {"tiny": (512, 64, 176, 2, 4, 2, 16), "small": (4096, 256, 704, 4, 8, 2, 32),
+           "tiny-moe": (512, 64, 176, 2, 4, 2, 16), "small-moe": (4096, 256, 704, 4, 8, 2, 32)}
+# name: experts, top-k, expert width
+MOE = {"tiny-moe": (8, 2, 64), "small-moe": (16, 4, 128)}
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self, d, inter):
+        super().__init__()
+        self.gate = torch.nn.Linear(d, inter, bias=False)
+        self.up = torch.nn.Linear(d, inter, bias=False)
+        self.down = torch.nn.Linear(inter, d, bias=False)
+
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class Moe(torch.nn.Module):
+    def __init__(self, d, experts, top_k, inter):
+        super().__init__()
+        self.top_k = top_k
+        self.router = torch.nn.Linear(d, experts, bias=False)
+        self.experts = torch.nn.ModuleList(Mlp(d, inter) for _ in range(experts))
+
+    def forward(self, x):
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        probs = torch.softmax(self.router(x).float(), -1)
+        w, idx = probs.topk(self.top_k, -1)
+        w = (w / w.sum(-1, keepdim=True)).to(x.dtype)
+        out = torch.zeros_like(x)
+        mask = F.one_hot(idx, len(self.experts)).permute(2, 1, 0)  # [E, k, N]
+        for e in torch.nonzero(mask.sum((-1, -2))).flatten().tolist():
+            slot, row = torch.where(mask[e])
+            out.index_add_(0, row, self.experts[e](x[row]) * w[row, slot, None])
+        return out.reshape(shape)
 
 
 class Block(torch.nn.Module):
-    def __init__(self, d, inter, heads, kv, hd):
+    def __init__(self, d, inter, heads, kv, hd, moe=None):
         super().__init__()
         self.heads, self.kv, self.hd = heads, kv, hd
         self.ln1 = torch.nn.Parameter(torch.ones(d))
         self.ln2 = torch.nn.Parameter(torch.ones(d))
-        self.q = torch.nn.Linear(d, heads * hd)
-        self.k = torch.nn.Linear(d, kv * hd)
-        self.v = torch.nn.Linear(d, kv * hd)
+        self.q = torch.nn.Linear(d, heads * hd, bias=moe is None)
+        self.k = torch.nn.Linear(d, kv * hd, bias=moe is None)
+        self.v = torch.nn.Linear(d, kv * hd, bias=moe is None)
         self.o = torch.nn.Linear(heads * hd, d, bias=False)
-        self.gate = torch.nn.Linear(d, inter, bias=False)
-        self.up = torch.nn.Linear(d, inter, bias=False)
-        self.down = torch.nn.Linear(inter, d, bias=False)
+        self.qn = torch.nn.Parameter(torch.ones(hd)) if moe else None  # Qwen3's q/k norm
+        self.kn = torch.nn.Parameter(torch.ones(hd)) if moe else None
+        self.mlp = Moe(d, *moe) if moe else Mlp(d, inter)
 
 
 def rms(x, w, eps=1e-6):
@@ -49,10 +88,10 @@ def rope(x, cos, sin):
 
 
 class Model(torch.nn.Module):
-    def __init__(self, vocab, d, inter, layers, heads, kv, hd):
+    def __init__(self, vocab, d, inter, layers, heads, kv, hd, moe=None):
         super().__init__()
         self.embed = torch.nn.Parameter(torch.randn(vocab, d) * 0.02)
-        self.blocks = torch.nn.ModuleList(Block(d, inter, heads, kv, hd) for _ in range(layers))
+        self.blocks = torch.nn.ModuleList(Block(d, inter, heads, kv, hd, moe) for _ in range(layers))
         self.norm = torch.nn.Parameter(torch.ones(d))
         for n, p in self.named_parameters():
             if p.dim() == 2:
@@ -73,19 +112,21 @@ class Model(torch.nn.Module):
             q = blk.q(x).view(B, T, blk.heads, blk.hd).transpose(1, 2)
             k = blk.k(x).view(B, T, blk.kv, blk.hd).transpose(1, 2)
             v = blk.v(x).view(B, T, blk.kv, blk.hd).transpose(1, 2)
+            if blk.qn is not None:
+                q, k = rms(q, blk.qn), rms(k, blk.kn)
             q, k = rope(q, cos, sin), rope(k, cos, sin)
             rep = blk.heads // blk.kv
             k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
             att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(blk.hd) + mask, -1)
             h = h + blk.o((att @ v).transpose(1, 2).reshape(B, T, -1))
             x = rms(h, blk.ln2)
-            h = h + blk.down(F.silu(blk.gate(x)) * blk.up(x))
+            h = h + blk.mlp(x)
         return rms(h, self.norm) @ self.embed.t()
 
 
 def torch_run(args):
     torch.manual_seed(0)
-    model = Model(*PRESETS[args.preset])
+    model = Model(*PRESETS[args.preset], MOE.get(args.preset))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     g = torch.Generator().manual_seed(1)
     times = []
@@ -108,7 +149,8 @@ def torch_run(args):
 
 def rlx_run(args):
     cmd = [args.rlx, "bench", "learner", "--preset", args.preset, "--seq", str(args.seq), "--batch-seqs",
-           str(args.batch_seqs), "--steps", str(args.steps), "--ranks", "1", "--threads", str(args.threads)]
+           str(args.batch_seqs), "--steps", str(args.steps), "--ranks", "1", "--threads", str(args.threads),
+           "--arch", "qwen3_moe" if args.preset in MOE else "qwen2"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=3600).stdout
     run = json.loads(out.strip().splitlines()[-1])["runs"][0]
     return run["step_s"], run["step_s_min"]

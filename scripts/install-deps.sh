@@ -3,10 +3,12 @@
 # Idempotent: installs only what is missing, and does nothing (no apt-get
 # update, no root needed) when everything is already there.
 #
-#   scripts/install-deps.sh          # install what is missing
-#   scripts/install-deps.sh --check  # list what is missing, exit 1 if anything is
+#   scripts/install-deps.sh             # install what is missing
+#   scripts/install-deps.sh --check     # list what is missing, exit 1 if anything is
+#   scripts/install-deps.sh --main-job  # only what building rlx and the quickstart need
 set -euo pipefail
 
+# What building rlx and running the main job (scripts/quickstart.sh) need.
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libtorch-dev libopenblas0-pthread       # LibTorch 1.13 (CPU) + a fast BLAS behind it
@@ -16,19 +18,25 @@ packages=(
   libfmt-dev libyaml-cpp-dev              # logging, configs
   nlohmann-json3-dev                      # safetensors headers, config.json, tokenizer.json
   libpcre2-dev libicu-dev                 # tokenizer pre-tokenization regexes and NFC
-  libcli11-dev catch2                     # command line, tests
+  libcli11-dev catch2                     # command line; the tests' framework (CMake's configure looks for it)
   libcpp-httplib-dev                      # rlx serve: the OpenAI-compatible HTTP server
   libprotobuf-dev protobuf-compiler       # TensorBoard event files
   libseccomp-dev                          # sandbox
   libgloo-dev                             # headers of the Gloo that LibTorch's c10d links (CPU collectives)
-  clang-14 libclang-rt-14-dev             # libFuzzer + sanitizers for the bus decoder's fuzz test
-  python3 python3-matplotlib python3-yaml  # plots of a run's curves (scripts/plot_metrics.py); manifest checks
-  python3-jinja2                          # chat-template parity fixtures: jinja2 as transformers drives it
-  munge slurmctld slurmd slurm-client   # a real single-node Slurm for the `rlx run` under Slurm test
+  python3 python3-matplotlib              # plots of a run's curves (scripts/plot_metrics.py)
 )
-# node + npm make the tokenizer parity fixtures (scripts/make_tokenizer_fixtures.sh);
-# a machine that already has them (from any source) keeps its own.
-command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
+mode=${1:-}
+if [ "$mode" != --main-job ]; then
+  packages+=(
+    clang-14 libclang-rt-14-dev             # libFuzzer + sanitizers for the bus decoder's fuzz test
+    python3-yaml                            # manifest checks
+    python3-jinja2                          # chat-template parity fixtures: jinja2 as transformers drives it
+    munge slurmctld slurmd slurm-client     # a real single-node Slurm for the `rlx run` under Slurm test
+  )
+  # node + npm make the tokenizer parity fixtures (scripts/make_tokenizer_fixtures.sh);
+  # a machine that already has them (from any source) keeps its own.
+  command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
+fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -36,7 +44,7 @@ for p in "${packages[@]}"; do
   [ "$status" = installed ] || missing+=("$p")
 done
 
-if [ "${1:-}" = --check ]; then
+if [ "$mode" = --check ]; then
   if [ ${#missing[@]} -eq 0 ]; then echo "install-deps: all ${#packages[@]} packages present"; exit 0; fi
   echo "install-deps: missing: ${missing[*]}"; exit 1
 fi

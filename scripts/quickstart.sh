@@ -10,7 +10,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${RLX_BUILD_DIR:-$root/build/release}
 runs=${RLX_RUNS_DIR:-$root/runs}
-"$root/scripts/install-deps.sh"
+"$root/scripts/install-deps.sh" --main-job
 mkdir -p "$(dirname "$build")" "$runs"
 echo "== 0. build the rlx command (rlx_cli and what it links; scripts/test.sh builds the rest)"
 "$root/scripts/build.sh" "$build" rlx_cli

@@ -198,7 +198,7 @@ void add_bench_commands(CLI::App& app, Action& action) {
   auto a = std::make_shared<Args>();
   auto* model = bench->add_subcommand("model", "Transformer forward / backward / decode throughput");
   model->add_option("--preset", a->preset, "model shape");
-  model->add_option("--arch", a->arch, "llama or qwen2")->check(CLI::IsMember({"llama", "qwen2"}));
+  add_arch_option(*model, a->arch);
   model->add_option("--dtype", a->dtype, "float32, bfloat16 or float16")->check(CLI::IsMember({"float32", "bfloat16", "float16"}));
   model->add_option("--device", a->device, "cpu or cuda[:N]");
   model->add_option("--batch", a->batch, "sequences per forward")->check(CLI::Range(1, 4096));
@@ -282,7 +282,7 @@ void add_bench_commands(CLI::App& app, Action& action) {
   auto* sampler = bench->add_subcommand("sampler", "Rollout engine generation throughput (vs naive full recompute)");
   sampler->add_option("--model", s->model_dir, "HF model directory (default: --preset with random weights)");
   sampler->add_option("--preset", s->preset, "model shape");
-  sampler->add_option("--arch", s->arch, "llama or qwen2")->check(CLI::IsMember({"llama", "qwen2"}));
+  add_arch_option(*sampler, s->arch);
   sampler->add_option("--dtype", s->dtype, "float32, bfloat16 or float16")->check(CLI::IsMember({"float32", "bfloat16", "float16"}));
   sampler->add_option("--device", s->device, "cpu or cuda[:N]");
   sampler->add_option("--batch", s->batch, "requests")->check(CLI::Range(1, 65536));

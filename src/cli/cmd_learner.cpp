@@ -117,13 +117,15 @@ double gemm_gflops(at::Device device, at::ScalarType dtype) {
   return 2.0 * static_cast<double>(n * n * n) * k / (now_s() - t0) / 1e9;
 }
 
-// Training FLOPs per token (forward + backward = 3x forward): 6 per matmul weight,
-// plus attention scores and values (12 * layers * heads * head_dim * context).
+// Training FLOPs per token (forward + backward = 3x forward): 6 per matmul weight a token
+// uses (a sparse layer's router and its top-k experts), plus attention scores and values
+// (12 * layers * heads * head_dim * context).
 double train_flops_per_token(const ModelConfig& c, double context) {
-  const double d = static_cast<double>(c.hidden_size), q = static_cast<double>(c.num_heads * c.head_dim),
-               kv = static_cast<double>(c.num_kv_heads * c.head_dim), f = static_cast<double>(c.intermediate_size);
-  const double per_layer = d * q * 2 + d * kv * 2 + 3 * d * f;
-  const double matmul = static_cast<double>(c.num_layers) * per_layer + d * static_cast<double>(c.vocab_size);
+  const double q = static_cast<double>(c.num_heads * c.head_dim);
+  // The active parameters less the embedding table and the norms: what the matmuls read.
+  double matmul = static_cast<double>(c.num_active_parameters() - c.vocab_size * c.hidden_size);
+  if (!c.tie_word_embeddings) matmul -= static_cast<double>(c.vocab_size * c.hidden_size);
+  matmul += static_cast<double>(c.hidden_size * c.vocab_size);  // the LM head
   return 6 * matmul + 12 * static_cast<double>(c.num_layers) * q * context;
 }
 
@@ -280,7 +282,7 @@ void add_learner_commands(CLI::App& app, Action& action) {
   auto* b = app.get_subcommand("bench")->add_subcommand(
       "learner", "Training steps of the sharded learner (1 and N local ranks): tokens/s, step time, peak memory, MFU");
   b->add_option("--preset", a->preset, "model preset");
-  b->add_option("--arch", a->arch, "llama or qwen2");
+  add_arch_option(*b, a->arch);
   b->add_option("--dtype", a->dtype, "compute dtype: float32, bfloat16");
   b->add_option("--device", a->device, "cpu or cuda[:N] (every rank on that device)");
   b->add_option("--seq", a->seq, "tokens per sequence");

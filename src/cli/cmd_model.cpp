@@ -1,4 +1,4 @@
-// rlx model init --arch llama|qwen2 --preset NAME --out DIR [--seed N] [--dtype D]
+// rlx model init --arch FAMILY --preset NAME --out DIR [--seed N] [--dtype D]
 //                [--vocab-size N] [--tokenizer FILE]
 // Writes an HF-format directory (config.json, model.safetensors, tokenizer) with
 // random weights that `transformers` can load.
@@ -52,7 +52,7 @@ void add_model_commands(CLI::App& app, Action& action) {
   };
   auto a = std::make_shared<InitArgs>();
   auto* init = model->add_subcommand("init", "Write an HF model directory with freshly initialised weights");
-  init->add_option("--arch", a->arch, "llama or qwen2")->check(CLI::IsMember({"llama", "qwen2"}));
+  add_arch_option(*init, a->arch);
   std::string presets;
   for (const auto& p : model_preset_names()) presets += (presets.empty() ? "" : ", ") + p;
   init->add_option("--preset", a->preset, "shape: " + presets);

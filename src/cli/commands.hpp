@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "launch/trainer_commands.hpp"
+#include "rlx/model/config.hpp"
 
 namespace rlx::cli {
 
@@ -26,6 +27,13 @@ void add_env_commands(CLI::App& app, Action& action);
 void add_learner_commands(CLI::App& app, Action& action);
 // After add_bench_commands: `bench sync`.
 void add_sync_bench(CLI::App& app, Action& action);
+
+// `--arch FAMILY`, checked against the model families rlx builds (model/config.hpp).
+inline CLI::Option* add_arch_option(CLI::App& cmd, std::string& arch) {
+  const auto names = config::enum_name_list<Arch>();
+  return cmd.add_option("--arch", arch, fmt::format("model family: {}", fmt::join(names, ", ")))
+      ->check(CLI::IsMember(names));
+}
 
 // What the benches share.
 inline double median(std::vector<double> v) {

@@ -7,7 +7,8 @@
 namespace rlx {
 
 void RoutingStats::add(const RoutingTrace& trace, const MicroBatch& mb, bool replayed) {
-  if (trace.empty() || trace.valid_tokens == 0) return;
+  const int64_t valid_tokens = trace.valid_tokens();
+  if (trace.empty() || valid_tokens == 0) return;
   load += trace.max_over_mean_load();
   entropy += trace.router_entropy();
   aux_loss += trace.aux_loss();
@@ -23,7 +24,7 @@ void RoutingStats::add(const RoutingTrace& trace, const MicroBatch& mb, bool rep
     if (replayed) {
       // A replayed row uses the recorded experts and an unrecorded one its own: every row
       // the router disagrees with is a recorded one. agree = agreeing valid rows / valid.
-      const double valid_rows = static_cast<double>(trace.valid_tokens);
+      const auto valid_rows = static_cast<double>(valid_tokens);
       agree += has.select(2, s).sum().item<double>() - std::round((1.0 - a.item<double>()) * valid_rows);
     } else {
       const auto own = std::get<0>(at::sort(trace.experts[static_cast<size_t>(s)].to(at::kCPU), -1));  // [R, T, k]

@@ -30,8 +30,9 @@ double layer_mean(const std::vector<at::Tensor>& scalars) {
 }  // namespace
 
 double RoutingTrace::aux_loss() const {
-  if (empty() || valid_tokens == 0) return 0.0;
-  const double rows = static_cast<double>(counts.size()) * static_cast<double>(valid_tokens);
+  const int64_t valid = valid_tokens();
+  if (empty() || valid == 0) return 0.0;
+  const double rows = static_cast<double>(counts.size()) * static_cast<double>(valid);
   auto f = layer_sum(counts) / rows;                                      // routings per expert, over the k slots
   auto p = layer_sum(mean_prob) / static_cast<double>(mean_prob.size());  // mean probability
   return static_cast<double>(f.size(0)) * (f * p).sum().item<double>();
@@ -67,7 +68,7 @@ struct AuxLossGrad : torch::autograd::Function<AuxLossGrad> {
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     const auto* trace = reinterpret_cast<const RoutingTrace*>(ctx->saved_data["trace"].toInt());
     const auto valid = ctx->saved_data["valid"].toTensor();
-    const double rows = static_cast<double>(trace->counts.size()) * static_cast<double>(trace->valid_tokens);
+    const double rows = static_cast<double>(trace->counts.size()) * static_cast<double>(std::max<int64_t>(1, trace->valid_tokens()));
     at::Tensor f = trace->counts.at(0).clone();
     for (size_t i = 1; i < trace->counts.size(); ++i) f += trace->counts[i];
     f = f / rows;
@@ -139,9 +140,9 @@ void record(RoutingTrace& trace, const ModelConfig& cfg, int64_t slot, const at:
   for (auto* v : {&trace.experts, &trace.counts, &trace.mean_prob, &trace.entropy, &trace.agree})
     if (v->size() != slots) v->resize(slots);
   const int64_t k = used.size(1);
+  // No host sync here: the engine records routing inside captured CUDA graphs.
   auto vf = valid.defined() ? valid.to(at::kFloat) : at::ones({probs.size(0)}, probs.options());
-  // A tensor, not a host value: no sync, so a CUDA graph can capture a traced decode step.
-  const auto nv = vf.sum().clamp_min(1.0);
+  auto nv = vf.sum().clamp_min(1.0);
   const auto s = static_cast<size_t>(slot);
   if (trace.record_experts) trace.experts[s] = used.view({lead[0], lead[1], k});
   trace.counts[s] = at::zeros({cfg.num_experts}, probs.options())

@@ -165,7 +165,9 @@ void Transformer::begin_routing(const ForwardInput& in, ForwardState& st) const 
     st.routing = in.routing.to(device_, at::kLong);
   }
   st.trace = in.trace;
-  if (st.trace) st.trace->valid_tokens = st.valid.defined() ? st.valid.sum().item<int64_t>() : st.batch * st.time;
+  if (st.trace) {
+    st.trace->valid_count = st.valid.defined() ? st.valid.sum() : at::scalar_tensor(st.batch * st.time, at::kLong);
+  }
 }
 
 at::Tensor Transformer::sparse_mlp(const detail::Block& blk, const at::Tensor& x, const ForwardState& st,

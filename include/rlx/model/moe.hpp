@@ -42,7 +42,8 @@ struct RoutingTrace {
   std::vector<at::Tensor> mean_prob;   // [E] fp32: the router's mean probability over valid tokens
   std::vector<at::Tensor> entropy;     // scalar fp32: mean router entropy (nats) over valid tokens
   std::vector<at::Tensor> agree;       // scalar fp32: valid tokens whose router top-k set equals the used set
-  int64_t valid_tokens = 0;            // tokens that are not padding
+  at::Tensor valid_count;              // scalar: tokens that are not padding (no host sync to set)
+  int64_t valid_tokens() const { return valid_count.defined() ? valid_count.item<int64_t>() : 0; }
 
   // The routing of the whole forward, [B, T, S, k] int64 (S sparse layers): replay's input.
   at::Tensor routing() const;

@@ -456,8 +456,10 @@ TEST_CASE("bus: a write the file cannot take leaves it as it was and keeps the g
   TempDir dir;
   const auto file = dir / "full.h5";
   std::vector<TrajectoryGroup> groups;
-  for (uint64_t i = 0; i < 30; ++i)  // 4 x 22,000 tokens: 0.8 MB each
+  for (uint64_t i = 0; i < 30; ++i) {  // 4 x 22,000 tokens: 0.8 MB each (no routing)
     groups.push_back(answer(Lease{.lease_id = i + 1, .prompt_index = i, .group_size = 4}, 22000 + static_cast<int>(i)));
+    for (auto& t : groups.back().samples) t.routing = {};
+  }
   const StoreOptions small{.stage_bytes = size_t{4} << 20, .max_pending_bytes = size_t{12} << 20};
   size_t refused_at = 0;
   {

@@ -21,8 +21,9 @@ using rlx::test::error_of;
 
 namespace {
 
-std::shared_ptr<rlx::Transformer> make_model(uint64_t seed, int64_t vocab = 512) {
-  auto c = rlx::model_preset("tiny", rlx::Arch::qwen2);
+std::shared_ptr<rlx::Transformer> make_model(uint64_t seed, int64_t vocab = 512,
+                                             std::string_view preset = "tiny", rlx::Arch arch = rlx::Arch::qwen2) {
+  auto c = rlx::model_preset(preset, arch);
   c.vocab_size = vocab;
   // Wider weights than HF's init: peaked logits, so greedy choices are not near-ties.
   c.initializer_range = 0.08;
@@ -552,6 +553,30 @@ TEST_CASE("engine: overlapped decode steps give the unpipelined tokens, stopped 
     CHECK(b.stats().forward_tokens == a.stats().forward_tokens + b.stats().discarded_rows);
     CHECK(b.blocks().num_free() == b.blocks().num_blocks());
     CHECK_FALSE(b.has_work());
+  }
+}
+
+TEST_CASE("engine: qwen3, mistral and mixture-of-experts models decode as their full forward does", "[rollout][engine][moe]") {
+  const std::pair<const char*, rlx::Arch> models[] = {{"tiny", rlx::Arch::qwen3},
+                                                      {"tiny", rlx::Arch::mistral},
+                                                      {"tiny-moe", rlx::Arch::qwen3_moe},
+                                                      {"tiny-moe", rlx::Arch::mixtral}};
+  for (const auto& [preset, arch] : models) {
+    auto model = make_model(3, 512, preset, arch);
+    for (const auto& setup : setups()) {
+      INFO(rlx::config::enum_to_string(arch) << ", " << setup.name);
+      Engine engine(model, setup.cfg);
+      auto reqs = mixed_requests({.temperature = 0, .max_new_tokens = 12}, 2);
+      auto results = engine.generate(reqs);
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        auto expect = greedy_reference(*model, reqs[i].prompt, 12);
+        for (const auto& s : results[i].samples) {
+          CHECK(s.tokens == expect);
+          CHECK(max_diff(s.logprobs, full_logprobs(*model, reqs[i].prompt, s.tokens, 1.0)) <= kLogprobTol);
+        }
+      }
+      CHECK(engine.blocks().num_free() == engine.blocks().num_blocks());
+    }
   }
 }
 
