@@ -111,7 +111,9 @@ std::unique_ptr<env::Env> WorkerEnvs::make() {
 }
 
 EngineConfig engine_config(const RunConfig& cfg) {
-  return {.block_size = static_cast<int32_t>(cfg.rollout.block_size), .kv_cache_blocks = cfg.rollout.kv_cache_blocks};
+  return {.block_size = static_cast<int32_t>(cfg.rollout.block_size),
+          .kv_cache_blocks = cfg.rollout.kv_cache_blocks,
+          .record_routing = cfg.rollout.record_routing};
 }
 
 rollout::WorkerOptions worker_options(const RoleContext& ctx, const std::string& who, int64_t vocab_size) {

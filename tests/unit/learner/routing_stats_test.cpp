@@ -70,14 +70,34 @@ rlx::LearnerOptions options(bool replay) {
 
 double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
+std::shared_ptr<rlx::Transformer> moe_model(uint64_t seed) {
+  auto m = std::make_shared<rlx::Transformer>(moe_config());
+  m->init_weights(seed);
+  return m;
+}
+
+// A fresh learner from `model`'s weights after one GRPO step on `batch`: the step's
+// metrics, and the learner's parameters.
+struct Trained {
+  rlx::algo::Metrics metrics;
+  std::vector<std::pair<std::string, at::Tensor>> parameters;
+};
+Trained train(const rlx::Transformer& model, const rlx::LearnerOptions& o, const Batch& batch) {
+  rlx::algo::register_bundled_algorithms();
+  auto comm = rlx::dist::single_process();
+  rlx::Learner learner(model.config(), *comm, o);
+  learner.load_from(model);
+  auto grpo = rlx::algo::make_algorithm({.name = "grpo", .routing_replay = o.routing_replay});
+  auto seqs = batch.seqs;
+  auto m = rlx::train_on_batch(*grpo, {.policy = learner}, seqs, batch.rewards, batch.groups);
+  return {std::move(m), learner.model().gather_parameters()};
+}
+
 }  // namespace
 
 TEST_CASE("routing replay: recorded routing is packed with its tokens, a shared prompt's from its members",
           "[learner][routing]") {
-  const auto cfg = moe_config();
-  auto model = std::make_shared<rlx::Transformer>(cfg);
-  model->init_weights(5);
-  rlx::Engine engine(model, {.block_size = 4});
+  rlx::Engine engine(moe_model(5), {.block_size = 4});
   auto batch = roll(engine, 3, 3, 1);
   // The first sample's first two tokens recorded as none: its siblings' rows stand for the
   // shared prompt's.
@@ -128,10 +148,8 @@ TEST_CASE("routing replay: recorded routing is packed with its tokens, a shared 
 
 TEST_CASE("routing replay: the learner runs exactly the experts it is given, and agrees with its own rollout",
           "[learner][routing]") {
-  rlx::algo::register_bundled_algorithms();
   const auto cfg = moe_config();
-  auto model = std::make_shared<rlx::Transformer>(cfg);
-  model->init_weights(6);
+  auto model = moe_model(6);
   rlx::Engine engine(model, {.block_size = 4});
   auto batch = roll(engine, 4, 4, 2);
   auto comm = rlx::dist::single_process();
@@ -154,8 +172,7 @@ TEST_CASE("routing replay: the learner runs exactly the experts it is given, and
     CHECK(max_diff(routes_itself.logprobs(other), lp_own) < 1e-4);  // without replay the router chooses
   }
   // The sampler's own routing, replayed: every recorded row agrees with the learner's router.
-  auto grpo = rlx::algo::make_algorithm({.name = "grpo", .routing_replay = true});
-  auto m = rlx::train_on_batch(*grpo, {.policy = replay}, batch.seqs, batch.rewards, batch.groups);
+  const auto m = train(*model, options(true), batch).metrics;
   CHECK(m.at("moe/routing_agreement") == 1.0);
   CHECK(m.at("moe/load_max_over_mean") >= 1.0);
   CHECK(m.at("moe/router_entropy") > 0);
@@ -166,12 +183,9 @@ TEST_CASE("routing replay: the learner runs exactly the experts it is given, and
 
 TEST_CASE("routing replay: with a lower-precision sampler the routers disagree, replay lowers mismatch_kl",
           "[learner][routing]") {
-  rlx::algo::register_bundled_algorithms();
-  const auto cfg = moe_config();
-  auto model = std::make_shared<rlx::Transformer>(cfg);
-  model->init_weights(7);
+  auto model = moe_model(7);
   // The sampler in bf16, the learner in fp32, the same weights.
-  auto low = std::make_shared<rlx::Transformer>(cfg, at::kBFloat16);
+  auto low = std::make_shared<rlx::Transformer>(model->config(), at::kBFloat16);
   {
     c10::NoGradGuard no_grad;
     auto from = model->hf_parameters();
@@ -180,15 +194,8 @@ TEST_CASE("routing replay: with a lower-precision sampler the routers disagree, 
   }
   rlx::Engine engine(low, {.block_size = 4});
   const auto batch = roll(engine, 8, 4, 3);
-  auto comm = rlx::dist::single_process();
   std::map<bool, rlx::algo::Metrics> m;
-  for (const bool replay : {false, true}) {
-    rlx::Learner learner(cfg, *comm, options(replay));
-    learner.load_from(*model);
-    auto grpo = rlx::algo::make_algorithm({.name = "grpo", .routing_replay = replay});
-    auto seqs = batch.seqs;
-    m[replay] = rlx::train_on_batch(*grpo, {.policy = learner}, seqs, batch.rewards, batch.groups);
-  }
+  for (const bool replay : {false, true}) m[replay] = train(*model, options(replay), batch).metrics;
   INFO("agreement " << m[false].at("moe/routing_agreement") << " / " << m[true].at("moe/routing_agreement")
                     << ", mismatch_kl " << m[false].at("mismatch_kl") << " -> " << m[true].at("mismatch_kl"));
   CHECK(m[false].at("moe/routing_agreement") < 1.0);
@@ -199,24 +206,16 @@ TEST_CASE("routing replay: with a lower-precision sampler the routers disagree, 
 
 TEST_CASE("routing replay: the load-balancing loss, when asked for, trains the router and is reported",
           "[learner][routing]") {
-  rlx::algo::register_bundled_algorithms();
-  const auto cfg = moe_config();
-  auto model = std::make_shared<rlx::Transformer>(cfg);
-  model->init_weights(8);
+  auto model = moe_model(8);
   rlx::Engine engine(model, {.block_size = 4});
   const auto batch = roll(engine, 4, 2, 4);
-  auto comm = rlx::dist::single_process();
   std::vector<std::vector<std::pair<std::string, at::Tensor>>> after;
   for (const double coef : {0.0, 0.5}) {
     auto o = options(true);
     o.router_aux_loss_coef = coef;
-    rlx::Learner learner(cfg, *comm, o);
-    learner.load_from(*model);
-    auto grpo = rlx::algo::make_algorithm({.name = "grpo", .routing_replay = true});
-    auto seqs = batch.seqs;
-    const auto m = rlx::train_on_batch(*grpo, {.policy = learner}, seqs, batch.rewards, batch.groups);
-    CHECK(m.at("moe/aux_loss") > 0);
-    after.push_back(learner.model().gather_parameters());
+    auto t = train(*model, o, batch);
+    CHECK(t.metrics.at("moe/aux_loss") > 0);
+    after.push_back(std::move(t.parameters));
   }
   // The loss's gradient reaches the routers.
   for (size_t i = 0; i < after[0].size(); ++i)

@@ -225,17 +225,20 @@ TEST_CASE("rollout groups: a mixture-of-experts episode continued from its check
   // A checkpoint of the format before routing (rlx-episodes/1) continues with none recorded
   // for its tokens so far; one of another routing shape starts over.
   const auto file = episodes / "p0.e0";
-  {
-    rollout::EpisodeCheckpoints one(episodes, 1);
-    rollout::GroupRollout g{.lease = leases[0], .routing_layers = 2, .routing_top_k = 2};
+  // Saves the first group's episodes at turn 1 with routing of `layers` x 2, all `value`
+  // (-2: the episodes' own).
+  const auto save = [&](uint16_t layers, int16_t value) {
+    rollout::GroupRollout g{.lease = leases[0], .routing_layers = layers, .routing_top_k = 2};
     for (size_t k = 0; k < 2; ++k) {
+      const size_t n = whole[0].episodes[k].tokens.size();
       g.envs.push_back(envs.make());
       g.episodes.push_back(whole[0].episodes[k]);
-      g.versions.emplace_back(whole[0].episodes[k].tokens.size(), -1);
-      g.routing.push_back(whole[0].routing[k]);
+      g.versions.emplace_back(n, -1);
+      g.routing.push_back(value == -2 ? whole[0].routing[k] : std::vector<int16_t>(n * layers * 2, value));
     }
-    one.save(g, 1);
-  }
+    rollout::EpisodeCheckpoints(episodes, 1).save(g, 1);
+  };
+  save(2, -2);
   const auto rewrite = [&](const std::function<void(nlohmann::json&)>& change) {
     const auto text = rlx::read_file(file, 1 << 30);
     auto j = nlohmann::json::parse(text.substr(17));
@@ -251,17 +254,7 @@ TEST_CASE("rollout groups: a mixture-of-experts episode continued from its check
   rollout::GroupRollout old{.lease = leases[0], .routing_layers = 2, .routing_top_k = 2};
   REQUIRE(rollout::EpisodeCheckpoints(episodes, 1).restore(old, envs));
   CHECK(old.routing[1] == std::vector<int16_t>(old.episodes[1].tokens.size() * 4, -1));
-  {
-    rollout::EpisodeCheckpoints one(episodes, 1);
-    rollout::GroupRollout g{.lease = leases[0], .routing_layers = 3, .routing_top_k = 2};
-    for (size_t k = 0; k < 2; ++k) {
-      g.envs.push_back(envs.make());
-      g.episodes.push_back(whole[0].episodes[k]);
-      g.versions.emplace_back(whole[0].episodes[k].tokens.size(), -1);
-      g.routing.emplace_back(whole[0].episodes[k].tokens.size() * 6, 1);
-    }
-    one.save(g, 1);
-  }
+  save(3, 1);
   rollout::GroupRollout other{.lease = leases[0], .routing_layers = 2, .routing_top_k = 2};
   CHECK_FALSE(rollout::EpisodeCheckpoints(episodes, 1).restore(other, envs));  // starts over
   CHECK(other.episodes.empty());
