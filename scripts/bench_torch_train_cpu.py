@@ -28,7 +28,7 @@ import torch.nn.functional as F
 PRESETS = {"tiny": (512, 64, 176, 2, 4, 2, 16), "small": (4096, 256, 704, 4, 8, 2, 32),
            "tiny-moe": (512, 64, 176, 2, 4, 2, 16), "small-moe": (4096, 256, 704, 4, 8, 2, 32)}
 # name: experts, top-k, expert width
-MOE = {"tiny-moe": (8, 2, 64), "small-moe": (16, 4, 128)}
+MOE = {"tiny-moe": (8, 2, 64), "small-moe": (16, 4, 176)}
 
 
 class Mlp(torch.nn.Module):
