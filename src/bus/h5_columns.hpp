@@ -23,9 +23,9 @@
 namespace rlx::bus::h5 {
 
 constexpr const char* kFormat = "rlx-trajectories";
-// 3: strings as bytes in /text, written for SWMR readers; 2: versions as runs (1: /versions
-// int64 per token).
-constexpr int kFormatVersion = 3;
+// 4: a sample's mixture-of-experts routing (/routing and its sample columns); 3: strings as
+// bytes in /text, written for SWMR readers; 2: versions as runs (1: /versions int64 per token).
+constexpr int kFormatVersion = 4;
 
 // An HDF5 handle closed by the right function.
 class Handle {
@@ -181,31 +181,38 @@ struct Columns {
   Text finish, metadata;
   Column lease_id, prompt_index, epoch, first_sample, num_samples, accepted_version;
   Text worker;
+  Column routing, routing_offset, routing_layers, routing_top_k;
+  bool has_routing = true;  // false: a format 3 file, opened to be upgraded
 
   std::vector<Column*> all() {
-    return {&tokens,         &loss_mask,      &logprobs,        &run_version,      &run_length,      &text,
-            &sample_offset,  &sample_length,  &first_run,       &num_runs,         &prompt_len,      &reward,
-            &finish.offset,  &finish.length,  &metadata.offset, &metadata.length,  &lease_id,        &prompt_index,
-            &epoch,          &first_sample,   &num_samples,     &accepted_version, &worker.offset,   &worker.length};
+    std::vector<Column*> c{&tokens,         &loss_mask,      &logprobs,        &run_version,      &run_length,      &text,
+                           &sample_offset,  &sample_length,  &first_run,       &num_runs,         &prompt_len,      &reward,
+                           &finish.offset,  &finish.length,  &metadata.offset, &metadata.length,  &lease_id,        &prompt_index,
+                           &epoch,          &first_sample,   &num_samples,     &accepted_version, &worker.offset,   &worker.length};
+    if (has_routing) c.insert(c.end(), {&routing, &routing_offset, &routing_layers, &routing_top_k});
+    return c;
   }
-  // A column has an entry per token, per run of versions, per byte of text, per sample or
-  // per group.
+  // A column has an entry per token, per run of versions, per byte of text, per routing
+  // value, per sample or per group.
   struct Counts {
-    uint64_t groups = 0, samples = 0, tokens = 0, runs = 0, text = 0;
+    uint64_t groups = 0, samples = 0, tokens = 0, runs = 0, text = 0, routing = 0;
   };
   uint64_t Counts::*per(const Column* c) const {
     if (c == &tokens || c == &loss_mask || c == &logprobs) return &Counts::tokens;
     if (c == &run_version || c == &run_length) return &Counts::runs;
     if (c == &text) return &Counts::text;
+    if (c == &routing) return &Counts::routing;
     if (c == &sample_offset || c == &sample_length || c == &first_run || c == &num_runs || c == &prompt_len ||
-        c == &reward || c == &finish.offset || c == &finish.length || c == &metadata.offset || c == &metadata.length)
+        c == &reward || c == &finish.offset || c == &finish.length || c == &metadata.offset || c == &metadata.length ||
+        c == &routing_offset || c == &routing_layers || c == &routing_top_k)
       return &Counts::samples;
     return &Counts::groups;
   }
   // The shortest (or longest) column of each kind.
   Counts lengths(bool longest) {
     Counts n;
-    if (!longest) n = {~uint64_t{0}, ~uint64_t{0}, ~uint64_t{0}, ~uint64_t{0}, ~uint64_t{0}};
+    if (!longest) n = {~uint64_t{0}, ~uint64_t{0}, ~uint64_t{0}, ~uint64_t{0}, ~uint64_t{0}, ~uint64_t{0}};
+    if (!has_routing) n.routing = 0;
     for (Column* c : all()) {
       auto& m = n.*per(c);
       m = longest ? std::max(m, c->size()) : std::min(m, c->size());
@@ -275,23 +282,31 @@ struct Columns {
     set(worker.offset, "group_worker_offset", H5T_NATIVE_INT64);
     set(worker.length, "group_worker_length", H5T_NATIVE_UINT32);
     set(accepted_version, "group_accepted_version", H5T_NATIVE_INT64);
+    set(routing, "routing", H5T_NATIVE_INT16);
+    set(routing_offset, "sample_routing_offset", H5T_NATIVE_INT64);
+    set(routing_layers, "sample_routing_layers", H5T_NATIVE_UINT16);
+    set(routing_top_k, "sample_routing_top_k", H5T_NATIVE_UINT16);
   }
 
   // A reader opens the file as a SWMR reader (it may be written meanwhile); the writer
   // creates it in HDF5's latest format, which SWMR needs, and start_swmr() lets readers in.
   // The writer holds the file's WriterLock first: the consistency flags a killed
   // writer left in the file are then known to be stale, and are cleared as h5clear does.
-  void open(const std::filesystem::path& p, bool writable) {
+  // `format`: the version expected (kFormatVersion; 3 to read a file being upgraded).
+  void open(const std::filesystem::path& p, bool writable, int format = kFormatVersion) {
+    RLX_ASSERT(format == kFormatVersion || (!writable && format == 3), "trajectory files are written in format {}",
+               kFormatVersion);
     quiet_hdf5();
     path = p.string();
     name_columns();
+    has_routing = format >= 4;
     const bool exists = std::filesystem::exists(p);
     RLX_CHECK(exists || writable, "trajectory file {} does not exist", path);
     if (exists) {
       RLX_CHECK(H5Fis_hdf5(path.c_str()) > 0, "{} is not an HDF5 file", path);
       if (writable) {
         open_read_only();  // the format first: a file this build refuses is left as it is
-        check_format();
+        check_format(format);
         file.reset();
         Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
         H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
@@ -307,7 +322,7 @@ struct Columns {
       } else {
         open_read_only();
       }
-      check_format();
+      check_format(format);
       for (Column* c : all()) {
         c->ds = Handle(H5Dopen2(file.get(), c->name.c_str(), H5P_DEFAULT), H5Dclose);
         RLX_CHECK(c->ds, "{}: dataset /{} is missing", path, c->name);
@@ -324,7 +339,8 @@ struct Columns {
     RLX_CHECK(file, "cannot create {}{}", path, hdf5_reason());
     write_format();
     for (Column* c : all()) {
-      const hsize_t zero = 0, unlimited = H5S_UNLIMITED, chunk = per(c) == &Counts::tokens ? 65536 : 1024;
+      const hsize_t zero = 0, unlimited = H5S_UNLIMITED,
+                    chunk = per(c) == &Counts::tokens || per(c) == &Counts::routing ? 65536 : 1024;
       Handle space(H5Screate_simple(1, &zero, &unlimited), H5Sclose);
       Handle plist(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
       H5Pset_chunk(plist.get(), 1, &chunk);
@@ -374,7 +390,7 @@ struct Columns {
   // which do not chain). A group's text is its worker's name, then each sample's finish
   // reason and metadata.
   Counts whole() {
-    const auto [g_longest, s_have, t_have, r_have, x_have] = lengths(/*longest=*/false);
+    const auto [g_longest, s_have, t_have, r_have, x_have, e_have] = lengths(/*longest=*/false);
     const uint64_t g_have = std::min(g_longest, committed_groups());
     const auto first = first_sample.read<int64_t>(0, g_have, path), count = num_samples.read<int64_t>(0, g_have, path);
     for (uint64_t g = g_have; g > 0; --g) {
@@ -391,7 +407,18 @@ struct Columns {
       if (r0.back() != r_chained || rn.back() < 0 || static_cast<uint64_t>(r0.back() + rn.back()) > r_have) continue;
       const auto text_to = text_chain(k, static_cast<uint64_t>(first[k]), static_cast<uint64_t>(count[k]));
       if (!text_to || *text_to > x_have) continue;
-      return {g, s, static_cast<uint64_t>(off.back() + len.back()), static_cast<uint64_t>(r0.back() + rn.back()), *text_to};
+      uint64_t routing_to = 0;
+      if (has_routing) {
+        const auto e0 = routing_offset.read<int64_t>(from, s - from, path);
+        const auto el = routing_layers.read<uint16_t>(from, s - from, path);
+        const auto ek = routing_top_k.read<uint16_t>(from, s - from, path);
+        const auto values = [&](size_t j) { return e0[j] + len[j] * static_cast<int64_t>(el[j]) * ek[j]; };
+        const int64_t e_chained = s >= 2 ? values(0) : 0;
+        if (e0.back() != e_chained || static_cast<uint64_t>(values(e0.size() - 1)) > e_have) continue;
+        routing_to = static_cast<uint64_t>(values(e0.size() - 1));
+      }
+      return {g, s, static_cast<uint64_t>(off.back() + len.back()), static_cast<uint64_t>(r0.back() + rn.back()), *text_to,
+              routing_to};
     }
     return {};
   }
@@ -422,10 +449,10 @@ struct Columns {
     H5Awrite(v.get(), H5T_NATIVE_INT, &kFormatVersion);
   }
 
-  void check_format() {
+  void check_format(int format) {
     const int version = format_version(file, path);
-    RLX_CHECK(version == kFormatVersion, "{}: trajectory format version {} (this build reads {}{})", path, version,
-              kFormatVersion, version < kFormatVersion ? "; `rlx inspect trajectories FILE --upgrade-to NEW.h5` converts it" : "");
+    RLX_CHECK(version == format, "{}: trajectory format version {} (this build reads {}{})", path, version, format,
+              version < format ? "; `rlx inspect trajectories FILE --upgrade-to NEW.h5` converts it" : "");
   }
   static int format_version(const Handle& file, const std::string& path) {
     RLX_CHECK(H5Aexists(file.get(), "format") > 0 && H5Aexists(file.get(), "format_version") > 0,

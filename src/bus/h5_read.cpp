@@ -28,12 +28,20 @@ TokenVersions read_versions(const Column& values_col, const Column& lengths_col,
     throw Error(fmt::format("{}: sample {}: {}", path, sample, e.what()));
   }
 }
-}  // namespace
 
-std::vector<TrajectoryGroup> read_trajectory_groups(const std::filesystem::path& file, uint64_t first, uint64_t count) {
-  Columns c;
-  c.open(file, /*writable=*/false);
-  const uint64_t total = c.whole().groups;
+// Sample `sample`'s routing: its dimensions, and its tokens x layers x top_k values of
+// /routing from `first`.
+TokenRouting read_routing(const Columns& c, int64_t first, uint16_t layers, uint16_t top_k, uint64_t tokens, uint64_t sample) {
+  const uint64_t n = tokens * layers * top_k;
+  RLX_CHECK(first >= 0 && static_cast<uint64_t>(first) + n <= c.routing.extent, "{}: sample {}: routing from {}, {} values, "
+            "past /routing's {}", c.path, sample, first, n, c.routing.extent);
+  TokenRouting r{.layers = n ? layers : uint16_t{0}, .top_k = n ? top_k : uint16_t{0}};
+  r.experts = c.routing.read<int16_t>(static_cast<uint64_t>(first), n, c.path);
+  return r;
+}
+
+// Groups [first, first + count) of an open file (count clipped to its whole groups).
+std::vector<TrajectoryGroup> read_groups(const Columns& c, uint64_t first, uint64_t count, uint64_t total) {
   if (first >= total) return {};
   count = std::min(count, total - first);
   const auto lease = c.lease_id.read<uint64_t>(first, count, c.path);
@@ -54,6 +62,12 @@ std::vector<TrajectoryGroup> read_trajectory_groups(const std::filesystem::path&
     const auto fin = c.read_strings(c.finish, s0, sn);
     const auto meta = c.read_strings(c.metadata, s0, sn);
     const auto r0 = c.first_run.read<int64_t>(s0, sn, c.path), rn = c.num_runs.read<int64_t>(s0, sn, c.path);
+    std::vector<int64_t> e0;
+    std::vector<uint16_t> el, ek;
+    if (c.has_routing) {
+      e0 = c.routing_offset.read<int64_t>(s0, sn, c.path);
+      el = c.routing_layers.read<uint16_t>(s0, sn, c.path), ek = c.routing_top_k.read<uint16_t>(s0, sn, c.path);
+    }
     for (uint64_t j = 0; j < sn; ++j) {
       Trajectory t;
       const auto o = static_cast<uint64_t>(off[j]), n = static_cast<uint64_t>(len[j]);
@@ -62,10 +76,18 @@ std::vector<TrajectoryGroup> read_trajectory_groups(const std::filesystem::path&
       t.logprobs = c.logprobs.read<float>(o, n, c.path);
       t.versions = read_versions(c.run_version, c.run_length, c.path, r0[j], rn[j], n, s0 + j);
       t.prompt_len = plen[j], t.reward = rew[j], t.finish = fin[j], t.metadata = meta[j];
+      if (c.has_routing) t.routing = read_routing(c, e0[j], el[j], ek[j], n, s0 + j);
       g.samples.push_back(std::move(t));
     }
   }
   return out;
+}
+}  // namespace
+
+std::vector<TrajectoryGroup> read_trajectory_groups(const std::filesystem::path& file, uint64_t first, uint64_t count) {
+  Columns c;
+  c.open(file, /*writable=*/false);
+  return read_groups(c, first, count, c.whole().groups);
 }
 
 TrajectoryFileSummary summarize_trajectories(const std::filesystem::path& file) {
@@ -142,8 +164,24 @@ uint64_t upgrade_trajectories(const std::filesystem::path& from, const std::file
   Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   RLX_CHECK(file, "cannot open {}{}", path, hdf5_reason());
   const int version = Columns::format_version(file, path);
-  RLX_CHECK(version == 1 || version == 2, "{}: trajectory format version {}, {}", path, version,
-            version == kFormatVersion ? "this build's already" : "which this build cannot upgrade (it upgrades 1 and 2)");
+  RLX_CHECK(version >= 1 && version <= 3, "{}: trajectory format version {}, {}", path, version,
+            version == kFormatVersion ? "this build's already" : "which this build cannot upgrade (it upgrades 1 to 3)");
+  if (version == 3) {  // this format without routing: its groups as they read, none routed
+    file.reset();
+    Columns c;
+    c.open(from, /*writable=*/false, /*format=*/3);
+    const uint64_t groups = c.whole().groups;
+    TrajectoryStore out(to);
+    constexpr uint64_t kBatch = 64;  // groups read at a time: bounded memory
+    for (uint64_t g0 = 0; g0 < groups; g0 += kBatch) {
+      const auto batch = read_groups(c, g0, kBatch, groups);
+      const auto accepted = c.accepted_version.read<int64_t>(g0, batch.size(), path);
+      for (size_t i = 0; i < batch.size(); ++i)
+        RLX_CHECK(out.append(batch[i], accepted[i]), "{}: cannot write group {}: {}", to.string(), g0 + i, out.last_error());
+    }
+    out.flush();
+    return out.groups();
+  }
   Handle str(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Tset_size(str.get(), H5T_VARIABLE);
   const auto col = [&](const char* name, hid_t type) { return legacy_column(file, path, name, type); };

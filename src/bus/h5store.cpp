@@ -40,6 +40,9 @@ struct Stage {
   std::vector<uint32_t> finish_length, metadata_length, worker_length;
   std::vector<uint64_t> lease_id, prompt_index, epoch;
   std::vector<int64_t> first_sample, num_samples, accepted_version;
+  std::vector<int16_t> routing;
+  std::vector<int64_t> routing_offset;
+  std::vector<uint16_t> routing_layers, routing_top_k;
   size_t bytes = 0;
   double since = 0;  // when the first group waiting was staged
 
@@ -77,6 +80,10 @@ struct Stage {
     c.accepted_version.append(accepted_version.data(), accepted_version.size(), f);
     c.worker.offset.append(worker_offset.data(), worker_offset.size(), f);
     c.worker.length.append(worker_length.data(), worker_length.size(), f);
+    c.routing.append(routing.data(), routing.size(), f);
+    c.routing_offset.append(routing_offset.data(), routing_offset.size(), f);
+    c.routing_layers.append(routing_layers.data(), routing_layers.size(), f);
+    c.routing_top_k.append(routing_top_k.data(), routing_top_k.size(), f);
   }
 };
 
@@ -86,7 +93,7 @@ struct TrajectoryStore::Impl {
   StoreOptions options;
   Columns cols;
   Stage stage;
-  uint64_t groups = 0, samples = 0, tokens = 0, runs = 0, text = 0;  // in the file and staged
+  uint64_t groups = 0, samples = 0, tokens = 0, runs = 0, text = 0, routing = 0;  // in the file and staged
   uint64_t committed = 0;  // the file's /committed: groups written and flushed
   uint64_t write_failures = 0;
   std::string last_error;  // of the last write; empty once one succeeds
@@ -180,8 +187,10 @@ TrajectoryStore::TrajectoryStore(const std::filesystem::path& file, StoreOptions
   if (!existed) impl_->lock = WriterLock(file);
   const auto n = c.whole();
   impl_->groups = n.groups, impl_->samples = n.samples, impl_->tokens = n.tokens, impl_->runs = n.runs, impl_->text = n.text;
+  impl_->routing = n.routing;
   const auto had = c.lengths(/*longest=*/true);
-  if (had.groups != n.groups || had.samples != n.samples || had.tokens != n.tokens || had.runs != n.runs || had.text != n.text) {
+  if (had.groups != n.groups || had.samples != n.samples || had.tokens != n.tokens || had.runs != n.runs || had.text != n.text ||
+      had.routing != n.routing) {
     c.set_sizes(n);
     log::warn("trajectory store {}: its columns' lengths differed (a writer stopped uncleanly past its last flush): "
               "kept the {} whole groups ({} samples, {} tokens) of {} groups, {} samples, {} tokens", c.path, n.groups,
@@ -226,6 +235,9 @@ bool TrajectoryStore::append(const GroupView& g, int64_t accepted_version) {
               "lease {}: a sample's tokens, loss_mask, logprobs and versions differ in length", g.lease_id);
     RLX_CHECK(s.finish.size() <= kMaxString && s.metadata.size() <= kMaxString,
               "lease {}: a sample's finish reason or metadata has over {} bytes", g.lease_id, kMaxString);
+    RLX_CHECK(s.routing.experts.size() == (s.routing.empty() ? 0 : n * s.routing.per_token()),
+              "lease {}: a sample's routing has {} values for {} tokens x {} sparse layers x top {}", g.lease_id,
+              s.routing.experts.size(), n, s.routing.layers, s.routing.top_k);
   }
   if (st.empty()) st.since = now_s();
   const size_t text_before = st.text.size();
@@ -246,7 +258,14 @@ bool TrajectoryStore::append(const GroupView& g, int64_t accepted_version) {
     st.reward.push_back(s.reward);
     st.add_text(s.finish, impl_->text, st.finish_offset, st.finish_length);
     st.add_text(s.metadata, impl_->text, st.metadata_offset, st.metadata_length);
-    st.bytes += n * (sizeof(int32_t) + sizeof(uint8_t) + sizeof(float)) + (st.run_version.size() - r) * 12 + 64;
+    st.routing_offset.push_back(static_cast<int64_t>(impl_->routing));
+    const bool routed = !s.routing.empty();
+    st.routing_layers.push_back(routed ? s.routing.layers : uint16_t{0});
+    st.routing_top_k.push_back(routed ? s.routing.top_k : uint16_t{0});
+    s.routing.experts.append_to(st.routing);
+    impl_->routing += s.routing.experts.size();
+    st.bytes += n * (sizeof(int32_t) + sizeof(uint8_t) + sizeof(float)) + (st.run_version.size() - r) * 12 + 64 +
+                s.routing.experts.size() * sizeof(int16_t);
   }
   st.bytes += st.text.size() - text_before + 64;
   st.lease_id.push_back(g.lease_id);
@@ -268,16 +287,18 @@ void TrajectoryStore::truncate(uint64_t groups) {
   auto& c = impl_->cols;
   if (groups >= impl_->groups) return;
   flush();
-  uint64_t samples = 0, tokens = 0, runs = 0, text = 0;
+  uint64_t samples = 0, tokens = 0, runs = 0, text = 0, routing = 0;
   if (groups > 0) {
     const auto first = c.first_sample.read<int64_t>(groups, 1, c.path)[0];
     samples = static_cast<uint64_t>(first);
     tokens = static_cast<uint64_t>(c.sample_offset.read<int64_t>(samples, 1, c.path)[0]);
     runs = static_cast<uint64_t>(c.first_run.read<int64_t>(samples, 1, c.path)[0]);
     text = static_cast<uint64_t>(c.worker.offset.read<int64_t>(groups, 1, c.path)[0]);
+    routing = static_cast<uint64_t>(c.routing_offset.read<int64_t>(samples, 1, c.path)[0]);
   }
-  c.set_sizes({groups, samples, tokens, runs, text});
+  c.set_sizes({groups, samples, tokens, runs, text, routing});
   impl_->groups = groups, impl_->samples = samples, impl_->tokens = tokens, impl_->runs = runs, impl_->text = text;
+  impl_->routing = routing;
   flush();
 }
 

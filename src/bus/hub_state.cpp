@@ -332,6 +332,11 @@ std::optional<std::string> group_mismatch(const GroupView& g, const Lease& lease
       return fmt::format("sample {} token {}: negative id, mask not 0/1, or non-finite log-prob", i, t);
     }
     if (!std::isfinite(s.reward)) return fmt::format("sample {}: non-finite reward", i);
+    if (auto bad = routing_mismatch(s.routing, n)) return fmt::format("sample {}: {}", i, *bad);
+    const auto& first = g.samples[0].routing;
+    if (!s.routing.empty() && !first.empty() && (s.routing.layers != first.layers || s.routing.top_k != first.top_k))
+      return fmt::format("sample {}: routing of {} sparse layers x top {}, sample 0's is {} x {}", i, s.routing.layers,
+                         s.routing.top_k, first.layers, first.top_k);
   }
   return std::nullopt;
 }

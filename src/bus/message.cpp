@@ -150,6 +150,9 @@ GroupView parse_group(const Frame& frame, const Limits& limits) {
     ar(s.prompt_len, s.reward);
     s.finish = take_string(ar);
     s.metadata = take_string(ar);
+    uint16_t layers = 0, top_k = 0;
+    ar(layers, top_k);
+    s.routing = RoutingView::checked(layers, top_k, take_array<int16_t>(ar), s.tokens.size());
   }
   if (ar.remaining() != 0)
     throw FrameError(Reject::malformed, std::to_string(ar.remaining()) + " trailing bytes after a trajectory_group message");
@@ -161,7 +164,7 @@ GroupView view_of(const TrajectoryGroup& group) {
   g.samples.reserve(group.samples.size());
   for (const auto& s : group.samples)
     g.samples.push_back({over(s.tokens), over(s.loss_mask), over(s.logprobs), s.versions.view(), s.prompt_len, s.reward,
-                         s.finish, s.metadata});
+                         s.finish, s.metadata, RoutingView::of(s.routing)});
   return g;
 }
 
@@ -179,6 +182,7 @@ TrajectoryGroup to_group(const GroupView& view) {
     t.reward = s.reward;
     t.finish = s.finish;
     t.metadata = s.metadata;
+    t.routing = s.routing.copy();
   }
   return g;
 }
@@ -374,6 +378,45 @@ std::vector<int64_t> TokenVersions::per_token() const {
   std::vector<int64_t> out;
   view().append_to(out);
   return out;
+}
+
+namespace {
+// Whether every value of `n` int16 at `p` is in [-1, kMaxExperts) (branch-free).
+RLX_SCAN_CLONES bool scan_experts(const char* p, size_t n) {
+  unsigned bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    int16_t e;
+    std::memcpy(&e, p + i * sizeof(e), sizeof(e));
+    bad |= static_cast<unsigned>(e < -1) | static_cast<unsigned>(e >= kMaxExperts);
+  }
+  return bad == 0;
+}
+}  // namespace
+
+RoutingView RoutingView::checked(uint16_t layers, uint16_t top_k, Unaligned<int16_t> experts, size_t tokens) {
+  const size_t per = static_cast<size_t>(layers) * top_k;
+  if (experts.size() == 0 && per == 0) return {layers, top_k, experts};
+  if (per == 0)
+    throw FrameError(Reject::malformed, fmt::format("routing: {} values for {} sparse layers x top {}", experts.size(),
+                                                    layers, top_k));
+  if (experts.size() != tokens * per)
+    throw FrameError(Reject::malformed, fmt::format("routing: {} values, the sample's {} tokens x {} sparse layers x "
+                                                    "top {} make {}",
+                                                    experts.size(), tokens, layers, top_k, tokens * per));
+  return {layers, top_k, experts};
+}
+
+std::optional<std::string> routing_mismatch(const RoutingView& r, size_t tokens) {
+  try {
+    RoutingView::checked(r.layers, r.top_k, r.experts, tokens);
+  } catch (const FrameError& e) {
+    return e.what();
+  }
+  if (scan_experts(r.experts.p, r.experts.size())) return std::nullopt;
+  size_t i = 0;
+  while (i < r.experts.size() && r.experts[i] >= -1 && r.experts[i] < kMaxExperts) ++i;
+  return fmt::format("routing: token {} layer {} names expert {} (experts are -1, none recorded, or 0 to {})",
+                     i / r.per_token(), i / r.top_k % r.layers, r.experts[i], kMaxExperts - 1);
 }
 
 bool SampleView::tokens_valid() const {

@@ -172,6 +172,9 @@ void add_inspect_trajectories(CLI::App& app, Action& action) {
           gj["samples"].push_back({{"tokens", t.tokens}, {"loss_mask", t.loss_mask}, {"logprobs", t.logprobs},
                                    {"versions", t.versions.per_token()}, {"prompt_len", t.prompt_len}, {"reward", t.reward},
                                    {"finish", t.finish}, {"metadata", t.metadata}});
+        for (size_t i = 0; i < g.samples.size(); ++i)  // a mixture-of-experts sample's routing, per token
+          if (const auto& r = g.samples[i].routing; !r.empty())
+            gj["samples"][i]["routing"] = {{"layers", r.layers}, {"top_k", r.top_k}, {"experts", r.experts}};
         std::cout << gj.dump() << "\n";
       }
       return 0;

@@ -142,6 +142,7 @@ int run_learner(const RoleContext& ctx) {
   const bool head = algorithm->needs_critic() && cfg.algorithm.critic == algo::CriticKind::head;
   lo.value_head = head;
   lo.entropy = true;  // the metric GRPO users watch most; in the loss when algorithm.entropy_coef > 0
+  lo.routing_replay = cfg.algorithm.routing_replay;
   // The memory plan, checked against what the device has free before anything else is
   // allocated (the starting model, already there, stays as a colocated engine's weights).
   {

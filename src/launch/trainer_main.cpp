@@ -85,6 +85,9 @@ void validate_run_config(const RunConfig& cfg) {
                                     "weights into its engine in process; leave train.weight_sync at auto",
                                     config::enum_to_string(cfg.train.weight_sync)));
   }
+  if (cfg.algorithm.routing_replay && !cfg.rollout.record_routing)
+    throw ConfigError("algorithm.routing_replay with rollout.record_routing = false: the learner replays the experts "
+                      "the engine records; set rollout.record_routing = true");
   if (cfg.train.weight_sync == WeightSync::shm && cfg.train.transport == Transport::tcp)
     throw ConfigError("train.weight_sync = shm with train.transport = tcp: shared memory reaches one host only; use "
                       "tcp, broadcast or auto");

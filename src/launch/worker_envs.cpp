@@ -114,7 +114,8 @@ EngineConfig engine_config(const RunConfig& cfg) {
   return {.block_size = static_cast<int32_t>(cfg.rollout.block_size),
           .kv_cache_blocks = cfg.rollout.kv_cache_blocks,
           .update_policy = cfg.rollout.update_policy == RolloutUpdatePolicy::continue_ ? UpdatePolicy::continue_
-                                                                                      : UpdatePolicy::finish_old};
+                                                                                      : UpdatePolicy::finish_old,
+          .record_routing = cfg.rollout.record_routing};
 }
 
 rollout::RolloutOptions rollout_options(const RunConfig& cfg) {

@@ -192,6 +192,7 @@ algo::Metrics train_on_batch(algo::Algorithm& algorithm, const TrainModels& m, s
   auto critic_names = algorithm.critic() ? algorithm.critic()->value_metric_names() : std::vector<std::string>{};
   critic_names.push_back("tokens");
   Metrics sums, critic_sums;
+  RoutingStats routing;
   double loss = 0, grad_norm = 0, lr = 0, critic_loss_sum = 0;
   int64_t steps = 0;
   std::vector<size_t> order(seqs.size());
@@ -206,6 +207,7 @@ algo::Metrics train_on_batch(algo::Algorithm& algorithm, const TrainModels& m, s
       for (size_t i = b * order.size() / n_mb; i < (b + 1) * order.size() / n_mb; ++i) part.push_back(seqs[order[i]]);
       auto r = m.policy.step(part, algorithm_loss(algorithm, on_policy), names);
       for (const auto& [k, v] : r.metrics) sums[k] += v;
+      routing += r.routing;
       loss += r.loss, grad_norm += r.grad_norm, lr = r.lr, ++steps;
       if (algorithm.needs_critic() && !head) {
         auto c = m.critic->step(part, critic_loss(algorithm), critic_names);
@@ -226,6 +228,7 @@ algo::Metrics train_on_batch(algo::Algorithm& algorithm, const TrainModels& m, s
   metrics["lr"] = lr;
   metrics["kl_coef"] = algorithm.kl_coef();
   metrics["optimizer_steps"] = static_cast<double>(steps);
+  routing.add_to(metrics);
   return metrics;
 }
 

@@ -82,10 +82,25 @@ std::vector<Unit> units_of(const std::vector<Sequence>& seqs, const PackOptions&
   return out;
 }
 
+// The routing dimensions of the sequences' recorded routing (0, 0: none carries any).
+std::pair<uint16_t, uint16_t> routing_shape(const std::vector<Sequence>& seqs) {
+  for (const auto& s : seqs)
+    if (!s.routing.empty()) return {s.routing_layers, s.routing_top_k};
+  return {0, 0};
+}
+
+// Token i's recorded routing row of sequence s into `row` (S x k values), where `row` has
+// none yet.
+void fill_routing(int16_t* row, const Sequence& s, int64_t i, size_t width) {
+  if (s.routing.empty() || row[0] >= 0) return;
+  std::copy_n(s.routing.data() + static_cast<size_t>(i) * width, width, row);
+}
+
 MicroBatch build(const std::vector<Sequence>& seqs, const std::vector<Row>& rows,
                  const std::vector<std::string>& value_names) {
   int64_t T = 1;
   bool any_shared = false;
+  const auto [layers, top_k] = routing_shape(seqs);
   for (const auto& r : rows) {
     T = std::max(T, r.fill);
     for (const auto& u : r.units) any_shared = any_shared || u.prefix > 0;
@@ -106,6 +121,10 @@ MicroBatch build(const std::vector<Sequence>& seqs, const std::vector<Row>& rows
        pos_of = mb.positions.accessor<int64_t, 2>();
   auto msk = mb.loss_mask.accessor<float, 2>();
   int64_t* pre = any_shared ? mb.prefix.data_ptr<int64_t>() : nullptr;
+  const size_t width = static_cast<size_t>(layers) * top_k;
+  if (width > 0) mb.routing = at::full({R, T, layers, top_k}, -1, at::kShort);
+  int16_t* routing = width > 0 ? mb.routing.data_ptr<int16_t>() : nullptr;
+  const auto routing_at = [&](int64_t r, int64_t c) { return routing + static_cast<size_t>(r * T + c) * width; };
   for (int64_t r = 0; r < R; ++r) {
     int64_t col = 0, segment = 0;
     for (const auto& u : rows[static_cast<size_t>(r)].units) {
@@ -120,6 +139,8 @@ MicroBatch build(const std::vector<Sequence>& seqs, const std::vector<Row>& rows
           tgt[r][col + i] = first.tokens[static_cast<size_t>(i + 1)];
           seg[r][col + i] = shared_segment;
           pos_of[r][col + i] = i;
+          if (routing)  // one prompt, once: the first member that recorded the token
+            for (size_t m : u.members) fill_routing(routing_at(r, col + i), seqs[m], i, width);
         }
         mb.shared.push_back({r, col, u.prefix, {}});
         for (size_t m : u.members) mb.shared.back().members.push_back(static_cast<int64_t>(m));
@@ -136,6 +157,7 @@ MicroBatch build(const std::vector<Sequence>& seqs, const std::vector<Row>& rows
           seg[r][c] = segment;
           sq[r][c] = static_cast<int64_t>(si);
           pos_of[r][c] = i;
+          if (routing) fill_routing(routing_at(r, c), s, i, width);
           if (shared_segment) pre[r * T + c] = shared_segment;
           if (i + 1 < L) {
             tgt[r][c] = s.tokens[static_cast<size_t>(i + 1)];
@@ -156,7 +178,7 @@ MicroBatch build(const std::vector<Sequence>& seqs, const std::vector<Row>& rows
 }  // namespace
 
 ForwardInput forward_input(const MicroBatch& mb) {
-  return {.tokens = mb.tokens, .positions = mb.positions, .segments = mb.segments, .prefix = mb.prefix};
+  return {.tokens = mb.tokens, .positions = mb.positions, .segments = mb.segments, .prefix = mb.prefix, .routing = mb.routing};
 }
 
 at::Tensor loss_positions(const MicroBatch& mb, at::Device device) {
@@ -171,6 +193,7 @@ std::vector<MicroBatch> pack_micro_batches(const std::vector<Sequence>& seqs, co
   RLX_CHECK(o.row_tokens >= 1 && o.micro_batch_tokens >= o.row_tokens,
             "packing: micro_batch_tokens ({}) must be >= row_tokens ({}) >= 1", o.micro_batch_tokens, o.row_tokens);
   std::vector<std::string> value_names;
+  const auto [layers, top_k] = routing_shape(seqs);
   for (size_t i = 0; i < seqs.size(); ++i) {
     const auto& s = seqs[i];
     RLX_CHECK(!s.tokens.empty(), "packing: sequence {} is empty", i);
@@ -186,6 +209,13 @@ std::vector<MicroBatch> pack_micro_batches(const std::vector<Sequence>& seqs, co
     } else {
       RLX_CHECK(s.values.size() == value_names.size(), "packing: sequence {} has different per-token values", i);
     }
+    if (s.routing.empty()) continue;
+    RLX_CHECK(s.routing_layers == layers && s.routing_top_k == top_k && layers * top_k > 0,
+              "packing: sequence {} has routing of {} sparse layers x top {}, another has {} x {}", i, s.routing_layers,
+              s.routing_top_k, layers, top_k);
+    RLX_CHECK(s.routing.size() == s.tokens.size() * layers * top_k,
+              "packing: sequence {} has {} routing values for {} tokens x {} sparse layers x top {}", i, s.routing.size(),
+              s.tokens.size(), layers, top_k);
   }
   auto units = units_of(seqs, o);
   if (o.pack)

@@ -48,8 +48,11 @@ std::vector<at::Tensor> Learner::trained_tensors() const {
   return out;
 }
 
-TokenOutputs Learner::outputs(const MicroBatch& mb, bool entropy, bool trained_only) {
-  auto hidden = model_.forward_hidden(forward_input(mb));
+TokenOutputs Learner::outputs(const MicroBatch& mb, bool entropy, bool trained_only, RoutingTrace* trace) {
+  auto in = forward_input(mb);
+  if (!opt_.routing_replay) in.routing = at::Tensor();
+  in.trace = trace;
+  auto hidden = model_.forward_hidden(in);
   TokenOutputs out;
   if (opt_.policy_head) {
     // Chunked over tokens: never the step's [tokens, vocab] logits in fp32 (model/logprob_head.hpp).
@@ -133,7 +136,7 @@ namespace {
 MicroBatch on_device(const MicroBatch& mb, at::Device device) {
   if (device.is_cpu()) return mb;
   MicroBatch d = mb;
-  for (auto* t : {&d.tokens, &d.segments, &d.targets, &d.loss_mask, &d.sequence, &d.positions, &d.prefix})
+  for (auto* t : {&d.tokens, &d.segments, &d.targets, &d.loss_mask, &d.sequence, &d.positions, &d.prefix, &d.routing})
     if (t->defined()) *t = t->to(device, /*non_blocking=*/false);
   for (auto& [name, v] : d.values) v = v.to(device);
   return d;
@@ -168,18 +171,25 @@ StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_
   model_.module().set_lora_dropout_seed(hash_name(fmt::format("lora-dropout/{}/{}", comm_.rank(), ctx.step), opt_.seed));
   double loss_sum = 0;
   Metrics metrics;
+  const bool moe = model_.config().num_experts > 0;
+  RoutingStats routing;
   for (size_t i = 0; i < n_mbs; ++i) {
     at::Tensor loss;
     RECORD_USER_SCOPE("rlx::learner::micro_batch");  // a named range for LibTorch's profiler
+    // Lives until the micro-batch's backward, which reads it for the load-balancing loss
+    // (none for an empty micro-batch: it has no token to balance).
+    RoutingTrace trace;
+    trace.aux_loss_coef = i < mbs.size() ? opt_.router_aux_loss_coef : 0.0;
     if (i < mbs.size()) {
       const auto& mb = mbs[i];
       const auto dmb = on_device(mb, opt_.fsdp.device);
-      loss = loss_fn(dmb, outputs(dmb, opt_.entropy, /*trained_only=*/true), ctx, metrics);
+      loss = loss_fn(dmb, outputs(dmb, opt_.entropy, /*trained_only=*/true, moe ? &trace : nullptr), ctx, metrics);
       RLX_CHECK(loss.defined() && loss.numel() == 1, "loss function must return a scalar tensor");
+      routing.add(trace, mb, opt_.routing_replay);
       r.tokens += (mb.segments > 0).sum().item<int64_t>();
       r.padded_tokens += mb.tokens.numel();
     } else {
-      auto out = outputs(empty_micro_batch(), false, false);  // same collectives, no gradient
+      auto out = outputs(empty_micro_batch(), false, false, moe ? &trace : nullptr);  // same collectives, no gradient
       loss = (opt_.policy_head ? out.logprobs : out.values).sum() * 0.0;
     }
     loss_sum += loss.item<double>();
@@ -204,11 +214,19 @@ StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_
   const double head_sq = value_head_.defined() && comm_.rank() == 0 ? grad_sq_norm({value_head_}) : 0.0;
   std::vector<double> sums_in{grad_sq_norm(shards) + head_sq, loss_sum};
   for (const auto& name : metric_names) sums_in.push_back(metrics.count(name) ? metrics[name] : 0.0);
+  const auto routing_sums = routing.sums();
+  if (moe) sums_in.insert(sums_in.end(), routing_sums.begin(), routing_sums.end());
   auto sums = at::tensor(sums_in, at::kDouble);
   comm_.all_reduce(sums, dist::ReduceOp::sum, "gradient norm and metrics")->wait();
   r.grad_norm = std::sqrt(sums[0].item<double>());
   r.loss = sums[1].item<double>();
   for (size_t i = 0; i < metric_names.size(); ++i) r.metrics[metric_names[i]] = sums[static_cast<int64_t>(i + 2)].item<double>();
+  if (moe) {
+    const auto from = static_cast<int64_t>(metric_names.size() + 2);
+    std::vector<double> v;
+    for (size_t i = 0; i < routing_sums.size(); ++i) v.push_back(sums[from + static_cast<int64_t>(i)].item<double>());
+    r.routing = RoutingStats::from(v);
+  }
   RLX_CHECK(std::isfinite(r.grad_norm), "step {}: the gradient norm is {} (the loss is {})", ctx.step, r.grad_norm,
             r.loss);
   r.clip_factor = clip_factor(r.grad_norm, opt_.max_grad_norm);
@@ -233,6 +251,7 @@ LearnerOptions learner_options(const LearnerSection& s, uint64_t seed) {
   o.fsdp.compute_dtype = to_scalar_type(s.compute_dtype);
   o.fsdp.reduce_dtype = to_scalar_type(s.reduce_dtype);
   o.fsdp.activation_checkpointing = s.activation_checkpointing;
+  o.router_aux_loss_coef = s.router_aux_loss_coef;
   o.seed = seed;
   return o;
 }

@@ -212,6 +212,10 @@ std::optional<LearnerLoop::End> LearnerLoop::step_once(int64_t& step, const std:
       for (size_t i = 0; i < t.tokens.size(); ++i) sq.tokens[i] = t.tokens[i];
       t.loss_mask.append_to(sq.loss_mask);
       t.logprobs.append_to(sq.values["behaviour_logprobs"]);
+      if (!t.routing.empty()) {
+        t.routing.experts.append_to(sq.routing);
+        sq.routing_layers = t.routing.layers, sq.routing_top_k = t.routing.top_k;
+      }
       rewards.push_back(t.reward);
       truncated.push_back(t.finish == "length" ? 1 : 0);
       seqs.push_back(std::move(sq));

@@ -43,7 +43,9 @@ at::Tensor ReferenceModel::logprobs(const MicroBatch& mb, bool trained_only) {
     }
   } base{base_of_lora_ ? &model_ : nullptr};
   if (base.m) model_.set_lora_active(false);
-  auto hidden = model_.forward_hidden(forward_input(mb));
+  auto in = forward_input(mb);
+  in.routing = at::Tensor();  // the rollout's routing is the policy's: the reference routes itself
+  auto hidden = model_.forward_hidden(in);
   auto out = token_logprobs(hidden, model_.lm_head_weight(), mb.targets.to(hidden.device()),
                             {.positions = trained_only ? loss_positions(mb, hidden.device()) : at::Tensor()})
                  .logprobs;

@@ -135,6 +135,7 @@ ModelConfig model_preset(std::string_view name, Arch arch) {
     if (p.experts > 0) {
       c.num_experts_per_tok = p.top_k;
       c.moe_intermediate_size = p.moe_inter;
+      if (family == Arch::mixtral) c.intermediate_size = p.moe_inter;  // Mixtral's experts are its MLP width
     }
     c.validate();
     return c;

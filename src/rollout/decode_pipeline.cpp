@@ -10,7 +10,9 @@
 // running batch has room for, no weight update staged, every running sequence in the step, blocks free for
 // every row without preemption. Otherwise the pipeline drains and the next step schedules
 // afresh. Tokens and log-probs are those of the unpipelined engine: each row's sampling
-// uniform depends on its request, sample and position only.
+// uniform depends on its request, sample and position only. A mixture-of-experts step's
+// routing goes to its rows' KV slots when the step's result is known: at once for an eager
+// step, when it lands for a graph's (a row whose sequence has finished by then is skipped).
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
@@ -73,7 +75,10 @@ void Engine::launch_decode(bool chained) {
 #endif
   }
   std::vector<PagedKVCache::Entry> entries;
-  for (const Seq* s : f.seqs) entries.push_back({s->blocks, s->computed, 1});
+  for (Seq* s : f.seqs) {
+    entries.push_back({s->blocks, s->computed, 1});
+    f.spans.push_back({s, s->computed, 1});
+  }
   const auto batch = sampling_batch(f.seqs, chained ? 1 : 0);
   const auto rows = static_cast<int64_t>(f.seqs.size());
   c10::NoGradGuard no_grad;
@@ -87,7 +92,9 @@ void Engine::launch_decode(bool chained) {
 #endif
     cache_.plan(entries);
     auto input = at::tensor(tokens, at::TensorOptions().dtype(at::kLong)).to(model_->device()).view({1, rows});
-    const auto hidden = model_->forward_hidden({.tokens = input}, &cache_);
+    RoutingTrace trace;
+    const auto hidden = model_->forward_hidden({.tokens = input, .trace = routing_.enabled() ? &trace : nullptr}, &cache_);
+    store_routing(trace, f.spans);
     const auto logits = model_->logits(hidden.select(0, 0));
     auto sampled = sample(logits, batch);
     const auto toks = sampled.tokens.to(at::kCPU, at::kLong).contiguous();
@@ -111,6 +118,10 @@ void Engine::land_decode() {
     auto r = graphs_->wait();
     f.tokens = std::move(r.tokens);
     f.logprobs = std::move(r.logprobs);
+    if (routing_.enabled()) {
+      for (size_t i = 0; i < f.seqs.size(); ++i) f.spans[i].seq = f.seqs[i];  // collect() may have dropped rows
+      store_routing(r.routing.data(), f.spans);
+    }
   }
 #endif
   for (size_t i = 0; i < f.seqs.size(); ++i) {

@@ -35,6 +35,12 @@ int64_t blocks_for(const ModelConfig& mc, const EngineConfig& c, at::ScalarType 
   return n;
 }
 uint64_t prefix_root(int64_t version) { return hash_name("rlx.prefix", static_cast<uint64_t>(version)); }
+// Mixture-of-experts models that record routing: a row per KV slot; otherwise none.
+BlockRouting block_routing(const ModelConfig& mc, const EngineConfig& c, const BlockAllocator& blocks) {
+  if (!c.record_routing || mc.num_experts == 0) return {};
+  return BlockRouting(blocks.num_blocks(), c.block_size, static_cast<int32_t>(mc.sparse_layers().size()),
+                      static_cast<int32_t>(mc.num_experts_per_tok));
+}
 }  // namespace
 
 Engine::Engine(std::shared_ptr<Transformer> model, EngineConfig cfg, std::shared_ptr<const Tokenizer> tokenizer,
@@ -45,6 +51,7 @@ Engine::Engine(std::shared_ptr<Transformer> model, EngineConfig cfg, std::shared
       max_model_len_(cfg_.max_model_len > 0 ? cfg_.max_model_len : model_->config().max_position_embeddings),
       blocks_(static_cast<int32_t>(blocks_for(model_->config(), cfg_, model_->dtype())), cfg_.block_size),
       cache_(model_->config(), blocks_.num_blocks(), cfg_.block_size, model_->dtype(), model_->device()),
+      routing_(block_routing(model_->config(), cfg_, blocks_)),
       version_(weight_version),
       prefix_root_(prefix_root(weight_version)),
       latest_version_(weight_version) {
@@ -57,7 +64,7 @@ Engine::Engine(std::shared_ptr<Transformer> model, EngineConfig cfg, std::shared
     RLX_CHECK(pad.has_value(), "engine: no KV block left to reserve for CUDA graph padding");
     const int64_t max_seqs = std::min<int64_t>(256, cuda::DecodeGraphs::batch_bucket(cfg_.max_running));
     cache_.enable_static(max_seqs, (max_model_len_ + cfg_.block_size - 1) / cfg_.block_size, *pad);
-    graphs_ = std::make_unique<cuda::DecodeGraphs>(*model_, cache_, max_seqs);
+    graphs_ = std::make_unique<cuda::DecodeGraphs>(*model_, cache_, max_seqs, routing_.per_token());
     graph_seqs_ = max_seqs;
   }
 #endif
@@ -195,7 +202,7 @@ void Engine::wake() {
   if (!asleep_) return;
   cache_.restore();
 #if RLX_WITH_CUDA
-  if (graph_seqs_ > 0) graphs_ = std::make_unique<cuda::DecodeGraphs>(*model_, cache_, graph_seqs_);
+  if (graph_seqs_ > 0) graphs_ = std::make_unique<cuda::DecodeGraphs>(*model_, cache_, graph_seqs_, routing_.per_token());
 #endif
   asleep_ = false;
 }
@@ -301,6 +308,7 @@ void Engine::take_inbox(std::vector<GenerationResult>& finished) {
   for (auto& r : incoming) {
     auto state = std::make_unique<RequestState>();
     state->remaining = r.params.n;
+    state->prompt_routing.assign(r.prompt.size() * static_cast<size_t>(routing_.per_token()), -1);
     if (r.params.prompt_logprobs >= 0) {
       state->prompt_logprobs.assign(r.prompt.size() - 1, 0.0f);
       if (r.params.prompt_logprobs > 0) state->prompt_top.resize(r.prompt.size() - 1);
@@ -433,6 +441,7 @@ bool Engine::reserve(Seq& s, int64_t n) {
   if (r.cow) {
     const BlockId copy = *blocks_.allocate();
     copies_.emplace_back(s.blocks[r.first], copy);
+    routing_.copy(s.blocks[r.first], copy);
     blocks_.release(s.blocks[r.first]);
     s.blocks[r.first] = copy;
     ++stats_.cow_copies;
@@ -492,8 +501,10 @@ void Engine::forward_and_sample() {
   std::vector<PagedKVCache::Entry> entries;
   std::vector<int64_t> packed, last_rows;
   std::vector<Seq*> completing;  // sequences whose known tokens are all computed after this step
+  std::vector<RoutedSpan> spans;
   for (const auto& [s, n] : plan_) {
     entries.push_back({s->blocks, s->computed, n});
+    spans.push_back({s, s->computed, n});
     packed.insert(packed.end(), s->tokens.begin() + s->computed, s->tokens.begin() + s->computed + n);
     if (s->computed + n == static_cast<int64_t>(s->tokens.size())) {
       last_rows.push_back(static_cast<int64_t>(packed.size()) - 1);
@@ -508,7 +519,12 @@ void Engine::forward_and_sample() {
   cache_.copy_blocks(copies_);
   cache_.plan(entries);
   auto tokens = at::tensor(packed, long_opts).to(device).view({1, static_cast<int64_t>(packed.size())});
-  const auto hidden = forgetting_on_error([&] { return model_->forward_hidden({.tokens = tokens}, &cache_); });
+  RoutingTrace trace;
+  const auto hidden = forgetting_on_error([&] {
+    auto h = model_->forward_hidden({.tokens = tokens, .trace = routing_.enabled() ? &trace : nullptr}, &cache_);
+    store_routing(trace, spans);
+    return h;
+  });
   stats_.forward_tokens += static_cast<int64_t>(packed.size());
   record_prompt_logprobs(hidden.select(0, 0));  // before `computed` moves: the chunks' positions
   for (const auto& [s, n] : plan_) s->computed += n;
@@ -598,12 +614,41 @@ void Engine::append_token(Seq& s, TokenId token, float logprob, std::vector<Toke
     finish(s, FinishReason::length);
 }
 
+void Engine::store_routing(const int16_t* rows, const std::vector<RoutedSpan>& spans) {
+  int64_t at = 0;
+  for (const auto& [s, from, n] : spans) {
+    if (s != nullptr && !s->done) routing_.write(s->blocks, from, n, rows + at * routing_.per_token());
+    at += n;
+  }
+}
+
+void Engine::store_routing(const RoutingTrace& trace, const std::vector<RoutedSpan>& spans) {
+  if (!routing_.enabled()) return;
+  const auto rows = trace.routing().reshape({-1, routing_.per_token()}).to(at::kCPU, at::kShort).contiguous();
+  store_routing(rows.data_ptr<int16_t>(), spans);
+}
+
+void Engine::take_routing(Seq& s) {
+  if (!routing_.enabled()) return;
+  const auto len = static_cast<int64_t>(s.tokens.size()), prompt = len - s.generated();
+  const auto width = static_cast<size_t>(routing_.per_token());
+  // Every token but the last sampled one was forwarded, as far as this sequence's keys go.
+  std::vector<int16_t> rows;
+  routing_.read(s.blocks, 0, std::max<int64_t>(0, std::min(s.computed, len - 1)), rows);
+  rows.resize(static_cast<size_t>(len) * width, -1);
+  auto& shared = s.req->prompt_routing;  // the samples' prompt, filled from whichever computed it
+  for (size_t i = 0; i < shared.size(); ++i)
+    if (shared[i] < 0) shared[i] = rows[i];
+  s.out.routing.assign(rows.begin() + static_cast<int64_t>(static_cast<size_t>(prompt) * width), rows.end());
+}
+
 void Engine::finish(Seq& s, FinishReason reason, std::string stop) {
   RLX_ASSERT(!s.done, "sequence finished twice");
   s.done = true;
   s.running = false;
   s.out.finish = reason;
   s.out.stop_string = std::move(stop);
+  take_routing(s);
   release_blocks(s);
   --s.req->remaining;
 }
@@ -631,6 +676,11 @@ void Engine::collect(std::vector<GenerationResult>& finished) {
       for (auto& s : f.seqs)
         if (s != nullptr && s->req == &r) s = nullptr;
     GenerationResult out{r.req.id, std::move(r.req.prompt), {}, std::move(r.prompt_logprobs), std::move(r.prompt_top)};
+    if (routing_.enabled()) {
+      out.prompt_routing = std::move(r.prompt_routing);
+      out.routing_layers = static_cast<uint16_t>(routing_.layers());
+      out.routing_top_k = static_cast<uint16_t>(routing_.top_k());
+    }
     for (auto& s : r.seqs) out.samples.push_back(std::move(s->out));
     ids.push_back(out.id);
     finished.push_back(std::move(out));

@@ -33,6 +33,9 @@ struct Engine::RequestState {
   // req.params.prompt_logprobs >= 0: by prompt position from 1, filled as prefill computes it.
   std::vector<float> prompt_logprobs;
   std::vector<std::vector<TokenLogprob>> prompt_top;
+  // Mixture-of-experts: the prompt's routing, [prompt][layers x top_k] (-1 until a sample
+  // that computed it finishes).
+  std::vector<int16_t> prompt_routing;
 };
 
 

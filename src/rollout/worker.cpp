@@ -28,6 +28,50 @@ namespace {
 void trace_span(const char* name, int64_t start_us) {
   if (auto* t = TraceWriter::installed()) t->complete(name, "", start_us, TraceWriter::now_us() - start_us);
 }
+
+// Routing in an episode checkpoint: four hex digits an int16 (its two bytes little-endian).
+std::string routing_hex(const std::vector<int16_t>& values) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out(values.size() * 4, '0');
+  for (size_t i = 0; i < values.size(); ++i) {
+    const auto v = static_cast<uint16_t>(values[i]);
+    const uint8_t bytes[2] = {static_cast<uint8_t>(v & 0xff), static_cast<uint8_t>(v >> 8)};
+    for (int b = 0; b < 2; ++b) {
+      out[i * 4 + static_cast<size_t>(2 * b)] = kDigits[bytes[b] >> 4];
+      out[i * 4 + static_cast<size_t>(2 * b) + 1] = kDigits[bytes[b] & 0xf];
+    }
+  }
+  return out;
+}
+std::vector<int16_t> routing_from_hex(const std::string& hex) {
+  RLX_CHECK(hex.size() % 4 == 0, "routing of {} hex digits (four a value)", hex.size());
+  const auto digit = [&](char c) -> unsigned {
+    if (c >= '0' && c <= '9') return static_cast<unsigned>(c - '0');
+    if (c >= 'a' && c <= 'f') return static_cast<unsigned>(c - 'a' + 10);
+    throw Error(fmt::format("routing: {:?} is not a hex digit", c));
+  };
+  std::vector<int16_t> out(hex.size() / 4);
+  for (size_t i = 0; i < out.size(); ++i) {
+    const unsigned lo = digit(hex[4 * i]) << 4 | digit(hex[4 * i + 1]), hi = digit(hex[4 * i + 2]) << 4 | digit(hex[4 * i + 3]);
+    out[i] = static_cast<int16_t>(static_cast<uint16_t>(hi << 8 | lo));
+  }
+  return out;
+}
+
+// Values per token of a group's routing (0: a dense model).
+size_t routing_width(const GroupRollout& g) { return static_cast<size_t>(g.routing_layers) * g.routing_top_k; }
+
+// A turn's routing into its episode's (its tokens so far, the request's prompt): the
+// prompt's rows the engine recorded (a token's latest forward replaces an earlier one's,
+// as after a weight update the engine computes the context anew), then the action's.
+void add_routing(std::vector<int16_t>& episode, const GenerationResult& r, const SampleOutput& out) {
+  if (r.prompt_routing.empty()) return;
+  RLX_ASSERT(episode.size() == r.prompt_routing.size(), "an episode's routing ({} values) is not its prompt's ({})",
+             episode.size(), r.prompt_routing.size());
+  for (size_t i = 0; i < episode.size(); ++i)
+    if (r.prompt_routing[i] >= 0) episode[i] = r.prompt_routing[i];
+  episode.insert(episode.end(), out.routing.begin(), out.routing.end());
+}
 }  // namespace
 
 fs::path EpisodeCheckpoints::file(const bus::Lease& l) const { return dir_ / fmt::format("p{}.e{}", l.prompt_index, l.epoch); }
@@ -39,11 +83,14 @@ void EpisodeCheckpoints::remove(const bus::Lease& l) {
 
 void EpisodeCheckpoints::save(const GroupRollout& g, int next_turn) {
   json samples = json::array();
-  for (size_t k = 0; k < g.episodes.size(); ++k)
+  for (size_t k = 0; k < g.episodes.size(); ++k) {
     samples.push_back({{"episode", g.episodes[k].to_json()}, {"env_state", g.envs[k]->save_state()},
                        {"versions", g.versions[k]}, {"truncated", k < g.truncated.size() && g.truncated[k] != 0}});
-  const auto body = json{{"format", "rlx-episodes/1"}, {"prompt_index", g.lease.prompt_index}, {"epoch", g.lease.epoch},
-                         {"task_xxh64", hash_name(g.lease.task)}, {"next_turn", next_turn}, {"samples", samples}}
+    if (routing_width(g) > 0) samples.back()["routing"] = routing_hex(g.routing[k]);
+  }
+  const auto body = json{{"format", "rlx-episodes/2"}, {"prompt_index", g.lease.prompt_index}, {"epoch", g.lease.epoch},
+                         {"task_xxh64", hash_name(g.lease.task)}, {"next_turn", next_turn},
+                         {"routing_layers", g.routing_layers}, {"routing_top_k", g.routing_top_k}, {"samples", samples}}
                         .dump();
   fs::create_directories(dir_);
   write_file_atomic(file(g.lease), fmt::format("{:016x}\n{}", hash_name(body), body));
@@ -60,12 +107,20 @@ bool EpisodeCheckpoints::restore(GroupRollout& g, const EnvSource& envs) {
     const std::string_view body = std::string_view(text).substr(17);
     RLX_CHECK(fmt::format("{:016x}", hash_name(body)) == text.substr(0, 16), "checksum mismatch (damaged file)");
     const auto j = json::parse(body);
-    RLX_CHECK(j.at("format") == "rlx-episodes/1", "unknown format {}", j.at("format").dump());
+    const bool routed = j.at("format") == "rlx-episodes/2";
+    RLX_CHECK(routed || j.at("format") == "rlx-episodes/1", "unknown format {}", j.at("format").dump());
     RLX_CHECK(j.at("prompt_index").get<uint64_t>() == g.lease.prompt_index && j.at("epoch").get<uint64_t>() == g.lease.epoch &&
                   j.at("task_xxh64").get<uint64_t>() == hash_name(g.lease.task),
               "it belongs to another task");
     const auto& samples = j.at("samples");
     RLX_CHECK(samples.size() == g.lease.group_size, "{} samples, the lease has {}", samples.size(), g.lease.group_size);
+    // Routing of another shape (another model) cannot be replayed: the episode starts over.
+    const auto layers = routed ? j.at("routing_layers").get<uint16_t>() : uint16_t{0};
+    const auto top_k = routed ? j.at("routing_top_k").get<uint16_t>() : uint16_t{0};
+    RLX_CHECK(layers * top_k == 0 || (layers == g.routing_layers && top_k == g.routing_top_k),
+              "routing of {} sparse layers x top {}, this engine's is {} x {}", layers, top_k, g.routing_layers,
+              g.routing_top_k);
+    const size_t width = routing_width(g);
     for (const auto& s : samples) {
       g.envs.push_back(envs.make());
       g.envs.back()->load_state(s.at("env_state").get<std::string>());
@@ -73,6 +128,12 @@ bool EpisodeCheckpoints::restore(GroupRollout& g, const EnvSource& envs) {
       g.versions.push_back(s.at("versions").get<std::vector<int64_t>>());
       g.truncated.push_back(s.value("truncated", false) ? 1 : 0);
       RLX_CHECK(g.versions.back().size() == g.episodes.back().tokens.size(), "versions do not match the tokens");
+      const size_t tokens = g.episodes.back().tokens.size();
+      // A checkpoint without routing (a /1 file, a dense model's): none recorded so far.
+      g.routing.push_back(layers * top_k > 0 ? routing_from_hex(s.at("routing").get<std::string>())
+                                             : std::vector<int16_t>(tokens * width, -1));
+      RLX_CHECK(g.routing.back().size() == tokens * width, "routing ({} values) does not match the {} tokens",
+                g.routing.back().size(), tokens);
     }
     g.start_turn = j.at("next_turn").get<int>();
     return true;
@@ -80,7 +141,7 @@ bool EpisodeCheckpoints::restore(GroupRollout& g, const EnvSource& envs) {
     throw;  // not the checkpoint's fault: the run cannot go on
   } catch (const std::exception& e) {
     log::warn("episode checkpoint {}: {}; the episode starts over", path.string(), e.what());
-    g.envs.clear(), g.episodes.clear(), g.versions.clear(), g.truncated.clear();
+    g.envs.clear(), g.episodes.clear(), g.versions.clear(), g.truncated.clear(), g.routing.clear();
     remove(g.lease);
     return false;
   }
@@ -118,6 +179,8 @@ std::vector<GroupRollout> rollout_groups(Engine& engine, const EnvSource& envs, 
   for (size_t g = 0; g < leases.size(); ++g) {
     auto& gr = groups[g];
     gr.lease = leases[g];
+    gr.routing_layers = static_cast<uint16_t>(engine.routing().layers());
+    gr.routing_top_k = static_cast<uint16_t>(engine.routing().top_k());
     // An environment that failed (InfraError) sends the lease back to be retried; a task
     // the environment rejects ends the lease as a data error. A server past its restarts
     // (envs.make() throws) ends the worker.
@@ -150,6 +213,7 @@ std::vector<GroupRollout> rollout_groups(Engine& engine, const EnvSource& envs, 
         gr.episodes.emplace_back().start(std::move(prompts[i].value));
         gr.versions.emplace_back(gr.episodes.back().tokens.size(), -1);
         gr.truncated.push_back(0);
+        gr.routing.emplace_back(gr.episodes.back().tokens.size() * routing_width(gr), -1);
       });
     }
   }
@@ -180,7 +244,14 @@ std::vector<GroupRollout> rollout_groups(Engine& engine, const EnvSource& envs, 
         owner.emplace_back(g, static_cast<int64_t>(k));
       }
     }
-    if (requests.empty()) break;
+    if (requests.empty()) {
+      // Nothing to sample at this turn: done, unless groups continued from a checkpoint
+      // start at a later one (every group of the grant was continued).
+      const bool later = std::any_of(groups.begin(), groups.end(),
+                                     [&](const GroupRollout& gr) { return gr.error.empty() && turn < gr.start_turn; });
+      if (later) continue;
+      break;
+    }
     if (turn == 0) trace_span("start_envs", start_us);
     const int64_t gen_us = TraceWriter::now_us();
     auto results = engine.generate(std::move(requests), stop);
@@ -202,6 +273,7 @@ std::vector<GroupRollout> rollout_groups(Engine& engine, const EnvSource& envs, 
         const size_t k = owner[r].second < 0 ? s : static_cast<size_t>(owner[r].second);
         auto& out = results[r].samples[s];
         auto& ver = gr.versions[k];
+        add_routing(gr.routing[k], results[r], out);
         gr.episodes[k].add_action(out.tokens, out.logprobs);
         ver.insert(ver.end(), out.versions.begin(), out.versions.end());
         gr.truncated[k] = out.finish == FinishReason::length ? 1 : 0;
@@ -226,6 +298,7 @@ std::vector<GroupRollout> rollout_groups(Engine& engine, const EnvSource& envs, 
         if (!ep.done) {
           ep.add_observation(step.observation);
           ver.resize(ep.tokens.size(), -1);
+          gr.routing[at[i].second].resize(ep.tokens.size() * routing_width(gr), -1);
         }
       });
     }
@@ -327,6 +400,7 @@ bus::TrajectoryGroup to_trajectory_group(GroupRollout& gr, const std::string& wo
     t.logprobs = std::move(ep.logprobs);
     t.versions = bus::TokenVersions(gr.versions[k]);
     t.prompt_len = ep.prompt_len;
+    if (routing_width(gr) > 0) t.routing = {gr.routing_layers, gr.routing_top_k, std::move(gr.routing[k])};
     t.reward = static_cast<float>(ep.reward);
     t.finish = k < gr.truncated.size() && gr.truncated[k] ? "length" : ep.done ? "stop" : "turns";
     const auto meta = trajectory_metadata(ep, k < gr.reward_parts.size() ? &gr.reward_parts[k] : nullptr);

@@ -10,7 +10,9 @@ int main(int argc, char** argv) {
   const std::string dir = argv[1];
   Trajectory t{.tokens = {1, 2, 3}, .loss_mask = {0, 1, 1}, .logprobs = {0, -1, -2}, .versions = {-1, 0, 0}, .prompt_len = 1,
                .reward = 1, .finish = "stop", .metadata = "{}"};
-  TrajectoryGroup g{.lease_id = 1, .prompt_index = 2, .epoch = 0, .worker = "w", .samples = {t, t}};
+  Trajectory routed = t;  // a mixture-of-experts sample: 2 sparse layers, top 1
+  routed.routing = {.layers = 2, .top_k = 1, .experts = {3, 1, 0, 7, -1, -1}};
+  TrajectoryGroup g{.lease_id = 1, .prompt_index = 2, .epoch = 0, .worker = "w", .samples = {t, routed}};
   const std::pair<const char*, std::string> frames[] = {
       {"hello", pack(Hello{"w", "worker", 1})},
       {"welcome", pack(Welcome{4, 1.0, 30.0})},

@@ -121,6 +121,7 @@ struct AlgoOptions {
   bool mask_truncated = false;                       // DAPO overlong filtering: samples cut by max_new_tokens train nothing
   int64_t mini_batches = 1;                          // optimizer steps per pass
   std::string teacher;                               // distill: the teacher's HF directory
+  bool routing_replay = false;                       // mixture-of-experts: the learner uses the sampler's experts
   std::map<std::string, std::string> options;        // a registered algorithm's own (see option())
 
   template <class V>
@@ -169,6 +170,10 @@ struct AlgoOptions {
       "still count in their group's advantages (beside the soft overlong penalty, which shapes the reward)");
     v("teacher", teacher, "on-policy distillation (algorithm distill): the teacher's HF directory, frozen and "
       "sharded like the reference model; same tokenizer as the student");
+    v("routing_replay", routing_replay,
+      "mixture-of-experts models: the learner's forwards use the experts the rollout engine's router chose for each "
+      "token (recorded with the trajectory), gate weights from the learner's own router; tokens without a record "
+      "route themselves. moe/routing_agreement is reported either way");
     v("options", options, "the algorithm's own options, declared when it registers (a key it does not declare is an "
       "error listing those it does); each value is read as JSON when it parses, else as text");
   }

@@ -15,10 +15,13 @@
 //   /group_first_sample int64[G]  /group_num_samples int64[G]
 //   /group_worker_offset int64[G]  /group_worker_length uint32[G]
 //   /group_accepted_version int64[G]: the hub's weight version when it accepted the group
+//   /routing int16[E]: mixture-of-experts samples' routing (bus::TokenRouting), back to back
+//   /sample_routing_offset int64[S] (first value)  /sample_routing_layers uint16[S]
+//   /sample_routing_top_k uint16[S]: a sample's sample_length x layers x top_k values (0 x 0: none)
 //   /committed uint64 (compact): the groups written and flushed; readers count no more
-// Root attributes: format = "rlx-trajectories", format_version = 3 (2 held the strings as
-// HDF5 variable-length strings, which SWMR readers cannot read safely; 1 had /versions
-// int64[T]; this build refuses both, naming the versions).
+// Root attributes: format = "rlx-trajectories", format_version = 4 (3 had no routing; 2 held
+// the strings as HDF5 variable-length strings, which SWMR readers cannot read safely; 1 had
+// /versions int64[T]; this build refuses them, naming the versions, and upgrades them).
 //
 // Read while written: the file is in HDF5's latest format and its writer in SWMR mode, so
 // `rlx inspect trajectories` (and h5py with swmr=True) can read it during a run. Readers
@@ -103,7 +106,7 @@ struct TrajectoryFileSummary {
 TrajectoryFileSummary summarize_trajectories(const std::filesystem::path& file);
 // Groups [first, first + count) as they were appended (count clipped to the file).
 std::vector<TrajectoryGroup> read_trajectory_groups(const std::filesystem::path& file, uint64_t first, uint64_t count);
-// Writes the groups of a format 1 or 2 file (which this build refuses) to a new file `to`
+// Writes the groups of a format 1, 2 or 3 file (which this build refuses) to a new file `to`
 // in this build's format, accepted versions and all; the groups it wrote. A torn tail (a
 // writer killed past its last flush) is left behind, with a warning.
 uint64_t upgrade_trajectories(const std::filesystem::path& from, const std::filesystem::path& to);

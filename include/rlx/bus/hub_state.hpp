@@ -92,8 +92,8 @@ struct LeaseTableState {
 };
 
 // Why a trajectory group cannot be the result of `lease` (sample count, prompt and epoch,
-// array lengths, prompt length, token ids, masks, finite log-probs and rewards), or
-// nothing when it can.
+// array lengths, prompt length, token ids, masks, finite log-probs and rewards, the
+// routing's shape and experts), or nothing when it can.
 std::optional<std::string> group_mismatch(const GroupView& g, const Lease& lease);
 
 // Every lease ends exactly once: completed (its group accepted), or an error record.

@@ -3,7 +3,8 @@
 //
 // The frame (header, checksum, decode_frame) is frame.hpp; unpack() reads a payload with
 // BoundedInputArchive (bounded_archive.hpp), and a payload must be consumed exactly.
-// Per-token versions as runs are token_versions.hpp.
+// Per-token versions as runs are token_versions.hpp, a mixture-of-experts sample's routing
+// token_routing.hpp.
 //
 //   std::string wire = rlx::bus::pack(rlx::bus::Heartbeat{.who = "worker-3"}, /*seq=*/7);
 //   auto frame = rlx::bus::decode_frame(wire, limits);      // throws FrameError
@@ -33,6 +34,7 @@
 
 #include "rlx/bus/bounded_archive.hpp"
 #include "rlx/bus/frame.hpp"
+#include "rlx/bus/token_routing.hpp"
 #include "rlx/bus/token_versions.hpp"
 #include "rlx/core/error.hpp"
 
@@ -98,16 +100,20 @@ struct Trajectory {
   float reward = 0;
   std::string finish;               // "stop", "length", "abort", ...
   std::string metadata;             // environment info (JSON)
+  TokenRouting routing;             // mixture-of-experts: per token, the experts the sampler's router chose
   template <class Ar> void save(Ar& ar) const {
-    ar(tokens, loss_mask, logprobs, versions.run_values(), versions.run_lengths(), prompt_len, reward, finish, metadata);
+    ar(tokens, loss_mask, logprobs, versions.run_values(), versions.run_lengths(), prompt_len, reward, finish, metadata,
+       routing.layers, routing.top_k, routing.experts);
   }
   template <class Ar> void load(Ar& ar) {
     std::vector<int64_t> run_values;
     std::vector<uint32_t> run_lengths;
-    ar(tokens, loss_mask, logprobs, run_values, run_lengths, prompt_len, reward, finish, metadata);
+    ar(tokens, loss_mask, logprobs, run_values, run_lengths, prompt_len, reward, finish, metadata, routing.layers,
+       routing.top_k, routing.experts);
     versions = TokenVersions::from(VersionRuns::checked({reinterpret_cast<const char*>(run_values.data()), run_values.size()},
                                                         {reinterpret_cast<const char*>(run_lengths.data()), run_lengths.size()},
                                                         tokens.size()));
+    RoutingView::checked(routing.layers, routing.top_k, RoutingView::of(routing).experts, tokens.size());
   }
   bool operator==(const Trajectory&) const = default;
 };
@@ -347,6 +353,7 @@ struct SampleView {
   int32_t prompt_len = 0;
   float reward = 0;
   std::string_view finish, metadata;
+  RoutingView routing;
   // Every token id >= 0, every mask 0 or 1, every log-prob finite (arrays of equal length).
   bool tokens_valid() const;
 };

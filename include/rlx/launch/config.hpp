@@ -143,6 +143,8 @@ struct RolloutSection {
   // With model.lora: the engine merges the adapters into its weights at each update (it
   // keeps a copy of the targets' base weights), or adds them in every forward.
   bool lora_merged = true;
+  // Mixture-of-experts models: the engine records each token's experts (routing replay).
+  bool record_routing = true;
 
   template <class V>
   void visit(V& v) {
@@ -172,6 +174,9 @@ struct RolloutSection {
     v("lora_merged", lora_merged,
       "with model.lora: merge the adapters into the engine's weights at each update (a copy of the targets' base "
       "weights kept); false: add them in every forward");
+    v("record_routing", record_routing,
+      "mixture-of-experts models: record the experts each token was routed to and send them with the trajectory "
+      "(algorithm.routing_replay replays them; moe/routing_agreement compares them); dense models record nothing");
   }
   // Stop strings the engine takes (text::stop_string_problem).
   void validate() const;

@@ -39,10 +39,11 @@ struct TrainModels {
 // steps each, in a fixed shuffled order from the policy's random stream. Returns the
 // batch's metrics (algo::batch_metrics), the means of the steps' loss metrics
 // (algo::Algorithm::means, critic's prefixed "critic_"), "loss", "grad_norm", "lr",
-// "kl_coef" and "optimizer_steps". Updates an adaptive KL coefficient. `truncated` (empty:
-// none) marks the sequences whose sample was cut by max_new_tokens: with options()
-// .mask_truncated their tokens get no loss (their loss masks are cleared after the
-// advantages, which still count their rewards).
+// "kl_coef", "optimizer_steps" and a mixture-of-experts policy's moe/ metrics
+// (RoutingStats). Updates an adaptive KL coefficient. `truncated` (empty: none) marks the
+// sequences whose sample was cut by max_new_tokens: with options().mask_truncated their
+// tokens get no loss (their loss masks are cleared after the advantages, which still count
+// their rewards).
 algo::Metrics train_on_batch(algo::Algorithm& algorithm, const TrainModels& models, std::vector<Sequence>& seqs,
                              const std::vector<double>& rewards, const std::vector<size_t>& group_sizes,
                              const std::vector<uint8_t>& truncated = {});

@@ -8,6 +8,10 @@
 // the positions that follow it. The model runs the prompt once instead of once per sample;
 // every trained token sees exactly the context it would see alone.
 //
+// A mixture-of-experts rollout's routing (Sequence::routing) is packed like the tokens, as
+// MicroBatch::routing, the model's routing replay input: a shared prompt takes its members'
+// (the first recorded row of each token).
+//
 //   std::vector<rlx::Sequence> seqs = ...;           // token ids + which tokens are trained
 //   auto mbs = rlx::pack_micro_batches(seqs, {.micro_batch_tokens = 8192, .row_tokens = 2048});
 //   // mbs[i].tokens [R, T], .segments (0 = padding), .targets (next token), .loss_mask
@@ -29,6 +33,11 @@ struct Sequence {
   std::vector<int64_t> tokens;
   std::vector<uint8_t> loss_mask;             // per token: 1 where the token is trained (predicted)
   std::map<std::string, std::vector<float>> values;  // per-token values (advantages, old log-probs, ...)
+  // Mixture-of-experts rollouts: per token, the experts each sparse layer used when the
+  // sampler forwarded it, [tokens][routing_layers][routing_top_k]; -1: not recorded (the
+  // learner's router chooses). Empty: none recorded.
+  std::vector<int16_t> routing;
+  uint16_t routing_layers = 0, routing_top_k = 0;
 };
 
 struct PackOptions {
@@ -55,13 +64,16 @@ struct MicroBatch {
   at::Tensor prefix;     // [R, T] int64, the shared prefix segment a token also sees (0: none);
                          // undefined when the micro-batch shares none
   std::map<std::string, at::Tensor> values;  // [R, T] float32, aligned with targets (value of the target token)
+  at::Tensor routing;    // [R, T, S, k] int16, each token's recorded experts (-1: none, padding included);
+                         // undefined when no sequence carries routing
   std::vector<int64_t> sequences;  // which input sequences it holds
   std::vector<SharedPrefix> shared;
   int64_t loss_tokens = 0;         // sum of loss_mask
   int64_t shared_tokens = 0;       // tokens not packed again thanks to shared prefixes
 };
 
-// The model's input for a micro-batch: tokens, segments, positions and shared prefixes.
+// The model's input for a micro-batch: tokens, segments, positions, shared prefixes and the
+// recorded routing (replayed: a caller that routes anew drops ForwardInput::routing).
 ForwardInput forward_input(const MicroBatch& mb);
 // The trained positions (loss_mask > 0) as int64 flat indices on `device`, for the policy
 // head (LogprobHeadOptions::positions); undefined when every position, or none, is trained.

@@ -26,6 +26,7 @@
 #include "rlx/dist/fsdp.hpp"
 #include "rlx/learner/batching.hpp"
 #include "rlx/learner/options.hpp"
+#include "rlx/learner/routing_stats.hpp"
 #include "rlx/learner/optimizer.hpp"
 
 namespace rlx {
@@ -44,6 +45,9 @@ struct LearnerOptions {
   bool policy_head = true;     // the LM head's log-probs (false: a critic that only needs values)
   bool value_head = false;     // a scalar value per position from the last hidden state (PPO's critic)
   uint64_t seed = 0;           // the learner's random stream (per rank: stream = rank)
+  // Mixture-of-experts models:
+  bool routing_replay = false;       // forwards use the experts the sampler recorded (Sequence::routing)
+  double router_aux_loss_coef = 0;   // > 0: step() adds coef x HF's load-balancing loss to the gradient
 };
 
 // What a loss function knows about the whole step.
@@ -80,6 +84,7 @@ struct StepResult {
   int64_t micro_batches = 0;
   double seconds = 0;
   Metrics metrics;           // the loss function's sums, over micro-batches and ranks
+  RoutingStats routing;      // mixture-of-experts models: over micro-batches and ranks
 };
 
 class Learner {
@@ -112,8 +117,9 @@ class Learner {
   std::vector<at::Tensor> trained_tensors() const;
 
  private:
-  // `trained_only`: the policy head at the micro-batch's trained positions only.
-  TokenOutputs outputs(const MicroBatch& mb, bool entropy, bool trained_only);
+  // `trained_only`: the policy head at the micro-batch's trained positions only. A mixture-of-
+  // experts model's forward replays mb.routing (with routing_replay) and fills `trace`.
+  TokenOutputs outputs(const MicroBatch& mb, bool entropy, bool trained_only, RoutingTrace* trace = nullptr);
 
   dist::Communicator& comm_;
   LearnerOptions opt_;

@@ -39,6 +39,7 @@ struct LearnerSection {
   int checkpoint_keep_last = 3;
   int64_t checkpoint_every = 0;
   bool prefetch_batch = false;
+  double router_aux_loss_coef = 0.0;
 
   template <class V>
   void visit(V& v) {
@@ -67,6 +68,9 @@ struct LearnerSection {
     v("prefetch_batch", prefetch_batch,
       "ask the hub for the next batch while training this one (it holds only groups still within "
       "hub.replay.max_staleness of the version it will be trained with)");
+    v("router_aux_loss_coef", router_aux_loss_coef,
+      "mixture-of-experts models: weight of the router's load-balancing loss (HF's definition) in training; 0 off, "
+      "as RL recipes keep it", config::at_least(0));
   }
   void validate() const {
     RLX_CHECK(micro_batch_tokens >= row_tokens, "learner.micro_batch_tokens ({}) must be >= learner.row_tokens ({})",

@@ -14,7 +14,9 @@
 // with a known prefix reuses them.
 //
 // Every sampled token records its log-prob (log_softmax(logits / T), before
-// truncation) and the weight version that produced it.
+// truncation) and the weight version that produced it. A mixture-of-experts model's
+// forwards also record, for every token and sparse layer, the experts its router chose
+// (rollout routing replay: the learner can run the same ones); see SampleOutput::routing.
 //
 //   rlx::Engine engine(model, {.kv_cache_mb = 64}, tokenizer);
 //   auto results = engine.generate({{.id = "q1", .prompt = ids, .params = {.n = 8, .max_new_tokens = 64}}});
@@ -40,6 +42,7 @@
 #include "rlx/model/tokenizer.hpp"
 #include "rlx/model/transformer.hpp"
 #include "rlx/rollout/block_allocator.hpp"
+#include "rlx/rollout/block_routing.hpp"
 #include "rlx/rollout/paged_kv_cache.hpp"
 #include "rlx/rollout/sampling.hpp"
 
@@ -73,6 +76,7 @@ struct EngineConfig {
   UpdatePolicy update_policy = UpdatePolicy::finish_old;
   bool cuda_graphs = true;         // on CUDA: decode steps replay CUDA graphs (batch buckets 1..256)
   bool overlap = true;             // launch decode step k+1 before step k's tokens come back
+  bool record_routing = true;      // mixture-of-experts models: record each token's experts (routing replay)
 
   template <class V>
   void visit(V& v) {
@@ -91,6 +95,9 @@ struct EngineConfig {
     v("overlap", overlap,
       "plan and launch decode step k+1 while the device runs step k (its input tokens stay on the device); rows "
       "whose sequence stopped at step k are computed and discarded");
+    v("record_routing", record_routing,
+      "mixture-of-experts models: record the experts each token was routed to, for the learner's routing replay "
+      "(int16 per token, sparse layer and top-k slot, kept beside the KV cache); dense models record nothing");
   }
 };
 
@@ -115,6 +122,11 @@ struct SampleOutput {
   std::vector<std::vector<TokenLogprob>> top_logprobs;  // per token, with params.logprobs > 0: the alternatives
   FinishReason finish = FinishReason::length;
   std::string stop_string;        // the stop string that ended the sample, if any
+  // Mixture-of-experts models (EngineConfig::record_routing): per generated token,
+  // [layers][top_k] experts of each sparse layer (GenerationResult::routing_layers,
+  // routing_top_k) as the router chose them when the token was forwarded; -1 for a token
+  // never forwarded (the last one sampled). Empty for a dense model.
+  std::vector<int16_t> routing;
 };
 
 struct GenerationResult {
@@ -125,6 +137,12 @@ struct GenerationResult {
   // the tokens before it, and (prompt_logprobs > 0) its alternatives.
   std::vector<float> prompt_logprobs;
   std::vector<std::vector<TokenLogprob>> prompt_top_logprobs;
+  // Mixture-of-experts models: the prompt's routing, [prompt][layers][top_k], computed once
+  // for the n samples (a token whose keys came from another request's cached prefix has the
+  // routing of the forward that computed them); -1 for a token never computed (an aborted
+  // request). routing_layers = routing_top_k = 0: nothing recorded (a dense model).
+  std::vector<int16_t> prompt_routing;
+  uint16_t routing_layers = 0, routing_top_k = 0;
   // Smallest and largest weight version over every generated token (-1 if none).
   std::pair<int64_t, int64_t> version_range() const;
 };
@@ -203,6 +221,9 @@ class Engine {
   const EngineConfig& config() const { return cfg_; }
   int64_t max_model_len() const { return max_model_len_; }
   const BlockAllocator& blocks() const { return blocks_; }
+  // Mixture-of-experts models with record_routing: the routing recorded per token (layers,
+  // top_k); not enabled() otherwise.
+  const BlockRouting& routing() const { return routing_; }
 
  private:
   struct Seq;
@@ -262,6 +283,17 @@ class Engine {
   // Appends each sequence's sampled token, then drops the finished ones from the running set.
   void append_sampled(const std::vector<Seq*>& seqs, const int64_t* tokens, const float* logprobs,
                       std::vector<std::vector<TokenLogprob>> top = {});
+  // Mixture-of-experts routing (block_routing.hpp): `rows` ([tokens][layers x top_k], plan
+  // order) of the tokens each span computed, into their KV slots; a null or finished
+  // span's rows are skipped. A forward's trace, when routing is recorded (else null).
+  struct RoutedSpan {
+    Seq* seq;
+    int64_t from, n;
+  };
+  void store_routing(const int16_t* rows, const std::vector<RoutedSpan>& spans);
+  void store_routing(const RoutingTrace& trace, const std::vector<RoutedSpan>& spans);
+  // A finishing sequence's routing, read from its blocks (before they are released).
+  void take_routing(Seq& s);
   // Runs a step's forward; if it throws, the prefix cache forgets what the step published.
   template <class F>
   auto forgetting_on_error(F&& forward) -> decltype(forward());
@@ -276,6 +308,7 @@ class Engine {
   int64_t max_model_len_;
   BlockAllocator blocks_;
   PagedKVCache cache_;
+  BlockRouting routing_;  // mixture-of-experts with record_routing: each KV slot's experts
   std::unique_ptr<cuda::DecodeGraphs> graphs_;  // CUDA decode steps (null: eager)
   int64_t version_;
   uint64_t prefix_root_;
@@ -298,6 +331,7 @@ class Engine {
   // Decode steps launched whose tokens are not appended yet (at most two), oldest first.
   struct DecodeLaunch {
     std::vector<Seq*> seqs;       // one row each
+    std::vector<RoutedSpan> spans;  // the token each row computes (mixture-of-experts routing)
     bool on_graph = false;        // the result waits in graphs_
     std::vector<int64_t> tokens;  // eager: the result
     std::vector<float> logprobs;

@@ -50,6 +50,11 @@ struct GroupRollout {
   std::vector<env::Episode> episodes;
   std::vector<std::vector<int64_t>> versions;  // per token: the weight version, -1 outside actions
   std::vector<uint8_t> truncated;              // per episode: its last action was cut by max_new_tokens
+  // Mixture-of-experts engines (Engine::routing()): per episode and token, each sparse
+  // layer's experts as the engine routed it, [tokens][layers][top_k], -1 where not recorded
+  // (an observation not yet forwarded, an episode's last token). Empty for a dense model.
+  std::vector<std::vector<int16_t>> routing;
+  uint16_t routing_layers = 0, routing_top_k = 0;
   std::string error;                           // an error ends the group (reported to the hub)
   std::string error_kind = "infra";            // infra: retried elsewhere; data: the task is bad
   int start_turn = 0;                          // > 0: continued from an episode checkpoint
@@ -61,8 +66,10 @@ struct GroupRollout {
 // Checkpoints of unfinished multi-turn episodes, one file per lease in `dir`
 // (p{prompt}.e{epoch}), replaced atomically every `every` turns and removed when the group
 // is sent. Whoever takes the lease next continues from it: each sample's tokens, masks,
-// log-probs, versions and reward so far, and its environment's saved state. The file is
-// the xxh64 of its body (16 hex digits), a newline, then the body (JSON).
+// log-probs, versions, expert routing and reward so far, and its environment's saved
+// state. The file is the xxh64 of its body (16 hex digits), a newline, then the body (JSON,
+// format rlx-episodes/2; routing as hex, four digits an int16, little-endian; /1 files,
+// without routing, continue with none recorded for their tokens so far).
 class EpisodeCheckpoints {
  public:
   EpisodeCheckpoints(std::filesystem::path dir, uint32_t every) : dir_(std::move(dir)), every_(every) {}

@@ -16,11 +16,12 @@ namespace {
 constexpr int64_t kMinContextBucket = 512;
 }
 
-DecodeGraphs::DecodeGraphs(Transformer& model, PagedKVCache& cache, int64_t max_seqs)
+DecodeGraphs::DecodeGraphs(Transformer& model, PagedKVCache& cache, int64_t max_seqs, int64_t routing_width)
     : model_(model),
       cache_(cache),
       max_seqs_(max_seqs),
       max_context_(cache.static_enabled() ? cache.static_max_context() : 0),
+      routing_width_(routing_width),
       params_(max_seqs, model.device()),
       pool_(at::cuda::graph_pool_handle()) {
   RLX_ASSERT(cache.static_enabled() && max_seqs >= 1 && max_seqs <= cache.static_max_seqs(),
@@ -28,14 +29,17 @@ DecodeGraphs::DecodeGraphs(Transformer& model, PagedKVCache& cache, int64_t max_
   const auto device = model.device();
   tokens_host_ = at::zeros({max_seqs}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
   tokens_ = at::zeros({1, max_seqs}, at::TensorOptions().dtype(at::kLong).device(device));
-  out_ = at::zeros({max_seqs * 12}, at::TensorOptions().dtype(at::kByte).device(device));
+  const int64_t out_bytes = max_seqs * (12 + 2 * routing_width);
+  out_ = at::zeros({out_bytes}, at::TensorOptions().dtype(at::kByte).device(device));
   for (size_t b = 0; b < out_host_.size(); ++b) {
-    out_host_[b] = at::zeros({max_seqs * 12}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+    out_host_[b] = at::zeros({out_bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
     copied_[b] = std::make_unique<at::cuda::CUDAEvent>();
   }
   staged_ = std::make_unique<at::cuda::CUDAEvent>();
   out_tokens_ = out_.narrow(0, 0, max_seqs * 8).view(at::kLong);
   out_logprobs_ = out_.narrow(0, max_seqs * 8, max_seqs * 4).view(at::kFloat);
+  if (routing_width_ > 0)
+    out_routing_ = out_.narrow(0, max_seqs * 12, max_seqs * routing_width_ * 2).view(at::kShort).view({max_seqs, routing_width_});
 }
 
 int64_t DecodeGraphs::batch_bucket(int64_t seqs) {
@@ -52,7 +56,10 @@ int64_t DecodeGraphs::context_bucket(int64_t context) const {
 
 void DecodeGraphs::run(int64_t rows) {
   c10::NoGradGuard no_grad;
-  auto hidden = model_.forward_hidden({.tokens = tokens_.narrow(1, 0, rows)}, &cache_);
+  RoutingTrace trace;  // its recording has no host sync: the graph captures it
+  auto hidden = model_.forward_hidden({.tokens = tokens_.narrow(1, 0, rows), .trace = routing_width_ > 0 ? &trace : nullptr},
+                                      &cache_);
+  if (routing_width_ > 0) out_routing_.narrow(0, 0, rows).copy_(trace.routing().view({rows, routing_width_}));
   auto logits = model_.logits(hidden.select(0, 0));
   auto tokens = out_tokens_.narrow(0, 0, rows), logprobs = out_logprobs_.narrow(0, 0, rows);
   params_.sample(logits, tokens, logprobs);
@@ -141,6 +148,8 @@ DecodeGraphs::Result DecodeGraphs::wait() {
   const auto* h = out_host_[static_cast<size_t>(p.buffer)].data_ptr<uint8_t>();
   std::memcpy(r.tokens.data(), h, static_cast<size_t>(p.seqs) * 8);
   std::memcpy(r.logprobs.data(), h + max_seqs_ * 8, static_cast<size_t>(p.seqs) * 4);
+  r.routing.resize(static_cast<size_t>(p.seqs * routing_width_));
+  if (routing_width_ > 0) std::memcpy(r.routing.data(), h + max_seqs_ * 12, r.routing.size() * 2);
   return r;
 }
 

@@ -8,6 +8,9 @@
 // pad block only. launch() and wait() split a step so the engine can enqueue step k+1
 // (its input tokens are step k's sampled tokens, still on the device) before reading k's. Weight updates copy into the parameters' storages, which the graphs read:
 // nothing is recaptured. All graphs share one memory pool (they never run concurrently).
+// A mixture-of-experts model's step also copies back each row's experts (routing_width =
+// sparse layers x top-k int16 a row; 0: none), recorded by the forward's RoutingTrace, which
+// the graph captures.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -31,7 +34,7 @@ namespace rlx::cuda {
 class DecodeGraphs {
  public:
   // The cache must have enable_static() called; max_seqs <= its static_max_seqs().
-  DecodeGraphs(Transformer& model, PagedKVCache& cache, int64_t max_seqs);
+  DecodeGraphs(Transformer& model, PagedKVCache& cache, int64_t max_seqs, int64_t routing_width = 0);
 
   static int64_t batch_bucket(int64_t seqs);  // the next power of two
   int64_t max_seqs() const { return max_seqs_; }
@@ -41,6 +44,7 @@ class DecodeGraphs {
   struct Result {
     std::vector<int64_t> tokens;
     std::vector<float> logprobs;
+    std::vector<int16_t> routing;  // [rows][routing_width]
   };
   // One decode step of `entries` (one new token each, `tokens` the token each computes).
   Result step(std::span<const PagedKVCache::Entry> entries, std::span<const int64_t> tokens,
@@ -61,11 +65,12 @@ class DecodeGraphs {
 
   Transformer& model_;
   PagedKVCache& cache_;
-  int64_t max_seqs_, max_context_;
+  int64_t max_seqs_, max_context_, routing_width_;
   at::Tensor tokens_host_, tokens_;   // pinned [max_seqs], device [1, max_seqs] int64
   SamplingParamsBuffer params_;
-  at::Tensor out_;                    // [max_seqs] int64 tokens then [max_seqs] fp32 log-probs, as bytes
-  at::Tensor out_tokens_, out_logprobs_;
+  at::Tensor out_;                    // [max_seqs] int64 tokens, [max_seqs] fp32 log-probs, [max_seqs, routing_width]
+                                      // int16 experts, as bytes
+  at::Tensor out_tokens_, out_logprobs_, out_routing_;
   // Two pinned copies of out_, taken in turn, each with the event after its copy; the host
   // staging (tokens_host_, the cache's plan, the sampling parameters) is rewritten only
   // after `staged_` says the last launch's copies of it have run.

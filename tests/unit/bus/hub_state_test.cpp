@@ -237,3 +237,35 @@ TEST_CASE("hub state: a group that cannot be its lease's result is named with th
   reward.samples[0].reward = std::numeric_limits<float>::infinity();
   CHECK_THAT(*rlx::bus::group_mismatch(rlx::bus::view_of(reward), lease), Catch::Contains("non-finite reward"));
 }
+
+TEST_CASE("hub state: a sample's expert routing must cover its tokens with experts in range", "[bus][routing]") {
+  const rlx::bus::Lease lease{.lease_id = 4, .prompt_index = 9, .epoch = 1, .group_size = 2};
+  rlx::bus::Trajectory t{.tokens = {5, 6, 7}, .loss_mask = {0, 1, 1}, .logprobs = {0.0f, -0.5f, -1.0f},
+                         .versions = {-1, 3, 3}, .prompt_len = 1, .reward = 1.0f};
+  // 3 tokens x 2 sparse layers x top 2; the last token was never forwarded.
+  t.routing = {.layers = 2, .top_k = 2, .experts = {0, 1, 2, 3, 4, 5, 6, 7, -1, -1, -1, -1}};
+  rlx::bus::TrajectoryGroup g{.lease_id = 4, .prompt_index = 9, .epoch = 1, .samples = {t, t}};
+  const auto why = [&](const rlx::bus::TrajectoryGroup& x) {
+    auto m = rlx::bus::group_mismatch(rlx::bus::view_of(x), lease);
+    return m ? *m : std::string("accepted");
+  };
+  CHECK(why(g) == "accepted");
+  auto dense = g;
+  dense.samples[1].routing = {};  // a sample without routing (every token routes itself in the learner)
+  CHECK(why(dense) == "accepted");
+  auto short_ = g;
+  short_.samples[1].routing.experts.pop_back();
+  CHECK_THAT(why(short_), Catch::Contains("sample 1: routing: 11 values, the sample's 3 tokens x 2 sparse layers x top 2 make 12"));
+  auto no_dims = g;
+  no_dims.samples[0].routing.layers = 0;
+  CHECK_THAT(why(no_dims), Catch::Contains("sample 0: routing: 12 values for 0 sparse layers x top 2"));
+  auto high = g;
+  high.samples[1].routing.experts[5] = rlx::bus::kMaxExperts;
+  CHECK_THAT(why(high), Catch::Contains("sample 1: routing: token 1 layer 0 names expert 4096"));
+  auto low = g;
+  low.samples[0].routing.experts[6] = -2;
+  CHECK_THAT(why(low), Catch::Contains("sample 0: routing: token 1 layer 1 names expert -2"));
+  auto other = g;
+  other.samples[1].routing = {.layers = 1, .top_k = 4, .experts = t.routing.experts};
+  CHECK_THAT(why(other), Catch::Contains("sample 1: routing of 1 sparse layers x top 4, sample 0's is 2 x 2"));
+}

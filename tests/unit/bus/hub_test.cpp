@@ -54,6 +54,13 @@ TrajectoryGroup answer(const Lease& lease, int tokens = 6) {
     t.reward = static_cast<float>(s);
     t.finish = s % 2 ? "length" : "stop";
     t.metadata = R"({"s":)" + std::to_string(s) + "}";
+    // Odd prompts come from a mixture-of-experts model: 3 sparse layers, top 2, the last
+    // token not forwarded.
+    if (lease.prompt_index % 2 == 1) {
+      t.routing = {.layers = 3, .top_k = 2};
+      for (int i = 0; i < tokens * 6; ++i)
+        t.routing.experts.push_back(i >= (tokens - 1) * 6 ? int16_t{-1} : static_cast<int16_t>((i * 7 + s) % 64));
+    }
     g.samples.push_back(std::move(t));
   }
   return g;
@@ -202,6 +209,13 @@ TEST_CASE("bus: a trajectory file whose columns a killed writer left of differen
       for (const auto& s : groups[i].samples) t += s.tokens.size();
     return t;
   };
+  const auto routing_of = [&](size_t n) {
+    uint64_t t = 0;
+    for (size_t i = 0; i < n; ++i)
+      for (const auto& s : groups[i].samples) t += s.routing.experts.size();
+    return t;
+  };
+  REQUIRE(!groups[5].samples[2].routing.empty());
   // Each tear, and the whole groups the file still holds.
   const std::vector<std::pair<std::function<void(const std::filesystem::path&)>, uint64_t>> tears = {
       {[&](const auto& f) {  // per-sample and per-token columns ran ahead of the groups
@@ -223,6 +237,12 @@ TEST_CASE("bus: a trajectory file whose columns a killed writer left of differen
          set_length(f, "sample_first_run", 6 * 3 + 1);
        }, 6},
       {[&](const auto& f) { set_length(f, "run_length", 6 * 3 * 2 - 1); }, 5},  // its last sample's runs fell short
+      {[&](const auto& f) {  // routing ran ahead
+         set_length(f, "routing", routing_of(6) + 100);
+         set_length(f, "sample_routing_top_k", 6 * 3 + 2);
+       }, 6},
+      {[&](const auto& f) { set_length(f, "routing", routing_of(6) - 1); }, 5},  // its last (routed) sample's fell short
+      {[&](const auto& f) { set_length(f, "sample_routing_layers", 6 * 3 - 1); }, 5},
   };
   for (size_t k = 0; k < tears.size(); ++k) {
     INFO("tear " << k);
@@ -327,6 +347,23 @@ void write_legacy(const std::filesystem::path& file, int version, const std::vec
   H5Aclose(a), H5Aclose(v), H5Tclose(str), H5Tclose(name_type), H5Sclose(scalar), H5Fclose(f);
 }
 
+// A trajectory file of format 3 (this build's without routing), as the builds before format 4
+// wrote it: this build's file with its routing columns taken out.
+void write_v3(const std::filesystem::path& file, const std::vector<TrajectoryGroup>& groups) {
+  {
+    TrajectoryStore store(file);
+    for (size_t i = 0; i < groups.size(); ++i) REQUIRE(store.append(groups[i], static_cast<int64_t>(i + 1) * 10));
+  }
+  const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  REQUIRE(f >= 0);
+  for (const char* name : {"routing", "sample_routing_offset", "sample_routing_layers", "sample_routing_top_k"})
+    REQUIRE(H5Ldelete(f, name, H5P_DEFAULT) >= 0);
+  const hid_t v = H5Aopen(f, "format_version", H5P_DEFAULT);
+  const int three = 3;
+  REQUIRE(H5Awrite(v, H5T_NATIVE_INT, &three) >= 0);
+  H5Aclose(v), H5Fclose(f);
+}
+
 // Column `name` of `file` (closed), read as int64.
 std::vector<int64_t> read_int64_column(const std::filesystem::path& file, const char* name) {
   const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -340,7 +377,7 @@ std::vector<int64_t> read_int64_column(const std::filesystem::path& file, const 
   return out;
 }
 
-TEST_CASE("bus: trajectory files of formats 1 and 2 are refused, naming the upgrade, and upgrade whole", "[bus]") {
+TEST_CASE("bus: trajectory files of formats 1 to 3 are refused, naming the upgrade, and upgrade whole", "[bus]") {
   TempDir dir;
   std::vector<TrajectoryGroup> groups;
   for (uint64_t i = 0; i < 70; ++i) {  // past one 64-group read of the upgrade
@@ -350,12 +387,15 @@ TEST_CASE("bus: trajectory files of formats 1 and 2 are refused, naming the upgr
   }
   groups[5].samples[1].metadata = std::string(3000, 'm');  // longer than a chunk of text
   groups[6].samples[0].finish = "";
-  for (int version : {1, 2}) {
+  for (auto& g : groups)
+    for (auto& t : g.samples) t.routing = {};  // formats before 4 hold none
+  for (int version : {1, 2, 3}) {
     INFO("format " << version);
     const auto old = dir / fmt::format("v{}.h5", version), upgraded = dir / fmt::format("v{}-up.h5", version);
-    write_legacy(old, version, groups);
+    if (version == 3) write_v3(old, groups);
+    else write_legacy(old, version, groups);
     CHECK_THAT(rlx::test::error_of([&] { summarize_trajectories(old); }),
-               Contains(fmt::format("trajectory format version {} (this build reads 3", version)) && Contains("--upgrade-to"));
+               Contains(fmt::format("trajectory format version {} (this build reads 4", version)) && Contains("--upgrade-to"));
     CHECK_THAT(rlx::test::error_of([&] { TrajectoryStore store(old); }), Contains("--upgrade-to"));
     CHECK(upgrade_trajectories(old, upgraded) == groups.size());
     CHECK((read_trajectory_groups(upgraded, 0, 1000) == groups));
@@ -416,8 +456,10 @@ TEST_CASE("bus: a write the file cannot take leaves it as it was and keeps the g
   TempDir dir;
   const auto file = dir / "full.h5";
   std::vector<TrajectoryGroup> groups;
-  for (uint64_t i = 0; i < 30; ++i)  // 4 x 22,000 tokens: 0.8 MB each
+  for (uint64_t i = 0; i < 30; ++i) {  // 4 x 22,000 tokens: 0.8 MB each (no routing)
     groups.push_back(answer(Lease{.lease_id = i + 1, .prompt_index = i, .group_size = 4}, 22000 + static_cast<int>(i)));
+    for (auto& t : groups.back().samples) t.routing = {};
+  }
   const StoreOptions small{.stage_bytes = size_t{4} << 20, .max_pending_bytes = size_t{12} << 20};
   size_t refused_at = 0;
   {
@@ -662,6 +704,41 @@ TEST_CASE("bus: malformed frames are rejected and counted while honest peers are
   liar.submit(answer(Lease{.lease_id = 999, .group_size = 2}));
   REQUIRE(liar.flush(10));
   CHECK(liar.counters().verdicts.at("duplicate") == 1);
+}
+
+TEST_CASE("bus: the hub refuses a group whose routing is malformed and stores routed groups whole", "[bus][routing]") {
+  TempDir dir;
+  auto o = options(dir, "hub");
+  o.trajectory_file = (dir / "t.h5").string();
+  std::vector<TrajectoryGroup> sent;
+  {
+    HubThread h(o, prompts(4));
+    Client w(worker(o.address, "w0"));
+    auto grant = w.request_leases(4);
+    REQUIRE(grant.leases.size() == 4);
+    for (const auto& l : grant.leases) {
+      auto g = answer(l);  // odd prompts carry routing
+      if (l.prompt_index == 1) g.samples[1].routing.experts[3] = 4096;  // past any layer's experts
+      if (l.prompt_index == 0) {  // two shapes in one group
+        g.samples[0].routing = {.layers = 2, .top_k = 3, .experts = std::vector<int16_t>(36, 0)};
+        g.samples[1].routing = {.layers = 3, .top_k = 2, .experts = std::vector<int16_t>(36, 0)};
+      }
+      w.submit(g);
+      if (l.prompt_index >= 2) sent.push_back(g);
+    }
+    REQUIRE(w.flush(10));
+    CHECK(w.counters().verdicts.at("invalid") == 2);
+    CHECK(w.counters().verdicts.at("accepted") == 2);
+    Client monitor({.address = o.address, .who = "m", .role = "monitor"});
+    CHECK(stat(monitor.hub_stats(), "groups_accepted") == 2);
+  }
+  auto stored = read_trajectory_groups(o.trajectory_file, 0, 10);
+  std::sort(stored.begin(), stored.end(), [](const auto& a, const auto& b) { return a.prompt_index < b.prompt_index; });
+  for (auto& g : sent) g.worker = "w0";  // the client names the sender
+  REQUIRE(stored.size() == 2);
+  CHECK(stored[0].samples[1].routing.empty());  // prompt 2: none
+  CHECK(stored[1].samples[1].routing.layers == 3);
+  CHECK((stored == sent));
 }
 
 TEST_CASE("bus: CURVE admits only listed client keys", "[bus]") {

@@ -15,6 +15,8 @@ TrajectoryGroup sample_group() {
     Trajectory t{.tokens = {1, 2, 3, 4, 5}, .loss_mask = {0, 0, 1, 1, 1}, .logprobs = {0, 0, -0.5f, -1.25f, -2},
                  .versions = {-1, -1, 3, 3, 4}, .prompt_len = 2, .reward = 0.5f * s, .finish = "stop",
                  .metadata = R"({"turns": 1})"};
+    // A mixture-of-experts sample's routing (2 sparse layers, top 1); sample 0 has none.
+    if (s > 0) t.routing = {.layers = 2, .top_k = 1, .experts = {3, 0, 1, 7, 2, 2, 5, 6, -1, -1}};
     g.samples.push_back(t);
   }
   return g;
@@ -105,7 +107,8 @@ TEST_CASE("bus messages: weight versions travel as runs, checked against the tok
     for (auto v : vals) p += raw(v);
     p += raw<uint64_t>(lens.size());
     for (auto l : lens) p += raw(l);
-    return p + raw<int32_t>(0) + raw<float>(1) + raw<uint64_t>(0) + raw<uint64_t>(0);
+    return p + raw<int32_t>(0) + raw<float>(1) + raw<uint64_t>(0) + raw<uint64_t>(0) + raw<uint16_t>(0) +
+           raw<uint16_t>(0) + raw<uint64_t>(0);
   };
   const auto both = [&](const std::string& payload) {
     const std::string framed = encode_frame(MsgType::trajectory_group, 1, payload);
@@ -122,6 +125,48 @@ TEST_CASE("bus messages: weight versions travel as runs, checked against the tok
   CHECK_THAT(both(sample_with({6, 6}, {1, 0})), Contains("versions: run 1 has no tokens"));
   CHECK_THAT(both(sample_with({6}, {})), Contains("versions: 1 run values and 0 run lengths"));
   CHECK_THAT(both(sample_with({}, {})), Contains("versions: 0 runs cover 0 tokens, the sample has 1"));
+}
+
+TEST_CASE("bus messages: a sample's expert routing round-trips, read in place or unpacked, and is checked", "[bus][routing]") {
+  const Limits limits;
+  rlx::RngStream rng(51, 0);
+  for (int trial = 0; trial < 20; ++trial) {
+    TrajectoryGroup g{.lease_id = static_cast<uint64_t>(trial), .worker = "w"};
+    for (int s = 0; s < 1 + trial % 4; ++s) {
+      Trajectory t;
+      const auto n = static_cast<size_t>(rng.uniform_int(1, 300));
+      t.tokens.assign(n, 1), t.loss_mask.assign(n, 0), t.logprobs.assign(n, 0.0f), t.versions = TokenVersions(n, -1);
+      if ((trial + s) % 5 != 0) {  // some samples without routing
+        t.routing.layers = static_cast<uint16_t>(rng.uniform_int(1, 48));
+        t.routing.top_k = static_cast<uint16_t>(rng.uniform_int(1, 8));
+        t.routing.experts.resize(n * t.routing.per_token());
+        for (auto& e : t.routing.experts) e = static_cast<int16_t>(rng.uniform_int(-1, kMaxExperts - 1));
+      }
+      g.samples.push_back(std::move(t));
+    }
+    const std::string wire = pack(g, 1);
+    CHECK(unpack<TrajectoryGroup>(decode_frame(wire, limits), limits) == g);
+    const GroupView view = parse_group(decode_frame(wire, limits), limits);
+    REQUIRE(view.samples.size() == g.samples.size());
+    for (size_t s = 0; s < g.samples.size(); ++s) {
+      CHECK(view.samples[s].routing.layers == g.samples[s].routing.layers);
+      CHECK(view.samples[s].routing.experts.size() == g.samples[s].routing.experts.size());
+      CHECK_FALSE(routing_mismatch(view.samples[s].routing, g.samples[s].tokens.size()).has_value());
+    }
+    CHECK(to_group(view) == g);
+    CHECK(to_group(view_of(g)) == g);
+  }
+  CHECK(TokenRouting{.layers = 2, .top_k = 3, .experts = std::vector<int16_t>(12, 0)}.tokens() == 2);
+
+  // Routing whose length is not tokens x layers x top_k is malformed, both ways.
+  TrajectoryGroup g = sample_group();
+  g.samples[1].routing.experts.pop_back();
+  const std::string framed = pack(g, 1);
+  const Frame f = decode_frame(framed, limits);
+  const std::string a = rlx::test::error_of([&] { parse_group(f, limits); });
+  CHECK_THAT(a, Contains("routing: 9 values, the sample's 5 tokens x 2 sparse layers x top 1 make 10"));
+  CHECK(rlx::test::error_of([&] { unpack<TrajectoryGroup>(f, limits); }) == a);
+  CHECK(reason_of([&] { parse_group(f, limits); }) == Reject::malformed);
 }
 
 TEST_CASE("bus messages: every type round-trips through a frame", "[bus]") {
@@ -159,8 +204,8 @@ TEST_CASE("bus messages: malformed frames are rejected with a reason", "[bus]") 
   bad[0] = 'X';
   CHECK(reason_of([&] { decode_frame(bad, limits); }) == Reject::bad_magic);
   bad = good;
-  bad[4] = 5;  // protocol version 5 (batches with learner ranks): refused, not misread
-  CHECK_THAT(rlx::test::error_of([&] { decode_frame(bad, limits); }), Contains("protocol version 5 (this build speaks 6)"));
+  bad[4] = 6;  // protocol version 6 (samples without routing): refused, not misread
+  CHECK_THAT(rlx::test::error_of([&] { decode_frame(bad, limits); }), Contains("protocol version 6 (this build speaks 7)"));
   CHECK(reason_of([&] { decode_frame(bad, limits); }) == Reject::bad_version);
   bad = good;
   bad[6] = 99;

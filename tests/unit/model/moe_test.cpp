@@ -402,5 +402,10 @@ TEST_CASE("moe: presets have the published parameter counts", "[model][moe]") {
   CHECK(rlx::model_preset("mistral-7b").num_parameters() == 7248023552);
   CHECK(rlx::model_preset("tiny-moe", Arch::qwen3).arch == Arch::qwen3_moe);
   CHECK(rlx::model_preset("tiny-moe", Arch::mistral).arch == Arch::mixtral);
+  // A generic sparse shape as Mixtral has experts of its MLP width, so it saves as mixtral.
+  auto mix = rlx::model_preset("tiny-moe");
+  CHECK(mix.arch == Arch::mixtral);
+  CHECK(mix.intermediate_size == mix.moe_intermediate_size);
+  CHECK_NOTHROW(rlx::model_config_to_hf(mix, at::kFloat));
   CHECK(rlx::model_preset("tiny", Arch::qwen3_moe).arch == Arch::qwen3);
 }

@@ -579,3 +579,117 @@ TEST_CASE("engine: qwen3, mistral and mixture-of-experts models decode as their 
     }
   }
 }
+
+namespace {
+std::shared_ptr<rlx::Transformer> make_moe_model(uint64_t seed) {
+  auto c = rlx::model_preset("tiny-moe");  // 8 experts, top 2, both layers sparse
+  c.initializer_range = 0.08;
+  auto m = std::make_shared<rlx::Transformer>(c);
+  m->init_weights(seed);
+  return m;
+}
+
+// A sample's recorded routing against the full forward's over its tokens, per (token,
+// sparse layer) row as a set of experts: rows equal, rows recorded as none (-1).
+struct RoutingMatch {
+  int64_t rows = 0, equal = 0, none = 0;
+  bool last_none = false;  // the last token (never forwarded) recorded as none
+};
+RoutingMatch match_routing(rlx::Transformer& m, const GenerationResult& r, size_t sample) {
+  const auto& s = r.samples[sample];
+  std::vector<TokenId> all = r.prompt;
+  all.insert(all.end(), s.tokens.begin(), s.tokens.end());
+  const auto L = static_cast<int64_t>(all.size()), S = static_cast<int64_t>(r.routing_layers), k = static_cast<int64_t>(r.routing_top_k);
+  std::vector<int16_t> got = r.prompt_routing;
+  got.insert(got.end(), s.routing.begin(), s.routing.end());
+  REQUIRE(static_cast<int64_t>(got.size()) == L * S * k);
+  c10::NoGradGuard g;
+  rlx::RoutingTrace trace;
+  m.forward({.tokens = ids_tensor(all), .trace = &trace});
+  const auto ref = std::get<0>(at::sort(trace.routing()[0], -1));  // [L, S, k]
+  const auto rec = at::from_blob(got.data(), {L, S, k}, at::kShort).to(at::kLong);
+  RoutingMatch out;
+  out.last_none = (rec[L - 1] < 0).all().item<bool>();
+  const auto head = std::get<0>(at::sort(rec.narrow(0, 0, L - 1), -1));
+  out.rows = (L - 1) * S;
+  out.none = (head < 0).any(-1).sum().item<int64_t>();
+  out.equal = (head == ref.narrow(0, 0, L - 1)).all(-1).sum().item<int64_t>();
+  return out;
+}
+}  // namespace
+
+TEST_CASE("engine: a mixture-of-experts model's routing is recorded for every forwarded token, as the full forward routes",
+          "[rollout][engine][routing]") {
+  auto model = make_moe_model(21);
+  const auto& mc = model->config();
+  REQUIRE(mc.sparse_layers().size() == 2);
+  for (const auto& setup : setups()) {
+    for (const bool overlap : {false, true}) {
+      INFO(setup.name << (overlap ? ", overlapped decode" : ""));
+      auto cfg = setup.cfg;
+      cfg.overlap = overlap;
+      Engine engine(model, cfg);
+      // Twice: the second round's prompts come from the prefix cache where it is on.
+      for (int round = 0; round < 2; ++round) {
+        const auto results = engine.generate(mixed_requests({.temperature = 1.0, .max_new_tokens = 9}, /*n_per=*/3));
+        for (const auto& r : results) {
+          INFO(r.id << " round " << round);
+          CHECK(r.routing_layers == 2);
+          CHECK(r.routing_top_k == 2);
+          for (size_t j = 0; j < r.samples.size(); ++j) {
+            CHECK(r.samples[j].routing.size() == r.samples[j].tokens.size() * 4);
+            const auto m = match_routing(*model, r, j);
+            CHECK(m.none == 0);
+            CHECK(m.equal == m.rows);
+            CHECK(m.last_none);
+          }
+        }
+      }
+      if (cfg.prefix_caching && cfg.block_size > 1) CHECK(engine.stats().prefix_hit_tokens > 0);
+      if (cfg.kv_cache_blocks == 24) CHECK(engine.stats().preemptions > 0);
+      CHECK(engine.blocks().num_free() == engine.blocks().num_blocks());
+    }
+  }
+}
+
+TEST_CASE("engine: a dense model, or record_routing off, records no routing", "[rollout][engine][routing]") {
+  const auto req = [] { return GenerationRequest{.id = "q", .prompt = random_prompt(3, 10), .params = {.max_new_tokens = 4, .n = 2}}; };
+  Engine dense(make_model(4));
+  auto r = dense.generate({req()});
+  CHECK(r[0].routing_layers == 0);
+  CHECK(r[0].prompt_routing.empty());
+  CHECK(r[0].samples[1].routing.empty());
+  Engine off(make_moe_model(4), {.record_routing = false});
+  r = off.generate({req()});
+  CHECK(r[0].routing_layers == 0);
+  CHECK(r[0].prompt_routing.empty());
+  CHECK(r[0].samples[0].routing.empty());
+  CHECK(r[0].samples[0].tokens.size() == 4);
+}
+
+TEST_CASE("block routing: rows land in the KV slots of their tokens, across blocks, and copy with a block",
+          "[rollout][routing]") {
+  rlx::BlockRouting none;
+  CHECK_FALSE(none.enabled());
+  rlx::BlockRouting r(/*num_blocks=*/6, /*block_size=*/3, /*layers=*/2, /*top_k=*/2);
+  CHECK(r.per_token() == 4);
+  CHECK(r.bytes() == 6 * 3 * 4 * 2);
+  const std::vector<rlx::BlockId> seq{4, 1, 5};  // tokens 0-2 in block 4, 3-5 in block 1, 6-8 in block 5
+  std::vector<int16_t> rows;
+  for (int16_t i = 0; i < 7 * 4; ++i) rows.push_back(i);
+  r.write(seq, 0, 5, rows.data());
+  r.write(seq, 5, 2, rows.data() + 5 * 4);
+  std::vector<int16_t> out;
+  r.read(seq, 0, 7, out);
+  CHECK(out == rows);
+  out.clear();
+  r.read(std::vector<rlx::BlockId>{1}, 0, 3, out);  // block 1 alone: tokens 3-5
+  CHECK(out == std::vector<int16_t>(rows.begin() + 12, rows.begin() + 24));
+  r.copy(1, 2);
+  out.clear();
+  r.read(std::vector<rlx::BlockId>{4, 2}, 3, 6, out);
+  CHECK(out == std::vector<int16_t>(rows.begin() + 12, rows.begin() + 24));
+  out.clear();
+  r.read(std::vector<rlx::BlockId>{0}, 0, 1, out);  // never written
+  CHECK(out == std::vector<int16_t>(4, -1));
+}

@@ -9,12 +9,16 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
 
 #include "../helpers.hpp"
 #include "../hub_thread.hpp"
 #include "rlx/bus/hub.hpp"
+#include "rlx/core/files.hpp"
+#include "rlx/core/rng.hpp"
 #include "rlx/env/bundled.hpp"
 #include "rlx/model/config.hpp"
 
@@ -367,4 +371,95 @@ TEST_CASE("rollout worker: a trajectory's finish says why it ended; its metadata
   plain.versions.push_back({-1});
   CHECK(rollout::to_trajectory_group(plain, "w").samples[0].metadata.empty());
   CHECK(rollout::to_trajectory_group(plain, "w").samples[0].finish == "turns");
+}
+
+TEST_CASE("rollout groups: a mixture-of-experts episode continued from its checkpoint has the routing of one never stopped",
+          "[rollout][worker][routing]") {
+  rlx::env::register_bundled();
+  TempDir dir;
+  auto tok = std::make_shared<rlx::CharTokenizer>(rlx::default_char_alphabet());
+  auto mc = rlx::model_preset("tiny-moe");
+  mc.vocab_size = tok->vocab_size();
+  auto model = std::make_shared<rlx::Transformer>(mc);
+  model->init_weights(5);
+  rlx::env::Context context{.tokenizer = tok.get(), .seed = 1};
+  const rollout::EnvSource envs{.make = [&] { return rlx::env::Registry::global().make("guess_number", context); },
+                                .stop_strings = rlx::env::Registry::global().make("guess_number", context)->stop_strings()};
+  const std::vector<bus::Lease> leases{{.lease_id = 1, .prompt_index = 0, .group_size = 2, .task = R"({"target": 7, "range": 9})"},
+                                       {.lease_id = 2, .prompt_index = 1, .group_size = 2, .task = R"({"target": 2, "range": 9})"}};
+  const rollout::RolloutOptions ro{.max_turns = 3, .sampling = {.temperature = 1.0, .max_new_tokens = 5}, .seed = 1};
+  const auto engine = [&] { return std::make_unique<rlx::Engine>(model, rlx::EngineConfig{.block_size = 4}, tok); };
+  // Uninterrupted.
+  auto e1 = engine();
+  auto whole = rollout::rollout_groups(*e1, envs, leases, ro);
+  // Stopped right after its first checkpoint, then continued from it by another engine (the
+  // worker that takes the lease over).
+  const auto episodes = dir.path / "episodes";
+  rollout::EpisodeCheckpoints first(episodes, 1);
+  std::atomic<bool> stop{false};
+  auto e2 = engine();
+  auto cut = rollout::rollout_groups(*e2, envs, leases, ro, &first, [&] { stop = true; }, &stop);
+  REQUIRE(cut[0].error == "the worker was stopped");
+  rollout::EpisodeCheckpoints again(episodes, 1);
+  auto e3 = engine();
+  auto resumed = rollout::rollout_groups(*e3, envs, leases, ro, &again);
+  int64_t recorded = 0, observation_turns = 0;
+  for (size_t g = 0; g < leases.size(); ++g) {
+    REQUIRE(resumed[g].error.empty());
+    CHECK(resumed[g].start_turn == 1);
+    CHECK(resumed[g].routing_layers == 2);
+    REQUIRE(resumed[g].episodes.size() == 2);
+    for (size_t k = 0; k < 2; ++k) {
+      const auto& ep = whole[g].episodes[k];
+      CHECK(resumed[g].episodes[k].turns == ep.turns);
+      CHECK(resumed[g].episodes[k].tokens == ep.tokens);
+      REQUIRE(whole[g].routing[k].size() == ep.tokens.size() * 4);
+      CHECK(resumed[g].routing[k] == whole[g].routing[k]);
+      for (size_t i = 0; i < ep.tokens.size(); ++i) recorded += whole[g].routing[k][4 * i] >= 0;
+      observation_turns += ep.turns > 1;
+    }
+    auto t = rollout::to_trajectory_group(resumed[g], "w");
+    CHECK(t.samples[1].routing.layers == 2);
+    CHECK(t.samples[1].routing.experts == whole[g].routing[1]);
+  }
+  CHECK(observation_turns > 0);  // episodes went past their first turn
+  CHECK(recorded > 40);
+
+  // A checkpoint of the format before routing (rlx-episodes/1) continues with none recorded
+  // for its tokens so far; one of another routing shape starts over.
+  const auto file = episodes / "p0.e0";
+  // Saves the first group's episodes at turn 1 with routing of `layers` x 2, all `value`
+  // (-2: the episodes' own).
+  const auto save = [&](uint16_t layers, int16_t value) {
+    rollout::GroupRollout g{.lease = leases[0], .routing_layers = layers, .routing_top_k = 2};
+    for (size_t k = 0; k < 2; ++k) {
+      const size_t n = whole[0].episodes[k].tokens.size();
+      g.envs.push_back(envs.make());
+      g.episodes.push_back(whole[0].episodes[k]);
+      g.versions.emplace_back(n, -1);
+      g.routing.push_back(value == -2 ? whole[0].routing[k] : std::vector<int16_t>(n * layers * 2, value));
+    }
+    rollout::EpisodeCheckpoints(episodes, 1).save(g, 1);
+  };
+  save(2, -2);
+  const auto rewrite = [&](const std::function<void(nlohmann::json&)>& change) {
+    const auto text = rlx::read_file(file, 1 << 30);
+    auto j = nlohmann::json::parse(text.substr(17));
+    change(j);
+    const auto body = j.dump();
+    rlx::write_file_atomic(file, fmt::format("{:016x}\n{}", rlx::hash_name(body), body));
+  };
+  rewrite([](nlohmann::json& j) {
+    j["format"] = "rlx-episodes/1";
+    j.erase("routing_layers"), j.erase("routing_top_k");
+    for (auto& s : j["samples"]) s.erase("routing");
+  });
+  rollout::GroupRollout old{.lease = leases[0], .routing_layers = 2, .routing_top_k = 2};
+  REQUIRE(rollout::EpisodeCheckpoints(episodes, 1).restore(old, envs));
+  CHECK(old.routing[1] == std::vector<int16_t>(old.episodes[1].tokens.size() * 4, -1));
+  save(3, 1);
+  rollout::GroupRollout other{.lease = leases[0], .routing_layers = 2, .routing_top_k = 2};
+  CHECK_FALSE(rollout::EpisodeCheckpoints(episodes, 1).restore(other, envs));  // starts over
+  CHECK(other.episodes.empty());
+  CHECK_FALSE(std::filesystem::exists(file));
 }
