@@ -3,10 +3,12 @@
 (Python, eager, HF `transformers` Qwen2 model with SDPA attention, fp32 master weights under
 bf16 autocast, AdamW) on a Qwen2.5-0.5B-shaped random model, same shapes as rlx's run.
 
-  python3 scripts/bench_torch_train.py [--seq 2048] [--batch-seqs 8] [--steps 5]
+  python3 scripts/bench_torch_train.py [--seq 2048] [--batch-seqs 8] [--steps 5] [--profile DIR]
 
 Prints tokens/s, step time, peak memory and MFU (against a bf16 GEMM measured in the same
-process) as one JSON line, last.
+process) as one JSON line, last. With --profile, one more step under torch.profiler: its
+operator table by device time (DIR/ops.txt, as `rlx bench learner --profile`'s) and its
+kernels (DIR/kernels.csv, as `rlx bench learner --trace`'s).
 """
 import argparse, json, time
 
@@ -39,11 +41,35 @@ def flops_per_token(c, context):
     return 6 * (c.num_hidden_layers * per_layer + d * c.vocab_size) + 12 * c.num_hidden_layers * q * context
 
 
+def profile(step, out):
+    import os
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    os.makedirs(out, exist_ok=True)
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    with open(os.path.join(out, "ops.txt"), "w") as f:
+        f.write(prof.key_averages().table(sort_by="self_cuda_time_total" if torch.__version__ < "2.4" else
+                                          "self_device_time_total", row_limit=50, max_name_column_width=60))
+    kernels = {}
+    for e in prof.events():  # the device's kernels are events of their own (device_type CUDA)
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            k = kernels.setdefault(e.name, [0, 0.0])
+            k[0] += 1
+            k[1] += e.time_range.elapsed_us()
+    total = sum(v[1] for v in kernels.values()) or 1.0
+    with open(os.path.join(out, "kernels.csv"), "w") as f:
+        f.write("name,launches_per_step,total_us_per_step,mean_us,share\n")
+        for name, (n, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1]):
+            f.write('"%s",%d,%.2f,%.3f,%.4f\n' % (name.replace('"', '""'), n, us, us / n, us / total))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--batch-seqs", type=int, default=8)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--profile", default="", help="DIR: one more step under torch.profiler")
     args = ap.parse_args()
     cfg = AutoConfig.for_model("qwen2", **QWEN25_05B)
     torch.manual_seed(0)
@@ -51,9 +77,8 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     ids = torch.randint(0, cfg.vocab_size, (args.batch_seqs, args.seq), device="cuda")
     times = []
-    for s in range(args.steps + 1):  # step 0 is a warm-up
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
+
+    def step():
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = model(ids).logits
         logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
@@ -62,10 +87,16 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        del logits, logp, loss
+
+    for s in range(args.steps + 1):  # step 0 is a warm-up
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
         torch.cuda.synchronize()
         if s > 0:
             times.append(time.perf_counter() - t0)
+    if args.profile:
+        profile(step, args.profile)
     times.sort()
     step_s = times[len(times) // 2]
     tokens = args.batch_seqs * args.seq

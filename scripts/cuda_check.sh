@@ -1,73 +1,114 @@
 #!/usr/bin/env bash
-# The GPU half of rlx's checks, on a CUDA machine without network (../shared/notes/cuda.md):
-# builds with RLX_CUDA=ON against the LibTorch inside PyTorch 2.x and runs the GPU tests,
-# the HF parity check and the GPU benchmarks, each bounded in time. Everything it prints
-# goes to OUT/log.txt; each step's JSON result is a line {"step": NAME, "result": {...}} of
-# OUT/results.jsonl (the device tool brings back at most 8 files).
+# The GPU half of rlx's checks, on a CUDA machine without network (../shared/notes/cuda.md), in
+# one call that fits a lease (15 minutes of device time, the machine's start included):
 #
-#   source .device/setup.sh; scripts/cuda_check.sh OUT [STEP...]
-# .device comes from scripts/prepare_device.sh on the Debian machine (the .deb files of the
-# dependencies, TensorBoard files of a CPU run for the `tensorboard` step, a reward model and
-# a LoRA run for the `readers` step).
-#   steps (default all, in this order): build ceilings tensorboard readers parity model learner sync
-#   gpu_tests sanitizer unit decode profile sampler colocated
-# RLX_CUDA_DEADLINE=S: no step starts after S seconds, and none runs past them (a lease is short:
-# the steps run in the order given, so name the most wanted first). A lease is 15 minutes of
-# device time, starts (~45 s) included, and the machine goes back 30 s after a call, so a failed
-# build costs a fresh start and a full build (127 s at -j16 on the H200, 2026-11-26): one call.
+#   source .device/setup.sh; RLX_COMMIT=<sha> scripts/cuda_check.sh OUT            (the default plan)
+#   source .device/setup.sh; scripts/cuda_check.sh OUT STEP...                     (named steps, in order)
+#
+# .device comes from scripts/prepare_device.sh on the Debian machine. The default plan, by
+# what is most wanted and by what can share the machine:
+#   1. while the build runs (on all cores but two): on the other two, the ceilings, the
+#      readers of rlx's outputs (TensorBoard, transformers, PEFT), then the decode peers (HF
+#      generate, torch.compile static cache: scripts/bench_hf_generate.py);
+#   2. once it is built, correctness steps side by side (no timing): the [cuda] and kernel
+#      tests, HF parity of the six model families, compute-sanitizer memcheck and racecheck;
+#   3. the peers are stopped, then the timed steps one at a time: decode at batch 1/64/256
+#      with a kernel trace of 5 CUDA-graph steps each, the learner and PyTorch's step with
+#      their operator tables and kernel lists, ncu on one attention and one sampler launch at
+#      batch 256, weight sync, Qwen3 and Qwen3-MoE decode, the colocated throughput config and
+#      the quickstart's task, the unit suite; then the summary.
+# RLX_CUDA_DEADLINE (default 570 s after the script starts): no step starts within 20 s of
+# it and none runs past it, so the call returns inside the device tool's 600 s limit.
+#
+# What comes back (the device tool returns at most 8 files): OUT/log.txt (every step's start,
+# end and rc), OUT/results.jsonl (one line a result: step, commit, device, clocks, seconds,
+# rc, the step's own JSON, never another step's), OUT/summary.txt (the figures against their
+# goals, printed last too) and OUT/bundle.tar.gz (each step's whole output, the kernel lists
+# and gzipped traces, ncu's CSVs, the profiles), rewritten after every step so a run cut short
+# still returns what it did.
 set -uo pipefail
 out=${1:?usage: cuda_check.sh OUT [STEP...]}
 shift
-steps=${*:-build ceilings tensorboard readers parity model learner sync gpu_tests sanitizer unit decode profile sampler colocated}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 build=${RLX_CUDA_BUILD:-$root/build/cuda}
 rlx=$build/rlx
-mkdir -p "$out"
+work=${RLX_CUDA_WORK:-/tmp/rlx-cuda-check}
+deadline=${RLX_CUDA_DEADLINE:-570}
+commit=${RLX_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+mkdir -p "$out" "$work"
 log=$out/log.txt
-deadline=${RLX_CUDA_DEADLINE:-100000}
-say() { echo "== $(date +%T) $*" | tee -a "$log"; }
-# step NAME SECONDS CMD...: runs CMD with a time limit (cut to the deadline); its output is
-# appended to the log. A step past the deadline is skipped (rc 125).
+cores=$(nproc)
+side_cores="0,1" build_cores="2-$((cores - 1))"
+[ "$cores" -lt 6 ] && side_cores="0-$((cores - 1))" build_cores="0-$((cores - 1))"
+export PYTHONUNBUFFERED=1
+
+say() { echo "== $(date +%T) +${SECONDS}s $*" | tee -a "$log"; }
+bundle() {
+  flock "$work/.bundle" tar czf "$out/bundle.tar.gz.part" -C "$work" --exclude='*.json' --exclude='.bundle' \
+    --exclude='./runs' --exclude='*.safetensors' --exclude='*.h5' . 2>/dev/null &&
+    mv "$out/bundle.tar.gz.part" "$out/bundle.tar.gz"
+}
+# record NAME RC SECONDS [all]: the step's JSON (the last JSON line of its own output, or every
+# one with `all`) into results.jsonl, tagged with the commit, the device and its clocks now.
+record() {
+  python3 - "$work/$1.log" "$1" "$2" "$3" "${4:-last}" "$commit" >> "$out/results.jsonl" <<'EOF'
+import json, subprocess, sys
+path, name, rc, seconds, which, commit = sys.argv[1:]
+lines = []
+try:
+    for line in open(path, errors="replace"):
+        if line.startswith("{"):
+            try:
+                lines.append(json.loads(line))
+            except ValueError:
+                pass
+except OSError:
+    pass
+q = "name,clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu,power.draw"
+try:
+    v = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader,nounits"], capture_output=True,
+                       text=True, timeout=10).stdout.strip().splitlines()[0].split(", ")
+    device = v[0]
+    clocks = dict(zip(["sm_mhz", "mem_mhz", "max_sm_mhz", "temp_c", "power_w"], v[1:]))
+except Exception:
+    device, clocks = "unknown", {}
+base = {"step": name, "commit": commit, "device": device, "clocks": clocks, "seconds": int(seconds), "rc": int(rc)}
+results = lines if which == "all" else lines[-1:]
+for r in results or [None]:
+    print(json.dumps({**base, "result": r}))
+EOF
+}
+# step NAME LIMIT CMD...: CMD with a time limit (cut to the deadline), its output in
+# WORK/NAME.log; a step within 20 s of the deadline is skipped (rc 125).
 step() {
   local name=$1 limit=$2 t0=$SECONDS rc left=$((deadline - SECONDS))
   shift 2
-  if [ "$left" -lt 15 ]; then say "$name: skipped, past the deadline"; return 125; fi
+  if [ "$left" -lt 20 ]; then say "$name: skipped, past the deadline"; return 125; fi
   [ "$limit" -gt "$left" ] && limit=$left
   say "$name: $*"
-  timeout --kill-after=10 "$limit" "$@" >> "$log" 2>&1
+  ${PIN:+taskset -c "$PIN"} timeout --kill-after=5 "$limit" "$@" > "$work/$name.log" 2>&1
   rc=$?
   say "$name: rc $rc after $((SECONDS - t0)) s"
+  record "$name" $rc $((SECONDS - t0)) "${RECORD:-last}"
+  bundle
   return $rc
 }
-# json NAME: the last line of the log that is a JSON object goes to OUT/results.jsonl.
-json() { echo "{\"step\": \"$1\", \"result\": $(grep '^{' "$log" | tail -1)}" >> "$out/results.jsonl"; }
-# have FILE: FILE was built (a failed build leaves the steps that need it out).
 have() { [ -x "$1" ] || { say "skipped: $1 was not built"; return 1; }; }
+bf16=(--dtype bfloat16 --device cuda)
+qwen05=(--preset qwen2.5-0.5b --arch qwen2)
 
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$log" 2>&1
-python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' >> "$log" 2>&1
-
-for s in $steps; do
-  case $s in
-    build|ceilings|tensorboard|readers) ;;
-    gpu_tests) have "$build/tests/rlx_tests" || continue ;;
-    sanitizer) have "$build/tests/rlx_cuda_kernel_tests" || continue ;;
-    unit) have "$build/tests/rlx_tests" || continue ;;
-    *) have "$rlx" || continue ;;
-  esac
-  case $s in
+run_step() {
+  case $1 in
     build)
       # The image may hold Catch2 v3; the tests are written for v2 (carried in .device/debs).
       c2=/tmp/rlx-catch2; rm -rf $c2; dpkg -x .device/debs/catch2_*.deb $c2
       step configure 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRLX_CUDA=ON \
-        -DRLX_BUILD_EXAMPLES=OFF -DCatch2_DIR=$c2/usr/lib/cmake/Catch2 -DRLX_TENSORBOARD=${RLX_CUDA_TENSORBOARD:-OFF} || exit 1
-      # TensorBoard is off here: librlx linked with the carried protobuf left its symbols
-      # unresolved on this image (2026-11-26); what the image holds, for the next look:
-      ls -la /usr/lib/x86_64-linux-gnu/libprotobuf* /usr/local/lib/libprotobuf* >> "$log" 2>&1
+        -DRLX_BUILD_EXAMPLES=OFF -DCatch2_DIR=$c2/usr/lib/cmake/Catch2 -DRLX_TENSORBOARD=${RLX_CUDA_TENSORBOARD:-OFF} || return 1
       # -k 0: what builds is built, so one broken target leaves the others' steps to run.
-      step build 420 cmake --build "$build" -j"$(nproc)" --target rlx_cli rlx_tests rlx_cuda_kernel_tests -- -k 0 ||
-        grep -E -A4 "error:|FAILED|undefined reference" "$log" | grep -v "^/opt/gcc/bin" | head -200 > "$out/build_errors.txt" ;;
+      PIN=$build_cores step build 420 cmake --build "$build" -j"${RLX_CUDA_JOBS:-$((cores - 2))}" \
+        --target rlx_cli rlx_tests rlx_cuda_kernel_tests -- -k 0 ||
+        grep -E -A4 "error:|FAILED|undefined reference" "$work/build.log" | head -300 > "$work/build_errors.txt" ;;
     ceilings)
       # This device's ceilings, measured in the run: device-to-device copy bandwidth (bytes read
       # and written) and the bf16 GEMM rate, for the roofline and MFU figures.
@@ -81,116 +122,144 @@ def t(f, n):
     for _ in range(n): f()
     e.record(); torch.cuda.synchronize(); return s.elapsed_time(e) / 1e3 / n
 c = t(lambda: y.copy_(x), 20); g = t(lambda: a @ b, 20)
-print(json.dumps({"device": torch.cuda.get_device_name(), "copy_gbs": 2 * x.numel() / c / 1e9,
-                  "bf16_gemm_tflops": 2 * 8192**3 / g / 1e12}))' && json ceilings ;;
-    parity)
-      step parity 180 python3 scripts/hf_parity.py --rlx "$rlx" --out /tmp/rlx-parity --device cuda && json parity ;;
-    model)
-      # Training-shaped forward/backward, then the bare model's KV-cache decode step at the
-      # sampler's batch sizes (what the engine's step costs without paging or sampling).
-      step model 120 "$rlx" bench model --preset qwen2.5-0.5b --arch qwen2 --dtype bfloat16 --device cuda \
-        --batch 8 --seq 2048 --iters 3 && json model
-      for b in 1 64 256; do
-        step model_decode_b$b 120 "$rlx" bench model --preset qwen2.5-0.5b --arch qwen2 --dtype bfloat16 \
-          --device cuda --batch $b --seq 512 --decode-steps 64 --iters 2 && json model
-      done ;;
-    decode)
-      # The engine's decode step eager, as CUDA graphs one step at a time, and as CUDA graphs
-      # with step k+1 launched before step k's tokens are read back (same kernels otherwise),
-      # random Qwen2.5-0.5B-shaped weights: graph_steps and overlapped_steps in the JSON say
-      # how many steps replayed and how many overlapped.
-      # RLX_DECODE_BATCHES, RLX_DECODE_MODES (graphs:overlap pairs) and RLX_DECODE_NEW narrow it.
-      for b in ${RLX_DECODE_BATCHES:-1 64 256}; do
-        for go in ${RLX_DECODE_MODES:-0:1 1:0 1:1}; do
-          g=${go%:*} o=${go#*:}
-          step decode_b${b}_graphs${g}_overlap$o 120 "$rlx" bench sampler --preset qwen2.5-0.5b --arch qwen2 \
-            --dtype bfloat16 --device cuda --batch $b --prompt 512 --new ${RLX_DECODE_NEW:-128} --iters 1 --kv-cache-mb 16384 \
-            --max-batch-tokens 16384 --cuda-graphs $g --overlap $o && json decode
-        done
-      done ;;
+print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                  "copy_gbs": 2 * x.numel() / c / 1e9, "bf16_gemm_tflops": 2 * 8192**3 / g / 1e12}))' ;;
     tensorboard)
       # TensorBoard's own reader (the image's tensorboard package) on a CPU run's event files.
-      step tensorboard 60 python3 scripts/read_tensorboard.py .device/tb .device/tb.expected.jsonl && json tensorboard ;;
+      step tensorboard 60 python3 scripts/read_tensorboard.py .device/tb .device/tb.expected.jsonl ;;
     readers)
       # transformers on `rlx rm`'s sequence classifier, PEFT (if installed) on a LoRA run's adapter.
       r=.device/readers
       step readers 120 python3 scripts/check_hf_readers.py --rm $r/rm --rm-expected $r/rm_expected.json --base $r/base \
-        --lora-final $r/lora && json readers ;;
-    profile)
-      # Where a decode step's time goes, by kernel: ncu times each launch (graphs off, so each
-      # kernel is its own launch; the summary averages by kernel name). 16 decode steps.
-      for b in ${RLX_PROFILE_BATCHES:-1 64}; do
-        step profile_decode_b$b 240 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
-          --launch-count 3000 "$rlx" bench sampler --preset qwen2.5-0.5b --arch qwen2 --dtype bfloat16 --device cuda \
-          --batch $b --prompt 512 --new 16 --iters 1 --kv-cache-mb 16384 --max-batch-tokens 16384 --cuda-graphs 0 --overlap 0
-      done ;;
-    sampler)
-      step sampler 540 python3 scripts/bench_hf_generate.py --rlx "$rlx" --out /tmp/rlx-sampler \
-        --batches "${RLX_SAMPLER_BATCHES:-1,64,256}" --compiled "${RLX_SAMPLER_COMPILED:-1}" \
-        --bandwidth-gbs "$(grep -o '"copy_gbs": [0-9.]*' "$out/results.jsonl" 2>/dev/null | tail -1 | grep -o '[0-9.]*$' || echo 3000)" \
-        && json sampler ;;
-    learner)
-      step learner_torch 150 python3 scripts/bench_torch_train.py --seq 2048 --batch-seqs 8 && json learner_torch
-      step learner 200 "$rlx" bench learner --device cuda --preset qwen2.5-0.5b --arch qwen2 --dtype bfloat16 \
-        --seq 2048 --batch-seqs 8 --micro-batch-tokens 16384 --steps 5 --ranks 1 && json learner
-      # Where the step's time goes: rank 0's operators by device time over 3 more steps.
-      step learner_profile 200 "$rlx" bench learner --device cuda --preset qwen2.5-0.5b --arch qwen2 --dtype bfloat16 \
-        --seq 2048 --batch-seqs 8 --micro-batch-tokens 16384 --steps 2 --ranks 1 --profile 3
-      [ "${RLX_LEARNER_ACCUM:-1}" = 1 ] && step learner_mb4k 200 "$rlx" bench learner --device cuda --preset qwen2.5-0.5b --arch qwen2 --dtype bfloat16 \
-        --seq 2048 --batch-seqs 8 --micro-batch-tokens 4096 --steps 5 --ranks 1 && json learner_mb4k
-      # A GRPO-shaped batch: 2 prompts x 8 samples, 1536 prompt + 512 completion tokens each;
-      # the prompt packed once (shared prefix), the policy head at the completions only, then at
-      # every token (RLX_LEARNER_GRPO=0 skips both).
-      if [ "${RLX_LEARNER_GRPO:-1}" = 1 ]; then
-        for head in 1 0; do
-          step "learner_grpo_head$head" 200 "$rlx" bench learner --device cuda --preset qwen2.5-0.5b --arch qwen2 \
-            --dtype bfloat16 --seq 2048 --batch-seqs 16 --loss-tokens 512 --group-size 8 --row-tokens 16384 \
-            --micro-batch-tokens 16384 --steps 5 --ranks 1 --head-on-loss-tokens $head && json "learner_grpo_head$head"
-        done
-      fi ;;
-    sync)
-      # Weight sync by CUDA IPC (a subscriber process, device-to-device copies; the
-      # subscriber checks every version's values) against a device copy of the same bytes.
-      step sync_cuda_ipc 120 "$rlx" bench sync --path cuda-ipc --mb 1000 --versions 10 && json sync_cuda_ipc
-      step sync_shm 120 "$rlx" bench sync --path shm --mb 1000 --versions 10 && json sync_shm ;;
+        --lora-final $r/lora ;;
+    peers)
+      # HF generate and the torch.compile static-cache loop, each (peer, batch) with its own limit.
+      RECORD=all step peers 500 python3 scripts/bench_hf_generate.py --batches "${RLX_PEER_BATCHES:-1,64,256}" \
+        --compiled-batches "${RLX_COMPILED_BATCHES:-64,256,1}" --prompt 512 --new 128 --limit 150 ;;
     gpu_tests)
-      # The engine's own kernels against their CPU references (tests/cuda/kernels_test.cpp).
-      [ -x "$build/tests/rlx_cuda_kernel_tests" ] && step kernel_tests 120 "$build/tests/rlx_cuda_kernel_tests" -d yes
-      step gpu_tests 240 "$build/tests/rlx_tests" "[cuda]" -d yes ;;
+      have "$build/tests/rlx_cuda_kernel_tests" &&
+        step kernel_tests 60 "$build/tests/rlx_cuda_kernel_tests" -d yes
+      have "$build/tests/rlx_tests" && step cuda_tests 150 "$build/tests/rlx_tests" "[cuda]" -d yes ;;
+    parity)
+      have "$rlx" && step parity 150 python3 scripts/hf_parity.py --rlx "$rlx" --out "$work/parity" --device cuda ;;
     sanitizer)
-      # The kernels under compute-sanitizer: out-of-bounds and misaligned accesses, then races
-      # in shared memory.
+      have "$build/tests/rlx_cuda_kernel_tests" || return 0
       cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-      step memcheck 240 "$cs" --tool memcheck --error-exitcode 1 "$build/tests/rlx_cuda_kernel_tests"
-      step racecheck 240 "$cs" --tool racecheck --error-exitcode 1 "$build/tests/rlx_cuda_kernel_tests" ;;
-    unit)
-      # The CPU unit suite against this LibTorch. Tokenizer parity needs the npm fixtures,
-      # which are fetched where there is network; without them those cases fail by design.
-      (cd "$build" && step unit 300 ctest -L unit -j"$(nproc)" --timeout 120 --output-on-failure) ;;
+      step memcheck 100 "$cs" --tool memcheck --error-exitcode 1 "$build/tests/rlx_cuda_kernel_tests"
+      step racecheck 100 "$cs" --tool racecheck --error-exitcode 1 "$build/tests/rlx_cuda_kernel_tests" ;;
+    decode)
+      # The engine's decode step as CUDA graphs with step k+1 launched before step k's tokens
+      # are read back, random Qwen2.5-0.5B-shaped weights; then 5 more steps under the kernel
+      # trace (each kernel a graph replays: trace_decode_bB/kernels.csv, trace.json.gz).
+      have "$rlx" || return 0
+      for b in ${RLX_DECODE_BATCHES:-1 64 256}; do
+        step decode_b$b 120 "$rlx" bench sampler "${qwen05[@]}" "${bf16[@]}" --batch $b --prompt 512 --new 128 \
+          --iters 1 --kv-cache-mb 16384 --max-batch-tokens 16384 --cuda-graphs 1 --overlap 1 \
+          --trace "$work/trace_decode_b$b" --trace-steps 5
+        gzip -f "$work/trace_decode_b$b/trace.json" 2>/dev/null
+      done
+      bundle ;;
+    ncu)
+      # One decode-attention launch and one sampler launch at batch 256, past the warm-up,
+      # every section (ncu --set full), each to its own CSV so a timeout keeps the other.
+      have "$rlx" || return 0
+      local args=("${qwen05[@]}" "${bf16[@]}" --batch 256 --prompt 512 --new 24 --iters 1 --kv-cache-mb 16384
+        --max-batch-tokens 16384 --cuda-graphs 0 --overlap 0)
+      step ncu_attention 120 ncu --clock-control none --set full --kernel-name regex:decode_split_kernel --launch-skip 240 \
+        --launch-count 1 --csv --page details --log-file "$work/ncu_attention.csv" "$rlx" bench sampler "${args[@]}"
+      step ncu_sampler 120 ncu --clock-control none --set full --kernel-name regex:sample_kernel --launch-skip 12 \
+        --launch-count 1 --csv --page details --log-file "$work/ncu_sampler.csv" "$rlx" bench sampler "${args[@]}" ;;
+    learner)
+      # PyTorch's eager step (HF Qwen2, SDPA, autocast) and rlx's, 8 x 2048 tokens, each with its
+      # operator table and kernel list from one more profiled step.
+      step learner_torch 150 python3 scripts/bench_torch_train.py --seq 2048 --batch-seqs 8 --profile "$work/profile_torch"
+      have "$rlx" || return 0
+      step learner 200 "$rlx" bench learner "${qwen05[@]}" "${bf16[@]}" --seq 2048 --batch-seqs 8 \
+        --micro-batch-tokens 16384 --steps 5 --ranks 1 --profile 2 --trace "$work/profile_learner"
+      gzip -f "$work/profile_learner/trace.json" 2>/dev/null
+      # A GRPO-shaped batch: 2 prompts x 8 samples, 1536 prompt + 512 completion tokens each,
+      # the prompt packed once and the policy head at the completions only.
+      step learner_grpo 200 "$rlx" bench learner "${qwen05[@]}" "${bf16[@]}" --seq 2048 --batch-seqs 16 \
+        --loss-tokens 512 --group-size 8 --row-tokens 16384 --micro-batch-tokens 16384 --steps 5 --ranks 1 ;;
+    models)
+      # Qwen3's decode (q/k norms, head width 128) and Qwen3-30B-A3B's (128 experts, top 8) as
+      # CUDA graphs, random weights: graph_steps in the JSON says whether the graphs ran.
+      have "$rlx" || return 0
+      step decode_qwen3_0.6b 120 "$rlx" bench sampler --preset qwen3-0.6b --arch qwen3 "${bf16[@]}" --batch 64 \
+        --prompt 512 --new 128 --iters 1 --kv-cache-mb 8192 --max-batch-tokens 16384
+      step decode_qwen3_30b_a3b 180 "$rlx" bench sampler --preset qwen3-30b-a3b --arch qwen3_moe "${bf16[@]}" \
+        --batch 64 --prompt 256 --new 64 --iters 1 --kv-cache-mb 8192 --max-batch-tokens 16384 ;;
+    sync)
+      have "$rlx" || return 0
+      step sync_nccl 120 "$rlx" bench sync --path nccl --mb 1000 --versions 10
+      step sync_cuda_ipc 120 "$rlx" bench sync --path cuda-ipc --mb 1000 --versions 10 ;;
     colocated)
       # One GPU, the whole loop (train.placement = colocated): the throughput config (random
       # Qwen2.5-0.5B shape, 64 x 8 samples x 512 tokens a step), then generation alone and
-      # training alone on the same shapes, for "step time within 15% of their sum"; then the
-      # quickstart's task from an SFT warm start, for its reward curve and wall time.
-      runs=/tmp/rlx-colocated
-      step colocated_throughput 540 "$rlx" run examples/configs/throughput_0.5b.yaml run.out_dir=$runs --force ${RLX_COLOCATED_ARGS:-} \
-        && cp $runs/throughput_0.5b/metrics.jsonl "$out/colocated_throughput.jsonl"
-      grep "memory plan" -A14 $runs/throughput_0.5b/logs/learner-0/rank-0.err >> "$log" 2>/dev/null
-      step colocated_generate_alone 300 "$rlx" bench sampler --preset qwen2.5-0.5b --arch qwen2 --dtype bfloat16 \
-        --device cuda --batch 512 --prompt 64 --new 512 --iters 1 --kv-cache-mb 6144 --max-batch-tokens 16384 \
-        && json colocated_generate_alone
-      step colocated_train_alone 300 "$rlx" bench learner --device cuda --preset qwen2.5-0.5b --arch qwen2 \
-        --dtype bfloat16 --seq 576 --batch-seqs 512 --micro-batch-tokens 16384 --steps 3 --ranks 1 \
-        && json colocated_train_alone
-      # The same split on one GPU: learner and worker processes, weights by CUDA IPC.
-      step split_throughput 540 "$rlx" run examples/configs/throughput_0.5b.yaml run.out_dir=$runs run.name=split_0.5b \
-        train.placement=split --force && cp $runs/split_0.5b/metrics.jsonl "$out/split_throughput.jsonl"
-      step colocated_sft 300 "$rlx" sft examples/configs/sft_arithmetic.yaml run.out_dir=$runs model.device=cuda
-      step colocated_quickstart 540 "$rlx" run examples/configs/grpo_arithmetic_gpu.yaml run.out_dir=$runs \
-        model.path=$runs/sft_arithmetic/final --force && cp $runs/grpo_arithmetic_gpu/metrics.jsonl "$out/colocated_quickstart.jsonl"
-      step colocated_eval 120 "$rlx" eval examples/configs/grpo_arithmetic_gpu.yaml run.out_dir=$runs \
-        model.path=$runs/grpo_arithmetic_gpu/final && json colocated_eval ;;
-    *) say "unknown step $s"; exit 2 ;;
+      # training alone on its shapes; split placement with CUDA IPC weights; the quickstart's
+      # task from an SFT warm start.
+      have "$rlx" || return 0
+      runs=$work/runs
+      step colocated_throughput 400 "$rlx" run examples/configs/throughput_0.5b.yaml run.out_dir=$runs --force \
+        ${RLX_COLOCATED_ARGS:-} && cp $runs/throughput_0.5b/metrics.jsonl "$work/colocated_throughput.jsonl"
+      step colocated_generate_alone 200 "$rlx" bench sampler "${qwen05[@]}" "${bf16[@]}" --batch 512 --prompt 64 \
+        --new 512 --iters 1 --kv-cache-mb 6144 --max-batch-tokens 16384
+      step colocated_train_alone 200 "$rlx" bench learner "${qwen05[@]}" "${bf16[@]}" --seq 576 --batch-seqs 512 \
+        --micro-batch-tokens 16384 --steps 3 --ranks 1
+      step split_throughput 400 "$rlx" run examples/configs/throughput_0.5b.yaml run.out_dir=$runs run.name=split_0.5b \
+        train.placement=split --force && cp $runs/split_0.5b/metrics.jsonl "$work/split_throughput.jsonl"
+      step quickstart_sft 300 "$rlx" sft examples/configs/sft_arithmetic.yaml run.out_dir=$runs model.device=cuda
+      step quickstart 400 "$rlx" run examples/configs/grpo_arithmetic_gpu.yaml run.out_dir=$runs \
+        model.path=$runs/sft_arithmetic/final --force && cp $runs/grpo_arithmetic_gpu/metrics.jsonl "$work/quickstart.jsonl"
+      step quickstart_eval 120 "$rlx" eval examples/configs/grpo_arithmetic_gpu.yaml run.out_dir=$runs \
+        model.path=$runs/grpo_arithmetic_gpu/final ;;
+    unit)
+      # The CPU unit suite against this LibTorch (tokenizer parity needs npm fixtures that are
+      # fetched where there is network: those cases fail by design here).
+      have "$build/tests/rlx_tests" || return 0
+      step unit 300 ctest --test-dir "$build" -L unit -j"$cores" --timeout 120 --output-on-failure ;;
+    summary)
+      python3 scripts/cuda_summary.py "$out/results.jsonl" > "$out/summary.txt" 2>&1
+      cat "$out/summary.txt" ;;
+    *) say "unknown step $1"; return 2 ;;
   esac
-done
+}
+
+{
+  echo "commit $commit"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader
+  python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
+} >> "$log" 2>&1
+
+if [ $# -gt 0 ]; then
+  for s in "$@"; do run_step "$s"; done
+  run_step summary
+  say "done"
+  exit 0
+fi
+
+# 1. The build beside the steps that need none (pinned to two cores of their own).
+run_step build &
+build_lane=$!
+(
+  PIN=$side_cores
+  for s in ceilings tensorboard readers; do run_step $s; done
+  # The peers measure the GPU: they start once the ceilings are done, and stop before the
+  # timed steps (whatever they printed by then is kept).
+  run_step peers
+) &
+side_lane=$!
+wait $build_lane
+# 2. Correctness side by side (no timing), beside the peers.
+(run_step gpu_tests; run_step parity) &
+tests_lane=$!
+run_step sanitizer
+wait $tests_lane
+# 3. The peers give the device back; then the timed steps, one at a time.
+pkill -INT -f "scripts/bench_hf_generate.py" 2>/dev/null
+for _ in $(seq 20); do kill -0 $side_lane 2>/dev/null || break; sleep 0.5; done
+pkill -KILL -f "scripts/bench_hf_generate.py" 2>/dev/null
+wait $side_lane
+for s in decode learner ncu sync models colocated unit; do run_step "$s"; done
+run_step summary
 say "done"

@@ -3,6 +3,7 @@
 // of a randomly initialised model. The last line is JSON.
 //
 // rlx bench sampler --preset NAME [--batch B] [--prompt P] [--new N] [--n G] [--naive] [--lora-rank R --lora-merged 0|1]
+//                   [--trace DIR [--trace-steps N]]
 // The rollout engine generating B requests (x G samples) of P prompt tokens and N new
 // tokens: output tokens/s, ms per decode step, prefill tokens/s, peak memory; with
 // --naive the same generation by full recompute (no KV cache) and the ratio.
@@ -15,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "op_profile.hpp"
 #include "rlx/core/rng.hpp"
 #include "rlx/core/threads.hpp"
 #include "rlx/core/torch_compat.hpp"
@@ -47,7 +49,31 @@ struct SamplerArgs {
   bool overlap = true;
   int64_t lora_rank = 0;  // > 0: adapters on every projection (random), applied as lora_merged says
   bool lora_merged = true;
+  std::string trace_dir;   // then a kernel trace of trace_steps decode steps (cli::KernelTrace)
+  int64_t trace_steps = 5;
 };
+
+// The requests again, past their prefill and a few decode steps (graphs captured, the
+// pipeline full), then `steps` decode steps under the kernel trace; the rest run out untraced.
+nlohmann::json trace_decode(Engine& engine, const std::vector<GenerationRequest>& requests, int64_t steps,
+                            const std::string& dir, bool cuda) {
+  for (const auto& r : requests) engine.add(r);
+  int64_t steady = 0;
+  while (engine.has_work() && steady < 3) {
+    const auto before = engine.stats().prefill_tokens;
+    engine.step();
+    steady = engine.stats().prefill_tokens == before ? steady + 1 : 0;
+  }
+  KernelTrace trace;
+  trace.start(cuda);
+  int64_t traced = 0;
+  for (; traced < steps && engine.has_work(); ++traced) engine.step();
+  compat::synchronize(cuda ? at::Device(at::kCUDA) : at::Device(at::kCPU));
+  auto summary = trace.stop(dir, static_cast<double>(std::max<int64_t>(traced, 1)));
+  summary["steps"] = traced;
+  while (engine.has_work()) engine.step();
+  return summary;
+}
 
 int bench_sampler(const SamplerArgs& a) {
   const auto plan = set_compute_threads(a.threads);
@@ -120,7 +146,9 @@ int bench_sampler(const SamplerArgs& a) {
     out_tokens += a.batch * a.n * a.new_tokens;
   }
   const double tokens_per_s = static_cast<double>(out_tokens) / total_s;
-  const auto st = engine.stats();
+  const auto st = engine.stats();  // before the traced steps
+  const nlohmann::json trace =
+      a.trace_dir.empty() ? nlohmann::json(nullptr) : trace_decode(engine, requests, a.trace_steps, a.trace_dir, device.is_cuda());
   nlohmann::json r = {{"bench", "sampler"},
                       {"model", name},
                       {"arch", std::string(config::enum_to_string(cfg.arch))},
@@ -144,7 +172,8 @@ int bench_sampler(const SamplerArgs& a) {
                       {"overlapped_steps", st.overlapped_steps},
                       {"discarded_rows", st.discarded_rows},
                       {"peak_rss_mb", peak_rss_mb()},
-                      {"lora_rank", a.lora_rank}};
+                      {"lora_rank", a.lora_rank},
+                      {"trace", trace}};
   if (a.lora_rank > 0) {
     r["lora_merged"] = a.lora_merged;
     r["lora_update_ms"] = lora_update_ms;
@@ -302,6 +331,9 @@ void add_bench_commands(CLI::App& app, Action& action) {
   sampler->add_option("--cuda-graphs", s->cuda_graphs, "on CUDA, replay decode steps as CUDA graphs (1) or run eagerly (0)");
   sampler->add_option("--overlap", s->overlap,
                       "launch decode step k+1 before step k's tokens are read back (1) or one step at a time (0)");
+  sampler->add_option("--trace", s->trace_dir,
+                      "then a kernel trace of --trace-steps decode steps into DIR (kernels.csv; trace.json where LibTorch has Kineto)");
+  sampler->add_option("--trace-steps", s->trace_steps, "decode steps the trace covers")->check(CLI::Range(1, 1000));
   sampler->callback([s, &action] { action = [s] { return bench_sampler(*s); }; });
 }
 

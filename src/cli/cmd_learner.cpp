@@ -93,6 +93,7 @@ struct LearnerBenchArgs {
   std::vector<int> ranks{1, 2};
   int threads = 0;
   int64_t profile_steps = 0;  // steps after the timed ones under LibTorch's profiler
+  std::string trace_dir;      // then one more step under the kernel trace (rank 0's kernels.csv)
   int64_t lora_rank = 0;      // > 0: train LoRA adapters of this rank on every projection only
   bool checkpointing = false, as_rank = false;
 };
@@ -156,8 +157,14 @@ json bench_rank(const LearnerBenchArgs& a) {
   std::vector<double> times;
   int64_t tokens = 0, run_tokens = 0;
   cli::OpProfile profiler;
-  for (int64_t s = 0; s <= a.steps + a.profile_steps; ++s) {  // step 0 is a warm-up
-    if (s == a.steps + 1) profiler.start(o.fsdp.device.is_cuda());
+  std::vector<cli::OpTime> ops;
+  cli::KernelTrace trace;
+  json trace_summary = nullptr;
+  const int64_t traced = a.steps + a.profile_steps + 1;  // the kernel trace's step, if --trace
+  for (int64_t s = 0; s <= a.steps + a.profile_steps + (a.trace_dir.empty() ? 0 : 1); ++s) {  // step 0: warm-up
+    if (s == a.steps + 1 && a.profile_steps > 0) profiler.start(o.fsdp.device.is_cuda());
+    if (s == traced && a.profile_steps > 0) ops = profiler.stop();
+    if (s == traced && comm->rank() == 0) trace.start(o.fsdp.device.is_cuda());
     std::vector<Sequence> mine;
     Sequence q;
     for (int64_t i = 0; i < a.batch_seqs; ++i) {
@@ -175,6 +182,10 @@ json bench_rank(const LearnerBenchArgs& a) {
     auto r = learner.step(mine, [](const MicroBatch& mb, const TokenOutputs& out, const StepContext& ctx, Metrics&) {
       return -(out.logprobs * mb.loss_mask).sum() / ctx.global_loss_tokens;
     });
+    if (s == traced && comm->rank() == 0) {
+      compat::synchronize(o.fsdp.device);
+      trace_summary = trace.stop(a.trace_dir);
+    }
     if (s > 0 && s <= a.steps) {
       times.push_back(r.seconds);
       tokens = a.batch_seqs * a.seq;
@@ -183,7 +194,7 @@ json bench_rank(const LearnerBenchArgs& a) {
   }
   json profile = nullptr;
   if (a.profile_steps > 0) {
-    const auto ops = profiler.stop();
+    if (a.trace_dir.empty()) ops = profiler.stop();
     profile = cli::OpProfile::to_json(ops, 40, static_cast<double>(a.profile_steps));
   }
   std::sort(times.begin(), times.end());
@@ -210,7 +221,8 @@ json bench_rank(const LearnerBenchArgs& a) {
           {"gemm_peak_gflops", peak.item<double>()},
           {"mfu", achieved / peak.item<double>()},
           {"device_peak_mb", device_peak_mb >= 0 ? json(device_peak_mb) : json(nullptr)},
-          {"profile", profile}};
+          {"profile", profile},
+          {"trace", trace_summary}};
 }
 
 int bench_learner(const LearnerBenchArgs& a, const std::vector<std::string>& self_args) {
@@ -307,6 +319,8 @@ void add_learner_commands(CLI::App& app, Action& action) {
   b->add_option("--profile", a->profile_steps,
                 "then N more steps under LibTorch's profiler: rank 0's operators by self time per step (stderr, JSON)")
       ->check(CLI::Range(0, 1000));
+  b->add_option("--trace", a->trace_dir,
+                "then one more step under the kernel trace: rank 0's kernels into DIR (kernels.csv; trace.json where LibTorch has Kineto)");
   b->add_flag("--as-rank", a->as_rank, "internal: run as one rank of the group")->group("");
   b->callback([a, b, &action] {
     std::vector<std::string> args{"bench", "learner"};

@@ -1,9 +1,12 @@
 #include "op_profile.hpp"
 
 #include <fmt/format.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <map>
 
 namespace rlx::cli {
@@ -96,6 +99,79 @@ std::string OpProfile::table(const nlohmann::json& rows) {
                      all > 0 ? 100 * r[key].get<double>() / all : 0.0);
   }
   return s;
+}
+
+namespace {
+const torch::profiler::impl::ProfilerConfig& kineto_config() {
+  static const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+  return config;
+}
+
+// LibTorch 2.x reports nanoseconds, 1.13 microseconds.
+template <class Event>
+double duration_us(const Event& e) {
+  if constexpr (requires { e.durationNs(); })
+    return static_cast<double>(e.durationNs()) / 1e3;
+  else
+    return static_cast<double>(e.durationUs());
+}
+}  // namespace
+
+void KernelTrace::start(bool cuda) {
+  std::set<torch::profiler::impl::ActivityType> activities{torch::profiler::impl::ActivityType::CPU};
+  if (cuda) activities.insert(torch::profiler::impl::ActivityType::CUDA);
+  prof::prepareProfiler(kineto_config(), activities);
+  prof::enableProfiler(kineto_config(), activities);
+}
+
+nlohmann::json KernelTrace::stop(const std::string& dir, double per) {
+  const auto result = prof::disableProfiler();
+  std::filesystem::create_directories(dir);
+  struct Sum {
+    int64_t count = 0;
+    double total_us = 0;
+  };
+  std::map<std::string, Sum> device, host;
+  for (const auto& e : result->events()) {
+    auto& s = (e.deviceType() == c10::DeviceType::CPU ? host : device)[e.name()];
+    ++s.count;
+    s.total_us += duration_us(e);
+  }
+  const bool on_device = !device.empty();
+  std::vector<std::pair<std::string, Sum>> rows(on_device ? device.begin() : host.begin(),
+                                                on_device ? device.end() : host.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.total_us > b.second.total_us; });
+  std::ofstream csv(dir + "/kernels.csv");
+  csv << "name,launches_per_step,total_us_per_step,mean_us,share\n";
+  double all = 0;
+  int64_t launches = 0;
+  for (const auto& [name, s] : rows) {
+    all += s.total_us;
+    launches += s.count;
+  }
+  for (const auto& [name, s] : rows) {
+    std::string quoted = "\"";
+    for (char c : name) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+    csv << fmt::format("{}\",{:.2f},{:.2f},{:.3f},{:.4f}\n", quoted, static_cast<double>(s.count) / per,
+                       s.total_us / per, s.total_us / static_cast<double>(s.count), all > 0 ? s.total_us / all : 0.0);
+  }
+  bool saved = false;
+  try {
+    result->save(dir + "/trace.json");
+    saved = true;
+  } catch (const c10::Error&) {  // a LibTorch without Kineto (Debian's) keeps the events, not the trace
+  }
+  auto top = nlohmann::json::array();
+  for (size_t i = 0; i < std::min<size_t>(rows.size(), 12); ++i)
+    top.push_back({{"name", rows[i].first.substr(0, 120)},
+                   {"launches_per_step", static_cast<double>(rows[i].second.count) / per},
+                   {"us_per_step", rows[i].second.total_us / per}});
+  return {{"dir", dir},
+          {"what", on_device ? "device kernels" : "cpu operators"},
+          {"launches_per_step", static_cast<double>(launches) / per},
+          {"busy_us_per_step", all / per},
+          {"chrome_trace", saved},
+          {"top", top}};
 }
 
 }  // namespace rlx::cli

@@ -32,4 +32,17 @@ class OpProfile {
   bool cuda_ = false;
 };
 
+// A kernel-level trace: LibTorch's Kineto profiler (CUPTI on a GPU), which sees each kernel a
+// CUDA graph replays (the operator profile above sees one replay). stop(dir) writes
+// DIR/kernels.csv (name, launches, total and mean microseconds, largest total first: the
+// device's kernels and copies, or the CPU operators where no device ran) and, where this
+// LibTorch was built with Kineto, DIR/trace.json (Chrome trace format); it returns a
+// summary for the bench's JSON. Used by `rlx bench sampler --trace` and `rlx bench learner
+// --trace`.
+class KernelTrace {
+ public:
+  void start(bool cuda);
+  nlohmann::json stop(const std::string& dir, double per = 1);
+};
+
 }  // namespace rlx::cli
