@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/ranges.h>
+
 #include "launch/trainer_commands.hpp"
 #include "rlx/model/config.hpp"
 

@@ -5,6 +5,8 @@
 
 #include <signal.h>
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
