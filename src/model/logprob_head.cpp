@@ -10,6 +10,12 @@
 #include "cpu_math.hpp"
 #include "rlx/core/error.hpp"
 #include "rlx/core/torch_compat.hpp"
+#if RLX_WITH_CUDA
+#include <cstdlib>
+#include <string_view>
+
+#include "rollout/cuda/glue.hpp"
+#endif
 
 namespace rlx {
 
@@ -147,6 +153,19 @@ at::Tensor head_rows_backward(const at::Tensor& z, const at::Tensor& targets, co
   return dz;
 }
 
+#if RLX_WITH_CUDA
+// On a GPU the head's kernels (rollout/cuda/logprob_head.cu) make the same one pass per
+// direction over a chunk's logits in their own dtype, the backward's in place;
+// RLX_LOGPROB_HEAD=aten takes LibTorch's ops below instead (to compare against).
+bool head_on_gpu(const at::Tensor& z) {
+  static const bool aten = [] {
+    const char* v = std::getenv("RLX_LOGPROB_HEAD");
+    return v != nullptr && std::string_view(v) == "aten";
+  }();
+  return !aten && cuda::head_on_device_supported(z);
+}
+#endif
+
 // Forward: per chunk, logits (compute dtype) -> fp32 -> log-sum-exp, picked log-prob and
 // entropy; saves hidden, weight, targets and the fp32 log-sum-exp. Backward: per chunk, the
 // logits again, then d logits = g_logp (onehot - p) - g_ent p (log p + H), in the compute
@@ -168,6 +187,13 @@ struct LogprobHead : torch::autograd::Function<LogprobHead> {
         if (m == n) kept = zc;
         continue;
       }
+#if RLX_WITH_CUDA
+      if (head_on_gpu(zc)) {
+        auto l = lse.narrow(0, i0, m), lp = logp.narrow(0, i0, m), e = entropy ? ent.narrow(0, i0, m) : ent;
+        cuda::head_forward_on_device(zc, targets.narrow(0, i0, m), l, lp, e);
+        continue;
+      }
+#endif
       auto z = zc.to(at::kFloat);
       auto l = at::logsumexp(z, -1);
       lse.narrow(0, i0, m).copy_(l);
@@ -218,6 +244,18 @@ struct LogprobHead : torch::autograd::Function<LogprobHead> {
         add_weight_grad(at::matmul(dzc.t(), h));
         continue;
       }
+#if RLX_WITH_CUDA
+      if (head_on_gpu(zc)) {  // zc becomes d logits, in place
+        cuda::head_backward_on_device(zc, targets.narrow(0, i0, m), lse.narrow(0, i0, m),
+                                      entropy ? ent.narrow(0, i0, m) : ent,
+                                      g_logp.defined() ? g_logp.narrow(0, i0, m) : at::Tensor(),
+                                      g_ent.defined() && entropy ? g_ent.narrow(0, i0, m) : at::Tensor());
+        auto gh = g_hidden.narrow(0, i0, m);
+        at::matmul_out(gh, zc, weight);
+        add_weight_grad(at::matmul(zc.t(), h));
+        continue;
+      }
+#endif
       auto z = zc.to(at::kFloat);
       auto logp_all = z - lse.narrow(0, i0, m).unsqueeze(-1);
       auto p = logp_all.exp();

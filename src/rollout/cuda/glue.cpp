@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "rlx/core/error.hpp"
 #include "rlx/core/torch_compat.hpp"
@@ -102,6 +103,55 @@ Sampled sample_on_device(const at::Tensor& logits, const SamplingBatch& b) {
   auto logprobs = at::empty({rows}, logits.options().dtype(at::kFloat));
   params.sample(logits, tokens, logprobs);
   return {tokens, logprobs};
+}
+
+bool head_on_device_supported(const at::Tensor& z) {
+  const auto t = z.scalar_type();
+  return z.is_cuda() && z.dim() == 2 && z.is_contiguous() && (t == at::kFloat || t == at::kHalf || t == at::kBFloat16) &&
+         z.size(0) <= std::numeric_limits<int>::max();
+}
+
+void head_forward_on_device(const at::Tensor& z, const at::Tensor& targets, at::Tensor& lse, at::Tensor& logp,
+                            at::Tensor& ent) {
+  const c10::cuda::CUDAGuard guard(z.device());
+  RLX_ASSERT(head_on_device_supported(z) && targets.scalar_type() == at::kLong && lse.is_contiguous() &&
+                 logp.is_contiguous() && lse.scalar_type() == at::kFloat && logp.scalar_type() == at::kFloat,
+             "head_forward_on_device: logits {} {}", z.sizes(), c10::toString(z.scalar_type()));
+  const auto t = targets.contiguous();
+  const bool with_ent = ent.numel() == z.size(0);
+  RLX_ASSERT(!with_ent || (ent.is_contiguous() && ent.scalar_type() == at::kFloat), "head_forward_on_device: entropy");
+  HeadForwardArgs a{.dtype = dtype_of(z),
+                    .logits = z.data_ptr(),
+                    .targets = t.data_ptr<int64_t>(),
+                    .lse = lse.data_ptr<float>(),
+                    .logp = logp.data_ptr<float>(),
+                    .entropy = with_ent ? ent.data_ptr<float>() : nullptr,
+                    .rows = static_cast<int>(z.size(0)),
+                    .vocab = z.size(1)};
+  check("head_forward", head_forward(a, c10::cuda::getCurrentCUDAStream().stream()));
+}
+
+void head_backward_on_device(at::Tensor& z, const at::Tensor& targets, const at::Tensor& lse, const at::Tensor& ent,
+                             const at::Tensor& g_logp, const at::Tensor& g_ent) {
+  const c10::cuda::CUDAGuard guard(z.device());
+  RLX_ASSERT(head_on_device_supported(z) && targets.scalar_type() == at::kLong && lse.scalar_type() == at::kFloat,
+             "head_backward_on_device: logits {} {}", z.sizes(), c10::toString(z.scalar_type()));
+  const auto t = targets.contiguous();
+  const auto l = lse.contiguous();
+  const auto gl = g_logp.defined() ? g_logp.to(at::kFloat).contiguous() : at::Tensor();
+  const bool with_ent = g_ent.defined() && ent.numel() == z.size(0);
+  const auto ge = with_ent ? g_ent.to(at::kFloat).contiguous() : at::Tensor();
+  const auto e = with_ent ? ent.contiguous() : at::Tensor();
+  HeadBackwardArgs a{.dtype = dtype_of(z),
+                     .logits = z.data_ptr(),
+                     .targets = t.data_ptr<int64_t>(),
+                     .lse = l.data_ptr<float>(),
+                     .entropy = with_ent ? e.data_ptr<float>() : nullptr,
+                     .g_logp = gl.defined() ? gl.data_ptr<float>() : nullptr,
+                     .g_entropy = with_ent ? ge.data_ptr<float>() : nullptr,
+                     .rows = static_cast<int>(z.size(0)),
+                     .vocab = z.size(1)};
+  check("head_backward", head_backward(a, c10::cuda::getCurrentCUDAStream().stream()));
 }
 
 namespace {

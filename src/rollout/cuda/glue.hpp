@@ -27,6 +27,16 @@ class SamplingParamsBuffer {
   at::Tensor host_, device_;  // [top_p f64 | uniform f64 | temperature f32 | min_p f32 | top_k i32] x max_rows
 };
 
+// The learner's log-prob head on a chunk of logits z [rows, V] (CUDA, fp16/bf16/fp32,
+// contiguous): head_forward_on_device fills lse, logp (and ent, when it has rows elements),
+// fp32 [rows]; head_backward_on_device overwrites z with d z (g_logp / g_ent fp32 [rows] or
+// undefined). The same rules as the CPU's head rows (model/logprob_head.cpp).
+bool head_on_device_supported(const at::Tensor& z);
+void head_forward_on_device(const at::Tensor& z, const at::Tensor& targets, at::Tensor& lse, at::Tensor& logp,
+                            at::Tensor& ent);
+void head_backward_on_device(at::Tensor& z, const at::Tensor& targets, const at::Tensor& lse, const at::Tensor& ent,
+                             const at::Tensor& g_logp, const at::Tensor& g_ent);
+
 // Whether the decode attention kernel takes these: q and the pools of one float dtype on
 // CUDA, head_dim 64 or 128.
 bool decode_attention_supported(const at::Tensor& q, const at::Tensor& k_pool);

@@ -7,6 +7,7 @@
 #include "rlx/dist/comm.hpp"
 #include "rlx/learner/learner.hpp"
 #include "rlx/learner/optimizer.hpp"
+#include "rlx/model/logprob_head.hpp"
 #include "rlx/model/varlen_attention.hpp"
 #include "rlx/rollout/engine.hpp"
 
@@ -421,4 +422,41 @@ TEST_CASE("cuda: LoRA trains the same adapters as on the CPU, and the engine ser
     CHECK(engine.stats().graph_steps > 0);
   }
   CHECK(tokens[0] == tokens[1]);
+}
+
+// Issue 53: the learner's log-prob head on the GPU runs its own kernels (one pass over a
+// chunk's logits in their dtype each way, the backward in place). Against the CPU's fp32
+// rows: fp32 to rounding (the chunk's sums are reordered), bf16 to what bf16 logits allow
+// (|z| up to ~6 here, so ~2e-2 of rounding per logit). Both vocabularies: 16-byte loads
+// (1024) and the scalar path (1000); 300 tokens in chunks of 128, the last one partial.
+TEST_CASE("cuda: the log-prob head's kernels give the CPU's log-probs, entropies and gradients", "[cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  const at::Device gpu(at::kCUDA, 0);
+  for (int64_t V : {1024, 1000}) {
+    at::manual_seed(41);
+    const int64_t n = 300, H = 64;
+    const auto hidden = at::randn({n, H}), weight = at::randn({V, H}) * 0.1;
+    const auto targets = at::randint(0, V, {n}, at::kLong);
+    const auto gl = at::linspace(-1, 1, n), ge = at::linspace(0.5, -0.5, n);
+    auto run = [&](at::Device d, at::ScalarType t) {
+      auto h = hidden.to(d, t).requires_grad_(true), w = weight.to(d, t).requires_grad_(true);
+      auto out = rlx::token_logprobs(h, w, targets.to(d), {.entropy = true, .chunk_tokens = 128});
+      ((out.logprobs * gl.to(d)).sum() + (out.entropy * ge.to(d)).sum()).backward();
+      return std::vector<at::Tensor>{out.logprobs.cpu(), out.entropy.cpu(), h.grad().cpu().to(at::kFloat),
+                                     w.grad().cpu().to(at::kFloat)};
+    };
+    const auto cpu = run(at::kCPU, at::kFloat);
+    const auto f32 = run(gpu, at::kFloat);
+    const auto b16 = run(gpu, at::kBFloat16);
+    INFO("vocab " << V);
+    CHECK(max_abs(f32[0], cpu[0]) <= 1e-4);
+    CHECK(max_abs(f32[1], cpu[1]) <= 1e-4);
+    for (int i : {2, 3}) {
+      const double scale = cpu[i].abs().max().item<double>();
+      CHECK(max_abs(f32[i], cpu[i]) <= 1e-4 * std::max(scale, 1.0));
+      CHECK((b16[i] - cpu[i]).norm().item<double>() <= 3e-2 * cpu[i].norm().item<double>());
+    }
+    CHECK(max_abs(b16[0], cpu[0]) <= 0.1);
+    CHECK(max_abs(b16[1], cpu[1]) <= 0.1);
+  }
 }

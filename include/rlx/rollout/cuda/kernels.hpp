@@ -76,6 +76,33 @@ struct AddRmsNormArgs {
 };
 int add_rms_norm(const AddRmsNormArgs& a, void* stream);
 
+// The learner's log-prob head over a chunk of logits [rows, vocab] (src/rollout/cuda/logprob_head.cu):
+// forward writes the fp32 log-sum-exp, the target's log-prob and (if `entropy`) the entropy per
+// row; backward overwrites the logits with their gradient, in their dtype.
+struct HeadForwardArgs {
+  DType dtype = DType::bf16;
+  const void* logits = nullptr;     // [rows, vocab], contiguous
+  const int64_t* targets = nullptr; // [rows]
+  float* lse = nullptr;             // [rows]
+  float* logp = nullptr;            // [rows]
+  float* entropy = nullptr;         // [rows] or null
+  int rows = 0;
+  int64_t vocab = 0;
+};
+int head_forward(const HeadForwardArgs& a, void* stream);
+struct HeadBackwardArgs {
+  DType dtype = DType::bf16;
+  void* logits = nullptr;            // [rows, vocab]: in, the logits; out, d logits
+  const int64_t* targets = nullptr;  // [rows]
+  const float* lse = nullptr;        // [rows], from the forward
+  const float* entropy = nullptr;    // [rows], from the forward (needed with g_entropy)
+  const float* g_logp = nullptr;     // [rows] or null (no gradient)
+  const float* g_entropy = nullptr;  // [rows] or null
+  int rows = 0;
+  int64_t vocab = 0;
+};
+int head_backward(const HeadBackwardArgs& a, void* stream);
+
 // out[r, i] = SiLU(gate_up[r, i]) * gate_up[r, inter + i]  (the gate/up GEMM's output halves).
 int silu_mul(DType dtype, const void* gate_up, void* out, int rows, int inter, void* stream);
 
