@@ -150,13 +150,14 @@ int run_learner(const RoleContext& ctx) {
     int64_t parameters = 0, start_bytes = 0;
     for (const auto& [name, p] : start->hf_parameters())
       parameters += p.numel(), start_bytes += p.numel() * static_cast<int64_t>(p.element_size());
-    const int64_t kv = colocated ? cfg.rollout.kv_cache_blocks *
-                                       PagedKVCache::block_bytes(start->config(), static_cast<int32_t>(cfg.rollout.block_size),
-                                                                 start->dtype())
-                                 : 0;
+    const int64_t block =
+        PagedKVCache::block_bytes(start->config(), static_cast<int32_t>(cfg.rollout.block_size), start->dtype());
+    const int64_t kv = colocated ? cfg.rollout.kv_cache_blocks * block : 0;
+    const int64_t val_kv = comm->rank() == 0 && cfg.validation.every_steps > 0 ? cfg.validation.kv_cache_blocks * block : 0;
     const auto plan = plan_memory(cfg, start->config(), parameters, kv, algorithm->needs_reference(),
                                   algorithm->needs_critic() && !head,
-                                  algorithm->needs_teacher() ? read_hf_config(cfg.algorithm.teacher).num_parameters() : 0);
+                                  algorithm->needs_teacher() ? read_hf_config(cfg.algorithm.teacher).num_parameters() : 0,
+                                  val_kv);
     if (comm->rank() == 0)
       log::info("learner: memory plan on {} ({} parameters{}):\n{}", cfg.model.device, parameters,
                 colocated ? ", colocated with the rollout engine" : "", plan.describe());

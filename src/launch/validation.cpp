@@ -97,6 +97,7 @@ Validator::Validator(const RunConfig& cfg, std::shared_ptr<Transformer> model, s
       std::move(model),
       EngineConfig{.block_size = static_cast<int32_t>(cfg.rollout.block_size), .kv_cache_blocks = options.kv_cache_blocks},
       tok);
+  engine_->sleep();  // the KV pool only while validating (run()): the learner's memory plan counts it so
   if (env::Registry::global().needs(cfg.env.name).runs_code) sandbox_ = std::make_unique<Sandbox>(cfg.env.sandbox);
   leases_ = held_out_leases(cfg, options.tasks);
 }
@@ -109,6 +110,7 @@ void Validator::load(int64_t version, const std::vector<std::pair<std::string, a
 
 json Validator::run() {
   const double t0 = now_s();
+  engine_->wake();
   env::Context context{.tokenizer = tok_.get(), .options = cfg_.env.options_json(), .seed = cfg_.run.seed};
   context.sandbox = sandbox_.get();
   auto& registry = env::Registry::global();
@@ -168,6 +170,7 @@ json Validator::run() {
   }
   m["val/errors"] = errors;
   m["val/cut_short"] = stop.load() ? 1 : 0;
+  engine_->sleep();
   m["val_s"] = now_s() - t0;
   if (stop) log::warn("validation: cut short after {} s (validation.timeout_s); the metrics are those of the finished tasks",
                       options_.timeout_s);

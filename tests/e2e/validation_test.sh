@@ -7,15 +7,13 @@
 #   validation_test.sh RLX_BINARY WORK_DIR
 set -uo pipefail
 rlx=$1 work=$2
+# shellcheck source=checks.sh
+source "$(cd "$(dirname "$0")" && pwd)/checks.sh"
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
 failures=0
+write_gsm8k train.jsonl
 python3 - <<'P'
 import json
-with open("train.jsonl", "w") as f:
-    for i in range(40):
-        a, b = i % 7 + 2, i % 5 + 3
-        f.write(json.dumps({"question": f"Tom has {a} apples and buys {b} more. How many now?",
-                            "answer": f"He has {a} + {b} = {a + b} apples.\n#### {a + b}"}) + "\n")
 with open("val.jsonl", "w") as f:
     for i in range(6):
         f.write(json.dumps({"problem": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)}) + "\n")

@@ -24,7 +24,7 @@ double pass_at_k_by_subsets(int n, int c, int k) {
 }
 }  // namespace
 
-TEST_CASE("pass@k: hand-computed values") {
+TEST_CASE("pass@k: hand-computed values", "[rollout][validation]") {
   CHECK(pass_at_k(10, 3, 1) == Approx(0.3));
   CHECK(pass_at_k(10, 3, 5) == Approx(1.0 - 21.0 / 252.0));  // 1 - C(7,5)/C(10,5)
   CHECK(pass_at_k(4, 0, 4) == 0.0);
@@ -34,7 +34,7 @@ TEST_CASE("pass@k: hand-computed values") {
   CHECK_THROWS(pass_at_k(4, 5, 1));
 }
 
-TEST_CASE("pass@k equals the share of k-subsets with a correct sample (every n <= 12)") {
+TEST_CASE("pass@k equals the share of k-subsets with a correct sample (every n <= 12)", "[rollout][validation]") {
   for (int n = 1; n <= 12; ++n)
     for (int c = 0; c <= n; ++c)
       for (int k = 1; k <= n; ++k) {
@@ -43,7 +43,7 @@ TEST_CASE("pass@k equals the share of k-subsets with a correct sample (every n <
       }
 }
 
-TEST_CASE("pass@k is stable for large n and grows with k") {
+TEST_CASE("pass@k is stable for large n and grows with k", "[rollout][validation]") {
   const double p = pass_at_k(1000, 1, 1);
   CHECK(p == Approx(0.001));
   double last = 0;
@@ -55,7 +55,7 @@ TEST_CASE("pass@k is stable for large n and grows with k") {
   }
 }
 
-TEST_CASE("sample metrics: mean@n, pass@k, maj@n over tasks") {
+TEST_CASE("sample metrics: mean@n, pass@k, maj@n over tasks", "[rollout][validation]") {
   const std::vector<TaskSamples> tasks = {
       {.correct = {1, 0, 0, 1}, .answers = {"3", "4", "4", "3"}},  // tie 3/4: the first seen, "3", is right
       {.correct = {0, 0, 0, 1}, .answers = {"7", "7", "8", "5"}},  // majority "7" is wrong
@@ -71,7 +71,7 @@ TEST_CASE("sample metrics: mean@n, pass@k, maj@n over tasks") {
   CHECK_THROWS(sample_metrics({{.correct = {1, 0}, .answers = {"a"}}}, {1}));
 }
 
-TEST_CASE("sample metrics: pass@k >= mean@n, increasing in k (random tasks, fixed seed)") {
+TEST_CASE("sample metrics: pass@k >= mean@n, increasing in k (random tasks, fixed seed)", "[rollout][validation]") {
   std::mt19937 rng(52);
   std::vector<TaskSamples> tasks(50);
   for (auto& t : tasks)
