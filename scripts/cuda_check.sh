@@ -7,16 +7,16 @@
 #
 # .device comes from scripts/prepare_device.sh on the Debian machine. The default plan, by
 # what is most wanted and by what can share the machine:
-#   1. while the build runs (on all cores but two): on the other two, the ceilings, the
-#      readers of rlx's outputs (TensorBoard, transformers, PEFT), then the decode peers (HF
-#      generate, torch.compile static cache: scripts/bench_hf_generate.py);
+#   1. while the build runs (on all cores but two): on the other two, the ceilings and the
+#      readers of rlx's outputs (TensorBoard, transformers, PEFT);
 #   2. once it is built, correctness steps side by side (no timing): the [cuda] and kernel
 #      tests, HF parity of the six model families, compute-sanitizer memcheck and racecheck;
-#   3. the peers are stopped, then the timed steps one at a time: decode at batch 1/64/256
-#      with a kernel trace of 5 CUDA-graph steps each, the learner and PyTorch's step with
-#      their operator tables and kernel lists, ncu on one attention and one sampler launch at
-#      batch 256, weight sync, Qwen3 and Qwen3-MoE decode, the colocated throughput config and
-#      the quickstart's task, the unit suite; then the summary.
+#   3. the timed steps one at a time: decode at batch 1/64/256 with a kernel trace of 5
+#      CUDA-graph steps each (and the previous attention kernel's), the learner and PyTorch's
+#      step with their operator tables and kernel lists, the decode peers (HF generate and its
+#      compiled static-cache loop: scripts/bench_hf_generate.py), ncu on one attention and one
+#      sampler launch at batch 256, weight sync by CUDA IPC, Qwen3 and Qwen3-MoE decode, the
+#      colocated throughput config and the quickstart's task, the unit suite; then the summary.
 # RLX_CUDA_DEADLINE (default 570 s after the script starts): no step starts within 20 s of
 # it and none runs past it, so the call returns inside the device tool's 600 s limit.
 #
@@ -134,8 +134,8 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
         --lora-final $r/lora ;;
     peers)
       # HF generate and the torch.compile static-cache loop, each (peer, batch) with its own limit.
-      RECORD=all step peers 500 python3 scripts/bench_hf_generate.py --batches "${RLX_PEER_BATCHES:-1,64,256}" \
-        --compiled-batches "${RLX_COMPILED_BATCHES:-64,256,1}" --prompt 512 --new 128 --limit 150 ;;
+      RECORD=all step peers 240 python3 scripts/bench_hf_generate.py --batches "${RLX_PEER_BATCHES:-1,64,256}" \
+        --compiled-batches "${RLX_COMPILED_BATCHES:-64,256,1}" --prompt 512 --new 128 --limit 120 ;;
     gpu_tests)
       have "$build/tests/rlx_cuda_kernel_tests" &&
         step kernel_tests 60 "$build/tests/rlx_cuda_kernel_tests" -d yes
@@ -154,20 +154,27 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
       have "$rlx" || return 0
       for b in ${RLX_DECODE_BATCHES:-1 64 256}; do
         step decode_b$b 120 "$rlx" bench sampler "${qwen05[@]}" "${bf16[@]}" --batch $b --prompt 512 --new 128 \
-          --iters 1 --kv-cache-mb 16384 --max-batch-tokens 16384 --cuda-graphs 1 --overlap 1 \
+          --iters 1 --kv-cache-mb 4096 --max-batch-tokens 16384 --cuda-graphs 1 --overlap 1 \
           --trace "$work/trace_decode_b$b" --trace-steps 5
         gzip -f "$work/trace_decode_b$b/trace.json" 2>/dev/null
+      done
+      # The previous attention kernel (RLX_DECODE_ATTENTION=split), for the new one's gain.
+      for b in ${RLX_DECODE_V1_BATCHES:-1 256}; do
+        step decode_b${b}_split 120 env RLX_DECODE_ATTENTION=split "$rlx" bench sampler "${qwen05[@]}" "${bf16[@]}" \
+          --batch $b --prompt 512 --new 128 --iters 1 --kv-cache-mb 4096 --max-batch-tokens 16384
       done
       bundle ;;
     ncu)
       # One decode-attention launch and one sampler launch at batch 256, past the warm-up,
       # every section (ncu --set full), each to its own CSV so a timeout keeps the other.
       have "$rlx" || return 0
-      local args=("${qwen05[@]}" "${bf16[@]}" --batch 256 --prompt 512 --new 24 --iters 1 --kv-cache-mb 16384
+      # --launch-skip counts the kernels the name matches: the warm-up request (4 tokens: 3
+      # decode steps of 24 layers) and the batch's prefill steps are skipped, then 5 decode steps.
+      local args=("${qwen05[@]}" "${bf16[@]}" --batch 256 --prompt 512 --new 24 --iters 1 --kv-cache-mb 4096
         --max-batch-tokens 16384 --cuda-graphs 0 --overlap 0)
-      step ncu_attention 120 ncu --clock-control none --set full --kernel-name regex:decode_split_kernel --launch-skip 240 \
+      step ncu_attention 120 ncu --clock-control none --set full --kernel-name regex:decode_.*_kernel --launch-skip 192 \
         --launch-count 1 --csv --page details --log-file "$work/ncu_attention.csv" "$rlx" bench sampler "${args[@]}"
-      step ncu_sampler 120 ncu --clock-control none --set full --kernel-name regex:sample_kernel --launch-skip 12 \
+      step ncu_sampler 120 ncu --clock-control none --set full --kernel-name regex:sample_kernel --launch-skip 20 \
         --launch-count 1 --csv --page details --log-file "$work/ncu_sampler.csv" "$rlx" bench sampler "${args[@]}" ;;
     learner)
       # PyTorch's eager step (HF Qwen2, SDPA, autocast) and rlx's, 8 x 2048 tokens, each with its
@@ -177,9 +184,9 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
       step learner 200 "$rlx" bench learner "${qwen05[@]}" "${bf16[@]}" --seq 2048 --batch-seqs 8 \
         --micro-batch-tokens 16384 --steps 5 --ranks 1 --profile 2 --trace "$work/profile_learner"
       gzip -f "$work/profile_learner/trace.json" 2>/dev/null
-      # A GRPO-shaped batch: 2 prompts x 8 samples, 1536 prompt + 512 completion tokens each,
-      # the prompt packed once and the policy head at the completions only.
-      step learner_grpo 200 "$rlx" bench learner "${qwen05[@]}" "${bf16[@]}" --seq 2048 --batch-seqs 16 \
+      # A GRPO-shaped batch (RLX_LEARNER_GRPO=1): 2 prompts x 8 samples, 1536 prompt + 512
+      # completion tokens each, the prompt packed once and the policy head at the completions only.
+      [ "${RLX_LEARNER_GRPO:-0}" = 1 ] && step learner_grpo 200 "$rlx" bench learner "${qwen05[@]}" "${bf16[@]}" --seq 2048 --batch-seqs 16 \
         --loss-tokens 512 --group-size 8 --row-tokens 16384 --micro-batch-tokens 16384 --steps 5 --ranks 1 ;;
     models)
       # Qwen3's decode (q/k norms, head width 128) and Qwen3-30B-A3B's (128 experts, top 8) as
@@ -190,8 +197,9 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
       step decode_qwen3_30b_a3b 180 "$rlx" bench sampler --preset qwen3-30b-a3b --arch qwen3_moe "${bf16[@]}" \
         --batch 64 --prompt 256 --new 64 --iters 1 --kv-cache-mb 8192 --max-batch-tokens 16384 ;;
     sync)
+      # Weight sync by CUDA IPC (a subscriber process, device-to-device copies, every version's
+      # values checked). NCCL's broadcast needs a GPU per rank: not on a one-GPU lease.
       have "$rlx" || return 0
-      step sync_nccl 120 "$rlx" bench sync --path nccl --mb 1000 --versions 10
       step sync_cuda_ipc 120 "$rlx" bench sync --path cuda-ipc --mb 1000 --versions 10 ;;
     colocated)
       # One GPU, the whole loop (train.placement = colocated): the throughput config (random
@@ -244,22 +252,16 @@ build_lane=$!
 (
   PIN=$side_cores
   for s in ceilings tensorboard readers; do run_step $s; done
-  # The peers measure the GPU: they start once the ceilings are done, and stop before the
-  # timed steps (whatever they printed by then is kept).
-  run_step peers
 ) &
 side_lane=$!
-wait $build_lane
-# 2. Correctness side by side (no timing), beside the peers.
+wait $build_lane $side_lane
+# 2. Correctness side by side (no timing).
 (run_step gpu_tests; run_step parity) &
 tests_lane=$!
 run_step sanitizer
 wait $tests_lane
-# 3. The peers give the device back; then the timed steps, one at a time.
-pkill -INT -f "scripts/bench_hf_generate.py" 2>/dev/null
-for _ in $(seq 20); do kill -0 $side_lane 2>/dev/null || break; sleep 0.5; done
-pkill -KILL -f "scripts/bench_hf_generate.py" 2>/dev/null
-wait $side_lane
-for s in decode learner ncu sync models colocated unit; do run_step "$s"; done
+# 3. The timed steps, one at a time, the peers among them (a peer timed beside a build or a
+# test would be slowed by it: HF generate at batch 1 is bound by its host).
+for s in decode learner peers ncu sync models colocated unit; do run_step "$s"; done
 run_step summary
 say "done"

@@ -53,8 +53,11 @@ def main():
         vs = lambda p: f"{p / ms:.2f}x" if isinstance(p, float) else "-"
         t = d.get("trace") or {}
         busy = t.get("busy_us_per_step", 0) / 1e3 / ms if t else 0
+        split = result(f"decode_b{b}_split") or {}
+        was = f"  split kernel {split['decode_step_ms']:.3f} ms" if "decode_step_ms" in split else ""
         lines.append(f"  {b:>5} {ms:>8.3f} {roof:>11.3f} {roof / ms:>10.1%} {goal:>5.0%} {vs(comp):>11} {vs(hf):>7} "
-                     f"{t.get('launches_per_step', 0):>12.0f} {busy:>5.0%}  graphs {d.get('graph_steps')}")
+                     f"{t.get('launches_per_step', 0):>12.0f} {busy:>5.0%}  graphs {d.get('graph_steps')}"
+                     f"  setup {d.get('setup_s', 0):.0f} s{was}")
     for (peer, b), v in sorted(peers.items()):
         lines.append(f"  peer {peer} batch {b}: " + (f"{v:.3f} ms a step" if isinstance(v, float) else str(v)[:200]))
 

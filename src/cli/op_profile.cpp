@@ -137,6 +137,9 @@ nlohmann::json KernelTrace::stop(const std::string& dir, double per) {
     ++s.count;
     s.total_us += duration_us(e);
   }
+  // A named range (RECORD_FUNCTION, rlx::learner::micro_batch) also shows on the device's
+  // timeline, spanning the kernels it launched: not a kernel, so not counted.
+  for (const auto& [name, s] : host) device.erase(name);
   const bool on_device = !device.empty();
   std::vector<std::pair<std::string, Sum>> rows(on_device ? device.begin() : host.begin(),
                                                 on_device ? device.end() : host.end());

@@ -96,7 +96,7 @@ struct AttentionCase {
 // Runs decode attention for the sequences `rows` of a case; returns the output as floats.
 std::vector<float> run_decode(DType dtype, const AttentionCase& c, const std::vector<float>& q,
                               const Device& kp, const Device& vp, const std::vector<int32_t>& tables, int max_blocks,
-                              int block_size, const std::vector<int>& rows) {
+                              int block_size, const std::vector<int>& rows, rlx::cuda::DecodeAttentionKernel kernel) {
   const int d = c.head_dim;
   std::vector<float> qs;
   std::vector<int32_t> ts, ls;
@@ -114,7 +114,8 @@ std::vector<float> run_decode(DType dtype, const AttentionCase& c, const std::ve
                                    .workspace = ws.as<float>(), .batch = batch, .q_heads = c.q_heads,
                                    .kv_heads = c.kv_heads, .head_dim = d, .block_size = block_size,
                                    .max_blocks = max_blocks, .max_context = max_context,
-                                   .scale = 1.0f / std::sqrt(static_cast<float>(d))};
+                                   .scale = 1.0f / std::sqrt(static_cast<float>(d)),
+                                   .kernel = kernel};
   launch_ok(rlx::cuda::decode_attention(a, nullptr));
   cuda_ok(cudaDeviceSynchronize());
   return decode(out.get<uint8_t>(), dtype);
@@ -126,7 +127,8 @@ TEST_CASE("cuda kernels: paged decode attention equals the reference, a row alon
   std::mt19937 g(3);
   const int block_size = 16;
   for (const AttentionCase& c : {AttentionCase{14, 2, 64, {1, 127, 128, 129, 700, 40}},
-                                 AttentionCase{16, 1, 128, {300, 5, 1}}, AttentionCase{4, 4, 64, {257, 33}}}) {
+                                 AttentionCase{16, 1, 128, {300, 5, 1}}, AttentionCase{4, 4, 64, {257, 33}},
+                                 AttentionCase{16, 2, 128, {31, 32, 33, 96, 1025}}}) {
     for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
       INFO(name(dtype) << " q_heads " << c.q_heads << " kv_heads " << c.kv_heads << " head_dim " << c.head_dim);
       const int batch = static_cast<int>(c.lens.size()), d = c.head_dim;
@@ -144,15 +146,19 @@ TEST_CASE("cuda kernels: paged decode attention equals the reference, a row alon
 
       std::vector<int> all(static_cast<size_t>(batch));
       std::iota(all.begin(), all.end(), 0);
-      auto got = run_decode(dtype, c, q, kp, vp, tables, max_blocks, block_size, all);
-      std::vector<float> want(got.size());
+      std::vector<float> want(static_cast<size_t>(batch) * c.q_heads * d);
       rlx::cuda::reference::decode_attention(q.data(), k.data(), v.data(), tables.data(), c.lens.data(), want.data(),
                                              {batch, c.q_heads, c.kv_heads, d, block_size, max_blocks,
                                               1.0f / std::sqrt(static_cast<float>(d))});
-      CHECK(max_abs_diff(got, want) <= tolerance(dtype));
-      // Row 0 alone: the same bits as inside the batch.
-      auto alone = run_decode(dtype, c, q, kp, vp, tables, max_blocks, block_size, {0});
-      CHECK(std::equal(alone.begin(), alone.end(), got.begin()));
+      // Both pass-1 kernels (fp32 runs the split one either way).
+      for (auto kernel : {rlx::cuda::DecodeAttentionKernel::tiled, rlx::cuda::DecodeAttentionKernel::split}) {
+        INFO("kernel " << (kernel == rlx::cuda::DecodeAttentionKernel::tiled ? "tiled" : "split"));
+        auto got = run_decode(dtype, c, q, kp, vp, tables, max_blocks, block_size, all, kernel);
+        CHECK(max_abs_diff(got, want) <= tolerance(dtype));
+        // Row 0 alone: the same bits as inside the batch.
+        auto alone = run_decode(dtype, c, q, kp, vp, tables, max_blocks, block_size, {0}, kernel);
+        CHECK(std::equal(alone.begin(), alone.end(), got.begin()));
+      }
     }
   }
 }

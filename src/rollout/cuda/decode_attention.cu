@@ -10,7 +10,9 @@
 // Pass 2, grid (sequence, q_head): the splits merge in split order.
 //
 // Nothing depends on the batch: the split size is fixed, every reduction order is fixed.
+// decode_tile_kernel below is the default pass 1 for fp16 and bf16 (DecodeAttentionArgs::kernel).
 #include <cfloat>
+#include <type_traits>
 
 #include "common.cuh"
 #include "rlx/rollout/cuda/attention_math.hpp"
@@ -140,6 +142,168 @@ __global__ void __launch_bounds__(kWarps * 32) decode_split_kernel(DecodeAttenti
   }
 }
 
+// Pass 1, tiled (the default for fp16 and bf16): the grid, splits and workspace of the split
+// kernel above, but each warp takes its tokens kTile at a time in three phases, so that each
+// (token, head) score is computed once and each head's softmax is updated once per tile:
+//   scores: lane groups read the tile's keys coalesced (kLanesPerToken lanes a key, 16 bytes
+//           each, every load of the tile issued before any arithmetic) and reduce each head's
+//           dot product over the group; the scores go to shared memory;
+//   softmax: lane t takes token t: the tile's max and sum per head by warp butterfly (every
+//           lane gets the same values), weights p back to shared memory, the running (m, l),
+//           and the factor that rescales what the warp summed before;
+//   values: lane j owns dims [j * kDims, (j + 1) * kDims): for each token one coalesced read
+//           of its value row, acc[g] += p[g][t] * v.
+// The split's block-table entries are read once, into shared memory. The warps then merge
+// in index order as above, and pass 2 is the same.
+template <class T, int D>
+__global__ void __launch_bounds__(kWarps * 32, D == 64 ? 4 : 3) decode_tile_kernel(DecodeAttentionArgs a, int max_splits) {
+  static_assert(sizeof(T) == 2, "the tiled kernel reads 16-bit keys and values");
+  constexpr int kVec = 16 / sizeof(T);
+  constexpr int kLanesPerToken = D / kVec;
+  constexpr int kTokensPerRound = 32 / kLanesPerToken;
+  constexpr int kTile = 32;
+  constexpr int kRounds = kTile / kTokensPerRound;
+  constexpr int kDims = D / 32;
+  static_assert(D % kVec == 0 && 32 % kLanesPerToken == 0 && kDims >= 1 && (kDims == 2 || kDims == 4));
+  using VecV = std::conditional_t<kDims == 2, uint32_t, uint2>;  // kDims values of T
+
+  const int seq = blockIdx.z, split = blockIdx.x;
+  const int len = a.context_lens[seq];
+  const int begin = split * hd::kDecodeSplitTokens;
+  if (begin >= len) return;
+  const int end = min(len, begin + hd::kDecodeSplitTokens);
+  const int group = a.q_heads / a.kv_heads;
+  const int chunks = (group + kMaxGroup - 1) / kMaxGroup;
+  const int kv_head = blockIdx.y / chunks;
+  const int g0 = (blockIdx.y % chunks) * kMaxGroup;
+  const int heads = min(kMaxGroup, group - g0);
+  const int head0 = kv_head * group + g0;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int sub = lane / kLanesPerToken, part = lane % kLanesPerToken;
+
+  __shared__ float s_q[kMaxGroup][D];  // q * scale * log2(e); zero past `heads`
+  __shared__ int32_t s_table[hd::kDecodeSplitTokens + 1];
+  __shared__ float s_p[kWarps][kMaxGroup][kTile];  // a warp's tile: scores, then weights
+  __shared__ float s_acc[kWarps][kMaxGroup][D];
+  __shared__ hd::SoftmaxState s_st[kWarps][kMaxGroup];
+
+  const float qscale = a.scale * hd::kLog2e;
+  const T* q = static_cast<const T*>(a.q) + (static_cast<int64_t>(seq) * a.q_heads + head0) * D;
+  for (int i = threadIdx.x; i < kMaxGroup * D; i += blockDim.x)
+    s_q[i / D][i % D] = i / D < heads ? Num<T>::to(q[i]) * qscale : 0.0f;
+  const int bs = a.block_size, first_block = begin / bs;
+  const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks;
+  for (int i = threadIdx.x; i <= (end - 1) / bs - first_block; i += blockDim.x) s_table[i] = table[first_block + i];
+  __syncthreads();
+
+  const T* kpool = static_cast<const T*>(a.k_pool);
+  const T* vpool = static_cast<const T*>(a.v_pool);
+  const hd::PagedLayout layout{bs, a.kv_heads, D};
+  auto token_offset = [&](int t) {
+    return hd::paged_offset(layout, s_table[t / bs - first_block], kv_head, t % bs, 0);
+  };
+
+  float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][kDims];
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    m[g] = -__builtin_huge_valf();
+    l[g] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kDims; ++j) acc[g][j] = 0.0f;
+  }
+
+  for (int tile0 = begin + warp * kTile; tile0 < end; tile0 += kWarps * kTile) {
+    // Scores.
+    uint4 kraw[kRounds];
+#pragma unroll
+    for (int r = 0; r < kRounds; ++r) {
+      const int t = tile0 + r * kTokensPerRound + sub;
+      kraw[r] = t < end ? *reinterpret_cast<const uint4*>(kpool + token_offset(t) + part * kVec) : make_uint4(0, 0, 0, 0);
+    }
+    for (int g = 0; g < heads; ++g) {
+      float qc[kVec];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) qc[j] = s_q[g][part * kVec + j];
+#pragma unroll
+      for (int r = 0; r < kRounds; ++r) {
+        const T* kx = reinterpret_cast<const T*>(&kraw[r]);
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) s += qc[j] * Num<T>::to(kx[j]);
+#pragma unroll
+        for (int offset = kLanesPerToken / 2; offset > 0; offset >>= 1) s += __shfl_xor_sync(0xffffffffu, s, offset);
+        const int tt = r * kTokensPerRound + sub;
+        if (part == 0) s_p[warp][g][tt] = tile0 + tt < end ? s : -__builtin_huge_valf();
+      }
+    }
+    __syncwarp();
+    // Softmax: lane t, token tile0 + t.
+    float alpha[kMaxGroup];
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      alpha[g] = 1.0f;
+      if (g < heads) {
+        const float s = s_p[warp][g][lane];
+        const float mt = warp_reduce(s, MaxOp{});  // finite: a tile holds a token
+        const float mn = m[g] > mt ? m[g] : mt;
+        const float p = hd::hd_exp2(s - mn);  // 0 past the end (s = -inf)
+        const float sum = warp_reduce(p, SumOp{});
+        alpha[g] = hd::hd_exp2(m[g] - mn);  // 0 before the first tile
+        l[g] = l[g] * alpha[g] + sum;
+        m[g] = mn;
+        s_p[warp][g][lane] = p;
+      }
+    }
+    __syncwarp();
+    // Values.
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g)
+#pragma unroll
+      for (int j = 0; j < kDims; ++j) acc[g][j] *= alpha[g];
+#pragma unroll 8
+    for (int tt = 0; tt < kTile; ++tt) {
+      const int t = tile0 + tt;
+      if (t >= end) break;
+      const VecV raw = *reinterpret_cast<const VecV*>(vpool + token_offset(t) + lane * kDims);
+      const T* vx = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int g = 0; g < kMaxGroup; ++g) {
+        if (g < heads) {
+          const float p = s_p[warp][g][tt];
+#pragma unroll
+          for (int j = 0; j < kDims; ++j) acc[g][j] += p * Num<T>::to(vx[j]);
+        }
+      }
+    }
+    __syncwarp();  // s_p is the next tile's
+  }
+
+  // Warps merge in index order; the block writes the split's (out / l, m, l) per head.
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+#pragma unroll
+    for (int j = 0; j < kDims; ++j) s_acc[warp][g][lane * kDims + j] = acc[g][j];
+    if (lane == 0) s_st[warp][g] = hd::SoftmaxState{m[g], l[g]};
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < heads * D; i += blockDim.x) {
+    const int g = i / D, d = i % D;
+    hd::SoftmaxState total = s_st[0][g];
+    float o = s_acc[0][g][d];
+    for (int w = 1; w < kWarps; ++w) {
+      float sa, sb;
+      hd::softmax_merge(total, s_st[w][g], sa, sb);
+      o = o * sa + s_acc[w][g][d] * sb;
+    }
+    float* dst = a.workspace + partial_index(seq, head0 + g, split, a.q_heads, max_splits, D);
+    dst[d] = total.l > 0.0f ? o / total.l : 0.0f;
+    if (d == 0) {
+      dst[D] = total.m;
+      dst[D + 1] = total.l;
+    }
+  }
+}
+
 template <class T, int D>
 __global__ void decode_merge_kernel(DecodeAttentionArgs a, int max_splits) {
   const int seq = blockIdx.x, head = blockIdx.y;
@@ -164,7 +328,15 @@ int launch(const DecodeAttentionArgs& a, cudaStream_t stream) {
   const int max_splits = hd::decode_splits(a.max_context);
   const int group = a.q_heads / a.kv_heads;
   const int chunks = (group + kMaxGroup - 1) / kMaxGroup;
-  decode_split_kernel<T, D><<<dim3(max_splits, a.kv_heads * chunks, a.batch), kWarps * 32, 0, stream>>>(a, max_splits);
+  const dim3 grid(max_splits, a.kv_heads * chunks, a.batch);
+  if constexpr (sizeof(T) == 2) {
+    if (a.kernel == DecodeAttentionKernel::tiled)
+      decode_tile_kernel<T, D><<<grid, kWarps * 32, 0, stream>>>(a, max_splits);
+    else
+      decode_split_kernel<T, D><<<grid, kWarps * 32, 0, stream>>>(a, max_splits);
+  } else {
+    decode_split_kernel<T, D><<<grid, kWarps * 32, 0, stream>>>(a, max_splits);  // fp32: the split kernel
+  }
   decode_merge_kernel<T, D><<<dim3(a.batch, a.q_heads), D, 0, stream>>>(a, max_splits);
   return launch_status();
 }

@@ -3,6 +3,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "rlx/core/error.hpp"
@@ -103,6 +104,19 @@ Sampled sample_on_device(const at::Tensor& logits, const SamplingBatch& b) {
   return {tokens, logprobs};
 }
 
+namespace {
+// RLX_DECODE_ATTENTION=split: the first pass-1 kernel, to compare against; else the tiled one.
+DecodeAttentionKernel decode_attention_kernel() {
+  static const DecodeAttentionKernel kernel = [] {
+    const char* v = std::getenv("RLX_DECODE_ATTENTION");
+    if (v == nullptr || std::strcmp(v, "tiled") == 0) return DecodeAttentionKernel::tiled;
+    RLX_CHECK(std::strcmp(v, "split") == 0, "RLX_DECODE_ATTENTION={:?}: expected tiled or split", v);
+    return DecodeAttentionKernel::split;
+  }();
+  return kernel;
+}
+}  // namespace
+
 bool decode_attention_supported(const at::Tensor& q, const at::Tensor& k_pool) {
   const auto t = q.scalar_type();
   return q.is_cuda() && k_pool.scalar_type() == t && (t == at::kFloat || t == at::kHalf || t == at::kBFloat16) &&
@@ -139,7 +153,8 @@ at::Tensor decode_attention_on_device(const at::Tensor& q_in, const at::Tensor& 
                         .block_size = static_cast<int>(k_pool.size(2)),
                         .max_blocks = static_cast<int>(tables.size(1)),
                         .max_context = static_cast<int>(max_context),
-                        .scale = static_cast<float>(scale)};
+                        .scale = static_cast<float>(scale),
+                        .kernel = decode_attention_kernel()};
   check("decode_attention", decode_attention(a, c10::cuda::getCurrentCUDAStream().stream()));
   return out;
 }

@@ -396,9 +396,18 @@ TEST_CASE("cuda: LoRA trains the same adapters as on the CPU, and the engine ser
     adapters.push_back(learner.model().gather_lora_parameters());
   }
   REQUIRE(adapters[0].size() == adapters[1].size());
+  // fp32 on both, but Adam normalises each element's update (m / sqrt(v) ~ sign(g) in the
+  // first steps): where a gradient is near zero, a rounding-level difference between the
+  // GPU's and the CPU's reductions can flip its sign and move that element by up to lr a
+  // step (seen on an H200: 1.2e-3 after 3 steps at lr 1e-2). So elements are held to half
+  // of lr, and each tensor as a whole to 5e-3 of its norm (a wrong GPU path is off by O(1)).
+  const double lr = 1e-2;
   for (size_t i = 0; i < adapters[0].size(); ++i) {
-    const double scale = adapters[0][i].second.abs().max().item<double>();
-    CHECK(max_abs(adapters[0][i].second, adapters[1][i].second) <= 1e-4 * std::max(scale, 1e-2));
+    const auto& a = adapters[0][i].second;
+    const auto& b = adapters[1][i].second;
+    INFO(adapters[0][i].first);
+    CHECK(max_abs(a, b) <= 0.5 * lr);
+    CHECK((a - b.cpu()).norm().item<double>() <= 5e-3 * std::max(a.norm().item<double>(), 1e-6));
   }
   // The engine on the GPU: merged and unmerged adapters, decode steps from CUDA graphs.
   std::vector<std::vector<TokenId>> tokens;

@@ -25,6 +25,11 @@ enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
 // The CUDA runtime's text for a launcher's status.
 const char* error_string(int status);
 
+// Pass 1 of decode attention: `tiled` (fp16/bf16; fp32 takes `split`) computes each (token,
+// head) score once and updates the softmax once per 32 tokens; `split` is the first kernel,
+// one online-softmax update per token, kept to compare against (RLX_DECODE_ATTENTION=split).
+enum class DecodeAttentionKernel : int { tiled = 0, split = 1 };
+
 struct DecodeAttentionArgs {
   DType dtype = DType::bf16;
   const void* q = nullptr;               // [batch, q_heads, head_dim], rotated
@@ -38,6 +43,7 @@ struct DecodeAttentionArgs {
   int block_size = 16, max_blocks = 0;
   int max_context = 0;                   // bound on context_lens: sizes the grid (a graph's capacity)
   float scale = 0;                       // softmax scale, usually 1/sqrt(head_dim)
+  DecodeAttentionKernel kernel = DecodeAttentionKernel::tiled;
 };
 size_t decode_attention_workspace(int batch, int q_heads, int head_dim, int max_context);
 int decode_attention(const DecodeAttentionArgs& a, void* stream);
