@@ -21,7 +21,15 @@ CURVES = [  # (file, title, keys)
     ("time.png", "seconds per step: generate / train / sync / wait", ["step_s", "generate_s", "train_s", "sync_s", "wait_s"]),
     ("busy.png", "busy fraction of the step", ["busy_device", "busy_learner", "busy_rollout"]),
     ("memory.png", "peak memory (MiB; device on CUDA, resident on CPU)", "peak_mem_mb_"),
+    # validation.every_steps: greedy accuracy, mean@n, pass@k, maj@n on held-out tasks
+    ("validation.png", "validation (held-out tasks)", ["val/greedy_acc", "val/mean@", "val/pass@", "val/maj@"]),
 ]
+
+
+def by_k(rows, prefix):
+    """The keys that start with prefix ("val/pass@"), in the order of the number after it."""
+    found = {k for r in rows for k in r if k.startswith(prefix)}
+    return sorted(found, key=lambda k: (len(k), k))
 
 
 def main() -> int:
@@ -44,12 +52,16 @@ def main() -> int:
     for name, title, keys in CURVES:
         if isinstance(keys, str):  # a prefix: every key that starts with it (one per role)
             keys = sorted({k for r in rows for k in r if k.startswith(keys)})
+        else:  # "val/pass@": every pass@k of the run, by k
+            keys = [m for k in keys for m in (by_k(rows, k) if k.endswith("@") else [k])]
         present = [k for k in keys if any(k in r for r in rows)]
         if not present:
             continue
         fig, ax = plt.subplots(figsize=(6, 3.5))
         for k in present:
-            ax.plot(steps, [r.get(k, float("nan")) for r in rows], label=k)
+            # only the steps that have it: validation comes every few steps (and at step 0)
+            xs = [s for s, r in zip(steps, rows) if k in r]
+            ax.plot(xs, [r[k] for r in rows if k in r], label=k, marker="o" if len(xs) < len(rows) else None)
         ax.set_xlabel("step")
         ax.set_title(title)
         ax.grid(alpha=0.3)

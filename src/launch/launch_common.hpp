@@ -20,6 +20,7 @@
 #include "rlx/launch/launcher.hpp"
 #include "rlx/launch/roles.hpp"
 #include "rlx/launch/tasks.hpp"
+#include "validation_summary.hpp"
 
 namespace rlx::launch {
 
@@ -94,8 +95,9 @@ class Progress {
     last_step_at_ = now_s();
     const double t = j.value("time_s", 0.0);
     const double eta = step > 0 ? t / static_cast<double>(step) * static_cast<double>(steps_ - step) : 0;
-    const auto text = fmt::format("step {}/{}  reward {:.3f}  tokens/s {:.0f}  lag {}  eta {:.0f}s", step, steps_,
-                                  j.value("reward_mean", 0.0), j.value("tokens_per_s", 0.0), j.value("version_lag", 0), eta);
+    const auto text = fmt::format("step {}/{}  reward {:.3f}  tokens/s {:.0f}  lag {}  eta {:.0f}s{}", step, steps_,
+                                  j.value("reward_mean", 0.0), j.value("tokens_per_s", 0.0), j.value("version_lag", 0), eta,
+                                  validation_summary(j));
     if (tty_) std::cerr << "\r" << text << "\x1b[K" << std::flush;
     else if (step % 10 == 0 || step == steps_ || step == 1 || now_s() - printed_at_ >= every_s_)
       std::cerr << "rlx run: " << text << std::endl, printed_at_ = now_s();

@@ -11,6 +11,7 @@
 
 #include "colocated.hpp"
 #include "role_common.hpp"
+#include "validation.hpp"
 #include "rlx/bus/client.hpp"
 #include "rlx/core/clock.hpp"
 #include "rlx/core/files.hpp"
@@ -149,13 +150,14 @@ int run_learner(const RoleContext& ctx) {
     int64_t parameters = 0, start_bytes = 0;
     for (const auto& [name, p] : start->hf_parameters())
       parameters += p.numel(), start_bytes += p.numel() * static_cast<int64_t>(p.element_size());
-    const int64_t kv = colocated ? cfg.rollout.kv_cache_blocks *
-                                       PagedKVCache::block_bytes(start->config(), static_cast<int32_t>(cfg.rollout.block_size),
-                                                                 start->dtype())
-                                 : 0;
+    const int64_t block =
+        PagedKVCache::block_bytes(start->config(), static_cast<int32_t>(cfg.rollout.block_size), start->dtype());
+    const int64_t kv = colocated ? cfg.rollout.kv_cache_blocks * block : 0;
+    const int64_t val_kv = comm->rank() == 0 && cfg.validation.every_steps > 0 ? cfg.validation.kv_cache_blocks * block : 0;
     const auto plan = plan_memory(cfg, start->config(), parameters, kv, algorithm->needs_reference(),
                                   algorithm->needs_critic() && !head,
-                                  algorithm->needs_teacher() ? read_hf_config(cfg.algorithm.teacher).num_parameters() : 0);
+                                  algorithm->needs_teacher() ? read_hf_config(cfg.algorithm.teacher).num_parameters() : 0,
+                                  val_kv);
     if (comm->rank() == 0)
       log::info("learner: memory plan on {} ({} parameters{}):\n{}", cfg.model.device, parameters,
                 colocated ? ", colocated with the rollout engine" : "", plan.describe());
@@ -222,6 +224,18 @@ int run_learner(const RoleContext& ctx) {
     add_engine_adapters(*start, cfg);
     rollout = std::make_unique<ColocatedRollout>(ctx, start, tok, dist::WeightLayout::of(params, to_scalar_type(cfg.model.dtype)));
   }
+  // validation.every_steps: rank 0 validates with an engine of its own at the step's weights
+  // (the starting model's copy; colocated, the engine has the starting model itself).
+  std::unique_ptr<Validator> validator;
+  if (lead && cfg.validation.every_steps > 0) {
+    status::set("loading the validation set");
+    auto model = rollout ? initial_model(cfg, *tok) : start;
+    add_engine_adapters(*model, cfg);
+    validator = std::make_unique<Validator>(
+        cfg, std::move(model), tok,
+        Validator::Options{.tasks = cfg.validation.tasks, .kv_cache_blocks = cfg.validation.kv_cache_blocks,
+                           .timeout_s = cfg.validation.timeout_s});
+  }
   start.reset();
   std::unique_ptr<dist::WeightPublisher> pub;
   dist::WeightPublisher* publisher = nullptr;  // pub, or the colocated engine's
@@ -279,6 +293,14 @@ int run_learner(const RoleContext& ctx) {
   const double t_start = now_s();
   const int64_t first_step = step;
   RolloutBusy rollout_busy(ctx.run_dir);
+  if (validator && first_step == 0) {  // the curve's first point: the starting model
+    status::set("validating step 0");
+    auto line = validator->run();
+    line["step"] = 0;
+    metrics_out << line.dump() << std::endl;
+    if (tensorboard) tensorboard->add_scalars(0, line), tensorboard->flush();
+    std::cerr << fmt::format("step 0/{} {}", cfg.train.steps, validation_summary(line)) << std::endl;
+  }
   if (rollout) rollout->start(g_stop);
   LearnerLoop loop(
       {.steps = cfg.train.steps,
@@ -303,6 +325,13 @@ int run_learner(const RoleContext& ctx) {
              samples_out.flush();
              if (tensorboard) tensorboard->add_text(s, "samples", samples_markdown(s, picked));
            },
+       .on_weights =
+           [&](int64_t s, const std::vector<std::pair<std::string, at::Tensor>>& weights, json& line) {
+             if (!validator || !validation_due(cfg.validation.every_steps, s, cfg.train.steps)) return;
+             status::set(fmt::format("validating step {}", s));
+             validator->load(s, weights);
+             line.update(validator->run());
+           },
        .on_step =
            [&](int64_t s, json& line) {
              if (rollout) rollout->add_metrics(line);
@@ -316,9 +345,10 @@ int run_learner(const RoleContext& ctx) {
                tensorboard->flush();
              }
              const double per_step = (now_s() - t_start) / static_cast<double>(s - first_step);
-             std::cerr << fmt::format("step {}/{}  reward {:.3f}  tokens/s {:.0f}  lag {}  eta {:.0f}s", s, cfg.train.steps,
+             std::cerr << fmt::format("step {}/{}  reward {:.3f}  tokens/s {:.0f}  lag {}  eta {:.0f}s{}", s, cfg.train.steps,
                                       line.value("reward_mean", 0.0), line["tokens_per_s"].get<double>(),
-                                      line["version_lag"].get<int64_t>(), per_step * static_cast<double>(cfg.train.steps - s))
+                                      line["version_lag"].get<int64_t>(), per_step * static_cast<double>(cfg.train.steps - s),
+                                      validation_summary(line))
                        << std::endl;
            }},
       {.models = {.policy = policy, .critic = critic.get(), .reference = reference.get(), .teacher = teacher.get()},

@@ -132,7 +132,8 @@ void MemoryPlan::check(int64_t free_bytes, const std::string& device) const {
 }
 
 MemoryPlan plan_memory(const RunConfig& cfg, const ModelConfig& m, int64_t parameters, int64_t kv_pool_bytes,
-                       bool reference, bool critic, int64_t teacher_parameters) {
+                       bool reference, bool critic, int64_t teacher_parameters,
+                       int64_t validation_kv_pool_bytes) {
   MemoryPlan p;
   p.colocated = cfg.train.placement == Placement::colocated;
   // Colocated async: generation and training overlap, so the KV pool and the activations
@@ -163,15 +164,25 @@ MemoryPlan plan_memory(const RunConfig& cfg, const ModelConfig& m, int64_t param
   if (teacher_parameters > 0)
     p.items.push_back({.name = "teacher model", .bytes = compute * teacher_parameters, .generate = false,
                        .key = "algorithm.teacher"});
+  // An engine's weights and, with LoRA, its adapters (and with merging a copy of the targets'
+  // base weights): resident in both phases.
+  auto engine = [&](const std::string& who, const std::string& weights_key) {
+    p.items.push_back({.name = who + " weights", .bytes = dtype_bytes(cfg.model.dtype) * n, .key = weights_key});
+    if (!lora.enabled()) return;
+    const int64_t base_copy = cfg.rollout.lora_merged ? lora_target_weights(m, lora) : 0;
+    p.items.push_back({.name = who + " LoRA + base copy", .bytes = dtype_bytes(cfg.model.dtype) * (t + base_copy),
+                       .key = "rollout.lora_merged"});
+  };
   if (p.colocated) {
-    p.items.push_back({.name = "rollout engine weights", .bytes = dtype_bytes(cfg.model.dtype) * n, .key = "model.dtype"});
-    if (lora.enabled()) {
-      // The engine's adapters, and with merging a copy of the targets' base weights.
-      const int64_t base_copy = cfg.rollout.lora_merged ? lora_target_weights(m, lora) : 0;
-      p.items.push_back({.name = "rollout engine LoRA + base copy",
-                         .bytes = dtype_bytes(cfg.model.dtype) * (t + base_copy), .key = "rollout.lora_merged"});
-    }
+    engine("rollout engine", "model.dtype");
     p.items.push_back({.name = "rollout KV pool", .bytes = kv_pool_bytes, .train = overlap, .key = "rollout.kv_cache_blocks"});
+  }
+  // Learner rank 0's validation engine: its pool is allocated only while it validates, which
+  // happens between steps with the learner holding the device (the training phase).
+  if (validation_kv_pool_bytes > 0) {
+    engine("validation engine", "validation.every_steps");
+    p.items.push_back({.name = "validation KV pool", .bytes = validation_kv_pool_bytes, .generate = false,
+                       .key = "validation.kv_cache_blocks"});
   }
   return p;
 }

@@ -306,16 +306,16 @@ void add_trainer_commands(CLI::App& app, Action& action) {
     action = [rm_args] { return run_rm(config::load_file<RunConfig>(rm_args->file, rm_args->overrides)); };
   });
   auto eval_args = std::make_shared<RunArgs>();
-  auto* ev = app.add_subcommand("eval", "Greedy held-out accuracy of CONFIG's model (model.path=DIR) on its environment");
+  auto* ev = app.add_subcommand("eval", "Held-out accuracy of CONFIG's model (model.path=DIR) on its environment: greedy, and with "
+                                          "validation.samples=N mean@N, pass@k, maj@N");
   ev->add_option("config", eval_args->file, "YAML run config")->required();
   ev->add_option("overrides", eval_args->overrides, "section.key=value overrides");
   ev->callback([eval_args, &action] {
     action = [eval_args] {
       const auto cfg = config::load_file<RunConfig>(eval_args->file, eval_args->overrides);
-      std::cout << nlohmann::json{{"accuracy", evaluate(cfg)}, {"tasks", cfg.sft.eval_tasks},
-                                  {"model", cfg.model.path.empty() ? cfg.model.preset : cfg.model.path}}
-                       .dump()
-                << std::endl;
+      auto report = evaluate_report(cfg);
+      report["model"] = cfg.model.path.empty() ? cfg.model.preset : cfg.model.path;
+      std::cout << report.dump() << std::endl;
       return 0;
     };
   });

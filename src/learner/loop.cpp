@@ -252,10 +252,20 @@ std::optional<LearnerLoop::End> LearnerLoop::step_once(int64_t& step, const std:
   // A step trained again after the group re-formed: its version is out already.
   const bool fresh = step > published_;
   if (lead && p_.publisher && fresh) sync_bytes = p_.publisher->publish(step, params);
+  // Split: the workers learn of the version before on_weights (they roll out while rank 0
+  // validates); colocated, the engine waits for the device, held until on_weights returns.
+  if (lead && fresh && !p_.turns) p_.client->publish_version(step);
+  json extra = json::object();
+  double t_hook = 0;
+  if (lead && fresh && o_.on_weights) {
+    const double t = now_s();
+    o_.on_weights(step, params, extra);
+    t_hook = now_s() - t;
+  }
   turn.release();
-  if (lead && fresh) p_.client->publish_version(step);
+  if (lead && fresh && p_.turns) p_.client->publish_version(step);
   published_ = std::max(published_, step);
-  const double t_sync = now_s() - t2;
+  const double t_sync = now_s() - t2 - t_hook;
   trace_span("publish_weights", t2_us);
   saved_ = false;
   if (lead && step > reported_) {  // a step trained again after the group re-formed was reported
@@ -271,6 +281,7 @@ std::optional<LearnerLoop::End> LearnerLoop::step_once(int64_t& step, const std:
                  {"sync_s", t_sync},
                  {"sync_bytes", sync_bytes}};  // what the publisher wrote for this version
     for (const auto& [k, v] : m) line[k] = v;
+    for (const auto& [k, v] : extra.items()) line[k] = v;
     stats.add_to(line);
     pending_ = Pending{step, std::move(line), t0, t_train + t_sync, static_cast<double>(tokens)};
   }

@@ -1,4 +1,17 @@
-# Checks shared by the e2e and Slurm suites (sourced).
+# Checks and fixtures shared by the e2e and Slurm suites (sourced).
+
+# write_gsm8k FILE: 40 GSM8K-style lines ({"question", "answer"} with "#### n"), the math
+# environment's hub.dataset in the sampling and validation tests.
+write_gsm8k() {
+  python3 - "$1" <<'P'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i in range(40):
+        a, b = i % 7 + 2, i % 5 + 3
+        f.write(json.dumps({"question": f"Tom has {a} apples and buys {b} more. How many now?",
+                            "answer": f"He has {a} + {b} = {a + b} apples.\n#### {a + b}"}) + "\n")
+P
+}
 
 # workers_stopped_first RUN_DIR: prints what is wrong, nothing when the run ended in order.
 # The learner done, each worker stops while the hub is there to take what it holds, then

@@ -9,16 +9,11 @@
 #   sampling_test.sh RLX_BINARY WORK_DIR
 set -uo pipefail
 rlx=$1 work=$2
+# shellcheck source=checks.sh
+source "$(cd "$(dirname "$0")" && pwd)/checks.sh"
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
 failures=0
-python3 - <<'P'
-import json
-with open("gsm8k.jsonl", "w") as f:
-    for i in range(40):
-        a, b = i % 7 + 2, i % 5 + 3
-        f.write(json.dumps({"question": f"Tom has {a} apples and buys {b} more. How many now?",
-                            "answer": f"He has {a} + {b} = {a + b} apples.\n#### {a + b}"}) + "\n")
-P
+write_gsm8k gsm8k.jsonl
 cat > sampling.yaml <<'Y'
 run: {name: sampling, out_dir: runs, seed: 1, threads: 1, plots: false}
 model: {preset: tiny}

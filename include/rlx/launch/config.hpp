@@ -289,6 +289,44 @@ struct SftSection {
   }
 };
 
+// Validation during training (`rlx run`): learner rank 0 generates a held-out set at the
+// step's weights with an engine of its own, greedy and n samples per task, and reports
+// val/... metrics (greedy accuracy, mean@n, pass@k, maj@n) in metrics.jsonl. At step 0,
+// every every_steps steps and after the last step. `rlx eval` reports the same metrics.
+struct ValidationSection {
+  int64_t every_steps = 0;          // 0: off (rlx run); `rlx eval` uses the rest either way
+  std::string dataset;              // JSONL of tasks; empty: the environment's held-out stream
+  uint32_t tasks = 64;              // tasks per validation (the dataset's first ones)
+  uint32_t samples = 0;             // n sampled per task (0: greedy only)
+  double temperature = 1.0;         // of the n samples
+  double top_p = 1.0;
+  std::vector<int64_t> k = {1, 4, 8};  // pass@k for each (those <= samples)
+  double correct_reward = 1.0;      // a sample is correct when its reward reaches this (or env says "correct")
+  double timeout_s = 600;           // a validation cut short after this reports what finished
+  int64_t kv_cache_blocks = 256;    // the validation engine's KV pool (blocks of rollout.block_size)
+
+  template <class V>
+  void visit(V& v) {
+    v("every_steps", every_steps, "validate every N learner steps, at step 0 and at the end (0: off)",
+      config::in_range(0, 100000000));
+    v("dataset", dataset,
+      "JSONL of validation tasks (one JSON object a line, as hub.dataset); empty: the environment's held-out tasks "
+      "(the stream `rlx eval` uses)");
+    v("tasks", tasks, "tasks per validation (a dataset's first ones)", config::in_range(1, 1 << 20));
+    v("samples", samples, "samples per task for mean@n, pass@k and maj@n (0: greedy accuracy only)",
+      config::in_range(0, 4096));
+    v("temperature", temperature, "sampling temperature of the n samples", config::at_least(hd::kMinTemperature));
+    v("top_p", top_p, "nucleus of the n samples (1: off)", config::in_half_open(0, 1));
+    v("k", k, "pass@k for each k (those larger than samples are left out)");
+    v("correct_reward", correct_reward,
+      "a sample counts as correct when its reward reaches this (or when the environment's info says outcome: correct)");
+    v("timeout_s", timeout_s, "a validation is cut short after this (what finished is reported); keep it below train.batch_timeout_s, which the rollout workers and other learner ranks wait at most", config::seconds());
+    v("kv_cache_blocks", kv_cache_blocks, "KV-cache blocks of the validation engine on learner rank 0",
+      config::in_range(1, 1 << 24));
+  }
+  void validate() const;
+};
+
 // `rlx rm`: a reward model trained from preference pairs (Bradley-Terry).
 struct RmSection {
   int64_t steps = 200;        // optimizer steps
@@ -341,6 +379,7 @@ struct RunConfig {
   RolloutSection rollout;
   TrainSection train;
   SftSection sft;
+  ValidationSection validation;
   RmSection rm;
   RewardModelSection reward_model;
 
@@ -358,6 +397,7 @@ struct RunConfig {
     v("rollout", rollout, "rollout workers and sampling");
     v("train", train, "the training loop: steps, groups per step, learner ranks");
     v("sft", sft, "the SFT warm start (`rlx sft`) and held-out evaluation (`rlx eval`)");
+    v("validation", validation, "validation during training (val/... metrics) and `rlx eval`'s sampled metrics");
     v("rm", rm, "reward-model training from preference pairs (`rlx rm`)");
     v("reward_model", reward_model, "a reward model scoring episodes on the rollout side");
   }
@@ -379,6 +419,10 @@ inline void RunSection::validate() const {
 inline void RolloutSection::validate() const {
   for (size_t i = 0; i < stop.size(); ++i)
     if (const auto why = text::stop_string_problem(stop[i]); !why.empty()) throw Error(fmt::format("stop[{}] {}", i, why));
+}
+
+inline void ValidationSection::validate() const {
+  for (size_t i = 0; i < k.size(); ++i) RLX_CHECK(k[i] >= 1, "k[{}] = {}: pass@k needs k >= 1", i, k[i]);
 }
 
 inline void ModelSection::validate() const {

@@ -39,14 +39,17 @@ struct MemoryPlan {
   void check(int64_t free_bytes, const std::string& device) const;
 };
 
-// `parameters`: the policy's parameter count; `kv_pool_bytes`: the colocated engine's pool
-// (0 for a split run). Activations are an estimate from learner.micro_batch_tokens,
-// learner.row_tokens, the model's widths and learner.activation_checkpointing.
 // Parameters of the adapters `lora` puts on a model of shape `model` (0 without).
 int64_t lora_parameter_count(const ModelConfig& model, const LoraSpec& lora);
 
+// `parameters`: the policy's parameter count; `kv_pool_bytes`: the colocated engine's pool
+// (0 for a split run); `validation_kv_pool_bytes`: learner rank 0's validation engine's pool
+// (validation.every_steps > 0; 0 on other ranks and without validation), which brings that
+// engine's weights with it. Activations are an estimate from learner.micro_batch_tokens,
+// learner.row_tokens, the model's widths and learner.activation_checkpointing.
 MemoryPlan plan_memory(const RunConfig& cfg, const ModelConfig& model, int64_t parameters, int64_t kv_pool_bytes,
-                       bool reference, bool critic, int64_t teacher_parameters = 0);
+                       bool reference, bool critic, int64_t teacher_parameters = 0,
+                       int64_t validation_kv_pool_bytes = 0);
 
 // Bytes this process can still allocate on `device` ("cpu", "cuda:N"): the CUDA device's free
 // memory (with LibTorch's unused reserve), or on the CPU the host's available memory

@@ -136,5 +136,9 @@ int run_rm(const RunConfig& cfg);
 // Greedy held-out accuracy (mean episode reward) of `cfg`'s model on sft.eval_tasks tasks
 // drawn from the environment's generator with a seed disjoint from training's.
 double evaluate(const RunConfig& cfg);
+// `rlx eval`'s report: {"accuracy" (the greedy mean reward), "tasks", "greedy_acc" (the share
+// correct), and with validation.samples = n > 0 "mean@n", "pass@k" for each validation.k <= n,
+// "maj@n", "sampled_tasks"}.
+nlohmann::json evaluate_report(const RunConfig& cfg);
 
 }  // namespace rlx::launch

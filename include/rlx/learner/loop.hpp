@@ -40,6 +40,13 @@ struct LoopOptions {
   std::function<void(int64_t step, std::vector<double>& rewards, const std::vector<size_t>& group_sizes)> on_rewards;
   // Rank 0, before training each step (step = the one it makes): the batch (samples to log).
   std::function<void(int64_t step, const bus::BatchView& batch)> on_batch;
+  // Rank 0, after a step's weights were gathered and published (a colocated learner still
+  // holding the device): the weights (the publisher's names; with LoRA the adapters), and
+  // metrics to add to the step's line (validation, learner_role.cpp). Its seconds are not
+  // counted in sync_s.
+  std::function<void(int64_t step, const std::vector<std::pair<std::string, at::Tensor>>& weights,
+                     nlohmann::json& metrics)>
+      on_weights;
   // Rank 0, after each step: the step's metrics (rlx's keys; add or write them).
   std::function<void(int64_t step, nlohmann::json& metrics)> on_step;
 };

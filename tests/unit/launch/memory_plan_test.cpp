@@ -59,3 +59,27 @@ TEST_CASE("memory plan: activations on the flash path keep no attention probabil
   cfg.learner.activation_checkpointing = true;  // one block's activations at a time, plus each block's input
   REQUIRE(activations(cfg) < flash / 4);
 }
+
+TEST_CASE("memory plan: learner rank 0's validation engine", "[launch][validation]") {
+  RunConfig cfg;
+  cfg.train.placement = rlx::Placement::split;
+  const auto model = rlx::model_preset("small", rlx::Arch::qwen2);
+  const int64_t n = 4'000'000, val_kv = int64_t{4} << 30;  // the largest item
+  const auto without = plan_memory(cfg, model, n, 0, false, false);
+  // Its fp32 weights and its pool: the pool exists only while it validates, between steps,
+  // so it counts in the training phase.
+  const auto with = plan_memory(cfg, model, n, 0, false, false, 0, val_kv);
+  REQUIRE(with.peak_bytes() == without.peak_bytes() + 4 * n + val_kv);
+  REQUIRE(with.describe().find("validation KV pool") != std::string::npos);
+  const auto why = rlx::test::error_of([&] { with.check(without.peak_bytes() + 4 * n, "cpu"); });
+  INFO(why);
+  REQUIRE(why.find("validation.kv_cache_blocks") != std::string::npos);
+
+  // Colocated: the weights in both phases, the pool not in the rollout engine's generation phase.
+  cfg.train.placement = rlx::Placement::colocated;
+  const int64_t kv = int64_t{1} << 30;
+  const auto base = plan_memory(cfg, model, n, kv, false, false);
+  const auto colocated = plan_memory(cfg, model, n, kv, false, false, 0, val_kv);
+  REQUIRE(colocated.train_bytes() == base.train_bytes() + 4 * n + val_kv);
+  REQUIRE(colocated.generate_bytes() == base.generate_bytes() + 4 * n);
+}
