@@ -4,7 +4,6 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <sstream>
 
 #include "rlx/core/error.hpp"
@@ -12,6 +11,7 @@
 #include "rlx/core/json.hpp"
 #include "rlx/core/torch_compat.hpp"
 #include "rlx/model/safetensors.hpp"
+#include "model/hf_tensors.hpp"
 
 namespace rlx {
 
@@ -20,7 +20,7 @@ namespace fs = std::filesystem;
 
 namespace {
 json read_json(const fs::path& p) {
-  constexpr uint64_t kMaxJsonBytes = 64 << 20;  // an index of many shards is the largest
+  constexpr uint64_t kMaxJsonBytes = 64 << 20;
   return parse_json(read_file(p, kMaxJsonBytes), p.string());
 }
 
@@ -261,60 +261,27 @@ ModelConfig read_hf_config(const fs::path& dir) {
 
 std::shared_ptr<Transformer> load_hf(const fs::path& dir, HfLoadOptions options) {
   ModelConfig cfg = read_hf_config(dir);
-  // name -> file holding it
-  std::map<std::string, fs::path> where;
-  std::map<fs::path, SafetensorsFile> files;
-  if (fs::exists(dir / "model.safetensors.index.json")) {
-    auto index_path = dir / "model.safetensors.index.json";
-    json index = read_json(index_path);
-    RLX_CHECK(index.contains("weight_map") && index["weight_map"].is_object(), "{}: no 'weight_map' object",
-              index_path.string());
-    for (auto& [name, file] : index["weight_map"].items()) {
-      RLX_CHECK(file.is_string(), "{}: weight_map['{}'] is not a file name", index_path.string(), name);
-      fs::path f = file.get<std::string>();
-      RLX_CHECK(f.filename() == f, "{}: weight_map['{}'] = '{}' is not a plain file name", index_path.string(), name,
-                f.string());
-      where[name] = dir / f;
-    }
-  } else {
-    RLX_CHECK(fs::exists(dir / "model.safetensors"), "{}: neither model.safetensors nor model.safetensors.index.json",
-              dir.string());
-    auto f = SafetensorsFile::open(dir / "model.safetensors");
-    for (const auto& e : f.header().entries) where[e.name] = dir / "model.safetensors";
-    files.emplace(dir / "model.safetensors", std::move(f));
-  }
-
+  detail::HfTensors source(dir, cfg);
   auto model = std::make_shared<Transformer>(cfg, options.dtype, options.device);
   c10::NoGradGuard no_grad;
-  std::set<std::string> used;
-  auto read = [&](const std::string& name, at::IntArrayRef shape) {
-    auto it = where.find(name);
-    RLX_CHECK(it != where.end(), "{}: missing tensor '{}' of shape {}{}", dir.string(), name, shape,
-              options.score && name == "score.weight" ? " (not a sequence classifier's directory)" : "");
-    auto fit = files.find(it->second);
-    if (fit == files.end()) fit = files.emplace(it->second, SafetensorsFile::open(it->second)).first;
-    used.insert(name);
-    return std::pair{fit->second.tensor(name), it->second};
-  };
   for (auto& [name, p] : model->hf_parameters()) {
     if (options.score && name == "lm_head.weight") {  // a classifier has none; unused
       p.zero_();
       continue;
     }
-    auto [t, file] = read(name, p.sizes());
+    auto [t, file] = source.read(name, p.sizes());
     RLX_CHECK(t.sizes() == p.sizes(), "{}: tensor '{}' has shape {}, the config needs {}", file.string(), name,
               t.sizes(), p.sizes());
     p.copy_(t);
   }
   if (options.score) {
-    auto [t, file] = read("score.weight", {1, cfg.hidden_size});
+    auto [t, file] = source.read("score.weight", {1, cfg.hidden_size}, " (not a sequence classifier's directory)");
     RLX_CHECK(t.dim() == 2 && t.size(0) == 1 && t.size(1) == cfg.hidden_size,
               "{}: score.weight has shape {}; a reward model's head is [1, {}] (one label)", file.string(), t.sizes(),
               cfg.hidden_size);
     *options.score = t.reshape({cfg.hidden_size}).to(options.device, at::kFloat);
   }
-  for (const auto& [name, file] : where) {
-    if (used.count(name)) continue;
+  for (const auto& [name, file] : source.unused()) {
     // A tied head stored anyway is harmless; RoPE buffers some exporters write are recomputed.
     if (name == "lm_head.weight" && cfg.tie_word_embeddings) continue;
     if (name.find("rotary_emb.inv_freq") != std::string::npos) continue;

@@ -166,13 +166,13 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   }
   ::close(fd);
   f.header_ = parse_safetensors({static_cast<const std::byte*>(f.mapping_->addr), f.mapping_->size}, path.string());
+  for (size_t i = 0; i < f.header_.entries.size(); ++i) f.by_name_.emplace(f.header_.entries[i].name, i);
   return f;
 }
 
 const SafetensorsEntry* SafetensorsFile::find(std::string_view name) const {
-  for (const auto& e : header_.entries)
-    if (e.name == name) return &e;
-  return nullptr;
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : &header_.entries[it->second];
 }
 
 std::span<const std::byte> SafetensorsFile::bytes(const SafetensorsEntry& e) const {

@@ -34,7 +34,10 @@ struct HfLoadOptions {
   at::Tensor* score = nullptr;
 };
 // Loads config.json and every weight; missing, unexpected or mis-shaped tensors are errors
-// that name the tensor.
+// that name the tensor and the file. A mixture of experts' experts load from the Hub's
+// per-expert tensors or from transformers v5's packed ones (`mlp.experts.gate_up_proj`
+// [E, 2I, H] and `mlp.experts.down_proj` [E, H, I], or both transposed), whichever the
+// directory holds; save_hf writes the Hub's.
 std::shared_ptr<Transformer> load_hf(const std::filesystem::path& dir, HfLoadOptions options = {});
 
 struct HfSaveOptions {

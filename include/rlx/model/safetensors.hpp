@@ -70,6 +70,7 @@ class SafetensorsFile {
   std::filesystem::path path_;
   std::shared_ptr<Mapping> mapping_;
   SafetensorsHeader header_;
+  std::map<std::string, size_t, std::less<>> by_name_;  // name -> index in header_.entries
 };
 
 struct SafetensorsSaveOptions {

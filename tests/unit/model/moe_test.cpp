@@ -5,7 +5,9 @@
 #include <c10/core/GradMode.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <optional>
 
 #include "../helpers.hpp"
@@ -408,4 +410,143 @@ TEST_CASE("moe: presets have the published parameter counts", "[model][moe]") {
   CHECK(mix.intermediate_size == mix.moe_intermediate_size);
   CHECK_NOTHROW(rlx::model_config_to_hf(mix, at::kFloat));
   CHECK(rlx::model_preset("tiny", Arch::qwen3_moe).arch == Arch::qwen3);
+}
+
+namespace {
+// transformers v5's layout of `m`'s weights, built here from its per-expert tensors: per sparse
+// layer mlp.experts.gate_up_proj [E, 2I, H] (each expert's gate rows, then its up rows) and
+// mlp.experts.down_proj [E, H, I], Mixtral's router renamed to mlp.gate.weight; `transposed`
+// stores [E, H, 2I] and [E, I, H] instead, as some Hub checkpoints of the same names do.
+std::vector<std::pair<std::string, at::Tensor>> packed_layout(const rlx::Transformer& m, bool transposed) {
+  const auto& c = m.config();
+  const bool mixtral = c.arch == Arch::mixtral;
+  std::map<std::string, at::Tensor> per_expert;
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (auto& [name, p] : m.hf_parameters()) {
+    if (name.find(".experts.") != std::string::npos) {
+      per_expert[name] = p.detach();
+      continue;
+    }
+    std::string n = name;
+    if (auto at = n.find(".block_sparse_moe.gate."); at != std::string::npos) n.replace(at, 17, ".mlp");
+    out.emplace_back(n, p.detach());
+  }
+  for (int64_t l : c.sparse_layers()) {
+    const std::string from = fmt::format("model.layers.{}.{}.experts.", l, mixtral ? "block_sparse_moe" : "mlp");
+    std::vector<at::Tensor> gate_up, down;
+    for (int64_t e = 0; e < c.num_experts; ++e) {
+      auto W = [&](const char* qwen, const char* mix) {
+        return per_expert.at(fmt::format("{}{}.{}.weight", from, e, mixtral ? mix : qwen));
+      };
+      gate_up.push_back(at::cat({W("gate_proj", "w1"), W("up_proj", "w3")}, 0));
+      down.push_back(W("down_proj", "w2"));
+    }
+    auto gu = at::stack(gate_up), dn = at::stack(down);
+    if (transposed) {
+      gu = gu.transpose(1, 2);
+      dn = dn.transpose(1, 2);
+    }
+    out.emplace_back(fmt::format("model.layers.{}.mlp.experts.gate_up_proj", l), gu);
+    out.emplace_back(fmt::format("model.layers.{}.mlp.experts.down_proj", l), dn);
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("moe: transformers v5's packed experts load to the per-expert load's logits exactly", "[model][moe][hf]") {
+  at::manual_seed(10);  // LibTorch seeds its default generator at random
+  auto arch = GENERATE(Arch::qwen3_moe, Arch::mixtral);
+  auto transposed = GENERATE(false, true);
+  CAPTURE(rlx::config::enum_to_string(arch), transposed);
+  auto c = rlx::model_preset("tiny-moe", arch);  // hidden 64, 8 experts of 64
+  // Square shapes fit either orientation, so the other tensor of the layer decides: Mixtral's
+  // down_proj [8, 64, 64] by its gate_up_proj, Qwen3-MoE's gate_up_proj [8, 64, 64] by its down_proj.
+  if (arch == Arch::qwen3_moe) {
+    c.moe_intermediate_size = 32;
+    c.mlp_only_layers = {0};  // a dense layer beside the sparse one
+  }
+  c.validate();
+  auto m = make(c, 31, 4.0);
+  TempDir hub, v5;
+  rlx::save_hf(*m, hub.path);
+  auto per_expert = rlx::load_hf(hub.path);
+  std::filesystem::copy_file(hub / "config.json", v5 / "config.json");
+  auto tensors = packed_layout(*m, transposed);
+  if (!transposed) {
+    rlx::save_safetensors(v5 / "model.safetensors", tensors, {{"format", "pt"}});
+  } else {  // sharded: the packed experts in a shard of their own
+    std::vector<std::pair<std::string, at::Tensor>> rest, experts;
+    nlohmann::json index = {{"metadata", nlohmann::json::object()}, {"weight_map", nlohmann::json::object()}};
+    for (auto& t : tensors) {
+      const bool packed = t.first.find(".experts.") != std::string::npos;
+      (packed ? experts : rest).push_back(t);
+      index["weight_map"][t.first] = packed ? "model-00002-of-00002.safetensors" : "model-00001-of-00002.safetensors";
+    }
+    rlx::save_safetensors(v5 / "model-00001-of-00002.safetensors", rest, {{"format", "pt"}});
+    rlx::save_safetensors(v5 / "model-00002-of-00002.safetensors", experts, {{"format", "pt"}});
+    rlx::test::write_file(v5 / "model.safetensors.index.json", index.dump());
+  }
+  auto loaded = rlx::load_hf(v5.path);
+  auto a = per_expert->hf_parameters(), b = loaded->hf_parameters();
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    CAPTURE(a[i].first);
+    CHECK(at::equal(a[i].second, b[i].second));
+  }
+  auto tokens = at::randint(c.vocab_size, {2, 9}, at::kLong);
+  c10::NoGradGuard g;
+  CHECK(at::equal(per_expert->forward({.tokens = tokens}), loaded->forward({.tokens = tokens})));
+  if (transposed) return;
+
+  // Bad input, on the one-file layout.
+
+  const std::string L = "model.layers.1.mlp.experts.";
+  const auto E = c.num_experts, I = c.moe_intermediate_size, H = c.hidden_size;
+  auto rewrite = [&](auto&& edit) {
+    auto ts = tensors;
+    edit(ts);
+    rlx::save_safetensors(v5 / "model.safetensors", ts, {{"format", "pt"}});
+  };
+  auto named = [&](auto& ts, const std::string& n) {
+    return std::find_if(ts.begin(), ts.end(), [&](auto& t) { return t.first == n; });
+  };
+  // A missing down_proj: the message names the tensor, the file and both layouts looked for.
+  rewrite([&](auto& ts) { ts.erase(named(ts, L + "down_proj")); });
+  const std::string expert0 = arch == Arch::mixtral ? "model.layers.1.block_sparse_moe.experts.0.w2.weight"
+                                                    : L + "0.down_proj.weight";
+  CHECK_THROWS_WITH(rlx::load_hf(v5.path),
+                    Contains((v5 / "model.safetensors").string() + ": missing tensor '" + expert0 + "'") &&
+                        Contains("the Hub's per-expert layout") &&
+                        Contains(fmt::format("'{}down_proj' [{}, {}, {}] or [{}, {}, {}]", L, E, H, I, E, I, H)));
+  // A packed tensor of neither orientation is named with the shapes this config needs.
+  rewrite([&](auto& ts) { named(ts, L + "gate_up_proj")->second = at::zeros({E - 1, 2 * I, H}); });
+  CHECK_THROWS_WITH(rlx::load_hf(v5.path), Contains("packed experts '" + L + "gate_up_proj' have shape [" +
+                                                    std::to_string(E - 1)));
+  // Both layouts at once: the per-expert tensors are read and the packed ones left over are an error.
+  rewrite([&](auto& ts) {
+    for (auto& [n, p] : per_expert->hf_parameters())
+      if (n.find(".experts.") != std::string::npos) ts.emplace_back(n, p.detach());
+  });
+  CHECK_THROWS_WITH(rlx::load_hf(v5.path),
+                    Contains("unexpected tensor 'model.layers.") && Contains(".mlp.experts.down_proj' (not part of"));
+  if (arch == Arch::mixtral) {  // the router: the Hub's name, or transformers v5's under mlp.
+    rewrite([&](auto& ts) { ts.erase(named(ts, "model.layers.0.mlp.gate.weight")); });
+    CHECK_THROWS_WITH(rlx::load_hf(v5.path), Contains("missing tensor 'model.layers.0.block_sparse_moe.gate.weight'") &&
+                                                 Contains("'model.layers.0.mlp.gate.weight' (transformers v5's name)"));
+  }
+}
+
+TEST_CASE("moe: packed experts whose two tensors disagree on their orientation are refused", "[model][moe][hf]") {
+  at::manual_seed(11);  // LibTorch seeds its default generator at random
+  auto c = tiny(Arch::qwen3_moe);  // hidden 16, experts of 12: no shape fits both orientations
+  auto m = make(c, 37);
+  TempDir dir;
+  rlx::save_hf(*m, dir.path);
+  auto tensors = packed_layout(*m, false);
+  for (auto& [n, t] : tensors)
+    if (n == "model.layers.1.mlp.experts.down_proj") t = t.transpose(1, 2);
+  rlx::save_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}});
+  CHECK_THROWS_WITH(rlx::load_hf(dir.path), Contains("the packed experts of model.layers.1 disagree on their orientation") &&
+                                                Contains("'model.layers.1.mlp.experts.gate_up_proj' [6, 24, 16]") &&
+                                                Contains("'model.layers.1.mlp.experts.down_proj' [6, 12, 16]"));
 }
