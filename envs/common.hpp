@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <optional>
@@ -11,11 +12,25 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "rlx/core/config.hpp"
 #include "rlx/core/error.hpp"
 #include "rlx/core/rng.hpp"
 #include "rlx/env/env.hpp"
 
 namespace rlx::envs {
+
+// Refuses a key of `options` (an environment's env.options) that is not in `known`, naming
+// it and the closest known name.
+inline void check_option_names(std::string_view env, const nlohmann::json& options, const std::vector<std::string>& known) {
+  for (const auto& [key, value] : options.items()) {
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    const auto guess = config::closest(key, known);
+    throw Error(fmt::format("{}: unknown option env.options.{}{}", env, key,
+                            guess.empty() ? "" : fmt::format("; did you mean '{}'?", guess)));
+  }
+}
 
 // The last integer written in `text` ("... so the answer is -42." -> -42), if any.
 inline std::optional<long long> last_integer(std::string_view text) {

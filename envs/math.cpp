@@ -41,15 +41,6 @@ const std::vector<std::string> kPromptKeys = {"prompt", "question", "problem", "
 const std::vector<std::string> kAnswerKeys = {"answer", "solution", "ground_truth", "reference"};
 constexpr size_t kMaxLineBytes = size_t{16} << 20;
 
-void check_option_names(const json& o) {
-  for (const auto& [key, value] : o.items()) {
-    if (std::find(kOptionNames.begin(), kOptionNames.end(), key) != kOptionNames.end()) continue;
-    const auto guess = config::closest(key, kOptionNames);
-    throw Error(fmt::format("math: unknown option env.options.{}{}", key,
-                            guess.empty() ? "" : fmt::format("; did you mean '{}'?", guess)));
-  }
-}
-
 std::string text_option(const json& o, const char* key) {
   if (!o.contains(key)) return {};
   RLX_CHECK(o.at(key).is_string(), "math option '{}': expected text, got {}", key, o.at(key).dump());
@@ -236,7 +227,7 @@ class Math final : public TextEnv {
 
 // Without env.options.data: a few problems in each format (for `rlx env serve --check math`).
 json generate_math_task(uint64_t, uint64_t index, const json& o) {
-  check_option_names(o);
+  check_option_names("math", o, kOptionNames);
   if (const auto path = text_option(o, "data"); !path.empty()) {
     const auto file = task_file(path, o);
     return file->tasks[index % file->tasks.size()];
@@ -259,7 +250,7 @@ void register_math(env::Registry& r) {
         "dataset problems with reference answers (GSM8K, MATH); reward 1 for an equivalent final answer "
         "(options: data, prompt_key, answer_key, instruction, chat_template_dir, extract, format_reward)",
         [](const env::Context& c) {
-          check_option_names(c.options);
+          check_option_names("math", c.options, kOptionNames);
           return std::make_unique<Math>(c);
         },
         generate_math_task);

@@ -68,14 +68,6 @@ const std::vector<std::string> kCodeOptionNames = {"python",        "reward", "t
                                                "output_bytes",  "max_cases", "case_selection", "time_budget_s",
                                                "float_tol",     "data",   "strict"};
 
-void check_code_options(const json& o) {
-  for (const auto& [key, value] : o.items()) {
-    if (std::find(kCodeOptionNames.begin(), kCodeOptionNames.end(), key) != kCodeOptionNames.end()) continue;
-    const auto guess = config::closest(key, kCodeOptionNames);
-    throw Error(fmt::format("python_code: unknown option env.options.{}{}", key,
-                            guess.empty() ? "" : fmt::format("; did you mean '{}'?", guess)));
-  }
-}
 
 struct Test {
   std::string call, expect;
@@ -188,7 +180,7 @@ class PythonCode final : public TextEnv {
  public:
   explicit PythonCode(const env::Context& c) : TextEnv(c) {
     RLX_CHECK(c.sandbox, "python_code: needs a sandbox (Context::sandbox)");
-    check_code_options(c.options);
+    envs::check_option_names("python_code", c.options, kCodeOptionNames);
     judge_ = code::JudgeOptions::from_json(c.options);
   }
 
@@ -281,7 +273,7 @@ class PythonCode final : public TextEnv {
 // A few built-in problems (a dataset is the real source); index picks one. With
 // env.options.data, its tasks in order.
 json generate_python_code_task(uint64_t, uint64_t index, const json& o) {
-  check_code_options(o);
+  envs::check_option_names("python_code", o, kCodeOptionNames);
   if (o.contains("data")) {
     RLX_CHECK(o.at("data").is_string(), "python_code option 'data': expected a path");
     const auto file = code_task_file(o.at("data").get<std::string>(), code_strict_option(o));

@@ -18,8 +18,6 @@ namespace {
 using Op = Expr::Op;
 using Fn = Expr::Fn;
 
-bool is_letter(char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0; }
-
 // Functions by the name they are written with, `\sin` or `sin`.
 std::optional<Fn> function_named(std::string_view name) {
   static const std::pair<std::string_view, Fn> table[] = {

@@ -8,7 +8,6 @@ namespace rlx::env::math {
 
 namespace {
 
-bool is_letter(char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0; }
 bool is_space(char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; }
 
 std::string replace_all(std::string s, std::string_view from, std::string_view to) {

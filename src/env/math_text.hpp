@@ -15,6 +15,7 @@
 namespace rlx::env::math {
 
 inline bool is_digit(char c) { return c >= '0' && c <= '9'; }
+inline bool is_letter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
 
 struct Normalized {
   std::string text;
