@@ -158,11 +158,14 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
           --trace "$work/trace_decode_b$b" --trace-steps 5
         gzip -f "$work/trace_decode_b$b/trace.json" 2>/dev/null
       done
-      # The previous attention kernel (RLX_DECODE_ATTENTION=split), for the new one's gain.
+      # The previous attention kernel (RLX_DECODE_ATTENTION=split), and cuBLAS for the small-batch
+      # projections (RLX_GEMV=0), for the new kernels' gains.
       for b in ${RLX_DECODE_V1_BATCHES:-1 256}; do
         step decode_b${b}_split 120 env RLX_DECODE_ATTENTION=split "$rlx" bench sampler "${qwen05[@]}" "${bf16[@]}" \
           --batch $b --prompt 512 --new 128 --iters 1 --kv-cache-mb 4096 --max-batch-tokens 16384
       done
+      step decode_b1_cublas 120 env RLX_GEMV=0 "$rlx" bench sampler "${qwen05[@]}" "${bf16[@]}" \
+        --batch 1 --prompt 512 --new 128 --iters 1 --kv-cache-mb 4096 --max-batch-tokens 16384
       bundle ;;
     ncu)
       # One decode-attention launch and one sampler launch at batch 256, past the warm-up,

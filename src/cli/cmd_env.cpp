@@ -3,6 +3,7 @@
 // rlx env serve --address A --tokenizer T  an environment server (all registered environments)
 // rlx env list                          registered environments
 // rlx env score math --input FILE       a {"reward", "extracted"} line per {"response", "answer"} line
+// rlx env score python_code --input FILE  a {"reward", "passed", "verdicts"} line per task line with a "response"
 // rlx bench env                         sandbox overhead per execution; environment steps/s
 #include <fmt/format.h>
 #include <spawn.h>
@@ -15,6 +16,9 @@
 #include <atomic>
 #include <csignal>
 #include <chrono>
+#include <functional>
+#include <memory>
+#include <set>
 #include <sstream>
 
 #include "commands.hpp"
@@ -132,29 +136,89 @@ nlohmann::json score_line(const std::string& line, const std::string& where, con
   return out;
 }
 
-// `env score math --input FILE.jsonl [--option KEY=VALUE ...]`: the checker on the user's own
+// One scored line of `env score python_code`: the task's line with a "response", judged by
+// the environment itself (its sandbox runs the response's last ```python block).
+nlohmann::json score_code_line(const std::string& line, const std::string& where, const Sandbox& sandbox,
+                               const nlohmann::json& options) {
+  auto j = parse_json(line, where);
+  RLX_CHECK(j.is_object(), "{}: expected a JSON object: a python_code task with a \"response\"", where);
+  RLX_CHECK(j.contains("response") && j["response"].is_string(), "{}: no text \"response\"", where);
+  const std::string response = j["response"].get<std::string>();
+  j.erase("response");
+  // A tokenizer of exactly the characters used, so that the text reaches the environment unchanged.
+  const std::string prompt = j.contains("prompt") && j["prompt"].is_string()       ? j["prompt"].get<std::string>()
+                             : j.contains("question") && j["question"].is_string() ? j["question"].get<std::string>()
+                                                                                   : std::string();
+  RLX_CHECK(text::is_valid_utf8(prompt) && text::is_valid_utf8(response), "{}: the prompt or response is not UTF-8", where);
+  std::string alphabet;
+  std::set<std::string> seen;
+  for (const std::string* t : {&prompt, &response})
+    for (size_t i = 0; i < t->size();) {
+      const size_t n = text::utf8_sequence_length(*t, i);
+      if (seen.insert(t->substr(i, n)).second) alphabet += t->substr(i, n);
+      i += n;
+    }
+  const CharTokenizer tok(alphabet);
+  auto e = env::Registry::global().make("python_code", {.tokenizer = &tok, .sandbox = &sandbox, .options = options});
+  try {
+    e->reset(j);
+  } catch (const env::InfraError&) {
+    throw;
+  } catch (const Error& err) {
+    throw Error(fmt::format("{}: {}", where, err.what()));
+  }
+  const auto r = e->step(tok.encode(response));
+  nlohmann::json out = r.info;
+  out["reward"] = r.reward;
+  return out;
+}
+
+// `env score ENV --input FILE.jsonl [--option KEY=VALUE ...]`: the checker on the user's own
 // answers. A bad line is named (file:line) on stderr and the exit status is 1 at the end.
 void add_env_score(CLI::App& app, Action& action) {
   struct Args {
     std::string env, input;
     std::vector<std::string> options;
+    bool warn_missing = false;
   };
   auto a = std::make_shared<Args>();
   auto* c = app.get_subcommand("env")->add_subcommand(
-      "score", "Score {\"response\", \"answer\"} JSONL lines with an environment's checker: one {\"reward\", \"extracted\"} line each");
-  c->add_option("env", a->env, "the environment (math)")->required();
-  c->add_option("--input", a->input, "JSONL file, one {\"response\": ..., \"answer\": ...} per line")->required();
-  c->add_option("--option", a->options, "an env.options KEY=VALUE (extract, format_reward, rel_tol, time_limit_s)");
+      "score", "Score JSONL lines with an environment's checker: math {\"response\", \"answer\"} -> {\"reward\", \"extracted\"}; "
+               "python_code (a task line with a \"response\") -> {\"reward\", \"passed\", \"verdicts\"}");
+  c->add_option("env", a->env, "the environment (math, python_code)")->required();
+  c->add_option("--input", a->input,
+                "JSONL file, one {\"response\": ..., \"answer\": ...} (math) or task with a \"response\" (python_code) per line")
+      ->required();
+  c->add_option("--option", a->options,
+                "an env.options KEY=VALUE (math: extract, format_reward, rel_tol, time_limit_s; "
+                "python_code: reward, time_limit_s, memory_mb, max_cases, time_budget_s, float_tol, ...)");
+  c->add_flag("--warn-missing", a->warn_missing, "python_code: run where the kernel refuses a sandbox layer (warn, not fail)");
   c->callback([a, &action] {
     action = [a] {
-      RLX_CHECK(a->env == "math", "env score: '{}' has no text checker (environments with one: math)", a->env);
+      RLX_CHECK(a->env == "math" || a->env == "python_code",
+                "env score: '{}' has no text checker (environments with one: math, python_code)", a->env);
       env::EnvOptions eo;
       for (const auto& kv : a->options) {
         const auto eq = kv.find('=');
         RLX_CHECK(eq != std::string::npos && eq > 0, "env score: --option '{}' is not KEY=VALUE", kv);
         eo.options[kv.substr(0, eq)] = kv.substr(eq + 1);
       }
-      const auto options = env::math::ScoreOptions::from_json(eo.options_json());
+      std::function<nlohmann::json(const std::string&, const std::string&)> score;
+      std::unique_ptr<Sandbox> sandbox;
+      if (a->env == "math") {
+        score = [options = env::math::ScoreOptions::from_json(eo.options_json())](const std::string& line,
+                                                                                 const std::string& where) {
+          return score_line(line, where, options);
+        };
+      } else {
+        env::register_bundled();
+        SandboxOptions so;
+        if (a->warn_missing) so.missing_layer = MissingLayer::warn;
+        sandbox = std::make_unique<Sandbox>(so);
+        score = [&sb = *sandbox, options = eo.options_json()](const std::string& line, const std::string& where) {
+          return score_code_line(line, where, sb, options);
+        };
+      }
       std::ifstream in(a->input, std::ios::binary);
       RLX_CHECK(in.good(), "env score: cannot read {}", a->input);
       size_t lineno = 0, bad = 0;
@@ -163,9 +227,11 @@ void add_env_score(CLI::App& app, Action& action) {
         if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
         const auto where = fmt::format("{}:{}", a->input, lineno);
         try {
-          auto out = score_line(line, where, options);
+          auto out = score(line, where);
           out["line"] = lineno;
           std::cout << out.dump() << "\n";
+        } catch (const env::InfraError&) {
+          throw;
         } catch (const Error& e) {
           ++bad;
           std::cerr << e.what() << "\n";

@@ -289,13 +289,26 @@ std::string find_executable(const std::string& name) {
   return "/usr/bin/" + name;
 }
 
+// Each limit of `a` and `b`, the tighter one.
+SandboxLimits tighter(const SandboxLimits& a, const SandboxLimits& b) {
+  return {.wall_s = std::min(a.wall_s, b.wall_s),
+          .cpu_s = std::min(a.cpu_s, b.cpu_s),
+          .memory_mb = std::min(a.memory_mb, b.memory_mb),
+          .processes = std::min(a.processes, b.processes),
+          .file_mb = std::min(a.file_mb, b.file_mb),
+          .open_files = std::min(a.open_files, b.open_files),
+          .output_bytes = std::min(a.output_bytes, b.output_bytes),
+          .scratch_mb = std::min(a.scratch_mb, b.scratch_mb),
+          .scratch_inodes = std::min(a.scratch_inodes, b.scratch_inodes)};
+}
+
 }  // namespace
 
 SandboxResult Sandbox::Impl::run(const SandboxRequest& req) const {
   SandboxResult res;
   res.isolation = layers;
   RLX_CHECK(!req.argv.empty(), "sandbox: an empty command");
-  const auto& L = o.limits;
+  const SandboxLimits L = req.limits ? tighter(o.limits, *req.limits) : o.limits;
   const bool isolate = namespaces != 0;
 
   Plan plan;

@@ -223,6 +223,17 @@ void Transformer::fuse_projections() {
   fused_ = true;
 }
 
+namespace {
+// A fused (no-grad) layer's projection: on a GPU at small batch the engine's GEMV kernel
+// (cuda::linear falls back to at::linear where it does not apply).
+at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+#if RLX_WITH_CUDA
+  if (x.is_cuda()) return cuda::linear(x, w, b);
+#endif
+  return at::linear(x, w, b);
+}
+}  // namespace
+
 at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, const at::Tensor& h_in,
                                     const ForwardState& st) {
   const int64_t B = st.batch, T = st.time, Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
@@ -245,7 +256,7 @@ at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, con
   // Unmerged adapters add to each GEMM's output, as in layer().
   const bool lora = lora_on();
   const uint64_t site = static_cast<uint64_t>(index) * 4;
-  auto qkv = at::linear(x, att.qkv_weight, att.qkv_bias);
+  auto qkv = project(x, att.qkv_weight, att.qkv_bias);
   if (lora) qkv = with_lora(qkv, {att.q_proj.get(), att.k_proj.get(), att.v_proj.get()}, x, st, site);
   qkv = qk_normed(att, qkv, st);
   // A cache that rotates and stores keys itself (RoPE + KV append in one kernel) takes qkv as it is.
@@ -258,7 +269,7 @@ at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, con
     a = st.cache ? st.cache->attend(index, q, k, v, scale) : sequence_attention(q, k, v, st, scale);
   }
   a = a.reshape({B, T, Hq * D});
-  auto attn_out = (*att.o_proj)(a);
+  auto attn_out = project(a, att.o_proj->weight, att.o_proj->bias);
   if (lora) attn_out = with_lora(attn_out, {att.o_proj.get()}, a, st, site + 1);
   at::Tensor h, normed;
 #if RLX_WITH_CUDA
@@ -271,10 +282,10 @@ at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, con
       return h;
     }
     const auto& mlp = *blk.mlp;
-    auto gu = at::linear(normed, mlp.gate_up_weight, mlp.gate_up_bias);
+    auto gu = project(normed, mlp.gate_up_weight, mlp.gate_up_bias);
     if (lora) gu = with_lora(gu, {mlp.gate_proj.get(), mlp.up_proj.get()}, normed, st, site + 2);
     auto act = cuda::silu_mul(gu);
-    st.pending = (*mlp.down_proj)(act);  // added by the next norm
+    st.pending = project(act, mlp.down_proj->weight, mlp.down_proj->bias);  // added by the next norm
     if (lora) st.pending = with_lora(st.pending, {mlp.down_proj.get()}, act, st, site + 3);
     return h;
   }

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "rlx/rollout/cuda/attention_math.hpp"
@@ -276,6 +277,47 @@ TEST_CASE("cuda kernels: residual add + RMSNorm, SiLU-and-multiply, RoPE + KV ap
       CHECK(max_abs_diff(decode(q_out.get<uint8_t>(), dtype), want_q) <= tolerance(dtype) * 8);
       CHECK(max_abs_diff(decode(kp.get<uint8_t>(), dtype), want_k) <= tolerance(dtype) * 8);
       CHECK(max_abs_diff(decode(vp.get<uint8_t>(), dtype), want_v) == 0.0);
+    }
+  }
+}
+
+// The small-batch projection (decode at batch <= 8): each row of the product against an fp64
+// sum of the same rounded inputs; bf16/fp16 outputs round once (2^-8 / 2^-11 of |y|, |y| up
+// to ~4 sqrt(k) / 8 here), and a row alone gives the bits it gives inside the rows.
+TEST_CASE("cuda kernels: the small-batch projection equals the reference, a row alone equals it among the rows", "[cuda]") {
+  std::mt19937 g(9);
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    for (int m : {1, 3, 8}) {
+      for (auto [n, k, bias] : {std::tuple{17, 64, true}, std::tuple{1152, 896, true}, std::tuple{5000, 4864, false},
+                                std::tuple{20000, 128, false}}) {
+        INFO(name(dtype) << " m " << m << " n " << n << " k " << k);
+        auto x = rounded(randn(static_cast<size_t>(m) * k, g), dtype);
+        auto w = rounded(randn(static_cast<size_t>(n) * k, g, 0.125f), dtype);
+        auto b = rounded(randn(static_cast<size_t>(n), g), dtype);
+        std::vector<float> want(static_cast<size_t>(m) * n);
+        double scale = 0;
+        for (int r = 0; r < m; ++r)
+          for (int c = 0; c < n; ++c) {
+            double s = bias ? b[static_cast<size_t>(c)] : 0.0;
+            for (int j = 0; j < k; ++j) s += static_cast<double>(x[static_cast<size_t>(r) * k + j]) * w[static_cast<size_t>(c) * k + j];
+            want[static_cast<size_t>(r) * n + c] = static_cast<float>(s);
+            scale = std::max(scale, std::abs(s));
+          }
+        Device dx(encode(x, dtype)), dw(encode(w, dtype)), db(encode(b, dtype));
+        auto run = [&](int rows, const Device& xs) {
+          Device out(static_cast<size_t>(rows) * n * 2);
+          rlx::cuda::GemvArgs a{.dtype = dtype, .x = xs.p, .w = dw.p, .bias = bias ? db.p : nullptr, .out = out.p,
+                                .m = rows, .n = n, .k = k};
+          launch_ok(rlx::cuda::gemv(a, nullptr));
+          cuda_ok(cudaDeviceSynchronize());
+          return decode(out.get<uint8_t>(), dtype);
+        };
+        const auto got = run(m, dx);
+        CHECK(max_abs_diff(got, want) <= (dtype == DType::bf16 ? 8e-3 : 1e-3) * std::max(scale, 1.0));
+        Device x0(encode(std::vector<float>(x.begin(), x.begin() + k), dtype));
+        const auto alone = run(1, x0);
+        CHECK(std::equal(alone.begin(), alone.end(), got.begin()));
+      }
     }
   }
 }

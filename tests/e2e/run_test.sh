@@ -450,6 +450,7 @@ examples=$(cd "$here/../../examples/configs" && pwd)
 for c in grpo_arithmetic ppo_arithmetic distill_arithmetic grpo_code grpo_calculator; do
   warm=(); [[ $c == *arithmetic ]] && warm=("model.path=$PWD/runs/sft/final")
   [[ $c == distill* ]] && warm+=("algorithm.teacher=$PWD/runs/sft/final")
+  [[ $c == grpo_code ]] && warm+=("env.options.data=$examples/../data/code_stdio.jsonl")
   "$rlx" run "$examples/$c.yaml" run.out_dir=examples "${warm[@]}" train.steps=2 train.groups_per_step=2 hub.group_size=4 rollout.max_new_tokens=24 run.threads=1 > "example-$c.log" 2>&1 \
     && [ -f "examples/$c/final/model.safetensors" ] && ok "example $c.yaml runs" || fail "example $c: $(tail -3 "example-$c.log")"
 done

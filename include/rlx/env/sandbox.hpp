@@ -35,6 +35,7 @@
 #include <string_view>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -124,6 +125,9 @@ struct SandboxRequest {
   std::string stdin_data;                           // fed to stdin, then closed
   std::vector<std::pair<std::string, std::string>> files;  // written into /scratch first: relative name, content
   std::vector<std::string> env;                     // extra NAME=VALUE entries
+  // Limits of this run alone (a judge's per-test time limit): each one applies where it is
+  // tighter than the sandbox's own, so a request can narrow the operator's limits, never widen them.
+  std::optional<SandboxLimits> limits;
   const std::atomic<bool>* cancel = nullptr;        // set: the run is killed (checked every 100 ms)
   // Set: output goes here as it arrives (stream 1: stdout, 2: stderr) instead of into the
   // result, for long-lived commands such as an env server. It still counts against

@@ -3,6 +3,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -270,6 +271,34 @@ at::Tensor rope_append(const at::Tensor& qkv_in, const at::Tensor& positions, co
                    .block_size = static_cast<int>(block_size)};
   check("rope_append", cuda::rope_append(a, c10::cuda::getCurrentCUDAStream().stream()));
   return q;
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  static const bool off = [] {
+    const char* v = std::getenv("RLX_GEMV");
+    return v != nullptr && std::strcmp(v, "0") == 0;
+  }();
+  const auto t = x.scalar_type();
+  const int64_t k = x.size(-1), rows = k > 0 ? x.numel() / k : 0;
+  const auto aligned = [](const at::Tensor& u) { return reinterpret_cast<uintptr_t>(u.data_ptr()) % 16 == 0; };
+  if (off || !x.is_cuda() || (t != at::kHalf && t != at::kBFloat16) || w.scalar_type() != t || w.dim() != 2 ||
+      w.size(1) != k || k % 8 != 0 || rows < 1 || rows > kGemvMaxRows || !x.is_contiguous() || !w.is_contiguous() ||
+      !aligned(x) || !aligned(w) || (b.defined() && (b.scalar_type() != t || !b.is_contiguous())))
+    return at::linear(x, w, b);
+  const c10::cuda::CUDAGuard guard(x.device());
+  auto sizes = x.sizes().vec();
+  sizes.back() = w.size(0);
+  auto out = at::empty(sizes, x.options());
+  GemvArgs a{.dtype = dtype_of(x),
+             .x = x.data_ptr(),
+             .w = w.data_ptr(),
+             .bias = b.defined() ? b.data_ptr() : nullptr,
+             .out = out.data_ptr(),
+             .m = static_cast<int>(rows),
+             .n = w.size(0),
+             .k = k};
+  check("gemv", gemv(a, c10::cuda::getCurrentCUDAStream().stream()));
+  return out;
 }
 
 at::Tensor silu_mul(const at::Tensor& gate_up_in) {

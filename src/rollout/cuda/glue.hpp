@@ -60,5 +60,9 @@ at::Tensor rope_append(const at::Tensor& qkv, const at::Tensor& positions, const
                        const at::Tensor& inv_freq, at::Tensor& k_pool, at::Tensor& v_pool, int64_t q_heads);
 // SiLU(gate) * up for gate_up [..., 2 * inter] (the fused gate/up GEMM's output): [..., inter].
 at::Tensor silu_mul(const at::Tensor& gate_up);
+// x [..., K] w [N, K]^T (+ b [N]): the small-batch kernel (cuda::gemv: at most 8 rows, fp16/bf16,
+// K a multiple of 8, contiguous, 16-byte aligned) where it applies, else at::linear. No
+// autograd (decode only); RLX_GEMV=0 keeps at::linear everywhere (to compare).
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 
 }  // namespace rlx::cuda

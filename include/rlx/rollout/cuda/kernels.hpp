@@ -103,6 +103,20 @@ struct HeadBackwardArgs {
 };
 int head_backward(const HeadBackwardArgs& a, void* stream);
 
+// out [m, n] = x [m, k] w [n, k]^T (+ bias [n]) for m <= kGemvMaxRows, fp16/bf16, k a
+// multiple of 8, x and w 16-byte aligned and contiguous: decode's projections at small batch.
+constexpr int kGemvMaxRows = 8;
+struct GemvArgs {
+  DType dtype = DType::bf16;
+  const void* x = nullptr;
+  const void* w = nullptr;
+  const void* bias = nullptr;  // or null
+  void* out = nullptr;
+  int m = 0;
+  int64_t n = 0, k = 0;
+};
+int gemv(const GemvArgs& a, void* stream);
+
 // out[r, i] = SiLU(gate_up[r, i]) * gate_up[r, inter + i]  (the gate/up GEMM's output halves).
 int silu_mul(DType dtype, const void* gate_up, void* out, int rows, int inter, void* stream);
 
