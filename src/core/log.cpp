@@ -39,8 +39,6 @@ Level parse_level(std::string_view name) {
   throw Error(fmt::format("unknown log level '{}' (expected trace, debug, info, warn, error or off)", name));
 }
 
-std::string_view level_name(Level level) { return enum_names(Level{})[static_cast<size_t>(level)].second; }
-
 void set_level(Level level) { g_level.store(static_cast<int>(level)); }
 Level level() { return static_cast<Level>(g_level.load(std::memory_order_relaxed)); }
 

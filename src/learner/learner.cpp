@@ -16,12 +16,6 @@ at::Tensor gather_logprobs(const at::Tensor& logits, const at::Tensor& targets) 
   return picked - at::logsumexp(lf, -1);
 }
 
-at::Tensor entropy_from_logits(const at::Tensor& logits) {
-  auto lf = logits.to(at::kFloat);
-  auto logp = at::log_softmax(lf, -1);
-  return -(logp.exp() * logp).sum(-1);
-}
-
 Learner::Learner(const ModelConfig& cfg, dist::Communicator& comm, LearnerOptions options)
     : comm_(comm),
       opt_(std::move(options)),

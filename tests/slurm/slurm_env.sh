@@ -1,7 +1,10 @@
 # A real single-node Slurm (munge, slurmctld, slurmd) in a scratch directory, for tests.
 # Needs root and Debian's munge slurmctld slurmd slurm-client (scripts/install-deps.sh).
 #   source slurm_env.sh; slurm_up /tmp/slurm; ...srun...; slurm_down /tmp/slurm
-# (see ../../../shared/notes/slurm.md for why each setting is there)
+# Why the settings: without cgroups proctrack/cgroup fails every task while srun still exits 0,
+# hence proctrack/linuxproc and task/none; CPUs=8 with SlurmdParameters=config_overrides lets
+# more tasks than cores start (else a job pends forever); slurmctld must answer
+# `scontrol ping` before slurmd starts, and the node must read idle before use.
 
 slurm_up() {  # slurm_up DIR: starts the daemons; returns when the node is idle (bounded)
   local dir=$1 host

@@ -67,6 +67,10 @@ at::Tensor clipped_value_loss(const at::Tensor& values, const at::Tensor& old_va
 // Per-token weights correcting the sampler/learner mismatch (options.hpp's Mismatch), without
 // gradient: weights multiply the per-token policy loss; kept is 0 where a mask mode dropped
 // the token (or its sequence), else 1; log_ratio is each token's log(old / behaviour).
+// With rho = exp(old - behaviour): token_truncate min(rho, high) (TIS); token_mask rho, or 0
+// outside [low, high] (masked IS); sequence_truncate / sequence_mask the same on the
+// sequence's ratio (the product of its token ratios, or their geometric mean); icepop a
+// two-sided token band (low > 0). Masked tokens keep their place in the step's normaliser.
 struct MismatchWeights {
   at::Tensor weights;
   at::Tensor kept;

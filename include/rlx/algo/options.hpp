@@ -141,7 +141,7 @@ struct AlgoOptions {
     v("tis_cap", tis_cap, "truncated importance sampling cap between sampler and learner; 0 off (the same as "
       "mismatch: token_truncate with mismatch_high)", config::at_least(0));
     v("mismatch", mismatch.mode, "sampler/learner mismatch correction: none, token_truncate (TIS), token_mask (MIS), "
-      "sequence_truncate, sequence_mask, icepop (docs/ARCHITECTURE.md, Algorithms)");
+      "sequence_truncate, sequence_mask, icepop (algo/losses.hpp, mismatch_weights)");
     v("mismatch_low", mismatch.low, "the mask modes' band, lower end (0: one-sided; icepop needs > 0)",
       config::at_least(0));
     v("mismatch_high", mismatch.high, "the truncation cap, or the mask modes' band upper end", config::greater_than(0));

@@ -129,8 +129,6 @@ class LeaseTable {
   uint64_t completed() const { return completed_count_; }
   const std::vector<ErrorRecord>& errors() const { return errors_; }
   bool done() const { return active_.empty() && reissue_.empty() && source_.exhausted(); }
-  // Nothing to hand out now, and nothing ever will be unless a lease comes back.
-  bool nothing_to_issue() const { return reissue_.empty() && source_.exhausted(); }
 
   LeaseTableState state(double now) const;
   void restore(const LeaseTableState& state, double now);

@@ -147,7 +147,6 @@ class Value {
   double number() const;  // int, float or bool as a double
   const std::string& string() const { return *s_; }
   const List& list() const { return *l_; }
-  List& list_mut() { return *l_; }
   const Dict& dict() const { return *d_; }
   Dict& dict_mut() { return *d_; }
   const Function& function() const { return *f_; }

@@ -47,7 +47,6 @@ struct Bounds {
 };
 inline Bounds at_least(double v) { return {.min = v}; }
 inline Bounds greater_than(double v) { return {.min = v, .min_exclusive = true}; }
-inline Bounds at_most(double v) { return {.max = v}; }
 inline Bounds in_range(double lo, double hi) { return {.min = lo, .max = hi}; }
 // (lo, hi]
 inline Bounds in_half_open(double lo, double hi) { return {.min = lo, .max = hi, .min_exclusive = true}; }

@@ -24,7 +24,6 @@ constexpr std::array<std::pair<Level, std::string_view>, 6> enum_names(Level) {
 
 // Parses "trace|debug|info|warn|error|off"; throws rlx::Error naming the value.
 Level parse_level(std::string_view name);
-std::string_view level_name(Level level);
 
 void set_level(Level level);
 Level level();

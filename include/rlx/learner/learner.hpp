@@ -141,8 +141,6 @@ void annotate_sequences(std::vector<Sequence>& seqs, const PackOptions& packing,
 // log softmax(logits)[target] in fp32 without materialising the fp32 log-softmax of
 // the whole vocabulary at once: logits [.., V], targets [..] -> [..].
 at::Tensor gather_logprobs(const at::Tensor& logits, const at::Tensor& targets);
-// Entropy of softmax(logits) over the last dimension, in fp32: [..., V] -> [...].
-at::Tensor entropy_from_logits(const at::Tensor& logits);
 
 // The options a run config's `learner:` section describes (the learner's random stream
 // keyed by `seed`).

@@ -35,9 +35,6 @@ struct LoraSpec {
 
   bool enabled() const { return rank > 0; }
   double scale() const { return rank > 0 ? alpha / static_cast<double>(rank) : 0.0; }
-  bool targets_module(std::string_view module) const {
-    return enabled() && std::find(targets.begin(), targets.end(), module) != targets.end();
-  }
 
   template <class V>
   void visit(V& v) {

@@ -115,7 +115,6 @@ class Transformer : public torch::nn::Module {
   // LoRA: registers an adapter (A [rank, in], B [out, rank], both zero) on every projection
   // that `spec` targets. Once per model; merged keeps a copy of each target's weight.
   void add_lora(const LoraSpec& spec, LoraMode mode);
-  bool has_lora() const { return lora_.enabled(); }
   bool lora_merged() const { return lora_.enabled() && lora_mode_ == LoraMode::merged; }
   const LoraSpec& lora() const { return lora_; }
   // The adapters' parameters by PEFT's names (without its "base_model.model." prefix), in
@@ -128,7 +127,6 @@ class Transformer : public torch::nn::Module {
   void init_lora(uint64_t seed);
   // Unmerged mode: whether forward adds the adapters (off: the base model, KL's reference).
   void set_lora_active(bool on) { lora_active_ = on; }
-  bool lora_active() const { return lora_active_; }
   // The seed of the adapters' dropout masks while training (with the forward's key).
   void set_lora_dropout_seed(uint64_t seed) { lora_seed_ = seed, lora_forwards_ = 0; }
   // Merged mode: each target's served weight becomes base + scale * B A (one addmm into
