@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The GPU half of rlx's checks, on a CUDA machine without network (../shared/notes/cuda.md), in
-# one call that fits a lease (15 minutes of device time, the machine's start included):
+# The GPU half of rlx's checks, on a CUDA machine without network (PyTorch 2.x and its
+# LibTorch, nvcc, CMake, ninja, ncu, compute-sanitizer and transformers there; rlx's Debian
+# dependencies carried as .deb files in .device), in one call that fits a lease (15 minutes of
+# device time, the machine's start included):
 #
 #   source .device/setup.sh; RLX_COMMIT=<sha> scripts/cuda_check.sh OUT            (the default plan)
 #   source .device/setup.sh; scripts/cuda_check.sh OUT STEP...                     (named steps, in order)

@@ -243,8 +243,6 @@ void EnvServerProcess::start() {
   output_ = Output::follow(out[0], o_.pass_output);
 }
 
-std::string EnvServerProcess::last_output() const { return output_ ? output_->last_lines(0) : ""; }
-
 std::string EnvServerProcess::describe_end(int status) const {
   const auto how = WIFSIGNALED(status) ? fmt::format("signal {}", WTERMSIG(status)) : fmt::format("exit {}", WEXITSTATUS(status));
   const auto said = output_ ? output_->last_lines(1.0) : std::string();

@@ -68,8 +68,6 @@ class EnvServerProcess {
   void answered() { answered_ = true; }
   pid_t pid() const { return pid_; }
   uint32_t restarts() const { return restarts_; }
-  // The last lines of the server's output (at most ~1 KB).
-  std::string last_output() const;
 
   // Runs `options.argv` once to its end, as start() would (sandboxed), for a trial: "" when
   // it exited 0 within timeout_s, else why, with its last output.
