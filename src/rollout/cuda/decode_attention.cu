@@ -28,6 +28,30 @@ __host__ __device__ inline int64_t partial_index(int seq, int head, int split, i
   return ((static_cast<int64_t>(seq) * q_heads + head) * max_splits + split) * (d + 2);
 }
 
+// The block's warps merge in index order; the block writes the split's (out / l, m, l) per
+// head to the workspace. Both pass-1 kernels end here, after a barrier.
+template <int D>
+__device__ void write_split(const DecodeAttentionArgs& a, const float (*s_acc)[kMaxGroup][D],
+                            const hd::SoftmaxState (*s_st)[kMaxGroup], int seq, int head0, int heads, int split,
+                            int max_splits) {
+  for (int i = threadIdx.x; i < heads * D; i += blockDim.x) {
+    const int g = i / D, d = i % D;
+    hd::SoftmaxState total = s_st[0][g];
+    float o = s_acc[0][g][d];
+    for (int w = 1; w < kWarps; ++w) {
+      float sa, sb;
+      hd::softmax_merge(total, s_st[w][g], sa, sb);
+      o = o * sa + s_acc[w][g][d] * sb;
+    }
+    float* dst = a.workspace + partial_index(seq, head0 + g, split, a.q_heads, max_splits, D);
+    dst[d] = total.l > 0.0f ? o / total.l : 0.0f;
+    if (d == 0) {
+      dst[D] = total.m;
+      dst[D + 1] = total.l;
+    }
+  }
+}
+
 template <class T, int D>
 __global__ void __launch_bounds__(kWarps * 32) decode_split_kernel(DecodeAttentionArgs a, int max_splits) {
   constexpr int kVec = 16 / sizeof(T);
@@ -124,22 +148,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_split_kernel(DecodeAttenti
     }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < heads * D; i += blockDim.x) {
-    const int g = i / D, d = i % D;
-    hd::SoftmaxState total = s_st[0][g];
-    float o = s_acc[0][g][d];
-    for (int w = 1; w < kWarps; ++w) {
-      float sa, sb;
-      hd::softmax_merge(total, s_st[w][g], sa, sb);
-      o = o * sa + s_acc[w][g][d] * sb;
-    }
-    float* dst = a.workspace + partial_index(seq, head0 + g, split, a.q_heads, max_splits, D);
-    dst[d] = total.l > 0.0f ? o / total.l : 0.0f;
-    if (d == 0) {
-      dst[D] = total.m;
-      dst[D + 1] = total.l;
-    }
-  }
+  write_split<D>(a, s_acc, s_st, seq, head0, heads, split, max_splits);
 }
 
 // Pass 1, tiled (the default for fp16 and bf16): the grid, splits and workspace of the split
@@ -286,22 +295,7 @@ __global__ void __launch_bounds__(kWarps * 32, D == 64 ? 4 : 3) decode_tile_kern
     if (lane == 0) s_st[warp][g] = hd::SoftmaxState{m[g], l[g]};
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < heads * D; i += blockDim.x) {
-    const int g = i / D, d = i % D;
-    hd::SoftmaxState total = s_st[0][g];
-    float o = s_acc[0][g][d];
-    for (int w = 1; w < kWarps; ++w) {
-      float sa, sb;
-      hd::softmax_merge(total, s_st[w][g], sa, sb);
-      o = o * sa + s_acc[w][g][d] * sb;
-    }
-    float* dst = a.workspace + partial_index(seq, head0 + g, split, a.q_heads, max_splits, D);
-    dst[d] = total.l > 0.0f ? o / total.l : 0.0f;
-    if (d == 0) {
-      dst[D] = total.m;
-      dst[D + 1] = total.l;
-    }
-  }
+  write_split<D>(a, s_acc, s_st, seq, head0, heads, split, max_splits);
 }
 
 template <class T, int D>
