@@ -7,6 +7,12 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -16,6 +22,8 @@
 
 #include "rlx/core/config.hpp"
 #include "rlx/core/error.hpp"
+#include "rlx/core/json.hpp"
+#include "rlx/core/log.hpp"
 #include "rlx/core/rng.hpp"
 #include "rlx/env/env.hpp"
 
@@ -30,6 +38,64 @@ inline void check_option_names(std::string_view env, const nlohmann::json& optio
     throw Error(fmt::format("{}: unknown option env.options.{}{}", env, key,
                             guess.empty() ? "" : fmt::format("; did you mean '{}'?", guess)));
   }
+}
+
+// env.options.strict: whether a bad line of a task file is an error (true) or skipped (false).
+inline bool strict_option(std::string_view env, const nlohmann::json& options, bool fallback) {
+  if (!options.contains("strict")) return fallback;
+  RLX_CHECK(options.at("strict").is_boolean(), "{} option 'strict': expected true or false", env);
+  return options.at("strict").get<bool>();
+}
+
+// A JSONL file of tasks (env.options.data): one JSON object a line, blank lines ignored.
+struct TaskFile {
+  std::vector<nlohmann::json> tasks;
+  size_t skipped = 0;  // bad lines left out (never with `strict`)
+};
+
+// The longest line of a task file: a record past it is named, never read whole into a task.
+inline constexpr size_t kMaxTaskLineBytes = size_t{16} << 20;
+
+// Reads `path` once per process and again when the file changes (its size and time are part
+// of the cache key, with `variant`: whatever else changes how a line is read). `check` throws
+// rlx::Error for a line that is JSON but not a task of `env`. A bad line is named with its file
+// and line: an error with `strict`, else skipped, counted and logged (the first ten).
+inline std::shared_ptr<const TaskFile> read_task_file(
+    std::string_view env, const std::string& path, bool strict, const std::string& variant,
+    const std::function<void(const nlohmann::json& task, const std::string& where)>& check) {
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<const TaskFile>> cache;
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  const auto time = std::filesystem::last_write_time(path, ec).time_since_epoch().count();
+  const std::string key = fmt::format("{}\n{}\n{}\n{}\n{}\n{}", env, path, variant, strict, size, time);
+  std::lock_guard lock(mu);
+  auto& slot = cache[key];
+  if (slot) return slot;
+  std::ifstream in(path, std::ios::binary);
+  RLX_CHECK(in.good(), "{} option 'data': cannot read {}", env, path);
+  auto file = std::make_shared<TaskFile>();
+  size_t lineno = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++lineno;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = fmt::format("{}:{}", path, lineno);
+    try {
+      RLX_CHECK(line.size() <= kMaxTaskLineBytes, "{}: a record longer than {} bytes", where, kMaxTaskLineBytes);
+      nlohmann::json task = parse_json(line, where);
+      check(task, where);
+      file->tasks.push_back(std::move(task));
+    } catch (const Error& e) {
+      if (strict) throw Error(fmt::format("{} (env.options.strict: false skips such lines)", e.what()));
+      if (++file->skipped <= 10) log::warn("{}: skipped {}", env, e.what());
+    }
+  }
+  if (file->skipped > 0)
+    log::warn("{}: {}: skipped {} of {} lines (env.options.strict: true makes a bad line an error)", env, path,
+              file->skipped, lineno);
+  RLX_CHECK(!file->tasks.empty(), "{}: {} has no usable task ({} lines)", env, path, lineno);
+  slot = std::move(file);
+  return slot;
 }
 
 // The last integer written in `text` ("... so the answer is -42." -> -42), if any.

@@ -39,7 +39,6 @@ const std::vector<std::string> kOptionNames = {
 // Where a task's prompt and reference answer are when the options do not say (in this order).
 const std::vector<std::string> kPromptKeys = {"prompt", "question", "problem", "messages"};
 const std::vector<std::string> kAnswerKeys = {"answer", "solution", "ground_truth", "reference"};
-constexpr size_t kMaxLineBytes = size_t{16} << 20;
 
 std::string text_option(const json& o, const char* key) {
   if (!o.contains(key)) return {};
@@ -96,49 +95,11 @@ std::shared_ptr<const T> cached(const std::string& key, Make make) {
   return slot;
 }
 
-struct TaskFile {
-  std::vector<json> tasks;
-  size_t skipped = 0;
-};
-
-// A bad line (not JSON, no answer, ...) is named with its file and line: skipped and counted,
-// or an error with `strict`.
-TaskFile load_task_file(const std::string& path, const TaskKeys& keys, bool strict) {
-  std::ifstream in(path, std::ios::binary);
-  RLX_CHECK(in.good(), "math option 'data': cannot read {}", path);
-  TaskFile out;
-  size_t lineno = 0;
-  for (std::string line; std::getline(in, line);) {
-    ++lineno;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = fmt::format("{}:{}", path, lineno);
-    try {
-      if (line.size() > kMaxLineBytes) throw Error(fmt::format("{}: longer than {} bytes", where, kMaxLineBytes));
-      json task = parse_json(line, where);
-      (void)read_task(task, keys, where);
-      out.tasks.push_back(std::move(task));
-    } catch (const Error& e) {
-      if (strict) throw Error(fmt::format("{} (env.options.strict)", e.what()));
-      if (++out.skipped <= 10) log::warn("math: skipped {}", e.what());
-    }
-  }
-  if (out.skipped > 0)
-    log::warn("math: {}: skipped {} of {} lines (env.options.strict: true makes a bad line an error)", path,
-              out.skipped, lineno);
-  RLX_CHECK(!out.tasks.empty(), "math: {} has no usable task ({} lines)", path, lineno);
-  return out;
-}
-
-std::shared_ptr<const TaskFile> task_file(const std::string& path, const json& o) {
+std::shared_ptr<const envs::TaskFile> task_file(const std::string& path, const json& o) {
   const TaskKeys keys(o);
-  const bool strict = o.contains("strict") && o.at("strict").is_boolean() && o.at("strict").get<bool>();
-  RLX_CHECK(!o.contains("strict") || o.at("strict").is_boolean(), "math option 'strict': expected true or false");
-  // The file's size and time in the key: a file written again is read again.
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  const auto time = std::filesystem::last_write_time(path, ec).time_since_epoch().count();
-  const std::string key = fmt::format("{}\n{}\n{}\n{}\n{}\n{}", path, keys.prompt, keys.answer, strict, size, time);
-  return cached<TaskFile>(key, [&] { return load_task_file(path, keys, strict); });
+  return envs::read_task_file("math", path, envs::strict_option("math", o, false),
+                              fmt::format("{}\n{}", keys.prompt, keys.answer),
+                              [&](const json& task, const std::string& where) { (void)read_task(task, keys, where); });
 }
 
 class Math final : public TextEnv {

@@ -131,51 +131,6 @@ CodeTask read_code_task(const json& task, std::string_view where) {
   return t;
 }
 
-struct CodeTaskFile {
-  std::vector<json> tasks;
-  size_t skipped = 0;
-};
-
-// env.options.data, read once per process (and again when the file changes).
-std::shared_ptr<const CodeTaskFile> code_task_file(const std::string& path, bool strict) {
-  static std::mutex mu;
-  static std::map<std::string, std::shared_ptr<const CodeTaskFile>> cache;
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  const auto time = std::filesystem::last_write_time(path, ec).time_since_epoch().count();
-  const std::string key = fmt::format("{}\n{}\n{}\n{}", path, strict, size, time);
-  std::lock_guard lock(mu);
-  auto& slot = cache[key];
-  if (slot) return slot;
-  std::ifstream in(path, std::ios::binary);
-  RLX_CHECK(in.good(), "python_code option 'data': cannot read {}", path);
-  auto file = std::make_shared<CodeTaskFile>();
-  size_t lineno = 0;
-  for (std::string line; std::getline(in, line);) {
-    ++lineno;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = fmt::format("{}:{}", path, lineno);
-    try {
-      json task = parse_json(line, where);
-      (void)read_code_task(task, where);
-      file->tasks.push_back(std::move(task));
-    } catch (const Error& e) {
-      if (strict) throw Error(fmt::format("{} (env.options.strict: false skips such lines)", e.what()));
-      if (++file->skipped <= 10) log::warn("python_code: skipped {}", e.what());
-    }
-  }
-  if (file->skipped > 0) log::warn("python_code: {}: skipped {} of {} lines", path, file->skipped, lineno);
-  RLX_CHECK(!file->tasks.empty(), "python_code: {} has no usable task ({} lines)", path, lineno);
-  slot = std::move(file);
-  return slot;
-}
-
-bool code_strict_option(const json& o) {
-  if (!o.contains("strict")) return true;
-  RLX_CHECK(o.at("strict").is_boolean(), "python_code option 'strict': expected true or false");
-  return o.at("strict").get<bool>();
-}
-
 class PythonCode final : public TextEnv {
  public:
   explicit PythonCode(const env::Context& c) : TextEnv(c) {
@@ -276,7 +231,9 @@ json generate_python_code_task(uint64_t, uint64_t index, const json& o) {
   envs::check_option_names("python_code", o, kCodeOptionNames);
   if (o.contains("data")) {
     RLX_CHECK(o.at("data").is_string(), "python_code option 'data': expected a path");
-    const auto file = code_task_file(o.at("data").get<std::string>(), code_strict_option(o));
+    const auto file = envs::read_task_file(
+        "python_code", o.at("data").get<std::string>(), envs::strict_option("python_code", o, true), "",
+        [](const json& task, const std::string& where) { (void)read_code_task(task, where); });
     return file->tasks[index % file->tasks.size()];
   }
   static const nlohmann::json problems = nlohmann::json::parse(R"JSON([

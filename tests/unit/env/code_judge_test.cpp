@@ -289,6 +289,10 @@ TEST_CASE("python_code: a task file's bad line is refused, naming the line and t
   // strict: false skips the bad line.
   const json lenient = {{"data", path.string()}, {"strict", false}};
   CHECK(registry().generate("python_code", 0, 1, lenient) == good);
+  // A record past the line limit (16 MiB) is named, not parsed.
+  rlx::test::write_file(path, good.dump() + "\n\"" + std::string((size_t{16} << 20) + 1, 'x') + "\"\n");
+  CHECK_THROWS_WITH(registry().generate("python_code", 0, 0, options),
+                    Catch::Contains(path.string() + ":2: a record longer than"));
 }
 
 TEST_CASE("python_code: rlx env score python_code prints a line per response and names bad lines", "[env][code][cli]") {
