@@ -7,7 +7,11 @@ int main(int argc, char** argv) {
   rlx::use_blas_kernels_for_this_cpu(argv);  // may re-execute this process once
   CLI::App app{"rlx: reinforcement-learning post-training of language models, natively", "rlx"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("rlx ") + rlx::kVersion);
+  // The OpenBLAS kernels in use on a second line: scripts/test.sh exports them once, so the
+  // suite's thousand rlx processes skip the re-execution above.
+  const std::string blas = rlx::blas_core_name();
+  app.set_version_flag("--version",
+                       std::string("rlx ") + rlx::kVersion + (blas.empty() ? "" : "\nOpenBLAS core: " + blas));
   rlx::cli::Action action;
   rlx::launch::add_trainer_commands(app, action);  // run, sft, eval, scale, k8s, role, env serve
   rlx::cli::add_config_commands(app, action);
