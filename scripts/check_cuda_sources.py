@@ -47,7 +47,8 @@ def main() -> int:
             jobs.setdefault(path, c)
     # Sources only a CUDA build compiles (CMakeLists.txt: target_sources under RLX_CUDA_ENABLED),
     # with a library source's flags, and the [cuda] tests with a test's.
-    for path in sorted((ROOT / "src/rollout/cuda").glob("*.cpp")):
+    cuda_only = [ROOT / "src/rollout/decode_graphs.cpp", ROOT / "src/rollout/sampling_device.cpp"]
+    for path in sorted((ROOT / "src/cuda").glob("*.cpp")) + cuda_only:
         if path not in jobs and src_template is not None:
             jobs[path] = src_template
     if test_template is not None:

@@ -14,7 +14,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "rollout/cuda/glue.hpp"
+#include "cuda/ops.hpp"
 #endif
 
 namespace rlx {
@@ -154,7 +154,7 @@ at::Tensor head_rows_backward(const at::Tensor& z, const at::Tensor& targets, co
 }
 
 #if RLX_WITH_CUDA
-// On a GPU the head's kernels (rollout/cuda/logprob_head.cu) make the same one pass per
+// On a GPU the head's kernels (cuda/logprob_head.cu) make the same one pass per
 // direction over a chunk's logits in their own dtype, the backward's in place;
 // RLX_LOGPROB_HEAD=aten takes LibTorch's ops below instead (to compare against).
 bool head_on_gpu(const at::Tensor& z) {

@@ -15,7 +15,7 @@
 #include "rlx/model/fused_ops.hpp"
 #include "model/modules.hpp"
 #if RLX_WITH_CUDA
-#include "rollout/cuda/glue.hpp"
+#include "cuda/ops.hpp"
 #endif
 
 namespace rlx {

@@ -4,7 +4,7 @@
 
 #include "rlx/rollout/engine.hpp"
 #if RLX_WITH_CUDA
-#include "rollout/cuda/decode_graphs.hpp"
+#include "rollout/decode_graphs.hpp"
 #else
 namespace rlx::cuda {
 class DecodeGraphs {};  // CUDA builds only

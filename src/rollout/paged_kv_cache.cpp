@@ -4,9 +4,9 @@
 
 #include "rlx/core/error.hpp"
 #include "rlx/core/torch_compat.hpp"
-#include "rlx/rollout/cuda/reference.hpp"
+#include "rlx/cuda/reference.hpp"
 #if RLX_WITH_CUDA
-#include "rollout/cuda/glue.hpp"
+#include "cuda/ops.hpp"
 #endif
 
 namespace rlx {

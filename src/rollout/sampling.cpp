@@ -6,9 +6,9 @@
 
 #include "rlx/core/error.hpp"
 #include "rlx/core/rng.hpp"
-#include "rlx/rollout/cuda/sampling_rule.hpp"
+#include "rlx/cuda/sampling_rule.hpp"
 #if RLX_WITH_CUDA
-#include "rollout/cuda/glue.hpp"
+#include "rollout/sampling_device.hpp"
 #endif
 
 
@@ -49,7 +49,7 @@ void SamplingBatch::add(const SamplingParams& p, double u) {
 
 namespace {
 
-// One row under the rule of rollout/cuda/sampling_rule.hpp, sequentially: the reference
+// One row under the rule of cuda/sampling_rule.hpp, sequentially: the reference
 // the GPU kernel is tested against, and the CPU sampler.
 class RuleRow {
  public:

@@ -1,4 +1,4 @@
-// The rollout kernels (rlx/rollout/cuda/kernels.hpp) on a GPU against their CPU references:
+// The rollout kernels (rlx/cuda/kernels.hpp) on a GPU against their CPU references:
 // decode attention, the sampler (against the CPU sampler, token for token), the norms and
 // RoPE + KV append, in fp32, fp16 and bf16; and a row's result alone equal, bit for bit, to
 // the same row inside a batch. Runs where a GPU is (scripts/cuda_check.sh); on a CPU
@@ -16,9 +16,9 @@
 #include <tuple>
 #include <vector>
 
-#include "rlx/rollout/cuda/attention_math.hpp"
-#include "rlx/rollout/cuda/kernels.hpp"
-#include "rlx/rollout/cuda/reference.hpp"
+#include "rlx/cuda/attention_math.hpp"
+#include "rlx/cuda/kernels.hpp"
+#include "rlx/cuda/reference.hpp"
 #include "rlx/rollout/sampling.hpp"
 
 using rlx::cuda::DType;

@@ -13,7 +13,7 @@
 #include "rlx/bus/hub.hpp"
 #include "rlx/core/config.hpp"
 #include "rlx/core/log.hpp"
-#include "rlx/rollout/cuda/sampling_rule.hpp"
+#include "rlx/cuda/sampling_rule.hpp"
 #include "rlx/algo/options.hpp"
 #include "rlx/env/options.hpp"
 #include "rlx/learner/options.hpp"

@@ -5,7 +5,7 @@
 // ([1, total_new_tokens]: prefill chunks and single decode tokens side by side),
 // so the projections and MLPs run on exactly the tokens that need them. Only
 // attention unpacks them, per sequence, against that sequence's cached context. On CUDA a
-// pool is [block, kv_head, block_size, head_dim] (rollout/cuda/attention_math.hpp) and a
+// pool is [block, kv_head, block_size, head_dim] (cuda/attention_math.hpp) and a
 // decode step reads it in place with the split-K decode kernel; prefill, extend and mixed
 // steps gather the contexts ragged (no padding) into varlen attention (LibTorch's flash
 // kernel in bf16/fp16: chunked prefill and prefix-shared blocks are sequences whose queries

@@ -6,7 +6,7 @@
 // least kMinTemperature (0.01; smaller ones are refused, not rounded to greedy: a run's
 // log-probs are of log_softmax(logits / T), which greedy would silently change). The exact rule (thresholds with
 // ties kept, integer masses, the inverse CDF in vocabulary order) is written once in
-// rollout/cuda/sampling_rule.hpp and followed by this CPU sampler and the GPU kernel alike:
+// cuda/sampling_rule.hpp and followed by this CPU sampler and the GPU kernel alike:
 // the same uniform gives the same token on both, up to ties.
 //
 // The log-prob recorded for a token is that of the distribution it was sampled
@@ -30,7 +30,7 @@
 
 #include "rlx/core/config.hpp"
 #include "rlx/model/tokenizer.hpp"
-#include "rlx/rollout/cuda/sampling_rule.hpp"
+#include "rlx/cuda/sampling_rule.hpp"
 
 namespace rlx {
 

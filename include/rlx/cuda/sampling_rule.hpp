@@ -1,5 +1,5 @@
 // The sampling rule, written once for the CPU sampler (rollout/sampling.cpp) and the GPU
-// sampler kernel (src/rollout/cuda/sampling.cu). For one row of logits x[0..V):
+// sampler kernel (src/cuda/sampling.cu). For one row of logits x[0..V):
 //
 //   greedy (T = 0): the first index of the maximum; log-prob log_softmax(x)[token].
 //   otherwise (T >= kMinTemperature; SamplingParams::validate refuses anything between):

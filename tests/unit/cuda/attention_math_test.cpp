@@ -1,4 +1,4 @@
-#include "rlx/rollout/cuda/attention_math.hpp"
+#include "rlx/cuda/attention_math.hpp"
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "rlx/rollout/cuda/reference.hpp"
+#include "rlx/cuda/reference.hpp"
 
 namespace hd = rlx::hd;
 

@@ -3,7 +3,7 @@
 // tokens' slots (attention_math.hpp's layout). The rotation rounds as HF's apply_rotary_pos_emb
 // does in the activation dtype: cos and sin, each product, the sum.
 #include "common.cuh"
-#include "rlx/rollout/cuda/attention_math.hpp"
+#include "rlx/cuda/attention_math.hpp"
 
 namespace rlx::cuda {
 namespace {

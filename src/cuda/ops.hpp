@@ -1,31 +1,17 @@
-// ATen glue for the rollout engine's kernels (CUDA builds only): tensors in, shape and
-// dtype checks, the current stream, a launcher status turned into rlx::Error.
+// ATen glue for rlx's CUDA kernels, used by the model and the engine (CUDA builds only):
+// tensors in, shape and dtype checks, the current stream, a launcher status turned into rlx::Error.
 #pragma once
 
 #include <ATen/ATen.h>
 
-#include "rlx/rollout/sampling.hpp"
+#include "rlx/cuda/kernels.hpp"
 
 namespace rlx::cuda {
 
-// sample() for logits on a CUDA device: the rows' parameters go over in one pinned copy;
-// tokens and log-probs stay on the device.
-Sampled sample_on_device(const at::Tensor& logits, const SamplingBatch& batch);
-
-// The sampler's per-row parameters in one device buffer that stays put (what a CUDA graph
-// captures): stage() copies a batch in (one pinned copy; rows past it are greedy), sample()
-// launches the kernel on the current stream into caller-owned outputs.
-class SamplingParamsBuffer {
- public:
-  SamplingParamsBuffer(int64_t max_rows, at::Device device);
-  void stage(const SamplingBatch& batch, int64_t rows);
-  // logits [rows, vocab]; tokens int64 [rows], logprobs fp32 [rows] on the device.
-  void sample(const at::Tensor& logits, at::Tensor& tokens, at::Tensor& logprobs) const;
-
- private:
-  int64_t max_rows_;
-  at::Tensor host_, device_;  // [top_p f64 | uniform f64 | temperature f32 | min_p f32 | top_k i32] x max_rows
-};
+// A launcher's status (cuda::kernels.hpp) as rlx::Error naming the kernel.
+void check_launch(const char* kernel, int status);
+// The kernels' dtype of a float32, float16 or bfloat16 tensor (an error for any other).
+DType dtype_of(const at::Tensor& t);
 
 // The learner's log-prob head on a chunk of logits z [rows, V] (CUDA, fp16/bf16/fp32,
 // contiguous): head_forward_on_device fills lse, logp (and ent, when it has rows elements),

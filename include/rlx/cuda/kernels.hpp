@@ -4,7 +4,7 @@
 // 0 or the cudaError_t of the launch (`error_string` names it; the ATen glue turns a
 // non-zero status into rlx::Error with the kernel's name).
 //
-// Kernel families, one file each under src/rollout/cuda/, each with a CPU reference in
+// Kernel families, one file each under src/cuda/, each with a CPU reference in
 // reference.hpp and a [cuda] test against it (tests/cuda/kernels_test.cpp):
 //   decode_attention   paged split-K decode attention and its merge pass (any GQA group)
 //   sample             temperature, top-k, top-p, min-p, greedy (sampling_rule.hpp)
@@ -76,7 +76,7 @@ struct AddRmsNormArgs {
 };
 int add_rms_norm(const AddRmsNormArgs& a, void* stream);
 
-// The learner's log-prob head over a chunk of logits [rows, vocab] (src/rollout/cuda/logprob_head.cu):
+// The learner's log-prob head over a chunk of logits [rows, vocab] (src/cuda/logprob_head.cu):
 // forward writes the fp32 log-sum-exp, the target's log-prob and (if `entropy`) the entropy per
 // row; backward overwrites the logits with their gradient, in their dtype.
 struct HeadForwardArgs {

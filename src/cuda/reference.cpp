@@ -1,10 +1,10 @@
-#include "rlx/rollout/cuda/reference.hpp"
+#include "rlx/cuda/reference.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
-#include "rlx/rollout/cuda/attention_math.hpp"
+#include "rlx/cuda/attention_math.hpp"
 
 namespace rlx::cuda::reference {
 

@@ -15,7 +15,7 @@
 #include <type_traits>
 
 #include "common.cuh"
-#include "rlx/rollout/cuda/attention_math.hpp"
+#include "rlx/cuda/attention_math.hpp"
 
 namespace rlx::cuda {
 namespace {

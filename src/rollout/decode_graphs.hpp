@@ -27,7 +27,8 @@
 
 #include "rlx/model/transformer.hpp"
 #include "rlx/rollout/paged_kv_cache.hpp"
-#include "rollout/cuda/glue.hpp"
+#include "cuda/ops.hpp"
+#include "rollout/sampling_device.hpp"
 
 namespace rlx::cuda {
 

@@ -5,7 +5,7 @@
 // vocabulary order (a scan of integer masses over contiguous chunks, one per thread).
 // Masses are integers, so the sums are exact and the draw equals the CPU sampler's.
 #include "common.cuh"
-#include "rlx/rollout/cuda/sampling_rule.hpp"
+#include "rlx/cuda/sampling_rule.hpp"
 
 namespace rlx::cuda {
 namespace {

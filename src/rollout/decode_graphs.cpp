@@ -1,4 +1,4 @@
-#include "rollout/cuda/decode_graphs.hpp"
+#include "rollout/decode_graphs.hpp"
 
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/core/GradMode.h>

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "rlx/rollout/cuda/kernels.hpp"
+#include "rlx/cuda/kernels.hpp"
 
 namespace rlx::cuda {
 

@@ -1,4 +1,4 @@
-#include "rlx/rollout/cuda/sampling_rule.hpp"
+#include "rlx/cuda/sampling_rule.hpp"
 
 #include <algorithm>
 #include <catch2/catch.hpp>
