@@ -18,8 +18,6 @@ void set_threads(const RunConfig& cfg);
 // Set by SIGTERM/SIGINT once install_stop_handler() ran (the hub's and the learner's stop).
 extern std::atomic<bool> g_stop;
 void install_stop_handler();
-// A span from start_us to now in this process's trace (trace.enabled).
-void trace_span(const char* name, int64_t start_us);
 // Greedy accuracy on cfg.sft.eval_tasks held-out tasks (a stream training never draws from).
 // Fault injection for the end-to-end tests: RLX_FAULT, read and checked here only.
 //   slow-start:ROLE:SECONDS            the first start of ROLE (index 0) is SECONDS late to its first heartbeat

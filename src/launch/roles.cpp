@@ -286,10 +286,6 @@ extern "C" void on_stop(int) { g_stop = true; }
 }  // namespace
 void install_stop_handler() { on_stop_signals(on_stop); }
 
-void trace_span(const char* name, int64_t start_us) {
-  if (auto* t = TraceWriter::installed()) t->complete(name, "", start_us, TraceWriter::now_us() - start_us);
-}
-
 int run_hub(const RoleContext& ctx) {
   set_compute_threads(1);
   auto o = hub_options(ctx);
