@@ -267,7 +267,7 @@ int run_learner(const RoleContext& ctx) {
       std::this_thread::sleep_for(std::chrono::duration<double>(fault.seconds));
     }
     const auto name = fmt::format("hub-step_{:08d}.state", step);
-    if (lead) client->control(fmt::format("checkpoint {} {}", name, trained_batch));  // confirms it; saves the hub
+    if (lead) client->checkpoint_saved(name, trained_batch);  // confirms it; saves the hub
     if (critic) save_checkpoint(*critic, critic_ckpt);
     const auto dir = save_checkpoint(policy, policy_ckpt,
                                      {{"hub_state", name}, {"weights_version", step}, {"kl_coef", algorithm->kl_coef()}});
