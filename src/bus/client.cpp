@@ -528,9 +528,11 @@ std::vector<std::pair<std::string, double>> Client::hub_stats() {
   return impl_->call<Stats>(Stats{}, impl_->o.request_timeout_s).values;
 }
 
-void Client::control(const std::string& command) {
-  (void)impl_->call<Ack>(Control{command}, impl_->o.request_timeout_s);
+void Client::checkpoint_saved(const std::string& name, uint64_t batch_id) {
+  (void)impl_->call<Ack>(CheckpointSaved{.name = name, .batch_id = batch_id}, impl_->o.request_timeout_s);
 }
+
+void Client::control(ControlCommand command) { (void)impl_->call<Ack>(Control{command}, impl_->o.request_timeout_s); }
 
 Client::Counters Client::counters() const {
   std::lock_guard lock(impl_->m);

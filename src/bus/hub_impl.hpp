@@ -175,6 +175,8 @@ struct Hub::Impl {
 
   void on_control(Peer& p, uint64_t seq, const Control& c);
 
+  void on_checkpoint_saved(Peer& p, uint64_t seq, const CheckpointSaved& c);
+
   // A peer that has not said Hello (a restarted hub, or a peer declared lost) is asked to.
   bool introduced(Peer* peer, const std::string& route, uint64_t seq);
 

@@ -176,33 +176,26 @@ void Hub::Impl::on_version(Peer& p, uint64_t seq, const VersionUpdate& u) {
 }
 
 void Hub::Impl::on_control(Peer& p, uint64_t seq, const Control& c) {
-  std::string verdict = c.command;
-  if (c.command == "save") {
-    RLX_CHECK(!o.state_file.empty(), "save requested, but the hub has no state_file");
-    save(o.state_file);
-  } else if (c.command.starts_with("checkpoint ")) {
-    // "checkpoint NAME BATCH": a learner checkpointed after training batch BATCH (0:
-    // none yet), which is therefore confirmed; the hub's state is saved beside the
-    // state file as NAME, and a resume from that checkpoint restores the hub from it.
-    RLX_CHECK(p.role == "learner", "control checkpoint from {}, a {}: only learners checkpoint", p.who, p.role);
-    RLX_CHECK(!o.state_file.empty(), "checkpoint requested, but the hub has no state_file");
-    std::istringstream words(c.command.substr(11));
-    std::string name;
-    uint64_t batch_id = 0;
-    RLX_CHECK(words >> name >> batch_id && words.eof(), "control checkpoint: expected 'checkpoint NAME BATCH_ID', got '{}'",
-              c.command);
-    RLX_CHECK(name.size() <= 128 && name[0] != '.' &&
-                  name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") ==
-                      std::string::npos,
-              "control checkpoint: '{}' is not a plain file name (letters, digits, _ . -; at most 128)", name);
-    confirm(p, batch_id);
-    save((std::filesystem::path(o.state_file).parent_path() / name).string());
-  } else if (c.command == "stop") {
-    stop_requested = true;
-  } else {
-    throw Error(fmt::format("control: unknown command '{}' (save, checkpoint NAME BATCH_ID, stop)", c.command));
+  switch (c.command) {
+    case ControlCommand::save:
+      RLX_CHECK(!o.state_file.empty(), "save requested, but the hub has no state_file");
+      save(o.state_file);
+      break;
+    case ControlCommand::stop: stop_requested = true; break;
   }
-  send(p, Ack{.seq = seq, .verdict = verdict}, seq);
+  send(p, Ack{.seq = seq, .verdict = std::string(to_string(c.command))}, seq);
+}
+
+void Hub::Impl::on_checkpoint_saved(Peer& p, uint64_t seq, const CheckpointSaved& c) {
+  RLX_CHECK(p.role == "learner", "checkpoint_saved from {}, a {}: only learners checkpoint", p.who, p.role);
+  RLX_CHECK(!o.state_file.empty(), "checkpoint_saved, but the hub has no state_file");
+  RLX_CHECK(!c.name.empty() && c.name.size() <= 128 && c.name[0] != '.' &&
+                c.name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") ==
+                    std::string::npos,
+            "checkpoint_saved: '{}' is not a plain file name (letters, digits, _ . -; at most 128)", c.name);
+  confirm(p, c.batch_id);
+  save((std::filesystem::path(o.state_file).parent_path() / c.name).string());
+  send(p, Ack{.seq = seq, .verdict = "checkpoint"}, seq);
 }
 
 bool Hub::Impl::introduced(Peer* peer, const std::string& route, uint64_t seq) {
@@ -249,6 +242,7 @@ void Hub::Impl::on_frame(const std::string& route, const std::shared_ptr<zmq::me
       else if constexpr (std::is_same_v<T, BatchRequest>) on_batch_request(*peer, frame.seq, msg);
       else if constexpr (std::is_same_v<T, VersionUpdate>) on_version(*peer, frame.seq, msg);
       else if constexpr (std::is_same_v<T, Control>) on_control(*peer, frame.seq, msg);
+      else if constexpr (std::is_same_v<T, CheckpointSaved>) on_checkpoint_saved(*peer, frame.seq, msg);
       else if constexpr (std::is_same_v<T, Stats>) send(*peer, Stats{stats()}, frame.seq);
       else if constexpr (std::is_same_v<T, Heartbeat>) count("heartbeats");
       else throw Error(fmt::format("a {} message is sent by the hub, not to it", to_string(T::kType)));

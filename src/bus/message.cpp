@@ -29,6 +29,25 @@ std::string_view to_string(MsgType t) {
     case MsgType::env_request: return "env_request";
     case MsgType::env_reply: return "env_reply";
     case MsgType::bye: return "bye";
+    case MsgType::checkpoint_saved: return "checkpoint_saved";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(ControlCommand c) {
+  switch (c) {
+    case ControlCommand::save: return "save";
+    case ControlCommand::stop: return "stop";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(EnvOp op) {
+  switch (op) {
+    case EnvOp::reset: return "reset";
+    case EnvOp::step: return "step";
+    case EnvOp::load: return "load";
+    case EnvOp::close: return "close";
   }
   return "unknown";
 }

@@ -109,7 +109,7 @@ void add_hub_commands(CLI::App& app, Action& action) {
       action = [args, cmd] {
         bus::Client client(args->client("monitor"));
         if (cmd == "stats") std::cout << to_json(client.hub_stats()).dump() << std::endl;
-        else client.control(cmd);
+        else client.control(cmd == "save" ? bus::ControlCommand::save : bus::ControlCommand::stop);
         return 0;
       };
     });

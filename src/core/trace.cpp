@@ -104,4 +104,8 @@ void TraceWriter::install(std::shared_ptr<TraceWriter> writer) {
 
 TraceWriter* TraceWriter::installed() { return g_installed.load(std::memory_order_relaxed); }
 
+void trace_span(std::string_view name, int64_t start_us) {
+  if (auto* t = TraceWriter::installed()) t->complete(name, "", start_us, TraceWriter::now_us() - start_us);
+}
+
 }  // namespace rlx

@@ -20,9 +20,6 @@
 #include <atomic>
 #include <charconv>
 #include <condition_variable>
-#include <csignal>
-#include <filesystem>
-#include <fstream>
 #include <cstdlib>
 #include <functional>
 #include <mutex>
@@ -31,6 +28,7 @@
 
 #include "dist/errors.hpp"
 #include "rlx/core/clock.hpp"
+#include "rlx/core/fault.hpp"
 #include "rlx/core/log.hpp"
 
 namespace rlx::dist {
@@ -38,41 +36,6 @@ namespace rlx::dist {
 namespace {
 
 using std::chrono::milliseconds;
-
-// Fault injection for the re-formation tests: RLX_COMM_CRASH=RANK:N:WHAT kills this process
-// (SIGKILL, as a crash would) as it starts its Nth collective whose description contains
-// WHAT, on rank RANK; with RLX_COMM_CRASH_ONCE=<file>, only while that file does not exist
-// (it is created first: the replacement rank runs on).
-void crash_point(int rank, std::string_view what) {
-  struct Spec {
-    int rank = -1;
-    int64_t n = 0;
-    std::string what;
-  };
-  static const Spec spec = [] {
-    Spec s;
-    const char* v = std::getenv("RLX_COMM_CRASH");
-    if (v == nullptr || *v == 0) return s;
-    const std::string text(v);
-    const auto a = text.find(':'), b = a == std::string::npos ? a : text.find(':', a + 1);
-    try {
-      RLX_CHECK(b != std::string::npos, "no two ':'");
-      s.rank = std::stoi(text.substr(0, a));
-      s.n = std::stoll(text.substr(a + 1, b - a - 1));
-      s.what = text.substr(b + 1);
-    } catch (const std::exception& e) {
-      throw Error(fmt::format("RLX_COMM_CRASH={:?}: expected RANK:N:WHAT ({})", text, e.what()));
-    }
-    return s;
-  }();
-  static std::atomic<int64_t> seen{0};
-  if (spec.rank != rank || what.find(spec.what) == std::string_view::npos || ++seen != spec.n) return;
-  if (const char* once = std::getenv("RLX_COMM_CRASH_ONCE"); once && *once) {
-    if (std::filesystem::exists(once)) return;
-    std::ofstream(once) << what << "\n";
-  }
-  std::raise(SIGKILL);
-}
 
 #if RLX_WITH_GLOO || RLX_WITH_NCCL
 c10::intrusive_ptr<c10d::TCPStore> store_client(const std::string& host, int port, int world, double timeout_s) {
@@ -204,7 +167,7 @@ class StoreGroup : public Communicator {
 
   template <class Start>
   std::unique_ptr<StoreWork> run(const char* op, std::string_view what, Start&& start) {
-    crash_point(opt_.rank, what);
+    fault::crash_at(fault::Point::collective, {.rank = opt_.rank, .what = what});  // RLX_COMM_CRASH
     auto w = std::make_unique<StoreWork>();
     w->comm = this;
     w->op = op;

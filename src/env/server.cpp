@@ -45,7 +45,8 @@ void serve_envs(const EnvServerOptions& o, const Registry& registry, const Conte
   struct Open {
     std::unique_ptr<Env> env;
     uint64_t turn = 0;
-    std::string op, reply;  // the last answered call, for repeats
+    bus::EnvOp op = bus::EnvOp::reset;  // the last answered call, for repeats
+    std::string reply;
   };
   std::map<uint64_t, Open> episodes;
   uint64_t rejected = 0;
@@ -68,6 +69,12 @@ void serve_envs(const EnvServerOptions& o, const Registry& registry, const Conte
         req = bus::unpack<EnvRequest>(frame, limits);
       } catch (const bus::FrameError& e) {
         if (++rejected <= 20) log::warn("env server: rejected a frame ({}): {}", bus::to_string(e.reason()), e.what());
+        // A peer of another protocol version is told so (in this version: it logs the
+        // refusal, naming both), rather than left to time out.
+        if (e.reason() == bus::Reject::bad_version)
+          bus::detail::try_send_to(
+              router, route.to_string(),
+              bus::pack(EnvReply{.error = fmt::format("env server: refused: {}", e.what()), .error_kind = "data"}));
         continue;
       }
       auto answer = [&](const std::string& packed) {
@@ -80,13 +87,13 @@ void serve_envs(const EnvServerOptions& o, const Registry& registry, const Conte
       }
       EnvReply rep{.episode = req.episode, .turn = req.turn};
       try {
-        if (req.op == "reset" || req.op == "load") {
+        if (req.op == bus::EnvOp::reset || req.op == bus::EnvOp::load) {
           if (it == episodes.end()) {
             RLX_CHECK(episodes.size() < o.max_episodes, "env server: {} episodes are open (max_episodes)", episodes.size());
             it = episodes.emplace(req.episode, Open{}).first;
           }
           it->second.env = registry.make(req.env, context);
-          if (req.op == "reset") {
+          if (req.op == bus::EnvOp::reset) {
             nlohmann::json task;
             try {
               task = nlohmann::json::parse(req.payload);
@@ -97,7 +104,7 @@ void serve_envs(const EnvServerOptions& o, const Registry& registry, const Conte
           } else {
             it->second.env->load_state(req.payload);
           }
-        } else if (req.op == "step") {
+        } else if (req.op == bus::EnvOp::step) {
           // Not the task's fault: this server never opened the episode, or lost it when it was
           // restarted. Infra, so the lease is retried rather than ended as bad data.
           if (it == episodes.end() || !it->second.env)
@@ -109,12 +116,10 @@ void serve_envs(const EnvServerOptions& o, const Registry& registry, const Conte
           rep.reward = r.reward;
           rep.done = r.done;
           rep.info = r.info.dump();
-        } else if (req.op == "close") {
+        } else {  // close
           if (it != episodes.end()) episodes.erase(it);
           answer(bus::pack(rep, frame.seq));
           continue;
-        } else {
-          throw Error(fmt::format("unknown op '{}'", req.op));
         }
         rep.state = it->second.env->save_state();
       } catch (const InfraError& e) {
@@ -391,6 +396,10 @@ struct RemoteEnv::Impl {
           if (o.server) o.server->answered();
           if (rep.episode == req.episode && rep.turn == req.turn) return rep;  // else: a late answer to an old try
         } catch (const bus::FrameError& e) {
+          // Another protocol version never answers this one: refused now, not after the retries.
+          if (e.reason() == bus::Reject::bad_version)
+            throw Error(
+                fmt::format("environment {} at {}: refused, the server's answer has {}", o.env, o.address, e.what()));
           log::warn("remote env: rejected a frame from {}: {}", o.address, e.what());
         }
       }
@@ -399,14 +408,17 @@ struct RemoteEnv::Impl {
 
   EnvRequest reset_request(std::string payload) {
     turn = 0;
-    return {.episode = episode, .turn = 0, .op = "reset", .env = o.env, .payload = std::move(payload)};
+    return {.episode = episode, .turn = 0, .op = bus::EnvOp::reset, .env = o.env, .payload = std::move(payload)};
   }
   EnvRequest step_request(std::span<const TokenId> action) const {
     RLX_CHECK(started, "remote env: step() before reset()");
-    return {.episode = episode, .turn = turn + 1, .op = "step", .env = o.env,
+    return {.episode = episode,
+            .turn = turn + 1,
+            .op = bus::EnvOp::step,
+            .env = o.env,
             .action = std::vector<int32_t>(action.begin(), action.end())};
   }
-  EnvRequest close_request() const { return {.episode = episode, .turn = turn + 1, .op = "close"}; }
+  EnvRequest close_request() const { return {.episode = episode, .turn = turn + 1, .op = bus::EnvOp::close}; }
   std::vector<TokenId> apply_reset(EnvReply rep) {
     state = std::move(rep.state);
     started = true;
@@ -428,11 +440,11 @@ struct RemoteEnv::Impl {
   EnvReply call(EnvRequest req) {
     req.episode = episode;
     req.env = o.env;
-    status::Scope doing(fmt::format("env call '{}' (turn {}) to {}", req.op, req.turn, o.address));
+    status::Scope doing(fmt::format("env call '{}' (turn {}) to {}", bus::to_string(req.op), req.turn, o.address));
     for (uint32_t attempt = 0;; ++attempt) {
       if (attempt > 0)
-        status::set(fmt::format("env call '{}' (turn {}) to {}: try {} of {} (env.timeout_s {} each)", req.op, req.turn,
-                                o.address, attempt + 1, o.retries + 1, o.timeout_s));
+        status::set(fmt::format("env call '{}' (turn {}) to {}: try {} of {} (env.timeout_s {} each)",
+                                bus::to_string(req.op), req.turn, o.address, attempt + 1, o.retries + 1, o.timeout_s));
       if (auto rep = try_call(req, attempt > 0)) {
         if (rep->error_kind == "data") throw Error(fmt::format("environment {} at {}: {}", o.env, o.address, rep->error));
         if (rep->error.empty()) return *rep;
@@ -442,15 +454,15 @@ struct RemoteEnv::Impl {
         log::warn("remote env: {} at {}: {}; putting the episode back", o.env, o.address, rep->error);
       } else if (attempt >= o.retries) {
         throw InfraError(fmt::format("environment {} at {}: no answer to {} (turn {}) after {} tries of {} s", o.env,
-                                     o.address, req.op, req.turn, attempt + 1, o.timeout_s));
+                                     o.address, bus::to_string(req.op), req.turn, attempt + 1, o.timeout_s));
       }
       // Recover: restart a dead server, reconnect, and put the episode back where the last
       // answer left it (a restarted server has lost it; a live one gets the same state).
       ++recoveries;
       if (o.server) (void)o.server->ensure_running();
       connect();
-      if (started && req.op == "step") {
-        EnvRequest load{.episode = episode, .turn = turn, .op = "load", .env = o.env, .payload = state};
+      if (started && req.op == bus::EnvOp::step) {
+        EnvRequest load{.episode = episode, .turn = turn, .op = bus::EnvOp::load, .env = o.env, .payload = state};
         if (!try_call(load, true)) continue;  // counts as this attempt
       }
     }
@@ -620,7 +632,7 @@ std::string RemoteEnv::save_state() const { return impl_->state; }
 
 void RemoteEnv::load_state(std::string_view state) {
   auto& I = *impl_;
-  auto rep = I.call({.turn = I.turn, .op = "load", .payload = std::string(state)});
+  auto rep = I.call({.turn = I.turn, .op = bus::EnvOp::load, .payload = std::string(state)});
   I.state = std::move(rep.state);
   I.started = true;
 }

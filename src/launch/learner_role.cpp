@@ -260,14 +260,13 @@ int run_learner(const RoleContext& ctx) {
   uint64_t trained_batch = 0;  // the hub's id of the last batch trained
   // Fault injection for tests: RLX_FAULT=slow-checkpoint:SECONDS makes the first checkpoint
   // of a run directory take SECONDS longer (a stop request arrives while it is written).
-  const auto fault = Fault::from_env();
   auto checkpoint = [&] {      // collective
     status::Scope doing(fmt::format("checkpointing step {}", step));
-    if (fault.kind == "slow-checkpoint" && lead && fault.fires(ctx.run_dir)) {
-      std::this_thread::sleep_for(std::chrono::duration<double>(fault.seconds));
-    }
+    const fault::Site here{.rank = comm->rank(), .once_file = fault_marker(ctx.run_dir)};
+    if (auto f = fault::fires(fault::Point::slow_checkpoint, here))
+      std::this_thread::sleep_for(std::chrono::duration<double>(f->seconds));
     const auto name = fmt::format("hub-step_{:08d}.state", step);
-    if (lead) client->control(fmt::format("checkpoint {} {}", name, trained_batch));  // confirms it; saves the hub
+    if (lead) client->checkpoint_saved(name, trained_batch);  // confirms it; saves the hub
     if (critic) save_checkpoint(*critic, critic_ckpt);
     const auto dir = save_checkpoint(policy, policy_ckpt,
                                      {{"hub_state", name}, {"weights_version", step}, {"kl_coef", algorithm->kl_coef()}});

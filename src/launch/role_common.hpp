@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "rlx/core/fault.hpp"
 #include "rlx/launch/config.hpp"
 #include "rlx/model/tokenizer.hpp"
 #include "rlx/model/transformer.hpp"
@@ -18,25 +19,9 @@ void set_threads(const RunConfig& cfg);
 // Set by SIGTERM/SIGINT once install_stop_handler() ran (the hub's and the learner's stop).
 extern std::atomic<bool> g_stop;
 void install_stop_handler();
-// A span from start_us to now in this process's trace (trace.enabled).
-void trace_span(const char* name, int64_t start_us);
 // Greedy accuracy on cfg.sft.eval_tasks held-out tasks (a stream training never draws from).
-// Fault injection for the end-to-end tests: RLX_FAULT, read and checked here only.
-//   slow-start:ROLE:SECONDS            the first start of ROLE (index 0) is SECONDS late to its first heartbeat
-//   slow-checkpoint:SECONDS            the learner's first checkpoint takes SECONDS longer
-//   kill-after-episode-checkpoint:W:N  worker W kills itself (SIGKILL) after its N-th episode checkpoint
-// Each fires once per run directory: fires() marks RUN_DIR/fault-injected.
-struct Fault {
-  std::string kind;  // empty: no fault
-  std::string role;  // slow-start
-  int worker = -1;   // kill-after-episode-checkpoint
-  uint64_t count = 0;
-  double seconds = 0;
-  // Unset, or a malformed value: an Error naming the forms above.
-  static Fault from_env();
-  // Not yet fired in this run directory: marks it and says true.
-  bool fires(const std::filesystem::path& run_dir) const;
-};
+// RLX_FAULT's marker in a run directory: each of its faults (core/fault.hpp) fires once per run.
+std::filesystem::path fault_marker(const std::filesystem::path& run_dir);
 // This process's peak memory in MiB: on a CUDA model.device what LibTorch's allocator
 // handed out at most, else the peak resident set (ru_maxrss).
 double peak_memory_mb(const RunConfig& cfg);

@@ -129,33 +129,7 @@ void add_engine_adapters(Transformer& model, const RunConfig& cfg) {
     model.add_lora(cfg.model.lora, cfg.rollout.lora_merged ? LoraMode::merged : LoraMode::unmerged);
 }
 
-Fault Fault::from_env() {
-  Fault f;
-  const char* v = std::getenv("RLX_FAULT");
-  if (v == nullptr || *v == 0) return f;
-  const std::string_view text(v);
-  char role[16] = {};
-  bool ok = false;
-  if (text.starts_with("slow-start:")) {
-    ok = std::sscanf(v, "slow-start:%15[a-z]:%lf", role, &f.seconds) == 2 && f.seconds >= 0 && f.seconds <= 600;
-    f.role = role;
-  } else if (text.starts_with("slow-checkpoint:")) {
-    ok = std::sscanf(v, "slow-checkpoint:%lf", &f.seconds) == 1 && f.seconds >= 0 && f.seconds <= 600;
-  } else if (text.starts_with("kill-after-episode-checkpoint:")) {
-    ok = std::sscanf(v, "kill-after-episode-checkpoint:%d:%lu", &f.worker, &f.count) == 2 && f.worker >= 0;
-  }
-  RLX_CHECK(ok, "RLX_FAULT={}: expected slow-start:ROLE:SECONDS, slow-checkpoint:SECONDS (0 to 600) or "
-            "kill-after-episode-checkpoint:W:N", v);
-  f.kind = std::string(text.substr(0, text.find(':')));
-  return f;
-}
-
-bool Fault::fires(const fs::path& run_dir) const {
-  const auto marker = run_dir / "fault-injected";
-  if (kind.empty() || fs::exists(marker)) return false;
-  write_file_atomic(marker, kind + "\n");
-  return true;
-}
+fs::path fault_marker(const fs::path& run_dir) { return run_dir / "fault-injected"; }
 
 fs::path heartbeat_file(const fs::path& run_dir, const std::string& role, int index) {
   return run_dir / "heartbeats" / fmt::format("{}-{}", role, index);
@@ -285,10 +259,6 @@ namespace {
 extern "C" void on_stop(int) { g_stop = true; }
 }  // namespace
 void install_stop_handler() { on_stop_signals(on_stop); }
-
-void trace_span(const char* name, int64_t start_us) {
-  if (auto* t = TraceWriter::installed()) t->complete(name, "", start_us, TraceWriter::now_us() - start_us);
-}
 
 int run_hub(const RoleContext& ctx) {
   set_compute_threads(1);

@@ -385,9 +385,9 @@ void add_trainer_commands(CLI::App& app, Action& action) {
       ctx.tcp = ra->transport == "tcp";
       // Fault injection for tests: RLX_FAULT=slow-start:ROLE:SECONDS makes the first start of
       // ROLE (index 0) in a run directory take SECONDS longer before its first heartbeat.
-      if (const auto fault = Fault::from_env();
-          fault.kind == "slow-start" && fault.role == ra->role && ctx.index == 0 && fault.fires(ctx.run_dir))
-        std::this_thread::sleep_for(std::chrono::duration<double>(fault.seconds));
+      if (auto f = fault::fires(fault::Point::slow_start,
+                                {.rank = ctx.index, .role = ra->role, .once_file = fault_marker(ctx.run_dir)}))
+        std::this_thread::sleep_for(std::chrono::duration<double>(f->seconds));
       start_heartbeat(ctx.run_dir, ra->role, ctx.index);
       start_trace(ctx, ra->role);
       try {

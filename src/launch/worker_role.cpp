@@ -95,9 +95,10 @@ int run_worker(const RoleContext& ctx) {
   // Fault injection for tests: RLX_FAULT=kill-after-episode-checkpoint:W:N makes worker W
   // kill itself (SIGKILL) right after its N-th episode checkpoint, once per run directory.
   std::function<void(uint64_t)> after_checkpoint;
-  if (const auto fault = Fault::from_env(); fault.kind == "kill-after-episode-checkpoint" && fault.worker == ctx.index)
-    after_checkpoint = [fault, run_dir = ctx.run_dir](uint64_t saved) {
-      if (saved >= fault.count && fault.fires(run_dir)) ::raise(SIGKILL);
+  if (fault::armed(fault::Point::kill_after_episode_checkpoint))
+    after_checkpoint = [index = ctx.index, marker = fault_marker(ctx.run_dir)](uint64_t saved) {
+      fault::crash_at(fault::Point::kill_after_episode_checkpoint,
+                      {.rank = index, .count = saved, .once_file = marker});
     };
   // Seconds alive and seconds rolling out (run_dir/stats/worker-N.json, for busy fractions).
   const double born = now_s();

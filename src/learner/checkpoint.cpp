@@ -1,11 +1,11 @@
 #include "rlx/learner/checkpoint.hpp"
 
 #include <c10/core/GradMode.h>
-#include <csignal>
 #include <cstdlib>
 #include <map>
 
 #include "rlx/core/error.hpp"
+#include "rlx/core/fault.hpp"
 #include "rlx/core/files.hpp"
 #include "rlx/core/log.hpp"
 #include "rlx/model/hf.hpp"
@@ -23,24 +23,6 @@ constexpr uint64_t kMaxJsonBytes = 64 << 20;
 
 std::string step_name(int64_t step) { return fmt::format("step_{:08d}", step); }
 std::string rank_file(int rank, int world) { return fmt::format("rank-{:05d}-of-{:05d}.safetensors", rank, world); }
-
-// Fault injection for the crash tests: RLX_CHECKPOINT_CRASH_AT=<point> kills this
-// process (SIGKILL, as a crash would) when the save reaches that point on rank
-// RLX_CHECKPOINT_CRASH_RANK (default 0); with RLX_CHECKPOINT_CRASH_STEP, only when saving
-// that step; with RLX_CHECKPOINT_CRASH_ONCE=<file>, only while that file does not exist (it
-// is created first: a restarted rank saves on).
-void crash_point(const char* point, int rank, int64_t step) {
-  const char* at = std::getenv("RLX_CHECKPOINT_CRASH_AT");
-  if (!at || std::strcmp(at, point) != 0) return;
-  const char* r = std::getenv("RLX_CHECKPOINT_CRASH_RANK");
-  if ((r ? std::atoi(r) : 0) != rank) return;
-  if (const char* s = std::getenv("RLX_CHECKPOINT_CRASH_STEP"); s && *s && std::atoll(s) != step) return;
-  if (const char* once = std::getenv("RLX_CHECKPOINT_CRASH_ONCE"); once && *once) {
-    if (fs::exists(once)) return;
-    write_file_atomic(once, point);
-  }
-  std::raise(SIGKILL);
-}
 
 void remove_partials(const fs::path& root) {
   std::error_code ec;
@@ -193,9 +175,10 @@ fs::path save_checkpoint(Learner& learner, const CheckpointOptions& o, const jso
                     {"world_size", std::to_string(world)},
                     {"step", std::to_string(step)},
                     {"rng", learner.rng().serialize()}});
-  crash_point("shards", rank, step);
+  fault::crash_at(fault::Point::checkpoint_shards, {.rank = rank, .step = step});
   comm.barrier("checkpoint: shards written");
-  crash_point("shards-agreed", rank, step);  // rank 0 commits the checkpoint without this rank
+  // A crash here: rank 0 commits the checkpoint without this rank.
+  fault::crash_at(fault::Point::checkpoint_shards_agreed, {.rank = rank, .step = step});
 
   if (rank == 0) {
     const auto& opt = learner.options();
@@ -226,12 +209,12 @@ fs::path save_checkpoint(Learner& learner, const CheckpointOptions& o, const jso
                      {"files", files}};
     write_file_atomic(partial / "MANIFEST.json", manifest.dump(2));
     fsync_path(partial);
-    crash_point("manifest", rank, step);
+    fault::crash_at(fault::Point::checkpoint_manifest, {.rank = rank, .step = step});
     std::error_code ec;
     if (fs::exists(final_dir)) rlx::remove_tree(final_dir);  // the same step saved again
     fs::rename(partial, final_dir);
     fsync_path(o.root);
-    crash_point("renamed", rank, step);
+    fault::crash_at(fault::Point::checkpoint_renamed, {.rank = rank, .step = step});
     auto all = list_checkpoints(o.root);
     int kept = 0;
     for (const auto& d : all) {

@@ -18,10 +18,6 @@ using nlohmann::json;
 
 namespace {
 
-void trace_span(const char* name, int64_t start_us) {
-  if (auto* t = TraceWriter::installed()) t->complete(name, "", start_us, TraceWriter::now_us() - start_us);
-}
-
 // Rank 0's value on every rank.
 int64_t broadcast_value(dist::Communicator& comm, int64_t value, const char* what) {
   if (comm.size() == 1) return value;
@@ -287,11 +283,10 @@ std::optional<LearnerLoop::End> LearnerLoop::step_once(int64_t& step, const std:
   }
   const double t3 = now_s();
   if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0 && p_.checkpoint) {
-    const int64_t t3_us = TraceWriter::now_us();
+    RLX_TRACE_SCOPE("checkpoint");
     p_.checkpoint(step, trained_batch_);
     saved_ = true;
     while (!kept_.empty() && kept_.front().step <= step) kept_.pop_front(), replay_ -= replay_ > 0 ? 1 : 0;
-    trace_span("checkpoint", t3_us);
   }
   if (auto* t = TraceWriter::installed()) t->flush();
   if (pending_) report(now_s() - t3);

@@ -25,10 +25,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-void trace_span(const char* name, int64_t start_us) {
-  if (auto* t = TraceWriter::installed()) t->complete(name, "", start_us, TraceWriter::now_us() - start_us);
-}
-
 // Routing in an episode checkpoint: four hex digits an int16 (its two bytes little-endian).
 std::string routing_hex(const std::vector<int16_t>& values) {
   static constexpr char kDigits[] = "0123456789abcdef";
@@ -556,14 +552,14 @@ int64_t Worker::run(const std::atomic<bool>& end, const std::atomic<bool>& leave
       ++groups_sent_;
     }
     trace_span("submit", submit_us);
-    // The episodes' state on their env servers freed together (one round trip, not one each).
-    const int64_t close_us = TraceWriter::now_us();
-    std::vector<env::Env*> used;
-    for (auto& gr : groups)
-      for (auto& e : gr.envs) used.push_back(e.get());
-    env::close_all(used);
-    groups.clear();
-    trace_span("close_envs", close_us);
+    {  // The episodes' state on their env servers freed together (one round trip, not one each).
+      RLX_TRACE_SCOPE("close_envs");
+      std::vector<env::Env*> used;
+      for (auto& gr : groups)
+        for (auto& e : gr.envs) used.push_back(e.get());
+      env::close_all(used);
+      groups.clear();
+    }
     trace_span("rollout", rollout_us);
     wait_us = TraceWriter::now_us();
     busy_s_ += now_s() - busy_from;

@@ -26,7 +26,8 @@ int main(int argc, char** argv) {
       {"batch_request", pack(BatchRequest{4, 0})},
       {"batch", pack(BatchHead{.batch_id = 1, .groups = 1})},
       {"version", pack(VersionUpdate{3})},
-      {"control", pack(Control{"save"})},
+      {"control", pack(Control{ControlCommand::save})},
+      {"checkpoint_saved", pack(CheckpointSaved{.name = "hub-step_00000004.state", .batch_id = 3})},
   };
   const std::string group_frame = pack(g, 3);
   const auto batch = read_batch(BatchHead{.batch_id = 1, .groups = 2}, {group_frame, group_frame}, nullptr, Limits{});

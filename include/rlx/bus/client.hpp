@@ -107,10 +107,13 @@ class Client {
   BatchView next_batch_view(BatchRequest request, double timeout_s);
   Batch next_batch(BatchRequest request, double timeout_s);
   void publish_version(int64_t version);
+  // A checkpoint was saved after training batch `batch_id`: the hub confirms that batch and
+  // saves its own state beside its state file as `name` (CheckpointSaved).
+  void checkpoint_saved(const std::string& name, uint64_t batch_id);
 
-  // Anyone: the hub's counters; a control command ("save", "stop").
+  // Anyone: the hub's counters; a control command.
   std::vector<std::pair<std::string, double>> hub_stats();
-  void control(const std::string& command);
+  void control(ControlCommand command);
 
   struct Counters {
     uint64_t groups_sent = 0, groups_acked = 0, resent = 0, reconnects = 0, rehellos = 0, credit_waits = 0;

@@ -18,13 +18,15 @@
 namespace rlx::bus {
 
 inline constexpr uint32_t kMagic = 0x42584c52;  // "RLXB" little-endian
+// 8: a learner's checkpoint is a CheckpointSaved message, a control command a
+// ControlCommand and an env request's op an EnvOp, each a type, not text parsed back;
 // 7: a sample carries its mixture-of-experts routing (layers u16, top_k u16, int16 values
-// after its metadata); 6: batches and batch requests no longer carry learner ranks (the learner splits a batch
-// itself); 5: a sample's weight versions are runs (VersionRuns), not a value per token; 4: a batch
-// request says which batches the learner has received (it may ask for one ahead); 3: a batch
-// is a multipart message (a BatchHead frame, then its groups' frames as the workers sent
-// them); 2: the checksum is XXH3-64 (1: XXH64).
-inline constexpr uint16_t kProtocolVersion = 7;
+// after its metadata); 6: batches and batch requests no longer carry learner ranks (the
+// learner splits a batch itself); 5: a sample's weight versions are runs (VersionRuns), not
+// a value per token; 4: a batch request says which batches the learner has received (it may
+// ask for one ahead); 3: a batch is a multipart message (a BatchHead frame, then its groups'
+// frames as the workers sent them); 2: the checksum is XXH3-64 (1: XXH64).
+inline constexpr uint16_t kProtocolVersion = 8;
 inline constexpr size_t kHeaderBytes = 40;
 
 enum class MsgType : uint16_t {
@@ -45,8 +47,9 @@ enum class MsgType : uint16_t {
   env_request = 15,
   env_reply = 16,
   bye = 17,
+  checkpoint_saved = 18,
 };
-inline constexpr MsgType kLastMsgType = MsgType::bye;
+inline constexpr MsgType kLastMsgType = MsgType::checkpoint_saved;
 std::string_view to_string(MsgType t);
 bool is_known(uint16_t type);
 

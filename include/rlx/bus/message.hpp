@@ -228,28 +228,63 @@ struct VersionUpdate {
   template <class Ar> void serialize(Ar& ar) { ar(version); }
 };
 
-// A request to the hub: "save" (state to its state file), "checkpoint NAME BATCH_ID" (a
-// learner checkpointed after training that batch: it is confirmed, the state saved as NAME
-// beside the state file), "stop".
+// Commands and ops travel as one byte each; a value outside 1..last is a malformed frame.
+namespace detail {
+template <class E>
+E enum_from_wire(uint8_t value, E last, std::string_view what) {
+  if (value < 1 || value > static_cast<uint8_t>(last))
+    throw FrameError(Reject::malformed, "unknown " + std::string(what) + " " + std::to_string(value) + " (1 to " +
+                                            std::to_string(static_cast<uint8_t>(last)) + ")");
+  return static_cast<E>(value);
+}
+}  // namespace detail
+
+// A request to the hub: save its state to its state file now, or save it and stop.
+enum class ControlCommand : uint8_t { save = 1, stop = 2 };
+inline constexpr ControlCommand kLastControlCommand = ControlCommand::stop;
+std::string_view to_string(ControlCommand c);
 struct Control {
   static constexpr MsgType kType = MsgType::control;
-  std::string command;
-  template <class Ar> void serialize(Ar& ar) { ar(command); }
+  ControlCommand command = ControlCommand::save;
+  template <class Ar> void save(Ar& ar) const { ar(static_cast<uint8_t>(command)); }
+  template <class Ar> void load(Ar& ar) {
+    uint8_t c = 0;
+    ar(c);
+    command = detail::enum_from_wire(c, kLastControlCommand, "control command");
+  }
 };
 
-// A rollout worker's call on an environment server: op is "reset" (payload: the task
-// JSON), "step" (action), "load" (payload: a saved state, to continue an episode on a
-// restarted server) or "close". `turn` numbers the calls of an episode: the server answers
-// a repeated (episode, turn) from its cache, so a retried step is never applied twice.
+// A learner checkpointed after training batch `batch_id` (0: none yet), which is therefore
+// confirmed; the hub saves its state beside its state file as `name`, and a resume from
+// that checkpoint restores the hub from it. Only a learner sends it.
+struct CheckpointSaved {
+  static constexpr MsgType kType = MsgType::checkpoint_saved;
+  std::string name;  // a plain file name: letters, digits, _ . - (at most 128, not starting with '.')
+  uint64_t batch_id = 0;
+  template <class Ar> void serialize(Ar& ar) { ar(name, batch_id); }
+};
+
+// A rollout worker's call on an environment server: reset (payload: the task JSON), step
+// (action), load (payload: a saved state, to continue an episode on a restarted server) or
+// close. `turn` numbers the calls of an episode: the server answers a repeated (episode,
+// turn) from its cache, so a retried step is never applied twice.
+enum class EnvOp : uint8_t { reset = 1, step = 2, load = 3, close = 4 };
+inline constexpr EnvOp kLastEnvOp = EnvOp::close;
+std::string_view to_string(EnvOp op);
 struct EnvRequest {
   static constexpr MsgType kType = MsgType::env_request;
   uint64_t episode = 0;
   uint64_t turn = 0;
-  std::string op;
+  EnvOp op = EnvOp::reset;
   std::string env;      // environment name (reset, load)
   std::string payload;  // task or state JSON
   std::vector<int32_t> action;
-  template <class Ar> void serialize(Ar& ar) { ar(episode, turn, op, env, payload, action); }
+  template <class Ar> void save(Ar& ar) const { ar(episode, turn, static_cast<uint8_t>(op), env, payload, action); }
+  template <class Ar> void load(Ar& ar) {
+    uint8_t o = 0;
+    ar(episode, turn, o, env, payload, action);
+    op = detail::enum_from_wire(o, kLastEnvOp, "env op");
+  }
 };
 
 struct EnvReply {
@@ -416,6 +451,7 @@ void dispatch(const Frame& frame, const Limits& limits, F&& f) {
     case MsgType::env_request: return f(unpack<EnvRequest>(frame, limits));
     case MsgType::env_reply: return f(unpack<EnvReply>(frame, limits));
     case MsgType::bye: return f(unpack<Bye>(frame, limits));
+    case MsgType::checkpoint_saved: return f(unpack<CheckpointSaved>(frame, limits));
     case MsgType::hub_state: break;
   }
   throw FrameError(Reject::unknown_type, "a " + std::string(to_string(frame.type)) + " frame is not a message");

@@ -5,9 +5,11 @@
 //   { auto s = trace.scope("step", "learner"); ... }          // one "X" event
 //   trace.counter("tokens_per_s", {{"value", 1234.0}});
 //
-// Or install it process-wide and use RLX_TRACE_SCOPE("name"), which costs one
-// branch when tracing is off. Events are buffered (bounded) and appended to the
-// file; the file is a valid JSON array once the writer is closed or destroyed.
+// Or install it process-wide and use RLX_TRACE_SCOPE("name") for a block, or
+// rlx::trace_span("name", start_us) for a phase that is not one block (it ends before an
+// early return, or spans a loop's iterations); both cost one branch when tracing is off.
+// Events are buffered (bounded) and appended to the file; the file is a valid JSON array
+// once the writer is closed or destroyed.
 #pragma once
 
 #include <cstdint>
@@ -75,6 +77,10 @@ class TraceWriter {
   size_t written_ = 0;
   int pid_;
 };
+
+// A span from `start_us` (TraceWriter::now_us()) to now in the installed writer; nothing
+// when none is installed. The roles' phases (wait_batch, train, generate, env_step, ...).
+void trace_span(std::string_view name, int64_t start_us);
 
 }  // namespace rlx
 

@@ -521,7 +521,7 @@ TEST_CASE("bus: while the trajectory file cannot be written, the hub keeps group
     REQUIRE(grant.leases.size() == static_cast<size_t>(n));
     for (int i = 0; i < 5; ++i) w.submit(answer(grant.leases[static_cast<size_t>(i)], 45000));
     REQUIRE(w.flush(10));
-    monitor.control("save");  // writes the five
+    monitor.control(ControlCommand::save);  // writes the five
     std::optional<FileSizeLimit> limit(std::filesystem::file_size(o.trajectory_file) + (size_t{1} << 20));
     std::exception_ptr failed;
     std::thread submitter([&] {
@@ -535,7 +535,7 @@ TEST_CASE("bus: while the trajectory file cannot be written, the hub keeps group
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the worker is out of credit by now
     for (const auto& [k, v] : monitor.hub_stats()) during[k] = v;
-    CHECK_THAT(rlx::test::error_of([&] { monitor.control("save"); }), Contains("File too large"));
+    CHECK_THAT(rlx::test::error_of([&] { monitor.control(ControlCommand::save); }), Contains("File too large"));
     CHECK(std::filesystem::exists(o.state_file));  // the last good save stays
     limit.reset();  // room again: the hub's next retry writes, and credit flows
     submitter.join();
@@ -621,7 +621,7 @@ TEST_CASE("bus: a hub restarted from its saved state has the same cursor, leases
     for (int i = 0; i < 4; ++i) w.submit(answer(grant.leases[static_cast<size_t>(i)]));
     REQUIRE(w.flush(10));
     Client monitor({.address = o.address, .who = "m", .role = "monitor"});
-    monitor.control("save");
+    monitor.control(ControlCommand::save);
     std::filesystem::copy_file(o.state_file, dir / "saved.bin");  // the hub saves again when it stops
     saved = read_snapshot(o.state_file);
     CHECK(saved.cursor.position == 6);
@@ -1004,6 +1004,30 @@ TEST_CASE("bus: a learner holds at most one batch ahead, a batch it never got is
   CHECK(stat(monitor.hub_stats(), "batches_resent") == 1);
 }
 
+TEST_CASE("bus: a learner's CheckpointSaved confirms its batch and saves the hub beside its state file", "[bus]") {
+  TempDir dir;
+  auto o = options(dir, "hub");
+  o.state_file = (dir / "state.bin").string();
+  HubThread h(o, prompts(8));
+  submit_all(o.address, 8);
+  Client learner({.address = o.address, .who = "L", .role = "learner", .request_timeout_s = 10});
+  const auto b1 = learner.next_batch({.max_groups = 2}, 10);
+  const auto b2 = learner.next_batch({.max_groups = 2}, 10);  // confirms b1
+  REQUIRE(b2.batch_id > b1.batch_id);
+  learner.checkpoint_saved("hub-step_00000002.state", b2.batch_id);
+  const auto saved = read_snapshot((dir / "hub-step_00000002.state").string());
+  CHECK(saved.in_flight.empty());  // both batches confirmed by the checkpoint
+  CHECK(saved.buffer.size() == 4);
+  // Only a learner checkpoints, only to a plain file name beside the state file.
+  Client monitor({.address = o.address, .who = "m", .role = "monitor"});
+  CHECK_THAT(rlx::test::error_of([&] { monitor.checkpoint_saved("hub-step_00000003.state", 0); }),
+             Contains("checkpoint_saved from m, a monitor: only learners checkpoint"));
+  for (const char* bad : {"../state.bin", ".hidden", "a/b", ""})
+    CHECK_THAT(rlx::test::error_of([&] { learner.checkpoint_saved(bad, b2.batch_id); }),
+               Contains("is not a plain file name"));
+  CHECK_FALSE(std::filesystem::exists(dir / "hub-step_00000003.state"));
+}
+
 TEST_CASE("bus: a prefetching learner gets every group once, and its restart returns both unconfirmed batches", "[bus]") {
   TempDir dir;
   auto o = options(dir, "hub");
@@ -1024,7 +1048,7 @@ TEST_CASE("bus: a prefetching learner gets every group once, and its restart ret
     for (int i = 0; i < 200 && stat(monitor.hub_stats(), "batches_sent") < 3; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     REQUIRE(stat(monitor.hub_stats(), "batches_sent") == 3);
-    monitor.control("save");
+    monitor.control(ControlCommand::save);
     const auto saved = read_snapshot(o.state_file);
     REQUIRE(saved.in_flight.size() == 2);
     CHECK(saved.in_flight[0].batch.batch_id == 2);

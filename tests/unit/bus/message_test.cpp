@@ -191,6 +191,35 @@ TEST_CASE("bus messages: every type round-trips through a frame", "[bus]") {
   auto got_head = unpack<BatchHead>(decode_frame(pack(head), limits), limits);
   CHECK(got_head.batch_id == 4);
   CHECK(got_head.groups == 2);
+  CHECK(unpack<Control>(decode_frame(pack(Control{ControlCommand::stop}), limits), limits).command == ControlCommand::stop);
+  auto ckpt = unpack<CheckpointSaved>(decode_frame(pack(CheckpointSaved{.name = "hub-step_4.state", .batch_id = 7}), limits),
+                                      limits);
+  CHECK(ckpt.name == "hub-step_4.state");
+  CHECK(ckpt.batch_id == 7);
+  EnvRequest env{.episode = 5, .turn = 2, .op = EnvOp::step, .env = "calc", .payload = "{}", .action = {1, 2}};
+  auto got_env = unpack<EnvRequest>(decode_frame(pack(env), limits), limits);
+  CHECK(got_env.op == EnvOp::step);
+  CHECK(got_env.action == env.action);
+  CHECK(to_string(EnvOp::load) == "load");
+  CHECK(to_string(ControlCommand::save) == "save");
+}
+
+TEST_CASE("bus messages: a command or env op outside its enum is a malformed frame that names it", "[bus]") {
+  const Limits limits;
+  const std::string control_bytes = frame_with_payload(MsgType::control, std::string(1, '\3'));
+  const auto control = decode_frame(control_bytes, limits);
+  CHECK_THAT(rlx::test::error_of([&] { unpack<Control>(control, limits); }), Contains("unknown control command 3 (1 to 2)"));
+  // episode u64, turn u64, then the op byte.
+  const std::string env = pack(EnvRequest{.op = EnvOp::close}).substr(kHeaderBytes);
+  for (const char op : {'\0', '\5'}) {
+    std::string bad = env;
+    bad[16] = op;
+    const std::string bytes = frame_with_payload(MsgType::env_request, bad);
+    const auto f = decode_frame(bytes, limits);
+    CHECK_THAT(rlx::test::error_of([&] { unpack<EnvRequest>(f, limits); }),
+               Contains(fmt::format("unknown env op {} (1 to 4)", static_cast<int>(op))));
+    CHECK(reason_of([&] { unpack<EnvRequest>(f, limits); }) == Reject::malformed);
+  }
 }
 
 TEST_CASE("bus messages: malformed frames are rejected with a reason", "[bus]") {
@@ -204,8 +233,8 @@ TEST_CASE("bus messages: malformed frames are rejected with a reason", "[bus]") 
   bad[0] = 'X';
   CHECK(reason_of([&] { decode_frame(bad, limits); }) == Reject::bad_magic);
   bad = good;
-  bad[4] = 6;  // protocol version 6 (samples without routing): refused, not misread
-  CHECK_THAT(rlx::test::error_of([&] { decode_frame(bad, limits); }), Contains("protocol version 6 (this build speaks 7)"));
+  bad[4] = 7;  // protocol version 7 (commands and env ops as text): refused, not misread
+  CHECK_THAT(rlx::test::error_of([&] { decode_frame(bad, limits); }), Contains("protocol version 7 (this build speaks 8)"));
   CHECK(reason_of([&] { decode_frame(bad, limits); }) == Reject::bad_version);
   bad = good;
   bad[6] = 99;

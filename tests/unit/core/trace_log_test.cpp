@@ -30,17 +30,24 @@ TEST_CASE("trace: the file is a JSON array of Chrome trace events", "[trace]") {
   CHECK(j[4]["args"]["value"] == 12.5);
 }
 
-TEST_CASE("trace: the installed writer receives RLX_TRACE_SCOPE events", "[trace]") {
+TEST_CASE("trace: the installed writer receives RLX_TRACE_SCOPE and trace_span events", "[trace]") {
   rlx::test::TempDir dir;
   auto w = std::make_shared<rlx::TraceWriter>((dir / "t.json").string(), "p");
   rlx::TraceWriter::install(w);
   { RLX_TRACE_SCOPE("scoped \"quoted\" name"); }
+  const int64_t start_us = rlx::TraceWriter::now_us() - 1000;
+  rlx::trace_span("phase", start_us);
   rlx::TraceWriter::install(nullptr);
   { RLX_TRACE_SCOPE("not recorded"); }
+  rlx::trace_span("not recorded either", start_us);
   w->close();
   auto j = nlohmann::json::parse(rlx::test::read_file(dir / "t.json"));
-  REQUIRE(j.size() == 2);
+  REQUIRE(j.size() == 3);
   CHECK(j[1]["name"] == "scoped \"quoted\" name");
+  CHECK(j[2]["name"] == "phase");
+  CHECK(j[2]["ph"] == "X");
+  CHECK(j[2]["ts"] == start_us);
+  CHECK(j[2]["dur"].get<int64_t>() >= 1000);
 }
 
 TEST_CASE("log: level filter and role/rank prefix", "[log]") {

@@ -6,11 +6,16 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <zmq.hpp>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <thread>
 
 #include "../helpers.hpp"
+#include "rlx/bus/message.hpp"
 #include "rlx/env/bundled.hpp"
 #include "rlx/env/server.hpp"
 #include "test_paths.hpp"
@@ -47,6 +52,16 @@ bool process_with(const std::string& needle) {
   }
   return false;
 }
+
+// Stops a thread that runs until `stop` at the end of the scope (a failed check included).
+struct StopAndJoin {
+  std::atomic<bool>& stop;
+  std::thread& thread;
+  ~StopAndJoin() {
+    stop = true;
+    thread.join();
+  }
+};
 
 std::vector<rlx::TokenId> ids(const std::string& text) {
   static const auto tok = rlx::load_tokenizer(kTokenizer);
@@ -218,4 +233,70 @@ TEST_CASE("env server: many episodes' calls at once equal the calls one by one, 
   rlx::env::RemoteEnv next({.address = address, .env = "guess_number", .timeout_s = 30, .retries = 4, .server = &server});
   CHECK(next.reset(json{{"target", 5}, {"range", 10}}).size() > 0);
   CHECK(next.step(ids("5")).done);
+}
+
+// The ops travel as an enum (bus protocol 8): a peer of another protocol version is refused
+// at once with an error that names both versions, on either side of the connection.
+TEST_CASE("env server: a peer of another protocol version is refused, naming both versions", "[env][server]") {
+  REQUIRE(fs::exists(kTokenizer));
+  rlx::test::TempDir dir;
+  const std::string address = "ipc://" + (dir / "env.sock").string();
+  const auto tok = rlx::load_tokenizer(kTokenizer);
+  rlx::env::Registry reg;
+  rlx::env::register_bundled(reg);
+  std::atomic<bool> stop{false};
+  std::thread server([&] { rlx::env::serve_envs({.address = address}, reg, {.tokenizer = tok.get()}, stop); });
+  const StopAndJoin guard{stop, server};
+  // This version's client: reset, step and close by enum.
+  {
+    rlx::env::RemoteEnv remote({.address = address, .env = "guess_number", .timeout_s = 30, .retries = 0});
+    const json task = {{"target", 42}, {"range", 100}};
+    CHECK(remote.reset(task).size() > 0);
+    CHECK(remote.step(ids("42")).done);
+  }
+  // An old client (protocol 7): the server answers with a refusal naming both versions.
+  zmq::context_t ctx;
+  zmq::socket_t old_client(ctx, zmq::socket_type::dealer);
+  old_client.set(zmq::sockopt::rcvtimeo, 30000);
+  old_client.set(zmq::sockopt::linger, 0);
+  old_client.connect(address);
+  std::string old_request = rlx::bus::pack(rlx::bus::EnvRequest{.episode = 1, .env = "guess_number", .payload = "{}"}, 1);
+  old_request[4] = 7;
+  old_client.send(zmq::buffer(old_request), zmq::send_flags::none);
+  zmq::message_t answer;
+  REQUIRE(old_client.recv(answer));
+  const std::string bytes = answer.to_string();
+  const auto reply = rlx::bus::unpack<rlx::bus::EnvReply>(rlx::bus::decode_frame(bytes, {}), {});
+  CHECK_THAT(reply.error, Catch::Matchers::Contains("refused: protocol version 7 (this build speaks 8)"));
+}
+
+TEST_CASE("env server: a server of another protocol version is refused by the client at once", "[env][server]") {
+  rlx::test::TempDir dir;
+  const std::string address = "ipc://" + (dir / "old.sock").string();
+  // A server of protocol 7: it answers every request, in its own version.
+  zmq::context_t ctx;
+  zmq::socket_t old_server(ctx, zmq::socket_type::router);
+  old_server.set(zmq::sockopt::linger, 0);
+  old_server.bind(address);
+  std::atomic<bool> stop{false};
+  std::atomic<int> requests{0};
+  std::thread serving([&] {
+    old_server.set(zmq::sockopt::rcvtimeo, 100);
+    while (!stop) {
+      zmq::message_t route, body;
+      if (!old_server.recv(route)) continue;
+      (void)old_server.recv(body);
+      const auto req = rlx::bus::unpack<rlx::bus::EnvRequest>(rlx::bus::decode_frame(body.to_string(), {}), {});
+      ++requests;
+      std::string reply = rlx::bus::pack(rlx::bus::EnvReply{.episode = req.episode, .turn = req.turn}, 1);
+      reply[4] = 7;
+      old_server.send(route, zmq::send_flags::sndmore);
+      old_server.send(zmq::buffer(reply), zmq::send_flags::none);
+    }
+  });
+  const StopAndJoin guard{stop, serving};
+  rlx::env::RemoteEnv remote({.address = address, .env = "guess_number", .timeout_s = 30, .retries = 3});
+  const std::string e = rlx::test::error_of([&] { remote.reset({{"target", 1}}); });
+  CHECK_THAT(e, Catch::Matchers::Contains("refused, the server's answer has protocol version 7 (this build speaks 8)"));
+  CHECK(requests == 1);  // not retried: another version never answers this one
 }
