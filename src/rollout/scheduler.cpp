@@ -117,25 +117,31 @@ StepPlan Scheduler::schedule(bool draining) {
   StepPlan plan;
   preempted_.clear();
   int64_t budget = cfg_.max_batch_tokens;
+  plan_running(plan, budget);
+  admit_waiting(plan, budget, draining);
+  plan.preempted = std::move(preempted_);
+  preempted_.clear();
+  return plan;
+}
+
+void Scheduler::plan_running(StepPlan& plan, int64_t& budget) {
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Sequence* s = running_[i];
     const int64_t n = std::min(static_cast<int64_t>(s->tokens.size()) - s->computed, budget);
     RLX_ASSERT(n > 0, "running sequence with nothing to compute");
-    bool fits = true;
     while (!reserve(*s, n, plan.copies)) {
       // Out of blocks: the most recently admitted sequence gives its blocks back.
       Sequence* victim = running_.back();
       preempt(*victim);
-      if (victim == s) {
-        fits = false;
-        break;
-      }
+      if (victim == s) return;
     }
-    if (!fits) break;
     plan.chunks.push_back({s, n});
     publish_full_blocks(*s, s->computed + n);
     budget -= n;
   }
+}
+
+void Scheduler::admit_waiting(StepPlan& plan, int64_t& budget, bool draining) {
   // New work only when the running batch has room. While old weights drain, only
   // sequences already in flight (preempted ones) start.
   while (budget > 0 && !waiting_.empty()) {
@@ -157,9 +163,6 @@ StepPlan Scheduler::schedule(bool draining) {
     publish_full_blocks(*s, s->computed + n);
     budget -= n;
   }
-  plan.preempted = std::move(preempted_);
-  preempted_.clear();
-  return plan;
 }
 
 bool Scheduler::room_for_waiting() const {

@@ -129,6 +129,10 @@ class Scheduler {
     int64_t blocks() const { return add + (cow ? 1 : 0); }
   };
   Reservation reservation(const Sequence& s, int64_t n) const;
+  // schedule()'s two halves: the running sequences' next chunks (preempting from the back
+  // when blocks run out; a sequence that preempts itself ends the pass), then admission.
+  void plan_running(StepPlan& plan, int64_t& budget);
+  void admit_waiting(StepPlan& plan, int64_t& budget, bool draining);
   bool reserve(Sequence& s, int64_t n, std::vector<std::pair<BlockId, BlockId>>& copies);
   void match_prefix(Sequence& s);
   void release_blocks(Sequence& s);
