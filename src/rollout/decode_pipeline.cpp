@@ -80,16 +80,7 @@ void EngineCore::land_decode() {
     for (size_t i = 0; i < f.rows.size(); ++i) spans.push_back({f.rows[i], f.positions[i], 1});
     store_routing(f.routing, spans);
   }
-  for (size_t i = 0; i < f.rows.size(); ++i) {
-    Sequence* s = f.rows[i];
-    if (s == nullptr || s->done) {
-      ++stats_.discarded_rows;
-      continue;
-    }
-    requests_.append(as_seq(*s), static_cast<TokenId>(f.tokens[i]), f.logprobs[i],
-                     f.top.empty() ? std::vector<TokenLogprob>{} : std::move(f.top[i]), version_);
-  }
-  scheduler_.drop_finished();
+  append_rows(f.rows, f.tokens, f.logprobs, f.top);
   // The step behind this one computed these tokens' keys: its full blocks can be shared now.
   if (runner_.in_flight() > 0)
     for (Sequence* s : runner_.oldest_rows())

@@ -220,8 +220,11 @@ void EngineCore::forward_and_sample() {
   stats_.forward_tokens += packed;
   record_prompt_logprobs(fwd.hidden);  // before `computed` moves: the chunks' positions
   for (const auto& [s, n] : plan_.chunks) s->computed += n;
-  if (completing.empty()) return;
+  if (!completing.empty()) sample_completing(fwd.hidden, completing, last_rows);
+}
 
+void EngineCore::sample_completing(const at::Tensor& hidden, const std::vector<Sequence*>& completing,
+                                   const std::vector<int64_t>& last_rows) {
   // Followers fork here: they share every block of their leader's computed prompt and
   // sample their first token from the same logits row.
   std::vector<Sequence*> samplers;
@@ -235,11 +238,22 @@ void EngineCore::forward_and_sample() {
     }
   }
   const auto logits =
-      runner_.logits(fwd.hidden, last_rows, samplers.size() != completing.size() ? rows : std::vector<int64_t>{});
+      runner_.logits(hidden, last_rows, samplers.size() != completing.size() ? rows : std::vector<int64_t>{});
   auto out = runner_.sample(logits, sampling_batch(samplers), alternatives(samplers));
-  for (size_t i = 0; i < samplers.size(); ++i)
-    requests_.append(as_seq(*samplers[i]), static_cast<TokenId>(out.tokens[i]), out.logprobs[i],
-                     out.top.empty() ? std::vector<TokenLogprob>{} : std::move(out.top[i]), version_);
+  append_rows(samplers, out.tokens, out.logprobs, out.top);
+}
+
+void EngineCore::append_rows(const std::vector<Sequence*>& rows, const std::vector<int64_t>& tokens,
+                             const std::vector<float>& logprobs, std::vector<std::vector<TokenLogprob>>& top) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Sequence* s = rows[i];
+    if (s == nullptr || s->done) {
+      ++stats_.discarded_rows;
+      continue;
+    }
+    requests_.append(as_seq(*s), static_cast<TokenId>(tokens[i]), logprobs[i],
+                     top.empty() ? std::vector<TokenLogprob>{} : std::move(top[i]), version_);
+  }
   scheduler_.drop_finished();
 }
 

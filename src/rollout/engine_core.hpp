@@ -58,6 +58,12 @@ class EngineCore {
   // A prefill or mixed step: the planned chunks' forward, then the rows whose known tokens
   // are all computed sample (a group's leader forks its followers first).
   void forward_and_sample();
+  void sample_completing(const at::Tensor& hidden, const std::vector<Sequence*>& completing,
+                         const std::vector<int64_t>& last_rows);
+  // Appends row i's sampled token to rows[i]; a row whose sequence is gone or finished
+  // (a pipelined step's) is discarded. Then finished sequences leave the running set.
+  void append_rows(const std::vector<Sequence*>& rows, const std::vector<int64_t>& tokens,
+                   const std::vector<float>& logprobs, std::vector<std::vector<TokenLogprob>>& top);
   // Decode steps that may overlap (decode_pipeline.cpp): every planned row one token that
   // samples. launch_decode() enqueues one (chained: the same rows again, one token further,
   // before the last launch's tokens are known); land_decode() appends the oldest launch's.
