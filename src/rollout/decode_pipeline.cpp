@@ -13,131 +13,166 @@
 // uniform depends on its request, sample and position only. A mixture-of-experts step's
 // routing goes to its rows' KV slots when the step's result is known: at once for an eager
 // step, when it lands for a graph's (a row whose sequence has finished by then is skipped).
+//
+// The EngineCore decides (try_chain: whether to chain; which rows) and appends; the
+// ModelRunner launches and lands (graphs or eager).
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
 
 #include "rlx/core/error.hpp"
-#include "rollout/engine_state.hpp"
+#include "rollout/engine_core.hpp"
 
 namespace rlx {
 
-bool Engine::plain_decode() const {
-  if (plan_.empty()) return false;
-  for (const auto& [s, n] : plan_)
-    if (n != 1 || !s->followers.empty() || s->computed + 1 != static_cast<int64_t>(s->tokens.size())) return false;
-#if RLX_WITH_CUDA
-  if (graphs_ && static_cast<int64_t>(plan_.size()) <= graphs_->max_seqs()) return true;
-#endif
+// --- the core: which rows, and their tokens ----------------------------------------------
+
+bool EngineCore::plain_decode() const {
+  if (!plan_.decode_only()) return false;
+  if (runner_.graphs_fit(plan_.chunks.size())) return true;
   return cfg_.overlap;
 }
 
-bool Engine::try_chain() {
-  if (!cfg_.overlap || inflight_.size() != 1 || update_) return false;
-  if (!waiting_.empty()) {
-    // A waiting sequence that the running batch has room for is admitted by a fresh step.
-    const auto group = static_cast<int64_t>(1 + waiting_.front()->followers.size());
-    if (static_cast<int64_t>(running_.size()) + group <= cfg_.max_running) return false;
-  }
-  const auto& prev = inflight_.front();
-  if (prev.seqs.size() != running_.size()) return false;
-  int64_t blocks = 0;
-  for (const Seq* s : prev.seqs) {
+bool EngineCore::try_chain() {
+  if (!cfg_.overlap || runner_.in_flight() != 1 || update_) return false;
+  // A waiting sequence that the running batch has room for is admitted by a fresh step.
+  if (scheduler_.room_for_waiting()) return false;
+  const auto& rows = runner_.oldest_rows();
+  if (rows.size() != scheduler_.running().size()) return false;
+  for (const Sequence* s : rows) {
     if (s == nullptr || s->done || !s->running) return false;
     // A stop known in advance ends the chain: the length limit once the step in flight lands.
     const auto after = static_cast<int64_t>(s->tokens.size()) + 1;
-    if (s->generated() + 1 >= s->req->req.params.max_new_tokens || after >= max_model_len_) return false;
-    blocks += reservation(*s, 1).blocks();
+    if (s->generated() + 1 >= as_seq(*s).req->req.params.max_new_tokens || after >= max_model_len_) return false;
   }
-  if (blocks > blocks_.num_free()) return false;
-  copies_.clear();
-  for (Seq* s : prev.seqs) RLX_ASSERT(reserve(*s, 1), "try_chain: a reservation counted as free failed");
+  auto plan = scheduler_.chain(rows);
+  if (!plan) return false;
+  plan_ = std::move(*plan);
+  for (const auto& [src, dst] : plan_.copies) routing_.copy(src, dst);
   return true;
 }
 
-void Engine::launch_decode(bool chained) {
+void EngineCore::launch_decode(bool chained) {
+  std::vector<Sequence*> rows;
+  for (const auto& [s, n] : plan_.chunks) {
+    rows.push_back(s);
+    // A one-token prompt (a chained row's last token is not appended yet).
+    if (!chained && s->generated() == 0) ++stats_.prefill_tokens;
+  }
+  std::vector<RoutedSpan> spans;
+  for (Sequence* s : rows) spans.push_back({s, s->computed, 1});
+  const auto launched = forgetting_on_error([&] {
+    auto l =
+        runner_.launch_decode(rows, plan_.copies, sampling_batch(rows, chained ? 1 : 0), alternatives(rows), chained);
+    if (!l.on_graph) store_routing(l.routing, spans);
+    return l;
+  });
+  for (Sequence* s : rows) ++s->computed;
+  stats_.forward_tokens += static_cast<int64_t>(rows.size());
+  if (launched.on_graph) ++stats_.graph_steps;
+  if (chained) ++stats_.overlapped_steps;
+}
+
+void EngineCore::land_decode() {
+  auto f = runner_.land_decode();
+  if (f.on_graph) {
+    std::vector<RoutedSpan> spans;
+    for (size_t i = 0; i < f.rows.size(); ++i) spans.push_back({f.rows[i], f.positions[i], 1});
+    store_routing(f.routing, spans);
+  }
+  append_rows(f.rows, f.tokens, f.logprobs, f.top);
+  // The step behind this one computed these tokens' keys: its full blocks can be shared now.
+  if (runner_.in_flight() > 0)
+    for (Sequence* s : runner_.oldest_rows())
+      if (s != nullptr && !s->done) scheduler_.publish_full_blocks(*s, s->computed);
+}
+
+void EngineCore::land_all() {
+  while (runner_.in_flight() > 0) land_decode();
+}
+
+// --- the runner: launch, land ------------------------------------------------------------
+
+bool ModelRunner::graphs_fit(size_t rows) const {
+#if RLX_WITH_CUDA
+  return graphs_ && static_cast<int64_t>(rows) <= graphs_->max_seqs();
+#else
+  (void)rows;
+  return false;
+#endif
+}
+
+ModelRunner::Launched ModelRunner::launch_decode(std::vector<Sequence*> rows,
+                                                 const std::vector<std::pair<BlockId, BlockId>>& copies,
+                                                 const SamplingBatch& batch, const Alternatives& alternatives,
+                                                 bool chained) {
   DecodeLaunch f;
+  f.rows = std::move(rows);
   std::vector<int64_t> tokens;
   if (chained) {
     const auto& prev = inflight_.back();
-    f.seqs = prev.seqs;
     f.on_graph = prev.on_graph;
     if (!prev.on_graph) tokens = prev.tokens;  // an eager step's tokens are known at once
   } else {
-    for (const auto& [s, n] : plan_) {
-      f.seqs.push_back(s);
-      tokens.push_back(s->tokens.back());
-      if (s->generated() == 0) ++stats_.prefill_tokens;  // a one-token prompt
-    }
-#if RLX_WITH_CUDA
+    for (const Sequence* s : f.rows) tokens.push_back(s->tokens.back());
     // The graphs sample only: a row asking for log-prob alternatives runs the step eager.
-    f.on_graph = graphs_ && static_cast<int64_t>(f.seqs.size()) <= graphs_->max_seqs() && !wants_alternatives(f.seqs);
-#endif
+    f.on_graph = graphs_fit(f.rows.size()) && alternatives.empty();
   }
   std::vector<PagedKVCache::Entry> entries;
-  for (Seq* s : f.seqs) {
+  for (const Sequence* s : f.rows) {
     entries.push_back({s->blocks, s->computed, 1});
-    f.spans.push_back({s, s->computed, 1});
+    f.positions.push_back(s->computed);
   }
-  const auto batch = sampling_batch(f.seqs, chained ? 1 : 0);
-  const auto rows = static_cast<int64_t>(f.seqs.size());
+  Launched out;
+  out.on_graph = f.on_graph;
   c10::NoGradGuard no_grad;
-  cache_.copy_blocks(copies_);
-  forgetting_on_error([&] {
+  cache_.copy_blocks(copies);
 #if RLX_WITH_CUDA
-    if (f.on_graph) {
-      graphs_->launch(entries, chained ? std::span<const int64_t>{} : std::span<const int64_t>(tokens), batch);
-      return;
-    }
+  if (f.on_graph) {
+    graphs_->launch(entries, chained ? std::span<const int64_t>{} : std::span<const int64_t>(tokens), batch);
+    inflight_.push_back(std::move(f));
+    return out;
+  }
 #endif
-    cache_.plan(entries);
-    auto input = at::tensor(tokens, at::TensorOptions().dtype(at::kLong)).to(model_->device()).view({1, rows});
-    RoutingTrace trace;
-    const auto hidden = model_->forward_hidden({.tokens = input, .trace = routing_.enabled() ? &trace : nullptr}, &cache_);
-    store_routing(trace, f.spans);
-    const auto logits = model_->logits(hidden.select(0, 0));
-    auto sampled = sample(logits, batch);
-    const auto toks = sampled.tokens.to(at::kCPU, at::kLong).contiguous();
-    const auto lps = sampled.logprobs.to(at::kCPU, at::kFloat).contiguous();
-    f.top = alternatives(logits, f.seqs, toks.data_ptr<int64_t>(), lps.data_ptr<float>());
-    f.tokens.assign(toks.data_ptr<int64_t>(), toks.data_ptr<int64_t>() + rows);
-    f.logprobs.assign(lps.data_ptr<float>(), lps.data_ptr<float>() + rows);
-  });
-  for (Seq* s : f.seqs) ++s->computed;
-  stats_.forward_tokens += rows;
-  if (f.on_graph) ++stats_.graph_steps;
-  if (chained) ++stats_.overlapped_steps;
+  auto sampled = eager_decode(entries, tokens, batch, alternatives, out.routing);
+  f.tokens = std::move(sampled.tokens);
+  f.logprobs = std::move(sampled.logprobs);
+  f.top = std::move(sampled.top);
   inflight_.push_back(std::move(f));
+  return out;
 }
 
-void Engine::land_decode() {
+ModelRunner::Sampled ModelRunner::eager_decode(std::span<const PagedKVCache::Entry> entries,
+                                               const std::vector<int64_t>& tokens, const SamplingBatch& batch,
+                                               const Alternatives& alternatives, std::vector<int16_t>& routing) {
+  cache_.plan(entries);
+  const auto rows = static_cast<int64_t>(tokens.size());
+  auto input = at::tensor(tokens, at::TensorOptions().dtype(at::kLong)).to(model_->device()).view({1, rows});
+  RoutingTrace trace;
+  const auto hidden =
+      model_->forward_hidden({.tokens = input, .trace = routing_width_ > 0 ? &trace : nullptr}, &cache_);
+  if (routing_width_ > 0) routing = routing_rows(trace);
+  return sample(model_->logits(hidden.select(0, 0)), batch, alternatives);
+}
+
+ModelRunner::Landed ModelRunner::land_decode() {
   DecodeLaunch f = std::move(inflight_.front());
   inflight_.pop_front();
+  Landed out{.rows = std::move(f.rows),
+             .positions = std::move(f.positions),
+             .on_graph = f.on_graph,
+             .tokens = std::move(f.tokens),
+             .logprobs = std::move(f.logprobs),
+             .top = std::move(f.top)};
 #if RLX_WITH_CUDA
   if (f.on_graph) {
     auto r = graphs_->wait();
-    f.tokens = std::move(r.tokens);
-    f.logprobs = std::move(r.logprobs);
-    if (routing_.enabled()) {
-      for (size_t i = 0; i < f.seqs.size(); ++i) f.spans[i].seq = f.seqs[i];  // collect() may have dropped rows
-      store_routing(r.routing.data(), f.spans);
-    }
+    out.tokens = std::move(r.tokens);
+    out.logprobs = std::move(r.logprobs);
+    out.routing = std::move(r.routing);
   }
 #endif
-  for (size_t i = 0; i < f.seqs.size(); ++i) {
-    Seq* s = f.seqs[i];
-    if (s == nullptr || s->done) {
-      ++stats_.discarded_rows;
-      continue;
-    }
-    append_token(*s, static_cast<TokenId>(f.tokens[i]), f.logprobs[i],
-                 f.top.empty() ? std::vector<TokenLogprob>{} : std::move(f.top[i]));
-  }
-  std::erase_if(running_, [](const Seq* s) { return s->done; });
-  // The step behind this one computed these tokens' keys: its full blocks can be shared now.
-  if (!inflight_.empty())
-    for (Seq* s : inflight_.front().seqs)
-      if (s != nullptr && !s->done) publish_full_blocks(*s, s->computed);
+  return out;
 }
 
 }  // namespace rlx

@@ -18,6 +18,10 @@
 // forwards also record, for every token and sparse layer, the experts its router chose
 // (rollout routing replay: the learner can run the same ones); see SampleOutput::routing.
 //
+// Engine is a facade: a Scheduler (rlx/rollout/scheduler.hpp) plans each step without the
+// model; a model runner (src/rollout/model_runner.hpp) carries the plan out: forward,
+// sampling, CUDA graphs, the decode pipeline.
+//
 //   rlx::Engine engine(model, {.kv_cache_mb = 64}, tokenizer);
 //   auto results = engine.generate({{.id = "q1", .prompt = ids, .params = {.n = 8, .max_new_tokens = 64}}});
 //   for (auto& s : results[0].samples) use(s.tokens, s.logprobs, s.versions, s.finish);
@@ -158,9 +162,8 @@ struct EngineStats {
   int64_t discarded_rows = 0;    // rows of such steps whose sequence had stopped (computed, thrown away)
 };
 
-namespace cuda {
-class DecodeGraphs;
-}
+class EngineCore;
+class EngineInbox;
 
 class Engine {
  public:
@@ -193,7 +196,7 @@ class Engine {
   void update_weights(int64_t version, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                       std::optional<UpdatePolicy> policy = std::nullopt);
   int64_t weight_version() const;
-  const ModelConfig& model_config() const { return model_->config(); }
+  const ModelConfig& model_config() const;
   // Sets a complete set of weights as `version` now, with one copy into the model: for an
   // idle engine (nothing queued or running), from the thread that calls step() or one that
   // excludes it (a colocated learner holding the device). Checked as update_weights.
@@ -207,7 +210,7 @@ class Engine {
   // asleep; step() refuses to run.
   void sleep();
   void wake();
-  bool asleep() const { return asleep_; }
+  bool asleep() const;
   // The KV pool's bytes (allocated or not).
   int64_t kv_pool_bytes() const;
 
@@ -218,138 +221,19 @@ class Engine {
 
   // Counters and queue sizes; call from the thread that calls step().
   EngineStats stats() const;
-  const EngineConfig& config() const { return cfg_; }
-  int64_t max_model_len() const { return max_model_len_; }
-  const BlockAllocator& blocks() const { return blocks_; }
+  const EngineConfig& config() const;
+  int64_t max_model_len() const;
+  const BlockAllocator& blocks() const;
   // Mixture-of-experts models with record_routing: the routing recorded per token (layers,
   // top_k); not enabled() otherwise.
-  const BlockRouting& routing() const { return routing_; }
+  const BlockRouting& routing() const;
 
  private:
-  struct Seq;
-  struct RequestState;
-  struct PendingUpdate {
-    int64_t version;
-    std::vector<std::pair<std::string, at::Tensor>> tensors;
-    UpdatePolicy policy;
-  };
-
-  // Throws unless `tensors` is a complete set of the model's parameters (names, shapes).
-  void check_weights(const std::string& who, const std::vector<std::pair<std::string, at::Tensor>>& tensors) const;
-  void take_inbox(std::vector<GenerationResult>& finished);
-  bool maybe_apply_update();
-  // Copies a checked set of weights into the model as `version` (the engine between steps);
-  // returns the bytes copied.
-  int64_t install_weights(int64_t version, const std::vector<std::pair<std::string, at::Tensor>>& tensors);
-  void schedule();
-  bool reserve(Seq& s, int64_t n);
-  void match_prefix(Seq& s);
-  // Makes s's full blocks up to token `upto` findable by prefix. Done when a step is planned:
-  // every write of a forward lands before any attention read in the same layer, so a
-  // sequence admitted later in the same step can already share them.
-  void publish_full_blocks(Seq& s, int64_t upto);
-  void preempt(Seq& s);
-  void release_blocks(Seq& s);
-  void forward_and_sample();
-  // Decode steps that may overlap (src/rollout/decode_pipeline.cpp): every planned row one
-  // token that samples. launch_decode() enqueues one (chained: the same rows again, one
-  // token further, before the last launch's tokens are known); land_decode() appends the
-  // oldest launch's tokens.
-  bool plain_decode() const;
-  bool try_chain();
-  void launch_decode(bool chained);
-  void land_decode();
-  // What reserve(s, n) takes: `add` new blocks, and one more if the first block written is
-  // shared (copy-on-write).
-  struct Reservation {
-    int64_t add = 0;
-    bool cow = false;
-    size_t first = 0;  // index of the block the first write goes to
-    int64_t blocks() const { return add + (cow ? 1 : 0); }
-  };
-  Reservation reservation(const Seq& s, int64_t n) const;
-  void append_token(Seq& s, TokenId token, float logprob, std::vector<TokenLogprob> top = {});
-  // Log-prob alternatives (engine_logprobs.cpp): whether any of `seqs` asks for them; each
-  // row's (logits [seqs, V], row i sampled tokens[i] with logprobs[i] for seqs[i]; empty
-  // when none asks); the prompt log-probs of the planned prefill chunks that ask, from the
-  // step's hidden states [tokens, H] in plan order.
-  static bool wants_alternatives(const std::vector<Seq*>& seqs);
-  std::vector<std::vector<TokenLogprob>> alternatives(const at::Tensor& logits, const std::vector<Seq*>& seqs,
-                                                      const int64_t* tokens, const float* logprobs) const;
-  void record_prompt_logprobs(const at::Tensor& hidden);
-  // The sampling rows of `seqs`: their parameters and the uniform of the position they
-  // sample (`ahead` tokens past their known tokens: 1 for a chained decode step).
-  SamplingBatch sampling_batch(const std::vector<Seq*>& seqs, int64_t ahead = 0) const;
-  // Appends each sequence's sampled token, then drops the finished ones from the running set.
-  void append_sampled(const std::vector<Seq*>& seqs, const int64_t* tokens, const float* logprobs,
-                      std::vector<std::vector<TokenLogprob>> top = {});
-  // Mixture-of-experts routing (block_routing.hpp): `rows` ([tokens][layers x top_k], plan
-  // order) of the tokens each span computed, into their KV slots; a null or finished
-  // span's rows are skipped. A forward's trace, when routing is recorded (else null).
-  struct RoutedSpan {
-    Seq* seq;
-    int64_t from, n;
-  };
-  void store_routing(const int16_t* rows, const std::vector<RoutedSpan>& spans);
-  void store_routing(const RoutingTrace& trace, const std::vector<RoutedSpan>& spans);
-  // A finishing sequence's routing, read from its blocks (before they are released).
-  void take_routing(Seq& s);
-  // Runs a step's forward; if it throws, the prefix cache forgets what the step published.
-  template <class F>
-  auto forgetting_on_error(F&& forward) -> decltype(forward());
-  void finish(Seq& s, FinishReason reason, std::string stop = {});
-  void abort_request(RequestState& r);
-  void collect(std::vector<GenerationResult>& finished);
-  bool in_flight(const Seq& s) const;
-
-  std::shared_ptr<Transformer> model_;
-  EngineConfig cfg_;
-  std::shared_ptr<const Tokenizer> tokenizer_;
-  int64_t max_model_len_;
-  BlockAllocator blocks_;
-  PagedKVCache cache_;
-  BlockRouting routing_;  // mixture-of-experts with record_routing: each KV slot's experts
-  std::unique_ptr<cuda::DecodeGraphs> graphs_;  // CUDA decode steps (null: eager)
-  int64_t version_;
-  uint64_t prefix_root_;
-  uint64_t next_order_ = 0;
-  size_t max_stop_bytes_ = 0;
-
-  std::unordered_map<std::string, std::unique_ptr<RequestState>> requests_;
-  std::deque<Seq*> waiting_;  // leaders; preempted sequences go to the front
-  std::vector<Seq*> running_; // in admission order
-  std::optional<PendingUpdate> update_;
-  EngineStats stats_;
-
-  // The step being built.
-  struct Planned {
-    Seq* seq;
-    int64_t n;
-  };
-  std::vector<Planned> plan_;
-  std::vector<std::pair<BlockId, BlockId>> copies_;
-  // Decode steps launched whose tokens are not appended yet (at most two), oldest first.
-  struct DecodeLaunch {
-    std::vector<Seq*> seqs;       // one row each
-    std::vector<RoutedSpan> spans;  // the token each row computes (mixture-of-experts routing)
-    bool on_graph = false;        // the result waits in graphs_
-    std::vector<int64_t> tokens;  // eager: the result
-    std::vector<float> logprobs;
-    std::vector<std::vector<TokenLogprob>> top;  // eager, rows asking for alternatives
-  };
-  std::deque<DecodeLaunch> inflight_;
-  std::vector<GenerationResult> unclaimed_;  // finished during generate() for other callers
-
-  // Shared with other threads.
-  mutable std::mutex inbox_mu_;
-  std::vector<GenerationRequest> inbox_;
-  std::vector<std::string> abort_inbox_;
-  std::optional<PendingUpdate> update_inbox_;
-  std::unordered_set<std::string> live_ids_;
-  int64_t latest_version_;  // newest version accepted by update_weights
-  bool paused_ = false;
-  bool asleep_ = false;       // sleep(): the KV pool is freed
-  int64_t graph_seqs_ = 0;    // CUDA graphs' batch bound (0: eager), to capture them again after wake()
+  // The facade: add(), abort() and the weight calls go through the inbox (any thread); the
+  // core steps: its Scheduler plans, its ModelRunner forwards and samples
+  // (src/rollout/engine_core.hpp).
+  std::unique_ptr<EngineInbox> inbox_;
+  std::unique_ptr<EngineCore> core_;
 };
 
 }  // namespace rlx
