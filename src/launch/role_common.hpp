@@ -13,6 +13,13 @@
 
 namespace rlx::launch {
 
+// `rlx role NAME ...`'s arguments: trainer_main.cpp parses them, run_role (role_main.cpp)
+// starts the role's process with them.
+struct RoleArgs {
+  std::string role, config, run_dir, weights, exe, transport = "local";
+  int index = 0;
+};
+int run_role(const RoleArgs& args);
 // Threads per process: run.threads, else the cores shared among the roles.
 void set_threads(const RunConfig& cfg);
 // Set by SIGTERM/SIGINT once install_stop_handler() ran (the hub's and the learner's stop).

@@ -96,12 +96,12 @@ int run_worker(const RoleContext& ctx) {
   // kill itself (SIGKILL) right after its N-th episode checkpoint, once per run directory.
   std::function<void(uint64_t)> after_checkpoint;
   if (const auto fault = Fault::from_env(); fault.kind == "kill-after-episode-checkpoint" && fault.worker == ctx.index)
-    after_checkpoint = [fault, run_dir = ctx.run_dir](uint64_t saved) {
+    after_checkpoint = [fault, run_dir = ctx.run_dir.root()](uint64_t saved) {
       if (saved >= fault.count && fault.fires(run_dir)) ::raise(SIGKILL);
     };
   // Seconds alive and seconds rolling out (run_dir/stats/worker-N.json, for busy fractions).
   const double born = now_s();
-  const auto stats_file = ctx.run_dir / "stats" / fmt::format("worker-{}.json", ctx.index);
+  const auto stats_file = ctx.run_dir.worker_stats(ctx.index);
   fs::create_directories(stats_file.parent_path());
   std::unique_ptr<rollout::Worker> worker;
   auto write_stats = [&] {
