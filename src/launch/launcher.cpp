@@ -48,13 +48,16 @@ void reload_config(const RunConfig& running, const LaunchOptions& lo, const RunD
   std::vector<std::string> ignored;
   bool workers = false;
   for (const auto& key : config::changed_keys(now, fresh)) {
-    if (key == "rollout.workers") workers = true;
-    else if (key != "run.name" && key != "run.out_dir") ignored.push_back(key);  // --resume may name the run differently
+    if (key == "rollout.workers")
+      workers = true;
+    else if (key != "run.name" && key != "run.out_dir")
+      ignored.push_back(key);  // --resume may name the run differently
   }
   if (!ignored.empty())
-    std::cerr << fmt::format("rlx run: SIGHUP: {} changed; a running job applies only rollout.workers (stop it and "
-                             "--resume to apply the rest)",
-                             fmt::join(ignored, ", "))
+    std::cerr << fmt::format(
+                     "rlx run: SIGHUP: {} changed; a running job applies only rollout.workers (stop it and "
+                     "--resume to apply the rest)",
+                     fmt::join(ignored, ", "))
               << std::endl;
   if (workers) {
     run_dir.request_workers(fresh.rollout.workers);
@@ -63,8 +66,6 @@ void reload_config(const RunConfig& running, const LaunchOptions& lo, const RunD
     std::cerr << "rlx run: SIGHUP: the config is unchanged" << std::endl;
   }
 }
-
-
 
 // Watches one attempt's roles until a decision ends it (the learner finished, a restart of
 // the run, giving up). SIGINT/SIGTERM (stopped_by) make the learner checkpoint and stop.
@@ -141,9 +142,10 @@ int launch(const RunConfig& cfg, const std::string& exe, const LaunchOptions& lo
   if (const auto task = task_from_env(cfg)) return launch_task(cfg, *task, exe, lo);
   const double t_check = now_s();
   auto cannot_start = [&](const std::string& problem) {
-    std::cerr << fmt::format("rlx run: cannot start: {} (found in {:.1f} s, before any role started; run.preflight=false "
-                             "skips these checks)",
-                             problem, now_s() - t_check)
+    std::cerr << fmt::format(
+                     "rlx run: cannot start: {} (found in {:.1f} s, before any role started; run.preflight=false "
+                     "skips these checks)",
+                     problem, now_s() - t_check)
               << std::endl;
     return 1;
   };

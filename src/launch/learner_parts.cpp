@@ -58,12 +58,14 @@ void check_memory_plan(const RunConfig& cfg, const Transformer& start, const Lea
   int64_t parameters = 0, start_bytes = 0;
   for (const auto& [name, p] : start.hf_parameters())
     parameters += p.numel(), start_bytes += p.numel() * static_cast<int64_t>(p.element_size());
-  const int64_t block = PagedKVCache::block_bytes(start.config(), static_cast<int32_t>(cfg.rollout.block_size), start.dtype());
+  const int64_t block =
+      PagedKVCache::block_bytes(start.config(), static_cast<int32_t>(cfg.rollout.block_size), start.dtype());
   const int64_t kv = colocated ? cfg.rollout.kv_cache_blocks * block : 0;
   const int64_t val_kv = rank == 0 && cfg.validation.every_steps > 0 ? cfg.validation.kv_cache_blocks * block : 0;
   const auto& a = *m.algorithm;
-  const auto plan = plan_memory(cfg, start.config(), parameters, kv, a.needs_reference(), a.needs_critic() && !m.value_head,
-                                a.needs_teacher() ? read_hf_config(cfg.algorithm.teacher).num_parameters() : 0, val_kv);
+  const auto plan =
+      plan_memory(cfg, start.config(), parameters, kv, a.needs_reference(), a.needs_critic() && !m.value_head,
+                  a.needs_teacher() ? read_hf_config(cfg.algorithm.teacher).num_parameters() : 0, val_kv);
   if (rank == 0)
     log::info("learner: memory plan on {} ({} parameters{}):\n{}", cfg.model.device, parameters,
               colocated ? ", colocated with the rollout engine" : "", plan.describe());
@@ -75,7 +77,8 @@ void check_memory_plan(const RunConfig& cfg, const Transformer& start, const Lea
 std::unique_ptr<ReferenceModel> load_teacher(const RunConfig& cfg, const Transformer& start, dist::Communicator& comm,
                                              const LearnerOptions& lo) {
   status::set("loading the teacher");
-  auto t = load_hf(cfg.algorithm.teacher, {.dtype = to_scalar_type(cfg.model.dtype), .device = at::Device(cfg.model.device)});
+  auto t = load_hf(cfg.algorithm.teacher,
+                   {.dtype = to_scalar_type(cfg.model.dtype), .device = at::Device(cfg.model.device)});
   RLX_CHECK(t->config().vocab_size == start.config().vocab_size,
             "algorithm.teacher {}: its vocabulary ({} tokens) is not the student's ({}): distillation scores the "
             "student's tokens with the teacher, so both need the same tokenizer",
@@ -144,7 +147,10 @@ void prune_hub_states(const RunDir& run_dir) {
 }  // namespace
 
 Checkpointer::Checkpointer(const RoleContext& ctx, LearnerModels& models, bool lead)
-    : ctx_(ctx), m_(models), lead_(lead), fault_(Fault::from_env()),
+    : ctx_(ctx),
+      m_(models),
+      lead_(lead),
+      fault_(Fault::from_env()),
       policy_{.root = ctx.run_dir.checkpoints(), .keep_last = ctx.cfg.learner.checkpoint_keep_last},
       critic_{.root = ctx.run_dir.critic_checkpoints(), .keep_last = ctx.cfg.learner.checkpoint_keep_last} {}
 
@@ -153,8 +159,8 @@ std::optional<LoadedCheckpoint> Checkpointer::restore(const char* who) {
   if (!loaded) return loaded;
   if (m_.critic) {
     auto c = load_latest_checkpoint(*m_.critic, critic_);
-    RLX_CHECK(c && c->step == loaded->step, "{}: the critic's checkpoint does not match the policy's (optimizer step {})",
-              who, loaded->step);
+    RLX_CHECK(c && c->step == loaded->step,
+              "{}: the critic's checkpoint does not match the policy's (optimizer step {})", who, loaded->step);
   }
   m_.algorithm->set_kl_coef(loaded->references.value("kl_coef", m_.algorithm->kl_coef()));  // adaptive KL's state
   return loaded;
@@ -170,8 +176,8 @@ void Checkpointer::save(int64_t step, uint64_t trained_batch, bus::Client* clien
   const auto name = RunDir::hub_state_name(step);
   if (lead_) client->control(fmt::format("checkpoint {} {}", name, trained_batch));  // confirms it; saves the hub
   if (m_.critic) save_checkpoint(*m_.critic, critic_);
-  const auto dir = save_checkpoint(*m_.policy, policy_,
-                                   {{"hub_state", name}, {"weights_version", step}, {"kl_coef", m_.algorithm->kl_coef()}});
+  const auto dir = save_checkpoint(
+      *m_.policy, policy_, {{"hub_state", name}, {"weights_version", step}, {"kl_coef", m_.algorithm->kl_coef()}});
   if (lead_) prune_hub_states(ctx_.run_dir);
   if (lead_)
     for (const auto& h : hooks())

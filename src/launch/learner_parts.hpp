@@ -44,7 +44,9 @@ struct LearnerModels {
   std::unique_ptr<Learner> policy, critic;
   std::unique_ptr<ReferenceModel> reference, teacher;
 
-  TrainModels train() const { return {.policy = *policy, .critic = critic.get(), .reference = reference.get(), .teacher = teacher.get()}; }
+  TrainModels train() const {
+    return {.policy = *policy, .critic = critic.get(), .reference = reference.get(), .teacher = teacher.get()};
+  }
   // After a collective failed (a rank died): every model lets go of the broken group.
   void abandon();
 };

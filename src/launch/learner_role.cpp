@@ -55,8 +55,8 @@ LeadLink connect_lead(const RoleContext& ctx, ColocatedRollout* rollout, int64_t
 
 // validation.every_steps: rank 0 validates with an engine of its own at the step's weights
 // (the starting model's copy; colocated, the engine has the starting model itself).
-std::unique_ptr<Validator> make_validator(const RunConfig& cfg, const std::shared_ptr<Transformer>& start, bool colocated,
-                                          const std::shared_ptr<const Tokenizer>& tok) {
+std::unique_ptr<Validator> make_validator(const RunConfig& cfg, const std::shared_ptr<Transformer>& start,
+                                          bool colocated, const std::shared_ptr<const Tokenizer>& tok) {
   status::set("loading the validation set");
   auto model = colocated ? initial_model(cfg, *tok) : start;
   add_engine_adapters(*model, cfg);
@@ -92,8 +92,10 @@ struct LeadOutputs {
     line.update(validator->run());
   }
   void on_step(int64_t s, json& line) {
-    if (rollout) rollout->add_metrics(line);
-    else busy.add_to(line);
+    if (rollout)
+      rollout->add_metrics(line);
+    else
+      busy.add_to(line);
     line["peak_mem_mb_learner"] = peak_memory_mb(cfg);
     for (const auto& h : hooks())
       if (h.on_step) h.on_step(s, line);
@@ -157,7 +159,8 @@ int run_learner(const RoleContext& ctx) {
   std::unique_ptr<ColocatedRollout> rollout;
   if (colocated) {
     add_engine_adapters(*start, cfg);
-    rollout = std::make_unique<ColocatedRollout>(ctx, start, tok, dist::WeightLayout::of(params, to_scalar_type(cfg.model.dtype)));
+    rollout = std::make_unique<ColocatedRollout>(ctx, start, tok,
+                                                 dist::WeightLayout::of(params, to_scalar_type(cfg.model.dtype)));
   }
   std::unique_ptr<Validator> validator;
   if (lead && cfg.validation.every_steps > 0) validator = make_validator(cfg, start, rollout != nullptr, tok);
@@ -169,40 +172,47 @@ int run_learner(const RoleContext& ctx) {
 
   install_stop_handler();
   LearnerReports reports(ctx, lead);
-  LeadOutputs out{.cfg = cfg, .tok = *tok, .reports = reports, .validator = validator.get(), .rollout = rollout.get(),
-                  .busy = RolloutBusy(ctx.run_dir), .first_step = step};
+  LeadOutputs out{.cfg = cfg,
+                  .tok = *tok,
+                  .reports = reports,
+                  .validator = validator.get(),
+                  .rollout = rollout.get(),
+                  .busy = RolloutBusy(ctx.run_dir),
+                  .first_step = step};
   out.validate_start();
   if (rollout) rollout->start(g_stop);
-  LearnerLoop loop(
-      out.loop_options(),
-      {.models = models.train(),
-       .algorithm = *models.algorithm,
-       .comm = comm,
-       .client = link.client.get(),
-       .publisher = link.publisher,
-       .turns = rollout ? rollout->turns() : nullptr,
-       .checkpoint =
-           [&](int64_t, uint64_t batch) {
-             trained_batch = batch;
-             checkpoint();
-           },
-       .recover = [&](const dist::CommError& e) -> int64_t {
-         // A rank died: the launcher started its replacement, which joins the next generation
-         // and resumes from the newest checkpoint, as this rank does here (the same collectives
-         // as its start: load the policy, the critic, gather the weights).
-         if (!group.reformable || !group.reformable->broken()) throw e;
-         log::warn("learner: {}; re-forming the learner group (generation {})", e.what(), group.reformable->generation() + 1);
-         status::set("re-forming the learner group");
-         models.abandon();
-         group.reformable->reform();
-         auto loaded = checkpointer.restore("learner");
-         RLX_CHECK(loaded, "learner: the group re-formed, but there is no checkpoint to restore it from yet: the run "
-                   "starts over");
-         params = models.policy->model().sync_parameters();
-         log::info("learner: the group re-formed (generation {}); restored step {} from {}", group.reformable->generation(),
-                   run_step(*loaded), loaded->dir.string());
-         return run_step(*loaded);
-       }});
+  LearnerLoop loop(out.loop_options(),
+                   {.models = models.train(),
+                    .algorithm = *models.algorithm,
+                    .comm = comm,
+                    .client = link.client.get(),
+                    .publisher = link.publisher,
+                    .turns = rollout ? rollout->turns() : nullptr,
+                    .checkpoint =
+                        [&](int64_t, uint64_t batch) {
+                          trained_batch = batch;
+                          checkpoint();
+                        },
+                    .recover = [&](const dist::CommError& e) -> int64_t {
+                      // A rank died: the launcher started its replacement, which joins the next generation
+                      // and resumes from the newest checkpoint, as this rank does here (the same collectives
+                      // as its start: load the policy, the critic, gather the weights).
+                      if (!group.reformable || !group.reformable->broken()) throw e;
+                      log::warn("learner: {}; re-forming the learner group (generation {})", e.what(),
+                                group.reformable->generation() + 1);
+                      status::set("re-forming the learner group");
+                      models.abandon();
+                      group.reformable->reform();
+                      auto loaded = checkpointer.restore("learner");
+                      RLX_CHECK(
+                          loaded,
+                          "learner: the group re-formed, but there is no checkpoint to restore it from yet: the run "
+                          "starts over");
+                      params = models.policy->model().sync_parameters();
+                      log::info("learner: the group re-formed (generation {}); restored step {} from {}",
+                                group.reformable->generation(), run_step(*loaded), loaded->dir.string());
+                      return run_step(*loaded);
+                    }});
   const auto end = loop.run(step, g_stop);
   if (rollout) rollout->finish();  // worker 0 stops (its groups in flight go back); its failure ends the role here
   trained_batch = loop.trained_batch();

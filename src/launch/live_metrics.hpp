@@ -18,7 +18,7 @@ class Supervisor;
 
 // What the endpoint shows.
 struct LiveState {
-  nlohmann::json line;  // the latest step's metrics line (null before the first)
+  nlohmann::json line;      // the latest step's metrics line (null before the first)
   double last_step_at = 0;  // now_s() of the latest step
   uint32_t attempt = 0;
   uint64_t worker_restarts = 0, killed_stuck = 0, rank_restarts = 0;  // over every attempt of this launcher

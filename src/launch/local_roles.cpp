@@ -18,7 +18,8 @@ namespace rlx::launch {
 
 namespace fs = std::filesystem;
 
-LocalRoles::LocalRoles(const RunConfig& cfg, const RunDir& run_dir, const std::string& exe, int attempt, Supervisor& sup)
+LocalRoles::LocalRoles(const RunConfig& cfg, const RunDir& run_dir, const std::string& exe, int attempt,
+                       Supervisor& sup)
     : cfg_(cfg), run_dir_(run_dir), exe_(exe), attempt_(attempt), sup_(sup) {
   weights_ = fmt::format("rlx-{}-{}-{}", cfg.run.name, ::getpid(), attempt);
   env_ = {fmt::format("RLX_LAUNCHER_PID={}", ::getpid())};
@@ -27,9 +28,10 @@ LocalRoles::LocalRoles(const RunConfig& cfg, const RunDir& run_dir, const std::s
   hub_ = start(Role::hub, 0);
   // A learner rank other than 0 that dies may be restarted alone: the group re-forms around it.
   learner_ = start(Role::learner, 0, static_cast<int>(cfg.train.learner_ranks), 0,
-                   sup.policy().learner_reform ? std::function<bool(int, const dist::RankExit&)>(
-                                                     [this](int r, const dist::RankExit& e) { return replace_learner_rank(r, e); })
-                                               : nullptr);
+                   sup.policy().learner_reform
+                       ? std::function<bool(int, const dist::RankExit&)>(
+                             [this](int r, const dist::RankExit& e) { return replace_learner_rank(r, e); })
+                       : nullptr);
   colocated_ = cfg.train.placement == Placement::colocated;  // the rollout engine is in the learner
   if (!colocated_) scale(run_dir_.scaled_workers(cfg.rollout.workers));
 }
@@ -45,7 +47,8 @@ Decision LocalRoles::poll(bool stopping) {
     if (std::all_of(ranks.begin(), ranks.end(), clean)) return {Verdict::learner_done, ""};
     // The rank that failed first (the others were stopped because of it).
     size_t r = 0;
-    if (learner_->first_failed() >= 0) r = static_cast<size_t>(learner_->first_failed());
+    if (learner_->first_failed() >= 0)
+      r = static_cast<size_t>(learner_->first_failed());
     else
       while (r + 1 < ranks.size() && (ranks[r].ok() || ranks[r].signal == SIGTERM || ranks[r].signal == SIGKILL)) ++r;
     const RoleId id{Role::learner, static_cast<int>(r)};
@@ -77,7 +80,8 @@ Decision LocalRoles::poll_workers() {
     if (!slot.group) continue;
     if (!slot.group->poll()) {
       if (sup_.leave_overdue(index, now_s())) {
-        std::cerr << fmt::format("rlx run: worker {} did not leave within {} s; killing it", w, cfg_.train.batch_timeout_s)
+        std::cerr << fmt::format("rlx run: worker {} did not leave within {} s; killing it", w,
+                                 cfg_.train.batch_timeout_s)
                   << std::endl;
         slot.group->signal(0, SIGKILL);
       }
@@ -86,7 +90,8 @@ Decision LocalRoles::poll_workers() {
     const RoleId id{Role::worker, index};
     auto d = sup_.ended(id, role_end(run_dir_, id, slot.group->ranks()[0]), {});
     switch (d.verdict) {
-      case Verdict::keep_going: break;
+      case Verdict::keep_going:
+        break;
       case Verdict::worker_left:
         std::cerr << "rlx run: " << d.why << std::endl;
         slot.group.reset();
@@ -95,7 +100,8 @@ Decision LocalRoles::poll_workers() {
         std::cerr << "rlx run: " << d.why << std::endl;
         start_worker(w);  // its leases are issued again by the hub; its episodes continue from their checkpoints
         break;
-      default: return d;
+      default:
+        return d;
     }
   }
   return {};
@@ -125,7 +131,8 @@ uint32_t LocalRoles::active_workers() const {
 }
 
 void LocalRoles::signal_learner(int sig) {
-  for (int r = 0; r < static_cast<int>(cfg_.train.learner_ranks); ++r) learner_->signal(r, sig), learner_->signal(r, SIGCONT);
+  for (int r = 0; r < static_cast<int>(cfg_.train.learner_ranks); ++r)
+    learner_->signal(r, sig), learner_->signal(r, SIGCONT);
 }
 
 void LocalRoles::stop_rest() {
@@ -209,14 +216,15 @@ std::unique_ptr<dist::LocalGroup> LocalRoles::start(Role role, int index, int wo
   for (int r = 0; r < world; ++r) sup_.started({role, index + r}, wall_now());
   auto env = env_;
   if (replace) env.push_back(fmt::format("{}=1", kLearnerReformEnv));
-  return std::make_unique<dist::LocalGroup>(dist::LocalGroupOptions{
-      .world_size = world,
-      .argv = {exe_, "role", role_name(role), "--config", run_dir_.config().string(), "--run-dir", run_dir_.string(),
-               "--weights", weights_, "--exe", exe_, "--index", std::to_string(index), "--transport", tcp_ ? "tcp" : "local"},
-      .env = std::move(env),
-      .log_dir = run_dir_.role_logs(role, index, attempt_ * 1000 + static_cast<int>(earlier)),
-      .replace = std::move(replace),
-      .block_sigterm = role == Role::worker});
+  return std::make_unique<dist::LocalGroup>(
+      dist::LocalGroupOptions{.world_size = world,
+                              .argv = {exe_, "role", role_name(role), "--config", run_dir_.config().string(),
+                                       "--run-dir", run_dir_.string(), "--weights", weights_, "--exe", exe_, "--index",
+                                       std::to_string(index), "--transport", tcp_ ? "tcp" : "local"},
+                              .env = std::move(env),
+                              .log_dir = run_dir_.role_logs(role, index, attempt_ * 1000 + static_cast<int>(earlier)),
+                              .replace = std::move(replace),
+                              .block_sigterm = role == Role::worker});
 }
 
 }  // namespace rlx::launch

@@ -73,9 +73,9 @@ fs::path RunDir::TaskFiles::worker_ended(int index) const { return dir / fmt::fo
 bool RunDir::holds_run() const { return fs::exists(hub_state()) || fs::exists(checkpoints()) || fs::exists(metrics()); }
 
 void RunDir::clear(bool logs_too) const {
-  for (const auto& p : {hub_state(), trajectories(), metrics(), samples(), checkpoints(), critic_checkpoints(), final_model(),
-                        heartbeats(), episodes(), scale_request(), traces(), merged_trace(), stats(), tasks(),
-                        env_sockets(), hub_endpoint(), weights_endpoint()})
+  for (const auto& p : {hub_state(), trajectories(), metrics(), samples(), checkpoints(), critic_checkpoints(),
+                        final_model(), heartbeats(), episodes(), scale_request(), traces(), merged_trace(), stats(),
+                        tasks(), env_sockets(), hub_endpoint(), weights_endpoint()})
     rlx::remove_tree(p);
   if (logs_too) rlx::remove_tree(logs()), rlx::remove_tree(fault_marker());
   if (const auto sockets = socket_dir(); sockets != root_) rlx::remove_tree(sockets);
@@ -130,8 +130,10 @@ FileLock RunDir::lock() const {
   fs::create_directories(root_);
   int64_t holder = 0;
   auto lock = FileLock::try_lock(launcher_lock(), holder);
-  RLX_CHECK(lock, "run directory {} is in use by another launcher (pid {}); stop it first (SIGINT), then --resume continues "
-            "its run", string(), holder);
+  RLX_CHECK(lock,
+            "run directory {} is in use by another launcher (pid {}); stop it first (SIGINT), then --resume continues "
+            "its run",
+            string(), holder);
   return std::move(*lock);
 }
 

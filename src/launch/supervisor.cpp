@@ -16,7 +16,8 @@ bool RoleFailure::hopeless(const std::optional<RoleFailure>& before) const {
 }
 
 std::string RoleFailure::message(const std::optional<RoleFailure>& before) const {
-  if (cannot_run) return fmt::format("{} {} cannot run: {}", role_name(id.role), id.index, cause.empty() ? what : cause);
+  if (cannot_run)
+    return fmt::format("{} {} cannot run: {}", role_name(id.role), id.index, cause.empty() ? what : cause);
   return fmt::format("{} {} failed at start twice with the same error ({}); restarting will not help: {}",
                      role_name(id.role), id.index, what, cause);
 }
@@ -51,7 +52,7 @@ void Supervisor::started(RoleId id, double now) {
 
 std::string Supervisor::stuck(RoleId id, double beat, double now) {
   auto& s = slots_[id];
-  if (s.flagged_stuck) return "";  // killed, not reaped yet
+  if (s.flagged_stuck) return "";         // killed, not reaped yet
   const bool beaten = beat >= s.started;  // an older file is a predecessor's
   const double silent = now - (beaten ? beat : s.started);
   std::string why;
@@ -65,9 +66,12 @@ std::string Supervisor::stuck(RoleId id, double beat, double now) {
 
 Decision Supervisor::ended(RoleId id, const RoleEnd& end, const RunFacts& facts) {
   switch (id.role) {
-    case Role::worker: return worker_ended(id, end);
-    case Role::learner: return learner_ended(id, end, facts);
-    case Role::hub: break;
+    case Role::worker:
+      return worker_ended(id, end);
+    case Role::learner:
+      return learner_ended(id, end, facts);
+    case Role::hub:
+      break;
   }
   return run_ended(end.failure, failed_before_);
 }
@@ -84,7 +88,8 @@ Decision Supervisor::worker_ended(RoleId id, const RoleEnd& end) {
   }
   s.last_failure = f;
   if (s.restarts >= p_.worker_restarts)
-    return {Verdict::restart_run, fmt::format("{}; it was restarted {} times (rollout.max_restarts)", f.what, s.restarts)};
+    return {Verdict::restart_run,
+            fmt::format("{}; it was restarted {} times (rollout.max_restarts)", f.what, s.restarts)};
   ++s.restarts;  // its leases are issued again by the hub; its episodes continue from their checkpoints
   return {Verdict::restart_role, fmt::format("{}; restarting it ({}/{})", f.what, s.restarts, p_.worker_restarts)};
 }
@@ -103,8 +108,8 @@ Decision Supervisor::learner_ended(RoleId id, const RoleEnd& end, const RunFacts
     s.last_failure = f;
     ++learner_rank_restarts_;
     return {Verdict::reform_learner,
-            fmt::format("{}; restarting it alone: the learner group re-forms around it ({}/{}, train.max_restarts)", f.what,
-                        learner_rank_restarts_, p_.run_restarts)};
+            fmt::format("{}; restarting it alone: the learner group re-forms around it ({}/{}, train.max_restarts)",
+                        f.what, learner_rank_restarts_, p_.run_restarts)};
   }
   return run_ended(f, failed_before_);
 }
@@ -120,8 +125,8 @@ Decision Supervisor::after_attempt(const Decision& d) const {
   if (attempt_ >= p_.run_restarts)
     return {Verdict::give_up,
             fmt::format("{}; the run was restarted {} times (train.max_restarts); stopping", d.why, attempt_)};
-  return {Verdict::restart_run, fmt::format("{}; restarting the run from its last checkpoint ({}/{})", d.why, attempt_ + 1,
-                                            p_.run_restarts)};
+  return {Verdict::restart_run,
+          fmt::format("{}; restarting the run from its last checkpoint ({}/{})", d.why, attempt_ + 1, p_.run_restarts)};
 }
 
 Supervisor::ScalePlan Supervisor::scale(const std::vector<bool>& running, const std::vector<bool>& leaving,

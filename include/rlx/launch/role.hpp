@@ -16,9 +16,12 @@ enum class Role : uint8_t { hub, learner, worker };
 
 constexpr const char* role_name(Role r) {
   switch (r) {
-    case Role::hub: return "hub";
-    case Role::learner: return "learner";
-    case Role::worker: return "worker";
+    case Role::hub:
+      return "hub";
+    case Role::learner:
+      return "learner";
+    case Role::worker:
+      return "worker";
   }
   return "?";
 }

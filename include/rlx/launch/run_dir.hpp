@@ -104,9 +104,9 @@ class RunDir {
   // The shared state of one start of a many-task run (Slurm, k8s): tasks/GROUP/.
   struct TaskFiles {
     path dir;
-    path ready() const { return dir / "ready"; }              // task 0 prepared the run; the store's address
-    path stop() const { return dir / "stop"; }                // SIGINT/SIGTERM reached task 0
-    path failed() const { return dir / "failed"; }            // the first failure
+    path ready() const { return dir / "ready"; }    // task 0 prepared the run; the store's address
+    path stop() const { return dir / "stop"; }      // SIGINT/SIGTERM reached task 0
+    path failed() const { return dir / "failed"; }  // the first failure
     path learner_done() const { return dir / "learner-done"; }
     path done() const { return dir / "done"; }
     path worker_ended(int index) const;

@@ -35,10 +35,10 @@ struct RoleId {
 // How a role ended, as the restart policy weighs it.
 struct RoleFailure {
   RoleId id;
-  std::string what;          // "worker 0 ended: exit 1 (log: ...)"
-  std::string cause;         // the role's own words: why it cannot run, else its last error line
-  bool at_start = false;     // before its start-up was over (it never said ready)
-  bool cannot_run = false;   // it said it cannot run (kExitCannotRun) or its config is wrong (exit 2)
+  std::string what;         // "worker 0 ended: exit 1 (log: ...)"
+  std::string cause;        // the role's own words: why it cannot run, else its last error line
+  bool at_start = false;    // before its start-up was over (it never said ready)
+  bool cannot_run = false;  // it said it cannot run (kExitCannotRun) or its config is wrong (exit 2)
 
   // Restarting will not help: it cannot run, or it failed at start with the same error as
   // the last time.
@@ -48,10 +48,10 @@ struct RoleFailure {
 
 // A role's process that ended.
 struct RoleEnd {
-  bool ok = false;              // exit 0
-  bool stop_signal = false;     // ended by SIGTERM (the stop it was asked for)
-  std::string how;              // "exit 1", "killed by signal 9", ...
-  RoleFailure failure;          // how it ended (what, cause) when not ok
+  bool ok = false;           // exit 0
+  bool stop_signal = false;  // ended by SIGTERM (the stop it was asked for)
+  std::string how;           // "exit 1", "killed by signal 9", ...
+  RoleFailure failure;       // how it ended (what, cause) when not ok
 };
 
 // What the supervisor knows of the run around an ended role.
@@ -74,8 +74,8 @@ enum class Verdict {
 
 struct Decision {
   Verdict verdict = Verdict::keep_going;
-  std::string why;              // what happened and what is done, for the console
-  bool hopeless = false;        // give_up because a restart would fail the same way
+  std::string why;        // what happened and what is done, for the console
+  bool hopeless = false;  // give_up because a restart would fail the same way
 };
 
 struct SupervisorPolicy {

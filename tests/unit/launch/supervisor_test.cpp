@@ -22,7 +22,9 @@ SupervisorPolicy policy() {
 // A role that died by SIGKILL after its start-up (`at_start`: before it said ready).
 RoleEnd killed(RoleId id, bool at_start = false, std::string cause = "") {
   RoleEnd e{.how = "killed by signal 9"};
-  e.failure = {.id = id, .what = std::string(role_name(id.role)) + " ended: killed by signal 9", .cause = std::move(cause),
+  e.failure = {.id = id,
+               .what = std::string(role_name(id.role)) + " ended: killed by signal 9",
+               .cause = std::move(cause),
                .at_start = at_start};
   return e;
 }
@@ -52,19 +54,20 @@ TEST_CASE("supervisor: a role is stuck without a heartbeat, reported once per st
   Supervisor s(policy());
   s.begin_attempt(0, 0);
   s.started(kWorker0, 1000);
-  CHECK(s.stuck(kWorker0, -1, 1200).empty());                  // still starting: 200 s < start_timeout_s
-  CHECK(s.stuck(kWorker0, 900, 1200).empty());                 // a predecessor's beat does not count
+  CHECK(s.stuck(kWorker0, -1, 1200).empty());   // still starting: 200 s < start_timeout_s
+  CHECK(s.stuck(kWorker0, 900, 1200).empty());  // a predecessor's beat does not count
   const auto slow = s.stuck(kWorker0, -1, 1301);
   CHECK(slow.find("no first heartbeat 301 s after its start (train.start_timeout_s)") != std::string::npos);
-  CHECK(s.stuck(kWorker0, -1, 1400).empty());                  // reported (and killed) once
+  CHECK(s.stuck(kWorker0, -1, 1400).empty());  // reported (and killed) once
   CHECK(s.killed_stuck() == 1);
-  s.started(kWorker0, 2000);                                   // its restart: judged again
-  CHECK(s.stuck(kWorker0, 2010, 2069).empty());                // beat 59 s ago
+  s.started(kWorker0, 2000);                     // its restart: judged again
+  CHECK(s.stuck(kWorker0, 2010, 2069).empty());  // beat 59 s ago
   CHECK(s.stuck(kWorker0, 2010, 2071).find("no heartbeat for 61 s (train.heartbeat_timeout_s)") != std::string::npos);
   CHECK(s.killed_stuck() == 2);
 }
 
-TEST_CASE("supervisor: a worker is restarted up to rollout.max_restarts, then the run restarts", "[launch][supervisor]") {
+TEST_CASE("supervisor: a worker is restarted up to rollout.max_restarts, then the run restarts",
+          "[launch][supervisor]") {
   Supervisor s(policy());
   s.begin_attempt(0, 0);
   CHECK(s.ended(kWorker0, {.ok = true}, {}).verdict == Verdict::keep_going);  // the hub had nothing more
@@ -87,7 +90,8 @@ TEST_CASE("supervisor: a worker is restarted up to rollout.max_restarts, then th
   CHECK(d.why.find("the run was restarted 1 times (train.max_restarts); stopping") != std::string::npos);
 }
 
-TEST_CASE("supervisor: a role that cannot run, or fails at start twice the same way, is hopeless", "[launch][supervisor]") {
+TEST_CASE("supervisor: a role that cannot run, or fails at start twice the same way, is hopeless",
+          "[launch][supervisor]") {
   Supervisor s(policy());
   s.begin_attempt(0, 0);
   auto d = s.ended(kWorker0, cannot_run(kWorker0), {});
@@ -135,8 +139,10 @@ TEST_CASE("supervisor: a learner rank > 0 is restarted alone once a checkpoint e
   t.begin_attempt(0, 0);
   CHECK(t.ended(kLead, killed(kLead), ready).verdict == Verdict::restart_run);
   CHECK(t.ended(kRank1, killed(kRank1), {.stopping = true, .has_checkpoint = true}).verdict == Verdict::restart_run);
-  CHECK(t.ended(kRank1, killed(kRank1), {.lead_running = false, .has_checkpoint = true}).verdict == Verdict::restart_run);
-  CHECK(t.ended(kRank1, killed(kRank1), {.learner_done = true, .has_checkpoint = true}).verdict == Verdict::restart_run);
+  CHECK(t.ended(kRank1, killed(kRank1), {.lead_running = false, .has_checkpoint = true}).verdict ==
+        Verdict::restart_run);
+  CHECK(t.ended(kRank1, killed(kRank1), {.learner_done = true, .has_checkpoint = true}).verdict ==
+        Verdict::restart_run);
   auto no_reform = policy();
   no_reform.learner_reform = false;
   Supervisor u(no_reform);
