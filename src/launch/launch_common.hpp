@@ -1,6 +1,6 @@
-// What the launcher's files share (internal): judging roles (role_watch.cpp), the progress
-// line, the run directory and the end of a run (launcher.cpp), the tasks of a many-task run
-// (task_runner.cpp).
+// What the supervisor's backends share (internal): what a role did (role_watch.cpp), the
+// progress line, the run directory and the end of a run (launcher.cpp), the tasks of a
+// many-task run (task_runner.cpp).
 #pragma once
 
 #include <unistd.h>
@@ -19,45 +19,19 @@
 #include "rlx/dist/local_group.hpp"
 #include "rlx/launch/launcher.hpp"
 #include "rlx/launch/roles.hpp"
+#include "rlx/launch/supervisor.hpp"
 #include "rlx/launch/tasks.hpp"
 #include "validation_summary.hpp"
 
 namespace rlx::launch {
 
-// The endpoint files of a tcp run (written again by each start of the hub and learner).
-void remove_endpoints(const std::filesystem::path& run_dir);
-
 double wall_now();
 
-// A role is stuck when its last heartbeat is older than train.heartbeat_timeout_s, or, before
-// its first (a process still loading its libraries and model), when its start is older than
-// train.start_timeout_s. `started`: wall clock at its start. Returns what to report, or "".
-std::string stuck_reason(const TrainSection& train, const std::filesystem::path& run_dir, const std::string& role,
-                         int index, double started);
-
-// How a role ended, as the restart policy weighs it.
-struct RoleFailure {
-  std::string role;
-  int index = 0;
-  std::string what;          // "worker 0 ended: exit 1 (log: ...)"
-  std::string cause;         // the role's own words: why it cannot run, else its last error line
-  bool at_start = false;     // before its start-up was over (it never said ready)
-  bool cannot_run = false;   // it said it cannot run (kExitCannotRun) or its config is wrong (exit 2)
-
-  // Restarting will not help: it cannot run, or it failed at start with the same error as
-  // the last time.
-  bool hopeless(const std::optional<RoleFailure>& before) const {
-    return cannot_run || (at_start && before && before->at_start && before->role == role && before->index == index &&
-                          !cause.empty() && before->cause == cause);
-  }
-  std::string message(const std::optional<RoleFailure>& before) const {
-    if (cannot_run) return fmt::format("{} {} cannot run: {}", role, index, cause.empty() ? what : cause);
-    return fmt::format("{} {} failed at start twice with the same error ({}); restarting will not help: {}", role, index,
-                       what, cause);
-  }
-};
-
-RoleFailure role_failure(const std::filesystem::path& run_dir, const char* role, int index, const dist::RankExit& e);
+// The mtime of a role's heartbeat file (wall clock), -1 when there is none.
+double heartbeat_mtime(const RunDir& run_dir, RoleId id);
+// How a role's process ended, as the supervisor weighs it: its exit, and its own words on
+// why (its failure file, else its last error line).
+RoleEnd role_end(const RunDir& run_dir, RoleId id, const dist::RankExit& e);
 
 // The launcher's progress line: the newest step of metrics.jsonl. On a terminal it is
 // rewritten in place; otherwise a line is printed every 10 steps and at the last one.
@@ -114,18 +88,18 @@ class Progress {
   std::streamoff offset_ = 0;
 };
 
-// SIGINT / SIGTERM to the launcher (0: none yet).
-extern std::atomic<int> g_launcher_signal;
-extern "C" void on_launcher_signal(int sig);
-
-// The run directory (created if missing), locked for this process's lifetime: a second
-// launcher on the same directory is refused, naming the PID of the one running it.
-FileLock lock_run_dir(const std::filesystem::path& run_dir);
+// What `rlx run` checks before it writes the run directory or starts anything
+// (run.preflight): "" or the first problem, naming the file, path or key (run_setup.cpp).
+std::string preflight_files(const RunConfig& cfg);
+// The trial start of an env server (after the run directory holds the run's tokenizer).
+std::string preflight_env(const RunConfig& cfg, const RunDir& run_dir, const std::string& exe);
 // The run directory, ready for the roles: continued (--resume), refused or cleared when it
 // holds a run (--force), with the resolved config and the run's tokenizer written.
-std::filesystem::path prepare_run_dir(const RunConfig& cfg, const LaunchOptions& lo);
+RunDir prepare_run_dir(const RunConfig& cfg, const LaunchOptions& lo);
+// --resume, and a restart of the run: RunDir::prepare_resume, said on the console.
+void resume_run(const RunDir& run_dir);
 // The end of a run (done or stopped): plots, and the roles' traces merged into trace.json.
-void finish_run(const RunConfig& cfg, const std::filesystem::path& run_dir);
+void finish_run(const RunConfig& cfg, const RunDir& run_dir);
 // A task of a run started as many (task_runner.cpp).
 int launch_task(const RunConfig& cfg, const RoleTask& task, const std::string& exe, const LaunchOptions& lo);
 

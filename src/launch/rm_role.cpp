@@ -89,8 +89,8 @@ PreferenceStats score_pairs(Learner& rm, std::vector<Sequence>& seqs) {
 int run_rm(const RunConfig& cfg) {
   set_threads(cfg);
   env::register_bundled();
-  const fs::path run_dir = fs::absolute(fs::path(cfg.run.out_dir) / cfg.run.name);
-  fs::create_directories(run_dir);
+  const auto run_dir = RunDir::of(cfg);
+  fs::create_directories(run_dir.root());
   auto tok = run_tokenizer(cfg);
   auto start = initial_model(cfg, *tok);
   const int64_t end_token = std::max<int64_t>(start->config().eos_token_id, 0);
@@ -116,7 +116,7 @@ int run_rm(const RunConfig& cfg) {
   std::cerr << fmt::format("rm: held-out pairwise accuracy before {:.3f} ({} pairs)", before.accuracy, held_out.size())
             << std::endl;
 
-  std::ofstream metrics_out(run_dir / "metrics.jsonl", std::ios::trunc);
+  std::ofstream metrics_out(run_dir.metrics(), std::ios::trunc);
   const int64_t h = start->config().hidden_size;
   for (int64_t step = 0; step < cfg.rm.steps; ++step) {
     std::vector<Pair> batch;
@@ -146,7 +146,7 @@ int run_rm(const RunConfig& cfg) {
   const auto after = score_pairs(rm, eval_seqs);
 
   // The body's gathered weights and the head, as an HF sequence classifier.
-  const auto final_dir = run_dir / "final";
+  const auto final_dir = run_dir.final_model();
   Transformer body(start->config(), at::kFloat, at::kCPU);
   {
     auto params = rm.model().gather_parameters();
@@ -155,7 +155,7 @@ int run_rm(const RunConfig& cfg) {
     for (auto& [name, p] : body.hf_parameters()) p.copy_(by_name.at(name));
   }
   save_hf_reward_model(body, rm.value_head().detach().narrow(0, 0, h).cpu(), final_dir);
-  write_tokenizer(cfg, final_dir / "tokenizer.json");
+  write_tokenizer(cfg, run_dir.final_tokenizer());
   std::cerr << fmt::format("rm: held-out pairwise accuracy after {:.3f}; reward model in {}", after.accuracy,
                            final_dir.string())
             << std::endl;

@@ -14,14 +14,18 @@
 
 namespace rlx::launch {
 
+// `rlx role NAME ...`'s arguments: trainer_main.cpp parses them, run_role (role_main.cpp)
+// starts the role's process with them.
+struct RoleArgs {
+  std::string role, config, run_dir, weights, exe, transport = "local";
+  int index = 0;
+};
+int run_role(const RoleArgs& args);
 // Threads per process: run.threads, else the cores shared among the roles.
 void set_threads(const RunConfig& cfg);
 // Set by SIGTERM/SIGINT once install_stop_handler() ran (the hub's and the learner's stop).
 extern std::atomic<bool> g_stop;
 void install_stop_handler();
-// Greedy accuracy on cfg.sft.eval_tasks held-out tasks (a stream training never draws from).
-// RLX_FAULT's marker in a run directory: each of its faults (core/fault.hpp) fires once per run.
-std::filesystem::path fault_marker(const std::filesystem::path& run_dir);
 // This process's peak memory in MiB: on a CUDA model.device what LibTorch's allocator
 // handed out at most, else the peak resident set (ru_maxrss).
 double peak_memory_mb(const RunConfig& cfg);

@@ -1,5 +1,6 @@
-// How the launcher judges its roles: stuck (heartbeat files), and how one ended (its exit,
-// its own words on why), which the restart policy weighs.
+// What the supervisor's backends read of a role: its heartbeat's age, and how it ended (its
+// exit, its own words on why), which the supervisor (supervisor.hpp) weighs.
+#include <signal.h>
 #include <sys/stat.h>
 
 #include <fstream>
@@ -30,33 +31,26 @@ std::string last_error_line(const fs::path& log) {
 
 double wall_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
-std::string stuck_reason(const TrainSection& train, const fs::path& run_dir, const std::string& role, int index,
-                         double started) {
+double heartbeat_mtime(const RunDir& run_dir, RoleId id) {
   struct stat st {};
-  double beat = -1;  // the heartbeat file's mtime; a file older than this start is a predecessor's
-  if (::stat(heartbeat_file(run_dir, role, index).c_str(), &st) == 0)
-    beat = static_cast<double>(st.st_mtim.tv_sec) + 1e-9 * static_cast<double>(st.st_mtim.tv_nsec);
-  const bool beaten = beat >= started;
-  const double silent = wall_now() - (beaten ? beat : started);
-  if (beaten && silent > train.heartbeat_timeout_s)
-    return fmt::format("no heartbeat for {:.0f} s (train.heartbeat_timeout_s)", silent);
-  if (!beaten && silent > train.start_timeout_s)
-    return fmt::format("no first heartbeat {:.0f} s after its start (train.start_timeout_s)", silent);
-  return "";
+  if (::stat(run_dir.heartbeat(id.role, id.index).c_str(), &st) != 0) return -1;
+  return static_cast<double>(st.st_mtim.tv_sec) + 1e-9 * static_cast<double>(st.st_mtim.tv_nsec);
 }
 
-RoleFailure role_failure(const fs::path& run_dir, const char* role, int index, const dist::RankExit& e) {
-  RoleFailure f{.role = role, .index = index};
-  f.what = fmt::format("{} {} ended: {} (log: {})", role, index, e.describe(), e.err.string());
-  const auto beat = read_heartbeat(run_dir, role, index);
+RoleEnd role_end(const RunDir& run_dir, RoleId id, const dist::RankExit& e) {
+  RoleEnd end{.ok = e.ok(), .stop_signal = e.signal == SIGTERM, .how = e.describe()};
+  auto& f = end.failure;
+  f.id = id;
+  f.what = fmt::format("{} {} ended: {} (log: {})", role_name(id.role), id.index, e.describe(), e.err.string());
+  const auto beat = read_heartbeat(run_dir, id.role, id.index);
   f.at_start = beat.pid != e.pid || !beat.ready;  // another pid: it never beat (a predecessor's file)
   f.cannot_run = e.exited && (e.code == kExitCannotRun || e.code == 2);
   if (e.exited && e.code == kExitCannotRun) {
-    std::ifstream in(failure_file(run_dir, role, index));
+    std::ifstream in(run_dir.failure(id.role, id.index));
     std::getline(in, f.cause);
   }
   if (f.cause.empty()) f.cause = last_error_line(e.err);
-  return f;
+  return end;
 }
 
 }  // namespace rlx::launch

@@ -36,8 +36,8 @@ int run_sft(const RunConfig& cfg) {
   set_threads(cfg);
   env::register_bundled();
   algo::register_bundled_algorithms();
-  const fs::path run_dir = fs::absolute(fs::path(cfg.run.out_dir) / cfg.run.name);
-  fs::create_directories(run_dir);
+  const auto run_dir = RunDir::of(cfg);
+  fs::create_directories(run_dir.root());
   auto tok = run_tokenizer(cfg);
   auto model = initial_model(cfg, *tok);
   const double before = greedy_accuracy(cfg, model, tok);
@@ -51,7 +51,7 @@ int run_sft(const RunConfig& cfg) {
   lo.fsdp.lora = cfg.model.lora;
   Learner learner(model->config(), *comm, lo);
   learner.load_from(*model);
-  std::ofstream metrics_out(run_dir / "metrics.jsonl", std::ios::trunc);
+  std::ofstream metrics_out(run_dir.metrics(), std::ios::trunc);
   for (int64_t step = 0; step < cfg.sft.steps; ++step) {
     std::vector<Sequence> seqs;
     for (uint32_t b = 0; b < cfg.sft.batch; ++b) {
@@ -78,14 +78,14 @@ int run_sft(const RunConfig& cfg) {
                                m["nll"] / std::max(1.0, m["tokens"]))
                 << std::endl;
   }
-  export_hf(learner, run_dir / "final");
-  if (cfg.model.lora.enabled()) export_peft_adapter(learner, run_dir / "final" / "adapter", cfg.model.path);
-  write_tokenizer(cfg, run_dir / "final" / "tokenizer.json");
+  export_hf(learner, run_dir.final_model());
+  if (cfg.model.lora.enabled()) export_peft_adapter(learner, run_dir.final_adapter(), cfg.model.path);
+  write_tokenizer(cfg, run_dir.final_tokenizer());
   auto tuned = cfg;
-  tuned.model.path = (run_dir / "final").string();
+  tuned.model.path = run_dir.final_model().string();
   const double after = evaluate(tuned);
-  std::cerr << fmt::format("sft: held-out accuracy after {:.3f}; model in {}", after, (run_dir / "final").string()) << std::endl;
-  std::cout << json{{"accuracy_before", before}, {"accuracy_after", after}, {"model", (run_dir / "final").string()}}.dump()
+  std::cerr << fmt::format("sft: held-out accuracy after {:.3f}; model in {}", after, run_dir.final_model().string()) << std::endl;
+  std::cout << json{{"accuracy_before", before}, {"accuracy_after", after}, {"model", run_dir.final_model().string()}}.dump()
             << std::endl;
   return 0;
 }

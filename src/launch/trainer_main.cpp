@@ -258,19 +258,13 @@ void add_env_serve(CLI::App* envc, Action& action) {
     };
   });
 }
-}  // namespace
+struct RunArgs {
+  std::string file;
+  std::vector<std::string> overrides;
+  LaunchOptions launch;
+};
 
-void add_trainer_commands(CLI::App& app, Action& action) {
-  algo::register_bundled_algorithms();
-  auto* envc = app.add_subcommand("env", "Environments: list them, serve them to rollout workers");
-  envc->require_subcommand(1);
-  add_env_serve(envc, action);
-  add_sandbox_run(app, action);
-  struct RunArgs {
-    std::string file;
-    std::vector<std::string> overrides;
-    LaunchOptions launch;
-  };
+void add_run(CLI::App& app, Action& action) {
   auto args = std::make_shared<RunArgs>();
   auto* run = app.add_subcommand("run", "Train: validate CONFIG, then start the hub, learner and rollout workers and watch them");
   run->add_option("config", args->file, "YAML run config")->required();
@@ -290,6 +284,10 @@ void add_trainer_commands(CLI::App& app, Action& action) {
     };
   });
 
+}
+
+// sft, rm and eval: one config, one process.
+void add_single_process_commands(CLI::App& app, Action& action) {
   auto sft_args = std::make_shared<RunArgs>();
   auto* sft = app.add_subcommand("sft", "Warm-start CONFIG's model with SFT on its environment's tasks (writes RUN_DIR/final)");
   sft->add_option("config", sft_args->file, "YAML run config (sections sft, env, model)")->required();
@@ -320,6 +318,9 @@ void add_trainer_commands(CLI::App& app, Action& action) {
     };
   });
 
+}
+
+void add_scale(CLI::App& app, Action& action) {
   struct ScaleArgs {
     std::string run_dir;
     uint32_t workers = 0;
@@ -336,6 +337,9 @@ void add_trainer_commands(CLI::App& app, Action& action) {
     };
   });
 
+}
+
+void add_k8s(CLI::App& app, Action& action) {
   struct K8sArgs {
     std::string file;
     std::vector<std::string> overrides;
@@ -360,10 +364,9 @@ void add_trainer_commands(CLI::App& app, Action& action) {
     };
   });
 
-  struct RoleArgs {
-    std::string role, config, run_dir, weights, exe, transport = "local";
-    int index = 0;
-  };
+}
+
+void add_role(CLI::App& app, Action& action) {
   auto ra = std::make_shared<RoleArgs>();
   auto* role = app.add_subcommand("role", "One role of a run, as `rlx run` starts it")->group("");
   role->add_option("role", ra->role, "hub, learner or worker")->required()->check(CLI::IsMember({"hub", "learner", "worker"}));
@@ -375,35 +378,23 @@ void add_trainer_commands(CLI::App& app, Action& action) {
   role->add_option("--transport", ra->transport, "local (ipc hub, shared-memory weights) or tcp")
       ->check(CLI::IsMember({"local", "tcp"}));
   role->callback([ra, &action] {
-    action = [ra] {
-      // A role dies with its launcher (SIGTERM: the learner checkpoints, the hub saves).
-      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-      bus::keep_frame_memory();  // before any thread starts: M_ARENA_MAX binds only threads yet to allocate
-      if (launcher_gone()) return 1;  // it died before the line above took effect
-      RoleContext ctx{.cfg = config::load_file<RunConfig>(ra->config), .run_dir = ra->run_dir, .weights = ra->weights, .exe = ra->exe};
-      ctx.index = ra->role == "learner" && std::getenv("RLX_RANK") ? std::atoi(std::getenv("RLX_RANK")) : ra->index;
-      ctx.tcp = ra->transport == "tcp";
-      // Fault injection for tests: RLX_FAULT=slow-start:ROLE:SECONDS makes the first start of
-      // ROLE (index 0) in a run directory take SECONDS longer before its first heartbeat.
-      if (auto f = fault::fires(fault::Point::slow_start,
-                                {.rank = ctx.index, .role = ra->role, .once_file = fault_marker(ctx.run_dir)}))
-        std::this_thread::sleep_for(std::chrono::duration<double>(f->seconds));
-      start_heartbeat(ctx.run_dir, ra->role, ctx.index);
-      start_trace(ctx, ra->role);
-      try {
-        if (ra->role == "hub") return run_hub(ctx);
-        if (ra->role == "learner") return run_learner(ctx);
-        return run_worker(ctx);
-      } catch (const FatalError& e) {
-        // Not for a restart: the launcher stops the run with this message.
-        std::cerr << fmt::format("rlx role {} {}: cannot run: {}", ra->role, ctx.index, e.what()) << std::endl;
-        const auto file = failure_file(ctx.run_dir, ra->role, ctx.index);
-        std::filesystem::create_directories(file.parent_path());
-        write_file_atomic(file, std::string(e.what()) + "\n");
-        return kExitCannotRun;
-      }
-    };
+    action = [ra] { return run_role(*ra); };
   });
+}
+
+}  // namespace
+
+void add_trainer_commands(CLI::App& app, Action& action) {
+  algo::register_bundled_algorithms();
+  auto* envc = app.add_subcommand("env", "Environments: list them, serve them to rollout workers");
+  envc->require_subcommand(1);
+  add_env_serve(envc, action);
+  add_sandbox_run(app, action);
+  add_run(app, action);
+  add_single_process_commands(app, action);
+  add_scale(app, action);
+  add_k8s(app, action);
+  add_role(app, action);
 }
 
 int trainer_main(int argc, char** argv, const std::string& name, const std::function<void()>& register_parts) {

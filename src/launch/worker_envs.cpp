@@ -36,13 +36,13 @@ EnvServerPlan env_server_plan(const RoleContext& ctx, const std::string& name) {
   const auto& e = ctx.cfg.env;
   // Each server's socket in a directory of its own: the sandbox makes its writable
   // paths its own user's, so servers (and the run directory) must not share one.
-  const auto sock_dir = socket_dir(ctx.run_dir) / "env-sockets" / name;
+  const auto sock_dir = ctx.run_dir.env_server_dir(name);
   fs::create_directories(sock_dir);
-  const auto sock = sock_dir / "env.sock";
-  fs::copy_file(ctx.run_dir / "tokenizer.json", sock_dir / "tokenizer.json", fs::copy_options::overwrite_existing);
+  const auto sock = RunDir::env_socket(sock_dir);
+  fs::copy_file(ctx.run_dir.tokenizer(), RunDir::env_tokenizer(sock_dir), fs::copy_options::overwrite_existing);
   EnvServerPlan plan{.address = "ipc://" + sock.string()};
   std::vector<std::string> argv{ctx.exe, "env", "serve", "--address", plan.address, "--tokenizer",
-                                (sock_dir / "tokenizer.json").string(), "--options", e.options_json().dump(),
+                                RunDir::env_tokenizer(sock_dir).string(), "--options", e.options_json().dump(),
                                 "--seed", std::to_string(ctx.cfg.run.seed)};
   // The code's sandbox is the config's env.sandbox (limits and paths), as in the worker.
   if (runs_code(ctx.cfg)) argv.insert(argv.end(), {"--code-sandbox", "--code-sandbox-config", config::to_yaml(e.sandbox)});
@@ -74,7 +74,7 @@ std::string check_env_server(const RoleContext& ctx, double timeout_s) {
   plan.process.argv.insert(plan.process.argv.end(), {"--check", ctx.cfg.env.name});
   auto why = env::EnvServerProcess::trial(std::move(plan.process), timeout_s);
   std::error_code ec;
-  fs::remove_all(socket_dir(ctx.run_dir) / "env-sockets" / "check", ec);
+  fs::remove_all(ctx.run_dir.env_server_dir("check"), ec);
   return why;
 }
 
@@ -136,7 +136,7 @@ rollout::WorkerOptions worker_options(const RoleContext& ctx, const std::string&
                            .rollout = rollout_options(cfg),
                            .leases_per_request = cfg.rollout.leases_per_request,
                            .weights_timeout_s = cfg.train.batch_timeout_s,
-                           .episode_dir = ctx.run_dir / "episodes",
+                           .episode_dir = ctx.run_dir.episodes(),
                            .episode_checkpoint_turns = cfg.rollout.episode_checkpoint_turns};
   const auto& rm = cfg.reward_model;
   if (!rm.path.empty()) {

@@ -96,13 +96,12 @@ int run_worker(const RoleContext& ctx) {
   // kill itself (SIGKILL) right after its N-th episode checkpoint, once per run directory.
   std::function<void(uint64_t)> after_checkpoint;
   if (fault::armed(fault::Point::kill_after_episode_checkpoint))
-    after_checkpoint = [index = ctx.index, marker = fault_marker(ctx.run_dir)](uint64_t saved) {
-      fault::crash_at(fault::Point::kill_after_episode_checkpoint,
-                      {.rank = index, .count = saved, .once_file = marker});
+    after_checkpoint = [index = ctx.index, marker = ctx.run_dir.fault_marker()](uint64_t saved) {
+      fault::crash_at(fault::Point::kill_after_episode_checkpoint, {.rank = index, .count = saved, .once_file = marker});
     };
   // Seconds alive and seconds rolling out (run_dir/stats/worker-N.json, for busy fractions).
   const double born = now_s();
-  const auto stats_file = ctx.run_dir / "stats" / fmt::format("worker-{}.json", ctx.index);
+  const auto stats_file = ctx.run_dir.worker_stats(ctx.index);
   fs::create_directories(stats_file.parent_path());
   std::unique_ptr<rollout::Worker> worker;
   auto write_stats = [&] {

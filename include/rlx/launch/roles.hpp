@@ -27,6 +27,8 @@
 
 #include "rlx/dist/weight_sync.hpp"
 #include "rlx/launch/config.hpp"
+#include "rlx/launch/role.hpp"
+#include "rlx/launch/run_dir.hpp"
 #include "rlx/model/tokenizer.hpp"
 #include "rlx/model/transformer.hpp"
 
@@ -34,7 +36,7 @@ namespace rlx::launch {
 
 struct RoleContext {
   RunConfig cfg;
-  std::filesystem::path run_dir;
+  RunDir run_dir;
   std::string weights;  // the weight-sync segment's name
   std::string exe;      // this binary (env servers are started from it)
   int index = 0;        // worker index or learner rank
@@ -49,9 +51,6 @@ struct RoleContext {
   // give_up: asked while the subscriber waits for its first weights; true ends the wait (an Error).
   std::unique_ptr<dist::WeightSubscriber> weight_subscriber(std::function<bool()> give_up = {}) const;
 };
-// Where a run's unix sockets go (hub.sock, env-sockets/): the run directory, or, where it is
-// too deep for a socket's path (107 bytes), /tmp/rlx-NAME-HASH (run.name, a hash of the path).
-std::filesystem::path socket_dir(const std::filesystem::path& run_dir);
 // Set (to 1) for learner ranks whose launcher restarts a dead rank other than 0 alone:
 // the group re-forms around its replacement (dist::ReformableGroup) instead of the run restarting.
 inline constexpr const char* kLearnerReformEnv = "RLX_LEARNER_REFORM";
@@ -61,11 +60,6 @@ inline constexpr const char* kLearnerReformEnv = "RLX_LEARNER_REFORM";
 inline int64_t checkpoint_run_step(const nlohmann::json& references, int64_t optimizer_step) {
   return references.value("weights_version", optimizer_step);
 }
-// The files a tcp run's hub and learner rank 0 write their endpoints to.
-inline constexpr const char* kHubEndpointFile = "hub.endpoint";
-inline constexpr const char* kWeightsEndpointFile = "weights.endpoint";
-// Where learner rank 0 writes the broadcast path's control endpoint (train.weight_sync = broadcast).
-inline constexpr const char* kBroadcastEndpointFile = "weights.bcast";
 
 // The tokenizer of a run: tokenizer.path, else the model directory's, else (a preset
 // model) the character tokenizer of toy tasks.
@@ -86,15 +80,14 @@ void add_engine_adapters(Transformer& model, const RunConfig& cfg);
 // True when RLX_LAUNCHER_PID (set by the launcher for its roles) is no longer this
 // process's parent: the launcher died.
 bool launcher_gone();
-void start_heartbeat(const std::filesystem::path& run_dir, const std::string& role, int index);
+void start_heartbeat(const RunDir& run_dir, Role role, int index);
 // With trace.enabled, a role writes its spans (wait, train, publish, rollout, generate,
 // env steps, ...) to run_dir/traces/ROLE-INDEX.PID.json; the launcher merges every
 // process's file into run_dir/trace.json (ui.perfetto.dev opens it) when the run ends.
-void start_trace(const RoleContext& ctx, const std::string& role);
+void start_trace(const RoleContext& ctx, Role role);
 // Merges run_dir/traces/*.json (also those a killed process left unterminated) into
 // run_dir/trace.json. Returns the number of events.
-size_t merge_traces(const std::filesystem::path& run_dir);
-std::filesystem::path heartbeat_file(const std::filesystem::path& run_dir, const std::string& role, int index);
+size_t merge_traces(const RunDir& run_dir);
 // A heartbeat as the launcher reads it.
 struct RoleBeat {
   double beat = -1;     // the file's mtime (wall clock); -1: no heartbeat yet
@@ -103,13 +96,12 @@ struct RoleBeat {
   double since = 0;     // since when (wall clock)
   bool ready = false;   // its start-up was over
 };
-RoleBeat read_heartbeat(const std::filesystem::path& run_dir, const std::string& role, int index);
+RoleBeat read_heartbeat(const RunDir& run_dir, Role role, int index);
 
 // A role that cannot run (a FatalError: an env server that cannot start, ...) writes why to
 // run_dir/failures/ROLE-INDEX and exits with kExitCannotRun; the launcher then stops the run
 // with that message rather than restarting the role.
 inline constexpr int kExitCannotRun = 78;  // EX_CONFIG of sysexits.h
-std::filesystem::path failure_file(const std::filesystem::path& run_dir, const std::string& role, int index);
 
 // Tries the env server of this run once, as a rollout worker would start it (its sandbox,
 // paths and limits): "" when it works, else why (the sandbox's message, the path, the limit).

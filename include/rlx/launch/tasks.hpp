@@ -5,6 +5,7 @@
 #include <string>
 
 #include "rlx/launch/config.hpp"
+#include "rlx/launch/role.hpp"
 
 namespace rlx::launch {
 
@@ -23,7 +24,7 @@ namespace rlx::launch {
 struct RoleTask {
   int procid = 0, ntasks = 1;
   std::string group;  // names this start of the tasks (slurm-JOB.STEP.RESTARTS, or RLX_TASK_GROUP)
-  std::string role;   // hub, learner or worker
+  Role role = Role::hub;
   int index = 0;      // learner rank or worker index
   bool tcp = false;   // train.transport: tcp (or auto, and the tasks span nodes)
 };
