@@ -363,7 +363,12 @@ struct Columns {
   // As a SWMR reader (the file may be written meanwhile), or plainly for a file not in
   // HDF5's latest format (none of this build's: check_format then says which it is).
   void open_read_only() {
-    file = Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, H5P_DEFAULT), H5Fclose);
+    // A SWMR reader reads metadata whose checksum fails again, sleeping 1, 2, 4, ... ns
+    // between reads (a writer may be midway through it); HDF5's 100 reads would sleep for
+    // ages on metadata a killed writer left torn. 32 reads sleep about 4 s in all, then fail.
+    Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+    H5Pset_metadata_read_attempts(fapl.get(), 32);
+    file = Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, fapl.get()), H5Fclose);
     if (!file) {
       H5Eclear2(H5E_DEFAULT);
       file = Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
