@@ -374,10 +374,17 @@ std::optional<WeightUpdate> ShmWeightSubscriber::poll() {
     struct stat st {};
     const bool replaced = ::stat(("/dev/shm/" + opt_.name).c_str(), &st) == 0 && st.st_ino != m->inode;
     if (h->closed.load(std::memory_order_acquire) || replaced) {
+      const int64_t delivered = version_;
       try {
         attach(0);
       } catch (const Error&) {
         return std::nullopt;  // no new publisher yet
+      }
+      // A version is one learner step's weights: the new publisher's (a learner restarted from
+      // that step's checkpoint, or the closing one's segment seen again) is not handed out twice.
+      if (impl_->map->header()->published.load(std::memory_order_acquire) == delivered) {
+        version_ = delivered;
+        return std::nullopt;
       }
       return poll();
     }
