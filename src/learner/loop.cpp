@@ -40,6 +40,86 @@ bus::BatchView broadcast_batch(dist::Communicator& comm, bus::BatchView batch) {
   // Rank 0's client held the frames to its own max_frame_mb; here, its largest setting.
   return bus::unpack_batch(std::move(bytes), bus::Limits{.max_frame_bytes = uint64_t{4096} << 20});
 }
+
+// This rank's share of a step's batch: its groups' sequences (tokens, loss masks,
+// behaviour log-probs, routing), rewards, group sizes and truncation marks, and the whole
+// batch's sample versions, token count and sample statistics.
+struct RankShare {
+  std::vector<Sequence> seqs;
+  std::vector<double> rewards;
+  std::vector<size_t> sizes;
+  std::vector<uint8_t> truncated;  // cut by max_new_tokens (algorithm.mask_truncated)
+  int64_t vmin = INT64_MAX, vmax = -1, tokens = 0;
+  SampleStats stats;  // finish reasons, environment counters, a reward model's parts: the whole batch
+};
+
+// A sample as a sequence to train.
+Sequence to_sequence(const bus::SampleView& t) {
+  Sequence sq;
+  sq.tokens.resize(t.tokens.size());
+  for (size_t i = 0; i < t.tokens.size(); ++i) sq.tokens[i] = t.tokens[i];
+  t.loss_mask.append_to(sq.loss_mask);
+  t.logprobs.append_to(sq.values["behaviour_logprobs"]);
+  if (!t.routing.empty()) {
+    t.routing.experts.append_to(sq.routing);
+    sq.routing_layers = t.routing.layers, sq.routing_top_k = t.routing.top_k;
+  }
+  return sq;
+}
+
+// Groups in prompt order: the step does not depend on which worker finished first; the
+// ranks share them balanced by tokens.
+RankShare share_of_rank(const bus::BatchView& batch, int rank, int world) {
+  const auto order = prompt_order(batch);
+  std::vector<int64_t> group_tokens;
+  for (const size_t i : order) group_tokens.push_back(batch.groups[i].num_tokens());
+  const auto rank_of = assign_ranks(group_tokens, static_cast<uint32_t>(world));
+  RankShare share;
+  for (size_t gi = 0; gi < order.size(); ++gi) {
+    const auto& g = batch.groups[order[gi]];
+    const auto [lo_v, hi_v] = g.version_range();
+    if (lo_v >= 0) share.vmin = std::min(share.vmin, lo_v), share.vmax = std::max(share.vmax, hi_v);
+    share.tokens += g.num_tokens();
+    for (const auto& t : g.samples) share.stats.add(t.finish, t.metadata);
+    if (static_cast<int>(rank_of[gi]) != rank) continue;
+    share.sizes.push_back(g.samples.size());
+    for (const auto& t : g.samples) {
+      share.rewards.push_back(t.reward);
+      share.truncated.push_back(t.finish == "length" ? 1 : 0);
+      share.seqs.push_back(to_sequence(t));
+    }
+  }
+  return share;
+}
+
+// Seconds a step spent in its phases.
+struct StepTimes {
+  double wait_s = 0;   // for the batch
+  double train_s = 0;  // training it
+  double sync_s = 0;   // gathering and publishing the weights, on_weights not counted
+};
+
+// Rank 0: a trained step's metrics line (time_s, checkpoint_s and the error counts are
+// added when it is reported).
+json step_line(int64_t step, const bus::BatchView& batch, int world, const RankShare& share, const StepTimes& times,
+               int64_t sync_bytes, const algo::Metrics& m, const json& extra) {
+  const auto vmin = share.vmin, vmax = share.vmax;
+  json line = {{"step", step},
+               {"groups", batch.groups.size()},
+               {"learner_ranks", world},
+               {"sequence_tokens", share.tokens},  // prompts, actions and observations
+               {"sample_version_min", vmin == INT64_MAX ? -1 : vmin},
+               {"sample_version_max", vmax},
+               {"version_lag", vmin == INT64_MAX ? 0 : step - 1 - vmin},  // trained version minus oldest sample
+               {"wait_s", times.wait_s},
+               {"train_s", times.train_s},
+               {"sync_s", times.sync_s},
+               {"sync_bytes", sync_bytes}};  // what the publisher wrote for this version
+  for (const auto& [k, v] : m) line[k] = v;
+  for (const auto& [k, v] : extra.items()) line[k] = v;
+  share.stats.add_to(line);
+  return line;
+}
 }  // namespace
 
 std::vector<size_t> prompt_order(const bus::BatchView& batch) {
@@ -132,6 +212,74 @@ void LearnerLoop::report(double t_ckpt) {
   pending_.reset();
 }
 
+LearnerLoop::Decision LearnerLoop::take_batch(int64_t step, const std::atomic<bool>& stop, double t0,
+                                              bus::BatchView& batch) {
+  if (replay_ < kept_.size()) {  // training again after the group re-formed
+    RLX_ASSERT(kept_[replay_].step == step + 1, "the kept batches are in step order");
+    batch = kept_[replay_++].batch;
+    return kTrain;
+  }
+  const int world = p_.comm.size();
+  Decision what = kTrain;
+  if (step >= o_.steps) what = kEnd;
+  while (what == kTrain && !stop) {
+    try {
+      batch = p_.client->next_batch_view({.max_groups = o_.groups_per_step}, 1.0);
+      break;
+    } catch (const bus::TimeoutError&) {
+      RLX_CHECK(now_s() - t0 < o_.batch_timeout_s, "learner: no batch from the hub within {} s (step {})",
+                o_.batch_timeout_s, step + 1);
+    }
+  }
+  if (what == kTrain && batch.groups.empty()) {
+    if (stop) {
+      what = kStop;
+    } else {
+      RLX_CHECK(batch.end, "learner: the hub sent an empty batch that is not the end");
+      log::info("learner: the hub has no more groups; stopping at step {}", step);
+      what = kEnd;
+    }
+  }
+  RLX_CHECK(what != kTrain || batch.groups.size() >= static_cast<size_t>(world),
+            "learner: a batch of {} groups cannot feed {} ranks", batch.groups.size(), world);
+  // Kept until a checkpoint holds its step, to be trained again if the group re-forms.
+  if (what == kTrain && p_.recover && o_.checkpoint_every > 0) {
+    kept_.push_back({step + 1, batch});
+    replay_ = kept_.size();
+  }
+  return what;
+}
+
+LearnerLoop::Published LearnerLoop::publish_weights(int64_t step, const Weights& params, DeviceTurns::Turn& turn) {
+  const bool lead = p_.comm.rank() == 0;
+  say(fmt::format("publishing weights v{}", step));
+  Published out;
+  // A step trained again after the group re-formed: its version is out already.
+  const bool fresh = step > published_;
+  if (lead && p_.publisher && fresh) out.sync_bytes = p_.publisher->publish(step, params);
+  // Split: the workers learn of the version before on_weights (they roll out while rank 0
+  // validates); colocated, the engine waits for the device, held until on_weights returns.
+  if (lead && fresh && !p_.turns) p_.client->publish_version(step);
+  if (lead && fresh && o_.on_weights) {
+    const double t = now_s();
+    o_.on_weights(step, params, out.extra);
+    out.hook_s = now_s() - t;
+  }
+  turn.release();
+  if (lead && fresh && p_.turns) p_.client->publish_version(step);
+  published_ = std::max(published_, step);
+  return out;
+}
+
+void LearnerLoop::checkpoint_if_due(int64_t step) {
+  if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0 && p_.checkpoint) {
+    RLX_TRACE_SCOPE("checkpoint");
+    p_.checkpoint(step, trained_batch_);
+    saved_ = true;
+    while (!kept_.empty() && kept_.front().step <= step) kept_.pop_front(), replay_ -= replay_ > 0 ? 1 : 0;
+  }
+}
+
 std::optional<LearnerLoop::End> LearnerLoop::step_once(int64_t& step, const std::atomic<bool>& stop) {
   auto& comm = p_.comm;
   const bool lead = comm.rank() == 0;
@@ -141,82 +289,16 @@ std::optional<LearnerLoop::End> LearnerLoop::step_once(int64_t& step, const std:
   // Rank 0 takes the batch (waiting in slices so that SIGINT/SIGTERM is noticed while
   // rollout is slow) and decides for every rank: train it, or stop.
   bus::BatchView batch;  // its groups read in place from the frames the hub sent
-  enum : int64_t { kTrain = 0, kStop = 1, kEnd = 2 };
-  int64_t what = kTrain;
   say(lead ? fmt::format("waiting for a batch of {} groups from the hub (step {})", o_.groups_per_step, step + 1)
            : fmt::format("waiting for rank 0's batch (step {})", step + 1));
-  if (lead && replay_ < kept_.size()) {  // training again after the group re-formed
-    RLX_ASSERT(kept_[replay_].step == step + 1, "the kept batches are in step order");
-    batch = kept_[replay_++].batch;
-  } else if (lead) {
-    if (step >= o_.steps) what = kEnd;
-    while (what == kTrain && !stop) {
-      try {
-        batch = p_.client->next_batch_view({.max_groups = o_.groups_per_step}, 1.0);
-        break;
-      } catch (const bus::TimeoutError&) {
-        RLX_CHECK(now_s() - t0 < o_.batch_timeout_s, "learner: no batch from the hub within {} s (step {})",
-                  o_.batch_timeout_s, step + 1);
-      }
-    }
-    if (what == kTrain && batch.groups.empty()) {
-      if (stop) {
-        what = kStop;
-      } else {
-        RLX_CHECK(batch.end, "learner: the hub sent an empty batch that is not the end");
-        log::info("learner: the hub has no more groups; stopping at step {}", step);
-        what = kEnd;
-      }
-    }
-    RLX_CHECK(what != kTrain || batch.groups.size() >= static_cast<size_t>(world),
-              "learner: a batch of {} groups cannot feed {} ranks", batch.groups.size(), world);
-    // Kept until a checkpoint holds its step, to be trained again if the group re-forms.
-    if (what == kTrain && p_.recover && o_.checkpoint_every > 0) {
-      kept_.push_back({step + 1, batch});
-      replay_ = kept_.size();
-    }
-  }
-  what = broadcast_value(comm, what, "learner: train or stop");
+  const int64_t what =
+      broadcast_value(comm, lead ? take_batch(step, stop, t0, batch) : kTrain, "learner: train or stop");
   if (what == kStop) return End::stopped;
   if (what == kEnd) return step >= o_.steps ? End::steps : End::exhausted;
-  const double t_wait = now_s() - t0;
+  StepTimes times{.wait_s = now_s() - t0};
   trace_span("wait_batch", t0_us);
   if (world > 1) batch = broadcast_batch(comm, std::move(batch));
-  // Groups in prompt order: the step does not depend on which worker finished first;
-  // the ranks share them balanced by tokens.
-  const auto order = prompt_order(batch);
-  std::vector<int64_t> group_tokens;
-  for (const size_t i : order) group_tokens.push_back(batch.groups[i].num_tokens());
-  const auto rank_of = assign_ranks(group_tokens, static_cast<uint32_t>(world));
-  std::vector<Sequence> seqs;
-  std::vector<double> rewards;
-  std::vector<size_t> sizes;
-  std::vector<uint8_t> truncated;  // cut by max_new_tokens (algorithm.mask_truncated)
-  int64_t vmin = INT64_MAX, vmax = -1, tokens = 0;
-  SampleStats stats;  // finish reasons, environment counters, a reward model's parts: the whole batch
-  for (size_t gi = 0; gi < order.size(); ++gi) {
-    const auto& g = batch.groups[order[gi]];
-    const auto [lo_v, hi_v] = g.version_range();
-    if (lo_v >= 0) vmin = std::min(vmin, lo_v), vmax = std::max(vmax, hi_v);
-    tokens += g.num_tokens();
-    for (const auto& t : g.samples) stats.add(t.finish, t.metadata);
-    if (static_cast<int>(rank_of[gi]) != comm.rank()) continue;
-    sizes.push_back(g.samples.size());
-    for (const auto& t : g.samples) {
-      Sequence sq;
-      sq.tokens.resize(t.tokens.size());
-      for (size_t i = 0; i < t.tokens.size(); ++i) sq.tokens[i] = t.tokens[i];
-      t.loss_mask.append_to(sq.loss_mask);
-      t.logprobs.append_to(sq.values["behaviour_logprobs"]);
-      if (!t.routing.empty()) {
-        t.routing.experts.append_to(sq.routing);
-        sq.routing_layers = t.routing.layers, sq.routing_top_k = t.routing.top_k;
-      }
-      rewards.push_back(t.reward);
-      truncated.push_back(t.finish == "length" ? 1 : 0);
-      seqs.push_back(std::move(sq));
-    }
-  }
+  RankShare share = share_of_rank(batch, comm.rank(), world);
   if (lead && o_.on_batch && step + 1 > reported_) o_.on_batch(step + 1, batch);  // not a step trained again
   // Colocated: the device is ours from training to the published weights (the worker
   // generates outside this turn).
@@ -230,64 +312,28 @@ std::optional<LearnerLoop::End> LearnerLoop::step_once(int64_t& step, const std:
   const int64_t t1_us = TraceWriter::now_us();
   say(fmt::format("training step {}", step + 1));
   if (o_.on_rewards) {
-    const size_t n = rewards.size();
-    o_.on_rewards(step + 1, rewards, sizes);
-    RLX_CHECK(rewards.size() == n, "a trainer's on_rewards hook changed the number of rewards ({} -> {})", n,
-              rewards.size());
+    const size_t n = share.rewards.size();
+    o_.on_rewards(step + 1, share.rewards, share.sizes);
+    RLX_CHECK(share.rewards.size() == n, "a trainer's on_rewards hook changed the number of rewards ({} -> {})", n,
+              share.rewards.size());
   }
-  auto m = train_on_batch(p_.algorithm, p_.models, seqs, rewards, sizes, truncated);
-  const double t_train = now_s() - t1;
+  auto m = train_on_batch(p_.algorithm, p_.models, share.seqs, share.rewards, share.sizes, share.truncated);
+  times.train_s = now_s() - t1;
   trace_span("train", t1_us);
   ++step;
   trained_batch_ = batch.batch_id;
   const auto params = p_.models.policy.model().sync_parameters();  // collective; with LoRA the adapters
   const double t2 = now_s();
   const int64_t t2_us = TraceWriter::now_us();
-  say(fmt::format("publishing weights v{}", step));
-  int64_t sync_bytes = 0;
-  // A step trained again after the group re-formed: its version is out already.
-  const bool fresh = step > published_;
-  if (lead && p_.publisher && fresh) sync_bytes = p_.publisher->publish(step, params);
-  // Split: the workers learn of the version before on_weights (they roll out while rank 0
-  // validates); colocated, the engine waits for the device, held until on_weights returns.
-  if (lead && fresh && !p_.turns) p_.client->publish_version(step);
-  json extra = json::object();
-  double t_hook = 0;
-  if (lead && fresh && o_.on_weights) {
-    const double t = now_s();
-    o_.on_weights(step, params, extra);
-    t_hook = now_s() - t;
-  }
-  turn.release();
-  if (lead && fresh && p_.turns) p_.client->publish_version(step);
-  published_ = std::max(published_, step);
-  const double t_sync = now_s() - t2 - t_hook;
+  const Published published = publish_weights(step, params, turn);
+  times.sync_s = now_s() - t2 - published.hook_s;
   trace_span("publish_weights", t2_us);
   saved_ = false;
-  if (lead && step > reported_) {  // a step trained again after the group re-formed was reported
-    json line = {{"step", step},
-                 {"groups", batch.groups.size()},
-                 {"learner_ranks", world},
-                 {"sequence_tokens", tokens},  // prompts, actions and observations
-                 {"sample_version_min", vmin == INT64_MAX ? -1 : vmin},
-                 {"sample_version_max", vmax},
-                 {"version_lag", vmin == INT64_MAX ? 0 : step - 1 - vmin},  // trained version minus oldest sample
-                 {"wait_s", t_wait},
-                 {"train_s", t_train},
-                 {"sync_s", t_sync},
-                 {"sync_bytes", sync_bytes}};  // what the publisher wrote for this version
-    for (const auto& [k, v] : m) line[k] = v;
-    for (const auto& [k, v] : extra.items()) line[k] = v;
-    stats.add_to(line);
-    pending_ = Pending{step, std::move(line), t0, t_train + t_sync, static_cast<double>(tokens)};
-  }
+  if (lead && step > reported_)  // a step trained again after the group re-formed was reported
+    pending_ = Pending{step, step_line(step, batch, world, share, times, published.sync_bytes, m, published.extra), t0,
+                       times.train_s + times.sync_s, static_cast<double>(share.tokens)};
   const double t3 = now_s();
-  if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0 && p_.checkpoint) {
-    RLX_TRACE_SCOPE("checkpoint");
-    p_.checkpoint(step, trained_batch_);
-    saved_ = true;
-    while (!kept_.empty() && kept_.front().step <= step) kept_.pop_front(), replay_ -= replay_ > 0 ? 1 : 0;
-  }
+  checkpoint_if_due(step);
   if (auto* t = TraceWriter::installed()) t->flush();
   if (pending_) report(now_s() - t3);
   return std::nullopt;

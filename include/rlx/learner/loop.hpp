@@ -95,6 +95,23 @@ class LearnerLoop {
   // One step: the next batch (rank 0: a kept one while replaying, else the hub's), trained,
   // published, checkpointed, reported. A value: the loop ends.
   std::optional<End> step_once(int64_t& step, const std::atomic<bool>& stop);
+  // Rank 0's word to every rank for a step.
+  enum Decision : int64_t { kTrain = 0, kStop = 1, kEnd = 2 };
+  // Rank 0: the step's batch into `batch` (a kept one while replaying, else the hub's,
+  // waited for in slices since `t0` so that `stop` is noticed), and what to do with it.
+  Decision take_batch(int64_t step, const std::atomic<bool>& stop, double t0, bus::BatchView& batch);
+  using Weights = std::vector<std::pair<std::string, at::Tensor>>;
+  struct Published {
+    int64_t sync_bytes = 0;                           // what the publisher wrote
+    nlohmann::json extra = nlohmann::json::object();  // on_weights' metrics
+    double hook_s = 0;                                // seconds in on_weights
+  };
+  // Rank 0: the step's weights to the publisher and its version to the hub, on_weights
+  // between (none again for a step trained again); `turn` is released before a colocated
+  // engine hears of the version.
+  Published publish_weights(int64_t step, const Weights& params, DeviceTurns::Turn& turn);
+  // Every checkpoint_every steps: the collective checkpoint, and the kept batches it holds dropped.
+  void checkpoint_if_due(int64_t step);
   // After a CommError: the group re-formed and restored (p_.recover); the kept batches after
   // the restored step are trained again.
   void recover(int64_t& step, const dist::CommError& e);
