@@ -160,26 +160,26 @@ void guarded(GroupRollout& gr, F&& f) {
   }
 }
 
-}  // namespace
+// The episodes a grant starts afresh, reset together (one round trip to an env server for
+// them all): each one's environment, task and group.
+struct FreshEpisodes {
+  std::vector<env::Env*> envs;
+  std::vector<const json*> tasks;
+  std::vector<size_t> group;
+};
 
-std::vector<GroupRollout> rollout_groups(Engine& engine, const EnvSource& envs, const std::vector<bus::Lease>& leases,
-                                         const RolloutOptions& options, EpisodeCheckpoints* checkpoints,
-                                         const std::function<void()>& after_checkpoint, const std::atomic<bool>* stop) {
-  const int64_t start_us = TraceWriter::now_us();
+// The grant's groups, each continued from its episode checkpoint or given fresh
+// environments (into `fresh`, their tasks parsed into `tasks`). An environment that failed
+// (InfraError) sends the lease back to be retried; a task the environment rejects ends the
+// lease as a data error. A server past its restarts (envs.make() throws) ends the worker.
+std::vector<GroupRollout> open_groups(Engine& engine, const EnvSource& envs, const std::vector<bus::Lease>& leases,
+                                      EpisodeCheckpoints* checkpoints, std::vector<json>& tasks, FreshEpisodes& fresh) {
   std::vector<GroupRollout> groups(leases.size());
-  std::vector<json> tasks(leases.size());
-  // The episodes to start, reset together (one round trip to an env server for them all).
-  std::vector<env::Env*> fresh;
-  std::vector<const json*> fresh_tasks;
-  std::vector<size_t> fresh_group;
   for (size_t g = 0; g < leases.size(); ++g) {
     auto& gr = groups[g];
     gr.lease = leases[g];
     gr.routing_layers = static_cast<uint16_t>(engine.routing().layers());
     gr.routing_top_k = static_cast<uint16_t>(engine.routing().top_k());
-    // An environment that failed (InfraError) sends the lease back to be retried; a task
-    // the environment rejects ends the lease as a data error. A server past its restarts
-    // (envs.make() throws) ends the worker.
     json& task = tasks[g];
     try {
       task = json::parse(gr.lease.task);
@@ -194,52 +194,161 @@ std::vector<GroupRollout> rollout_groups(Engine& engine, const EnvSource& envs, 
     }
     for (uint32_t k = 0; k < gr.lease.group_size; ++k) {
       gr.envs.push_back(envs.make());
-      fresh.push_back(gr.envs.back().get());
-      fresh_tasks.push_back(&task);
-      fresh_group.push_back(g);
+      fresh.envs.push_back(gr.envs.back().get());
+      fresh.tasks.push_back(&task);
+      fresh.group.push_back(g);
     }
   }
-  if (!fresh.empty()) {
-    auto prompts = env::reset_all(fresh, fresh_tasks);
-    for (size_t i = 0; i < fresh.size(); ++i) {
-      auto& gr = groups[fresh_group[i]];
-      if (!gr.error.empty()) continue;  // the group ended at an earlier sample's error (the first one is reported)
-      guarded(gr, [&] {
-        if (prompts[i].error) std::rethrow_exception(prompts[i].error);
-        gr.episodes.emplace_back().start(std::move(prompts[i].value));
-        gr.versions.emplace_back(gr.episodes.back().tokens.size(), -1);
-        gr.truncated.push_back(0);
-        gr.routing.emplace_back(gr.episodes.back().tokens.size() * routing_width(gr), -1);
-      });
+  return groups;
+}
+
+// Resets the fresh episodes' environments together and starts each episode at its prompt.
+void start_episodes(std::vector<GroupRollout>& groups, const FreshEpisodes& fresh) {
+  if (fresh.envs.empty()) return;
+  auto prompts = env::reset_all(fresh.envs, fresh.tasks);
+  for (size_t i = 0; i < fresh.envs.size(); ++i) {
+    auto& gr = groups[fresh.group[i]];
+    if (!gr.error.empty()) continue;  // the group ended at an earlier sample's error (the first one is reported)
+    guarded(gr, [&] {
+      if (prompts[i].error) std::rethrow_exception(prompts[i].error);
+      gr.episodes.emplace_back().start(std::move(prompts[i].value));
+      gr.versions.emplace_back(gr.episodes.back().tokens.size(), -1);
+      gr.truncated.push_back(0);
+      gr.routing.emplace_back(gr.episodes.back().tokens.size() * routing_width(gr), -1);
+    });
+  }
+}
+
+// A turn's generation requests and whose each is: group, sample (-1: all samples).
+struct TurnRequests {
+  std::vector<GenerationRequest> requests;
+  std::vector<std::pair<size_t, int64_t>> owner;
+};
+
+// The turn's requests: a group whose episodes all share their tokens at turn 0 asks for its
+// group_size samples at once; otherwise every unfinished episode asks for one.
+TurnRequests turn_requests(const std::vector<GroupRollout>& groups, int turn, const RolloutOptions& options,
+                           const EnvSource& envs) {
+  TurnRequests out;
+  auto params = options.sampling;
+  params.n = 1;
+  params.stop_strings.insert(params.stop_strings.end(), envs.stop_strings.begin(), envs.stop_strings.end());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    auto& gr = groups[g];
+    if (!gr.error.empty() || turn < gr.start_turn) continue;
+    const auto& l = gr.lease;
+    const bool shared = turn == 0 && std::all_of(gr.episodes.begin(), gr.episodes.end(), [&](const env::Episode& e) {
+                          return e.tokens == gr.episodes[0].tokens;
+                        });
+    if (shared) {
+      auto p = params;
+      p.n = l.group_size;
+      out.requests.push_back({.id = fmt::format("p{}.e{}.t0", l.prompt_index, l.epoch),
+                              .prompt = gr.episodes[0].tokens,
+                              .params = p,
+                              .seed = options.seed});
+      out.owner.emplace_back(g, -1);
+      continue;
+    }
+    for (size_t k = 0; k < gr.episodes.size(); ++k) {
+      if (gr.episodes[k].done) continue;
+      out.requests.push_back({.id = fmt::format("p{}.e{}.s{}.t{}", l.prompt_index, l.epoch, k, turn),
+                              .prompt = gr.episodes[k].tokens,
+                              .params = params,
+                              .seed = options.seed});
+      out.owner.emplace_back(g, static_cast<int64_t>(k));
     }
   }
+  return out;
+}
+
+// Every sample's action, to step its environment with: the environments, the actions, and
+// each one's group and sample.
+struct TurnActions {
+  std::vector<env::Env*> stepped;
+  std::vector<std::vector<TokenId>> actions;
+  std::vector<std::pair<size_t, size_t>> at;
+};
+
+// The engine's samples into their episodes (action tokens, log-probs, versions, routing,
+// truncation), and the actions to send to the environments.
+TurnActions add_actions(std::vector<GroupRollout>& groups, std::vector<GenerationResult>& results,
+                        const std::vector<std::pair<size_t, int64_t>>& owner) {
+  TurnActions out;
+  for (size_t r = 0; r < results.size(); ++r) {
+    auto& gr = groups[owner[r].first];
+    if (!gr.error.empty()) continue;
+    for (size_t s = 0; s < results[r].samples.size(); ++s) {
+      const size_t k = owner[r].second < 0 ? s : static_cast<size_t>(owner[r].second);
+      auto& out_sample = results[r].samples[s];
+      auto& ver = gr.versions[k];
+      add_routing(gr.routing[k], results[r], out_sample);
+      gr.episodes[k].add_action(out_sample.tokens, out_sample.logprobs);
+      ver.insert(ver.end(), out_sample.versions.begin(), out_sample.versions.end());
+      gr.truncated[k] = out_sample.finish == FinishReason::length ? 1 : 0;
+      out.stepped.push_back(gr.envs[k].get());
+      out.actions.emplace_back(out_sample.tokens.begin(), out_sample.tokens.end());
+      out.at.emplace_back(owner[r].first, k);
+    }
+  }
+  return out;
+}
+
+// The environments' answers into their episodes: reward, done, info, and the observation
+// of an episode that goes on.
+void add_steps(std::vector<GroupRollout>& groups, std::vector<env::Outcome<env::StepResult>>& steps,
+               const std::vector<std::pair<size_t, size_t>>& at) {
+  for (size_t i = 0; i < steps.size(); ++i) {
+    auto& gr = groups[at[i].first];
+    if (!gr.error.empty()) continue;  // the group ended at an earlier sample's error
+    auto& ep = gr.episodes[at[i].second];
+    auto& ver = gr.versions[at[i].second];
+    guarded(gr, [&] {
+      if (steps[i].error) std::rethrow_exception(steps[i].error);
+      auto& step = steps[i].value;
+      ++ep.turns;
+      ep.reward += step.reward;
+      ep.done = step.done;
+      ep.info.push_back(std::move(step.info));
+      if (!ep.done) {
+        ep.add_observation(step.observation);
+        ver.resize(ep.tokens.size(), -1);
+        gr.routing[at[i].second].resize(ep.tokens.size() * routing_width(gr), -1);
+      }
+    });
+  }
+}
+
+// Saves the unfinished episodes of the groups that ran `turn` (to go on at turn + 1);
+// whether any was saved.
+bool save_episodes(std::vector<GroupRollout>& groups, int turn, EpisodeCheckpoints& checkpoints) {
+  bool saved = false;
+  for (auto& gr : groups) {
+    if (!gr.error.empty() || turn < gr.start_turn ||
+        std::all_of(gr.episodes.begin(), gr.episodes.end(), [](const env::Episode& e) { return e.done; }))
+      continue;
+    try {
+      checkpoints.save(gr, turn + 1);
+      saved = true;
+    } catch (const env::InfraError& e) {  // a remote environment's state could not be read
+      gr.error_kind = "infra", gr.error = e.what();
+    }
+  }
+  return saved;
+}
+
+}  // namespace
+
+std::vector<GroupRollout> rollout_groups(Engine& engine, const EnvSource& envs, const std::vector<bus::Lease>& leases,
+                                         const RolloutOptions& options, EpisodeCheckpoints* checkpoints,
+                                         const std::function<void()>& after_checkpoint, const std::atomic<bool>* stop) {
+  const int64_t start_us = TraceWriter::now_us();
+  std::vector<json> tasks(leases.size());
+  FreshEpisodes fresh;
+  auto groups = open_groups(engine, envs, leases, checkpoints, tasks, fresh);
+  start_episodes(groups, fresh);
   for (int turn = 0; turn < options.max_turns; ++turn) {
-    std::vector<GenerationRequest> requests;
-    std::vector<std::pair<size_t, int64_t>> owner;  // group, sample (-1: all samples)
-    auto params = options.sampling;
-    params.n = 1;
-    params.stop_strings.insert(params.stop_strings.end(), envs.stop_strings.begin(), envs.stop_strings.end());
-    for (size_t g = 0; g < groups.size(); ++g) {
-      auto& gr = groups[g];
-      if (!gr.error.empty() || turn < gr.start_turn) continue;
-      const auto& l = gr.lease;
-      const bool shared = turn == 0 && std::all_of(gr.episodes.begin(), gr.episodes.end(),
-                                                   [&](const env::Episode& e) { return e.tokens == gr.episodes[0].tokens; });
-      if (shared) {
-        auto p = params;
-        p.n = l.group_size;
-        requests.push_back({.id = fmt::format("p{}.e{}.t0", l.prompt_index, l.epoch), .prompt = gr.episodes[0].tokens,
-                            .params = p, .seed = options.seed});
-        owner.emplace_back(g, -1);
-        continue;
-      }
-      for (size_t k = 0; k < gr.episodes.size(); ++k) {
-        if (gr.episodes[k].done) continue;
-        requests.push_back({.id = fmt::format("p{}.e{}.s{}.t{}", l.prompt_index, l.epoch, k, turn),
-                            .prompt = gr.episodes[k].tokens, .params = params, .seed = options.seed});
-        owner.emplace_back(g, static_cast<int64_t>(k));
-      }
-    }
+    auto [requests, owner] = turn_requests(groups, turn, options, envs);
     if (requests.empty()) {
       // Nothing to sample at this turn: done, unless groups continued from a checkpoint
       // start at a later one (every group of the grant was continued).
@@ -259,65 +368,16 @@ std::vector<GroupRollout> rollout_groups(Engine& engine, const EnvSource& envs, 
     }
     const int64_t env_us = TraceWriter::now_us();
     // Every sample's action to its environment, the calls in flight together.
-    std::vector<env::Env*> stepped;
-    std::vector<std::vector<TokenId>> actions;
-    std::vector<std::pair<size_t, size_t>> at;  // group, sample
-    for (size_t r = 0; r < results.size(); ++r) {
-      auto& gr = groups[owner[r].first];
-      if (!gr.error.empty()) continue;
-      for (size_t s = 0; s < results[r].samples.size(); ++s) {
-        const size_t k = owner[r].second < 0 ? s : static_cast<size_t>(owner[r].second);
-        auto& out = results[r].samples[s];
-        auto& ver = gr.versions[k];
-        add_routing(gr.routing[k], results[r], out);
-        gr.episodes[k].add_action(out.tokens, out.logprobs);
-        ver.insert(ver.end(), out.versions.begin(), out.versions.end());
-        gr.truncated[k] = out.finish == FinishReason::length ? 1 : 0;
-        stepped.push_back(gr.envs[k].get());
-        actions.emplace_back(out.tokens.begin(), out.tokens.end());
-        at.emplace_back(owner[r].first, k);
-      }
-    }
-    auto steps = env::step_all(stepped, actions);
-    for (size_t i = 0; i < steps.size(); ++i) {
-      auto& gr = groups[at[i].first];
-      if (!gr.error.empty()) continue;  // the group ended at an earlier sample's error
-      auto& ep = gr.episodes[at[i].second];
-      auto& ver = gr.versions[at[i].second];
-      guarded(gr, [&] {
-        if (steps[i].error) std::rethrow_exception(steps[i].error);
-        auto& step = steps[i].value;
-        ++ep.turns;
-        ep.reward += step.reward;
-        ep.done = step.done;
-        ep.info.push_back(std::move(step.info));
-        if (!ep.done) {
-          ep.add_observation(step.observation);
-          ver.resize(ep.tokens.size(), -1);
-          gr.routing[at[i].second].resize(ep.tokens.size() * routing_width(gr), -1);
-        }
-      });
-    }
+    const auto acted = add_actions(groups, results, owner);
+    auto steps = env::step_all(acted.stepped, acted.actions);
+    add_steps(groups, steps, acted.at);
     trace_span("env_step", env_us);
     // Unfinished episodes are saved every K turns (not after the last one).
     if (!checkpoints || !checkpoints->due(turn + 1) || turn + 1 >= options.max_turns) continue;
-    bool saved = false;
-    for (auto& gr : groups) {
-      if (!gr.error.empty() || turn < gr.start_turn ||
-          std::all_of(gr.episodes.begin(), gr.episodes.end(), [](const env::Episode& e) { return e.done; }))
-        continue;
-      try {
-        checkpoints->save(gr, turn + 1);
-        saved = true;
-      } catch (const env::InfraError& e) {  // a remote environment's state could not be read
-        gr.error_kind = "infra", gr.error = e.what();
-      }
-    }
-    if (saved && after_checkpoint) after_checkpoint();
+    if (save_episodes(groups, turn, *checkpoints) && after_checkpoint) after_checkpoint();
   }
   return groups;
 }
-
 
 void score_episodes(std::vector<GroupRollout>& groups, const WorkerOptions& o) {
   if (!o.score) return;
