@@ -274,6 +274,14 @@ struct Sandbox::Impl {
   }
 
   SandboxResult run(const SandboxRequest& req) const;
+  // The plan of one run (before prepare()): the command, its environment and rlimits, and
+  // (isolated) the new root's mounts, devices and files.
+  Plan plan_run(const SandboxRequest& req, const SandboxLimits& limits) const;
+  // Hands the writable paths to a run's uid (as root); the last failure, or empty.
+  std::string hand_writable_paths(uint32_t uid, uint32_t gid) const;
+  // Starts the monitor with `fds` (through the helper, else forked); its pid, or -1 with
+  // `error` set.
+  pid_t start_monitor(Plan& plan, Fds fds, std::string& error) const;
 };
 
 namespace {
@@ -304,13 +312,8 @@ SandboxLimits tighter(const SandboxLimits& a, const SandboxLimits& b) {
 
 }  // namespace
 
-SandboxResult Sandbox::Impl::run(const SandboxRequest& req) const {
-  SandboxResult res;
-  res.isolation = layers;
-  RLX_CHECK(!req.argv.empty(), "sandbox: an empty command");
-  const SandboxLimits L = req.limits ? tighter(o.limits, *req.limits) : o.limits;
+Plan Sandbox::Impl::plan_run(const SandboxRequest& req, const SandboxLimits& L) const {
   const bool isolate = namespaces != 0;
-
   Plan plan;
   plan.exe = find_executable(req.argv[0]);
   plan.strings.reserve(req.argv.size() + req.env.size() + 8);
@@ -328,7 +331,6 @@ SandboxResult Sandbox::Impl::run(const SandboxRequest& req) const {
   const uint64_t cpu = static_cast<uint64_t>(std::ceil(L.cpu_s));
   // SIGXCPU at the soft CPU limit, SIGKILL a second later.
   plan.limits = {cpu, cpu + 1, L.memory_mb << 20, L.processes, L.file_mb << 20, L.open_files, 0};
-  plan.prepare();
   plan.hostname = o.hostname;
   plan.filter = filter;
   plan.namespaces = namespaces;
@@ -350,14 +352,309 @@ SandboxResult Sandbox::Impl::run(const SandboxRequest& req) const {
   } else {
     RLX_CHECK(req.files.empty(), "sandbox: files need the mount namespace, which this machine refuses");
   }
+  return plan;
+}
 
+std::string Sandbox::Impl::hand_writable_paths(uint32_t uid, uint32_t gid) const {
+  std::string error;
+  for (const auto& e : exposed)
+    if (e.writable && ::chown(e.path.c_str(), uid, gid) != 0)
+      error = fmt::format("sandbox: cannot hand {} to uid {}: {}", e.path, uid, std::strerror(errno));
+  return error;
+}
+
+pid_t Sandbox::Impl::start_monitor(Plan& plan, Fds fds, std::string& error) const {
+  // The helper, started with posix_spawn (vfork + exec): its children copy a tiny process.
+  if (!helper.empty()) return spawn_helper(helper, plan, fds, error);
+  // No atfork handlers (LibTorch's and OpenMP's are slow); the child only makes system calls.
+  const pid_t monitor = ::_Fork();
+  if (monitor == 0) sandbox_detail::run_monitor(plan, fds);
+  if (monitor < 0) error = fmt::format("fork: {}", std::strerror(errno));
+  return monitor;
+}
+
+namespace {
+
+// How a run's processes ended, as the caller saw them.
+struct Ending {
+  bool have_command = false;  // init reported the command's wait status
+  bool done = false;          // the monitor reported init's end
+  int cmd_status = 0;         // the command's wait status
+  bool timed_out = false, cancelled = false;
+};
+
+// A set-up failure's detail: the step, the path it failed on (a bind's source, or the
+// command), and the error.
+std::string setup_failure(const Record& r, const Plan& plan) {
+  const auto bind = static_cast<int64_t>(r.c);
+  const auto path = bind >= 0 && bind < static_cast<int64_t>(plan.binds.size()) ? " " + plan.binds[bind].src
+                    : r.b == kStepExec                                          ? " " + plan.exe
+                                                                                : std::string();
+  return fmt::format("sandbox set-up failed at '{}'{}: {}", kSteps[std::clamp<int64_t>(r.b, 0, kStepHelper)], path,
+                     std::strerror(r.a));
+}
+
+// The caller's side of a run, from the monitor's start to its reaping: the records on the
+// status pipe (the uid/gid maps written once the monitor has unshared), the command's stdin
+// written and its stdout and stderr read until the pipes close, and every process killed at
+// the wall-clock or output limit or on cancellation. Fills `res`'s output, detail and usage.
+class RunWatch {
+ public:
+  // `ends`: the caller's ends of the pipes (status, out and err read; sync and in written).
+  RunWatch(const SandboxRequest& req, const SandboxLimits& limits, const Plan& plan, pid_t monitor, uint32_t uid,
+           uint32_t gid, Fds ends, double deadline, SandboxResult& res)
+      : req_(req),
+        L_(limits),
+        plan_(plan),
+        monitor_(monitor),
+        uid_(uid),
+        gid_(gid),
+        deadline_(deadline),
+        res_(res),
+        fds_{ends.status, ends.out, ends.err},
+        sync_fd_(ends.sync),
+        in_fd_(ends.in) {}
+
+  // Watches until the pipes close (or, once killed, 5 s past the deadline); then closes
+  // them and reaps the monitor.
+  Ending run() {
+    if (req_.stdin_data.empty())
+      ::close(in_fd_), in_fd_ = -1;
+    else
+      ::fcntl(in_fd_, F_SETFL, O_NONBLOCK);
+    while (fds_[0] >= 0 || fds_[1] >= 0 || fds_[2] >= 0) {
+      read_records();
+      if (!poll_once()) break;
+      if (killed_ && now_s() > deadline_ + 5) break;  // bounded even if something holds a pipe open
+    }
+    for (int fd : {fds_[0], fds_[1], fds_[2], in_fd_, sync_fd_})
+      if (fd >= 0) ::close(fd);
+    int mst = 0;
+    while (::waitpid(monitor_, &mst, 0) < 0 && errno == EINTR) {
+    }
+    return end_;
+  }
+
+ private:
+  void kill_all() {
+    if (killed_) return;
+    killed_ = true;
+    // init's death empties the pid namespace, and the monitor reaps init only once it is
+    // empty: so run() returns after the last process is gone. Before init exists, the
+    // monitor (init would follow it through PR_SET_PDEATHSIG).
+    if (init_ > 0)
+      ::kill(init_, SIGKILL);
+    else
+      ::kill(monitor_, SIGKILL);
+  }
+
+  // Records as they arrive.
+  void read_records() {
+    while (status_buf_.size() >= sizeof(Record)) {
+      Record r;
+      std::memcpy(&r, status_buf_.data(), sizeof r);
+      status_buf_.erase(0, sizeof r);
+      if (r.kind == kUnshared) {
+        write_maps();
+      } else if (r.kind == kInitPid) {
+        init_ = r.a;
+        if (killed_) ::kill(init_, SIGKILL);
+      } else if (r.kind == kSetupFail) {
+        res_.detail = setup_failure(r, plan_);
+      } else if (r.kind == kCommand) {
+        end_.have_command = true;
+        end_.cmd_status = r.a;
+      } else if (r.kind == kDone) {
+        end_.done = true;
+        res_.max_rss_kb = static_cast<uint64_t>(r.b);
+        res_.cpu_s = r.c;
+      }
+    }
+  }
+
+  // The monitor has unshared: its uid/gid maps (isolated), then the word to go on or not.
+  void write_maps() {
+    bool mapped = true;
+    if (plan_.isolate) {
+      const std::string proc = fmt::format("/proc/{}/", monitor_);
+      if (::geteuid() != 0) mapped = write_file(proc + "setgroups", "deny");
+      mapped = mapped && write_file(proc + "uid_map", fmt::format("0 {} 1\n", uid_)) &&
+               write_file(proc + "gid_map", fmt::format("0 {} 1\n", gid_));
+    }
+    const char go = mapped ? 1 : 0;
+    if (!mapped) res_.detail = fmt::format("sandbox: writing the uid/gid map failed: {}", std::strerror(errno));
+    (void)!::write(sync_fd_, &go, 1);
+    ::close(sync_fd_);
+    sync_fd_ = -1;
+  }
+
+  // The limits and cancellation checked, one poll of the open pipes, and what it found
+  // handled. False: poll failed.
+  bool poll_once() {
+    pollfd pfd[4];
+    int n = 0;
+    int which[4];
+    for (int i = 0; i < 3; ++i)
+      if (fds_[i] >= 0) pfd[n] = {fds_[i], POLLIN, 0}, which[n++] = i;
+    if (in_fd_ >= 0) pfd[n] = {in_fd_, POLLOUT, 0}, which[n++] = 3;
+    const double left = deadline_ - now_s();
+    if (left <= 0 && !killed_) {
+      end_.timed_out = true;
+      kill_all();
+    }
+    if (req_.cancel && *req_.cancel && !killed_) {
+      end_.cancelled = true;
+      kill_all();
+    }
+    const int wait_ms = killed_ ? 1000 : static_cast<int>(std::ceil(std::min(left, req_.cancel ? 0.1 : left) * 1000));
+    const int rc = ::poll(pfd, static_cast<nfds_t>(n), wait_ms);
+    if (rc < 0 && errno != EINTR) return false;
+    for (int k = 0; k < n; ++k) {
+      if (!pfd[k].revents) continue;
+      if (which[k] == 3)
+        write_stdin();
+      else
+        read_pipe(which[k]);
+    }
+    return true;
+  }
+
+  void write_stdin() {
+    const ssize_t w = write_no_sigpipe(in_fd_, req_.stdin_data.data() + in_off_, req_.stdin_data.size() - in_off_);
+    if (w > 0) in_off_ += static_cast<size_t>(w);
+    if (w < 0 && errno != EAGAIN && errno != EINTR) in_off_ = req_.stdin_data.size();  // reader gone
+    if (in_off_ >= req_.stdin_data.size()) ::close(in_fd_), in_fd_ = -1;
+  }
+
+  // Pipe i (0: status, 1: stdout, 2: stderr) into its sink (req.on_output streams the
+  // command's); output past the limit is discarded and kills the run.
+  void read_pipe(int i) {
+    char buf[65536];
+    const ssize_t r = ::read(fds_[i], buf, sizeof buf);
+    if (r <= 0) {
+      if (r < 0 && (errno == EINTR || errno == EAGAIN)) return;
+      ::close(fds_[i]);
+      fds_[i] = -1;
+      return;
+    }
+    std::string& sink = i == 0 ? status_buf_ : i == 1 ? res_.stdout_text : res_.stderr_text;
+    const bool streamed = i > 0 && req_.on_output;
+    const size_t had = streamed ? streamed_bytes_[i] : sink.size();
+    size_t take = static_cast<size_t>(r);
+    if (i > 0 && had + take > L_.output_bytes) {
+      take = L_.output_bytes - had;
+      (i == 1 ? res_.stdout_truncated : res_.stderr_truncated) = true;
+      kill_all();
+      // keep draining (discarding) so nothing blocks; the pipes close when the namespace dies
+    }
+    if (take == 0) return;
+    if (streamed) {
+      streamed_bytes_[i] += take;
+      req_.on_output(i, std::string_view(buf, take));
+    } else {
+      sink.append(buf, take);
+    }
+  }
+
+  const SandboxRequest& req_;
+  const SandboxLimits& L_;
+  const Plan& plan_;
+  const pid_t monitor_;
+  const uint32_t uid_, gid_;
+  const double deadline_;
+  SandboxResult& res_;
+  int fds_[3];  // status, stdout, stderr (-1: closed)
+  int sync_fd_, in_fd_;
+  size_t in_off_ = 0;                     // stdin written so far
+  size_t streamed_bytes_[3] = {0, 0, 0};  // what went to req.on_output
+  std::string status_buf_;                // records not yet read
+  pid_t init_ = -1;
+  bool killed_ = false;
+  Ending end_;
+};
+
+// The verdict of a command that exited: ok, unless its stderr says a limit failed it. The
+// address-space and file-size limits show as failed calls (interpreters ignore SIGXFSZ),
+// reported by the program itself.
+void exit_verdict(SandboxResult& res, const SandboxLimits& L, int exit_code) {
+  res.exit_code = exit_code;
+  res.verdict = SandboxVerdict::ok;
+  if (res.exit_code != 0 && res.stderr_text.find("File too large") != std::string::npos) {
+    res.verdict = SandboxVerdict::file_size;
+    res.detail = fmt::format("file size limit of {} MiB", L.file_mb);
+  } else if (res.exit_code != 0 && (res.stderr_text.find("MemoryError") != std::string::npos ||
+                                    res.stderr_text.find("std::bad_alloc") != std::string::npos ||
+                                    res.stderr_text.find("Cannot allocate memory") != std::string::npos)) {
+    res.verdict = SandboxVerdict::memory;
+    res.detail = fmt::format("address-space limit of {} MiB", L.memory_mb);
+  }
+}
+
+// The verdict of a command killed by a signal: the limit or filter that sent it, if any.
+void signal_verdict(SandboxResult& res, const SandboxLimits& L, int signal) {
+  res.signal = signal;
+  switch (res.signal) {
+    case SIGSYS:
+      res.verdict = SandboxVerdict::filter, res.detail = "a forbidden system call";
+      break;
+    case SIGXCPU:
+      res.verdict = SandboxVerdict::cpu_time, res.detail = fmt::format("CPU limit of {} s", L.cpu_s);
+      break;
+    case SIGXFSZ:
+      res.verdict = SandboxVerdict::file_size, res.detail = fmt::format("file size limit of {} MiB", L.file_mb);
+      break;
+    case SIGKILL:
+      if (res.cpu_s >= std::ceil(L.cpu_s)) {
+        res.verdict = SandboxVerdict::cpu_time;
+        res.detail = fmt::format("CPU limit of {} s", L.cpu_s);
+        break;
+      }
+      [[fallthrough]];
+    default:
+      res.verdict = SandboxVerdict::signal,
+      res.detail = fmt::format("killed by signal {} ({})", res.signal, ::strsignal(res.signal));
+  }
+}
+
+// The run's verdict and its detail, from how it ended and what it wrote.
+void set_verdict(SandboxResult& res, const SandboxLimits& L, const Ending& end) {
+  if (!res.detail.empty() && !end.have_command) {
+    res.verdict = SandboxVerdict::setup_error;
+  } else if (end.cancelled) {
+    res.verdict = SandboxVerdict::cancelled;
+    res.detail = "cancelled by the caller";
+  } else if (end.timed_out) {
+    res.verdict = SandboxVerdict::timeout;
+    res.detail = fmt::format("wall-clock limit of {} s", L.wall_s);
+  } else if (res.stdout_truncated || res.stderr_truncated) {
+    res.verdict = SandboxVerdict::output_limit;
+    res.detail = fmt::format("more than {} bytes of output", L.output_bytes);
+  } else if (!end.have_command || !end.done) {
+    res.verdict = SandboxVerdict::setup_error;
+    if (res.detail.empty()) res.detail = "the sandbox ended without reporting the command's status";
+  } else if (!res.detail.empty()) {
+    res.verdict = SandboxVerdict::setup_error;  // e.g. execve failed
+  } else if (WIFEXITED(end.cmd_status)) {
+    exit_verdict(res, L, WEXITSTATUS(end.cmd_status));
+  } else if (WIFSIGNALED(end.cmd_status)) {
+    signal_verdict(res, L, WTERMSIG(end.cmd_status));
+  }
+}
+
+}  // namespace
+
+SandboxResult Sandbox::Impl::run(const SandboxRequest& req) const {
+  SandboxResult res;
+  res.isolation = layers;
+  RLX_CHECK(!req.argv.empty(), "sandbox: an empty command");
+  const SandboxLimits L = req.limits ? tighter(o.limits, *req.limits) : o.limits;
+  const bool isolate = namespaces != 0;
+  Plan plan = plan_run(req, L);
+  plan.prepare();  // argv and envp point into the plan's strings, where they stay
   const uint32_t uid = isolate ? outside_uid() : ::geteuid();
   const uint32_t gid = isolate ? (::geteuid() == 0 ? uid : ::getegid()) : ::getegid();
   // A writable path is handed to this run's uid (as root, runs get uids of their own).
-  if (isolate && ::geteuid() == 0)
-    for (const auto& e : exposed)
-      if (e.writable && ::chown(e.path.c_str(), uid, gid) != 0)
-        res.detail = fmt::format("sandbox: cannot hand {} to uid {}: {}", e.path, uid, std::strerror(errno));
+  if (isolate && ::geteuid() == 0) res.detail = hand_writable_paths(uid, gid);
   if (!res.detail.empty()) return res;
   // Pipes: status (children -> caller), exec (command -> init, O_CLOEXEC), sync (caller
   // -> monitor), stdin, stdout, stderr.
@@ -369,18 +666,11 @@ SandboxResult Sandbox::Impl::run(const SandboxRequest& req) const {
   plan.caller_root = ::geteuid() == 0;
   const double t0 = now_s();
 
-  pid_t monitor = -1;
   std::string spawn_error;
-  if (!helper.empty()) {
-    // The helper, started with posix_spawn (vfork + exec): its children copy a tiny process.
-    monitor = spawn_helper(helper, plan, {status_p[1], sync_p[0], in_p[0], out_p[1], err_p[1]}, spawn_error);
-  } else {
-    monitor = ::_Fork();  // no atfork handlers (LibTorch's and OpenMP's are slow); the child only makes system calls
-    if (monitor == 0) sandbox_detail::run_monitor(plan, {status_p[1], sync_p[0], in_p[0], out_p[1], err_p[1]});
-    if (monitor < 0) spawn_error = fmt::format("fork: {}", std::strerror(errno));
-  }
+  const pid_t monitor = start_monitor(plan, {status_p[1], sync_p[0], in_p[0], out_p[1], err_p[1]}, spawn_error);
   if (monitor < 0) {
-    for (int fd : {status_p[0], status_p[1], sync_p[0], sync_p[1], in_p[0], in_p[1], out_p[0], out_p[1], err_p[0], err_p[1]})
+    for (int fd :
+         {status_p[0], status_p[1], sync_p[0], sync_p[1], in_p[0], in_p[1], out_p[0], out_p[1], err_p[0], err_p[1]})
       ::close(fd);
     res.detail = spawn_error;
     return res;
@@ -388,179 +678,11 @@ SandboxResult Sandbox::Impl::run(const SandboxRequest& req) const {
 
   // ---- caller ----
   for (int fd : {status_p[1], sync_p[0], in_p[0], out_p[1], err_p[1]}) ::close(fd);
-  pid_t init = -1;
-  bool have_command = false, done = false, killed = false;
-  int cmd_status = 0;
-  auto kill_all = [&] {
-    if (killed) return;
-    killed = true;
-    // init's death empties the pid namespace, and the monitor reaps init only once it is
-    // empty: so run() returns after the last process is gone. Before init exists, the
-    // monitor (init would follow it through PR_SET_PDEATHSIG).
-    if (init > 0) ::kill(init, SIGKILL);
-    else ::kill(monitor, SIGKILL);
-  };
-  std::string status_buf;
-  int sync_fd = sync_p[1], in_fd = in_p[1];
-  size_t in_off = 0;
-  if (req.stdin_data.empty()) ::close(in_fd), in_fd = -1;
-  else ::fcntl(in_fd, F_SETFL, O_NONBLOCK);
-  int fds[3] = {status_p[0], out_p[0], err_p[0]};
-  std::string* sinks[3] = {&status_buf, &res.stdout_text, &res.stderr_text};
-  bool* truncated[3] = {nullptr, &res.stdout_truncated, &res.stderr_truncated};
-  size_t streamed_bytes[3] = {0, 0, 0};  // what went to req.on_output
-  const double deadline = t0 + L.wall_s;
-  bool timed_out = false, cancelled = false;
-  while (fds[0] >= 0 || fds[1] >= 0 || fds[2] >= 0) {
-    // Records as they arrive.
-    while (status_buf.size() >= sizeof(Record)) {
-      Record r;
-      std::memcpy(&r, status_buf.data(), sizeof r);
-      status_buf.erase(0, sizeof r);
-      if (r.kind == kUnshared) {
-        bool mapped = true;
-        if (isolate) {
-          const std::string proc = fmt::format("/proc/{}/", monitor);
-          if (::geteuid() != 0) mapped = write_file(proc + "setgroups", "deny");
-          mapped = mapped && write_file(proc + "uid_map", fmt::format("0 {} 1\n", uid)) &&
-                   write_file(proc + "gid_map", fmt::format("0 {} 1\n", gid));
-        }
-        const char go = mapped ? 1 : 0;
-        if (!mapped) res.detail = fmt::format("sandbox: writing the uid/gid map failed: {}", std::strerror(errno));
-        (void)!::write(sync_fd, &go, 1);
-        ::close(sync_fd);
-        sync_fd = -1;
-      } else if (r.kind == kInitPid) {
-        init = r.a;
-        if (killed) ::kill(init, SIGKILL);
-      } else if (r.kind == kSetupFail) {
-        // The path it failed on: a bind's source, or the command.
-        const auto bind = static_cast<int64_t>(r.c);
-        const auto path = bind >= 0 && bind < static_cast<int64_t>(plan.binds.size()) ? " " + plan.binds[bind].src
-                          : r.b == kStepExec                                           ? " " + plan.exe
-                                                                                      : std::string();
-        res.detail = fmt::format("sandbox set-up failed at '{}'{}: {}", kSteps[std::clamp<int64_t>(r.b, 0, kStepHelper)],
-                                 path, std::strerror(r.a));
-      } else if (r.kind == kCommand) {
-        have_command = true;
-        cmd_status = r.a;
-      } else if (r.kind == kDone) {
-        done = true;
-        res.max_rss_kb = static_cast<uint64_t>(r.b);
-        res.cpu_s = r.c;
-      }
-    }
-    pollfd pfd[4];
-    int n = 0;
-    int which[4];
-    for (int i = 0; i < 3; ++i)
-      if (fds[i] >= 0) pfd[n] = {fds[i], POLLIN, 0}, which[n++] = i;
-    if (in_fd >= 0) pfd[n] = {in_fd, POLLOUT, 0}, which[n++] = 3;
-    const double left = deadline - now_s();
-    if (left <= 0 && !killed) {
-      timed_out = true;
-      kill_all();
-    }
-    if (req.cancel && *req.cancel && !killed) {
-      cancelled = true;
-      kill_all();
-    }
-    const int wait_ms = killed ? 1000 : static_cast<int>(std::ceil(std::min(left, req.cancel ? 0.1 : left) * 1000));
-    const int rc = ::poll(pfd, static_cast<nfds_t>(n), wait_ms);
-    if (rc < 0 && errno != EINTR) break;
-    for (int k = 0; k < n; ++k) {
-      if (!pfd[k].revents) continue;
-      const int i = which[k];
-      if (i == 3) {
-        const ssize_t w = write_no_sigpipe(in_fd, req.stdin_data.data() + in_off, req.stdin_data.size() - in_off);
-        if (w > 0) in_off += static_cast<size_t>(w);
-        if (w < 0 && errno != EAGAIN && errno != EINTR) in_off = req.stdin_data.size();  // reader gone
-        if (in_off >= req.stdin_data.size()) ::close(in_fd), in_fd = -1;
-        continue;
-      }
-      char buf[65536];
-      const ssize_t r = ::read(fds[i], buf, sizeof buf);
-      if (r <= 0) {
-        if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-        ::close(fds[i]);
-        fds[i] = -1;
-        continue;
-      }
-      std::string& sink = *sinks[i];
-      const bool streamed = i > 0 && req.on_output;
-      const size_t had = streamed ? streamed_bytes[i] : sink.size();
-      size_t take = static_cast<size_t>(r);
-      if (i > 0 && had + take > L.output_bytes) {
-        take = L.output_bytes - had;
-        *truncated[i] = true;
-        kill_all();
-        // keep draining (discarding) so nothing blocks; the pipes close when the namespace dies
-      }
-      if (take == 0) continue;
-      if (streamed) {
-        streamed_bytes[i] += take;
-        req.on_output(i, std::string_view(buf, take));
-      } else {
-        sink.append(buf, take);
-      }
-    }
-    if (killed && now_s() > deadline + 5) break;  // bounded even if something holds a pipe open
-  }
-  for (int fd : {fds[0], fds[1], fds[2], in_fd, sync_fd})
-    if (fd >= 0) ::close(fd);
-  int mst = 0;
-  while (::waitpid(monitor, &mst, 0) < 0 && errno == EINTR) {
-  }
+  RunWatch watch(req, L, plan, monitor, uid, gid, {status_p[0], sync_p[1], in_p[1], out_p[0], err_p[0]}, t0 + L.wall_s,
+                 res);
+  const Ending end = watch.run();
   res.wall_s = now_s() - t0;
-
-  // The verdict.
-  if (!res.detail.empty() && !have_command) {
-    res.verdict = SandboxVerdict::setup_error;
-  } else if (cancelled) {
-    res.verdict = SandboxVerdict::cancelled;
-    res.detail = "cancelled by the caller";
-  } else if (timed_out) {
-    res.verdict = SandboxVerdict::timeout;
-    res.detail = fmt::format("wall-clock limit of {} s", L.wall_s);
-  } else if (res.stdout_truncated || res.stderr_truncated) {
-    res.verdict = SandboxVerdict::output_limit;
-    res.detail = fmt::format("more than {} bytes of output", L.output_bytes);
-  } else if (!have_command || !done) {
-    res.verdict = SandboxVerdict::setup_error;
-    if (res.detail.empty()) res.detail = "the sandbox ended without reporting the command's status";
-  } else if (!res.detail.empty()) {
-    res.verdict = SandboxVerdict::setup_error;  // e.g. execve failed
-  } else if (WIFEXITED(cmd_status)) {
-    res.exit_code = WEXITSTATUS(cmd_status);
-    res.verdict = SandboxVerdict::ok;
-    // The address-space and file-size limits show as failed calls (interpreters ignore
-    // SIGXFSZ), reported by the program itself.
-    if (res.exit_code != 0 && res.stderr_text.find("File too large") != std::string::npos) {
-      res.verdict = SandboxVerdict::file_size;
-      res.detail = fmt::format("file size limit of {} MiB", L.file_mb);
-    }
-    else if (res.exit_code != 0 && (res.stderr_text.find("MemoryError") != std::string::npos ||
-                               res.stderr_text.find("std::bad_alloc") != std::string::npos ||
-                               res.stderr_text.find("Cannot allocate memory") != std::string::npos)) {
-      res.verdict = SandboxVerdict::memory;
-      res.detail = fmt::format("address-space limit of {} MiB", L.memory_mb);
-    }
-  } else if (WIFSIGNALED(cmd_status)) {
-    res.signal = WTERMSIG(cmd_status);
-    switch (res.signal) {
-      case SIGSYS: res.verdict = SandboxVerdict::filter, res.detail = "a forbidden system call"; break;
-      case SIGXCPU: res.verdict = SandboxVerdict::cpu_time, res.detail = fmt::format("CPU limit of {} s", L.cpu_s); break;
-      case SIGXFSZ: res.verdict = SandboxVerdict::file_size, res.detail = fmt::format("file size limit of {} MiB", L.file_mb); break;
-      case SIGKILL:
-        if (res.cpu_s >= std::ceil(L.cpu_s)) {
-          res.verdict = SandboxVerdict::cpu_time;
-          res.detail = fmt::format("CPU limit of {} s", L.cpu_s);
-          break;
-        }
-        [[fallthrough]];
-      default: res.verdict = SandboxVerdict::signal, res.detail = fmt::format("killed by signal {} ({})", res.signal, ::strsignal(res.signal));
-    }
-  }
+  set_verdict(res, L, end);
   return res;
 }
 
