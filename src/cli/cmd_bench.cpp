@@ -75,61 +75,57 @@ nlohmann::json trace_decode(Engine& engine, const std::vector<GenerationRequest>
   return summary;
 }
 
-int bench_sampler(const SamplerArgs& a) {
-  const auto t_setup = std::chrono::steady_clock::now();
-  const auto plan = set_compute_threads(a.threads);
-  const auto dtype = to_scalar_type(*config::enum_from_string<DType>(a.dtype));
-  const at::Device device(a.device);
-  std::shared_ptr<Transformer> model;
+// The model to generate with: a preset's, randomly initialised, or a Hugging Face directory's.
+std::shared_ptr<Transformer> sampler_model(const SamplerArgs& a, at::ScalarType dtype, const at::Device& device) {
   if (a.model_dir.empty()) {
-    model = std::make_shared<Transformer>(model_preset(a.preset, *config::enum_from_string<Arch>(a.arch)), dtype, device);
+    auto model =
+        std::make_shared<Transformer>(model_preset(a.preset, *config::enum_from_string<Arch>(a.arch)), dtype, device);
     model->init_weights(0);
-  } else {
-    model = load_hf(a.model_dir, {.dtype = dtype, .device = device});
+    return model;
   }
-  const ModelConfig& cfg = model->config();
-  const std::string name = a.model_dir.empty() ? a.preset : a.model_dir;
-  const SamplingParams params{.temperature = a.temperature, .max_new_tokens = a.new_tokens, .n = a.n, .ignore_eos = true};
+  return load_hf(a.model_dir, {.dtype = dtype, .device = device});
+}
+
+// a.batch requests of a.prompt random tokens (a fixed stream).
+std::vector<GenerationRequest> sampler_requests(const SamplerArgs& a, const SamplingParams& params,
+                                                int64_t vocab_size) {
   std::vector<GenerationRequest> requests;
   RngStream rng(0, hash_name("bench.prompts"));
   for (int64_t i = 0; i < a.batch; ++i) {
     GenerationRequest r{.id = fmt::format("b{}", i), .params = params, .seed = 1};
-    for (int64_t t = 0; t < a.prompt; ++t) r.prompt.push_back(static_cast<TokenId>(rng.uniform_int(0, cfg.vocab_size - 1)));
+    for (int64_t t = 0; t < a.prompt; ++t) r.prompt.push_back(static_cast<TokenId>(rng.uniform_int(0, vocab_size - 1)));
     requests.push_back(std::move(r));
   }
-  if (a.lora_rank > 0) model->add_lora({.rank = a.lora_rank}, a.lora_merged ? LoraMode::merged : LoraMode::unmerged);
-  Engine engine(model, {.block_size = static_cast<int32_t>(a.block_size),
-                        .kv_cache_mb = a.kv_cache_mb,
-                        .max_batch_tokens = a.max_batch_tokens,
-                        .max_running = std::max<int64_t>(256, a.batch * a.n),
-                        .cuda_graphs = a.cuda_graphs,
-                        .overlap = a.overlap});
-  // LoRA: what a weight update costs the engine (the adapters copied in, and merged when
-  // merging), timed over a few updates of random adapters.
+  return requests;
+}
+
+// LoRA: what a weight update costs the engine (the adapters copied in, and merged when
+// merging), timed over a few updates of random adapters: ms per update, bytes loaded.
+std::pair<double, int64_t> time_lora_updates(Transformer& model, Engine& engine, const at::Device& device) {
   double lora_update_ms = 0;
   int64_t lora_update_bytes = 0;
-  if (a.lora_rank > 0) {
-    auto update = model->sync_parameters();
-    for (auto& [n, t] : update) t = at::randn(t.sizes(), at::TensorOptions().dtype(at::kFloat)) * 0.01;
-    constexpr int kUpdates = 5;
-    for (int v = 1; v <= kUpdates; ++v) {
-      const auto t0 = std::chrono::steady_clock::now();
-      lora_update_bytes = engine.load_weights(v, update);
-      compat::synchronize(device);
-      lora_update_ms += seconds_since(t0) * 1e3 / kUpdates;
-    }
+  auto update = model.sync_parameters();
+  for (auto& [n, t] : update) t = at::randn(t.sizes(), at::TensorOptions().dtype(at::kFloat)) * 0.01;
+  constexpr int kUpdates = 5;
+  for (int v = 1; v <= kUpdates; ++v) {
+    const auto t0 = std::chrono::steady_clock::now();
+    lora_update_bytes = engine.load_weights(v, update);
+    compat::synchronize(device);
+    lora_update_ms += seconds_since(t0) * 1e3 / kUpdates;
   }
-  // Warm-up: one request of a few tokens (kernels loaded, the batch-1 graph captured), short
-  // so that a profiler's launch counts (ncu --launch-skip) reach the timed batch soon.
-  GenerationRequest warm = requests.front();
-  warm.params.max_new_tokens = std::min<int64_t>(4, a.new_tokens);
-  engine.generate({warm});
-  const double setup_s = seconds_since(t_setup);
+  return {lora_update_ms, lora_update_bytes};
+}
 
-  // Each iteration: every request from an empty engine; steps are timed one by one and
-  // split into decode-only steps and steps that prefill.
+// The engine's timed iterations, summed.
+struct EngineTimes {
   double total_s = 0, decode_s = 0, prefill_s = 0;
   int64_t decode_steps = 0, prefill_tokens = 0, out_tokens = 0, peak_blocks = 0;
+};
+
+// Each iteration: every request from an empty engine; steps are timed one by one and
+// split into decode-only steps and steps that prefill.
+EngineTimes time_engine(Engine& engine, const std::vector<GenerationRequest>& requests, const SamplerArgs& a) {
+  EngineTimes e;
   for (int it = 0; it < a.iters; ++it) {
     for (const auto& r : requests) engine.add(r);
     const auto t_all = std::chrono::steady_clock::now();
@@ -139,52 +135,110 @@ int bench_sampler(const SamplerArgs& a) {
       engine.step();
       const double dt = seconds_since(t0);
       const auto after = engine.stats();
-      peak_blocks = std::max<int64_t>(peak_blocks, after.total_blocks - after.free_blocks);
+      e.peak_blocks = std::max<int64_t>(e.peak_blocks, after.total_blocks - after.free_blocks);
       if (after.prefill_tokens == before.prefill_tokens) {
-        decode_s += dt;
-        ++decode_steps;
+        e.decode_s += dt;
+        ++e.decode_steps;
       } else {
-        prefill_s += dt;
-        prefill_tokens += after.prefill_tokens - before.prefill_tokens;
+        e.prefill_s += dt;
+        e.prefill_tokens += after.prefill_tokens - before.prefill_tokens;
       }
     }
-    total_s += seconds_since(t_all);
-    out_tokens += a.batch * a.n * a.new_tokens;
+    e.total_s += seconds_since(t_all);
+    e.out_tokens += a.batch * a.n * a.new_tokens;
   }
-  const double tokens_per_s = static_cast<double>(out_tokens) / total_s;
+  return e;
+}
+
+// The same generation without a KV cache (every step recomputes the whole sequence): its
+// seconds.
+double time_naive(Transformer& model, const std::vector<GenerationRequest>& requests, const SamplingParams& params,
+                  const SamplerArgs& a, const at::Device& device) {
+  c10::NoGradGuard g;
+  const int64_t rows = a.batch * a.n;
+  auto tokens = at::empty({rows, a.prompt}, at::TensorOptions().dtype(at::kLong));
+  for (int64_t i = 0; i < rows; ++i) {
+    const auto& p = requests[static_cast<size_t>(i / a.n)].prompt;
+    for (int64_t t = 0; t < a.prompt; ++t) tokens[i][t] = p[static_cast<size_t>(t)];
+  }
+  tokens = tokens.to(device);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t step = 0; step < a.new_tokens; ++step) {
+    auto logits = model.forward({.tokens = tokens}).select(1, tokens.size(1) - 1);
+    SamplingBatch b;
+    for (int64_t i = 0; i < rows; ++i)
+      b.add(params, sampling_uniform(1, requests[static_cast<size_t>(i / a.n)].id, i % a.n, tokens.size(1)));
+    tokens = at::cat({tokens, sample(logits, b).tokens.unsqueeze(1)}, 1);
+  }
+  tokens.cpu();
+  return seconds_since(t0);
+}
+
+int bench_sampler(const SamplerArgs& a) {
+  const auto t_setup = std::chrono::steady_clock::now();
+  const auto plan = set_compute_threads(a.threads);
+  const auto dtype = to_scalar_type(*config::enum_from_string<DType>(a.dtype));
+  const at::Device device(a.device);
+  std::shared_ptr<Transformer> model = sampler_model(a, dtype, device);
+  const ModelConfig& cfg = model->config();
+  const std::string name = a.model_dir.empty() ? a.preset : a.model_dir;
+  const SamplingParams params{
+      .temperature = a.temperature, .max_new_tokens = a.new_tokens, .n = a.n, .ignore_eos = true};
+  const std::vector<GenerationRequest> requests = sampler_requests(a, params, cfg.vocab_size);
+  if (a.lora_rank > 0) model->add_lora({.rank = a.lora_rank}, a.lora_merged ? LoraMode::merged : LoraMode::unmerged);
+  Engine engine(model, {.block_size = static_cast<int32_t>(a.block_size),
+                        .kv_cache_mb = a.kv_cache_mb,
+                        .max_batch_tokens = a.max_batch_tokens,
+                        .max_running = std::max<int64_t>(256, a.batch * a.n),
+                        .cuda_graphs = a.cuda_graphs,
+                        .overlap = a.overlap});
+  const auto [lora_update_ms, lora_update_bytes] =
+      a.lora_rank > 0 ? time_lora_updates(*model, engine, device) : std::pair<double, int64_t>{0, 0};
+  // Warm-up: one request of a few tokens (kernels loaded, the batch-1 graph captured), short
+  // so that a profiler's launch counts (ncu --launch-skip) reach the timed batch soon.
+  GenerationRequest warm = requests.front();
+  warm.params.max_new_tokens = std::min<int64_t>(4, a.new_tokens);
+  engine.generate({warm});
+  const double setup_s = seconds_since(t_setup);
+
+  const EngineTimes e = time_engine(engine, requests, a);
+  const double tokens_per_s = static_cast<double>(e.out_tokens) / e.total_s;
   const auto st = engine.stats();  // before the traced steps
   const auto t_trace = std::chrono::steady_clock::now();
   const nlohmann::json trace =
       a.trace_dir.empty() ? nlohmann::json(nullptr) : trace_decode(engine, requests, a.trace_steps, a.trace_dir, device.is_cuda());
   const double trace_s = a.trace_dir.empty() ? 0.0 : seconds_since(t_trace);
-  nlohmann::json r = {{"bench", "sampler"},
-                      {"model", name},
-                      {"arch", std::string(config::enum_to_string(cfg.arch))},
-                      {"dtype", a.dtype},
-                      {"device", a.device},
-                      {"threads", plan.threads()},
-                      {"thread_plan", plan.describe()},
-                      {"batch", a.batch},
-                      {"n", a.n},
-                      {"prompt", a.prompt},
-                      {"new_tokens", a.new_tokens},
-                      {"output_tokens_per_s", tokens_per_s},
-                      {"decode_step_ms", decode_steps ? decode_s * 1e3 / static_cast<double>(decode_steps) : 0.0},
-                      {"prefill_tokens_per_s", prefill_s > 0 ? static_cast<double>(prefill_tokens) / prefill_s : 0.0},
-                      {"kv_block_bytes", PagedKVCache::block_bytes(cfg, static_cast<int32_t>(a.block_size), dtype)},
-                      {"kv_blocks_peak", peak_blocks},
-                      {"kv_peak_mb", static_cast<double>(peak_blocks * PagedKVCache::block_bytes(cfg, static_cast<int32_t>(a.block_size), dtype)) / (1 << 20)},
-                      {"preemptions", st.preemptions},
-                      {"graph_steps", st.graph_steps},
-                      {"overlap", a.overlap},
-                      {"overlapped_steps", st.overlapped_steps},
-                      {"discarded_rows", st.discarded_rows},
-                      {"peak_rss_mb", peak_rss_mb()},
-                      {"lora_rank", a.lora_rank},
-                      {"trace", trace},
-                      {"setup_s", setup_s},  // model, engine and warm-up
-                      {"run_s", total_s},
-                      {"trace_s", trace_s}};
+  nlohmann::json r = {
+      {"bench", "sampler"},
+      {"model", name},
+      {"arch", std::string(config::enum_to_string(cfg.arch))},
+      {"dtype", a.dtype},
+      {"device", a.device},
+      {"threads", plan.threads()},
+      {"thread_plan", plan.describe()},
+      {"batch", a.batch},
+      {"n", a.n},
+      {"prompt", a.prompt},
+      {"new_tokens", a.new_tokens},
+      {"output_tokens_per_s", tokens_per_s},
+      {"decode_step_ms", e.decode_steps ? e.decode_s * 1e3 / static_cast<double>(e.decode_steps) : 0.0},
+      {"prefill_tokens_per_s", e.prefill_s > 0 ? static_cast<double>(e.prefill_tokens) / e.prefill_s : 0.0},
+      {"kv_block_bytes", PagedKVCache::block_bytes(cfg, static_cast<int32_t>(a.block_size), dtype)},
+      {"kv_blocks_peak", e.peak_blocks},
+      {"kv_peak_mb",
+       static_cast<double>(e.peak_blocks * PagedKVCache::block_bytes(cfg, static_cast<int32_t>(a.block_size), dtype)) /
+           (1 << 20)},
+      {"preemptions", st.preemptions},
+      {"graph_steps", st.graph_steps},
+      {"overlap", a.overlap},
+      {"overlapped_steps", st.overlapped_steps},
+      {"discarded_rows", st.discarded_rows},
+      {"peak_rss_mb", peak_rss_mb()},
+      {"lora_rank", a.lora_rank},
+      {"trace", trace},
+      {"setup_s", setup_s},  // model, engine and warm-up
+      {"run_s", e.total_s},
+      {"trace_s", trace_s}};
   if (a.lora_rank > 0) {
     r["lora_merged"] = a.lora_merged;
     r["lora_update_ms"] = lora_update_ms;
@@ -197,30 +251,90 @@ int bench_sampler(const SamplerArgs& a) {
   std::cout << fmt::format("  engine: {:>10.0f} output tokens/s, {:.2f} ms per decode step, {:.0f} prefill tokens/s\n",
                            tokens_per_s, r["decode_step_ms"].get<double>(), r["prefill_tokens_per_s"].get<double>());
   if (a.naive) {
-    // The same generation without a KV cache: every step recomputes the whole sequence.
-    c10::NoGradGuard g;
-    const int64_t rows = a.batch * a.n;
-    auto tokens = at::empty({rows, a.prompt}, at::TensorOptions().dtype(at::kLong));
-    for (int64_t i = 0; i < rows; ++i) {
-      const auto& p = requests[static_cast<size_t>(i / a.n)].prompt;
-      for (int64_t t = 0; t < a.prompt; ++t) tokens[i][t] = p[static_cast<size_t>(t)];
-    }
-    tokens = tokens.to(device);
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int64_t step = 0; step < a.new_tokens; ++step) {
-      auto logits = model->forward({.tokens = tokens}).select(1, tokens.size(1) - 1);
-      SamplingBatch b;
-      for (int64_t i = 0; i < rows; ++i)
-        b.add(params, sampling_uniform(1, requests[static_cast<size_t>(i / a.n)].id, i % a.n, tokens.size(1)));
-      tokens = at::cat({tokens, sample(logits, b).tokens.unsqueeze(1)}, 1);
-    }
-    tokens.cpu();
-    const double naive_s = seconds_since(t0);
-    const double naive_tps = static_cast<double>(rows * a.new_tokens) / naive_s;
+    const double naive_s = time_naive(*model, requests, params, a, device);
+    const double naive_tps = static_cast<double>(a.batch * a.n * a.new_tokens) / naive_s;
     r["naive_output_tokens_per_s"] = naive_tps;
     r["speedup_vs_naive"] = tokens_per_s / naive_tps;
     std::cout << fmt::format("  naive (full recompute, no KV cache): {:>10.0f} output tokens/s -> engine is {:.1f}x\n",
                              naive_tps, tokens_per_s / naive_tps);
+  }
+  std::cout << r.dump() << std::endl;
+  return 0;
+}
+
+// The options of `rlx bench model`.
+struct ModelBenchArgs {
+  std::string preset = "tiny", arch = "llama", dtype = "float32", device = "cpu";
+  int64_t batch = 8, seq = 128, decode_steps = 32;
+  int iters = 5, threads = 0;
+};
+
+// Forward, forward+backward and KV-cache decode throughput of a randomly initialised model.
+int bench_model(const ModelBenchArgs& a) {
+  const auto plan = set_compute_threads(a.threads);
+  ModelConfig cfg = model_preset(a.preset, *config::enum_from_string<Arch>(a.arch));
+  const auto dtype = to_scalar_type(*config::enum_from_string<DType>(a.dtype));
+  const at::Device device(a.device);
+  Transformer m(cfg, dtype, device);
+  m.init_weights(0);
+  auto tokens = at::randint(cfg.vocab_size, {a.batch, a.seq}, at::TensorOptions().dtype(at::kLong)).to(device);
+  auto sync = [&] {
+    if (device.is_cuda()) m.hf_parameters().front().second.cpu();  // waits for the stream
+  };
+  const double fwd_s = seconds_per_call(a.iters, [&] {
+    c10::NoGradGuard g;
+    m.forward({.tokens = tokens});
+    sync();
+  });
+  const double train_s = seconds_per_call(a.iters, [&] {
+    m.zero_grad();
+    auto logits = m.forward({.tokens = tokens});
+    logits.to(at::kFloat).logsumexp(-1).mean().backward();
+    sync();
+  });
+  // Decode: prefill --seq tokens into a KV cache, then --decode-steps single-token steps;
+  // only the steps are timed.
+  double decode_s = 0;
+  if (a.decode_steps > 0) {
+    for (int it = 0; it <= a.iters; ++it) {  // iteration 0 warms up
+      c10::NoGradGuard g;
+      DenseKVCache cache(cfg, a.batch, a.seq + a.decode_steps, dtype, device);
+      auto next = m.forward({.tokens = tokens}, &cache).select(1, a.seq - 1).argmax(-1).unsqueeze(1);
+      sync();
+      auto t0 = std::chrono::steady_clock::now();
+      for (int64_t s = 0; s < a.decode_steps; ++s)
+        next = m.forward({.tokens = next}, &cache).squeeze(1).argmax(-1).unsqueeze(1);
+      sync();
+      if (it > 0) decode_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    decode_s /= a.iters;
+  }
+  const double n = static_cast<double>(a.batch * a.seq);
+  nlohmann::json r = {{"bench", "model"},
+                      {"preset", a.preset},
+                      {"arch", a.arch},
+                      {"dtype", a.dtype},
+                      {"device", a.device},
+                      {"threads", plan.threads()},
+                      {"thread_plan", plan.describe()},
+                      {"parameters", cfg.num_parameters()},
+                      {"batch", a.batch},
+                      {"seq", a.seq},
+                      {"forward_tokens_per_s", n / fwd_s},
+                      {"forward_ms", fwd_s * 1e3},
+                      {"train_tokens_per_s", n / train_s},
+                      {"train_step_ms", train_s * 1e3}};
+  std::cout << fmt::format("{} ({} params) batch {} x seq {} on {} ({})\n", a.preset, cfg.num_parameters(), a.batch,
+                           a.seq, a.device, plan.describe());
+  std::cout << fmt::format("  forward:          {:>10.0f} tokens/s ({:.1f} ms)\n", n / fwd_s, fwd_s * 1e3);
+  std::cout << fmt::format("  forward+backward: {:>10.0f} tokens/s ({:.1f} ms)\n", n / train_s, train_s * 1e3);
+  if (a.decode_steps > 0) {
+    const double dec = static_cast<double>(a.batch * a.decode_steps);
+    r["decode_steps"] = a.decode_steps;
+    r["decode_step_ms"] = decode_s * 1e3 / static_cast<double>(a.decode_steps);
+    r["decode_tokens_per_s"] = dec / decode_s;
+    std::cout << fmt::format("  kv-cache decode:  {:>10.0f} tokens/s ({:.2f} ms per step of {} tokens)\n",
+                             dec / decode_s, decode_s * 1e3 / static_cast<double>(a.decode_steps), a.batch);
   }
   std::cout << r.dump() << std::endl;
   return 0;
@@ -230,12 +344,7 @@ int bench_sampler(const SamplerArgs& a) {
 void add_bench_commands(CLI::App& app, Action& action) {
   auto* bench = app.add_subcommand("bench", "Benchmarks; each prints a JSON line last");
   bench->require_subcommand(1);
-  struct Args {
-    std::string preset = "tiny", arch = "llama", dtype = "float32", device = "cpu";
-    int64_t batch = 8, seq = 128, decode_steps = 32;
-    int iters = 5, threads = 0;
-  };
-  auto a = std::make_shared<Args>();
+  auto a = std::make_shared<ModelBenchArgs>();
   auto* model = bench->add_subcommand("model", "Transformer forward / backward / decode throughput");
   model->add_option("--preset", a->preset, "model shape");
   add_arch_option(*model, a->arch);
@@ -246,77 +355,7 @@ void add_bench_commands(CLI::App& app, Action& action) {
   model->add_option("--decode-steps", a->decode_steps, "KV-cache decode steps after a prefill of --seq")->check(CLI::Range(0, 1 << 16));
   model->add_option("--iters", a->iters, "timed iterations")->check(CLI::Range(1, 10000));
   model->add_option("--threads", a->threads, "compute threads (0: all cores); see rlx/core/threads.hpp")->check(CLI::Range(0, 1024));
-  model->callback([a, &action] {
-    action = [a] {
-      const auto plan = set_compute_threads(a->threads);
-      ModelConfig cfg = model_preset(a->preset, *config::enum_from_string<Arch>(a->arch));
-      const auto dtype = to_scalar_type(*config::enum_from_string<DType>(a->dtype));
-      const at::Device device(a->device);
-      Transformer m(cfg, dtype, device);
-      m.init_weights(0);
-      auto tokens = at::randint(cfg.vocab_size, {a->batch, a->seq}, at::TensorOptions().dtype(at::kLong)).to(device);
-      auto sync = [&] {
-        if (device.is_cuda()) m.hf_parameters().front().second.cpu();  // waits for the stream
-      };
-      const double fwd_s = seconds_per_call(a->iters, [&] {
-        c10::NoGradGuard g;
-        m.forward({.tokens = tokens});
-        sync();
-      });
-      const double train_s = seconds_per_call(a->iters, [&] {
-        m.zero_grad();
-        auto logits = m.forward({.tokens = tokens});
-        logits.to(at::kFloat).logsumexp(-1).mean().backward();
-        sync();
-      });
-      // Decode: prefill --seq tokens into a KV cache, then --decode-steps single-token steps;
-      // only the steps are timed.
-      double decode_s = 0;
-      if (a->decode_steps > 0) {
-        for (int it = 0; it <= a->iters; ++it) {  // iteration 0 warms up
-          c10::NoGradGuard g;
-          DenseKVCache cache(cfg, a->batch, a->seq + a->decode_steps, dtype, device);
-          auto next = m.forward({.tokens = tokens}, &cache).select(1, a->seq - 1).argmax(-1).unsqueeze(1);
-          sync();
-          auto t0 = std::chrono::steady_clock::now();
-          for (int64_t s = 0; s < a->decode_steps; ++s)
-            next = m.forward({.tokens = next}, &cache).squeeze(1).argmax(-1).unsqueeze(1);
-          sync();
-          if (it > 0) decode_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        }
-        decode_s /= a->iters;
-      }
-      const double n = static_cast<double>(a->batch * a->seq);
-      nlohmann::json r = {{"bench", "model"},
-                          {"preset", a->preset},
-                          {"arch", a->arch},
-                          {"dtype", a->dtype},
-                          {"device", a->device},
-                          {"threads", plan.threads()},
-                          {"thread_plan", plan.describe()},
-                          {"parameters", cfg.num_parameters()},
-                          {"batch", a->batch},
-                          {"seq", a->seq},
-                          {"forward_tokens_per_s", n / fwd_s},
-                          {"forward_ms", fwd_s * 1e3},
-                          {"train_tokens_per_s", n / train_s},
-                          {"train_step_ms", train_s * 1e3}};
-      std::cout << fmt::format("{} ({} params) batch {} x seq {} on {} ({})\n", a->preset, cfg.num_parameters(),
-                               a->batch, a->seq, a->device, plan.describe());
-      std::cout << fmt::format("  forward:          {:>10.0f} tokens/s ({:.1f} ms)\n", n / fwd_s, fwd_s * 1e3);
-      std::cout << fmt::format("  forward+backward: {:>10.0f} tokens/s ({:.1f} ms)\n", n / train_s, train_s * 1e3);
-      if (a->decode_steps > 0) {
-        const double dec = static_cast<double>(a->batch * a->decode_steps);
-        r["decode_steps"] = a->decode_steps;
-        r["decode_step_ms"] = decode_s * 1e3 / static_cast<double>(a->decode_steps);
-        r["decode_tokens_per_s"] = dec / decode_s;
-        std::cout << fmt::format("  kv-cache decode:  {:>10.0f} tokens/s ({:.2f} ms per step of {} tokens)\n", dec / decode_s,
-                                 decode_s * 1e3 / static_cast<double>(a->decode_steps), a->batch);
-      }
-      std::cout << r.dump() << std::endl;
-      return 0;
-    };
-  });
+  model->callback([a, &action] { action = [a] { return bench_model(*a); }; });
 
   auto s = std::make_shared<SamplerArgs>();
   auto* sampler = bench->add_subcommand("sampler", "Rollout engine generation throughput (vs naive full recompute)");
