@@ -170,20 +170,19 @@ std::string render_chat(const json& body, const json& messages, const ServedMode
     bad("messages", e.what());
   }
 }
-}  // namespace
 
-ParsedRequest parse_request(const json& body, Endpoint endpoint, const ServedModel& model, const ServeLimits& limits,
-                            uint64_t default_seed) {
-  if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
-  ParsedRequest req;
-  req.endpoint = endpoint;
+// The body names this server's model (a 404 names the one it serves).
+void check_model(const json& body, const ServedModel& model) {
   auto model_it = body.find("model");
   if (model_it == body.end() || !model_it->is_string()) bad("model", "'model' is required and must be a string");
   if (model_it->get<std::string>() != model.name)
     throw ApiError(404, fmt::format("The model '{}' does not exist; this server serves '{}'", model_it->get<std::string>(), model.name),
                    "model", "model_not_found");
+}
 
-  SamplingParams& p = req.generation.params;
+// n, temperature, top_p, top_k, min_p and ignore_eos into `p`; the OpenAI parameters rlx
+// does not support are refused when set.
+void parse_sampling(const json& body, const ServeLimits& limits, SamplingParams& p) {
   p.n = field<int64_t>(body, "n", 1);
   if (p.n < 1 || p.n > limits.max_n) bad("n", fmt::format("'n' must be in [1, {}], got {}", limits.max_n, p.n));
   p.temperature = field<double>(body, "temperature", 1.0);
@@ -203,22 +202,30 @@ ParsedRequest parse_request(const json& body, Endpoint endpoint, const ServedMod
   unsupported_if(body, "logit_bias", body.contains("logit_bias") && !body["logit_bias"].is_null() && !body["logit_bias"].empty());
   unsupported_if(body, "best_of", field<int64_t>(body, "best_of", p.n) != p.n);
   unsupported_if(body, "suffix", !field<std::string>(body, "suffix", "").empty());
+}
 
-  if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
-    if (it->is_string()) {
-      p.stop_strings.push_back(it->get<std::string>());
-    } else if (it->is_array()) {
-      for (const auto& s : *it) {
-        if (!s.is_string()) bad("stop", "'stop' must be a string or a list of strings");
-        p.stop_strings.push_back(s.get<std::string>());
-      }
-    } else {
-      bad("stop", "'stop' must be a string or a list of strings");
+// "stop": a string or a list of non-empty strings, at most limits.max_stop.
+void parse_stop(const json& body, const ServeLimits& limits, SamplingParams& p) {
+  auto it = body.find("stop");
+  if (it == body.end() || it->is_null()) return;
+  if (it->is_string()) {
+    p.stop_strings.push_back(it->get<std::string>());
+  } else if (it->is_array()) {
+    for (const auto& s : *it) {
+      if (!s.is_string()) bad("stop", "'stop' must be a string or a list of strings");
+      p.stop_strings.push_back(s.get<std::string>());
     }
-    if (static_cast<int64_t>(p.stop_strings.size()) > limits.max_stop) bad("stop", fmt::format("at most {} stop strings", limits.max_stop));
-    for (const auto& s : p.stop_strings)
-      if (s.empty()) bad("stop", "a stop string must not be empty");
+  } else {
+    bad("stop", "'stop' must be a string or a list of strings");
   }
+  if (static_cast<int64_t>(p.stop_strings.size()) > limits.max_stop)
+    bad("stop", fmt::format("at most {} stop strings", limits.max_stop));
+  for (const auto& s : p.stop_strings)
+    if (s.empty()) bad("stop", "a stop string must not be empty");
+}
+
+// seed, stream, stream_options and return_token_ids into `req`.
+void parse_delivery(const json& body, uint64_t default_seed, ParsedRequest& req) {
   int64_t seed = field<int64_t>(body, "seed", static_cast<int64_t>(default_seed));
   req.generation.seed = static_cast<uint64_t>(seed);
   req.stream = field<bool>(body, "stream", false);
@@ -228,55 +235,74 @@ ParsedRequest parse_request(const json& body, Endpoint endpoint, const ServedMod
     req.include_usage = field<bool>(*it, "include_usage", false);
   }
   req.return_token_ids = field<bool>(body, "return_token_ids", false);
+}
 
+// /v1/chat/completions: logprobs and top_logprobs, and the prompt from the messages through
+// the model's chat template (its end-of-turn tokens stop unless ignore_eos).
+void parse_chat_prompt(const json& body, const ServedModel& model, const ServeLimits& limits, ParsedRequest& req) {
+  SamplingParams& p = req.generation.params;
+  req.logprobs = field<bool>(body, "logprobs", false);
+  p.logprobs = field<int64_t>(body, "top_logprobs", 0);
+  if (p.logprobs < 0 || p.logprobs > SamplingParams::kMaxLogprobs)
+    bad("top_logprobs",
+        fmt::format("'top_logprobs' must be in [0, {}], got {}", SamplingParams::kMaxLogprobs, p.logprobs));
+  if (p.logprobs > 0 && !req.logprobs) bad("top_logprobs", "'top_logprobs' requires 'logprobs': true");
+  if (!model.chat_template)
+    bad("messages", fmt::format("the model '{}' has no chat template; use /v1/completions", model.name));
+  auto messages = body.find("messages");
+  if (messages == body.end() || !messages->is_array() || messages->empty())
+    bad("messages", "'messages' must be a non-empty list");
+  if (static_cast<int64_t>(messages->size()) > limits.max_messages)
+    bad("messages", fmt::format("at most {} messages", limits.max_messages));
+  const std::string text = render_chat(body, *messages, model, limits, req);
+  req.generation.prompt = model.tokenizer->encode(text, {.add_special_tokens = false, .parse_special = true});
+  if (!p.ignore_eos)
+    for (TokenId t : model.end_of_turn) p.stop_token_ids.push_back(t);
+}
+
+// /v1/completions: logprobs, echo, and the prompt as text or token ids (one prompt).
+void parse_completion_prompt(const json& body, const ServedModel& model, ParsedRequest& req) {
+  SamplingParams& p = req.generation.params;
   std::vector<TokenId>& prompt = req.generation.prompt;
   const Tokenizer& tok = *model.tokenizer;
-  if (endpoint == Endpoint::chat) {
-    req.logprobs = field<bool>(body, "logprobs", false);
-    p.logprobs = field<int64_t>(body, "top_logprobs", 0);
-    if (p.logprobs < 0 || p.logprobs > SamplingParams::kMaxLogprobs)
-      bad("top_logprobs", fmt::format("'top_logprobs' must be in [0, {}], got {}", SamplingParams::kMaxLogprobs, p.logprobs));
-    if (p.logprobs > 0 && !req.logprobs) bad("top_logprobs", "'top_logprobs' requires 'logprobs': true");
-    if (!model.chat_template) bad("messages", fmt::format("the model '{}' has no chat template; use /v1/completions", model.name));
-    auto messages = body.find("messages");
-    if (messages == body.end() || !messages->is_array() || messages->empty()) bad("messages", "'messages' must be a non-empty list");
-    if (static_cast<int64_t>(messages->size()) > limits.max_messages)
-      bad("messages", fmt::format("at most {} messages", limits.max_messages));
-    const std::string text = render_chat(body, *messages, model, limits, req);
-    prompt = tok.encode(text, {.add_special_tokens = false, .parse_special = true});
-    if (!p.ignore_eos)
-      for (TokenId t : model.end_of_turn) p.stop_token_ids.push_back(t);
-  } else {
-    auto lp = body.find("logprobs");
-    if (lp != body.end() && !lp->is_null()) {
-      if (!lp->is_number_integer() || lp->get<int64_t>() < 0 || lp->get<int64_t>() > 5) bad("logprobs", "'logprobs' must be an integer in [0, 5]");
-      p.logprobs = lp->get<int64_t>();  // the most likely alternatives per token
-      req.logprobs = true;
-    }
-    req.echo = field<bool>(body, "echo", false);
-    if (req.echo && req.logprobs) {
-      // The prompt's tokens with their log-probs (and alternatives), as lm-evaluation-harness scores continuations.
-      if (req.stream) bad("echo", "'echo' with 'logprobs' is not supported with 'stream': true");
-      p.prompt_logprobs = p.logprobs;
-    }
-    auto it = body.find("prompt");
-    if (it == body.end() || it->is_null()) bad("prompt", "'prompt' is required");
-    json pr = *it;
-    if (pr.is_array() && pr.size() == 1 && (pr[0].is_string() || pr[0].is_array())) pr = pr[0];
-    if (pr.is_string()) {
-      req.prompt_text = pr.get<std::string>();
-      prompt = tok.encode(req.prompt_text, {.add_special_tokens = true, .parse_special = true});
-    } else if (pr.is_array() && std::all_of(pr.begin(), pr.end(), [](const json& x) { return x.is_number_integer(); })) {
-      for (const auto& x : pr) {
-        auto id = x.get<int64_t>();
-        if (id < 0 || id >= tok.vocab_size()) bad("prompt", fmt::format("token id {} is outside the vocabulary (size {})", id, tok.vocab_size()));
-        prompt.push_back(static_cast<TokenId>(id));
-      }
-      req.prompt_text = tok.decode(prompt);
-    } else {
-      bad("prompt", "'prompt' must be a string or a list of token ids (one prompt per request)");
-    }
+  auto lp = body.find("logprobs");
+  if (lp != body.end() && !lp->is_null()) {
+    if (!lp->is_number_integer() || lp->get<int64_t>() < 0 || lp->get<int64_t>() > 5)
+      bad("logprobs", "'logprobs' must be an integer in [0, 5]");
+    p.logprobs = lp->get<int64_t>();  // the most likely alternatives per token
+    req.logprobs = true;
   }
+  req.echo = field<bool>(body, "echo", false);
+  if (req.echo && req.logprobs) {
+    // The prompt's tokens with their log-probs (and alternatives), as lm-evaluation-harness scores continuations.
+    if (req.stream) bad("echo", "'echo' with 'logprobs' is not supported with 'stream': true");
+    p.prompt_logprobs = p.logprobs;
+  }
+  auto it = body.find("prompt");
+  if (it == body.end() || it->is_null()) bad("prompt", "'prompt' is required");
+  json pr = *it;
+  if (pr.is_array() && pr.size() == 1 && (pr[0].is_string() || pr[0].is_array())) pr = pr[0];
+  if (pr.is_string()) {
+    req.prompt_text = pr.get<std::string>();
+    prompt = tok.encode(req.prompt_text, {.add_special_tokens = true, .parse_special = true});
+  } else if (pr.is_array() && std::all_of(pr.begin(), pr.end(), [](const json& x) { return x.is_number_integer(); })) {
+    for (const auto& x : pr) {
+      auto id = x.get<int64_t>();
+      if (id < 0 || id >= tok.vocab_size())
+        bad("prompt", fmt::format("token id {} is outside the vocabulary (size {})", id, tok.vocab_size()));
+      prompt.push_back(static_cast<TokenId>(id));
+    }
+    req.prompt_text = tok.decode(prompt);
+  } else {
+    bad("prompt", "'prompt' must be a string or a list of token ids (one prompt per request)");
+  }
+}
+
+// max_completion_tokens (or max_tokens) within the room the prompt leaves in the model's
+// context (by default all of it for chat, 16 tokens for completions).
+void parse_max_new_tokens(const json& body, Endpoint endpoint, const ServedModel& model, ParsedRequest& req) {
+  SamplingParams& p = req.generation.params;
+  const std::vector<TokenId>& prompt = req.generation.prompt;
   if (prompt.empty()) bad(endpoint == Endpoint::chat ? "messages" : "prompt", "the prompt is empty");
   auto prompt_len = static_cast<int64_t>(prompt.size());
   if (prompt_len >= model.max_model_len)
@@ -290,8 +316,26 @@ ParsedRequest parse_request(const json& body, Endpoint endpoint, const ServedMod
     throw ApiError(400, fmt::format("This model's maximum context length is {} tokens; the prompt has {} and '{}' asks for {}",
                                     model.max_model_len, prompt_len, max_key, p.max_new_tokens),
                    max_key, "context_length_exceeded");
+}
+}  // namespace
+
+ParsedRequest parse_request(const json& body, Endpoint endpoint, const ServedModel& model, const ServeLimits& limits,
+                            uint64_t default_seed) {
+  if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
+  ParsedRequest req;
+  req.endpoint = endpoint;
+  check_model(body, model);
+  SamplingParams& p = req.generation.params;
+  parse_sampling(body, limits, p);
+  parse_stop(body, limits, p);
+  parse_delivery(body, default_seed, req);
+  if (endpoint == Endpoint::chat)
+    parse_chat_prompt(body, model, limits, req);
+  else
+    parse_completion_prompt(body, model, req);
+  parse_max_new_tokens(body, endpoint, model, req);
   try {
-    p.validate("request", tok.vocab_size(), true);
+    p.validate("request", model.tokenizer->vocab_size(), true);
   } catch (const Error& e) {
     bad("", e.what());
   }
