@@ -18,6 +18,12 @@ export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$root}
 export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-20G}
 jobs=${RLX_JOBS:-$(nproc)}
 mkdir -p "$(dirname "$build")"
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release ${RLX_CMAKE_ARGS:-} > "$build.configure.log" 2>&1 \
+# Ninja starts a target's compiles before the libraries it links are built (make waits), which
+# keeps both cores busy to the end of a cold build; a build directory keeps its first generator.
+generator=()
+if [ ! -f "$build/CMakeCache.txt" ] && [ -z "${CMAKE_GENERATOR:-}" ] && command -v ninja > /dev/null; then
+  generator=(-G Ninja)
+fi
+cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release ${RLX_CMAKE_ARGS:-} > "$build.configure.log" 2>&1 \
   || { cat "$build.configure.log"; exit 1; }
 cmake --build "$build" -j"$jobs" "${targets[@]}"

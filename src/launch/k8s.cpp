@@ -11,12 +11,12 @@
 
 namespace rlx::launch {
 
-using json = nlohmann::ordered_json;  // keys in the order Kubernetes manifests are read
+using Manifest = nlohmann::ordered_json;  // keys in the order Kubernetes manifests are read
 
 namespace {
 
-json metadata(const std::string& name, const K8sOptions& o, const std::string& run) {
-  json m;
+Manifest metadata(const std::string& name, const K8sOptions& o, const std::string& run) {
+  Manifest m;
   m["name"] = name;
   if (!o.namespace_.empty()) m["namespace"] = o.namespace_;
   m["labels"]["app.kubernetes.io/name"] = "rlx";
@@ -24,8 +24,8 @@ json metadata(const std::string& name, const K8sOptions& o, const std::string& r
   return m;
 }
 
-json env_var(const std::string& name, const std::string& value) {
-  json e;
+Manifest env_var(const std::string& name, const std::string& value) {
+  Manifest e;
   e["name"] = name;
   e["value"] = value;
   return e;
@@ -33,7 +33,7 @@ json env_var(const std::string& name, const std::string& value) {
 
 // JSON as block YAML, keeping types: a string that would read back as a number, boolean or
 // null is quoted (Kubernetes wants env values as strings); a multi-line one is a literal block.
-void emit(YAML::Emitter& out, const json& j) {
+void emit(YAML::Emitter& out, const Manifest& j) {
   if (j.is_object()) {
     out << YAML::BeginMap;
     for (const auto& [k, v] : j.items()) {
@@ -94,7 +94,7 @@ std::string render_k8s(const RunConfig& cfg_in, const K8sOptions& o) {
   const int tasks = 1 + static_cast<int>(cfg.train.learner_ranks) + static_cast<int>(worker_processes(cfg));
   const auto name = dns_name(cfg.run.name);
 
-  json service;
+  Manifest service;
   service["apiVersion"] = "v1";
   service["kind"] = "Service";
   service["metadata"] = metadata(name, o, cfg.run.name);
@@ -102,31 +102,31 @@ std::string render_k8s(const RunConfig& cfg_in, const K8sOptions& o) {
   service["spec"]["publishNotReadyAddresses"] = true;
   service["spec"]["selector"]["rlx/run"] = cfg.run.name;
 
-  json config_map;
+  Manifest config_map;
   config_map["apiVersion"] = "v1";
   config_map["kind"] = "ConfigMap";
   config_map["metadata"] = metadata(name + "-config", o, cfg.run.name);
   config_map["data"]["config.yaml"] = config::to_yaml(cfg);
 
-  json pod;
+  Manifest pod;
   pod["subdomain"] = name;
   pod["restartPolicy"] = "Never";  // a task restarts its own role; a failed run is resumed by a new Job
   // One node: the roles share its network (the learner group's store on 127.0.0.1),
   // /dev/shm (weights) and the run directory.
   pod["hostNetwork"] = true;
   pod["dnsPolicy"] = "ClusterFirstWithHostNet";
-  json term;
+  Manifest term;
   term["labelSelector"]["matchLabels"]["rlx/run"] = cfg.run.name;
   term["topologyKey"] = "kubernetes.io/hostname";
   pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"].push_back(term);
-  json c;
+  Manifest c;
   c["name"] = "rlx";
   c["image"] = o.image;
   c["command"].push_back("rlx");
   c["command"].push_back("run");
   c["command"].push_back("/etc/rlx/config.yaml");
   if (o.resume) c["command"].push_back("--resume");
-  json index;
+  Manifest index;
   index["name"] = "RLX_TASK_INDEX";
   index["valueFrom"]["fieldRef"]["fieldPath"] = "metadata.annotations['batch.kubernetes.io/job-completion-index']";
   c["env"].push_back(index);
@@ -134,7 +134,7 @@ std::string render_k8s(const RunConfig& cfg_in, const K8sOptions& o) {
   c["env"].push_back(env_var("RLX_TASK_GROUP", name));
   if (cfg.run.threads > 0) c["resources"]["requests"]["cpu"] = std::to_string(cfg.run.threads);
   auto mount = [](const char* volume, const char* path) {
-    json m;
+    Manifest m;
     m["name"] = volume;
     m["mountPath"] = path;
     return m;
@@ -143,7 +143,7 @@ std::string render_k8s(const RunConfig& cfg_in, const K8sOptions& o) {
   c["volumeMounts"].push_back(mount("runs", "/runs"));
   c["volumeMounts"].push_back(mount("shm", "/dev/shm"));
   pod["containers"].push_back(c);
-  json v_config, v_runs, v_shm;
+  Manifest v_config, v_runs, v_shm;
   v_config["name"] = "config";
   v_config["configMap"]["name"] = name + "-config";
   v_runs["name"] = "runs";
@@ -155,9 +155,9 @@ std::string render_k8s(const RunConfig& cfg_in, const K8sOptions& o) {
   }
   v_shm["name"] = "shm";
   v_shm["hostPath"]["path"] = "/dev/shm";
-  pod["volumes"] = json::array({v_config, v_runs, v_shm});
+  pod["volumes"] = Manifest::array({v_config, v_runs, v_shm});
 
-  json job;
+  Manifest job;
   job["apiVersion"] = "batch/v1";
   job["kind"] = "Job";
   job["metadata"] = metadata(name, o, cfg.run.name);

@@ -31,7 +31,7 @@ using nlohmann::json;
 
 namespace {
 
-constexpr uint64_t kHeldOutSeed = 0x726d686f6c64;  // "rmhold": pairs training never draws
+constexpr uint64_t kHeldOutPairsSeed = 0x726d686f6c64;  // "rmhold": pairs training never draws
 constexpr uint64_t kRejectedSeed = 0x726d72656a;   // "rmrej": the tasks whose answers are rejected
 constexpr size_t kMaxDataBytes = size_t{1} << 30;
 
@@ -109,7 +109,7 @@ int run_rm(const RunConfig& cfg) {
     held_out.assign(data.end() - cfg.rm.eval_pairs, data.end());
     data.resize(data.size() - cfg.rm.eval_pairs);
   } else {
-    for (uint64_t i = 0; i < cfg.rm.eval_pairs; ++i) held_out.push_back(env_pair(cfg, *tok, cfg.run.seed ^ kHeldOutSeed, i));
+    for (uint64_t i = 0; i < cfg.rm.eval_pairs; ++i) held_out.push_back(env_pair(cfg, *tok, cfg.run.seed ^ kHeldOutPairsSeed, i));
   }
   auto eval_seqs = preference_sequences(held_out, end_token);
   const auto before = score_pairs(rm, eval_seqs);

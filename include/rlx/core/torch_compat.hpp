@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <fmt/ostream.h>
+#include <fmt/ranges.h>  // shapes in messages: fmt::format("{}", t.sizes()) prints [2, 3]
 #include <torch/version.h>
 
 #include <cstdint>
@@ -88,6 +89,3 @@ inline void synchronize([[maybe_unused]] at::Device device) {
 
 }  // namespace rlx::compat
 
-// Shapes in messages: fmt::format("{}", t.sizes()) prints [2, 3].
-template <class T>
-struct fmt::formatter<c10::ArrayRef<T>> : fmt::ostream_formatter {};
