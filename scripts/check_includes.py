@@ -27,10 +27,11 @@ DEPENDS = {
     "model": ["core", "cuda"],
     "env": ["core", "bus", "model"],
     "dist": ["core", "model", "bus"],
-    "rollout": ["core", "model", "cuda", "bus", "dist", "env"],
-    "learner": ["core", "model", "algo", "bus", "dist"],
+    "rollout": ["core", "model", "cuda"],  # the engine
+    "learner": ["core", "model", "algo", "dist"],
+    "rl": ["core", "model", "algo", "bus", "env", "dist", "rollout", "learner"],  # worker, learner loop
     "serve": ["core", "model", "chat", "rollout"],
-    "launch": ["core", "model", "algo", "bus", "env", "dist", "rollout", "learner", "serve", "cuda"],
+    "launch": ["core", "model", "algo", "bus", "env", "dist", "rollout", "learner", "rl", "serve", "cuda"],
     "cli": ["launch"],
 }
 # Private headers other modules may include: header -> the modules allowed (internal targets).

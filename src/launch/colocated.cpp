@@ -9,7 +9,7 @@
 #include "rlx/core/clock.hpp"
 #include "rlx/core/log.hpp"
 #include "rlx/env/bundled.hpp"
-#include "rlx/rollout/worker.hpp"
+#include "rlx/rl/worker.hpp"
 #include "worker_envs.hpp"
 
 namespace rlx::launch {

@@ -15,7 +15,7 @@
 #include "rlx/core/device_turns.hpp"
 #include "rlx/launch/memory_plan.hpp"
 #include "rlx/launch/roles.hpp"
-#include "rlx/rollout/colocated.hpp"
+#include "rlx/rl/colocated.hpp"
 #include "rlx/rollout/engine.hpp"
 
 namespace rlx::launch {

@@ -10,7 +10,7 @@
 #include "rlx/core/torch_compat.hpp"
 #include "rlx/launch/hooks.hpp"
 #include "rlx/launch/memory_plan.hpp"
-#include "rlx/learner/sample_log.hpp"
+#include "rlx/rl/sample_log.hpp"
 #include "rlx/model/hf.hpp"
 #include "rlx/rollout/paged_kv_cache.hpp"
 

@@ -16,7 +16,7 @@
 #include "rlx/core/status.hpp"
 #include "rlx/core/torch_compat.hpp"
 #include "rlx/launch/hooks.hpp"
-#include "rlx/learner/loop.hpp"
+#include "rlx/rl/loop.hpp"
 
 namespace rlx::launch {
 

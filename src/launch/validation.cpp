@@ -18,7 +18,7 @@
 #include "rlx/launch/rollout_config.hpp"
 #include "rlx/rollout/engine.hpp"
 #include "rlx/rollout/validation_metrics.hpp"
-#include "rlx/rollout/worker.hpp"
+#include "rlx/rl/worker.hpp"
 
 namespace rlx::launch {
 

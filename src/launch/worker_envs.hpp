@@ -14,7 +14,7 @@
 #include "rlx/launch/roles.hpp"
 #include "rlx/launch/rollout_config.hpp"
 #include "rlx/rollout/engine.hpp"
-#include "rlx/rollout/worker.hpp"
+#include "rlx/rl/worker.hpp"
 
 namespace rlx::launch {
 

@@ -37,7 +37,7 @@
 #include "rlx/env/server.hpp"
 #include "rlx/launch/hooks.hpp"
 #include "rlx/rollout/engine.hpp"
-#include "rlx/rollout/worker.hpp"
+#include "rlx/rl/worker.hpp"
 namespace rlx::launch {
 
 namespace fs = std::filesystem;

@@ -8,7 +8,7 @@
 
 #include "rlx/launch/config.hpp"
 #include "rlx/rollout/engine.hpp"
-#include "rlx/rollout/worker.hpp"
+#include "rlx/rl/worker.hpp"
 
 namespace rlx::launch {
 

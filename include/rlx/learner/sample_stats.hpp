@@ -1,5 +1,5 @@
 // What a step's samples say beyond their rewards, for its metrics line, from each
-// trajectory's finish reason and metadata (rollout/worker.hpp, to_trajectory_group):
+// trajectory's finish reason and metadata (rl/worker.hpp, to_trajectory_group):
 //   truncated_fraction                  the share of samples cut by max_new_tokens (finish "length")
 //   env_<key>, env_<key>_mean           an environment counter's sum over the step's samples
 //                                       and its mean per sample (math: env_errors_unparsed, ...)

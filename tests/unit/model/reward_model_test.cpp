@@ -7,7 +7,7 @@
 #include "rlx/model/hf.hpp"
 #include "rlx/model/reward_model.hpp"
 #include "rlx/model/safetensors.hpp"
-#include "rlx/rollout/worker.hpp"
+#include "rlx/rl/worker.hpp"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>

@@ -1,4 +1,4 @@
-#include "rlx/rollout/colocated.hpp"
+#include "rlx/rl/colocated.hpp"
 
 #include <c10/core/GradMode.h>
 

@@ -1,7 +1,7 @@
 // The learner's step loop in-process: a hub on its own thread (real ZeroMQ over ipc://), a
 // worker client submitting groups, the loop on one rank with a tiny model and GRPO, and
 // weights published into a shared-memory segment that a subscriber reads.
-#include "rlx/learner/loop.hpp"
+#include "rlx/rl/loop.hpp"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include "rlx/learner/sample_log.hpp"
+#include "rlx/rl/sample_log.hpp"
 
 #include <catch2/catch.hpp>
 

@@ -1,5 +1,5 @@
-// The learner's step loop (learner/loop.hpp).
-#include "rlx/learner/loop.hpp"
+// The learner's step loop (rl/loop.hpp).
+#include "rlx/rl/loop.hpp"
 
 #include <algorithm>
 #include <numeric>

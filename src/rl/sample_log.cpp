@@ -1,11 +1,10 @@
-// Samples you can read (learner/sample_log.hpp).
-#include "rlx/learner/sample_log.hpp"
+// Samples you can read (rl/sample_log.hpp).
+#include "rlx/rl/sample_log.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 
-#include "rlx/learner/loop.hpp"
 
 namespace rlx {
 

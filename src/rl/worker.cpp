@@ -1,5 +1,5 @@
-// The rollout worker (rollout/worker.hpp): leases -> episodes -> groups.
-#include "rlx/rollout/worker.hpp"
+// The rollout worker (rl/worker.hpp): leases -> episodes -> groups.
+#include "rlx/rl/worker.hpp"
 
 #include <algorithm>
 #include <chrono>

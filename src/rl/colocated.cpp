@@ -1,5 +1,5 @@
-// Colocated weight sync and KV-pool hand-over (rollout/colocated.hpp).
-#include "rlx/rollout/colocated.hpp"
+// Colocated weight sync and KV-pool hand-over (rl/colocated.hpp).
+#include "rlx/rl/colocated.hpp"
 
 #include "rlx/core/clock.hpp"
 #include "rlx/core/error.hpp"

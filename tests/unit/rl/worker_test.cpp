@@ -1,7 +1,7 @@
 // The rollout worker in-process: a hub on its own thread (real ZeroMQ over ipc://), a
 // learner client taking the groups, weights through a shared-memory segment, and the
 // arithmetic environment; the worker runs on a thread of the test.
-#include "rlx/rollout/worker.hpp"
+#include "rlx/rl/worker.hpp"
 
 #include <unistd.h>
 
