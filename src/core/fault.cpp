@@ -126,12 +126,12 @@ Fault parse_comm_crash(const std::string& value) {  // RANK:N:WHAT
   const auto p = fields(value, 3);
   Fault f;
   const auto rank = number<int>(p[0]);
-  const auto n = p.size() == 3 ? number<uint64_t>(p[1]) : std::nullopt;
-  RLX_CHECK(rank && *rank >= 0 && n && *n >= 1 && !p[2].empty(),
+  const uint64_t n = p.size() == 3 ? number<uint64_t>(p[1]).value_or(0) : 0;
+  RLX_CHECK(rank && *rank >= 0 && n >= 1 && !p[2].empty(),
             "RLX_COMM_CRASH={}: expected RANK:N:WHAT (the N-th collective, from 1, whose description contains WHAT)",
             value);
   f.rank = *rank;
-  f.nth = *n;
+  f.nth = n;
   f.what = std::string(p[2]);
   f.once_file = variable("RLX_COMM_CRASH_ONCE");
   return f;

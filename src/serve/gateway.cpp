@@ -33,6 +33,11 @@ json error_body(const std::string& message) {
   return {{"error", {{"message", message}, {"type", "invalid_request_error"}, {"param", nullptr}, {"code", nullptr}}}};
 }
 
+}  // namespace
+
+// A program's call waiting for its answer. Outside the anonymous namespace because
+// Gateway::Impl holds it (GCC's -Wsubobject-linkage in unity builds).
+namespace detail {
 struct Call {
   json body;
   std::mutex mu;
@@ -52,6 +57,10 @@ struct Call {
     cv.notify_all();
   }
 };
+}  // namespace detail
+using detail::Call;
+
+namespace {
 
 // Copies bytes both ways between two sockets until both sides are done or `stop` is set.
 void relay(int a, int b, const std::atomic<bool>& stop) {

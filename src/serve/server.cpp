@@ -34,7 +34,11 @@ detail::ConnectionLimits connection_limits(const ServeLimits& l) {
   return c;
 }
 
-// One request in flight: what the engine thread has produced so far.
+}  // namespace
+
+// One request in flight: what the engine thread has produced so far. Outside the anonymous
+// namespace because Server::Impl holds it (GCC's -Wsubobject-linkage in unity builds).
+namespace detail {
 struct Pending {
   std::mutex mu;
   std::condition_variable cv;
@@ -55,8 +59,8 @@ struct Pending {
     cv.notify_all();
   }
 };
-
-}  // namespace
+}  // namespace detail
+using detail::Pending;
 
 struct Server::Impl {
   Impl(Engine& e, ServedModel m, ServerOptions o)
