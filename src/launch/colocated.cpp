@@ -23,7 +23,7 @@ ColocatedRollout::ColocatedRollout(const RoleContext& ctx, std::shared_ptr<Trans
       tok_(tok),
       engine_(std::make_unique<Engine>(std::move(model), engine_config(ctx.cfg), std::move(tok))),
       weights_(*engine_, std::move(layout), /*staged=*/overlap_),
-      turns_({.on_switch = rollout::kv_handover(*engine_)}) {
+      turns_({.on_switch = rl::kv_handover(*engine_)}) {
   env::register_bundled();  // the worker's environments (a trainer's own were registered by its main)
   last_at_ = now_s();
 }
@@ -45,9 +45,9 @@ void ColocatedRollout::start(std::atomic<bool>& stop) {
       client.give_up_when([this] { return end_.load() || launcher_gone(); });
       auto options = worker_options(ctx_, who, engine_->model_config().vocab_size);
       options.turns = turns();
-      rollout::Worker* self = nullptr;
+      rl::Worker* self = nullptr;
       options.after_round = [this, &self] { generated_s_ = self->busy_s(); };
-      rollout::Worker worker(std::move(options), *engine_, envs.source(), client, weights_);
+      rl::Worker worker(std::move(options), *engine_, envs.source(), client, weights_);
       self = &worker;
       static const std::atomic<bool> never{false};  // a colocated worker does not leave on its own
       const int64_t sent = worker.run(end_, never);

@@ -2,7 +2,7 @@
 // learner process also runs a rollout engine on the same device and worker 0 on a thread of
 // its own. They take turns on the device (DeviceTurns): the engine's KV pool is released
 // while the learner trains, and each new version goes into the engine's weights with one
-// copy (rollout::ColocatedWeights). The hub and the env servers stay as they are.
+// copy (rl::ColocatedWeights). The hub and the env servers stay as they are.
 #pragma once
 
 #include <atomic>
@@ -53,7 +53,7 @@ class ColocatedRollout {
   bool overlap_;
   std::shared_ptr<const Tokenizer> tok_;
   std::unique_ptr<Engine> engine_;
-  rollout::ColocatedWeights weights_;
+  rl::ColocatedWeights weights_;
   DeviceTurns turns_;
   std::thread thread_;
   std::atomic<bool> end_{false}, failed_{false};

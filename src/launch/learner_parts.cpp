@@ -206,10 +206,10 @@ void LearnerReports::step(int64_t step, const json& line) {
 
 void LearnerReports::samples(int64_t step, const bus::BatchView& batch, const Tokenizer& tok) {
   if (cfg_.log.samples_every <= 0 || step % cfg_.log.samples_every != 0) return;
-  const auto picked = readable_samples(batch, tok, step, cfg_.log.samples_per_step);
-  for (const auto& sample : picked) samples_ << json_line(sample) << "\n";
+  const auto picked = rl::readable_samples(batch, tok, step, cfg_.log.samples_per_step);
+  for (const auto& sample : picked) samples_ << rl::json_line(sample) << "\n";
   samples_.flush();
-  if (tensorboard_) tensorboard_->add_text(step, "samples", samples_markdown(step, picked));
+  if (tensorboard_) tensorboard_->add_text(step, "samples", rl::samples_markdown(step, picked));
 }
 
 void RolloutBusy::add_to(json& line) {

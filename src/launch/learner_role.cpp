@@ -107,7 +107,7 @@ struct LeadOutputs {
                              validation_summary(line))
               << std::endl;
   }
-  LoopOptions loop_options() {
+  rl::LoopOptions loop_options() {
     return {.steps = cfg.train.steps,
             .groups_per_step = cfg.train.groups_per_step,
             .batch_timeout_s = cfg.train.batch_timeout_s,
@@ -181,7 +181,7 @@ int run_learner(const RoleContext& ctx) {
                   .first_step = step};
   out.validate_start();
   if (rollout) rollout->start(g_stop);
-  LearnerLoop loop(out.loop_options(),
+  rl::LearnerLoop loop(out.loop_options(),
                    {.models = models.train(),
                     .algorithm = *models.algorithm,
                     .comm = comm,
@@ -216,7 +216,7 @@ int run_learner(const RoleContext& ctx) {
   const auto end = loop.run(step, g_stop);
   if (rollout) rollout->finish();  // worker 0 stops (its groups in flight go back); its failure ends the role here
   trained_batch = loop.trained_batch();
-  const bool stopped = end == LearnerLoop::End::stopped;
+  const bool stopped = end == rl::LearnerLoop::End::stopped;
   const bool saved = step == out.first_step ? out.first_step > 0 : loop.saved();
   // The end, or SIGINT/SIGTERM: a checkpoint of the last finished step. Not when the
   // launcher died (PDEATHSIG): the hub stops at the same moment, and a checkpoint needs

@@ -17,7 +17,7 @@
 #include "rlx/env/sandbox.hpp"
 #include "rlx/launch/rollout_config.hpp"
 #include "rlx/rollout/engine.hpp"
-#include "rlx/rollout/validation_metrics.hpp"
+#include "rlx/rl/validation_metrics.hpp"
 #include "rlx/rl/worker.hpp"
 
 namespace rlx::launch {
@@ -114,7 +114,7 @@ json Validator::run() {
   env::Context context{.tokenizer = tok_.get(), .options = cfg_.env.options_json(), .seed = cfg_.run.seed};
   context.sandbox = sandbox_.get();
   auto& registry = env::Registry::global();
-  const rollout::EnvSource envs{.make = [&] { return registry.make(cfg_.env.name, context); },
+  const rl::EnvSource envs{.make = [&] { return registry.make(cfg_.env.name, context); },
                                 .stop_strings = registry.make(cfg_.env.name, context)->stop_strings()};
   const auto base = rollout_options(cfg_);  // the rollout's turns, max_new_tokens and stop strings
   std::atomic<bool> stop{false};
@@ -128,7 +128,7 @@ json Validator::run() {
   greedy.sampling.top_k = 0, greedy.sampling.top_p = 1, greedy.sampling.min_p = 0;
   double correct = 0, reward = 0;
   int64_t done = 0;
-  for (const auto& g : rollout::rollout_groups(*engine_, envs, leases_, greedy, nullptr, {}, &stop)) {
+  for (const auto& g : rl::rollout_groups(*engine_, envs, leases_, greedy, nullptr, {}, &stop)) {
     if (!g.error.empty() || g.episodes.empty()) {
       ++errors;
       continue;
@@ -150,8 +150,8 @@ json Validator::run() {
     sampled.sampling.top_p = cfg_.validation.top_p;
     sampled.sampling.top_k = 0, sampled.sampling.min_p = 0;
     sampled.seed ^= kValidationSeed;
-    std::vector<rollout::TaskSamples> tasks;
-    for (const auto& g : rollout::rollout_groups(*engine_, envs, leases, sampled, nullptr, {}, &stop)) {
+    std::vector<rl::TaskSamples> tasks;
+    for (const auto& g : rl::rollout_groups(*engine_, envs, leases, sampled, nullptr, {}, &stop)) {
       if (!g.error.empty() || g.episodes.empty()) {
         ++errors;
         continue;
@@ -162,7 +162,7 @@ json Validator::run() {
         t.answers.push_back(answer_of(e, *tok_));
       }
     }
-    const auto s = rollout::sample_metrics(tasks, cfg_.validation.k);
+    const auto s = rl::sample_metrics(tasks, cfg_.validation.k);
     m[fmt::format("val/mean@{}", n)] = s.mean_at_n;
     m[fmt::format("val/maj@{}", n)] = s.maj_at_n;
     for (size_t i = 0; i < s.ks_used.size(); ++i) m[fmt::format("val/pass@{}", s.ks_used[i])] = s.pass_at_k[i];

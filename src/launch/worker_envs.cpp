@@ -94,7 +94,7 @@ WorkerEnvs::WorkerEnvs(const RoleContext& ctx, std::shared_ptr<const Tokenizer> 
   }
 }
 
-rollout::EnvSource WorkerEnvs::source() {
+rl::EnvSource WorkerEnvs::source() {
   return {.make = [this] { return make(); },
           .stop_strings = env::Registry::global().make(ctx_.cfg.env.name, context_)->stop_strings()};
 }
@@ -118,7 +118,7 @@ EngineConfig engine_config(const RunConfig& cfg) {
           .record_routing = cfg.rollout.record_routing};
 }
 
-rollout::RolloutOptions rollout_options(const RunConfig& cfg) {
+rl::RolloutOptions rollout_options(const RunConfig& cfg) {
   const auto& r = cfg.rollout;
   return {.max_turns = cfg.env.max_turns,
           .sampling = {.temperature = r.temperature,
@@ -130,9 +130,9 @@ rollout::RolloutOptions rollout_options(const RunConfig& cfg) {
           .seed = r.seed >= 0 ? static_cast<uint64_t>(r.seed) : cfg.run.seed};
 }
 
-rollout::WorkerOptions worker_options(const RoleContext& ctx, const std::string& who, int64_t vocab_size) {
+rl::WorkerOptions worker_options(const RoleContext& ctx, const std::string& who, int64_t vocab_size) {
   const auto& cfg = ctx.cfg;
-  rollout::WorkerOptions o{.who = who,
+  rl::WorkerOptions o{.who = who,
                            .rollout = rollout_options(cfg),
                            .leases_per_request = cfg.rollout.leases_per_request,
                            .weights_timeout_s = cfg.train.batch_timeout_s,

@@ -27,7 +27,7 @@ class WorkerEnvs {
              std::function<bool()> leave);
   // For the worker: make() per sample, and the sampler's stop sequences, asked of an
   // in-process instance (a server's RemoteEnv does not carry them).
-  rollout::EnvSource source();
+  rl::EnvSource source();
   std::unique_ptr<env::Env> make();
 
  private:
@@ -43,6 +43,6 @@ class WorkerEnvs {
 
 // A worker's options in this run; the caller adds status, statistics and its device turns.
 // With reward_model.path, loads the reward model (its vocabulary must be `vocab_size`, the policy's).
-rollout::WorkerOptions worker_options(const RoleContext& ctx, const std::string& who, int64_t vocab_size);
+rl::WorkerOptions worker_options(const RoleContext& ctx, const std::string& who, int64_t vocab_size);
 
 }  // namespace rlx::launch

@@ -1,4 +1,4 @@
-// The rollout worker role: rollout::Worker (leases -> episodes -> groups) in a process, with
+// The rollout worker role: rl::Worker (leases -> episodes -> groups) in a process, with
 // its environments in process or behind sandboxed env servers, signals, status and statistics.
 #include "rlx/launch/roles.hpp"
 
@@ -103,7 +103,7 @@ int run_worker(const RoleContext& ctx) {
   const double born = now_s();
   const auto stats_file = ctx.run_dir.worker_stats(ctx.index);
   fs::create_directories(stats_file.parent_path());
-  std::unique_ptr<rollout::Worker> worker;
+  std::unique_ptr<rl::Worker> worker;
   auto write_stats = [&] {
     try {
       write_file_atomic(stats_file,
@@ -121,7 +121,7 @@ int run_worker(const RoleContext& ctx) {
     write_stats();
     if (auto* t = TraceWriter::installed()) t->flush();
   };
-  worker = std::make_unique<rollout::Worker>(std::move(options),
+  worker = std::make_unique<rl::Worker>(std::move(options),
       engine, envs.source(), client, weights);
   const int64_t groups_sent = worker->run(g_end, g_leave);
   client.close(g_end ? 5 : 30);  // SIGTERM: the hub may be gone too (the launcher died)

@@ -5,7 +5,7 @@
 #include "rlx/core/error.hpp"
 #include "rlx/core/torch_compat.hpp"
 
-namespace rlx::rollout {
+namespace rlx::rl {
 
 ColocatedWeights::ColocatedWeights(Engine& engine, dist::WeightLayout layout, bool staged)
     : engine_(engine), layout_(std::move(layout)), staged_(staged) {}
@@ -46,4 +46,4 @@ std::function<void(DeviceTurns::Use)> kv_handover(Engine& engine) {
   };
 }
 
-}  // namespace rlx::rollout
+}  // namespace rlx::rl

@@ -12,7 +12,7 @@
 #include "rlx/learner/batching.hpp"
 #include "rlx/learner/sample_stats.hpp"
 
-namespace rlx {
+namespace rlx::rl {
 
 using nlohmann::json;
 
@@ -339,4 +339,4 @@ std::optional<LearnerLoop::End> LearnerLoop::step_once(int64_t& step, const std:
   return std::nullopt;
 }
 
-}  // namespace rlx
+}  // namespace rlx::rl

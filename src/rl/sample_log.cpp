@@ -6,7 +6,7 @@
 #include <algorithm>
 
 
-namespace rlx {
+namespace rlx::rl {
 
 using nlohmann::json;
 
@@ -88,4 +88,4 @@ std::string samples_markdown(int64_t step, const std::vector<json>& samples) {
 
 std::string json_line(const json& sample) { return sample.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-}  // namespace rlx
+}  // namespace rlx::rl

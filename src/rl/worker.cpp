@@ -19,7 +19,7 @@
 #include "rlx/core/trace.hpp"
 #include "rlx/env/server.hpp"
 
-namespace rlx::rollout {
+namespace rlx::rl {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -628,4 +628,4 @@ int64_t Worker::run(const std::atomic<bool>& end, const std::atomic<bool>& leave
   return groups_sent_;
 }
 
-}  // namespace rlx::rollout
+}  // namespace rlx::rl

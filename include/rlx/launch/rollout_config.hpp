@@ -16,6 +16,6 @@ namespace rlx::launch {
 EngineConfig engine_config(const RunConfig& cfg);
 // env.max_turns; rollout.temperature, top_k, top_p, min_p, max_new_tokens and stop as the
 // sampling parameters; rollout.seed (-1: run.seed).
-rollout::RolloutOptions rollout_options(const RunConfig& cfg);
+rl::RolloutOptions rollout_options(const RunConfig& cfg);
 
 }  // namespace rlx::launch

@@ -5,10 +5,10 @@
 // engine must be idle while it happens: the learner publishes while it holds the device's
 // train turn (core/device_turns.hpp), which the rollout worker needs to generate.
 //
-//   rlx::DeviceTurns turns({.on_switch = rlx::rollout::kv_handover(engine)});
-//   rlx::rollout::ColocatedWeights weights(engine, layout);
+//   rlx::DeviceTurns turns({.on_switch = rlx::rl::kv_handover(engine)});
+//   rlx::rl::ColocatedWeights weights(engine, layout);
 //   rlx::LearnerLoop loop(..., {..., .publisher = &weights, .turns = &turns});   // learner thread
-//   rlx::rollout::Worker worker({..., .turns = &turns}, engine, envs, client, weights);  // worker thread
+//   rlx::rl::Worker worker({..., .turns = &turns}, engine, envs, client, weights);  // worker thread
 #pragma once
 
 #include <functional>
@@ -20,7 +20,7 @@
 #include "rlx/dist/weight_sync.hpp"
 #include "rlx/rollout/engine.hpp"
 
-namespace rlx::rollout {
+namespace rlx::rl {
 
 class ColocatedWeights final : public dist::WeightPublisher, public dist::WeightSubscriber {
  public:
@@ -58,4 +58,4 @@ class ColocatedWeights final : public dist::WeightPublisher, public dist::Weight
 // the device and allocated again when generation takes it back.
 std::function<void(DeviceTurns::Use)> kv_handover(Engine& engine);
 
-}  // namespace rlx::rollout
+}  // namespace rlx::rl

@@ -28,7 +28,7 @@
 #include "rlx/dist/weight_sync.hpp"
 #include "rlx/learner/algorithm_loss.hpp"
 
-namespace rlx {
+namespace rlx::rl {
 
 struct LoopOptions {
   int64_t steps = 10;               // run until this step (weight version)
@@ -143,4 +143,4 @@ class LearnerLoop {
   uint64_t trained_batch_ = 0;
 };
 
-}  // namespace rlx
+}  // namespace rlx::rl

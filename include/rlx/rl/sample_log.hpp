@@ -18,7 +18,7 @@
 #include "rlx/bus/message.hpp"
 #include "rlx/model/tokenizer.hpp"
 
-namespace rlx {
+namespace rlx::rl {
 
 // Each: {"step", "prompt_index", "epoch", "sample", "prompt" (the first prompt_len tokens,
 // decoded), "response" (the rest: actions and, in multi-turn episodes, observations),
@@ -32,4 +32,4 @@ std::string samples_markdown(int64_t step, const std::vector<nlohmann::json>& sa
 // A sample as one JSON line (bytes a tokenizer decoded that are not UTF-8 become U+FFFD).
 std::string json_line(const nlohmann::json& sample);
 
-}  // namespace rlx
+}  // namespace rlx::rl

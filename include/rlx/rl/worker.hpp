@@ -5,8 +5,8 @@
 // launcher's worker role (src/launch/worker_role.cpp) adds signals, env servers, status
 // and statistics around it.
 //
-//   rlx::rollout::EnvSource envs{.make = [&] { return registry.make("arithmetic", context); }};
-//   rlx::rollout::Worker worker({.who = "worker-0", .rollout = {.max_turns = 1, .sampling = {...}}},
+//   rlx::rl::EnvSource envs{.make = [&] { return registry.make("arithmetic", context); }};
+//   rlx::rl::Worker worker({.who = "worker-0", .rollout = {.max_turns = 1, .sampling = {...}}},
 //                               engine, envs, client, subscriber);
 //   worker.run(stop, leave);   // until the hub has no more leases, or stop / leave is set
 #pragma once
@@ -25,7 +25,7 @@
 #include "rlx/env/env.hpp"
 #include "rlx/rollout/engine.hpp"
 
-namespace rlx::rollout {
+namespace rlx::rl {
 
 // Where a worker's environments come from: one instance per sample, and the sampler's
 // stop sequences (an in-process instance's stop_strings()).
@@ -162,4 +162,4 @@ class Worker {
   double busy_s_ = 0;
 };
 
-}  // namespace rlx::rollout
+}  // namespace rlx::rl

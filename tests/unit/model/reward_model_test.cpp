@@ -145,7 +145,7 @@ TEST_CASE("Bradley-Terry: the per-sequence loss has the pairwise loss's gradient
 }
 
 TEST_CASE("reward model on the rollout side: env_coef x the environment's reward + coef x the score", "[rollout][reward]") {
-  std::vector<rlx::rollout::GroupRollout> groups(3);
+  std::vector<rlx::rl::GroupRollout> groups(3);
   for (size_t g = 0; g < groups.size(); ++g) {
     for (int k = 0; k < 2; ++k) {
       rlx::env::Episode ep;
@@ -156,7 +156,7 @@ TEST_CASE("reward model on the rollout side: env_coef x the environment's reward
     }
   }
   groups[1].error = "the env failed";  // not scored
-  rlx::rollout::WorkerOptions o;
+  rlx::rl::WorkerOptions o;
   int calls = 0;
   o.score = [&](const std::vector<std::vector<int64_t>>& seqs) {
     ++calls;
@@ -166,7 +166,7 @@ TEST_CASE("reward model on the rollout side: env_coef x the environment's reward
   };
   o.score_coef = 0.5;
   o.env_coef = 2.0;
-  rlx::rollout::score_episodes(groups, o);
+  rlx::rl::score_episodes(groups, o);
   CHECK(calls == 1);  // one batched call for the grant
   CHECK(groups[0].episodes[0].reward == 2.0 + 0.5 * 1);
   CHECK(groups[0].episodes[1].reward == 2.0 + 0.5 * 2);
@@ -176,11 +176,11 @@ TEST_CASE("reward model on the rollout side: env_coef x the environment's reward
   REQUIRE(groups[2].reward_parts.size() == 2);
   CHECK(groups[2].reward_parts[1] == std::pair<double, double>{1.0, 22.0});
   CHECK(groups[1].reward_parts.empty());
-  const auto sent = rlx::rollout::to_trajectory_group(groups[2], "w");
+  const auto sent = rlx::rl::to_trajectory_group(groups[2], "w");
   CHECK(nlohmann::json::parse(sent.samples[1].metadata) == nlohmann::json{{"reward_env", 1.0}, {"reward_model", 22.0}});
   // A scorer that fails sends the groups back as infra errors (their leases are retried).
   o.score = [](const std::vector<std::vector<int64_t>>&) -> std::vector<double> { throw rlx::Error("out of memory"); };
-  rlx::rollout::score_episodes(groups, o);
+  rlx::rl::score_episodes(groups, o);
   CHECK(groups[0].error_kind == "infra");
   CHECK_THAT(groups[0].error, Catch::Contains("reward model: out of memory"));
 }

@@ -67,7 +67,7 @@ TEST_CASE("colocated weights: one copy into an idle engine, seen at once; a busy
   const auto layout = rlx::dist::WeightLayout::of(params, at::kFloat);
 
   Engine engine(tiny(1), {.kv_cache_blocks = 64});
-  rlx::rollout::ColocatedWeights weights(engine, layout);
+  rlx::rl::ColocatedWeights weights(engine, layout);
   REQUIRE(weights.version() == 0);
   const int64_t bytes = weights.publish(1, params);
   int64_t expected_bytes = 0;
@@ -94,7 +94,7 @@ TEST_CASE("colocated weights: one copy into an idle engine, seen at once; a busy
 
 TEST_CASE("colocated hand-over: training takes the KV pool, generation gets it back", "[rollout][colocated]") {
   Engine engine(tiny(1), {.kv_cache_blocks = 32});
-  DeviceTurns turns({.on_switch = rlx::rollout::kv_handover(engine)});
+  DeviceTurns turns({.on_switch = rlx::rl::kv_handover(engine)});
   const auto before = [&] {
     auto t = turns.hold(DeviceTurns::Use::generate);
     REQUIRE_FALSE(engine.asleep());
@@ -115,7 +115,7 @@ TEST_CASE("colocated weights, staged (generation and training overlap): the work
   std::vector<std::pair<std::string, at::Tensor>> params;
   for (auto& [name, p] : learner_model->hf_parameters()) params.emplace_back(name, p);
   Engine engine(tiny(1), {.kv_cache_blocks = 64});
-  rlx::rollout::ColocatedWeights weights(engine, rlx::dist::WeightLayout::of(params, at::kFloat), /*staged=*/true);
+  rlx::rl::ColocatedWeights weights(engine, rlx::dist::WeightLayout::of(params, at::kFloat), /*staged=*/true);
   engine.add(requests().front());  // the engine is busy: a publish must not touch its weights
   weights.publish(1, params);
   weights.publish(2, params);      // a newer version replaces the one not yet taken

@@ -88,7 +88,7 @@ TEST_CASE("learner loop in-process: batches -> steps -> versions published, metr
   std::vector<int64_t> checkpoints;
   int reward_calls = 0;
   std::vector<std::pair<int64_t, size_t>> batches;  // on_batch: step, groups
-  rlx::LearnerLoop loop({.steps = 10,
+  rlx::rl::LearnerLoop loop({.steps = 10,
                          .groups_per_step = 2,
                          .batch_timeout_s = 30,
                          .checkpoint_every = 2,
@@ -108,7 +108,7 @@ TEST_CASE("learner loop in-process: batches -> steps -> versions published, metr
   int64_t step = 0;
   std::atomic<bool> stop{false};
   // 6 prompts, 2 groups a step: 3 steps, then the hub has no more.
-  CHECK(loop.run(step, stop) == rlx::LearnerLoop::End::exhausted);
+  CHECK(loop.run(step, stop) == rlx::rl::LearnerLoop::End::exhausted);
   worker.join();
   CHECK(step == 3);
   CHECK(reward_calls == 3);
@@ -138,11 +138,11 @@ TEST_CASE("learner loop in-process: batches -> steps -> versions published, metr
   for (size_t i = 0; i < now.size(); ++i) CHECK(at::equal(u->tensors[i].second, now[i].second));
   // A stop before the next batch: it returns at once, without a step.
   stop = true;
-  CHECK(loop.run(step, stop) == rlx::LearnerLoop::End::stopped);
+  CHECK(loop.run(step, stop) == rlx::rl::LearnerLoop::End::stopped);
   CHECK(step == 3);
   // At options.steps it ends without asking the hub.
-  rlx::LearnerLoop done({.steps = 3, .groups_per_step = 2}, {.models = {.policy = learner}, .algorithm = *grpo,
+  rlx::rl::LearnerLoop done({.steps = 3, .groups_per_step = 2}, {.models = {.policy = learner}, .algorithm = *grpo,
                                                             .comm = *comm, .client = &client});
   stop = false;
-  CHECK(done.run(step, stop) == rlx::LearnerLoop::End::steps);
+  CHECK(done.run(step, stop) == rlx::rl::LearnerLoop::End::steps);
 }

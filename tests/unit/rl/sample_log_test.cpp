@@ -39,7 +39,7 @@ TEST_CASE("sample log: K samples as text, one per group in prompt order first, w
   rlx::bus::BatchView batch;
   for (const auto& g : groups) batch.groups.push_back(rlx::bus::view_of(g));
 
-  const auto picked = rlx::readable_samples(batch, tok, 12, 4);
+  const auto picked = rlx::rl::readable_samples(batch, tok, 12, 4);
   REQUIRE(picked.size() == 4);
   // Round one: prompts 2, 5, 9; round two: prompt 2's second sample.
   CHECK(picked[0]["prompt_index"] == 2);
@@ -57,14 +57,14 @@ TEST_CASE("sample log: K samples as text, one per group in prompt order first, w
   CHECK(!picked[0].contains("version_min"));
   CHECK(picked[2]["version"] == 4);  // prompt 9's only sample ends under version 4
   CHECK(picked[2]["version_min"] == 3);
-  CHECK(rlx::readable_samples(batch, tok, 12, 100).size() == 6);  // every sample, no more
+  CHECK(rlx::rl::readable_samples(batch, tok, 12, 100).size() == 6);  // every sample, no more
 
-  const auto md = rlx::samples_markdown(12, picked);
+  const auto md = rlx::rl::samples_markdown(12, picked);
   CHECK_THAT(md, Catch::Contains("## step 12"));
   CHECK_THAT(md, Catch::Contains("### sample 1: prompt 2, reward 0, version 3, finish stop, extracted `2`"));
   CHECK_THAT(md, Catch::Contains("\n    a2.0\n"));  // an indented code block
 
   // Bytes a tokenizer decodes that are not UTF-8 become U+FFFD in the JSON line.
   nlohmann::json bad = {{"response", std::string("ok\xff")}};
-  CHECK(rlx::json_line(bad) == "{\"response\":\"ok\xef\xbf\xbd\"}");
+  CHECK(rlx::rl::json_line(bad) == "{\"response\":\"ok\xef\xbf\xbd\"}");
 }

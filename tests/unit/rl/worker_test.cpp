@@ -25,7 +25,7 @@
 using rlx::test::HubThread;
 using rlx::test::TempDir;
 namespace bus = rlx::bus;
-namespace rollout = rlx::rollout;
+namespace rl = rlx::rl;
 
 namespace {
 
@@ -71,7 +71,7 @@ struct Rig {
     pub->publish(1, model->hf_parameters());
     learner.publish_version(1);
   }
-  rollout::EnvSource envs() {
+  rl::EnvSource envs() {
     return {.make = [this] { return rlx::env::Registry::global().make("arithmetic", context); },
             .stop_strings = rlx::env::Registry::global().make("arithmetic", context)->stop_strings()};
   }
@@ -79,7 +79,7 @@ struct Rig {
     return {.address = address, .who = who, .role = role, .heartbeat_s = 0.1, .hub_timeout_s = 5, .request_timeout_s = 20,
             .credit_wait_s = 20};
   }
-  rollout::WorkerOptions options() const {
+  rl::WorkerOptions options() const {
     return {.who = "w0",
             .rollout = {.max_turns = 1, .sampling = {.temperature = 1.0, .max_new_tokens = 4}, .seed = 1},
             .leases_per_request = 3,
@@ -101,7 +101,7 @@ TEST_CASE("rollout worker in-process: every lease becomes one group, sampled und
   int rounds = 0;
   o.status = [&](const std::string& what) { said.push_back(what); };
   o.after_round = [&] { ++rounds; };
-  rollout::Worker worker(o, *rig.engine, rig.envs(), client, weights);
+  rl::Worker worker(o, *rig.engine, rig.envs(), client, weights);
   std::atomic<bool> end{false}, leave{false};
   int64_t sent = -1;
   std::thread t([&] { sent = worker.run(end, leave); });  // until the hub's 6 prompts are done
@@ -148,7 +148,7 @@ TEST_CASE("rollout worker in-process: leave finishes the leases held, end stops 
     auto o = rig.options();
     o.who = "leaver";
     o.after_round = [&] { leave = true; };  // after its first grant's groups
-    rollout::Worker worker(o, *rig.engine, rig.envs(), client, weights);
+    rl::Worker worker(o, *rig.engine, rig.envs(), client, weights);
     CHECK(worker.run(end, leave) == 3);  // one grant of 3 leases, sent whole
   }
   {
@@ -161,7 +161,7 @@ TEST_CASE("rollout worker in-process: leave finishes the leases held, end stops 
     o.status = [&](const std::string& what) {
       if (what.starts_with("waiting for weights v2")) end = true;
     };
-    rollout::Worker worker(o, *rig.engine, rig.envs(), client, weights);
+    rl::Worker worker(o, *rig.engine, rig.envs(), client, weights);
     CHECK(worker.run(end, leave) == 0);
   }
   // A version that does not come within weights_timeout_s is an error naming it.
@@ -169,7 +169,7 @@ TEST_CASE("rollout worker in-process: leave finishes the leases held, end stops 
   auto o = rig.options();
   o.who = "late";
   o.weights_timeout_s = 0.5;
-  rollout::Worker worker(o, *rig.engine, rig.envs(), client, weights);
+  rl::Worker worker(o, *rig.engine, rig.envs(), client, weights);
   std::atomic<bool> end{false}, leave{false};
   CHECK_THROWS_WITH(worker.run(end, leave), Catch::Contains("late: weights version 2 did not arrive within 0.5 s"));
 }
@@ -258,14 +258,14 @@ std::pair<bus::TrajectoryGroup, int64_t> roll_across_an_update(rlx::UpdatePolicy
     if (policy == rlx::UpdatePolicy::continue_) CHECK(weights.wait_all_taken(20));
   };
   // (In-process environments step one after another on the worker's thread.)
-  rollout::EnvSource envs{.make = [&]() -> std::unique_ptr<rlx::env::Env> {
+  rl::EnvSource envs{.make = [&]() -> std::unique_ptr<rlx::env::Env> {
     return std::make_unique<TwoTurns>(*rig.tok, &after_first);
   }};
   auto o = rig.options();
   o.rollout.max_turns = 2;
   o.rollout.sampling.ignore_eos = true;  // every action is cut at max_new_tokens (4)
   bus::Client client(rig.client("w0"));
-  rollout::Worker worker(o, *rig.engine, envs, client, weights);
+  rl::Worker worker(o, *rig.engine, envs, client, weights);
   std::atomic<bool> end{false}, leave{false};
   std::thread t([&] { worker.run(end, leave); });
   std::vector<bus::TrajectoryGroup> groups;
@@ -324,7 +324,7 @@ TEST_CASE("rollout worker: with update_policy continue, a version out mid-grant 
 
 TEST_CASE("rollout worker: a trajectory's finish says why it ended; its metadata carries the environment's info",
           "[rollout][worker]") {
-  rollout::GroupRollout g;
+  rl::GroupRollout g;
   g.lease = {.lease_id = 3, .prompt_index = 1, .epoch = 0, .group_size = 3};
   for (int k = 0; k < 3; ++k) {
     auto& ep = g.episodes.emplace_back();
@@ -339,7 +339,7 @@ TEST_CASE("rollout worker: a trajectory's finish says why it ended; its metadata
                        {"detail", std::string(511, 'x') + "\u00e9 and more"}});
   }
   g.reward_parts = {{1.0, 0.5}, {0.0, 0.25}, {1.0, 0.0}};
-  auto t = rollout::to_trajectory_group(g, "w");
+  auto t = rl::to_trajectory_group(g, "w");
   REQUIRE(t.samples.size() == 3);
   CHECK(t.samples[0].finish == "length");  // cut by max_new_tokens
   CHECK(t.samples[1].finish == "stop");    // the environment ended it
@@ -349,11 +349,11 @@ TEST_CASE("rollout worker: a trajectory's finish says why it ended; its metadata
   CHECK(meta["info"]["extracted"] == "\u00e9");  // the last turn's text values
   CHECK(!meta["info"].contains("outcome"));
   CHECK(meta["info"]["detail"] == std::string(511, 'x'));
-  static_assert(rollout::kMaxInfoText == 512);
+  static_assert(rl::kMaxInfoText == 512);
   CHECK(meta["reward_env"] == 1.0);
   CHECK(meta["reward_model"] == 0.5);
   // An environment's info is bounded in what a trajectory carries of it.
-  rollout::GroupRollout chatty;
+  rl::GroupRollout chatty;
   chatty.lease = g.lease;
   auto& ep = chatty.episodes.emplace_back();
   ep.start(std::vector<rlx::TokenId>{1});
@@ -361,16 +361,16 @@ TEST_CASE("rollout worker: a trajectory's finish says why it ended; its metadata
   nlohmann::json info;
   for (int i = 0; i < 100; ++i) info["n" + std::to_string(i)] = i, info["s" + std::to_string(i)] = "text";
   ep.info.push_back(info);
-  const auto bounded = nlohmann::json::parse(rollout::to_trajectory_group(chatty, "w").samples[0].metadata);
-  CHECK(bounded["env"].size() == rollout::kMaxEnvCounters);
-  CHECK(bounded["info"].size() == rollout::kMaxInfoTexts);
+  const auto bounded = nlohmann::json::parse(rl::to_trajectory_group(chatty, "w").samples[0].metadata);
+  CHECK(bounded["env"].size() == rl::kMaxEnvCounters);
+  CHECK(bounded["info"].size() == rl::kMaxInfoTexts);
   // Without info or a reward model: no metadata.
-  rollout::GroupRollout plain;
+  rl::GroupRollout plain;
   plain.lease = g.lease;
   plain.episodes.emplace_back().start(std::vector<rlx::TokenId>{1});
   plain.versions.push_back({-1});
-  CHECK(rollout::to_trajectory_group(plain, "w").samples[0].metadata.empty());
-  CHECK(rollout::to_trajectory_group(plain, "w").samples[0].finish == "turns");
+  CHECK(rl::to_trajectory_group(plain, "w").samples[0].metadata.empty());
+  CHECK(rl::to_trajectory_group(plain, "w").samples[0].finish == "turns");
 }
 
 TEST_CASE("rollout groups: a mixture-of-experts episode continued from its checkpoint has the routing of one never stopped",
@@ -383,26 +383,26 @@ TEST_CASE("rollout groups: a mixture-of-experts episode continued from its check
   auto model = std::make_shared<rlx::Transformer>(mc);
   model->init_weights(5);
   rlx::env::Context context{.tokenizer = tok.get(), .seed = 1};
-  const rollout::EnvSource envs{.make = [&] { return rlx::env::Registry::global().make("guess_number", context); },
+  const rl::EnvSource envs{.make = [&] { return rlx::env::Registry::global().make("guess_number", context); },
                                 .stop_strings = rlx::env::Registry::global().make("guess_number", context)->stop_strings()};
   const std::vector<bus::Lease> leases{{.lease_id = 1, .prompt_index = 0, .group_size = 2, .task = R"({"target": 7, "range": 9})"},
                                        {.lease_id = 2, .prompt_index = 1, .group_size = 2, .task = R"({"target": 2, "range": 9})"}};
-  const rollout::RolloutOptions ro{.max_turns = 3, .sampling = {.temperature = 1.0, .max_new_tokens = 5}, .seed = 1};
+  const rl::RolloutOptions ro{.max_turns = 3, .sampling = {.temperature = 1.0, .max_new_tokens = 5}, .seed = 1};
   const auto engine = [&] { return std::make_unique<rlx::Engine>(model, rlx::EngineConfig{.block_size = 4}, tok); };
   // Uninterrupted.
   auto e1 = engine();
-  auto whole = rollout::rollout_groups(*e1, envs, leases, ro);
+  auto whole = rl::rollout_groups(*e1, envs, leases, ro);
   // Stopped right after its first checkpoint, then continued from it by another engine (the
   // worker that takes the lease over).
   const auto episodes = dir.path / "episodes";
-  rollout::EpisodeCheckpoints first(episodes, 1);
+  rl::EpisodeCheckpoints first(episodes, 1);
   std::atomic<bool> stop{false};
   auto e2 = engine();
-  auto cut = rollout::rollout_groups(*e2, envs, leases, ro, &first, [&] { stop = true; }, &stop);
+  auto cut = rl::rollout_groups(*e2, envs, leases, ro, &first, [&] { stop = true; }, &stop);
   REQUIRE(cut[0].error == "the worker was stopped");
-  rollout::EpisodeCheckpoints again(episodes, 1);
+  rl::EpisodeCheckpoints again(episodes, 1);
   auto e3 = engine();
-  auto resumed = rollout::rollout_groups(*e3, envs, leases, ro, &again);
+  auto resumed = rl::rollout_groups(*e3, envs, leases, ro, &again);
   int64_t recorded = 0, observation_turns = 0;
   for (size_t g = 0; g < leases.size(); ++g) {
     REQUIRE(resumed[g].error.empty());
@@ -418,7 +418,7 @@ TEST_CASE("rollout groups: a mixture-of-experts episode continued from its check
       for (size_t i = 0; i < ep.tokens.size(); ++i) recorded += whole[g].routing[k][4 * i] >= 0;
       observation_turns += ep.turns > 1;
     }
-    auto t = rollout::to_trajectory_group(resumed[g], "w");
+    auto t = rl::to_trajectory_group(resumed[g], "w");
     CHECK(t.samples[1].routing.layers == 2);
     CHECK(t.samples[1].routing.experts == whole[g].routing[1]);
   }
@@ -431,7 +431,7 @@ TEST_CASE("rollout groups: a mixture-of-experts episode continued from its check
   // Saves the first group's episodes at turn 1 with routing of `layers` x 2, all `value`
   // (-2: the episodes' own).
   const auto save = [&](uint16_t layers, int16_t value) {
-    rollout::GroupRollout g{.lease = leases[0], .routing_layers = layers, .routing_top_k = 2};
+    rl::GroupRollout g{.lease = leases[0], .routing_layers = layers, .routing_top_k = 2};
     for (size_t k = 0; k < 2; ++k) {
       const size_t n = whole[0].episodes[k].tokens.size();
       g.envs.push_back(envs.make());
@@ -439,7 +439,7 @@ TEST_CASE("rollout groups: a mixture-of-experts episode continued from its check
       g.versions.emplace_back(n, -1);
       g.routing.push_back(value == -2 ? whole[0].routing[k] : std::vector<int16_t>(n * layers * 2, value));
     }
-    rollout::EpisodeCheckpoints(episodes, 1).save(g, 1);
+    rl::EpisodeCheckpoints(episodes, 1).save(g, 1);
   };
   save(2, -2);
   const auto rewrite = [&](const std::function<void(nlohmann::json&)>& change) {
@@ -454,12 +454,12 @@ TEST_CASE("rollout groups: a mixture-of-experts episode continued from its check
     j.erase("routing_layers"), j.erase("routing_top_k");
     for (auto& s : j["samples"]) s.erase("routing");
   });
-  rollout::GroupRollout old{.lease = leases[0], .routing_layers = 2, .routing_top_k = 2};
-  REQUIRE(rollout::EpisodeCheckpoints(episodes, 1).restore(old, envs));
+  rl::GroupRollout old{.lease = leases[0], .routing_layers = 2, .routing_top_k = 2};
+  REQUIRE(rl::EpisodeCheckpoints(episodes, 1).restore(old, envs));
   CHECK(old.routing[1] == std::vector<int16_t>(old.episodes[1].tokens.size() * 4, -1));
   save(3, 1);
-  rollout::GroupRollout other{.lease = leases[0], .routing_layers = 2, .routing_top_k = 2};
-  CHECK_FALSE(rollout::EpisodeCheckpoints(episodes, 1).restore(other, envs));  // starts over
+  rl::GroupRollout other{.lease = leases[0], .routing_layers = 2, .routing_top_k = 2};
+  CHECK_FALSE(rl::EpisodeCheckpoints(episodes, 1).restore(other, envs));  // starts over
   CHECK(other.episodes.empty());
   CHECK_FALSE(std::filesystem::exists(file));
 }

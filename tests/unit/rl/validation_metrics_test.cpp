@@ -1,4 +1,4 @@
-#include "rlx/rollout/validation_metrics.hpp"
+#include "rlx/rl/validation_metrics.hpp"
 
 #include <bit>
 #include <cmath>
@@ -6,9 +6,9 @@
 
 #include "../helpers.hpp"
 
-using rlx::rollout::pass_at_k;
-using rlx::rollout::sample_metrics;
-using rlx::rollout::TaskSamples;
+using rlx::rl::pass_at_k;
+using rlx::rl::sample_metrics;
+using rlx::rl::TaskSamples;
 
 namespace {
 // The definition, by enumeration: the share of k-subsets of n samples (c correct) holding a

@@ -1,11 +1,11 @@
-#include "rlx/rollout/validation_metrics.hpp"
+#include "rlx/rl/validation_metrics.hpp"
 
 #include <algorithm>
 #include <map>
 
 #include "rlx/core/error.hpp"
 
-namespace rlx::rollout {
+namespace rlx::rl {
 
 double pass_at_k(int64_t n, int64_t c, int64_t k) {
   RLX_CHECK(k >= 1 && k <= n, "pass@k: k={} must be in [1, n={}]", k, n);
@@ -66,4 +66,4 @@ SampleMetrics sample_metrics(const std::vector<TaskSamples>& tasks, const std::v
   return m;
 }
 
-}  // namespace rlx::rollout
+}  // namespace rlx::rl

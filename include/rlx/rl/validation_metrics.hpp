@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-namespace rlx::rollout {
+namespace rlx::rl {
 
 // pass@k for one task: 1 - C(n-c, k) / C(n, k), the chance that k of its n samples drawn
 // without replacement hold at least one correct one. Needs 1 <= k <= n and 0 <= c <= n.
@@ -37,4 +37,4 @@ struct SampleMetrics {
 // fewest samples any task has is left out (its estimate is undefined).
 SampleMetrics sample_metrics(const std::vector<TaskSamples>& tasks, const std::vector<int64_t>& ks);
 
-}  // namespace rlx::rollout
+}  // namespace rlx::rl
