@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""The CUDA-only C++ code, checked where there is no GPU: every source of a CPU build that
-has `#if RLX_WITH_CUDA` / `RLX_WITH_NCCL` paths (and the [cuda] test file) is compiled
-syntax-only with both switches on, against this machine's LibTorch headers and the CUDA
+"""The CUDA-only C++ code, checked where there is no GPU: every source (or unity batch of
+sources) of a CPU build that has `#if RLX_WITH_CUDA` / `RLX_WITH_NCCL` paths, the sources only
+a CUDA build compiles, and the [cuda] test file are compiled syntax-only with both switches on, against this machine's LibTorch headers and the CUDA
 toolkit's. Code behind a LibTorch version check newer than these headers is not seen;
 everything else that would break the build on a CUDA machine fails here first.
 
@@ -11,6 +11,7 @@ import concurrent.futures
 import json
 import os
 import pathlib
+import re
 import shlex
 import subprocess
 import sys
@@ -18,6 +19,13 @@ import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SWITCHES = ("RLX_WITH_CUDA", "RLX_WITH_NCCL")
+
+
+def unity_members(path: pathlib.Path):
+    """The sources a CMake unity file includes, or None for a source of its own."""
+    if "/Unity/unity_" not in str(path):
+        return None
+    return [pathlib.Path(m) for m in re.findall(r'^#include "([^"]+)"', path.read_text(), re.M)]
 
 
 def main() -> int:
@@ -38,11 +46,14 @@ def main() -> int:
         path = pathlib.Path(c["file"])
         if "tests/unit/" in str(path) and test_template is None:
             test_template = c
-        if ROOT / "src" not in path.parents:
+        # A unity batch (src/CMakeLists.txt) is compiled whole, as a CUDA build compiles it: the
+        # CUDA paths of its sources side by side, so a name two of them define clashes here too.
+        members = unity_members(path)
+        if members is None and ROOT / "src" not in path.parents:
             continue
-        if path == ROOT / "src/rollout/engine.cpp":
+        if "rlx_rollout.dir" in str(path) or path == ROOT / "src/rollout/engine.cpp":
             src_template = c  # a librlx source: the library's flags
-        text = path.read_text(errors="replace")
+        text = "".join(m.read_text(errors="replace") for m in (members or [path]))
         if any(s in text for s in SWITCHES):
             jobs.setdefault(path, c)
     # Sources only a CUDA build compiles (CMakeLists.txt: target_sources under RLX_CUDA_ENABLED),
@@ -85,7 +96,7 @@ def main() -> int:
             if rc != 0:
                 failed += 1
                 print(err[-6000:])
-    print(f"{len(jobs) - failed} of {len(jobs)} sources compile with RLX_WITH_CUDA=1 RLX_WITH_NCCL=1")
+    print(f"{len(jobs) - failed} of {len(jobs)} sources and unity batches compile with RLX_WITH_CUDA=1 RLX_WITH_NCCL=1")
     return 1 if failed or not jobs else 0
 
 
