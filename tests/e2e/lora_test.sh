@@ -20,9 +20,9 @@ ok() { echo "ok: $*"; }
 "$rlx" run "$examples/grpo_arithmetic_lora.yaml" learner.checkpoint_every=0 > lora.log 2>&1 || fail "lora run: $(tail -5 lora.log)"
 "$rlx" run "$examples/grpo_arithmetic.yaml" run.name=full train.steps=2 > full.log 2>&1 || fail "full run: $(tail -5 full.log)"
 # Held-out accuracy before and after, on the same 1000 tasks: on 200 the sampling noise alone
-# (about 0.035) was as large as the gain, and float-level changes to the learner (the policy
-# head at trained tokens only) moved the measured gain from +0.10 to +0.055. On 1000 tasks,
-# seed 0: +0.031 at 27ee248 and +0.084 after that change (2026-11-26).
+# (about 0.035) was as large as the gain. A learning claim (docs/NUMERICS.md): over GRPO seeds
+# 0-4 (run.seed, cpu2, 2026-11-27, at cd4e817) the gain read 0.096, 0.163, 0.100, 0.221, 0.148:
+# mean 0.146, sd 0.051. The bound, a rise (> 0), is 2.9 sd below the mean (+0.02 was 2.5).
 before=$("$rlx" eval "$examples/grpo_arithmetic_lora.yaml" model.path=runs/sft_arithmetic/final sft.eval_tasks=1000 | tail -n 1)
 after=$("$rlx" eval "$examples/grpo_arithmetic_lora.yaml" model.path=runs/grpo_arithmetic_lora/final sft.eval_tasks=1000 \
   | tail -n 1)
@@ -42,7 +42,7 @@ adapter_bytes = sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in head
 sync = {x["sync_bytes"] for x in m}
 print(f"held-out accuracy {b:.3f} -> {a:.3f} after 150 LoRA steps; sync bytes per version {sync} "
       f"(adapters {adapter_bytes}), full weights {f[0]['sync_bytes']}")
-assert a >= b + 0.02, f"accuracy did not rise: {b} -> {a}"
+assert a > b, f"accuracy did not rise: {b} -> {a}"
 assert sync == {adapter_bytes}, (sync, adapter_bytes)
 assert adapter_bytes * 4 < f[0]["sync_bytes"], (adapter_bytes, f[0]["sync_bytes"])
 names = [k for k in header if k != "__metadata__"]

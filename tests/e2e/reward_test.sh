@@ -39,7 +39,10 @@ for w in workers:  # each worker's episodes ran in its own sandboxed env server
 r = [x["reward_mean"] for x in m]
 first, last = sum(r[:10]) / 10, sum(r[-10:]) / 10
 print(f"reward: steps 1-10 {first:.3f}, steps 31-40 {last:.3f}")
-assert last >= first + 0.08, f"the reward did not rise: {first:.3f} -> {last:.3f} ({[round(x, 3) for x in r]})"
+# A learning claim (docs/NUMERICS.md): over run.seed 0-5 (cpu2, 2026-11-27, at cd4e817) the gain
+# read 0.161, 0.156, 0.148, 0.106, 0.170, 0.198: mean 0.157, sd 0.030. The bound, 0.06, is 3.2 sd
+# below the mean (0.08 was 2.6).
+assert last >= first + 0.06, f"the reward did not rise: {first:.3f} -> {last:.3f} ({[round(x, 3) for x in r]})"
 P
 rc=$?
 [ $rc = 0 ] && echo "ok: GRPO with 2 learner ranks and 2 workers raised its reward" || echo "FAIL: reward"

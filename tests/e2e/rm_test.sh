@@ -16,16 +16,22 @@ ok() { echo "ok: $*"; }
 
 "$rlx" sft grpo.yaml run.name=sft sft.steps=150 sft.batch=32 sft.lr=2e-3 sft.eval_tasks=50 "${fast[@]}" > /dev/null 2>sft.log \
   || { echo "FAIL: sft: $(tail -3 sft.log)"; exit 1; }
-out=$("$rlx" rm grpo.yaml run.name=rm model.path=runs/sft/final rm.steps=150 rm.lr=1e-3 "${fast[@]}" 2>rm.log | tail -n 1)
+# A learning claim (docs/NUMERICS.md): over run.seed 0-5 at 300 steps (cpu2, 2026-11-27, at
+# cd4e817) the held-out accuracy on 200 pairs read 0.66, 0.73, 0.745, 0.755, 0.80, 0.83: mean 0.753,
+# sd 0.059 (at 150 steps: mean 0.693, sd 0.044, and 0.635 for seed 3, under the old bound of
+# 0.65). The bound, 0.58, is 2.9 sd below the mean; on 1000 pairs the spread is smaller and 0.58
+# is 5 binomial sd above a coin flip.
+out=$("$rlx" rm grpo.yaml run.name=rm model.path=runs/sft/final rm.steps=300 rm.lr=1e-3 rm.eval_pairs=1000 "${fast[@]}" \
+  2>rm.log | tail -n 1)
 python3 - "$out" runs/rm <<'P' && ok "rlx rm: the environment's pairs, held-out pairwise accuracy rises" || fail "rm: $(tail -3 rm.log)"
 import json, pathlib, sys
 r, run = json.loads(sys.argv[1]), pathlib.Path(sys.argv[2])
 print(f"held-out pairwise accuracy {r['accuracy_before']:.3f} -> {r['accuracy_after']:.3f} ({r['eval_pairs']} pairs)")
-assert r["accuracy_before"] == 0.5 and r["accuracy_after"] >= 0.65, r  # a zero head ties every pair
+assert r["accuracy_before"] == 0.5 and r["accuracy_after"] >= 0.58, r  # a zero head ties every pair
 cfg = json.loads((run / "final" / "config.json").read_text())
 assert cfg["architectures"] == ["LlamaForSequenceClassification"] and len(cfg["id2label"]) == 1, cfg  # tiny: llama
 m = [json.loads(l) for l in open(run / "metrics.jsonl")]
-assert len(m) == 150 and sum(x["bt_loss"] for x in m[-25:]) < sum(x["bt_loss"] for x in m[:25]), m[-1]
+assert len(m) == 300 and sum(x["bt_loss"] for x in m[-25:]) < sum(x["bt_loss"] for x in m[:25]), m[-1]
 assert (run / "final" / "tokenizer.json").exists()
 P
 
