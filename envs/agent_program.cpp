@@ -178,9 +178,9 @@ class AgentProgram final : public TextEnv {
     socket_dir_ = dir_template;
     std::filesystem::permissions(socket_dir_, std::filesystem::perms::owner_all | std::filesystem::perms::group_exec |
                                                   std::filesystem::perms::others_exec);
-    SandboxOptions so = sandbox_options_;
+    env::SandboxOptions so = sandbox_options_;
     so.writable_paths.push_back(socket_dir_.string());
-    sandbox_ = std::make_unique<Sandbox>(so);
+    sandbox_ = std::make_unique<env::Sandbox>(so);
     gateway_ = std::make_unique<serve::Gateway>(socket_dir_ / "gateway.sock");
   }
 
@@ -201,7 +201,7 @@ class AgentProgram final : public TextEnv {
   void start_program() {
     cancel_ = false;
     exited_ = false;
-    SandboxRequest req;
+    env::SandboxRequest req;
     req.argv = command_;
     req.stdin_data = task_.dump();
     req.env = env_;
@@ -209,7 +209,7 @@ class AgentProgram final : public TextEnv {
     req.env.push_back("OPENAI_API_KEY=rlx-gateway");
     req.cancel = &cancel_;
     program_ = std::thread([this, req = std::move(req)] {
-      SandboxResult r = sandbox_->run(req);
+      env::SandboxResult r = sandbox_->run(req);
       {
         std::lock_guard lock(result_mu_);
         result_ = std::move(r);
@@ -255,7 +255,7 @@ class AgentProgram final : public TextEnv {
     auto call = next_call();
     if (!call) {
       auto r = program_result();
-      if (r.verdict == SandboxVerdict::setup_error) throw env::InfraError("agent_program: the sandbox failed: " + r.detail);
+      if (r.verdict == env::SandboxVerdict::setup_error) throw env::InfraError("agent_program: the sandbox failed: " + r.detail);
       throw Error(fmt::format("agent_program: the program ended ({} exit {}) before calling the model; stderr: {}", config::enum_to_string(r.verdict),
                               r.exit_code, r.stderr_text.substr(r.stderr_text.size() > 500 ? r.stderr_text.size() - 500 : 0)));
     }
@@ -284,7 +284,7 @@ class AgentProgram final : public TextEnv {
     gateway_->reply(200, body);
   }
 
-  SandboxResult program_result() {
+  env::SandboxResult program_result() {
     if (program_.joinable()) program_.join();
     std::lock_guard lock(result_mu_);
     return result_;
@@ -292,8 +292,8 @@ class AgentProgram final : public TextEnv {
 
   env::StepResult finish() {
     done_ = true;
-    SandboxResult r = program_result();
-    if (r.verdict == SandboxVerdict::setup_error) throw env::InfraError("agent_program: the sandbox failed: " + r.detail);
+    env::SandboxResult r = program_result();
+    if (r.verdict == env::SandboxVerdict::setup_error) throw env::InfraError("agent_program: the sandbox failed: " + r.detail);
     nlohmann::json out;
     for (size_t end = r.stdout_text.size(); end > 0;) {  // the last line that is a JSON object
       size_t start = r.stdout_text.rfind('\n', end - 1);
@@ -326,15 +326,15 @@ class AgentProgram final : public TextEnv {
   std::optional<chat::ChatTemplate> template_;
   std::string eos_;
   double call_timeout_s_ = 60;
-  SandboxOptions sandbox_options_;
+  env::SandboxOptions sandbox_options_;
   std::filesystem::path socket_dir_;
-  std::unique_ptr<Sandbox> sandbox_;
+  std::unique_ptr<env::Sandbox> sandbox_;
   std::unique_ptr<serve::Gateway> gateway_;
 
   std::thread program_;
   std::atomic<bool> cancel_{false}, exited_{false};
   std::mutex result_mu_;
-  SandboxResult result_;
+  env::SandboxResult result_;
 
   nlohmann::json task_;
   ojson messages_ = ojson::array(), tools_;

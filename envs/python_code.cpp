@@ -156,11 +156,11 @@ class PythonCode final : public TextEnv {
                                                          std::hash<std::string>{}(code));
     json calls = json::array();
     for (const auto& t : task_.tests) calls.push_back(t.call);
-    SandboxRequest req{.argv = {judge_.python, "harness.py"},
+    env::SandboxRequest req{.argv = {judge_.python, "harness.py"},
                        .stdin_data = nonce + "\n" + calls.dump() + "\n",
                        .files = {{"harness.py", kHarness}, {"solution.py", code}}};
-    const SandboxResult res = ctx_.sandbox->run(req);
-    if (res.verdict == SandboxVerdict::setup_error)
+    const env::SandboxResult res = ctx_.sandbox->run(req);
+    if (res.verdict == env::SandboxVerdict::setup_error)
       throw env::InfraError(fmt::format("python_code: the sandbox failed: {}", res.detail));
     // Harness lines: "@@rlx NONCE INDEX REPR".
     std::map<size_t, std::string> got;

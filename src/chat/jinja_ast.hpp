@@ -10,7 +10,7 @@
 
 #include "rlx/chat/jinja.hpp"
 
-namespace rlx::jinja::detail {
+namespace rlx::chat::jinja::detail {
 
 class Renderer;
 
@@ -165,4 +165,4 @@ bool has_test(const std::string& name);
 
 std::unique_ptr<Block> parse_template(std::string_view source, const std::string& name, const ParseLimits& limits);
 
-}  // namespace rlx::jinja::detail
+}  // namespace rlx::chat::jinja::detail

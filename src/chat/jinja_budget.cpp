@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-namespace rlx::jinja::detail {
+namespace rlx::chat::jinja::detail {
 
 RenderBudget::RenderBudget(const RenderLimits& limits, const std::string& name)
     : previous_(current_), limits_(limits), name_(name) {
@@ -46,4 +46,4 @@ void RenderBudget::exceeded(const char* limit, const std::string& what) const {
   throw LimitError(fmt::format("{}: {} (RenderLimits::{})", where, what, limit), limit);
 }
 
-}  // namespace rlx::jinja::detail
+}  // namespace rlx::chat::jinja::detail

@@ -16,7 +16,7 @@
 
 #include "rlx/chat/jinja.hpp"
 
-namespace rlx::jinja::detail {
+namespace rlx::chat::jinja::detail {
 
 // A step per this many bytes created or scanned: the work of a long string counts as a node's.
 constexpr size_t kBytesPerStep = 64;
@@ -105,4 +105,4 @@ inline void charge_allocation(size_t bytes) {
 // `items` values about to be built into one list: checked before the allocation.
 inline void check_items(size_t items, const char* what) { check_size(items * sizeof(Value), what); }
 
-}  // namespace rlx::jinja::detail
+}  // namespace rlx::chat::jinja::detail

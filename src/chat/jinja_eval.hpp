@@ -15,7 +15,7 @@
 #include "chat/jinja_ast.hpp"
 #include "chat/jinja_budget.hpp"
 
-namespace rlx::jinja::detail {
+namespace rlx::chat::jinja::detail {
 
 constexpr int64_t kMaxRange = 100'000;  // Jinja2's sandbox limit
 
@@ -120,4 +120,4 @@ Value string_method(const Value& self, const std::string& name);
 // A call's arguments, evaluated (jinja_render.cpp).
 Arguments evaluate_args(Renderer& r, const CallArgs& args, std::string callee);
 
-}  // namespace rlx::jinja::detail
+}  // namespace rlx::chat::jinja::detail

@@ -8,7 +8,7 @@
 #include "chat/jinja_eval.hpp"
 #include "chat/jinja_text.hpp"
 
-namespace rlx::jinja::detail {
+namespace rlx::chat::jinja::detail {
 namespace {
 
 using FilterFn = Value (*)(Renderer&, const Value&, Arguments&);
@@ -442,4 +442,4 @@ bool Renderer::call_test(const std::string& test, const Value& operand, Argument
   return fn(*this, operand, args);
 }
 
-}  // namespace rlx::jinja::detail
+}  // namespace rlx::chat::jinja::detail

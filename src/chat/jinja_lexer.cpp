@@ -8,7 +8,7 @@
 
 #include "rlx/chat/jinja.hpp"
 
-namespace rlx::jinja::detail {
+namespace rlx::chat::jinja::detail {
 namespace {
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
@@ -277,4 +277,4 @@ class Lexer {
 
 std::vector<Token> lex(std::string_view source, const std::string& name) { return Lexer(source, name).run(); }
 
-}  // namespace rlx::jinja::detail
+}  // namespace rlx::chat::jinja::detail

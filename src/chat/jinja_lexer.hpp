@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-namespace rlx::jinja::detail {
+namespace rlx::chat::jinja::detail {
 
 enum class Tok { text, var_begin, var_end, block_begin, block_end, name, string, integer, floating, op, eof };
 
@@ -23,4 +23,4 @@ struct Token {
 // unclosed tag, comment or string, or a character no token starts with.
 std::vector<Token> lex(std::string_view source, const std::string& name);
 
-}  // namespace rlx::jinja::detail
+}  // namespace rlx::chat::jinja::detail

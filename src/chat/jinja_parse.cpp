@@ -11,7 +11,7 @@
 #include "chat/jinja_ast.hpp"
 #include "chat/jinja_lexer.hpp"
 
-namespace rlx::jinja::detail {
+namespace rlx::chat::jinja::detail {
 namespace {
 
 class Parser {
@@ -710,4 +710,4 @@ std::unique_ptr<Block> parse_template(std::string_view source, const std::string
   return parser.run();
 }
 
-}  // namespace rlx::jinja::detail
+}  // namespace rlx::chat::jinja::detail

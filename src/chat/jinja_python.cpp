@@ -9,7 +9,7 @@
 #include "chat/jinja_eval.hpp"
 #include "chat/jinja_text.hpp"
 
-namespace rlx::jinja {
+namespace rlx::chat::jinja {
 
 Value Arguments::get(size_t index, std::string_view name, Value fallback) const {
   if (index < positional.size()) return positional[index];
@@ -541,4 +541,4 @@ Value Renderer::get_item(const Value& obj, const Value& index) {
 
 
 }  // namespace detail
-}  // namespace rlx::jinja
+}  // namespace rlx::chat::jinja

@@ -10,7 +10,7 @@
 #include "chat/jinja_eval.hpp"
 #include "chat/jinja_text.hpp"
 
-namespace rlx::jinja {
+namespace rlx::chat::jinja {
 namespace detail {
 
 Arguments evaluate_args(Renderer& r, const CallArgs& args, std::string callee) {
@@ -512,5 +512,5 @@ std::string Template::render(const Value& context, const RenderLimits& limits) c
   return out;
 }
 
-}  // namespace rlx::jinja
+}  // namespace rlx::chat::jinja
 

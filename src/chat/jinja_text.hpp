@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-namespace rlx::jinja {
+namespace rlx::chat::jinja {
 
 class Value;
 
@@ -35,4 +35,4 @@ size_t find_text(std::string_view haystack, std::string_view needle, size_t from
 std::string py_upper(std::string_view s);
 std::string py_lower(std::string_view s);
 
-}  // namespace rlx::jinja
+}  // namespace rlx::chat::jinja

@@ -14,7 +14,7 @@
 #include "chat/jinja_text.hpp"
 #include "rlx/chat/jinja.hpp"
 
-namespace rlx::jinja {
+namespace rlx::chat::jinja {
 
 using detail::charge_scan;
 using detail::charge_steps;
@@ -585,4 +585,4 @@ bool Value::equals(const Value& o) const {
   }
 }
 
-}  // namespace rlx::jinja
+}  // namespace rlx::chat::jinja

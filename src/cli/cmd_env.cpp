@@ -62,7 +62,7 @@ void add_bench_env(CLI::App& app, Action& action) {
   c->callback([a, &action] {
     action = [a] {
       const std::vector<std::string> argv = {"/usr/bin/python3", "-c", "pass"};
-      Sandbox sandbox;
+      env::Sandbox sandbox;
       std::vector<double> bare, boxed, boxed_true;
       (void)run_bare(argv);  // warm the page cache
       (void)sandbox.run({.argv = argv});
@@ -138,7 +138,7 @@ nlohmann::json score_line(const std::string& line, const std::string& where, con
 
 // One scored line of `env score python_code`: the task's line with a "response", judged by
 // the environment itself (its sandbox runs the response's last ```python block).
-nlohmann::json score_code_line(const std::string& line, const std::string& where, const Sandbox& sandbox,
+nlohmann::json score_code_line(const std::string& line, const std::string& where, const env::Sandbox& sandbox,
                                const nlohmann::json& options) {
   auto j = parse_json(line, where);
   RLX_CHECK(j.is_object(), "{}: expected a JSON object: a python_code task with a \"response\"", where);
@@ -204,7 +204,7 @@ void add_env_score(CLI::App& app, Action& action) {
         eo.options[kv.substr(0, eq)] = kv.substr(eq + 1);
       }
       std::function<nlohmann::json(const std::string&, const std::string&)> score;
-      std::unique_ptr<Sandbox> sandbox;
+      std::unique_ptr<env::Sandbox> sandbox;
       if (a->env == "math") {
         score = [options = env::math::ScoreOptions::from_json(eo.options_json())](const std::string& line,
                                                                                  const std::string& where) {
@@ -212,9 +212,9 @@ void add_env_score(CLI::App& app, Action& action) {
         };
       } else {
         env::register_bundled();
-        SandboxOptions so;
-        if (a->warn_missing) so.missing_layer = MissingLayer::warn;
-        sandbox = std::make_unique<Sandbox>(so);
+        env::SandboxOptions so;
+        if (a->warn_missing) so.missing_layer = env::MissingLayer::warn;
+        sandbox = std::make_unique<env::Sandbox>(so);
         score = [&sb = *sandbox, options = eo.options_json()](const std::string& line, const std::string& where) {
           return score_code_line(line, where, sb, options);
         };
@@ -254,9 +254,9 @@ void add_env_commands(CLI::App& app, Action& action) {
   check->add_flag("--warn-missing", *warn, "report instead of failing where namespaces are refused");
   check->callback([warn, &action] {
     action = [warn] {
-      SandboxOptions o;
-      if (*warn) o.missing_layer = MissingLayer::warn;
-      Sandbox sandbox(o);
+      env::SandboxOptions o;
+      if (*warn) o.missing_layer = env::MissingLayer::warn;
+      env::Sandbox sandbox(o);
       const auto r = sandbox.run({.argv = {"true"}});
       std::cout << nlohmann::json{{"layers", sandbox.layers()},
                                   {"trial_run", std::string(config::enum_to_string(r.verdict))},

@@ -52,7 +52,7 @@
 #include <spawn.h>
 #include <sstream>
 
-namespace rlx {
+namespace rlx::env {
 
 using namespace sandbox_detail;
 
@@ -692,4 +692,4 @@ SandboxResult Sandbox::run(const SandboxRequest& request) const { return impl_->
 const std::vector<std::string>& Sandbox::layers() const { return impl_->layers; }
 const SandboxOptions& Sandbox::options() const { return impl_->o; }
 
-}  // namespace rlx
+}  // namespace rlx::env

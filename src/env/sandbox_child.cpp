@@ -19,7 +19,7 @@
 #include <cerrno>
 #include <cstdio>
 
-namespace rlx::sandbox_detail {
+namespace rlx::env::sandbox_detail {
 
 void put(int fd, Record r) {
   while (::write(fd, &r, sizeof r) < 0 && errno == EINTR) {
@@ -315,4 +315,4 @@ int reap_until(pid_t cmd) {
   watch_init(init, fds, exec_p);
 }
 
-}  // namespace rlx::sandbox_detail
+}  // namespace rlx::env::sandbox_detail

@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-namespace rlx::sandbox_detail {
+namespace rlx::env::sandbox_detail {
 
 inline constexpr uint32_t kPlanVersion = 1;  // the helper refuses a plan of another version
 
@@ -109,4 +109,4 @@ struct Fds {
 // and reports how it ended on fds.status. Never returns.
 [[noreturn]] void run_monitor(Plan& plan, Fds fds);
 
-}  // namespace rlx::sandbox_detail
+}  // namespace rlx::env::sandbox_detail

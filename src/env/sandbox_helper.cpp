@@ -13,7 +13,7 @@
 
 #include "sandbox_child.hpp"
 
-using namespace rlx::sandbox_detail;
+using namespace rlx::env::sandbox_detail;
 
 int main() {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);

@@ -93,7 +93,7 @@ void validate_run_config(const RunConfig& cfg) {
                       "tcp, broadcast or auto");
 }
 
-nlohmann::json to_json(const SandboxResult& r) {
+nlohmann::json to_json(const env::SandboxResult& r) {
   return {{"verdict", std::string(config::enum_to_string(r.verdict))},
           {"exit_code", r.exit_code},
           {"signal", r.signal},
@@ -110,14 +110,14 @@ nlohmann::json to_json(const SandboxResult& r) {
 
 // The exit code a shell user expects: the command's own, 124 on timeout (as timeout(1)),
 // 125 when the sandbox itself failed, 128 + signal when a signal or a limit ended it.
-int exit_code_of(const SandboxResult& r) {
+int exit_code_of(const env::SandboxResult& r) {
   switch (r.verdict) {
-    case SandboxVerdict::ok:
-    case SandboxVerdict::memory: return r.exit_code;
-    case SandboxVerdict::timeout: return 124;
-    case SandboxVerdict::setup_error: return 125;
-    case SandboxVerdict::cancelled: return 128 + SIGTERM;
-    case SandboxVerdict::output_limit: return 128 + 9;
+    case env::SandboxVerdict::ok:
+    case env::SandboxVerdict::memory: return r.exit_code;
+    case env::SandboxVerdict::timeout: return 124;
+    case env::SandboxVerdict::setup_error: return 125;
+    case env::SandboxVerdict::cancelled: return 128 + SIGTERM;
+    case env::SandboxVerdict::output_limit: return 128 + 9;
     default: return 128 + r.signal;
   }
 }
@@ -136,7 +136,7 @@ void add_sandbox_run(CLI::App& app, Action& action) {
   sb->require_subcommand(1);
 
   struct RunArgs {
-    SandboxOptions options;
+    env::SandboxOptions options;
     std::vector<std::string> readonly, writable, files, command;
     std::string stdin_file;
     bool warn = false, json = false, stream = false;
@@ -166,15 +166,15 @@ void add_sandbox_run(CLI::App& app, Action& action) {
     action = [a] {
       if (!a->readonly.empty()) a->options.readonly_paths = a->readonly;
       a->options.writable_paths = a->writable;
-      if (a->warn) a->options.missing_layer = MissingLayer::warn;
-      SandboxRequest req{.argv = a->command};
+      if (a->warn) a->options.missing_layer = env::MissingLayer::warn;
+      env::SandboxRequest req{.argv = a->command};
       if (!a->stdin_file.empty()) req.stdin_data = read_host_file(a->stdin_file);
       for (const auto& f : a->files) {
         const auto eq = f.find('=');
         RLX_CHECK(eq != std::string::npos && eq > 0, "--file '{}': expected NAME=HOSTPATH", f);
         req.files.emplace_back(f.substr(0, eq), read_host_file(f.substr(eq + 1)));
       }
-      Sandbox sandbox(a->options);
+      env::Sandbox sandbox(a->options);
       // SIGTERM / SIGINT end the sandbox first (its whole pid namespace), then this process.
       static std::atomic<bool> cancel{false};
       on_stop_signals([](int) { cancel = true; });
@@ -183,7 +183,7 @@ void add_sandbox_run(CLI::App& app, Action& action) {
         RLX_CHECK(!a->json, "--stream and --json: choose one (--json prints the output at the end)");
         req.on_output = [](int stream, std::string_view chunk) { (void)write_all(stream == 1 ? 1 : 2, chunk); };
       }
-      const SandboxResult r = sandbox.run(req);
+      const env::SandboxResult r = sandbox.run(req);
       if (a->json) {
         std::cout << to_json(r).dump() << std::endl;
       } else {
@@ -229,11 +229,11 @@ void add_env_serve(CLI::App* envc, Action& action) {
   serve->callback([a, &action] {
     action = [a] {
       const auto tok = load_tokenizer(a->tokenizer);
-      std::unique_ptr<Sandbox> code_sandbox;
+      std::unique_ptr<env::Sandbox> code_sandbox;
       if (a->code_sandbox)
-        code_sandbox = std::make_unique<Sandbox>(a->code_sandbox_config.empty()
-                                                     ? SandboxOptions{}
-                                                     : config::load_string<SandboxOptions>(a->code_sandbox_config, {},
+        code_sandbox = std::make_unique<env::Sandbox>(a->code_sandbox_config.empty()
+                                                     ? env::SandboxOptions{}
+                                                     : config::load_string<env::SandboxOptions>(a->code_sandbox_config, {},
                                                                                           "--code-sandbox-config"));
       nlohmann::json options;
       try {

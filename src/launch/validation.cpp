@@ -98,7 +98,7 @@ Validator::Validator(const RunConfig& cfg, std::shared_ptr<Transformer> model, s
       EngineConfig{.block_size = static_cast<int32_t>(cfg.rollout.block_size), .kv_cache_blocks = options.kv_cache_blocks},
       tok);
   engine_->sleep();  // the KV pool only while validating (run()): the learner's memory plan counts it so
-  if (env::Registry::global().needs(cfg.env.name).runs_code) sandbox_ = std::make_unique<Sandbox>(cfg.env.sandbox);
+  if (env::Registry::global().needs(cfg.env.name).runs_code) sandbox_ = std::make_unique<env::Sandbox>(cfg.env.sandbox);
   leases_ = held_out_leases(cfg, options.tasks);
 }
 

@@ -24,8 +24,10 @@
 
 namespace rlx {
 class Engine;
-class Sandbox;
 }  // namespace rlx
+namespace rlx::env {
+class Sandbox;
+}  // namespace rlx::env
 
 namespace rlx::launch {
 
@@ -66,7 +68,7 @@ class Validator {
   Options options_;
   std::shared_ptr<const Tokenizer> tok_;
   std::unique_ptr<Engine> engine_;
-  std::unique_ptr<Sandbox> sandbox_;
+  std::unique_ptr<env::Sandbox> sandbox_;
   std::vector<bus::Lease> leases_;
 };
 

@@ -84,7 +84,7 @@ WorkerEnvs::WorkerEnvs(const RoleContext& ctx, std::shared_ptr<const Tokenizer> 
   const auto& e = ctx.cfg.env;
   context_ = {.tokenizer = tok_.get(), .options = e.options_json(), .seed = ctx.cfg.run.seed};
   if (runs_code(ctx.cfg)) {  // (with servers, only to ask the environment for its stop strings)
-    sandbox_ = std::make_unique<Sandbox>(e.sandbox);
+    sandbox_ = std::make_unique<env::Sandbox>(e.sandbox);
     context_.sandbox = sandbox_.get();
   }
   for (uint32_t s = 0; s < e.servers; ++s) {

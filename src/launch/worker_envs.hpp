@@ -35,7 +35,7 @@ class WorkerEnvs {
   std::shared_ptr<const Tokenizer> tok_;
   std::function<bool()> cancel_, leave_;
   env::Context context_;
-  std::unique_ptr<Sandbox> sandbox_;
+  std::unique_ptr<env::Sandbox> sandbox_;
   std::vector<std::unique_ptr<env::EnvServerProcess>> servers_;
   std::vector<std::string> addresses_;
   size_t next_ = 0;

@@ -162,7 +162,7 @@ std::string render_chat(const json& body, const json& messages, const ServedMode
                                                                     std::chrono::duration<double>(limits.request_timeout_s));
   try {
     return model.chat_template->render(messages, options);
-  } catch (const jinja::LimitError& e) {
+  } catch (const chat::jinja::LimitError& e) {
     if (e.limit() == "deadline")
       throw ApiError(504, fmt::format("rendering the chat template took longer than {} s: {}", limits.request_timeout_s, e.what()));
     bad("messages", e.what());

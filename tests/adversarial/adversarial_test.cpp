@@ -23,9 +23,9 @@
 #include "rlx/env/sandbox.hpp"
 
 namespace fs = std::filesystem;
-using rlx::Sandbox;
-using rlx::SandboxResult;
-using rlx::SandboxVerdict;
+using rlx::env::Sandbox;
+using rlx::env::SandboxResult;
+using rlx::env::SandboxVerdict;
 
 namespace {
 
@@ -80,7 +80,7 @@ HostState host_state(const fs::path& canary) {
 struct Fixture {
   fs::path dir;
   fs::path canary;
-  rlx::SandboxOptions options;
+  rlx::env::SandboxOptions options;
   std::unique_ptr<Sandbox> sandbox;
   HostState before;
 
@@ -108,7 +108,7 @@ struct Fixture {
   }
 
   // Runs an attack and checks containment; returns the result for verdict checks.
-  SandboxResult attack(const rlx::SandboxRequest& req, double limit_s) {
+  SandboxResult attack(const rlx::env::SandboxRequest& req, double limit_s) {
     const SandboxResult r = sandbox->run(req);
     INFO("stdout: " << r.stdout_text.substr(0, 2000) << "\nstderr: " << r.stderr_text.substr(0, 2000) << "\ndetail: " << r.detail);
     CHECK(r.wall_s <= limit_s + 1.0);

@@ -12,14 +12,14 @@
 // that real templates call (see docs/CHAT.md for the list). Anything else is an
 // error naming the template and line, never a silent difference.
 //
-//   auto t = rlx::jinja::Template::parse("{% for m in messages %}{{ m.role }};{% endfor %}", "demo");
-//   auto ctx = rlx::jinja::Value::from_json(R"({"messages": [{"role": "user"}]})"_json);
+//   auto t = rlx::chat::jinja::Template::parse("{% for m in messages %}{{ m.role }};{% endfor %}", "demo");
+//   auto ctx = rlx::chat::jinja::Value::from_json(R"({"messages": [{"role": "user"}]})"_json);
 //   t.render(ctx);  // "user;"
 //
 // A template downloaded with a model is untrusted: parsing and rendering are bounded
 // (ParseLimits, RenderLimits) and a bound reached throws LimitError naming it and the line.
 //
-//   rlx::jinja::RenderLimits limits;
+//   rlx::chat::jinja::RenderLimits limits;
 //   limits.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
 //   t.render(ctx, limits);  // LimitError "demo:1: ... (RenderLimits::deadline)" past it
 #pragma once
@@ -38,7 +38,7 @@
 
 #include "rlx/core/error.hpp"
 
-namespace rlx::jinja {
+namespace rlx::chat::jinja {
 
 // A template that cannot be parsed or rendered: the message starts with "NAME:LINE: ".
 // `raise_exception(msg)` in a template throws it with the template's own message.
@@ -220,4 +220,4 @@ class Template {
   std::shared_ptr<const detail::Node> body_;
 };
 
-}  // namespace rlx::jinja
+}  // namespace rlx::chat::jinja

@@ -23,7 +23,7 @@
 #include <utility>
 #include <vector>
 
-namespace rlx {
+namespace rlx::env {
 class Sandbox;
 }
 

@@ -36,11 +36,9 @@
 #include "rlx/core/error.hpp"
 #include "rlx/model/tokenizer.hpp"
 
-namespace rlx {
-class Sandbox;
-}
-
 namespace rlx::env {
+
+class Sandbox;
 
 // The environment could not do its job (its sandbox failed, its server died): the lease
 // ends as an infra error and is retried; it is never a zero reward.

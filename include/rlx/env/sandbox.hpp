@@ -24,9 +24,9 @@
 // (the default) makes the constructor throw naming the layer; `warn` logs it loudly once
 // and runs with what is left (rlimits, no_new_privs and seccomp always apply).
 //
-//   rlx::Sandbox sb({.limits = {.wall_s = 5}});
+//   rlx::env::Sandbox sb({.limits = {.wall_s = 5}});
 //   auto r = sb.run({.argv = {"python3", "-c", "print(6*7)"}});
-//   // r.verdict == rlx::SandboxVerdict::ok, r.exit_code == 0, r.stdout_text == "42\n"
+//   // r.verdict == rlx::env::SandboxVerdict::ok, r.exit_code == 0, r.stdout_text == "42\n"
 #pragma once
 
 #include <array>
@@ -42,7 +42,7 @@
 
 #include "rlx/core/config.hpp"
 
-namespace rlx {
+namespace rlx::env {
 
 struct SandboxLimits {
   double wall_s = 10;             // whole run; kills every process of the sandbox
@@ -166,4 +166,4 @@ class Sandbox {
   Impl* impl_;
 };
 
-}  // namespace rlx
+}  // namespace rlx::env

@@ -175,7 +175,7 @@ TEST_CASE("chat template: deep input and the render's limits", "[chat]") {
   try {
     t.render(ok, late);
     FAIL("rendered past the deadline");
-  } catch (const rlx::jinja::LimitError& e) {
+  } catch (const rlx::chat::jinja::LimitError& e) {
     CHECK(e.limit() == "deadline");
     CHECK_THAT(e.what(), Catch::StartsWith("tiny: "));
   }

@@ -10,12 +10,12 @@
 
 #include "test_paths.hpp"
 
-using rlx::jinja::LimitError;
-using rlx::jinja::ParseLimits;
-using rlx::jinja::RenderLimits;
-using rlx::jinja::Template;
-using rlx::jinja::TemplateError;
-using rlx::jinja::Value;
+using rlx::chat::jinja::LimitError;
+using rlx::chat::jinja::ParseLimits;
+using rlx::chat::jinja::RenderLimits;
+using rlx::chat::jinja::Template;
+using rlx::chat::jinja::TemplateError;
+using rlx::chat::jinja::Value;
 using json = nlohmann::ordered_json;
 
 namespace {

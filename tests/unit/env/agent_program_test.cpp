@@ -36,7 +36,7 @@ struct Fixture {
     rlx::env::register_bundled(rlx::env::Registry::global());
   }
   std::unique_ptr<rlx::Tokenizer> tok = rlx::load_tokenizer(kQwen3 / "tokenizer.json");
-  rlx::Sandbox sandbox{{.limits = {.wall_s = 60, .cpu_s = 30, .memory_mb = 16384, .processes = 256, .open_files = 256}}};
+  rlx::env::Sandbox sandbox{{.limits = {.wall_s = 60, .cpu_s = 30, .memory_mb = 16384, .processes = 256, .open_files = 256}}};
   std::unique_ptr<rlx::env::Env> make(json opts = options()) {
     rlx::env::Context c{.tokenizer = tok.get(), .sandbox = &sandbox, .options = std::move(opts), .seed = 1};
     return rlx::env::Registry::global().make("agent_program", c);

@@ -31,7 +31,7 @@ const json kSum = {{"inputs", {"1 2\n", "-5 5\n", "1000000000000 1\n"}}, {"outpu
 const char* kSumRight = "a, b = map(int, input().split())\nprint(a + b)\n";
 
 code::Judgement run(const std::string& program, const json& io, code::JudgeOptions o = {}) {
-  static const rlx::Sandbox sandbox({.limits = {.wall_s = 20, .cpu_s = 20}});
+  static const rlx::env::Sandbox sandbox({.limits = {.wall_s = 20, .cpu_s = 20}});
   return code::judge(sandbox, program, code::TestSpec::from_json(io, "test"), o);
 }
 
@@ -223,7 +223,7 @@ namespace {
 
 rlx::env::Registry& registry() { return rlx::test::bundled_registry(); }
 
-std::unique_ptr<rlx::env::Env> make_env(const rlx::Sandbox& sandbox, json options = json::object()) {
+std::unique_ptr<rlx::env::Env> make_env(const rlx::env::Sandbox& sandbox, json options = json::object()) {
   return registry().make("python_code", {.tokenizer = &rlx::test::gpt2(), .sandbox = &sandbox, .options = std::move(options)});
 }
 
@@ -236,7 +236,7 @@ json apps_task(const std::string& reward = "") {
 }  // namespace
 
 TEST_CASE("python_code: APPS-style tasks, verdict counters, options and task files", "[env][code][sandbox]") {
-  const rlx::Sandbox sandbox({.limits = {.wall_s = 20}});
+  const rlx::env::Sandbox sandbox({.limits = {.wall_s = 20}});
   auto env = make_env(sandbox);
   const auto score = [&](rlx::env::Env& e, const json& task, const std::string& completion) {
     CHECK(rlx::test::gpt2().decode(e.reset(task)) == task.value("question", task.value("prompt", std::string())));

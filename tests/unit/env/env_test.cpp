@@ -22,7 +22,7 @@ using rlx::test::gpt2;
 rlx::env::Registry& registry() { return rlx::test::bundled_registry(); }
 
 std::unique_ptr<rlx::env::Env> make(const std::string& name, json options = json::object(),
-                                    const rlx::Sandbox* sandbox = nullptr) {
+                                    const rlx::env::Sandbox* sandbox = nullptr) {
   return registry().make(name, {.tokenizer = &gpt2(), .sandbox = sandbox, .options = std::move(options), .seed = 1});
 }
 
@@ -224,7 +224,7 @@ TEST_CASE("guess_number: checkpointed mid-episode and resumed elsewhere gives th
 }
 
 TEST_CASE("python_code: hidden tests in the sandbox, early exits and fake output do not score", "[env][sandbox]") {
-  rlx::Sandbox sandbox({.limits = {.wall_s = 10}});
+  rlx::env::Sandbox sandbox({.limits = {.wall_s = 10}});
   const json task = registry().generate("python_code", 0, 2);  // fib, 4 tests
   auto run = [&](const std::string& code) {
     auto env = make("python_code", json::object(), &sandbox);

@@ -8,8 +8,8 @@
 #include "../helpers.hpp"
 #include "rlx/env/sandbox.hpp"
 
-using rlx::Sandbox;
-using rlx::SandboxVerdict;
+using rlx::env::Sandbox;
+using rlx::env::SandboxVerdict;
 
 TEST_CASE("sandbox: exit codes, stdin, files, environment", "[sandbox]") {
   Sandbox sb({.limits = {.wall_s = 10}});
@@ -62,7 +62,7 @@ TEST_CASE("sandbox: bad requests and missing commands are clear errors", "[sandb
   auto r = sb.run({.argv = {"/no/such/program"}});
   CHECK(r.verdict == SandboxVerdict::setup_error);
   CHECK_THAT(r.detail, Catch::Contains("execute the command") && Catch::Contains("No such file"));
-  rlx::SandboxOptions bad;
+  rlx::env::SandboxOptions bad;
   bad.limits.wall_s = 0;
   CHECK_THROWS_WITH(Sandbox(bad), Catch::Contains("wall_s"));
   bad = {};
@@ -104,7 +104,7 @@ TEST_CASE("sandbox: paths under a directory only its owner may enter are reachab
   std::filesystem::create_directories(parent / "rw");
   std::filesystem::permissions(parent, std::filesystem::perms::owner_all);
   rlx::test::write_file((parent / "ro" / "data.txt").string(), "inside\n");
-  auto options = rlx::SandboxOptions{.limits = {.wall_s = 10}};
+  auto options = rlx::env::SandboxOptions{.limits = {.wall_s = 10}};
   options.readonly_paths.push_back((parent / "ro").string());
   options.writable_paths = {(parent / "rw").string()};
   Sandbox sb(options);
