@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """The CUDA-only C++ code, checked where there is no GPU: every source (or unity batch of
 sources) of a CPU build that has `#if RLX_WITH_CUDA` / `RLX_WITH_NCCL` paths, the sources only
-a CUDA build compiles, and the [cuda] test file are compiled syntax-only with both switches on, against this machine's LibTorch headers and the CUDA
-toolkit's. Code behind a LibTorch version check newer than these headers is not seen;
-everything else that would break the build on a CUDA machine fails here first.
+a CUDA build compiles, and the [cuda] test file are compiled syntax-only with both switches on,
+against this machine's LibTorch headers and the CUDA toolkit's. Code behind a LibTorch version
+check newer than these headers is not seen; everything else that would break the build on a CUDA
+machine fails here first.
 
     scripts/check_cuda_sources.py BUILD_DIR        (ctest runs it: cuda_sources_compile)
 """
