@@ -23,10 +23,10 @@ SWITCHES = ("RLX_WITH_CUDA", "RLX_WITH_NCCL")
 
 
 def unity_members(path: pathlib.Path):
-    """The sources a CMake unity file includes, or None for a source of its own."""
-    if "/Unity/unity_" not in str(path):
+    """The sources a unity file (cmake/RlxUnity.cmake) includes, or None for a source of its own."""
+    if "/rlx_unity/unity_" not in str(path):
         return None
-    return [pathlib.Path(m) for m in re.findall(r'^#include "([^"]+)"', path.read_text(), re.M)]
+    return [(path.parent / m).resolve() for m in re.findall(r'^#include "([^"]+)"', path.read_text(), re.M)]
 
 
 def main() -> int:
