@@ -189,9 +189,10 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
       step learner 200 "$rlx" bench learner "${qwen05[@]}" "${bf16[@]}" --seq 2048 --batch-seqs 8 \
         --micro-batch-tokens 16384 --steps 5 --ranks 1 --profile 2 --trace "$work/profile_learner"
       gzip -f "$work/profile_learner/trace.json" 2>/dev/null
-      # The same step with LibTorch's ops in the log-prob head (the head's kernels' gain).
-      step learner_aten_head 150 env RLX_LOGPROB_HEAD=aten "$rlx" bench learner "${qwen05[@]}" "${bf16[@]}" --seq 2048 \
-        --batch-seqs 8 --micro-batch-tokens 16384 --steps 5 --ranks 1
+      # The same step with LibTorch's ops in the log-prob head and in RMSNorm, RoPE and SiLU-mul
+      # (the gain of rlx's learner kernels: logprob_head.cu, fused_grad.cu).
+      step learner_aten_ops 150 env RLX_LOGPROB_HEAD=aten RLX_FUSED_OPS=aten "$rlx" bench learner "${qwen05[@]}" \
+        "${bf16[@]}" --seq 2048 --batch-seqs 8 --micro-batch-tokens 16384 --steps 5 --ranks 1
       # A GRPO-shaped batch (RLX_LEARNER_GRPO=1): 2 prompts x 8 samples, 1536 prompt + 512
       # completion tokens each, the prompt packed once and the policy head at the completions only.
       [ "${RLX_LEARNER_GRPO:-0}" = 1 ] && step learner_grpo 200 "$rlx" bench learner "${qwen05[@]}" "${bf16[@]}" --seq 2048 --batch-seqs 16 \

@@ -69,9 +69,10 @@ def main():
         tps = run.get("tokens_per_s")
         lines.append(f"learner 8 x 2048: rlx {tps or 0:,.0f} tokens/s, PyTorch {torch_l['tokens_per_s']:,.0f} "
                      f"-> {(tps or 0) / torch_l['tokens_per_s']:.2f}x (goal 1.1x); PyTorch MFU {torch_l['mfu']:.1%}")
-        aten = result("learner_aten_head")
+        aten = result("learner_aten_ops")
         if aten and isinstance(aten.get("runs"), list):
-            lines.append(f"  rlx with LibTorch's ops in the head: {aten['runs'][0].get('tokens_per_s', 0):,.0f} tokens/s")
+            lines.append(f"  rlx with LibTorch's ops in the head, RMSNorm, RoPE and SiLU-mul: "
+                         f"{aten['runs'][0].get('tokens_per_s', 0):,.0f} tokens/s")
     elif torch_l or rlx_l:
         lines.append(f"learner: torch {json.dumps(torch_l)[:300]} rlx {json.dumps(rlx_l)[:300]}")
 

@@ -28,6 +28,7 @@ __global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(AddRmsNormAr
     squares += h * h;
   }
   const float inv_rms = rsqrtf(block_reduce(squares, SumOp{}, s_sum) / a.hidden + a.eps);
+  if (a.inv_rms && threadIdx.x == 0) a.inv_rms[blockIdx.x] = inv_rms;  // the learner's, for backward
   for (int i = threadIdx.x; i < a.hidden; i += blockDim.x) {
     const float h = Num<T>::to(residual[i]);  // this thread's own store above
     out[i] = Num<T>::from(Num<T>::to(weight[i]) * round_to<T>(h * inv_rms));

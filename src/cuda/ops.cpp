@@ -3,6 +3,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -136,7 +137,7 @@ namespace {
 // RMSNorm(residual (+ x)) * weight in one kernel; with x, residual <- residual + x first. The
 // kernel writes `residual` only where it adds an x.
 at::Tensor launch_rms_norm(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, double eps,
-                           const char* what) {
+                           const char* what, float* inv_rms = nullptr) {
   const c10::cuda::CUDAGuard guard(residual.device());
   RLX_ASSERT(residual.is_contiguous() && (!x.defined() || (x.sizes() == residual.sizes() && x.is_contiguous() &&
                                                             x.scalar_type() == residual.scalar_type())) &&
@@ -150,6 +151,7 @@ at::Tensor launch_rms_norm(const at::Tensor& residual, const at::Tensor& x, cons
                    .x = x.defined() ? x.data_ptr() : nullptr,
                    .weight = weight.data_ptr(),
                    .out = out.data_ptr(),
+                   .inv_rms = inv_rms,
                    .rows = static_cast<int>(residual.numel() / hidden),
                    .hidden = static_cast<int>(hidden),
                    .eps = static_cast<float>(eps)};
@@ -164,6 +166,82 @@ at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& x, const at::Ten
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return launch_rms_norm(x.contiguous(), at::Tensor(), weight, eps, "rms_norm");
+}
+
+std::pair<at::Tensor, at::Tensor> rms_norm_with_inv(const at::Tensor& x_in, const at::Tensor& weight, double eps) {
+  const auto x = x_in.contiguous();
+  auto inv = at::empty({x.numel() / std::max<int64_t>(1, x.size(-1))}, x.options().dtype(at::kFloat));
+  auto y = launch_rms_norm(x, at::Tensor(), weight.contiguous(), eps, "rms_norm", inv.data_ptr<float>());
+  return {y, inv};
+}
+
+std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& x_in, const at::Tensor& weight_in,
+                                                    const at::Tensor& inv_rms, const at::Tensor& grad_in) {
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const auto x = x_in.contiguous(), weight = weight_in.contiguous(), grad = grad_in.contiguous();
+  const int64_t hidden = x.size(-1), rows = hidden ? x.numel() / hidden : 0;
+  RLX_ASSERT(grad.sizes() == x.sizes() && grad.scalar_type() == x.scalar_type() && weight.numel() == hidden &&
+                 weight.scalar_type() == x.scalar_type() && inv_rms.numel() == rows &&
+                 inv_rms.scalar_type() == at::kFloat && inv_rms.is_contiguous() &&
+                 rows <= std::numeric_limits<int>::max(),
+             "rms_norm_backward: x {}, grad {}, weight {}, inv_rms {}", x.sizes(), grad.sizes(), weight.sizes(),
+             inv_rms.sizes());
+  auto dx = at::empty_like(x);
+  const int64_t blocks = std::max<int64_t>(1, (rows + kRmsNormBlockRows - 1) / kRmsNormBlockRows);
+  auto partial = at::empty({blocks, hidden}, x.options().dtype(at::kFloat));
+  RmsNormBackwardArgs a{.dtype = dtype_of(x),
+                        .x = x.data_ptr(),
+                        .weight = weight.data_ptr(),
+                        .inv_rms = inv_rms.data_ptr<float>(),
+                        .grad = grad.data_ptr(),
+                        .dx = dx.data_ptr(),
+                        .dw_partial = partial.data_ptr<float>(),
+                        .rows = static_cast<int>(rows),
+                        .hidden = static_cast<int>(hidden)};
+  if (rows == 0) partial.zero_();
+  check_launch("rms_norm_backward", cuda::rms_norm_backward(a, c10::cuda::getCurrentCUDAStream().stream()));
+  return {dx, partial.sum(0).to(weight.scalar_type())};
+}
+
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos_in, const at::Tensor& sin_in, double scale, bool transpose) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  const auto cos = cos_in.contiguous(), sin = sin_in.contiguous();
+  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3);
+  RLX_ASSERT(x.dim() == 4 && x.stride(3) == 1 && D % 2 == 0 && cos.sizes() == at::IntArrayRef({B, T, D}) &&
+                 sin.sizes() == cos.sizes() && cos.scalar_type() == x.scalar_type() &&
+                 sin.scalar_type() == x.scalar_type() && T <= std::numeric_limits<int>::max(),
+             "rope: x {}, cos {}, sin {}", x.sizes(), cos.sizes(), sin.sizes());
+  auto out = at::empty({B, T, H, D}, x.options().memory_format(at::MemoryFormat::Contiguous));
+  RopeArgs a{.dtype = dtype_of(x),
+             .x = x.data_ptr(),
+             .stride_batch = x.stride(0),
+             .stride_time = x.stride(1),
+             .stride_head = x.stride(2),
+             .cos = cos.data_ptr(),
+             .sin = sin.data_ptr(),
+             .out = out.data_ptr(),
+             .rows = B * T,
+             .time = static_cast<int>(T),
+             .heads = static_cast<int>(H),
+             .head_dim = static_cast<int>(D),
+             .scale = static_cast<float>(scale),
+             .transpose = transpose};
+  check_launch("rope", cuda::rope(a, c10::cuda::getCurrentCUDAStream().stream()));
+  return out;
+}
+
+at::Tensor silu_mul_backward(const at::Tensor& gate_up_in, const at::Tensor& grad_in) {
+  const c10::cuda::CUDAGuard guard(gate_up_in.device());
+  const auto gate_up = gate_up_in.contiguous(), grad = grad_in.contiguous();
+  const int64_t inter = gate_up.size(-1) / 2, rows = inter ? gate_up.numel() / (2 * inter) : 0;
+  RLX_ASSERT(grad.numel() == rows * inter && grad.scalar_type() == gate_up.scalar_type() &&
+                 inter <= std::numeric_limits<int>::max(),
+             "silu_mul_backward: gate_up {}, grad {}", gate_up.sizes(), grad.sizes());
+  auto d = at::empty_like(gate_up);
+  check_launch("silu_mul_backward",
+               cuda::silu_mul_backward(dtype_of(gate_up), gate_up.data_ptr(), grad.data_ptr(), d.data_ptr(), rows,
+                                       static_cast<int>(inter), c10::cuda::getCurrentCUDAStream().stream()));
+  return d;
 }
 
 at::Tensor rope_append(const at::Tensor& qkv_in, const at::Tensor& positions, const at::Tensor& slots,

@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <utility>
+
 #include "rlx/cuda/kernels.hpp"
 
 namespace rlx::cuda {
@@ -46,6 +48,16 @@ at::Tensor rope_append(const at::Tensor& qkv, const at::Tensor& positions, const
                        const at::Tensor& inv_freq, at::Tensor& k_pool, at::Tensor& v_pool, int64_t q_heads);
 // SiLU(gate) * up for gate_up [..., 2 * inter] (the fused gate/up GEMM's output): [..., inter].
 at::Tensor silu_mul(const at::Tensor& gate_up);
+
+// The learner's fused ops on CUDA, for model/fused_ops.cpp's autograd functions (the same
+// shapes and rules as theirs): RMSNorm returning (y, inv_rms fp32 [rows]) and its backward
+// returning (dx, dweight); RoPE over x [B, T, H, D] (or, `transpose`, its backward);
+// silu_mul's backward: d gate_up from gate_up and d out.
+std::pair<at::Tensor, at::Tensor> rms_norm_with_inv(const at::Tensor& x, const at::Tensor& weight, double eps);
+std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& x, const at::Tensor& weight,
+                                                    const at::Tensor& inv_rms, const at::Tensor& grad);
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, double scale, bool transpose);
+at::Tensor silu_mul_backward(const at::Tensor& gate_up, const at::Tensor& grad);
 // x [..., K] w [N, K]^T (+ b [N]): the small-batch kernel (cuda::gemv: at most 8 rows, fp16/bf16,
 // K a multiple of 8, contiguous, 16-byte aligned) where it applies, else at::linear. No
 // autograd (decode only); RLX_GEMV=0 keeps at::linear everywhere (to compare).

@@ -70,6 +70,16 @@ int64_t align64(int64_t n) { return (n + 63) / 64 * 64; }
 
 std::string shm_path(const std::string& name) { return "/" + name; }
 
+void check_name(const std::string& name) {
+  RLX_CHECK(!name.empty() && name.size() < 200 && name.find('/') == std::string::npos,
+            "weight sync: segment name {:?} must be 1-199 characters without '/'", name);
+}
+
+}  // namespace
+
+// Outside the anonymous namespace because the Impls hold it (GCC's -Wsubobject-linkage, as
+// unity builds include this file).
+namespace detail {
 struct Mapping {
   int fd = -1;
   void* base = MAP_FAILED;
@@ -85,13 +95,8 @@ struct Mapping {
   }
   char* slot(int s) const { return static_cast<char*>(base) + header()->data_offset + s * header()->slot_bytes; }
 };
-
-void check_name(const std::string& name) {
-  RLX_CHECK(!name.empty() && name.size() < 200 && name.find('/') == std::string::npos,
-            "weight sync: segment name {:?} must be 1-199 characters without '/'", name);
-}
-
-}  // namespace
+}  // namespace detail
+using detail::Mapping;
 
 WeightLayout WeightLayout::of(const std::vector<std::pair<std::string, at::Tensor>>& tensors, at::ScalarType dtype) {
   WeightLayout l;

@@ -41,6 +41,37 @@
 
 namespace rlx::dist {
 
+// Outside the anonymous namespace because the Impls hold them (GCC's -Wsubobject-linkage, as
+// unity builds include this file).
+namespace detail {
+struct Chunk {
+  size_t tensor;
+  int64_t offset;  // in the flat version
+  int64_t bytes;
+};
+
+struct Request {
+  char magic[4];
+  uint32_t format;
+  uint64_t incarnation;
+  int64_t current;
+  int64_t spare;
+};
+static_assert(sizeof(Request) == 32);
+
+// One published version, immutable once handed to the server thread; in-flight
+// zero-copy frames hold a reference.
+struct Snapshot {
+  int64_t version = 0;
+  at::Tensor bytes;                   // the layout's flat bytes
+  std::vector<uint64_t> hashes;       // per chunk: xxh3 of its bytes
+  std::vector<int64_t> last_changed;  // per tensor: the newest version whose bytes changed
+};
+}  // namespace detail
+using detail::Chunk;
+using detail::Request;
+using detail::Snapshot;
+
 namespace {
 
 using nlohmann::json;
@@ -51,11 +82,6 @@ constexpr size_t kMaxHeaderBytes = size_t{64} << 20;  // a layout of kMaxSyncTen
 constexpr int64_t kChunkBytes = int64_t{1} << 20;
 constexpr int64_t kMaxChunks = int64_t{1} << 24;
 
-struct Chunk {
-  size_t tensor;
-  int64_t offset;  // in the flat version
-  int64_t bytes;
-};
 // Every tensor cut into chunks of at most chunk_bytes (an empty tensor: one empty chunk).
 std::vector<Chunk> chunks_of(const std::vector<std::pair<int64_t, int64_t>>& spans, int64_t chunk_bytes) {
   std::vector<Chunk> out;
@@ -70,28 +96,11 @@ std::vector<Chunk> chunks_of(const std::vector<std::pair<int64_t, int64_t>>& spa
   return out;
 }
 
-struct Request {
-  char magic[4];
-  uint32_t format;
-  uint64_t incarnation;
-  int64_t current;
-  int64_t spare;
-};
-static_assert(sizeof(Request) == 32);
-
 uint64_t new_incarnation() {
   return (static_cast<uint64_t>(::getpid()) << 40) ^ static_cast<uint64_t>(now_s() * 1e9) ^
          reinterpret_cast<uintptr_t>(&kTcpFormat);
 }
 
-// One published version, immutable once handed to the server thread; in-flight
-// zero-copy frames hold a reference.
-struct Snapshot {
-  int64_t version = 0;
-  at::Tensor bytes;                    // the layout's flat bytes
-  std::vector<uint64_t> hashes;        // per chunk: xxh3 of its bytes
-  std::vector<int64_t> last_changed;   // per tensor: the newest version whose bytes changed
-};
 using SnapshotPtr = std::shared_ptr<const Snapshot>;
 
 void release_snapshot(void*, void* hint) { delete static_cast<SnapshotPtr*>(hint); }

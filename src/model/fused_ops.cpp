@@ -6,11 +6,16 @@
 #include <torch/autograd.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "cpu_math.hpp"
 #include "rlx/core/error.hpp"
 #include "rlx/core/torch_compat.hpp"
+#if RLX_WITH_CUDA
+#include "cuda/ops.hpp"
+#endif
 
 namespace rlx::fused {
 
@@ -22,9 +27,25 @@ using torch::autograd::variable_list;
 // Rows per parallel task: enough elements that a task outweighs handing it to a thread.
 int64_t row_grain(int64_t width) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, width)); }
 
+// Where the fused forms run: the CPU rows below (float32, bfloat16, float64), and on CUDA
+// (CUDA builds) rlx's kernels (float32, float16, bfloat16; src/cuda/fused_grad.cu, norms.cu).
+// RLX_FUSED_OPS=aten keeps the composite form on CUDA (to compare against).
+bool fused_on_cuda(const at::Tensor& x) {
+#if RLX_WITH_CUDA
+  static const bool aten = [] {
+    const char* v = std::getenv("RLX_FUSED_OPS");
+    return v != nullptr && std::string_view(v) == "aten";
+  }();
+  const auto t = x.scalar_type();
+  return !aten && x.is_cuda() && (t == at::kFloat || t == at::kHalf || t == at::kBFloat16);
+#else
+  (void)x;
+  return false;
+#endif
+}
 bool fused_here(const at::Tensor& x) {
-  return x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 ||
-                                 x.scalar_type() == at::kDouble);
+  const auto t = x.scalar_type();
+  return (x.device().is_cpu() && (t == at::kFloat || t == at::kBFloat16 || t == at::kDouble)) || fused_on_cuda(x);
 }
 
 // ---- RMSNorm -------------------------------------------------------------------------
@@ -35,6 +56,13 @@ constexpr int64_t kNormBlockRows = 128;
 
 struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& w_in, double eps) {
+#if RLX_WITH_CUDA
+    if (x_in.is_cuda()) {
+      auto [y, inv_rms] = cuda::rms_norm_with_inv(x_in, w_in, eps);
+      ctx->save_for_backward({x_in, w_in, inv_rms});
+      return y;
+    }
+#endif
     auto x = x_in.contiguous();
     auto w = w_in.contiguous();
     const int64_t D = x.size(-1), rows = D ? x.numel() / D : 0;
@@ -68,6 +96,12 @@ struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto &x = saved[0], &w = saved[1], &rstd = saved[2];
+#if RLX_WITH_CUDA
+    if (x.is_cuda()) {
+      auto [dx, dw] = cuda::rms_norm_backward(x, w, rstd, grads[0]);
+      return {dx, dw, at::Tensor()};
+    }
+#endif
     auto g = grads[0].contiguous();
     const int64_t D = x.size(-1), rows = D ? x.numel() / D : 0;
     auto dx = at::empty_like(x);
@@ -118,6 +152,9 @@ struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
 // dx[i+h] = (g[i+h] c[i+h] - g[i] s[i]) k.
 at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos_in, const at::Tensor& sin_in, double scale,
                       bool transpose) {
+#if RLX_WITH_CUDA
+  if (x.is_cuda()) return cuda::rope(x, cos_in, sin_in, scale, transpose);
+#endif
   const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3), h = D / 2;
   auto cos = cos_in.contiguous(), sin = sin_in.contiguous();
   auto y = at::empty({B, T, H, D}, x.options().memory_format(at::MemoryFormat::Contiguous));
@@ -246,6 +283,12 @@ void silu_mul_backward_any(const float* gu, const float* dout, float* dgu, int64
 struct SiluMulFn : torch::autograd::Function<SiluMulFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gu_in) {
     auto gu = gu_in.contiguous();
+#if RLX_WITH_CUDA
+    if (gu.is_cuda()) {
+      ctx->save_for_backward({gu});
+      return cuda::silu_mul(gu);
+    }
+#endif
     const int64_t I = gu.size(-1) / 2, rows = I ? gu.numel() / (2 * I) : 0;
     auto shape = gu.sizes().vec();
     shape.back() = I;
@@ -262,6 +305,9 @@ struct SiluMulFn : torch::autograd::Function<SiluMulFn> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto gu = ctx->get_saved_variables()[0];
+#if RLX_WITH_CUDA
+    if (gu.is_cuda()) return {cuda::silu_mul_backward(gu, grads[0])};
+#endif
     auto dout = grads[0].contiguous();
     const int64_t I = gu.size(-1) / 2, rows = I ? gu.numel() / (2 * I) : 0;
     auto dgu = at::empty_like(gu);
@@ -299,7 +345,7 @@ at::Tensor silu_mul_reference(const at::Tensor& gate_up) {
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   RLX_ASSERT(weight.dim() == 1 && x.size(-1) == weight.size(0), "rms_norm: x {} and weight {}", x.sizes(),
              weight.sizes());
-  if (!fused_here(x) || weight.scalar_type() != x.scalar_type() || !weight.device().is_cpu())
+  if (!fused_here(x) || weight.scalar_type() != x.scalar_type() || weight.device() != x.device())
     return rms_norm_reference(x, weight, eps);
   return RmsNormFn::apply(x, weight, eps);
 }
@@ -309,7 +355,7 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
                  cos.size(1) == x.size(1) && cos.size(2) == x.size(3) && sin.sizes() == cos.sizes(),
              "rope: x {}, cos {}, sin {}", x.sizes(), cos.sizes(), sin.sizes());
   if (!fused_here(x) || x.stride(3) != 1 || cos.scalar_type() != x.scalar_type() ||
-      sin.scalar_type() != x.scalar_type())
+      sin.scalar_type() != x.scalar_type() || cos.device() != x.device() || sin.device() != x.device())
     return rope_reference(x, cos, sin, scale);
   return RopeFn::apply(x, cos, sin, scale);
 }

@@ -10,6 +10,7 @@
 //   sample             temperature, top-k, top-p, min-p, greedy (sampling_rule.hpp)
 //   add_rms_norm       residual add + RMSNorm;  silu_mul: SiLU(gate) * up
 //   rope_append        RoPE on q and k, k and v written into the paged pool
+//   rms_norm_backward, rope, silu_mul_backward: the learner's fused ops (fused_grad.cu)
 //
 //   rlx::cuda::DecodeAttentionArgs a{.dtype = rlx::cuda::DType::bf16, .q = q, ...};
 //   if (int st = rlx::cuda::decode_attention(a, stream)) throw ... rlx::cuda::error_string(st);
@@ -71,10 +72,46 @@ struct AddRmsNormArgs {
   const void* x = nullptr;   // [rows, hidden] or null
   const void* weight = nullptr;  // [hidden]
   void* out = nullptr;       // [rows, hidden]
+  float* inv_rms = nullptr;  // [rows] or null: 1 / rms of each row, for rms_norm_backward
   int rows = 0, hidden = 0;
   float eps = 1e-6f;
 };
 int add_rms_norm(const AddRmsNormArgs& a, void* stream);
+
+// The learner's fused ops (src/cuda/fused_grad.cu; model/fused_ops.hpp drives them).
+// RMSNorm's backward from the forward's inv_rms: dx in x's dtype, and dw as fp32 partial sums,
+// one row of dw_partial a block of kRmsNormBlockRows rows (their sum over blocks is dw).
+constexpr int kRmsNormBlockRows = 128;
+struct RmsNormBackwardArgs {
+  DType dtype = DType::bf16;
+  const void* x = nullptr;         // [rows, hidden], the forward's input
+  const void* weight = nullptr;    // [hidden]
+  const float* inv_rms = nullptr;  // [rows]
+  const void* grad = nullptr;      // [rows, hidden], d out
+  void* dx = nullptr;              // [rows, hidden]
+  float* dw_partial = nullptr;     // [ceil(rows / kRmsNormBlockRows), hidden]
+  int rows = 0, hidden = 0;
+};
+int rms_norm_backward(const RmsNormBackwardArgs& a, void* stream);
+// RoPE over x [batch, time, heads, head_dim] (head_dim contiguous, other strides free) with
+// per-position tables cos, sin [batch, time, head_dim]: out (contiguous) = (x cos +
+// rotate_half(x) sin) scale, or with `transpose` its adjoint (the backward of the same tables).
+struct RopeArgs {
+  DType dtype = DType::bf16;
+  const void* x = nullptr;
+  int64_t stride_batch = 0, stride_time = 0, stride_head = 0;  // x's, in elements
+  const void* cos = nullptr;
+  const void* sin = nullptr;
+  void* out = nullptr;
+  int64_t rows = 0;  // batch * time
+  int time = 0, heads = 0, head_dim = 0;
+  float scale = 1.0f;
+  bool transpose = false;
+};
+int rope(const RopeArgs& a, void* stream);
+// d gate_up [rows, 2 inter] of silu_mul from its input gate_up and d out [rows, inter].
+int silu_mul_backward(DType dtype, const void* gate_up, const void* grad, void* dgate_up, int64_t rows, int inter,
+                      void* stream);
 
 // The learner's log-prob head over a chunk of logits [rows, vocab] (src/cuda/logprob_head.cu):
 // forward writes the fp32 log-sum-exp, the target's log-prob and (if `entropy`) the entropy per

@@ -1,8 +1,9 @@
 // The transformer's elementwise pieces as single differentiable ops: RMSNorm, RoPE and
-// SiLU-and-multiply, each one pass forward and one pass backward on the CPU instead of the
-// five to ten LibTorch ops (and as many temporaries) of their composite form. On other
-// devices, and for dtypes other than float32, bfloat16 and float64, they run the composite
-// form, which is also their reference in the tests.
+// SiLU-and-multiply, each one pass forward and one pass backward instead of the five to ten
+// LibTorch ops (and as many temporaries) of their composite form: on the CPU (float32,
+// bfloat16, float64) and, in a CUDA build, on CUDA (float32, float16, bfloat16; rlx's kernels
+// in src/cuda/). Elsewhere they run the composite form, which is also their reference in the
+// tests.
 //
 //   auto x = rlx::fused::rms_norm(h, weight, 1e-6);        // HF: fp32 normalisation, cast, scale
 //   auto q = rlx::fused::rope(q4, cos, sin, 1 / sqrt(D));  // [B, T, H, D], rotated and scaled

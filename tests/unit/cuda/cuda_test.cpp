@@ -7,6 +7,7 @@
 #include "rlx/dist/comm.hpp"
 #include "rlx/learner/learner.hpp"
 #include "rlx/learner/optimizer.hpp"
+#include "rlx/model/fused_ops.hpp"
 #include "rlx/model/logprob_head.hpp"
 #include "rlx/model/varlen_attention.hpp"
 #include "rlx/rollout/engine.hpp"
@@ -459,4 +460,51 @@ TEST_CASE("cuda: the log-prob head's kernels give the CPU's log-probs, entropies
     CHECK(max_abs(b16[0], cpu[0]) <= 0.1);
     CHECK(max_abs(b16[1], cpu[1]) <= 0.1);
   }
+}
+
+TEST_CASE("cuda: the learner's fused RMSNorm, RoPE and SiLU-mul give the CPU's values and gradients", "[cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  const at::Device gpu(at::kCUDA, 0);
+  at::manual_seed(43);
+  // 300 rows: two full blocks of the weight gradient's partial sums and a partial one.
+  const int64_t B = 3, T = 100, D = 64, Hq = 4, Hkv = 2, I = 96;
+  const auto x = at::randn({B, T, 160}), w = at::rand({160}) + 0.5, gnorm = at::randn({B, T, 160});
+  const auto qkv = at::randn({B, T, (Hq + 2 * Hkv) * D}), grope = at::randn({B, T, Hq, D});
+  const auto angles = at::arange(T).to(at::kFloat).view({1, T, 1}) * at::rand({1, 1, D / 2});
+  const auto cos = at::cat({angles.cos(), angles.cos()}, -1).expand({B, T, D}).contiguous();
+  const auto sin = at::cat({angles.sin(), angles.sin()}, -1).expand({B, T, D}).contiguous();
+  const auto gu = at::randn({B, T, 2 * I}) * 2, gsilu = at::randn({B, T, I});
+  // Values then gradients of each op, fp32 on the CPU.
+  auto run = [&](at::Device d, at::ScalarType t) {
+    std::vector<at::Tensor> r;
+    auto xd = x.to(d, t).requires_grad_(true), wd = w.to(d, t).requires_grad_(true);
+    auto y = rlx::fused::rms_norm(xd, wd, 1e-6);
+    (y.to(at::kFloat) * gnorm.to(d)).sum().backward();
+    r.insert(r.end(), {y, xd.grad(), wd.grad()});
+    // q as the transformer takes it: a strided view of the fused projection's output.
+    auto qd = qkv.to(d, t).requires_grad_(true);
+    auto q = rlx::fused::rope(qd.narrow(-1, 0, Hq * D).view({B, T, Hq, D}), cos.to(d, t), sin.to(d, t), 0.125);
+    (q.to(at::kFloat) * grope.to(d)).sum().backward();
+    r.insert(r.end(), {q, qd.grad()});
+    auto gd = gu.to(d, t).requires_grad_(true);
+    auto a = rlx::fused::silu_mul(gd);
+    (a.to(at::kFloat) * gsilu.to(d)).sum().backward();
+    r.insert(r.end(), {a, gd.grad()});
+    for (auto& v : r) v = v.detach().cpu().to(at::kFloat);
+    return r;
+  };
+  const auto cpu = run(at::kCPU, at::kFloat);
+  const auto f32 = run(gpu, at::kFloat);
+  const auto b16 = run(gpu, at::kBFloat16);
+  const char* names[] = {"rms_norm", "rms_norm dx", "rms_norm dw", "rope", "rope dx", "silu_mul", "silu_mul dgate_up"};
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    INFO(names[i]);
+    const double scale = std::max(cpu[i].abs().max().item<double>(), 1.0);
+    // fp32: the same formulas, sums in another order (rows of 160, 300 rows for dw).
+    CHECK(max_abs(f32[i], cpu[i]) <= 2e-5 * scale);
+    // bf16 inputs and outputs (8 bits of mantissa): within a few roundings of the fp32 values.
+    CHECK((b16[i] - cpu[i]).norm().item<double>() <= 2e-2 * cpu[i].norm().item<double>());
+  }
+  // The rope's gradient reaches only q's columns of the fused projection.
+  CHECK(f32[4].narrow(-1, Hq * D, 2 * Hkv * D).abs().max().item<double>() == 0.0);
 }
