@@ -166,6 +166,10 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
         step decode_b${b}_split 120 env RLX_DECODE_ATTENTION=split "$rlx" bench sampler "${qwen05[@]}" "${bf16[@]}" \
           --batch $b --prompt 512 --new 128 --iters 1 --kv-cache-mb 4096 --max-batch-tokens 16384
       done
+      # The sampler's filtered path (temperature < 1 with top-k and top-p: a sort of each row's
+      # candidates) against plain temperature sampling at batch 256 (decode_b256 above).
+      step decode_b256_topp 120 "$rlx" bench sampler "${qwen05[@]}" "${bf16[@]}" --batch 256 --prompt 512 --new 128 \
+        --iters 1 --kv-cache-mb 4096 --max-batch-tokens 16384 --temperature 0.7 --top-k 50 --top-p 0.9
       step decode_b1_cublas 120 env RLX_GEMV=0 "$rlx" bench sampler "${qwen05[@]}" "${bf16[@]}" \
         --batch 1 --prompt 512 --new 128 --iters 1 --kv-cache-mb 4096 --max-batch-tokens 16384
       bundle ;;

@@ -43,6 +43,8 @@ struct SamplerArgs {
   std::string model_dir, preset = "tiny", arch = "llama", dtype = "float32", device = "cpu";
   int64_t batch = 32, prompt = 16, new_tokens = 64, n = 1, block_size = 16, max_batch_tokens = 4096;
   double temperature = 1.0, kv_cache_mb = 64;
+  int64_t top_k = 0;  // the sampler's filtered path (top-k / top-p / min-p), off by default
+  double top_p = 1.0, min_p = 0.0;
   int iters = 3, threads = 0;
   bool naive = false;
   bool cuda_graphs = true;
@@ -182,8 +184,13 @@ int bench_sampler(const SamplerArgs& a) {
   std::shared_ptr<Transformer> model = sampler_model(a, dtype, device);
   const ModelConfig& cfg = model->config();
   const std::string name = a.model_dir.empty() ? a.preset : a.model_dir;
-  const SamplingParams params{
-      .temperature = a.temperature, .max_new_tokens = a.new_tokens, .n = a.n, .ignore_eos = true};
+  const SamplingParams params{.temperature = a.temperature,
+                              .top_k = a.top_k,
+                              .top_p = a.top_p,
+                              .min_p = a.min_p,
+                              .max_new_tokens = a.new_tokens,
+                              .n = a.n,
+                              .ignore_eos = true};
   const std::vector<GenerationRequest> requests = sampler_requests(a, params, cfg.vocab_size);
   if (a.lora_rank > 0) model->add_lora({.rank = a.lora_rank}, a.lora_merged ? LoraMode::merged : LoraMode::unmerged);
   Engine engine(model, {.block_size = static_cast<int32_t>(a.block_size),
@@ -218,6 +225,7 @@ int bench_sampler(const SamplerArgs& a) {
       {"thread_plan", plan.describe()},
       {"batch", a.batch},
       {"n", a.n},
+      {"sampling", {{"temperature", a.temperature}, {"top_k", a.top_k}, {"top_p", a.top_p}, {"min_p", a.min_p}}},
       {"prompt", a.prompt},
       {"new_tokens", a.new_tokens},
       {"output_tokens_per_s", tokens_per_s},
@@ -369,6 +377,11 @@ void add_bench_commands(CLI::App& app, Action& action) {
   sampler->add_option("--prompt", s->prompt, "prompt tokens")->check(CLI::Range(1, 1 << 20));
   sampler->add_option("--new", s->new_tokens, "new tokens per sample")->check(CLI::Range(1, 1 << 20));
   sampler->add_option("--temperature", s->temperature, "sampling temperature (0: greedy)")->check(CLI::Range(0.0, 100.0));
+  sampler->add_option("--top-k", s->top_k, "keep the k most likely tokens (0: off)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  sampler->add_option("--top-p", s->top_p, "nucleus probability (1: off)")->check(CLI::Range(0.0, 1.0));
+  sampler->add_option("--min-p", s->min_p, "drop tokens below min_p times the top probability (0: off)")
+      ->check(CLI::Range(0.0, 1.0));
   sampler->add_option("--block-size", s->block_size, "KV block size")->check(CLI::Range(1, 1024));
   sampler->add_option("--kv-cache-mb", s->kv_cache_mb, "KV-cache pool (MiB)");
   sampler->add_option("--max-batch-tokens", s->max_batch_tokens, "tokens per forward")->check(CLI::Range(1, 1 << 24));
