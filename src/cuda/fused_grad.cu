@@ -97,7 +97,8 @@ __global__ void silu_mul_backward_kernel(const T* gate_up, const T* grad, T* dga
 
 int rms_norm_backward(const RmsNormBackwardArgs& a, void* stream) {
   if (a.rows <= 0) return 0;
-  if (a.hidden <= 0 || !a.x || !a.weight || !a.inv_rms || !a.grad || !a.dx || !a.dw_partial)
+  if (a.hidden <= 0 || (a.rows + kRmsNormBlockRows - 1) / kRmsNormBlockRows > 65535 || !a.x || !a.weight ||
+      !a.inv_rms || !a.grad || !a.dx || !a.dw_partial)
     return cudaErrorInvalidValue;
   const auto s = static_cast<cudaStream_t>(stream);
   return with_dtype(a.dtype, [&](auto tag) -> int {
@@ -111,12 +112,13 @@ int rms_norm_backward(const RmsNormBackwardArgs& a, void* stream) {
 
 int rope(const RopeArgs& a, void* stream) {
   if (a.rows <= 0) return 0;
-  if (a.time <= 0 || a.heads <= 0 || a.head_dim <= 0 || a.head_dim % 2 || !a.x || !a.cos || !a.sin || !a.out)
+  if (a.rows > 0x7fffffff || a.time <= 0 || a.heads <= 0 || a.head_dim <= 0 || a.head_dim % 2 || !a.x || !a.cos ||
+      !a.sin || !a.out)
     return cudaErrorInvalidValue;
   const int threads = std::min(256, std::max(32, (a.heads * a.head_dim / 2 + 31) / 32 * 32));
   return with_dtype(a.dtype, [&](auto tag) -> int {
     using T = typename decltype(tag)::type;
-    rope_kernel<T><<<a.rows, threads, 0, static_cast<cudaStream_t>(stream)>>>(a);
+    rope_kernel<T><<<static_cast<unsigned>(a.rows), threads, 0, static_cast<cudaStream_t>(stream)>>>(a);
     return launch_status();
   });
 }

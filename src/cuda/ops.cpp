@@ -146,6 +146,7 @@ at::Tensor launch_rms_norm(const at::Tensor& residual, const at::Tensor& x, cons
              weight.sizes());
   auto out = at::empty_like(residual);
   const int64_t hidden = residual.size(-1);
+  if (out.numel() == 0) return out;
   AddRmsNormArgs a{.dtype = dtype_of(residual),
                    .residual = const_cast<void*>(residual.data_ptr()),
                    .x = x.defined() ? x.data_ptr() : nullptr,
@@ -187,7 +188,10 @@ std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& x_in, cons
              "rms_norm_backward: x {}, grad {}, weight {}, inv_rms {}", x.sizes(), grad.sizes(), weight.sizes(),
              inv_rms.sizes());
   auto dx = at::empty_like(x);
+  if (x.numel() == 0) return {dx, at::zeros_like(weight)};
   const int64_t blocks = std::max<int64_t>(1, (rows + kRmsNormBlockRows - 1) / kRmsNormBlockRows);
+  RLX_CHECK(blocks <= 65535, "rms_norm_backward: {} rows is more than the kernel's grid takes ({})", rows,
+            65535 * kRmsNormBlockRows);
   auto partial = at::empty({blocks, hidden}, x.options().dtype(at::kFloat));
   RmsNormBackwardArgs a{.dtype = dtype_of(x),
                         .x = x.data_ptr(),
@@ -198,7 +202,6 @@ std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& x_in, cons
                         .dw_partial = partial.data_ptr<float>(),
                         .rows = static_cast<int>(rows),
                         .hidden = static_cast<int>(hidden)};
-  if (rows == 0) partial.zero_();
   check_launch("rms_norm_backward", cuda::rms_norm_backward(a, c10::cuda::getCurrentCUDAStream().stream()));
   return {dx, partial.sum(0).to(weight.scalar_type())};
 }
@@ -212,6 +215,7 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos_in, const at::Tensor&
                  sin.scalar_type() == x.scalar_type() && T <= std::numeric_limits<int>::max(),
              "rope: x {}, cos {}, sin {}", x.sizes(), cos.sizes(), sin.sizes());
   auto out = at::empty({B, T, H, D}, x.options().memory_format(at::MemoryFormat::Contiguous));
+  if (out.numel() == 0) return out;
   RopeArgs a{.dtype = dtype_of(x),
              .x = x.data_ptr(),
              .stride_batch = x.stride(0),
@@ -238,6 +242,7 @@ at::Tensor silu_mul_backward(const at::Tensor& gate_up_in, const at::Tensor& gra
                  inter <= std::numeric_limits<int>::max(),
              "silu_mul_backward: gate_up {}, grad {}", gate_up.sizes(), grad.sizes());
   auto d = at::empty_like(gate_up);
+  if (d.numel() == 0) return d;
   check_launch("silu_mul_backward",
                cuda::silu_mul_backward(dtype_of(gate_up), gate_up.data_ptr(), grad.data_ptr(), d.data_ptr(), rows,
                                        static_cast<int>(inter), c10::cuda::getCurrentCUDAStream().stream()));
@@ -308,6 +313,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up_in) {
   auto sizes = gate_up.sizes().vec();
   sizes.back() = inter;
   auto out = at::empty(sizes, gate_up.options());
+  if (out.numel() == 0) return out;
   check_launch("silu_mul", cuda::silu_mul(dtype_of(gate_up), gate_up.data_ptr(), out.data_ptr(),
                                    static_cast<int>(gate_up.numel() / (2 * inter)), static_cast<int>(inter),
                                    c10::cuda::getCurrentCUDAStream().stream()));

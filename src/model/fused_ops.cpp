@@ -56,15 +56,15 @@ constexpr int64_t kNormBlockRows = 128;
 
 struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& w_in, double eps) {
+    auto x = x_in.contiguous();
+    auto w = w_in.contiguous();
 #if RLX_WITH_CUDA
-    if (x_in.is_cuda()) {
-      auto [y, inv_rms] = cuda::rms_norm_with_inv(x_in, w_in, eps);
-      ctx->save_for_backward({x_in, w_in, inv_rms});
+    if (x.is_cuda()) {
+      auto [y, inv_rms] = cuda::rms_norm_with_inv(x, w, eps);
+      ctx->save_for_backward({x, w, inv_rms});
       return y;
     }
 #endif
-    auto x = x_in.contiguous();
-    auto w = w_in.contiguous();
     const int64_t D = x.size(-1), rows = D ? x.numel() / D : 0;
     auto y = at::empty_like(x);
     auto rstd = at::empty({rows}, x.options().dtype(x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat));

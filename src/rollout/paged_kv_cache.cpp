@@ -157,17 +157,20 @@ at::Tensor PagedKVCache::pool_rows(const at::Tensor& slots) const {
 }
 
 namespace {
-// Byte offsets of the static plan's parts: positions [S], slots [S] and write rows [S * Hkv] (int64),
-// tables [S * max_blocks] and context lengths [S] (int32).
+// Byte offsets of a static plan's parts for S rows of tables W blocks wide: positions [S], slots
+// [S] and write rows [S * Hkv] (int64), context lengths [S] and tables [S * W] (int32). Packed
+// for the step's rows and context bucket, so a step stages only what it uses; the buffers are
+// sized for the largest (max_seqs, max_blocks), and a CUDA graph of one (rows, bucket) sees the
+// same offsets at every replay.
 struct StaticLayout {
-  int64_t positions, slots, write_rows, tables, lens, bytes;
-  StaticLayout(int64_t seqs, int64_t kv_heads, int64_t max_blocks) {
+  int64_t positions, slots, write_rows, lens, tables, bytes;
+  StaticLayout(int64_t seqs, int64_t kv_heads, int64_t width) {
     positions = 0;
     slots = positions + seqs * 8;
     write_rows = slots + seqs * 8;
-    tables = write_rows + seqs * kv_heads * 8;
-    lens = tables + seqs * max_blocks * 4;
-    bytes = lens + seqs * 4;
+    lens = write_rows + seqs * kv_heads * 8;
+    tables = lens + seqs * 4;
+    bytes = tables + seqs * width * 4;
   }
 };
 at::Tensor bytes_as(const at::Tensor& bytes, int64_t offset, int64_t count, at::ScalarType t) {
@@ -193,10 +196,12 @@ void PagedKVCache::plan_static(std::span<const Entry> entries, int64_t rows, int
   RLX_ASSERT(static_enabled() && !entries.empty() && static_cast<int64_t>(entries.size()) <= rows &&
                  rows <= static_max_seqs_,
              "PagedKVCache::plan_static: {} entries in {} rows of {}", entries.size(), rows, static_max_seqs_);
-  const int64_t bs = block_size_, mb = static_max_blocks_;
-  if (max_context <= 0) max_context = mb * bs;
-  RLX_ASSERT(max_context <= mb * bs, "PagedKVCache::plan_static: context bound {} above {}", max_context, mb * bs);
-  const StaticLayout l(static_max_seqs_, kv_heads_, mb);
+  const int64_t bs = block_size_;
+  if (max_context <= 0) max_context = static_max_blocks_ * bs;
+  RLX_ASSERT(max_context <= static_max_blocks_ * bs, "PagedKVCache::plan_static: context bound {} above {}",
+             max_context, static_max_blocks_ * bs);
+  const int64_t mb = (max_context + bs - 1) / bs;  // the tables' width: the context bucket's blocks
+  const StaticLayout l(rows, kv_heads_, mb);
   auto* host = static_host_.data_ptr<uint8_t>();
   auto* positions = reinterpret_cast<int64_t*>(host + l.positions);
   auto* slots = reinterpret_cast<int64_t*>(host + l.slots);
@@ -219,7 +224,8 @@ void PagedKVCache::plan_static(std::span<const Entry> entries, int64_t rows, int
       tables[s * mb + b] = b < used ? (real ? e->blocks[static_cast<size_t>(b)] : pad_block_) : pad_block_;
     lens[s] = static_cast<int32_t>(pos + 1);
   }
-  static_bytes_.copy_(static_host_, /*non_blocking=*/true);
+  static_staged_bytes_ = l.bytes;
+  static_bytes_.narrow(0, 0, l.bytes).copy_(static_host_.narrow(0, 0, l.bytes), /*non_blocking=*/true);
   packed_ = seqs_ = rows;
   max_new_ = 1;
   max_ctx_ = max_context;
@@ -304,7 +310,7 @@ at::Tensor PagedKVCache::attend_stored(int64_t layer, const at::Tensor& q, doubl
         qc.data_ptr<float>(), kp.data_ptr<float>(), vp.data_ptr<float>(), tables_.data_ptr<int32_t>(),
         context_lens_.data_ptr<int32_t>(), out.data_ptr<float>(),
         {static_cast<int>(packed_), static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D), block_size_,
-         static_cast<int>(static_max_blocks_), static_cast<float>(scale)});
+         static_cast<int>(tables_.size(1)), static_cast<float>(scale)});
     return out.to(q.scalar_type()).view({1, packed_, Hq, D});
   }
   if (varlen_.defined()) {

@@ -59,8 +59,10 @@ class PagedKVCache final : public KVCache {
   // Plans a decode step padded to `rows` sequences (entries.size() <= rows <= max_seqs): the
   // plan goes to the device in one copy, into the same buffers every time. attend() then
   // reads the pool in place (the decode kernel; on CPU its fp32 reference). `max_context`
-  // (0: max_blocks * block_size) bounds the entries' contexts and sizes the kernel's grid.
+  // (0: max_blocks * block_size) bounds the entries' contexts, sizes the kernel's grid and
+  // the block tables (what the step stages is sized to its rows and this bound).
   void plan_static(std::span<const Entry> entries, int64_t rows, int64_t max_context = 0);
+  int64_t static_staged_bytes() const { return static_staged_bytes_; }  // the last plan_static's copy
   bool static_enabled() const { return static_bytes_.defined(); }
   int64_t static_max_seqs() const { return static_max_seqs_; }
   int64_t static_max_context() const { return static_max_blocks_ * block_size_; }
@@ -100,13 +102,13 @@ class PagedKVCache final : public KVCache {
   at::Tensor write_rows_;  // of each new token
   at::Tensor write_slots_; // head-major: block * block_size + offset of each new token (RoPE + append kernel)
   // The context a step gathers, one of three ways:
-  at::Tensor tables_, context_lens_;  // GPU decode steps read in place: int32 [seqs, max_blocks], [seqs]
+  at::Tensor tables_, context_lens_;  // GPU decode steps read in place: int32 [seqs, table width], [seqs]
   VarlenSeqs varlen_;                 // head-major: ragged, ctx_rows_ sequence after sequence, no padding
   at::Tensor ctx_rows_;    // of each context position (token-major: [seqs * max_ctx], block 0 past the end)
   // Static decode (enable_static): one host staging buffer (pinned on CUDA) and its device
-  // twin, holding positions and write rows (int64), then tables and lengths (int32).
+  // twin, holding positions and write rows (int64), then lengths and tables (int32).
   at::Tensor static_bytes_, static_host_;
-  int64_t static_max_seqs_ = 0, static_max_blocks_ = 0;
+  int64_t static_max_seqs_ = 0, static_max_blocks_ = 0, static_staged_bytes_ = 0;
   BlockId pad_block_ = 0;
   bool static_step_ = false;  // the planned step is a static one
   int64_t max_ctx_ = 0;

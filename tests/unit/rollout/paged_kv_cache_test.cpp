@@ -45,8 +45,11 @@ TEST_CASE("paged KV cache: head-major and token-major pools attend alike over pr
   }
 }
 
-TEST_CASE("paged KV cache: a static decode step padded to its bucket attends as the planned step, padding stays in the pad block",
-          "[rollout]") {
+TEST_CASE(
+    "paged KV cache: a static decode step padded to its bucket attends as the planned step, padding stays in the pad "
+    "block, "
+    "and stages only its rows and context bucket",
+    "[rollout]") {
   auto cfg = rlx::model_preset("tiny", rlx::Arch::qwen2);
   cfg.num_kv_heads = 2;
   using Layout = rlx::PagedKVCache::Layout;
@@ -75,8 +78,12 @@ TEST_CASE("paged KV cache: a static decode step padded to its bucket attends as 
     std::vector<Entry> now = decode;
     for (auto& e : now) e.cached += step;
     const int64_t rows = 4;  // three sequences in a bucket of four
-    fixed.plan_static(now, rows);
+    // Step 1 bounds the contexts at 12 tokens: tables 3 blocks wide, not the 4 of max_blocks.
+    const int64_t width = step == 0 ? 4 : 3;
+    fixed.plan_static(now, rows, step == 0 ? 0 : 12);
     token.plan(now);
+    // What the step staged: positions, slots, write rows (2 kv heads), lengths, tables of its width.
+    CHECK(fixed.static_staged_bytes() == rows * (8 + 8 + 2 * 8 + 4 + width * 4));
     const rlx::ForwardInput in_fixed{.tokens = at::zeros({1, rows}, at::kLong)};
     CHECK(fixed.begin(in_fixed).narrow(1, 0, 3).equal(token.begin({.tokens = at::zeros({1, 3}, at::kLong)})));
     for (int64_t layer = 0; layer < cfg.num_layers; ++layer) {
