@@ -148,9 +148,17 @@ ForwardState Transformer::begin_forward(const ForwardInput& in, KVCache* cache) 
   }
   if (in.positions.defined()) positions = in.positions.to(device_, at::kLong);
   if (cfg_.num_experts > 0) begin_routing(in, st);
-  auto [cos, sin] = rope_tables(cfg_, inv_freq_, positions);
-  st.cos = cos.to(dtype_);
-  st.sin = sin.to(dtype_);
+  st.positions = positions;
+  if (!cache) rope_of(st);  // a sharded learner's blocks save them for their backward
+  return st;
+}
+
+const ForwardState& Transformer::rope_of(const ForwardState& st) const {
+  if (!st.cos.defined()) {
+    auto [cos, sin] = rope_tables(cfg_, inv_freq_, st.positions);
+    st.cos = cos.to(dtype_);
+    st.sin = sin.to(dtype_);
+  }
   return st;
 }
 
@@ -263,6 +271,7 @@ at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, con
   at::Tensor a = st.cache ? st.cache->attend_rotating(index, qkv, inv_freq_, Hq, scale) : at::Tensor();
   if (!a.defined()) {
     auto parts = qkv.split_with_sizes({Hq * D, Hkv * D, Hkv * D}, -1);
+    rope_of(st);
     auto q = fused::rope(parts[0].view({B, T, Hq, D}), st.cos, st.sin);
     auto k = fused::rope(parts[1].view({B, T, Hkv, D}), st.cos, st.sin);
     auto v = parts[2].view({B, T, Hkv, D});
@@ -320,6 +329,7 @@ at::Tensor Transformer::layer(int64_t index, const at::Tensor& h_in, const Forwa
   if (lora) qkv = with_lora(qkv, {att.q_proj.get(), att.k_proj.get(), att.v_proj.get()}, x, st, site);
   qkv = qk_normed(att, qkv, st);
   auto parts = qkv.split_with_sizes({Hq * D, Hkv * D, Hkv * D}, -1);
+  rope_of(st);
   auto q = fused::rope(parts[0].view({B, T, Hq, D}), st.cos, st.sin, st.cache ? 1.0 : scale);
   auto k = fused::rope(parts[1].view({B, T, Hkv, D}), st.cos, st.sin);
   auto v = parts[2].view({B, T, Hkv, D});

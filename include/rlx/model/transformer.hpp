@@ -42,7 +42,11 @@ at::Tensor rope_inv_freq(const ModelConfig& cfg);
 // RoPE tables, and how the full-sequence path attends (undefined with a cache): its
 // sequences for varlen flash attention where the device has it, else the mask.
 struct ForwardState {
-  at::Tensor tokens, mask, cos, sin;
+  at::Tensor tokens, mask;
+  // RoPE's tables [B, T, D] in the model's dtype. With a KV cache they are made on first use
+  // from `positions` (Transformer::rope_of): a cache that rotates in its own kernel needs none.
+  mutable at::Tensor cos, sin;
+  at::Tensor positions;
   VarlenSeqs varlen;
   int64_t batch = 0, time = 0;
   KVCache* cache = nullptr;
@@ -154,6 +158,7 @@ class Transformer : public torch::nn::Module {
   at::Tensor with_lora(const at::Tensor& y, std::initializer_list<const detail::Projection*> projections,
                        const at::Tensor& x, const ForwardState& st, uint64_t site) const;
   void begin_routing(const ForwardInput& in, ForwardState& st) const;
+  const ForwardState& rope_of(const ForwardState& st) const;  // st, its RoPE tables made
   at::Tensor sparse_mlp(const detail::Block& blk, const at::Tensor& x, const ForwardState& st, uint64_t site) const;
   at::Tensor qk_normed(const detail::Attention& att, const at::Tensor& qkv, const ForwardState& st) const;
   bool lora_on() const { return lora_.enabled() && lora_mode_ == LoraMode::unmerged && lora_active_; }
