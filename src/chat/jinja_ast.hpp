@@ -1,4 +1,4 @@
-// The Jinja engine's syntax tree: what src/chat/jinja_parse.cpp builds and
+// The Jinja engine's syntax tree: what the parser (src/chat/jinja_parser.hpp) builds and
 // src/chat/jinja_render.cpp evaluates. Every node keeps its template line for errors; the
 // parser bounds the tree's height (ParseLimits), so that evaluating and destroying it
 // recurse a bounded number of levels.

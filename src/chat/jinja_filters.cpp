@@ -13,6 +13,7 @@ namespace {
 
 using FilterFn = Value (*)(Renderer&, const Value&, Arguments&);
 using TestFn = bool (*)(Renderer&, const Value&, Arguments&);
+using FilterTable = std::map<std::string, FilterFn, std::less<>>;
 
 }  // namespace
 
@@ -69,41 +70,111 @@ std::vector<Value> sorted_copy(Renderer& r, std::vector<Value> items, bool rever
   return out;
 }
 
-const std::map<std::string, FilterFn, std::less<>>& filters() {
-  static const std::map<std::string, FilterFn, std::less<>> kFilters = {
-      {"abs", [](Renderer&, const Value& v, Arguments& a) -> Value {
+// Filters that change the case of text.
+void add_case_filters(FilterTable& table) {
+  table.insert({
+      {"capitalize",
+       [](Renderer&, const Value& v, Arguments& a) -> Value {
+         a.check(0, {});
+         return Value(capitalize(v.str()));
+       }},
+      {"lower",
+       [](Renderer&, const Value& v, Arguments& a) -> Value {
+         a.check(0, {});
+         return Value(lower(v.str()));
+       }},
+      {"title",
+       [](Renderer&, const Value& v, Arguments& a) -> Value {
+         a.check(0, {});
+         // Jinja's own title: words begin after '-', whitespace, '(', '{', '[' or '<'.
+         std::string s = v.str(), out;
+         bool start = true;
+         for (char c : s) {
+           bool sep = py_space(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
+           out += static_cast<char>(sep     ? c
+                                    : start ? std::toupper(static_cast<unsigned char>(c))
+                                            : std::tolower(static_cast<unsigned char>(c)));
+           start = sep;
+         }
+         return Value(std::move(out));
+       }},
+      {"upper",
+       [](Renderer&, const Value& v, Arguments& a) -> Value {
+         a.check(0, {});
+         return Value(upper(v.str()));
+       }},
+  });
+}
+
+// Filters that edit text or measure it.
+void add_text_filters(FilterTable& table) {
+  table.insert({
+      {"replace",
+       [](Renderer&, const Value& v, Arguments& a) -> Value {
+         a.check(3, {"old", "new", "count"});
+         Value count = a.get(2, "count", Value::none());
+         return Value(py_replace(v.str(), a.get(0, "old").str(), a.get(1, "new").str(),
+                                 count.is_none() ? -1 : as_int(count, "count")));
+       }},
+      {"trim",
+       [](Renderer&, const Value& v, Arguments& a) -> Value {
+         a.check(1, {"chars"});
+         return Value(py_strip(v.str(), a.get(0, "chars", Value::none()), true, true));
+       }},
+      {"indent",
+       [](Renderer&, const Value& v, Arguments& a) -> Value {
+         a.check(3, {"width", "first", "blank"});
+         Value w = a.get(0, "width", Value(4));
+         std::string ind =
+             w.is_string() ? w.string()
+                           : std::string(static_cast<size_t>(std::clamp<int64_t>(as_int(w, "width"), 0, 1024)), ' ');
+         bool first = a.get(1, "first", Value(false)).truthy(), blank = a.get(2, "blank", Value(false)).truthy();
+         Value lines_v = string_method(Value(v.str() + "\n"), "splitlines");
+         Arguments none;
+         Value lines = lines_v.function()(none);
+         std::string out;
+         const auto& ls = lines.list();
+         for (size_t i = 0; i < ls.size(); ++i) {
+           const std::string& l = ls[i].string();
+           check_size(out.size() + 1 + ind.size() + l.size(), "a string made by indent");
+           if (i) out += "\n";
+           if (i > 0 && (blank || !l.empty())) out += ind;
+           out += l;
+         }
+         if (first) {
+           check_size(ind.size() + out.size(), "a string made by indent");
+           out = ind + out;
+         }
+         return Value(std::move(out));
+       }},
+      {"wordcount",
+       [](Renderer&, const Value& v, Arguments& a) -> Value {
+         a.check(0, {});
+         int64_t n = 0;
+         bool in_word = false;
+         const std::string text = v.str();
+         charge_scan(text.size());
+         for (char c : text) {
+           bool w = std::isalnum(static_cast<unsigned char>(c)) || c == '_' || static_cast<unsigned char>(c) >= 0x80;
+           if (w && !in_word) ++n;
+           in_word = w;
+         }
+         return Value(n);
+       }},
+  });
+}
+
+// Filters on numbers, and the conversions of values to them.
+void add_number_filters(FilterTable& table) {
+  table.insert({
+      {"abs",
+       [](Renderer&, const Value& v, Arguments& a) -> Value {
          a.check(0, {});
          if (v.kind() == Value::Kind::floating) return Value(std::fabs(v.number()));
          return Value(static_cast<int64_t>(std::llabs(as_int(v, "abs"))));
        }},
-      {"attr", [](Renderer& r, const Value& v, Arguments& a) -> Value {
-         a.check(1, {});
-         return r.get_attr(v, need_string(a.get(0, "name"), "attr"));
-       }},
-      {"capitalize", [](Renderer&, const Value& v, Arguments& a) -> Value { a.check(0, {}); return Value(capitalize(v.str())); }},
-      {"default", [](Renderer&, const Value& v, Arguments& a) -> Value {
-         a.check(2, {"default_value", "boolean"});
-         bool boolean = a.get(1, "boolean", Value(false)).truthy();
-         if (v.is_undefined() || (boolean && !v.truthy())) return a.get(0, "default_value", Value(""));
-         return v;
-       }},
-      {"dictsort", [](Renderer& r, const Value& v, Arguments& a) -> Value {
-         a.check(3, {"case_sensitive", "by", "reverse"});
-         if (!v.is_dict()) fail(fmt::format("dictsort expects a dict, got {}", v.type_name()));
-         bool by_value = a.get(1, "by", Value("key")).str() == "value";
-         std::vector<Value> pairs;
-         for (const auto& [k, x] : v.dict().items) pairs.push_back(Value::tuple({Value(k), x}));
-         return Value(sorted_copy(r, std::move(pairs), a.get(2, "reverse", Value(false)).truthy(),
-                                  a.get(0, "case_sensitive", Value(false)).truthy(), Value(by_value ? 1 : 0)));
-       }},
-      {"escape", [](Renderer&, const Value& v, Arguments& a) -> Value { a.check(0, {}); return Value(html_escape(v.str())); }},
-      {"first", [](Renderer&, const Value& v, Arguments& a) -> Value {
-         a.check(0, {});
-         if (v.is_string() && !v.string().empty()) return Value(v.string().substr(0, code_point_length(v.string(), 0)));
-         auto items = iterate(v);
-         return items.empty() ? Value::undefined("first") : items.front();
-       }},
-      {"float", [](Renderer&, const Value& v, Arguments& a) -> Value {
+      {"float",
+       [](Renderer&, const Value& v, Arguments& a) -> Value {
          a.check(1, {"default"});
          if (v.is_number()) return Value(v.number());
          if (v.is_string()) {
@@ -116,7 +187,8 @@ const std::map<std::string, FilterFn, std::less<>>& filters() {
          }
          return a.get(0, "default", Value(0.0));
        }},
-      {"int", [](Renderer&, const Value& v, Arguments& a) -> Value {
+      {"int",
+       [](Renderer&, const Value& v, Arguments& a) -> Value {
          a.check(2, {"default", "base"});
          if (v.kind() == Value::Kind::floating) return Value(static_cast<int64_t>(std::trunc(v.number())));
          if (v.is_number()) return Value(v.integer());
@@ -133,30 +205,34 @@ const std::map<std::string, FilterFn, std::less<>>& filters() {
          }
          return a.get(0, "default", Value(0));
        }},
-      {"items", [](Renderer&, const Value& v, Arguments& a) -> Value {
+      {"round",
+       [](Renderer&, const Value& v, Arguments& a) -> Value {
+         a.check(2, {"precision", "method"});
+         if (!v.is_number()) fail(fmt::format("round expects a number, got {}", v.type_name()));
+         double scale = std::pow(10.0, static_cast<double>(as_int(a.get(0, "precision", Value(0)), "precision")));
+         std::string m = a.get(1, "method", Value("common")).str();
+         double x = v.number() * scale;
+         double y = m == "ceil"    ? std::ceil(x)
+                    : m == "floor" ? std::floor(x)
+                                   : std::nearbyint(x);  // Python rounds half to even
+         if (m != "common" && m != "ceil" && m != "floor") fail("round: method must be 'common', 'ceil' or 'floor'");
+         return Value(y / scale);
+       }},
+  });
+}
+
+// Filters on a sequence's items as they stand: its ends, its length, a list or a reversed copy.
+void add_sequence_filters(FilterTable& table) {
+  table.insert({
+      {"first",
+       [](Renderer&, const Value& v, Arguments& a) -> Value {
          a.check(0, {});
-         if (v.is_undefined()) return Value(Value::List{});
-         if (!v.is_dict()) fail(fmt::format("items expects a dict, got {}", v.type_name()));
-         Value::List out;
-         for (const auto& [k, x] : v.dict().items) out.push_back(Value::tuple({Value(k), x}));
-         return Value(std::move(out));
+         if (v.is_string() && !v.string().empty()) return Value(v.string().substr(0, code_point_length(v.string(), 0)));
+         auto items = iterate(v);
+         return items.empty() ? Value::undefined("first") : items.front();
        }},
-      {"join", [](Renderer& r, const Value& v, Arguments& a) -> Value {
-         a.check(2, {"d", "attribute"});
-         std::string sep = a.get(0, "d", Value("")).str();
-         Value attr = a.get(1, "attribute");
-         std::string out;
-         bool first = true;
-         for (const auto& item : iterate(v)) {
-           std::string piece = (attr.is_undefined() ? item : attribute_path(r, item, attr)).str();
-           check_size(out.size() + sep.size() + piece.size(), "a string made by join");
-           if (!first) out += sep;
-           out += piece;
-           first = false;
-         }
-         return Value(std::move(out));
-       }},
-      {"last", [](Renderer&, const Value& v, Arguments& a) -> Value {
+      {"last",
+       [](Renderer&, const Value& v, Arguments& a) -> Value {
          a.check(0, {});
          if (v.is_string() && !v.string().empty()) {
            const std::string& s = v.string();
@@ -171,10 +247,98 @@ const std::map<std::string, FilterFn, std::less<>>& filters() {
          auto items = iterate(v);
          return items.empty() ? Value::undefined("last") : items.back();
        }},
-      {"length", [](Renderer&, const Value& v, Arguments& a) -> Value { a.check(0, {}); return Value(py_len(v)); }},
-      {"list", [](Renderer&, const Value& v, Arguments& a) -> Value { a.check(0, {}); return Value(iterate(v)); }},
-      {"lower", [](Renderer&, const Value& v, Arguments& a) -> Value { a.check(0, {}); return Value(lower(v.str())); }},
-      {"map", [](Renderer& r, const Value& v, Arguments& a) -> Value {
+      {"length",
+       [](Renderer&, const Value& v, Arguments& a) -> Value {
+         a.check(0, {});
+         return Value(py_len(v));
+       }},
+      {"list",
+       [](Renderer&, const Value& v, Arguments& a) -> Value {
+         a.check(0, {});
+         return Value(iterate(v));
+       }},
+      {"reverse",
+       [](Renderer&, const Value& v, Arguments& a) -> Value {
+         a.check(0, {});
+         if (v.is_string()) {
+           const std::string& s = v.string();
+           auto cps = code_points(s);
+           std::string out;
+           out.reserve(s.size());
+           for (size_t i = cps.size() - 1; i > 0; --i) out.append(s, cps[i - 1], cps[i] - cps[i - 1]);
+           return Value(std::move(out));
+         }
+         auto items = iterate(v);
+         std::reverse(items.begin(), items.end());
+         return Value(std::move(items));
+       }},
+  });
+}
+
+// Filters that order items or drop repeats; like Jinja2's, they compare strings
+// case-insensitively unless told otherwise.
+void add_order_filters(FilterTable& table) {
+  table.insert({
+      {"max",
+       [](Renderer& r, const Value& v, Arguments& a) -> Value {
+         a.check(2, {"case_sensitive", "attribute"});
+         auto s = sorted_copy(r, iterate(v), false, a.get(0, "case_sensitive", Value(false)).truthy(),
+                              a.get(1, "attribute"));
+         return s.empty() ? Value::undefined("max") : s.back();
+       }},
+      {"min",
+       [](Renderer& r, const Value& v, Arguments& a) -> Value {
+         a.check(2, {"case_sensitive", "attribute"});
+         auto s = sorted_copy(r, iterate(v), false, a.get(0, "case_sensitive", Value(false)).truthy(),
+                              a.get(1, "attribute"));
+         return s.empty() ? Value::undefined("min") : s.front();
+       }},
+      {"sort",
+       [](Renderer& r, const Value& v, Arguments& a) -> Value {
+         a.check(3, {"reverse", "case_sensitive", "attribute"});
+         return Value(sorted_copy(r, iterate(v), a.get(0, "reverse", Value(false)).truthy(),
+                                  a.get(1, "case_sensitive", Value(false)).truthy(), a.get(2, "attribute")));
+       }},
+      {"unique",
+       [](Renderer& r, const Value& v, Arguments& a) -> Value {
+         a.check(2, {"case_sensitive", "attribute"});
+         bool cs = a.get(0, "case_sensitive", Value(false)).truthy();
+         Value attr = a.get(1, "attribute");
+         Value::List out, seen;
+         for (const auto& item : iterate(v)) {
+           Value k = attr.is_undefined() ? item : attribute_path(r, item, attr);
+           if (!cs && k.is_string()) k = Value(lower(k.string()));
+           if (std::any_of(seen.begin(), seen.end(), [&](const Value& s) { return s.equals(k); })) continue;
+           seen.push_back(k);
+           out.push_back(item);
+         }
+         return Value(std::move(out));
+       }},
+  });
+}
+
+// Filters that apply something to each item of a sequence (an attribute, a filter, a test)
+// and collect the results.
+void add_per_item_filters(FilterTable& table) {
+  table.insert({
+      {"join",
+       [](Renderer& r, const Value& v, Arguments& a) -> Value {
+         a.check(2, {"d", "attribute"});
+         std::string sep = a.get(0, "d", Value("")).str();
+         Value attr = a.get(1, "attribute");
+         std::string out;
+         bool first = true;
+         for (const auto& item : iterate(v)) {
+           std::string piece = (attr.is_undefined() ? item : attribute_path(r, item, attr)).str();
+           check_size(out.size() + sep.size() + piece.size(), "a string made by join");
+           if (!first) out += sep;
+           out += piece;
+           first = false;
+         }
+         return Value(std::move(out));
+       }},
+      {"map",
+       [](Renderer& r, const Value& v, Arguments& a) -> Value {
          Value::List out;
          Value attr = a.get(99, "attribute");
          if (!attr.is_undefined()) {
@@ -196,81 +360,90 @@ const std::map<std::string, FilterFn, std::less<>>& filters() {
          for (const auto& item : iterate(v)) out.push_back(r.call_filter(name, item, fargs));
          return Value(std::move(out));
        }},
-      {"max", [](Renderer& r, const Value& v, Arguments& a) -> Value {
-         a.check(2, {"case_sensitive", "attribute"});
-         auto s = sorted_copy(r, iterate(v), false, a.get(0, "case_sensitive", Value(false)).truthy(), a.get(1, "attribute"));
-         return s.empty() ? Value::undefined("max") : s.back();
-       }},
-      {"min", [](Renderer& r, const Value& v, Arguments& a) -> Value {
-         a.check(2, {"case_sensitive", "attribute"});
-         auto s = sorted_copy(r, iterate(v), false, a.get(0, "case_sensitive", Value(false)).truthy(), a.get(1, "attribute"));
-         return s.empty() ? Value::undefined("min") : s.front();
-       }},
-      {"reject", [](Renderer& r, const Value& v, Arguments& a) -> Value { return Value(select_items(r, v, a, false, false)); }},
-      {"rejectattr", [](Renderer& r, const Value& v, Arguments& a) -> Value { return Value(select_items(r, v, a, true, false)); }},
-      {"replace", [](Renderer&, const Value& v, Arguments& a) -> Value {
-         a.check(3, {"old", "new", "count"});
-         Value count = a.get(2, "count", Value::none());
-         return Value(py_replace(v.str(), a.get(0, "old").str(), a.get(1, "new").str(), count.is_none() ? -1 : as_int(count, "count")));
-       }},
-      {"reverse", [](Renderer&, const Value& v, Arguments& a) -> Value {
-         a.check(0, {});
-         if (v.is_string()) {
-           const std::string& s = v.string();
-           auto cps = code_points(s);
-           std::string out;
-           out.reserve(s.size());
-           for (size_t i = cps.size() - 1; i > 0; --i) out.append(s, cps[i - 1], cps[i] - cps[i - 1]);
-           return Value(std::move(out));
-         }
-         auto items = iterate(v);
-         std::reverse(items.begin(), items.end());
-         return Value(std::move(items));
-       }},
-      {"round", [](Renderer&, const Value& v, Arguments& a) -> Value {
-         a.check(2, {"precision", "method"});
-         if (!v.is_number()) fail(fmt::format("round expects a number, got {}", v.type_name()));
-         double scale = std::pow(10.0, static_cast<double>(as_int(a.get(0, "precision", Value(0)), "precision")));
-         std::string m = a.get(1, "method", Value("common")).str();
-         double x = v.number() * scale;
-         double y = m == "ceil" ? std::ceil(x) : m == "floor" ? std::floor(x) : std::nearbyint(x);  // Python rounds half to even
-         if (m != "common" && m != "ceil" && m != "floor") fail("round: method must be 'common', 'ceil' or 'floor'");
-         return Value(y / scale);
-       }},
-      {"safe", [](Renderer&, const Value& v, Arguments& a) -> Value { a.check(0, {}); return v; }},
-      {"select", [](Renderer& r, const Value& v, Arguments& a) -> Value { return Value(select_items(r, v, a, false, true)); }},
-      {"selectattr", [](Renderer& r, const Value& v, Arguments& a) -> Value { return Value(select_items(r, v, a, true, true)); }},
-      {"sort", [](Renderer& r, const Value& v, Arguments& a) -> Value {
-         a.check(3, {"reverse", "case_sensitive", "attribute"});
-         return Value(sorted_copy(r, iterate(v), a.get(0, "reverse", Value(false)).truthy(),
-                                  a.get(1, "case_sensitive", Value(false)).truthy(), a.get(2, "attribute")));
-       }},
-      {"string", [](Renderer&, const Value& v, Arguments& a) -> Value { a.check(0, {}); return Value(v.str()); }},
-      {"sum", [](Renderer& r, const Value& v, Arguments& a) -> Value {
+      {"reject",
+       [](Renderer& r, const Value& v, Arguments& a) -> Value { return Value(select_items(r, v, a, false, false)); }},
+      {"rejectattr",
+       [](Renderer& r, const Value& v, Arguments& a) -> Value { return Value(select_items(r, v, a, true, false)); }},
+      {"select",
+       [](Renderer& r, const Value& v, Arguments& a) -> Value { return Value(select_items(r, v, a, false, true)); }},
+      {"selectattr",
+       [](Renderer& r, const Value& v, Arguments& a) -> Value { return Value(select_items(r, v, a, true, true)); }},
+      {"sum",
+       [](Renderer& r, const Value& v, Arguments& a) -> Value {
          a.check(2, {"attribute", "start"});
          Value attr = a.get(0, "attribute");
          Value total = a.get(1, "start", Value(0));
          for (const auto& item : iterate(v)) {
            Value x = attr.is_undefined() ? item : attribute_path(r, item, attr);
-           if (!x.is_number() || !total.is_number()) fail(fmt::format("sum: unsupported operand types {} and {}", total.type_name(), x.type_name()));
-           if (x.kind() == Value::Kind::floating || total.kind() == Value::Kind::floating) total = Value(total.number() + x.number());
-           else total = Value(total.integer() + x.integer());
+           if (!x.is_number() || !total.is_number())
+             fail(fmt::format("sum: unsupported operand types {} and {}", total.type_name(), x.type_name()));
+           if (x.kind() == Value::Kind::floating || total.kind() == Value::Kind::floating)
+             total = Value(total.number() + x.number());
+           else
+             total = Value(total.integer() + x.integer());
          }
          return total;
        }},
-      {"title", [](Renderer&, const Value& v, Arguments& a) -> Value {
+  });
+}
+
+// Filters on dicts and on objects' attributes.
+void add_mapping_filters(FilterTable& table) {
+  table.insert({
+      {"attr",
+       [](Renderer& r, const Value& v, Arguments& a) -> Value {
+         a.check(1, {});
+         return r.get_attr(v, need_string(a.get(0, "name"), "attr"));
+       }},
+      {"dictsort",
+       [](Renderer& r, const Value& v, Arguments& a) -> Value {
+         a.check(3, {"case_sensitive", "by", "reverse"});
+         if (!v.is_dict()) fail(fmt::format("dictsort expects a dict, got {}", v.type_name()));
+         bool by_value = a.get(1, "by", Value("key")).str() == "value";
+         std::vector<Value> pairs;
+         for (const auto& [k, x] : v.dict().items) pairs.push_back(Value::tuple({Value(k), x}));
+         return Value(sorted_copy(r, std::move(pairs), a.get(2, "reverse", Value(false)).truthy(),
+                                  a.get(0, "case_sensitive", Value(false)).truthy(), Value(by_value ? 1 : 0)));
+       }},
+      {"items",
+       [](Renderer&, const Value& v, Arguments& a) -> Value {
          a.check(0, {});
-         // Jinja's own title: words begin after '-', whitespace, '(', '{', '[' or '<'.
-         std::string s = v.str(), out;
-         bool start = true;
-         for (char c : s) {
-           bool sep = py_space(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
-           out += static_cast<char>(sep ? c : start ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
-           start = sep;
-         }
+         if (v.is_undefined()) return Value(Value::List{});
+         if (!v.is_dict()) fail(fmt::format("items expects a dict, got {}", v.type_name()));
+         Value::List out;
+         for (const auto& [k, x] : v.dict().items) out.push_back(Value::tuple({Value(k), x}));
          return Value(std::move(out));
        }},
-      {"tojson", [](Renderer&, const Value& v, Arguments& a) -> Value {
+  });
+}
+
+// Filters any value takes: a default for it, and its text as printed, escaped or as JSON.
+void add_value_filters(FilterTable& table) {
+  table.insert({
+      {"default",
+       [](Renderer&, const Value& v, Arguments& a) -> Value {
+         a.check(2, {"default_value", "boolean"});
+         bool boolean = a.get(1, "boolean", Value(false)).truthy();
+         if (v.is_undefined() || (boolean && !v.truthy())) return a.get(0, "default_value", Value(""));
+         return v;
+       }},
+      {"escape",
+       [](Renderer&, const Value& v, Arguments& a) -> Value {
+         a.check(0, {});
+         return Value(html_escape(v.str()));
+       }},
+      {"safe",
+       [](Renderer&, const Value& v, Arguments& a) -> Value {
+         a.check(0, {});
+         return v;
+       }},
+      {"string",
+       [](Renderer&, const Value& v, Arguments& a) -> Value {
+         a.check(0, {});
+         return Value(v.str());
+       }},
+      {"tojson",
+       [](Renderer&, const Value& v, Arguments& a) -> Value {
          a.check(1, {"indent", "ensure_ascii", "separators", "sort_keys"});
          JsonStyle style;
          Value indent = a.get(0, "indent", Value::none());
@@ -285,62 +458,24 @@ const std::map<std::string, FilterFn, std::less<>>& filters() {
          }
          return Value(json_dumps(v, style));
        }},
-      {"trim", [](Renderer&, const Value& v, Arguments& a) -> Value {
-         a.check(1, {"chars"});
-         return Value(py_strip(v.str(), a.get(0, "chars", Value::none()), true, true));
-       }},
-      {"unique", [](Renderer& r, const Value& v, Arguments& a) -> Value {
-         a.check(2, {"case_sensitive", "attribute"});
-         bool cs = a.get(0, "case_sensitive", Value(false)).truthy();
-         Value attr = a.get(1, "attribute");
-         Value::List out, seen;
-         for (const auto& item : iterate(v)) {
-           Value k = attr.is_undefined() ? item : attribute_path(r, item, attr);
-           if (!cs && k.is_string()) k = Value(lower(k.string()));
-           if (std::any_of(seen.begin(), seen.end(), [&](const Value& s) { return s.equals(k); })) continue;
-           seen.push_back(k);
-           out.push_back(item);
-         }
-         return Value(std::move(out));
-       }},
-      {"upper", [](Renderer&, const Value& v, Arguments& a) -> Value { a.check(0, {}); return Value(upper(v.str())); }},
-      {"indent", [](Renderer&, const Value& v, Arguments& a) -> Value {
-         a.check(3, {"width", "first", "blank"});
-         Value w = a.get(0, "width", Value(4));
-         std::string ind = w.is_string() ? w.string() : std::string(static_cast<size_t>(std::clamp<int64_t>(as_int(w, "width"), 0, 1024)), ' ');
-         bool first = a.get(1, "first", Value(false)).truthy(), blank = a.get(2, "blank", Value(false)).truthy();
-         Value lines_v = string_method(Value(v.str() + "\n"), "splitlines");
-         Arguments none;
-         Value lines = lines_v.function()(none);
-         std::string out;
-         const auto& ls = lines.list();
-         for (size_t i = 0; i < ls.size(); ++i) {
-           const std::string& l = ls[i].string();
-           check_size(out.size() + 1 + ind.size() + l.size(), "a string made by indent");
-           if (i) out += "\n";
-           if (i > 0 && (blank || !l.empty())) out += ind;
-           out += l;
-         }
-         if (first) {
-           check_size(ind.size() + out.size(), "a string made by indent");
-           out = ind + out;
-         }
-         return Value(std::move(out));
-       }},
-      {"wordcount", [](Renderer&, const Value& v, Arguments& a) -> Value {
-         a.check(0, {});
-         int64_t n = 0;
-         bool in_word = false;
-         const std::string text = v.str();
-         charge_scan(text.size());
-         for (char c : text) {
-           bool w = std::isalnum(static_cast<unsigned char>(c)) || c == '_' || static_cast<unsigned char>(c) >= 0x80;
-           if (w && !in_word) ++n;
-           in_word = w;
-         }
-         return Value(n);
-       }},
-  };
+  });
+}
+
+// Every filter by name, gathered from the families once, on first use. No two families name the
+// same filter (insert() would keep the first).
+const FilterTable& filters() {
+  static const FilterTable kFilters = [] {
+    FilterTable table;
+    add_case_filters(table);
+    add_text_filters(table);
+    add_number_filters(table);
+    add_sequence_filters(table);
+    add_order_filters(table);
+    add_per_item_filters(table);
+    add_mapping_filters(table);
+    add_value_filters(table);
+    return table;
+  }();
   return kFilters;
 }
 
