@@ -46,10 +46,16 @@ side_cores="0,1" build_cores="2-$((cores - 1))"
 export PYTHONUNBUFFERED=1
 
 say() { echo "== $(date +%T) +${SECONDS}s $*" | tee -a "$log"; }
+# The bundle, under one lock (two lanes call it): tar's "file changed as we read it" (a lane's
+# log growing; rc 1) still gives a usable archive. Past 15 MiB (the device tool returns files of
+# up to 16 MiB) it is made again without the gzipped traces, so the logs always come back.
 bundle() {
-  flock "$work/.bundle" tar czf "$out/bundle.tar.gz.part" -C "$work" --exclude='*.json' --exclude='.bundle' \
-    --exclude='./runs' --exclude='*.safetensors' --exclude='*.h5' . 2>/dev/null &&
-    mv "$out/bundle.tar.gz.part" "$out/bundle.tar.gz"
+  flock "$work/.bundle" bash -c '
+    pack() { tar czf "$2/bundle.tar.gz.part" -C "$1" --warning=no-file-changed --exclude="*.json" --exclude=.bundle \
+      --exclude=./runs --exclude="*.safetensors" --exclude="*.h5" "${@:3}" . 2>/dev/null; [ $? -le 1 ]; }
+    pack "$1" "$2" || exit 0
+    [ "$(stat -c %s "$2/bundle.tar.gz.part")" -gt $((15 << 20)) ] && { pack "$1" "$2" --exclude="*.gz" || exit 0; }
+    mv "$2/bundle.tar.gz.part" "$2/bundle.tar.gz"' _ "$work" "$out"
 }
 # record NAME RC SECONDS [all]: the step's JSON (the last JSON line of its own output, or every
 # one with `all`) into results.jsonl, tagged with the commit, the device and its clocks now.
@@ -160,8 +166,11 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
           --trace "$work/trace_decode_b$b" --trace-steps 5
         gzip -f "$work/trace_decode_b$b/trace.json" 2>/dev/null
       done
-      # The previous attention kernel (RLX_DECODE_ATTENTION=split), and cuBLAS for the small-batch
-      # projections (RLX_GEMV=0), for the new kernels' gains.
+      bundle
+      # With RLX_DECODE_VARIANTS=1: the previous attention kernel (RLX_DECODE_ATTENTION=split),
+      # the sampler's filtered path, and cuBLAS for the small-batch projections (RLX_GEMV=0),
+      # for the new kernels' gains (off by default: the lease's minutes go to the plan's later steps).
+      [ "${RLX_DECODE_VARIANTS:-0}" = 1 ] || return 0
       for b in ${RLX_DECODE_V1_BATCHES:-1 256}; do
         step decode_b${b}_split 120 env RLX_DECODE_ATTENTION=split "$rlx" bench sampler "${qwen05[@]}" "${bf16[@]}" \
           --batch $b --prompt 512 --new 128 --iters 1 --kv-cache-mb 4096 --max-batch-tokens 16384
@@ -181,9 +190,10 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
       # decode steps of 24 layers) and the batch's prefill steps are skipped, then 5 decode steps.
       local args=("${qwen05[@]}" "${bf16[@]}" --batch 256 --prompt 512 --new 24 --iters 1 --kv-cache-mb 4096
         --max-batch-tokens 16384 --cuda-graphs 0 --overlap 0)
-      step ncu_attention 120 ncu --clock-control none --set full --kernel-name regex:decode_.*_kernel --launch-skip 192 \
+      local ncu; ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+      step ncu_attention 120 "$ncu" --clock-control none --set full --kernel-name 'regex:decode_(tile|split)_kernel' --launch-skip 192 \
         --launch-count 1 --csv --page details --log-file "$work/ncu_attention.csv" "$rlx" bench sampler "${args[@]}"
-      step ncu_sampler 120 ncu --clock-control none --set full --kernel-name regex:sample_kernel --launch-skip 20 \
+      step ncu_sampler 120 "$ncu" --clock-control none --set full --kernel-name regex:sample_kernel --launch-skip 20 \
         --launch-count 1 --csv --page details --log-file "$work/ncu_sampler.csv" "$rlx" bench sampler "${args[@]}" ;;
     learner)
       # PyTorch's eager step (HF Qwen2, SDPA, autocast) and rlx's, 8 x 2048 tokens, each with its
@@ -195,7 +205,7 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
       gzip -f "$work/profile_learner/trace.json" 2>/dev/null
       # The same step with LibTorch's ops in the log-prob head and in RMSNorm, RoPE and SiLU-mul
       # (the gain of rlx's learner kernels: logprob_head.cu, fused_grad.cu).
-      step learner_aten_ops 150 env RLX_LOGPROB_HEAD=aten RLX_FUSED_OPS=aten "$rlx" bench learner "${qwen05[@]}" \
+      [ "${RLX_LEARNER_VARIANTS:-1}" = 1 ] && step learner_aten_ops 150 env RLX_LOGPROB_HEAD=aten RLX_FUSED_OPS=aten "$rlx" bench learner "${qwen05[@]}" \
         "${bf16[@]}" --seq 2048 --batch-seqs 8 --micro-batch-tokens 16384 --steps 5 --ranks 1
       # A GRPO-shaped batch (RLX_LEARNER_GRPO=1): 2 prompts x 8 samples, 1536 prompt + 512
       # completion tokens each, the prompt packed once and the policy head at the completions only.
@@ -203,12 +213,17 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
         --loss-tokens 512 --group-size 8 --row-tokens 16384 --micro-batch-tokens 16384 --steps 5 --ranks 1 ;;
     models)
       # Qwen3's decode (q/k norms, head width 128) and Qwen3-30B-A3B's (128 experts, top 8) as
-      # CUDA graphs, random weights: graph_steps in the JSON says whether the graphs ran.
+      # CUDA graphs, random weights drawn on the device (seconds, where the host's draws of 30B
+      # take minutes): graph_steps in the JSON says whether the graphs ran.
       have "$rlx" || return 0
       step decode_qwen3_0.6b 120 "$rlx" bench sampler --preset qwen3-0.6b --arch qwen3 "${bf16[@]}" --batch 64 \
         --prompt 512 --new 128 --iters 1 --kv-cache-mb 8192 --max-batch-tokens 16384
       step decode_qwen3_30b_a3b 180 "$rlx" bench sampler --preset qwen3-30b-a3b --arch qwen3_moe "${bf16[@]}" \
-        --batch 64 --prompt 256 --new 64 --iters 1 --kv-cache-mb 8192 --max-batch-tokens 16384 ;;
+        --batch 64 --prompt 256 --new 64 --iters 1 --kv-cache-mb 8192 --max-batch-tokens 16384
+      # Batch 8: 64 routings <= 128 experts, the gathered path (the expert-indexed GEMV reads
+      # only the chosen experts); batch 64 above computes every expert.
+      step decode_qwen3_30b_a3b_b8 120 "$rlx" bench sampler --preset qwen3-30b-a3b --arch qwen3_moe "${bf16[@]}" \
+        --batch 8 --prompt 256 --new 64 --iters 1 --kv-cache-mb 8192 --max-batch-tokens 16384 ;;
     sync)
       # Weight sync by CUDA IPC (a subscriber process, device-to-device copies, every version's
       # values checked). NCCL's broadcast needs a GPU per rank: not on a one-GPU lease.
@@ -275,6 +290,8 @@ run_step sanitizer
 wait $tests_lane
 # 3. The timed steps, one at a time, the peers among them (a peer timed beside a build or a
 # test would be slowed by it: HF generate at batch 1 is bound by its host).
-for s in decode learner peers ncu sync models colocated unit; do run_step "$s"; done
+# Most wanted first: the decode and learner figures, the whole loop on a GPU (never run yet),
+# MoE decode, the peers' ratios, then the rest. RLX_CUDA_PLAN replaces this order.
+for s in ${RLX_CUDA_PLAN:-decode learner colocated models peers sync ncu unit}; do run_step "$s"; done
 run_step summary
 say "done"

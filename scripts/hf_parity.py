@@ -148,6 +148,11 @@ def main():
             print(f"{model_type}: FAILED at {step[0]}: {e}", file=sys.stderr)
             if isinstance(e, RlxFailed):
                 print(e.stderr[-STDERR_TAIL:], file=sys.stderr)
+        # What is known so far, after each family: a run cut by its time limit keeps it.
+        print(json.dumps({"family": model_type, "done": model_type in done,
+                          "results": {k: v for k, v in results.items() if k.startswith(model_type + "_")}}))
+        with open(os.path.join(args.out, "parity.partial.json"), "w") as f:
+            json.dump({"results": results, "layouts": layouts, "failures": failures, "done": done}, f, indent=2)
     # fp32 within 1e-4; rlx's bf16 error no more than twice HF's own bf16 error.
     in_tolerance = all(v <= 1e-4 for k, v in results.items() if "fp32" in k) and all(
         results[f"{m}_hf_to_rlx_bf16_max_abs"] <= 2 * max(results[f"{m}_hf_bf16_own_max_abs"], 1e-3)

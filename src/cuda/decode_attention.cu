@@ -301,7 +301,8 @@ __global__ void __launch_bounds__(kWarps * 32, D == 64 ? 4 : 3) decode_tile_kern
 template <class T, int D>
 __global__ void decode_merge_kernel(DecodeAttentionArgs a, int max_splits) {
   const int seq = blockIdx.x, head = blockIdx.y;
-  const int splits = hd::decode_splits(a.context_lens[seq]);
+  // Clamped: a context longer than max_context (a caller's bug) must not read another head's partials.
+  const int splits = min(hd::decode_splits(a.context_lens[seq]), max_splits);
   const float* part = a.workspace + partial_index(seq, head, 0, a.q_heads, max_splits, D);
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     hd::SoftmaxState total = hd::softmax_empty();

@@ -306,6 +306,31 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b)
   return out;
 }
 
+at::Tensor expert_linear(const at::Tensor& x, const at::Tensor& w_all, const at::Tensor& experts) {
+  const auto t = x.scalar_type();
+  const int64_t k = x.size(-1), pairs = experts.numel();
+  const auto aligned = [](const at::Tensor& u) { return reinterpret_cast<uintptr_t>(u.data_ptr()) % 16 == 0; };
+  if (!x.is_cuda() || (t != at::kHalf && t != at::kBFloat16) || x.dim() != 2 || w_all.dim() != 3 ||
+      w_all.scalar_type() != t || w_all.size(2) != k || k % 8 != 0 || experts.dim() != 2 ||
+      experts.size(0) != x.size(0) || experts.scalar_type() != at::kLong || pairs < 1 || pairs > kGemvMaxExpertRows ||
+      !x.is_contiguous() || !w_all.is_contiguous() || !aligned(x) || !aligned(w_all))
+    return {};
+  const c10::cuda::CUDAGuard guard(x.device());
+  const auto e = experts.contiguous();
+  auto out = at::empty({x.size(0), experts.size(1), w_all.size(1)}, x.options());
+  GemvArgs a{.dtype = dtype_of(x),
+             .x = x.data_ptr(),
+             .w = w_all.data_ptr(),
+             .out = out.data_ptr(),
+             .m = static_cast<int>(pairs),
+             .n = w_all.size(1),
+             .k = k,
+             .experts = e.data_ptr<int64_t>(),
+             .x_share = static_cast<int>(experts.size(1))};
+  check_launch("gemv (experts)", gemv(a, c10::cuda::getCurrentCUDAStream().stream()));
+  return out;
+}
+
 at::Tensor silu_mul(const at::Tensor& gate_up_in) {
   const c10::cuda::CUDAGuard guard(gate_up_in.device());
   const auto gate_up = gate_up_in.contiguous();

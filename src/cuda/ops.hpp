@@ -46,6 +46,11 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 // rotated q [rows, q_heads, D].
 at::Tensor rope_append(const at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& slots,
                        const at::Tensor& inv_freq, at::Tensor& k_pool, at::Tensor& v_pool, int64_t q_heads);
+// A mixture of experts' projection at decode, reading only the chosen experts' weights: x
+// [N, K], w_all [E, n, K] (the layer's stacked experts), experts int64 [N, k] -> [N, k, n], row
+// (t, j) = x[t] w_all[experts[t, j]]^T (the expert-indexed GEMV). Undefined where the kernel
+// does not apply (not CUDA fp16/bf16, K not a multiple of 8, unaligned, over 65535 pairs).
+at::Tensor expert_linear(const at::Tensor& x, const at::Tensor& w_all, const at::Tensor& experts);
 // SiLU(gate) * up for gate_up [..., 2 * inter] (the fused gate/up GEMM's output): [..., inter].
 at::Tensor silu_mul(const at::Tensor& gate_up);
 

@@ -4,6 +4,9 @@
 
 #include "model/modules.hpp"
 #include "rlx/core/torch_compat.hpp"
+#if RLX_WITH_CUDA
+#include "cuda/ops.hpp"
+#endif
 
 namespace rlx {
 
@@ -133,6 +136,29 @@ at::Tensor dense_experts(const SparseMoe& moe, const ModelConfig& cfg, const at:
   return all.index({idx, rows}).view({N, idx.size(1), H});
 }
 
+// x [N, K] against the experts' stacked weights w_all [E, n, K] at idx [N, k]: [N, k, n], each
+// (token, slot) row with its own expert's matrix. On CUDA the expert-indexed GEMV (only the
+// chosen experts' weights read); elsewhere the same products by gathering the matrices.
+at::Tensor expert_linear(const at::Tensor& x, const at::Tensor& w_all, const at::Tensor& idx) {
+#if RLX_WITH_CUDA
+  if (auto out = cuda::expert_linear(x, w_all, idx); out.defined()) return out;
+#endif
+  const int64_t N = x.size(0), k = idx.size(1);
+  auto w = w_all.index_select(0, idx.reshape({-1}));                           // [N k, n, K]
+  auto xs = x.unsqueeze(1).expand({N, k, x.size(1)}).reshape({N * k, -1, 1});  // [N k, K, 1]
+  return at::bmm(w, xs).view({N, k, w_all.size(1)});
+}
+
+// Each (token, slot) through its own expert, only those experts' weights read: no host sync
+// (a CUDA graph captures it) and none of dense_experts' E-fold GEMM rows. Decode at small
+// batch (the engine's fused weights, no adapters), where few experts are chosen.
+at::Tensor gathered_experts(const SparseMoe& moe, const at::Tensor& x, const at::Tensor& idx) {
+  const int64_t N = x.size(0), k = idx.size(1), H = x.size(1);
+  auto gu = expert_linear(x, moe.gate_up_all, idx);     // [N, k, 2I]
+  auto act = fused::silu_mul(gu).reshape({N * k, -1});  // [N k, I]
+  return expert_linear(act, moe.down_all, idx.reshape({N * k, 1})).view({N, k, H});
+}
+
 void record(RoutingTrace& trace, const ModelConfig& cfg, int64_t slot, const at::Tensor& probs, const at::Tensor& own,
             const at::Tensor& used, const at::Tensor& valid, at::IntArrayRef lead) {
   c10::NoGradGuard no_grad;
@@ -180,9 +206,12 @@ at::Tensor moe_forward(const SparseMoe& moe, const ModelConfig& cfg, const at::T
   if (cfg.norm_topk_prob) w = w / w.sum(-1, /*keepdim=*/true);
   w = w.to(x.scalar_type());
   if (strategy == MoeStrategy::automatic) strategy = MoeStrategy::grouped;
-  auto per_slot = N == 0 ? at::zeros({0, k, H}, x.options())
-                  : strategy == MoeStrategy::dense ? dense_experts(moe, cfg, x, used, lora, site)
-                                                   : grouped_experts(moe, cfg, x, used, lora, site);
+  RLX_CHECK(strategy != MoeStrategy::gathered || (moe.gate_up_all.defined() && !moe.experts[0]->gate_proj->lora_A),
+            "MoE: the gathered strategy needs the engine's stacked expert weights and no adapters");
+  auto per_slot = N == 0                              ? at::zeros({0, k, H}, x.options())
+                  : strategy == MoeStrategy::dense    ? dense_experts(moe, cfg, x, used, lora, site)
+                  : strategy == MoeStrategy::gathered ? gathered_experts(moe, x, used)
+                                                      : grouped_experts(moe, cfg, x, used, lora, site);
   // The gate-weighted sum in top-k order, one slot at a time: the same arithmetic for a
   // token whatever else is in the batch.
   auto y = per_slot.select(1, 0) * w.narrow(1, 0, 1);

@@ -183,10 +183,14 @@ at::Tensor Transformer::sparse_mlp(const detail::Block& blk, const at::Tensor& x
   at::Tensor forced;
   if (st.routing.defined()) forced = st.routing.select(2, blk.sparse_slot);
   auto strategy = moe_strategy_;
-  // Decode on CUDA: no host sync, so the step's graph can be captured.
-  if (strategy == MoeStrategy::automatic && x.is_cuda() && st.cache && st.time == 1)
-    strategy = MoeStrategy::dense;
   const bool lora = lora_on();
+  // Decode on CUDA: no host sync, so the step's graph can be captured; the chosen experts
+  // alone while the batch's routings are fewer than the experts, else every expert.
+  if (strategy == MoeStrategy::automatic && x.is_cuda() && st.cache && (st.time == 1 || st.cache->graph_step())) {
+    const bool gather = blk.moe->gate_up_all.defined() && !lora && !blk.moe->experts[0]->gate_proj->lora_A &&
+                        st.batch * st.time * cfg_.num_experts_per_tok <= cfg_.num_experts;
+    strategy = gather ? MoeStrategy::gathered : MoeStrategy::dense;
+  }
   detail::LoraHook hook = [&](const at::Tensor& y, std::initializer_list<const detail::Projection*> ps,
                               const at::Tensor& in, uint64_t s) { return lora ? with_lora(y, ps, in, st, s) : y; };
   return detail::moe_forward(*blk.moe, cfg_, x, st.valid, forced, st.trace, blk.sparse_slot, strategy, hook, site);

@@ -99,7 +99,8 @@ void PagedKVCache::plan(std::span<const Entry> entries) {
 #if RLX_WITH_CUDA
   // Decode steps on a GPU read the pool in place (the decode attention kernel): int32 block
   // tables and context lengths.
-  if (device.is_cuda() && max_new == 1 && cuda::decode_attention_supported(keys_.front(), keys_.front())) {
+  if (device.is_cuda() && max_new == 1 && head_major_ &&
+      cuda::decode_attention_supported(keys_.front(), keys_.front())) {
     auto ints = [&](const std::vector<int64_t>& v) {
       return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(at::kInt).to(device, /*non_blocking=*/false);
     };

@@ -126,39 +126,58 @@ std::vector<float> run_decode(DType dtype, const AttentionCase& c, const std::ve
 
 TEST_CASE("cuda kernels: paged decode attention equals the reference, a row alone equals it in the batch", "[cuda]") {
   std::mt19937 g(3);
-  const int block_size = 16;
-  for (const AttentionCase& c : {AttentionCase{14, 2, 64, {1, 127, 128, 129, 700, 40}},
-                                 AttentionCase{16, 1, 128, {300, 5, 1}}, AttentionCase{4, 4, 64, {257, 33}},
-                                 AttentionCase{16, 2, 128, {31, 32, 33, 96, 1025}}}) {
-    for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
-      INFO(name(dtype) << " q_heads " << c.q_heads << " kv_heads " << c.kv_heads << " head_dim " << c.head_dim);
-      const int batch = static_cast<int>(c.lens.size()), d = c.head_dim;
-      const int max_blocks = (*std::max_element(c.lens.begin(), c.lens.end()) + block_size - 1) / block_size;
-      const int num_blocks = batch * max_blocks + 3;
-      // Block tables: a shuffled permutation of the pool, so neighbours are far apart.
-      std::vector<int32_t> perm(static_cast<size_t>(num_blocks));
-      std::iota(perm.begin(), perm.end(), 0);
-      std::shuffle(perm.begin(), perm.end(), g);
-      std::vector<int32_t> tables(perm.begin(), perm.begin() + batch * max_blocks);
-      const size_t pool = static_cast<size_t>(num_blocks) * c.kv_heads * block_size * d;
-      auto k = rounded(randn(pool, g), dtype), v = rounded(randn(pool, g), dtype);
-      auto q = rounded(randn(static_cast<size_t>(batch) * c.q_heads * d, g), dtype);
-      Device kp(encode(k, dtype)), vp(encode(v, dtype));
+  // GQA groups of 7, 16 (two full chunks of 8 heads), 1, 8 and 12 (a chunk of 4 after the
+  // first); block sizes that do and do not divide the tiled kernel's 128-token window.
+  const std::vector<AttentionCase> cases{AttentionCase{14, 2, 64, {1, 127, 128, 129, 700, 40}},
+                                         AttentionCase{16, 1, 128, {300, 5, 1}}, AttentionCase{4, 4, 64, {257, 33}},
+                                         AttentionCase{16, 2, 128, {31, 32, 33, 96, 1025}},
+                                         AttentionCase{12, 1, 128, {200, 3}}};
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    const AttentionCase& c = cases[ci];
+    for (int block_size : ci == 0 || ci == 4 ? std::vector<int>{16, 1, 48, 256} : std::vector<int>{16}) {
+      for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+        INFO(name(dtype) << " q_heads " << c.q_heads << " kv_heads " << c.kv_heads << " head_dim " << c.head_dim
+                         << " block_size " << block_size);
+        const int batch = static_cast<int>(c.lens.size()), d = c.head_dim;
+        const int max_blocks = (*std::max_element(c.lens.begin(), c.lens.end()) + block_size - 1) / block_size;
+        const int num_blocks = batch * max_blocks + 3;
+        // Block tables: a shuffled permutation of the pool, so neighbours are far apart.
+        std::vector<int32_t> perm(static_cast<size_t>(num_blocks));
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), g);
+        std::vector<int32_t> tables(perm.begin(), perm.begin() + batch * max_blocks);
+        const size_t pool = static_cast<size_t>(num_blocks) * c.kv_heads * block_size * d;
+        auto k = rounded(randn(pool, g), dtype), v = rounded(randn(pool, g), dtype);
+        // q x 4: scores of spread ~4, a peaked softmax, outputs of the values' magnitude (not
+        // the near-zero mean of a flat softmax, under which a dropped split would hide).
+        auto q = rounded(randn(static_cast<size_t>(batch) * c.q_heads * d, g, 4.0f), dtype);
+        Device kp(encode(k, dtype)), vp(encode(v, dtype));
 
-      std::vector<int> all(static_cast<size_t>(batch));
-      std::iota(all.begin(), all.end(), 0);
-      std::vector<float> want(static_cast<size_t>(batch) * c.q_heads * d);
-      rlx::cuda::reference::decode_attention(q.data(), k.data(), v.data(), tables.data(), c.lens.data(), want.data(),
-                                             {batch, c.q_heads, c.kv_heads, d, block_size, max_blocks,
-                                              1.0f / std::sqrt(static_cast<float>(d))});
-      // Both pass-1 kernels (fp32 runs the split one either way).
-      for (auto kernel : {rlx::cuda::DecodeAttentionKernel::tiled, rlx::cuda::DecodeAttentionKernel::split}) {
-        INFO("kernel " << (kernel == rlx::cuda::DecodeAttentionKernel::tiled ? "tiled" : "split"));
-        auto got = run_decode(dtype, c, q, kp, vp, tables, max_blocks, block_size, all, kernel);
-        CHECK(max_abs_diff(got, want) <= tolerance(dtype));
-        // Row 0 alone: the same bits as inside the batch.
-        auto alone = run_decode(dtype, c, q, kp, vp, tables, max_blocks, block_size, {0}, kernel);
-        CHECK(std::equal(alone.begin(), alone.end(), got.begin()));
+        std::vector<int> all(static_cast<size_t>(batch));
+        std::iota(all.begin(), all.end(), 0);
+        std::vector<float> want(static_cast<size_t>(batch) * c.q_heads * d);
+        rlx::cuda::reference::decode_attention(
+            q.data(), k.data(), v.data(), tables.data(), c.lens.data(), want.data(),
+            {batch, c.q_heads, c.kv_heads, d, block_size, max_blocks, 1.0f / std::sqrt(static_cast<float>(d))});
+        // Both pass-1 kernels (fp32 runs the split one either way).
+        std::vector<std::vector<float>> outs;
+        for (auto kernel : {rlx::cuda::DecodeAttentionKernel::tiled, rlx::cuda::DecodeAttentionKernel::split}) {
+          INFO("kernel " << (kernel == rlx::cuda::DecodeAttentionKernel::tiled ? "tiled" : "split"));
+          auto got = run_decode(dtype, c, q, kp, vp, tables, max_blocks, block_size, all, kernel);
+          CHECK(max_abs_diff(got, want) <= tolerance(dtype));
+          // Row 0 alone: the same bits as inside the batch.
+          auto alone = run_decode(dtype, c, q, kp, vp, tables, max_blocks, block_size, {0}, kernel);
+          CHECK(std::equal(alone.begin(), alone.end(), got.begin()));
+          outs.push_back(std::move(got));
+        }
+        // The two kernels differ in their fp32 sums' order only: within 2 units in the last
+        // place of the output's dtype, relative to its largest value.
+        double top = 0;
+        for (float x : outs[1]) top = std::max(top, std::abs(static_cast<double>(x)));
+        const double ulp = dtype == DType::bf16  ? std::ldexp(1.0, -8)
+                           : dtype == DType::f16 ? std::ldexp(1.0, -11)
+                                                 : 1e-6;
+        CHECK(max_abs_diff(outs[0], outs[1]) <= 2 * ulp * std::max(top, 1.0));
       }
     }
   }
@@ -287,9 +306,10 @@ TEST_CASE("cuda kernels: residual add + RMSNorm, SiLU-and-multiply, RoPE + KV ap
 TEST_CASE("cuda kernels: the small-batch projection equals the reference, a row alone equals it among the rows", "[cuda]") {
   std::mt19937 g(9);
   for (DType dtype : {DType::f16, DType::bf16}) {
-    for (int m : {1, 3, 8}) {
-      for (auto [n, k, bias] : {std::tuple{17, 64, true}, std::tuple{1152, 896, true}, std::tuple{5000, 4864, false},
-                                std::tuple{20000, 128, false}}) {
+    for (int m : {1, 2, 3, 5, 8}) {
+      // n past a multiple of the rows a warp takes (1, 2 and 4 by size): partial row groups.
+      for (auto [n, k, bias] : {std::tuple{17, 64, true}, std::tuple{1152, 896, true}, std::tuple{5001, 4864, false},
+                                std::tuple{20001, 128, false}}) {
         INFO(name(dtype) << " m " << m << " n " << n << " k " << k);
         auto x = rounded(randn(static_cast<size_t>(m) * k, g), dtype);
         auto w = rounded(randn(static_cast<size_t>(n) * k, g, 0.125f), dtype);
@@ -318,6 +338,46 @@ TEST_CASE("cuda kernels: the small-batch projection equals the reference, a row 
         const auto alone = run(1, x0);
         CHECK(std::equal(alone.begin(), alone.end(), got.begin()));
       }
+    }
+  }
+}
+
+TEST_CASE("cuda kernels: the expert-indexed projection gives each row its own expert's product", "[cuda]") {
+  std::mt19937 g(11);
+  const int E = 8, top = 2;
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    for (auto [tokens, n, k] : {std::tuple{1, 1536, 2048}, std::tuple{3, 64, 64}, std::tuple{5, 20001, 128}}) {
+      INFO(name(dtype) << " tokens " << tokens << " n " << n << " k " << k);
+      const int rows = tokens * top;
+      auto x = rounded(randn(static_cast<size_t>(tokens) * k, g), dtype);
+      auto w = rounded(randn(static_cast<size_t>(E) * n * k, g, 0.125f), dtype);
+      std::vector<int64_t> experts(static_cast<size_t>(rows));
+      for (int i = 0; i < rows; ++i) experts[static_cast<size_t>(i)] = (5 * i + 3) % E;  // two per token, distinct
+      std::vector<float> want(static_cast<size_t>(rows) * n);
+      double scale = 0;
+      for (int i = 0; i < rows; ++i)
+        for (int c = 0; c < n; ++c) {
+          const float* wr = w.data() + (experts[static_cast<size_t>(i)] * n + c) * static_cast<int64_t>(k);
+          const float* xr = x.data() + static_cast<int64_t>(i / top) * k;
+          double s = 0;
+          for (int j = 0; j < k; ++j) s += static_cast<double>(xr[j]) * wr[j];
+          want[static_cast<size_t>(i) * n + c] = static_cast<float>(s);
+          scale = std::max(scale, std::abs(s));
+        }
+      Device dx(encode(x, dtype)), dw(encode(w, dtype)), de(experts), out(static_cast<size_t>(rows) * n * 2);
+      rlx::cuda::GemvArgs a{.dtype = dtype,
+                            .x = dx.p,
+                            .w = dw.p,
+                            .out = out.p,
+                            .m = rows,
+                            .n = n,
+                            .k = k,
+                            .experts = de.as<int64_t>(),
+                            .x_share = top};
+      launch_ok(rlx::cuda::gemv(a, nullptr));
+      cuda_ok(cudaDeviceSynchronize());
+      CHECK(max_abs_diff(decode(out.get<uint8_t>(), dtype), want) <=
+            (dtype == DType::bf16 ? 8e-3 : 1e-3) * std::max(scale, 1.0));
     }
   }
 }

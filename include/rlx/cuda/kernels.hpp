@@ -143,6 +143,10 @@ int head_backward(const HeadBackwardArgs& a, void* stream);
 // out [m, n] = x [m, k] w [n, k]^T (+ bias [n]) for m <= kGemvMaxRows, fp16/bf16, k a
 // multiple of 8, x and w 16-byte aligned and contiguous: decode's projections at small batch.
 constexpr int kGemvMaxRows = 8;
+// Expert-indexed (a mixture of experts' decode, `experts` set): w is [E, n, k], the stacked
+// weights of E experts, and each of the m rows of out has its own: out[i] = x[i / x_share]
+// w[experts[i]]^T (m up to kGemvMaxExpertRows; no bias). Only the chosen experts' weights are read.
+constexpr int kGemvMaxExpertRows = 65535;
 struct GemvArgs {
   DType dtype = DType::bf16;
   const void* x = nullptr;
@@ -151,6 +155,8 @@ struct GemvArgs {
   void* out = nullptr;
   int m = 0;
   int64_t n = 0, k = 0;
+  const int64_t* experts = nullptr;  // [m], each in [0, E), or null
+  int x_share = 1;                   // rows of out per row of x (the top-k slots of a token)
 };
 int gemv(const GemvArgs& a, void* stream);
 

@@ -76,6 +76,10 @@ class KVCache {
   }
   // After the last layer: the step's tokens become part of the cache.
   virtual void end() = 0;
+  // Whether the planned step is one a CUDA graph replays (the paged cache's static decode
+  // steps): its forward must not read anything back to the host, so sparse layers route
+  // without the grouped strategy's host read of the counts.
+  virtual bool graph_step() const { return false; }
 };
 
 // A [batch, capacity] cache per layer; row b holds one sequence.

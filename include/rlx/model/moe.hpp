@@ -25,9 +25,12 @@
 namespace rlx {
 
 // How a sparse layer computes its experts: each expert's GEMMs over the rows routed to it
-// (grouped; the counts are read on the host), or every expert over every row weighted by a
-// dense [N, E] gate (no host sync, so a CUDA graph can capture it; decode's few rows).
-enum class MoeStrategy { automatic, grouped, dense };
+// (grouped; the counts are read on the host); every expert over every row weighted by a
+// dense [N, E] gate (no host sync, so a CUDA graph can capture it; decode's rows); or each
+// (token, slot) through its own expert's matrices, only the chosen experts' weights read
+// (gathered: no host sync either; decode at a batch whose N x top-k rows are at most the
+// expert count, an engine's stacked weights without adapters).
+enum class MoeStrategy { automatic, grouped, dense, gathered };
 
 // What the sparse layers of one forward did, one entry per sparse layer (ModelConfig::
 // sparse_layers(); an entry is overwritten when a checkpointed layer runs again in backward).

@@ -64,6 +64,7 @@ class PagedKVCache final : public KVCache {
   void plan_static(std::span<const Entry> entries, int64_t rows, int64_t max_context = 0);
   int64_t static_staged_bytes() const { return static_staged_bytes_; }  // the last plan_static's copy
   bool static_enabled() const { return static_bytes_.defined(); }
+  bool graph_step() const override { return static_step_; }
   int64_t static_max_seqs() const { return static_max_seqs_; }
   int64_t static_max_context() const { return static_max_blocks_ * block_size_; }
 
