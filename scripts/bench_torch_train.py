@@ -49,7 +49,9 @@ def profile(step, out):
         step()
         torch.cuda.synchronize()
     with open(os.path.join(out, "ops.txt"), "w") as f:
-        f.write(prof.key_averages().table(sort_by="self_cuda_time_total" if torch.__version__ < "2.4" else
+        # PyTorch 2.4 renamed the column (compared as numbers: "2.11" is after "2.4").
+        version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+        f.write(prof.key_averages().table(sort_by="self_cuda_time_total" if version < (2, 4) else
                                           "self_device_time_total", row_limit=50, max_name_column_width=60))
     kernels = {}
     for e in prof.events():  # the device's kernels are events of their own (device_type CUDA)
