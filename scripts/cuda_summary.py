@@ -76,6 +76,17 @@ def main():
     elif torch_l or rlx_l:
         lines.append(f"learner: torch {json.dumps(torch_l)[:300]} rlx {json.dumps(rlx_l)[:300]}")
 
+    # The other steps' headline figures, a line each (their whole JSON is in results.jsonl).
+    keys = ("output_tokens_per_s", "decode_step_ms", "graph_steps", "sampling", "tokens_per_s", "step_s", "ok",
+            "failed", "gbs", "ms_per_version", "reward_mean", "accuracy", "passed", "error")
+    shown = {"ceilings", "peers", "learner_torch", "learner", "learner_aten_ops"} | {f"decode_b{b}" for b in DECODE_GOALS}
+    for name in by_step:
+        r = result(name)
+        if name in shown or not r:
+            continue
+        picked = {k: r[k] for k in keys if k in r}
+        lines.append(f"  {name}: " + json.dumps(picked or r)[:240])
+
     lines.append("steps (rc, seconds):")
     for r in rows:
         if r["step"] == "peers" and r is not by_step["peers"][-1]:
