@@ -94,14 +94,14 @@ struct Preset {
 };
 // Shapes, not weights: the named ones copy the published configs of those models.
 constexpr Preset kPresets[] = {
-    {"tiny", 512, 64, 176, 2, 4, 2, 16, 2048, 10000.0, true},        // ~0.2M parameters
-    {"small", 4096, 256, 704, 4, 8, 2, 32, 4096, 10000.0, true},     // ~4M
-    {"base", 32000, 768, 2048, 12, 12, 4, 64, 4096, 10000.0, true},  // ~95M
+    {"tiny", 512, 64, 176, 2, 4, 2, 16, 2048, 10000.0, true},                              // ~0.2M parameters
+    {"small", 4096, 256, 704, 4, 8, 2, 32, 4096, 10000.0, true},                           // ~4M
+    {"base", 32000, 768, 2048, 12, 12, 4, 64, 4096, 10000.0, true},                        // ~95M
     {"tiny-moe", 512, 64, 176, 2, 4, 2, 16, 2048, 10000.0, true, std::nullopt, 8, 2, 64},  // ~0.3M, 8 experts
     // small-moe: the active MLP width of small (top 4 x 176 = 704), 16 experts: the same active parameters
     {"small-moe", 4096, 256, 704, 4, 8, 2, 32, 4096, 10000.0, true, std::nullopt, 16, 4, 176},  // ~9M, 16 experts
     {"smollm2-360m", 49152, 960, 2560, 32, 15, 5, 64, 8192, 100000.0, true},
-    {"qwen2.5-0.5b", 151936, 896, 4864, 24, 14, 2, 64, 32768, 1000000.0, true},
+    {"qwen2.5-0.5b", 151936, 896, 4864, 24, 14, 2, 64, 32768, 1000000.0, true, Arch::qwen2},
     {"qwen3-0.6b", 151936, 1024, 3072, 28, 16, 8, 128, 40960, 1000000.0, true, Arch::qwen3},
     {"qwen3-1.7b", 151936, 2048, 6144, 28, 16, 8, 128, 40960, 1000000.0, true, Arch::qwen3},
     {"qwen3-4b", 151936, 2560, 9728, 36, 32, 8, 128, 40960, 1000000.0, true, Arch::qwen3},

@@ -12,6 +12,8 @@ ColocatedWeights::ColocatedWeights(Engine& engine, dist::WeightLayout layout, bo
 
 int64_t ColocatedWeights::publish(int64_t version, const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
   layout_.check(tensors);
+  // The learner's gather of these tensors may still be queued: not the copy's time.
+  if (!tensors.empty()) compat::synchronize(tensors.front().second.device());
   const double t0 = now_s();
   int64_t bytes = 0;
   if (staged_) {

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "rlx/core/error.hpp"
+#include "rlx/core/torch_compat.hpp"
 
 namespace rlx::cuda {
 
@@ -118,7 +119,14 @@ void DecodeGraphs::launch(std::span<const PagedKVCache::Entry> entries, std::spa
     {
       const c10::cuda::CUDAStreamGuard on_side(side);
       run(rows);
+      // Thread-local capture: the colocated learner shares this process and may allocate or
+      // copy to the host on its own thread while a graph is captured here (global mode, the
+      // default, would invalidate the capture). LibTorch before 2.1 has global mode only.
+#if RLX_TORCH_AT_LEAST(2, 1)
+      graph->capture_begin(pool_, cudaStreamCaptureModeThreadLocal);
+#else
       graph->capture_begin(pool_);
+#endif
       run(rows);
       graph->capture_end();
     }
