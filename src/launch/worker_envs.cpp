@@ -113,8 +113,11 @@ std::unique_ptr<env::Env> WorkerEnvs::make() {
 EngineConfig engine_config(const RunConfig& cfg) {
   return {.block_size = static_cast<int32_t>(cfg.rollout.block_size),
           .kv_cache_blocks = cfg.rollout.kv_cache_blocks,
+          .max_batch_tokens = cfg.rollout.max_batch_tokens,
+          .max_running = cfg.rollout.max_running,
           .update_policy = cfg.rollout.update_policy == RolloutUpdatePolicy::continue_ ? UpdatePolicy::continue_
-                                                                                      : UpdatePolicy::finish_old,
+                                                                                       : UpdatePolicy::finish_old,
+          .cuda_graphs = cfg.rollout.cuda_graphs,
           .record_routing = cfg.rollout.record_routing};
 }
 

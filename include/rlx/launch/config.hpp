@@ -135,6 +135,9 @@ struct RolloutSection {
   RolloutUpdatePolicy update_policy = RolloutUpdatePolicy::finish_old;
   int64_t block_size = 16;        // KV-cache block (tokens)
   int64_t kv_cache_blocks = 1024;
+  int64_t max_running = 256;        // sequences decoding at once (vLLM's max_num_seqs)
+  int64_t max_batch_tokens = 2048;  // tokens per forward: prefill chunks plus decode tokens
+  bool cuda_graphs = true;          // on CUDA: decode steps replayed as CUDA graphs
   uint32_t leases_per_request = 2;
   uint32_t max_restarts = 3;      // per worker
   // Multi-turn episodes are saved every K turns (environment state, tokens so far, the
@@ -167,6 +170,10 @@ struct RolloutSection {
       "token recording the version that sampled it)");
     v("block_size", block_size, "KV-cache block size in tokens", config::in_range(1, 1024));
     v("kv_cache_blocks", kv_cache_blocks, "KV-cache blocks per worker", config::in_range(1, 1 << 24));
+    v("max_running", max_running, "sequences the engine decodes at once", config::in_range(1, 1 << 20));
+    v("max_batch_tokens", max_batch_tokens, "tokens per engine forward: prefill chunks plus decode tokens",
+      config::in_range(1, 1 << 24));
+    v("cuda_graphs", cuda_graphs, "on CUDA, replay decode steps as CUDA graphs (false: every step eager)");
     v("leases_per_request", leases_per_request, "prompts a worker takes per request", config::in_range(1, 4096));
     v("max_restarts", max_restarts, "restarts of one rollout worker before the run restarts", config::in_range(0, 1000));
     v("episode_checkpoint_turns", episode_checkpoint_turns,

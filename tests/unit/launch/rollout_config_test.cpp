@@ -18,7 +18,10 @@ TEST_CASE("rollout config: top_p, top_k, min_p, stop and seed reach the sampler;
       "  stop: [\"</answer>\", \"\\n\\n\"]\n"
       "  seed: 11\n"
       "  update_policy: continue\n"
-      "  block_size: 8\n");
+      "  block_size: 8\n"
+      "  max_running: 64\n"
+      "  max_batch_tokens: 4096\n"
+      "  cuda_graphs: false\n");
   const auto o = rlx::launch::rollout_options(cfg);
   CHECK(o.max_turns == 3);
   CHECK(o.sampling.temperature == 0.7);
@@ -31,6 +34,9 @@ TEST_CASE("rollout config: top_p, top_k, min_p, stop and seed reach the sampler;
   const auto e = rlx::launch::engine_config(cfg);
   CHECK(e.update_policy == rlx::UpdatePolicy::continue_);
   CHECK(e.block_size == 8);
+  CHECK(e.max_running == 64);
+  CHECK(e.max_batch_tokens == 4096);
+  CHECK(!e.cuda_graphs);
   // The defaults: off, the run's seed, in-flight samples finish on their weights.
   const auto d = rlx::config::load_string<rlx::RunConfig>("run: {seed: 5}\n");
   CHECK(rlx::launch::rollout_options(d).seed == 5);
@@ -38,6 +44,9 @@ TEST_CASE("rollout config: top_p, top_k, min_p, stop and seed reach the sampler;
   CHECK(rlx::launch::rollout_options(d).sampling.top_k == 0);
   CHECK(rlx::launch::rollout_options(d).sampling.stop_strings.empty());
   CHECK(rlx::launch::engine_config(d).update_policy == rlx::UpdatePolicy::finish_old);
+  CHECK(rlx::launch::engine_config(d).max_running == rlx::EngineConfig{}.max_running);
+  CHECK(rlx::launch::engine_config(d).max_batch_tokens == rlx::EngineConfig{}.max_batch_tokens);
+  CHECK(rlx::launch::engine_config(d).cuda_graphs);
 }
 
 TEST_CASE("rollout config: bad sampling settings name their key before any process starts", "[launch][config]") {
