@@ -475,8 +475,9 @@ at::Tensor Transformer::logits(const at::Tensor& hidden) {
   return lm_head_ ? (*lm_head_)(hidden) : at::linear(hidden, body_->embed_tokens->weight);
 }
 
-void Transformer::init_weights(uint64_t seed) {
+void Transformer::init_weights(uint64_t seed, bool on_device) {
   c10::NoGradGuard no_grad;
+  if (on_device) at::manual_seed(seed);
   for (auto& [name, p] : hf_parameters()) {
     const bool is_norm = name.find("norm.weight") != std::string::npos;
     const bool is_bias = name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
@@ -486,6 +487,10 @@ void Transformer::init_weights(uint64_t seed) {
     }
     if (is_bias) {
       p.zero_();
+      continue;
+    }
+    if (on_device) {
+      p.normal_(0.0, cfg_.initializer_range);
       continue;
     }
     auto host = at::empty({p.numel()}, at::TensorOptions().dtype(at::kFloat));

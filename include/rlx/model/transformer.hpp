@@ -109,8 +109,10 @@ class Transformer : public torch::nn::Module {
 
   // HF's initialisation (weights ~ N(0, initializer_range), norms 1, biases 0), drawn from
   // rlx's counter-based generator per parameter name: the same seed gives the same
-  // weights on every machine, device and LibTorch version.
-  void init_weights(uint64_t seed);
+  // weights on every machine, device and LibTorch version. `on_device`: drawn by LibTorch
+  // where the parameters are instead (seconds for a 30B shape on a GPU, where the host's
+  // draws take minutes; the values depend on the device; for benchmarks).
+  void init_weights(uint64_t seed, bool on_device = false);
 
   // Parameters by HF name, in a stable order (the tied LM head is not listed; nor are
   // LoRA adapters: lora_parameters()).
