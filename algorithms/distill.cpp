@@ -26,13 +26,13 @@ class Distill : public PolicyGradient, public OutcomeAdvantages {
       for (auto& a : g) a *= reward_coef_;
     return out;
   }
-  at::Tensor loss(const LossInputs& in, const Normalizers& norm, Metrics& metrics) const override {
+  at::Tensor loss(const LossInputs& in, const Normalizers& norm, MetricSums& metrics) const override {
     RLX_CHECK(in.teacher_logprobs.defined(), "distill: the batch has no teacher log-probs");
     RLX_CHECK(in.old_logprobs.defined(), "distill: the batch has no old log-probs");
     auto reverse_kl = (in.old_logprobs - in.teacher_logprobs).detach();  // per sampled token
     LossInputs d = in;
     d.advantages = in.advantages - distill_coef_ * reverse_kl;
-    metrics["teacher_kl"] += (reverse_kl * in.mask).sum().item<double>();
+    metrics.add("teacher_kl", (reverse_kl * in.mask).sum());
     return PolicyGradient::loss(d, norm, metrics);
   }
   std::vector<std::string> metric_names() const override {

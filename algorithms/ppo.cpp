@@ -14,7 +14,7 @@ class Ppo : public PolicyGradient, public CriticAdvantages {
  public:
   using PolicyGradient::PolicyGradient;
   std::vector<std::string> value_metric_names() const override { return {"value_loss", "value_clipped", "value"}; }
-  at::Tensor value_loss(const LossInputs& in, const Normalizers& norm, Metrics& metrics) const override {
+  at::Tensor value_loss(const LossInputs& in, const Normalizers& norm, MetricSums& metrics) const override {
     return clipped_value_loss(opt_, in, norm, metrics);
   }
 

@@ -13,10 +13,10 @@ class Sft : public Algorithm, public OutcomeAdvantages {
     for (const auto& g : groups) out.emplace_back(g.size(), 0.0);
     return out;
   }
-  at::Tensor loss(const LossInputs& in, const Normalizers& norm, Metrics& metrics) const override {
+  at::Tensor loss(const LossInputs& in, const Normalizers& norm, MetricSums& metrics) const override {
     auto loss = aggregate(-in.logprobs, in.mask, in.sequence, opt_.aggregation, norm);
-    metrics["nll"] += (-in.logprobs.detach() * in.mask).sum().item<double>();
-    metrics["tokens"] += in.mask.sum().item<double>();
+    metrics.add("nll", (-in.logprobs.detach() * in.mask).sum());
+    metrics.add("tokens", in.mask.sum());
     return loss;
   }
   std::vector<std::string> metric_names() const override { return {"nll", "tokens"}; }

@@ -48,17 +48,18 @@ std::vector<std::string> PolicyGradient::metric_names() const {
 const OutcomeAdvantages* Algorithm::outcome() const { return dynamic_cast<const OutcomeAdvantages*>(this); }
 const CriticAdvantages* Algorithm::critic() const { return dynamic_cast<const CriticAdvantages*>(this); }
 
-at::Tensor clipped_value_loss(const AlgoOptions& opt, const LossInputs& in, const Normalizers& norm, Metrics& metrics) {
+at::Tensor clipped_value_loss(const AlgoOptions& opt, const LossInputs& in, const Normalizers& norm,
+                              MetricSums& metrics) {
   RLX_CHECK(in.values.defined() && in.returns.defined(), "{}: the value loss needs values and returns", opt.name);
   auto m = in.mask;
   const auto old = in.old_values.defined() ? in.old_values : in.values.detach();
   auto per_token = opt.value_clip > 0 ? clipped_value_loss(in.values, old, in.returns, opt.value_clip)
                                       : 0.5 * (in.values - in.returns).pow(2);
   auto loss = aggregate(per_token, m, in.sequence, Aggregation::token_mean, norm);
-  metrics["value_loss"] += loss.item<double>();
-  metrics["value"] += (in.values.detach() * m).sum().item<double>();
+  metrics.add("value_loss", loss);
+  metrics.add("value", (in.values.detach() * m).sum());
   if (opt.value_clip > 0)
-    metrics["value_clipped"] += (((in.values.detach() - old).abs() > opt.value_clip).to(m.scalar_type()) * m).sum().item<double>();
+    metrics.add("value_clipped", (((in.values.detach() - old).abs() > opt.value_clip).to(m.scalar_type()) * m).sum());
   return loss;
 }
 
@@ -132,7 +133,7 @@ Metrics batch_metrics(const std::vector<double>& rewards, const std::vector<doub
   return out;
 }
 
-at::Tensor PolicyGradient::loss(const LossInputs& in, const Normalizers& norm, Metrics& metrics) const {
+at::Tensor PolicyGradient::loss(const LossInputs& in, const Normalizers& norm, MetricSums& metrics) const {
   RLX_CHECK(in.advantages.defined(), "{}: the batch has no advantages", opt_.name);
   RLX_CHECK(in.old_logprobs.defined(), "{}: the batch has no old log-probs", opt_.name);
   auto pg = policy_loss(in);
@@ -145,23 +146,22 @@ at::Tensor PolicyGradient::loss(const LossInputs& in, const Normalizers& norm, M
   if (in.behaviour_logprobs.defined()) {
     auto w = mismatch_weights(in.old_logprobs, in.behaviour_logprobs, m, in.sequence, mismatch);
     if (mismatch.mode != Mismatch::none) per_token = per_token * w.weights;
-    metrics["mismatch_kl"] +=
-        (kl_penalty(in.old_logprobs, in.behaviour_logprobs, KlEstimator::k3) * m).sum().item<double>();
-    metrics["mismatch_masked"] += ((1 - w.kept) * m).sum().item<double>();
-    metrics["mismatch_weight"] += (w.weights * m).sum().item<double>();
+    metrics.add("mismatch_kl", (kl_penalty(in.old_logprobs, in.behaviour_logprobs, KlEstimator::k3) * m).sum());
+    metrics.add("mismatch_masked", ((1 - w.kept) * m).sum());
+    metrics.add("mismatch_weight", (w.weights * m).sum());
     add_mismatch_histogram(w.log_ratio, m, metrics);
   }
   auto loss = aggregate(per_token, m, in.sequence, opt_.aggregation, norm);
-  metrics["pg_loss"] += loss.item<double>();
-  metrics["clipped_tokens"] += (pg.clipped * m).sum().item<double>();
-  metrics["ratio"] += (pg.ratio * m).sum().item<double>();
-  metrics["approx_kl"] += (kl_penalty(in.logprobs.detach(), in.old_logprobs, KlEstimator::k3) * m).sum().item<double>();
-  metrics["tokens"] += m.sum().item<double>();
+  metrics.add("pg_loss", loss);
+  metrics.add("clipped_tokens", (pg.clipped * m).sum());
+  metrics.add("ratio", (pg.ratio * m).sum());
+  metrics.add("approx_kl", (kl_penalty(in.logprobs.detach(), in.old_logprobs, KlEstimator::k3) * m).sum());
+  metrics.add("tokens", m.sum());
   if (in.ref_logprobs.defined()) {
     auto kl = kl_penalty(in.logprobs, in.ref_logprobs, opt_.kl_estimator);
     if (opt_.kl_placement == KlPlacement::loss && kl_coef_ > 0)
       loss = loss + kl_coef_ * aggregate(kl, m, in.sequence, opt_.aggregation, norm);
-    metrics["kl"] += (kl.detach() * m).sum().item<double>();
+    metrics.add("kl", (kl.detach() * m).sum());
   } else {
     RLX_CHECK(opt_.kl_placement != KlPlacement::loss || kl_coef_ == 0,
               "{}: kl_coef > 0 needs the reference model's log-probs", opt_.name);
@@ -170,7 +170,7 @@ at::Tensor PolicyGradient::loss(const LossInputs& in, const Normalizers& norm, M
     RLX_CHECK(in.entropy.defined(), "{}: entropy_coef > 0 needs the entropy", opt_.name);
     loss = loss - opt_.entropy_coef * aggregate(in.entropy, m, in.sequence, opt_.aggregation, norm);
   }
-  if (in.entropy.defined()) metrics["entropy"] += (in.entropy.detach() * m).sum().item<double>();
+  if (in.entropy.defined()) metrics.add("entropy", (in.entropy.detach() * m).sum());
   if (in.values.defined()) {  // critic = head
     RLX_CHECK(critic(), "{}: values were given, but the algorithm has no critic", opt_.name);
     loss = loss + opt_.vf_coef * critic()->value_loss(in, norm, metrics);

@@ -26,16 +26,14 @@ const std::vector<std::string>& mismatch_bin_names() {
   return names;
 }
 
-void add_mismatch_histogram(const at::Tensor& log_ratio, const at::Tensor& mask, std::map<std::string, double>& sums) {
+void add_mismatch_histogram(const at::Tensor& log_ratio, const at::Tensor& mask, MetricSums& sums) {
   const auto edges = at::tensor(std::vector<double>(kEdges.begin(), kEdges.end()), at::kFloat).to(log_ratio.device());
   // bucketize: bin i holds edges[i - 1] < x <= edges[i].
   auto bins = at::bucketize(log_ratio.detach().to(at::kFloat).reshape({-1}), edges);
-  auto counts = at::zeros({static_cast<int64_t>(kBins)}, at::TensorOptions().dtype(at::kFloat).device(log_ratio.device()))
-                    .index_add(0, bins, mask.detach().to(at::kFloat).reshape({-1}))
-                    .cpu();
-  const auto* c = counts.data_ptr<float>();
-  const auto& names = mismatch_bin_names();
-  for (size_t i = 0; i < kBins; ++i) sums[names[i]] += c[i];
+  auto counts =
+      at::zeros({static_cast<int64_t>(kBins)}, at::TensorOptions().dtype(at::kFloat).device(log_ratio.device()))
+          .index_add(0, bins, mask.detach().to(at::kFloat).reshape({-1}));
+  sums.add(mismatch_bin_names(), counts);
 }
 
 double mismatch_ratio_quantile(const std::map<std::string, double>& sums, double q) {

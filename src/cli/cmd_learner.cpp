@@ -179,7 +179,7 @@ json bench_rank(const LearnerBenchArgs& a) {
       }
       if ((i / a.group_size) % comm->size() == comm->rank()) mine.push_back(q);  // a group on one rank
     }
-    auto r = learner.step(mine, [](const MicroBatch& mb, const TokenOutputs& out, const StepContext& ctx, Metrics&) {
+    auto r = learner.step(mine, [](const MicroBatch& mb, const TokenOutputs& out, const StepContext& ctx, MetricSums&) {
       return -(out.logprobs * mb.loss_mask).sum() / ctx.global_loss_tokens;
     });
     if (s == traced && comm->rank() == 0) {

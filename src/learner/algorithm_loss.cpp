@@ -245,15 +245,15 @@ void add_step_means(const algo::Algorithm& algorithm, const StepSums& t, bool he
 
 LossFn algorithm_loss(const algo::Algorithm& algorithm, bool on_policy) {
   return [&algorithm, on_policy](const MicroBatch& mb, const TokenOutputs& out, const StepContext& ctx,
-                                 Metrics& metrics) {
+                                 MetricSums& metrics) {
     return algorithm.loss(loss_inputs(mb, out, on_policy), normalizers(algorithm, ctx), metrics);
   };
 }
 
 LossFn critic_loss(const algo::Algorithm& algorithm) {
-  return [&algorithm](const MicroBatch& mb, const TokenOutputs& out, const StepContext& ctx, Metrics& metrics) {
+  return [&algorithm](const MicroBatch& mb, const TokenOutputs& out, const StepContext& ctx, MetricSums& metrics) {
     auto in = loss_inputs(mb, out);
-    metrics["tokens"] += in.mask.sum().item<double>();
+    metrics.add("tokens", in.mask.sum());
     return algorithm.critic()->value_loss(in, normalizers(algorithm, ctx), metrics);
   };
 }

@@ -4,6 +4,7 @@
 #include <map>
 #include <numeric>
 
+#include "rlx/core/device_copy.hpp"
 #include "rlx/core/error.hpp"
 
 namespace rlx {
@@ -186,7 +187,7 @@ at::Tensor loss_positions(const MicroBatch& mb, at::Device device) {
   auto at = mask.nonzero().reshape({-1});
   // None (an empty micro-batch): the whole head, so that its backward runs as on the other ranks.
   if (at.numel() == mask.numel() || at.numel() == 0) return {};
-  return at.to(device);
+  return to_device_async(at, device);
 }
 
 std::vector<MicroBatch> pack_micro_batches(const std::vector<Sequence>& seqs, const PackOptions& o) {

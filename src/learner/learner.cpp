@@ -3,9 +3,13 @@
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
 #include <algorithm>
+#include <cstdlib>
+#include <optional>
 
 #include "rlx/core/clock.hpp"
+#include "rlx/core/device_copy.hpp"
 #include "rlx/core/error.hpp"
+#include "rlx/core/torch_compat.hpp"
 #include "rlx/model/logprob_head.hpp"
 
 namespace rlx {
@@ -51,7 +55,7 @@ TokenOutputs Learner::outputs(const MicroBatch& mb, bool entropy, bool trained_o
   if (opt_.policy_head) {
     // Chunked over tokens: never the step's [tokens, vocab] logits in fp32 (model/logprob_head.hpp).
     auto head = token_logprobs(
-        hidden, model_.lm_head_weight(), mb.targets.to(hidden.device()),
+        hidden, model_.lm_head_weight(), to_device_async(mb.targets, hidden.device()),
         {.entropy = entropy,
          .chunk_tokens = opt_.logprob_chunk_tokens,
          .positions = trained_only && opt_.head_on_loss_tokens ? loss_positions(mb, hidden.device()) : at::Tensor()});
@@ -126,15 +130,50 @@ void annotate_sequences(std::vector<Sequence>& seqs, const PackOptions& packing,
 
 namespace {
 // The micro-batch's tensors on the learner's device, so that a loss function combines them
-// with the model's outputs there (the host copy keeps serving the bookkeeping).
+// with the model's outputs there (the host copy keeps serving the bookkeeping and the
+// model's input). Queued copies: the host does not wait for the device here.
 MicroBatch on_device(const MicroBatch& mb, at::Device device) {
   if (device.is_cpu()) return mb;
   MicroBatch d = mb;
   for (auto* t : {&d.tokens, &d.segments, &d.targets, &d.loss_mask, &d.sequence, &d.positions, &d.prefix, &d.routing})
-    if (t->defined()) *t = t->to(device, /*non_blocking=*/false);
-  for (auto& [name, v] : d.values) v = v.to(device);
+    *t = to_device_async(*t, device);
+  for (auto& [name, v] : d.values) v = to_device_async(v, device);
   return d;
 }
+
+// RLX_SYNC_DEBUG=warn|error: LibTorch's CUDA sync debug mode (torch.cuda.set_sync_debug_mode)
+// over the micro-batches' forwards, losses and backwards, where nothing should make the host
+// wait for the device: "error" throws at the operation that would, naming it.
+class SyncDebugScope {
+ public:
+  explicit SyncDebugScope(at::Device device) {
+#if RLX_WITH_CUDA
+    const char* mode = std::getenv("RLX_SYNC_DEBUG");
+    if (!device.is_cuda() || mode == nullptr || *mode == '\0') return;
+    const std::string m = mode;
+    RLX_CHECK(m == "warn" || m == "error", "RLX_SYNC_DEBUG is {:?}; use warn or error", m);
+    previous_ = c10::cuda::warning_state().get_sync_debug_mode();
+    c10::cuda::warning_state().set_sync_debug_mode(m == "warn" ? c10::cuda::SyncDebugMode::L_WARN
+                                                               : c10::cuda::SyncDebugMode::L_ERROR);
+    set_ = true;
+#else
+    (void)device;
+#endif
+  }
+  ~SyncDebugScope() {
+#if RLX_WITH_CUDA
+    if (set_) c10::cuda::warning_state().set_sync_debug_mode(previous_);
+#endif
+  }
+  SyncDebugScope(const SyncDebugScope&) = delete;
+  SyncDebugScope& operator=(const SyncDebugScope&) = delete;
+
+ private:
+#if RLX_WITH_CUDA
+  c10::cuda::SyncDebugMode previous_ = c10::cuda::SyncDebugMode::L_DISABLED;
+#endif
+  bool set_ = false;
+};
 }  // namespace
 
 StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_fn,
@@ -163,10 +202,11 @@ StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_
   for (auto t : trained) t.mutable_grad() = at::Tensor();
   // Adapter dropout masks: a stream per (seed, rank, step), the same after a resume.
   model_.module().set_lora_dropout_seed(hash_name(fmt::format("lora-dropout/{}/{}", comm_.rank(), ctx.step), opt_.seed));
-  double loss_sum = 0;
-  Metrics metrics;
+  at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(opt_.fsdp.device));
+  MetricSums metrics;
   const bool moe = model_.config().num_experts > 0;
   RoutingStats routing;
+  std::optional<SyncDebugScope> sync_debug(std::in_place, opt_.fsdp.device);
   for (size_t i = 0; i < n_mbs; ++i) {
     at::Tensor loss;
     RECORD_USER_SCOPE("rlx::learner::micro_batch");  // a named range for LibTorch's profiler
@@ -177,7 +217,7 @@ StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_
     if (i < mbs.size()) {
       const auto& mb = mbs[i];
       const auto dmb = on_device(mb, opt_.fsdp.device);
-      loss = loss_fn(dmb, outputs(dmb, opt_.entropy, /*trained_only=*/true, moe ? &trace : nullptr), ctx, metrics);
+      loss = loss_fn(dmb, outputs(mb, opt_.entropy, /*trained_only=*/true, moe ? &trace : nullptr), ctx, metrics);
       RLX_CHECK(loss.defined() && loss.numel() == 1, "loss function must return a scalar tensor");
       routing.add(trace, mb, opt_.routing_replay);
       r.tokens += (mb.segments > 0).sum().item<int64_t>();
@@ -186,9 +226,10 @@ StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_
       auto out = outputs(empty_micro_batch(), false, false, moe ? &trace : nullptr);  // same collectives, no gradient
       loss = (opt_.policy_head ? out.logprobs : out.values).sum() * 0.0;
     }
-    loss_sum += loss.item<double>();
+    loss_sum += loss.detach().to(at::kDouble);  // read after the last backward: no host wait here
     loss.backward();
   }
+  sync_debug.reset();
   model_.finish_backward();
   r.micro_batches = static_cast<int64_t>(mbs.size());
   if (value_head_.defined()) {
@@ -201,13 +242,14 @@ StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_
   RECORD_USER_SCOPE("rlx::learner::norm_and_update");
   std::vector<at::Tensor> shards;
   for (auto* u : model_.trained_units()) shards.push_back(u->shard);
-  for (const auto& [name, value] : metrics)
+  for (const auto& name : metrics.names())
     RLX_CHECK(std::find(metric_names.begin(), metric_names.end(), name) != metric_names.end(),
               "the loss function reported metric {:?}, which is not among the step's metric names", name);
   // The value head is replicated: its norm counts once, from rank 0.
   const double head_sq = value_head_.defined() && comm_.rank() == 0 ? grad_sq_norm({value_head_}) : 0.0;
-  std::vector<double> sums_in{grad_sq_norm(shards) + head_sq, loss_sum};
-  for (const auto& name : metric_names) sums_in.push_back(metrics.count(name) ? metrics[name] : 0.0);
+  std::vector<double> sums_in{grad_sq_norm(shards) + head_sq, loss_sum.item<double>()};
+  auto local = metrics.values();
+  for (const auto& name : metric_names) sums_in.push_back(local.count(name) ? local[name] : 0.0);
   const auto routing_sums = routing.sums();
   if (moe) sums_in.insert(sums_in.end(), routing_sums.begin(), routing_sums.end());
   auto sums = at::tensor(sums_in, at::kDouble);

@@ -48,7 +48,7 @@ PreferenceStats bradley_terry(std::vector<Sequence>& seqs) {
 }
 
 LossFn bradley_terry_loss() {
-  return [](const MicroBatch& mb, const TokenOutputs& out, const StepContext&, Metrics&) {
+  return [](const MicroBatch& mb, const TokenOutputs& out, const StepContext&, MetricSums&) {
     auto it = mb.values.find(kPreferenceWeight);
     if (it == mb.values.end()) return out.values.sum() * 0.0;  // an empty micro-batch
     return (out.values * it->second).sum();

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "rlx/core/device_copy.hpp"
 #include "rlx/core/error.hpp"
 #include "rlx/core/torch_compat.hpp"
 #include "rlx/core/rng.hpp"
@@ -111,7 +112,7 @@ ForwardState Transformer::begin_forward(const ForwardInput& in, KVCache* cache) 
   st.cache = cache;
   st.lora_key = lora_forwards_++;
   st.train = c10::GradMode::is_enabled();
-  st.tokens = in.tokens.to(device_, at::kLong);
+  st.tokens = to_device_async(in.tokens, device_).to(at::kLong);
   if (in.segments.defined())
     RLX_CHECK(in.segments.sizes() == in.tokens.sizes(), "forward: segments shape {} differs from tokens shape {}",
               in.segments.sizes(), in.tokens.sizes());
@@ -124,8 +125,8 @@ ForwardState Transformer::begin_forward(const ForwardInput& in, KVCache* cache) 
               in.prefix.sizes(), in.tokens.sizes());
   if (in.tokens.is_cpu()) {
     // A token id outside the vocabulary would index out of bounds in the embedding. (Inputs
-    // already on a device are the engine's own and skip this host sync.)
-    const auto& t = st.tokens;
+    // already on a device are the engine's own and skip this host read.)
+    const auto& t = in.tokens;
     auto lo = t.numel() ? t.min().item<int64_t>() : 0, hi = t.numel() ? t.max().item<int64_t>() : 0;
     RLX_CHECK(lo >= 0 && hi < cfg_.vocab_size, "forward: token ids must be in [0, {}), got range [{}, {}]",
               cfg_.vocab_size, lo, hi);
@@ -135,10 +136,16 @@ ForwardState Transformer::begin_forward(const ForwardInput& in, KVCache* cache) 
   if (cache) {
     positions = cache->begin(in);
   } else {
-    auto segments = in.segments.defined() ? in.segments.to(device_) : at::ones({st.batch, st.time}, st.tokens.options());
+    // Segments may come from the host (the learner's): the varlen layout is read there, and
+    // the device copy made only where positions or a mask need it.
+    const bool varlen = flash_varlen_supported(device_, dtype_, cfg_.head_dim);
+    at::Tensor segments;
+    if (!in.positions.defined() || !varlen)
+      segments = in.segments.defined() ? to_device_async(in.segments, device_)
+                                       : at::ones({st.batch, st.time}, st.tokens.options());
     if (!in.positions.defined()) positions = segment_positions(segments);
-    if (!flash_varlen_supported(device_, dtype_, cfg_.head_dim)) {
-      st.mask = segment_causal_mask(segments, in.prefix);
+    if (!varlen) {
+      st.mask = segment_causal_mask(segments, to_device_async(in.prefix, device_));
     } else if (in.segments.defined()) {
       st.varlen = varlen_from_segments(in.segments, device_, in.prefix);
     } else {
@@ -146,7 +153,7 @@ ForwardState Transformer::begin_forward(const ForwardInput& in, KVCache* cache) 
       st.varlen = varlen_seqs(rows, rows, device_);
     }
   }
-  if (in.positions.defined()) positions = in.positions.to(device_, at::kLong);
+  if (in.positions.defined()) positions = to_device_async(in.positions, device_).to(at::kLong);
   if (cfg_.num_experts > 0) begin_routing(in, st);
   st.positions = positions;
   if (!cache) rope_of(st);  // a sharded learner's blocks save them for their backward
@@ -163,14 +170,14 @@ const ForwardState& Transformer::rope_of(const ForwardState& st) const {
 }
 
 void Transformer::begin_routing(const ForwardInput& in, ForwardState& st) const {
-  if (in.segments.defined()) st.valid = (in.segments.to(device_) != 0).reshape({-1});
+  if (in.segments.defined()) st.valid = (to_device_async(in.segments, device_) != 0).reshape({-1});
   if (in.routing.defined()) {
     const int64_t slots = static_cast<int64_t>(cfg_.sparse_layers().size());
     RLX_CHECK(in.routing.dim() == 4 && in.routing.size(0) == st.batch && in.routing.size(1) == st.time &&
                   in.routing.size(2) == slots && in.routing.size(3) == cfg_.num_experts_per_tok,
               "forward: routing has shape {}; this model's is [{}, {}, {} sparse layers, top {}]", in.routing.sizes(),
               st.batch, st.time, slots, cfg_.num_experts_per_tok);
-    st.routing = in.routing.to(device_, at::kLong);
+    st.routing = to_device_async(in.routing, device_).to(at::kLong);
   }
   st.trace = in.trace;
   if (st.trace) {

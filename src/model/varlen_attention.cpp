@@ -3,6 +3,7 @@
 #include <map>
 #include <numeric>
 
+#include "rlx/core/device_copy.hpp"
 #include "rlx/core/error.hpp"
 #include "rlx/core/torch_compat.hpp"
 #include "rlx/model/kv_cache.hpp"
@@ -32,7 +33,7 @@ VarlenSeqs varlen_seqs(std::span<const int64_t> q_lens, std::span<const int64_t>
     s.max_k = std::max(s.max_k, k_lens[i]);
   }
   RLX_CHECK(s.total_k() < (int64_t{1} << 31), "varlen attention: {} keys overflow int32 offsets", s.total_k());
-  auto both = at::tensor(cu, at::TensorOptions().dtype(at::kInt)).to(device);
+  auto both = to_device_async(at::tensor(cu, at::TensorOptions().dtype(at::kInt)), device);
   s.cu_q = both.narrow(0, 0, static_cast<int64_t>(n + 1));
   s.cu_k = both.narrow(0, static_cast<int64_t>(n + 1), static_cast<int64_t>(n + 1));
   return s;
@@ -84,7 +85,7 @@ VarlenSeqs varlen_from_segments(const at::Tensor& segments, at::Device device, c
     k_lens.push_back(k_len);
   }
   auto s = varlen_seqs(q_lens, k_lens, device);
-  s.kv_index = at::tensor(index, at::TensorOptions().dtype(at::kLong)).to(device);
+  s.kv_index = to_device_async(at::tensor(index, at::TensorOptions().dtype(at::kLong)), device);
   return s;
 }
 

@@ -445,9 +445,8 @@ TEST_CASE("weight sync: the engine's logits equal the learner's after a sync", "
   rlx::Sequence s;
   s.tokens = {1, 4, 9, 16, 25, 36};
   s.loss_mask = {0, 1, 1, 1, 1, 1};
-  learner.step({s}, [](const rlx::MicroBatch& mb, const rlx::TokenOutputs& out, const rlx::StepContext& ctx, rlx::Metrics&) {
-    return -(out.logprobs * mb.loss_mask).sum() / ctx.global_loss_tokens;
-  });
+  learner.step({s}, [](const rlx::MicroBatch& mb, const rlx::TokenOutputs& out, const rlx::StepContext& ctx,
+                       rlx::MetricSums&) { return -(out.logprobs * mb.loss_mask).sum() / ctx.global_loss_tokens; });
   auto params = learner.model().gather_parameters();
   auto sync = sync_path(path, "logits", rlx::dist::WeightLayout::of(params, at::kFloat));
   sync.pub->publish(1, params);

@@ -155,7 +155,7 @@ int run_sharded(const rlx::algo::Algorithm* algorithm, int64_t steps, int64_t ba
     // depends on it, so a resume that lost it would diverge.
     const double noise = rng_noise ? learner.rng().uniform() : 0.0;
     rlx::LossFn loss = [&](const rlx::MicroBatch& mb, const rlx::TokenOutputs& out, const rlx::StepContext& ctx,
-                           rlx::Metrics&) {
+                           rlx::MetricSums&) {
       return -(out.logprobs * mb.loss_mask).sum() * (1.0 + 0.1 * noise) / ctx.global_loss_tokens;
     };
     std::vector<std::string> metrics;

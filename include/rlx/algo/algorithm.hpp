@@ -28,6 +28,7 @@
 #include "rlx/algo/losses.hpp"
 #include "rlx/algo/options.hpp"
 #include "rlx/core/config.hpp"
+#include "rlx/core/metric_sums.hpp"
 
 namespace rlx::algo {
 
@@ -67,6 +68,7 @@ struct TokenTargets {
   at::Tensor returns;     // [n] value targets
 };
 
+// Named numbers: a step's sums once read (MetricSums::values()), and their means.
 using Metrics = std::map<std::string, double>;
 
 // Each group's advantages from its samples' rewards (advantages.hpp's group_advantages).
@@ -85,7 +87,7 @@ class Algorithm {
   const AlgoOptions& options() const { return opt_; }
 
   // The micro-batch's share of the step's loss; adds to `metrics` (names from metric_names()).
-  virtual at::Tensor loss(const LossInputs& in, const Normalizers& norm, Metrics& metrics) const = 0;
+  virtual at::Tensor loss(const LossInputs& in, const Normalizers& norm, MetricSums& metrics) const = 0;
   virtual std::vector<std::string> metric_names() const = 0;
   virtual bool needs_reference() const { return opt_.kl_coef > 0 || opt_.kl_target > 0; }
   virtual bool needs_old_logprobs() const { return true; }
@@ -146,13 +148,14 @@ class CriticAdvantages {
   // across ranks.
   virtual std::vector<TokenTargets> token_advantages(const std::vector<TokenTrajectory>& batch,
                                                      const AllReduceSum& all_reduce) const = 0;
-  virtual at::Tensor value_loss(const LossInputs& in, const Normalizers& norm, Metrics& metrics) const = 0;
+  virtual at::Tensor value_loss(const LossInputs& in, const Normalizers& norm, MetricSums& metrics) const = 0;
   virtual std::vector<std::string> value_metric_names() const = 0;
 };
 
 // The clipped value loss (options.value_clip; 0: plain squared error) over the trained
 // tokens, adding value_loss, value and value_clipped to `metrics`: what PPO's critic uses.
-at::Tensor clipped_value_loss(const AlgoOptions& options, const LossInputs& in, const Normalizers& norm, Metrics& metrics);
+at::Tensor clipped_value_loss(const AlgoOptions& options, const LossInputs& in, const Normalizers& norm,
+                              MetricSums& metrics);
 
 // What a batch looked like, summed over every rank: reward mean/std, advantage
 // mean/std/min/max, response length mean/max. rewards, advantages (one per trained
@@ -167,7 +170,7 @@ Metrics batch_metrics(const std::vector<double>& rewards, const std::vector<doub
 class PolicyGradient : public Algorithm {
  public:
   using Algorithm::Algorithm;
-  at::Tensor loss(const LossInputs& in, const Normalizers& norm, Metrics& metrics) const override;
+  at::Tensor loss(const LossInputs& in, const Normalizers& norm, MetricSums& metrics) const override;
   std::vector<std::string> metric_names() const override;
 
  protected:

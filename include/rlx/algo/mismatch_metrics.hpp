@@ -12,12 +12,14 @@
 #include <string>
 #include <vector>
 
+#include "rlx/core/metric_sums.hpp"
+
 namespace rlx::algo {
 
 // The histogram's metric names (mismatch_lr_bin_00 ...), for metric_names().
 const std::vector<std::string>& mismatch_bin_names();
 // Adds the masked tokens' log ratios to the bins of `sums`.
-void add_mismatch_histogram(const at::Tensor& log_ratio, const at::Tensor& mask, std::map<std::string, double>& sums);
+void add_mismatch_histogram(const at::Tensor& log_ratio, const at::Tensor& mask, MetricSums& sums);
 // The ratio at quantile q in [0, 1] of the summed bins: linear in log ratio inside a bin, the
 // outer bins at their finite edge (ratios beyond e^-3 and e^3 read as those). NaN without tokens.
 double mismatch_ratio_quantile(const std::map<std::string, double>& sums, double q);

@@ -5,7 +5,7 @@
 //   rlx::Learner learner(cfg, *comm, {.optimizer = {.lr = 1e-5}, .max_grad_norm = 1.0});
 //   learner.init_weights(seed);
 //   auto r = learner.step(my_sequences, [](const rlx::MicroBatch& mb, const rlx::TokenOutputs& out,
-//                                          const rlx::StepContext& ctx, rlx::Metrics&) {
+//                                          const rlx::StepContext& ctx, rlx::MetricSums&) {
 //     return -(out.logprobs * mb.loss_mask).sum() / ctx.global_loss_tokens;   // SFT
 //   });
 //
@@ -22,6 +22,7 @@
 #include <memory>
 #include <vector>
 
+#include "rlx/core/metric_sums.hpp"
 #include "rlx/core/rng.hpp"
 #include "rlx/dist/fsdp.hpp"
 #include "rlx/learner/batching.hpp"
@@ -65,13 +66,14 @@ struct TokenOutputs {
   at::Tensor values;    // [R, T] fp32 V(prefix up to and including the position) (when LearnerOptions::value_head)
 };
 
-// Named sums a loss function reports (clipped tokens, KL, ...); summed over micro-batches and ranks.
+// Named sums a loss function reported, summed over micro-batches and ranks.
 using Metrics = std::map<std::string, double>;
 
 // Loss of one micro-batch, already normalised for the whole step (gradients of all
-// micro-batches and ranks are summed). It may add to `metrics` under the names
-// passed to Learner::step.
-using LossFn = std::function<at::Tensor(const MicroBatch&, const TokenOutputs&, const StepContext&, Metrics&)>;
+// micro-batches and ranks are summed). It may add to the sums under the names passed
+// to Learner::step, as tensors that stay on the device (read once, after the step's
+// last backward).
+using LossFn = std::function<at::Tensor(const MicroBatch&, const TokenOutputs&, const StepContext&, MetricSums&)>;
 
 struct StepResult {
   int64_t step = 0;          // optimizer steps taken after this one

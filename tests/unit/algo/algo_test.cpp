@@ -162,6 +162,30 @@ TEST_CASE("mismatch correction modes (hand-computed)", "[algo]") {
                     Catch::Contains(">= 1"));
 }
 
+TEST_CASE("metric sums: tensors kept as added (detached copies), host numbers, vectors by name, read at once",
+          "[algo]") {
+  rlx::MetricSums sums;
+  auto x = t({1.5, 2.5}).requires_grad_();
+  auto total = x.sum();
+  sums.add("a", total);
+  sums.add("a", 0.25);
+  auto bins = t({1, 2, 3});
+  sums.add({"b0", "b1", "b2"}, bins);
+  sums.add({"b0", "b1", "b2"}, bins);
+  bins.mul_(100);  // the sums hold copies: a later change of the caller's tensor is not counted
+  sums.add("c", at::tensor(7, at::kLong));
+  CHECK(sums.names() == std::vector<std::string>{"a", "b0", "b1", "b2", "c"});
+  const auto v = sums.values();
+  CHECK(v.at("a") == 4.25);
+  CHECK(v.at("b0") == 2);
+  CHECK(v.at("b2") == 6);
+  CHECK(v.at("c") == 7);
+  CHECK_FALSE(total.grad_fn() == nullptr);  // the loss's graph untouched
+  CHECK(rlx::MetricSums{}.values().empty());
+  CHECK_THROWS_WITH(sums.add("d", t({1, 2})), Catch::Contains("\"d\"") && Catch::Contains("[1, 2]"));
+  CHECK_THROWS_WITH(sums.add(std::vector<std::string>{"e"}, t({1, 2})), Catch::Contains("1 names for a tensor of 2"));
+}
+
 TEST_CASE("mismatch metrics: ratio quantiles from summed bins, masked fraction in the step's metrics", "[algo]") {
   // 100 tokens at ratio 1 (log 0), 1 token at e^2 (bin (1, 3]), one masked out.
   std::vector<double> lr(100, 0.0);
@@ -169,9 +193,10 @@ TEST_CASE("mismatch metrics: ratio quantiles from summed bins, masked fraction i
   lr.push_back(-5.0);
   std::vector<double> m(101, 1.0);
   m.push_back(0.0);
-  std::map<std::string, double> sums;
-  add_mismatch_histogram(t(lr), t(m), sums);
-  add_mismatch_histogram(t({0.0}), t({1.0}), sums);  // a second micro-batch adds up
+  rlx::MetricSums added;
+  add_mismatch_histogram(t(lr), t(m), added);
+  add_mismatch_histogram(t({0.0}), t({1.0}), added);  // a second micro-batch adds up
+  auto sums = added.values();
   double total = 0;
   for (const auto& n : mismatch_bin_names()) total += sums[n];
   CHECK(total == 102);
@@ -191,19 +216,19 @@ TEST_CASE("mismatch metrics: ratio quantiles from summed bins, masked fraction i
   in.old_logprobs = t({-1, -1, -1, -1});
   in.behaviour_logprobs = t({-1, -1, -1, -1 - std::log(4.0)});  // the last token's ratio is 4
   in.advantages = t({1, 1, -1, -1});
-  Metrics sums2;
+  rlx::MetricSums sums2;
   auto loss = algo->loss(in, {.tokens = 4, .sequences = 2, .max_tokens = 4}, sums2);
   loss.backward();
   CHECK(in.logprobs.grad()[0][3].item<double>() == 0.0);  // dropped: no gradient
   CHECK(in.logprobs.grad()[0][2].item<double>() != 0.0);
-  auto means = Algorithm::means(sums2);
+  auto means = Algorithm::means(sums2.values());
   CHECK(means["mismatch_masked_fraction"] == Approx(0.25));
   CHECK(means["mismatch_weight_mean"] == Approx(0.75));
   CHECK(means.contains("mismatch_ratio_p50"));
   CHECK_FALSE(means.contains("mismatch_lr_bin_00"));
   // A mismatch mode without the sampler's log-probs is refused, naming the mode.
   in.behaviour_logprobs = at::Tensor();
-  Metrics unused;
+  rlx::MetricSums unused;
   CHECK_THROWS_WITH(algo->loss(in, {.tokens = 4, .sequences = 2, .max_tokens = 4}, unused), Catch::Contains("icepop"));
 }
 
@@ -797,18 +822,18 @@ TEST_CASE("on-policy distillation: the advantage is the teacher's log-prob less 
   in.teacher_logprobs = t({-0.5, -3, -9});
   in.advantages = t({1, 1, 1});
   const Normalizers norm{.tokens = 2, .sequences = 1, .max_tokens = 4};
-  Metrics sums;
+  rlx::MetricSums sums;
   auto loss = d->loss(in, norm, sums);
   CHECK(loss.item<double>() == Approx(-0.5));
   loss.backward();
   CHECK(in.logprobs.grad()[0][0].item<double>() == Approx(-1.0));
   CHECK(in.logprobs.grad()[0][1].item<double>() == Approx(0.5));
-  CHECK(Algorithm::means(sums)["teacher_kl"] == Approx(0.25));
+  CHECK(Algorithm::means(sums.values())["teacher_kl"] == Approx(0.25));
   check_gradient(
       [&](const at::Tensor& x) {
         LossInputs v = in;
         v.logprobs = x;
-        Metrics unused;
+        rlx::MetricSums unused;
         return d->loss(v, norm, unused);
       },
       t({-1.05, -1.9, -3.0}));
@@ -818,7 +843,7 @@ TEST_CASE("on-policy distillation: the advantage is the teacher's log-prob less 
   kl.kl_coef = 0.1;
   CHECK_THROWS_WITH(make_algorithm(kl), Catch::Contains("kl_coef"));
   in.teacher_logprobs = at::Tensor();
-  Metrics unused;
+  rlx::MetricSums unused;
   CHECK_THROWS_WITH(d->loss(in, norm, unused), Catch::Contains("teacher log-probs"));
 }
 
@@ -957,12 +982,13 @@ TEST_CASE("CISPO is a registered algorithm: on-policy it is REINFORCE with GRPO'
   auto x = t({-0.5, -2.0}).requires_grad_(true);
   LossInputs in{.mask = t({1, 1}), .sequence = at::tensor({0, 0}, at::kLong).unsqueeze(0), .logprobs = x,
                 .advantages = t({1.5, 1.5}), .old_logprobs = x.detach()};
-  Metrics m;
-  auto loss = cispo->loss(in, {.tokens = 2, .sequences = 1}, m);
+  rlx::MetricSums sums;
+  auto loss = cispo->loss(in, {.tokens = 2, .sequences = 1}, sums);
   CHECK(loss.item<double>() == Approx(-1.5 * (-0.5 - 2.0) / 2));
   loss.backward();
   CHECK(x.grad()[0][0].item<double>() == Approx(-0.75));
   CHECK(x.grad()[0][1].item<double>() == Approx(-0.75));
+  auto m = sums.values();
   CHECK(m["clipped_tokens"] == 0);
   CHECK(m["ratio"] == 2);  // summed over tokens
 }

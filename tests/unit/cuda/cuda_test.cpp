@@ -1,11 +1,15 @@
 // GPU checks (built only with RLX_CUDA; run on a CUDA machine by scripts/cuda_check.sh):
 // the CUDA paths compute what the CPU paths compute.
 #include <c10/core/GradMode.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/cuda.h>
 
 #include "../helpers.hpp"
 #include "rlx/dist/comm.hpp"
+#include "rlx/algo/algorithm.hpp"
+#include "rlx/algo/mismatch_metrics.hpp"
+#include "rlx/learner/algorithm_loss.hpp"
 #include "rlx/learner/learner.hpp"
 #include "rlx/learner/optimizer.hpp"
 #include "rlx/model/fused_ops.hpp"
@@ -55,7 +59,8 @@ std::vector<rlx::Sequence> nll_batch() {
   }
   return batch;
 }
-at::Tensor nll_loss(const rlx::MicroBatch& mb, const rlx::TokenOutputs& out, const rlx::StepContext& ctx, rlx::Metrics&) {
+at::Tensor nll_loss(const rlx::MicroBatch& mb, const rlx::TokenOutputs& out, const rlx::StepContext& ctx,
+                    rlx::MetricSums&) {
   return -(out.logprobs * mb.loss_mask).sum() / ctx.global_loss_tokens;
 }
 
@@ -204,6 +209,57 @@ TEST_CASE("cuda: sharded learner steps on the GPU give the CPU's parameters (fp3
   for (size_t i = 0; i < params[0].size(); ++i) {
     const double scale = params[0][i].abs().max().item<double>();
     CHECK(max_abs(params[0][i], params[1][i]) <= 1e-4 * std::max(scale, 1.0));
+  }
+}
+
+// LibTorch's sync debug mode throws at any operation that makes the host wait for the device
+// (an `.item()`, a blocking copy, a `nonzero`): a learner step's micro-batches have none, in
+// the fp32 path (a mask, prefix copied) and the bf16 one (varlen flash attention laid out
+// from the host's segments), with a GRPO loss reporting its metrics and the mismatch bins.
+TEST_CASE("cuda: a learner step's micro-batches never make the host wait (RLX_SYNC_DEBUG=error)", "[cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  const at::Device gpu(at::kCUDA, 0);
+  {  // the mode works in this LibTorch: an .item() under it throws
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+    CHECK_THROWS(at::ones({1}, at::TensorOptions().device(gpu)).sum().item<double>());
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  }
+  rlx::algo::register_bundled_algorithms();
+  rlx::algo::AlgoOptions ao{.name = "grpo"};
+  ao.mismatch = {.mode = rlx::algo::Mismatch::token_truncate, .low = 0, .high = 2};
+  auto algo = rlx::algo::make_algorithm(ao);
+  auto batch = nll_batch();
+  double trained = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    auto& s = batch[i];
+    const auto n = s.tokens.size();
+    s.values["advantages"] = std::vector<float>(n, i % 2 ? 1.0f : -1.0f);
+    s.values["old_logprobs"] = std::vector<float>(n, -6.0f);
+    s.values["behaviour_logprobs"] = std::vector<float>(n, -6.1f);
+    for (auto m : s.loss_mask) trained += m;
+  }
+  ::setenv("RLX_SYNC_DEBUG", "error", 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("RLX_SYNC_DEBUG"); }
+  } unset;
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    CAPTURE(c10::toString(dtype));
+    auto comm = rlx::dist::single_process();
+    rlx::LearnerOptions o;
+    o.packing.row_tokens = 32;
+    o.packing.micro_batch_tokens = 32;  // several micro-batches
+    o.fsdp.device = gpu;
+    o.fsdp.compute_dtype = dtype;
+    rlx::Learner learner(rlx::model_preset("tiny", rlx::Arch::qwen2), *comm, o);
+    learner.init_weights(3);
+    rlx::StepResult r;
+    REQUIRE_NOTHROW(r = learner.step(batch, rlx::algorithm_loss(*algo, /*on_policy=*/false), algo->metric_names()));
+    CHECK(r.micro_batches > 1);
+    CHECK(r.metrics.at("tokens") == trained);  // the metric sums, read once at the step's end
+    double bins = 0;
+    for (const auto& name : rlx::algo::mismatch_bin_names()) bins += r.metrics.at(name);
+    CHECK(bins == trained);
+    CHECK(std::isfinite(r.loss));
   }
 }
 

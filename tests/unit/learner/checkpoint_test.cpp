@@ -16,9 +16,8 @@ rlx::StepResult train_step(rlx::Learner& l) {
   rlx::Sequence s;
   s.tokens = {1, 5, 7, 3, 9, 2};
   s.loss_mask = {0, 1, 1, 1, 1, 1};
-  return l.step({s}, [](const rlx::MicroBatch& mb, const rlx::TokenOutputs& out, const rlx::StepContext& ctx, rlx::Metrics&) {
-    return -(out.logprobs * mb.loss_mask).sum() / ctx.global_loss_tokens;
-  });
+  return l.step({s}, [](const rlx::MicroBatch& mb, const rlx::TokenOutputs& out, const rlx::StepContext& ctx,
+                        rlx::MetricSums&) { return -(out.logprobs * mb.loss_mask).sum() / ctx.global_loss_tokens; });
 }
 
 void flip_byte(const fs::path& p, uint64_t at) {
@@ -129,7 +128,7 @@ TEST_CASE("a learner with a value head: the head trains, is checkpointed, and mu
   s.loss_mask = {0, 1, 1, 1, 1, 1};
   // Regress every trained position's value onto 2.
   rlx::LossFn mse = [](const rlx::MicroBatch& mb, const rlx::TokenOutputs& out, const rlx::StepContext& ctx,
-                       rlx::Metrics&) {
+                       rlx::MetricSums&) {
     REQUIRE(!out.logprobs.defined());
     return ((out.values - 2.0).pow(2) * mb.loss_mask).sum() / ctx.global_loss_tokens;
   };

@@ -144,7 +144,8 @@ TEST_CASE("shared prefixes: the learner's steps and annotations equal those with
     lo.optimizer.lr = 1e-2;
     auto& l = *learners.emplace_back(std::make_unique<rlx::Learner>(cfg, *comm, lo));
     l.init_weights(7);
-    auto loss = [](const rlx::MicroBatch& mb, const rlx::TokenOutputs& out, const rlx::StepContext& ctx, rlx::Metrics&) {
+    auto loss = [](const rlx::MicroBatch& mb, const rlx::TokenOutputs& out, const rlx::StepContext& ctx,
+                   rlx::MetricSums&) {
       const auto& adv = mb.values.at("adv");
       return -((out.logprobs * adv + 0.1 * out.entropy - 0.5 * (out.values - adv).pow(2)) * mb.loss_mask).sum() /
              ctx.global_loss_tokens;

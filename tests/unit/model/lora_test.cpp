@@ -58,8 +58,9 @@ std::vector<rlx::Sequence> sequences() {
 }
 
 rlx::StepResult nll_step(rlx::Learner& l) {
-  return l.step(sequences(), [](const rlx::MicroBatch& mb, const rlx::TokenOutputs& out, const rlx::StepContext& ctx,
-                                rlx::Metrics&) { return -(out.logprobs * mb.loss_mask).sum() / ctx.global_loss_tokens; });
+  return l.step(sequences(),
+                [](const rlx::MicroBatch& mb, const rlx::TokenOutputs& out, const rlx::StepContext& ctx,
+                   rlx::MetricSums&) { return -(out.logprobs * mb.loss_mask).sum() / ctx.global_loss_tokens; });
 }
 
 // A LoRA learner on `base`'s weights after `steps` NLL steps.

@@ -114,7 +114,7 @@ TEST_CASE("Bradley-Terry: the per-sequence loss has the pairwise loss's gradient
   // The surrogate's gradient (step() without its update: forward, backward by hand).
   for (auto t : rm.trained_tensors()) t.mutable_grad() = at::Tensor();
   const auto fn = rlx::bradley_terry_loss();
-  rlx::Metrics m;
+  rlx::MetricSums m;
   for (const auto& mb : rlx::pack_micro_batches(seqs, lo.packing)) {
     auto hidden = rm.model().forward_hidden({.tokens = mb.tokens, .segments = mb.segments});
     const int64_t h = rm.value_head().size(0) - 1;
