@@ -250,7 +250,8 @@ at::Tensor silu_mul_backward(const at::Tensor& gate_up_in, const at::Tensor& gra
 }
 
 at::Tensor rope_append(const at::Tensor& qkv_in, const at::Tensor& positions, const at::Tensor& slots,
-                       const at::Tensor& inv_freq, at::Tensor& k_pool, at::Tensor& v_pool, int64_t q_heads) {
+                       const at::Tensor& inv_freq, at::Tensor& k_pool, at::Tensor& v_pool, int64_t q_heads,
+                       const at::Tensor& q_norm, const at::Tensor& k_norm, double eps) {
   const c10::cuda::CUDAGuard guard(qkv_in.device());
   const auto qkv = qkv_in.contiguous();
   const int64_t rows = qkv.size(0), kv_heads = k_pool.size(1), block_size = k_pool.size(2), head_dim = k_pool.size(3);
@@ -259,6 +260,12 @@ at::Tensor rope_append(const at::Tensor& qkv_in, const at::Tensor& positions, co
                  inv_freq.scalar_type() == at::kFloat && inv_freq.numel() == head_dim / 2 &&
                  k_pool.scalar_type() == qkv.scalar_type(),
              "rope_append: qkv {}, pool {}", qkv.sizes(), k_pool.sizes());
+  const bool normed = q_norm.defined();
+  RLX_ASSERT(normed == k_norm.defined() &&
+                 (!normed || (q_norm.numel() == head_dim && k_norm.numel() == head_dim &&
+                              q_norm.scalar_type() == qkv.scalar_type() && k_norm.scalar_type() == qkv.scalar_type() &&
+                              q_norm.is_contiguous() && k_norm.is_contiguous())),
+             "rope_append: q/k norm weights must both be [{}] contiguous of qkv's dtype", head_dim);
   auto q = at::empty({rows, q_heads, head_dim}, qkv.options());
   const auto pos = positions.contiguous(), sl = slots.contiguous(), freq = inv_freq.contiguous();
   RopeAppendArgs a{.dtype = dtype_of(qkv),
@@ -273,7 +280,10 @@ at::Tensor rope_append(const at::Tensor& qkv_in, const at::Tensor& positions, co
                    .q_heads = static_cast<int>(q_heads),
                    .kv_heads = static_cast<int>(kv_heads),
                    .head_dim = static_cast<int>(head_dim),
-                   .block_size = static_cast<int>(block_size)};
+                   .block_size = static_cast<int>(block_size),
+                   .q_norm = normed ? q_norm.data_ptr() : nullptr,
+                   .k_norm = normed ? k_norm.data_ptr() : nullptr,
+                   .norm_eps = static_cast<float>(eps)};
   check_launch("rope_append", cuda::rope_append(a, c10::cuda::getCurrentCUDAStream().stream()));
   return q;
 }

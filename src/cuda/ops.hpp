@@ -43,9 +43,11 @@ at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& x, const at::Ten
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 // RoPE on the q and k heads of qkv [rows, (q_heads + 2 Hkv) * D] at `positions` (int64
 // [rows]), k and v written into the head-major pools at `slots` (int64 [rows]); returns the
-// rotated q [rows, q_heads, D].
+// rotated q [rows, q_heads, D]. q_norm and k_norm ([D], qkv's dtype; both or neither):
+// Qwen3's per-head RMSNorm before the rotation.
 at::Tensor rope_append(const at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& slots,
-                       const at::Tensor& inv_freq, at::Tensor& k_pool, at::Tensor& v_pool, int64_t q_heads);
+                       const at::Tensor& inv_freq, at::Tensor& k_pool, at::Tensor& v_pool, int64_t q_heads,
+                       const at::Tensor& q_norm = {}, const at::Tensor& k_norm = {}, double eps = 1e-6);
 // A mixture of experts' projection at decode, reading only the chosen experts' weights: x
 // [N, K], w_all [E, n, K] (the layer's stacked experts), experts int64 [N, k] -> [N, k, n], row
 // (t, j) = x[t] w_all[experts[t, j]]^T (the expert-indexed GEMV). Undefined where the kernel

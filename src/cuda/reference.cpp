@@ -65,18 +65,28 @@ void silu_mul(const float* gate_up, float* out, int rows, int inter) {
 }
 
 void rope_append(const float* qkv, const int64_t* positions, const int64_t* slots, const float* inv_freq, float* q_out,
-                 float* k_pool, float* v_pool, int rows, int q_heads, int kv_heads, int head_dim, int block_size) {
+                 float* k_pool, float* v_pool, int rows, int q_heads, int kv_heads, int head_dim, int block_size,
+                 const float* q_norm, const float* k_norm, float eps) {
   const int d = head_dim, half = d / 2;
   const hd::PagedLayout layout{block_size, kv_heads, d};
+  std::vector<float> head(static_cast<size_t>(d));
   for (int r = 0; r < rows; ++r) {
     const float* src = qkv + static_cast<int64_t>(r) * (q_heads + 2 * kv_heads) * d;
     for (int h = 0; h < q_heads + kv_heads; ++h) {
       float* dst = h < q_heads ? q_out + (static_cast<int64_t>(r) * q_heads + h) * d
                                : k_pool + hd::paged_slot_offset(layout, slots[r], h - q_heads);
+      std::copy_n(src + h * d, d, head.data());
+      if (q_norm != nullptr) {
+        double squares = 0;
+        for (float x : head) squares += double{x} * x;
+        const float inv = static_cast<float>(1.0 / std::sqrt(squares / d + eps));
+        const float* w = h < q_heads ? q_norm : k_norm;
+        for (int i = 0; i < d; ++i) head[static_cast<size_t>(i)] = w[i] * (head[static_cast<size_t>(i)] * inv);
+      }
       for (int i = 0; i < half; ++i) {
         const float angle = static_cast<float>(positions[r]) * inv_freq[i];
         const float c = std::cos(angle), s = std::sin(angle);
-        const float x1 = src[h * d + i], x2 = src[h * d + i + half];
+        const float x1 = head[static_cast<size_t>(i)], x2 = head[static_cast<size_t>(i + half)];
         dst[i] = x1 * c - x2 * s;
         dst[i + half] = x2 * c + x1 * s;
       }

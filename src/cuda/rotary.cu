@@ -1,17 +1,43 @@
 // RoPE and the KV append in one pass over the fused q/k/v projection's output: q heads
 // rotated into q_out, k heads rotated and v heads copied into the paged pools at the
-// tokens' slots (attention_math.hpp's layout). The rotation rounds as HF's apply_rotary_pos_emb
-// does in the activation dtype: cos and sin, each product, the sum.
+// tokens' slots (attention_math.hpp's layout); Qwen3's per-head q/k RMSNorm first when
+// given. The rotation rounds as HF's apply_rotary_pos_emb does in the activation dtype: cos
+// and sin, each product, the sum; the norm as HF's RMSNorm: fp32 statistics, the
+// normalised value rounded, then the weight's product rounded.
 #include "common.cuh"
 #include "rlx/cuda/attention_math.hpp"
 
 namespace rlx::cuda {
 namespace {
 
+constexpr int kRopeThreads = 128;
+
+// 1 / rms of each q and k head of the row into inv[h] (one warp a head, lanes strided over
+// head_dim, then the warp's butterfly: a fixed order).
 template <class T>
-__global__ void rope_append_kernel(RopeAppendArgs a) {
+__device__ void head_inv_rms(const T* src, int heads, int d, float eps, float* inv) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  for (int h = warp; h < heads; h += warps) {
+    float squares = 0.0f;
+    for (int i = lane; i < d; i += 32) {
+      const float x = Num<T>::to(src[h * d + i]);
+      squares += x * x;
+    }
+    squares = warp_reduce(squares, SumOp{});
+    if (lane == 0) inv[h] = rsqrtf(squares / static_cast<float>(d) + eps);
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kRopeThreads) rope_append_kernel(RopeAppendArgs a) {
+  extern __shared__ float s_inv_rms[];  // [q_heads + kv_heads] with norms, else empty
   const int r = blockIdx.x, d = a.head_dim, half = d / 2;
   const T* src = static_cast<const T*>(a.qkv) + static_cast<int64_t>(r) * (a.q_heads + 2 * a.kv_heads) * d;
+  const bool normed = a.q_norm != nullptr;
+  if (normed) {
+    head_inv_rms(src, a.q_heads + a.kv_heads, d, a.norm_eps, s_inv_rms);
+    __syncthreads();
+  }
   const float pos = static_cast<float>(a.positions[r]);
   const int64_t slot = a.slots[r];
   const hd::PagedLayout layout{a.block_size, a.kv_heads, d};
@@ -19,7 +45,13 @@ __global__ void rope_append_kernel(RopeAppendArgs a) {
     const int h = idx / half, i = idx % half;
     const float angle = pos * a.inv_freq[i];
     const float c = round_to<T>(cosf(angle)), s = round_to<T>(sinf(angle));
-    const float x1 = Num<T>::to(src[h * d + i]), x2 = Num<T>::to(src[h * d + i + half]);
+    float x1 = Num<T>::to(src[h * d + i]), x2 = Num<T>::to(src[h * d + i + half]);
+    if (normed) {
+      const T* w = static_cast<const T*>(h < a.q_heads ? a.q_norm : a.k_norm);
+      const float inv = s_inv_rms[h];
+      x1 = round_to<T>(Num<T>::to(w[i]) * round_to<T>(x1 * inv));
+      x2 = round_to<T>(Num<T>::to(w[i + half]) * round_to<T>(x2 * inv));
+    }
     const T o1 = Num<T>::from(round_to<T>(x1 * c) + round_to<T>(-x2 * s));
     const T o2 = Num<T>::from(round_to<T>(x2 * c) + round_to<T>(x1 * s));
     T* dst = h < a.q_heads ? static_cast<T*>(a.q_out) + (static_cast<int64_t>(r) * a.q_heads + h) * d
@@ -38,11 +70,14 @@ __global__ void rope_append_kernel(RopeAppendArgs a) {
 
 int rope_append(const RopeAppendArgs& a, void* stream) {
   if (a.rows <= 0) return 0;
-  if (a.head_dim <= 0 || a.head_dim % 2 || a.q_heads <= 0 || a.kv_heads <= 0 || a.block_size <= 0)
+  if (a.head_dim <= 0 || a.head_dim % 2 || a.q_heads <= 0 || a.kv_heads <= 0 || a.block_size <= 0 ||
+      (a.q_norm == nullptr) != (a.k_norm == nullptr))
     return cudaErrorInvalidValue;
+  const size_t smem = a.q_norm ? static_cast<size_t>(a.q_heads + a.kv_heads) * sizeof(float) : 0;
+  if (smem > 48 * 1024) return cudaErrorInvalidValue;
   return with_dtype(a.dtype, [&](auto tag) -> int {
     using T = typename decltype(tag)::type;
-    rope_append_kernel<T><<<a.rows, 128, 0, static_cast<cudaStream_t>(stream)>>>(a);
+    rope_append_kernel<T><<<a.rows, kRopeThreads, smem, static_cast<cudaStream_t>(stream)>>>(a);
     return launch_status();
   });
 }

@@ -277,10 +277,13 @@ at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, con
   const uint64_t site = static_cast<uint64_t>(index) * 4;
   auto qkv = project(x, att.qkv_weight, att.qkv_bias);
   if (lora) qkv = with_lora(qkv, {att.q_proj.get(), att.k_proj.get(), att.v_proj.get()}, x, st, site);
-  qkv = qk_normed(att, qkv, st);
-  // A cache that rotates and stores keys itself (RoPE + KV append in one kernel) takes qkv as it is.
-  at::Tensor a = st.cache ? st.cache->attend_rotating(index, qkv, inv_freq_, Hq, scale) : at::Tensor();
+  // A cache that rotates and stores keys itself (q/k norms + RoPE + KV append in one kernel)
+  // takes qkv as it is.
+  KVCache::QkNorm qk_norm;
+  if (att.q_norm) qk_norm = {.q_weight = att.q_norm->weight, .k_weight = att.k_norm->weight, .eps = att.q_norm->eps};
+  at::Tensor a = st.cache ? st.cache->attend_rotating(index, qkv, inv_freq_, Hq, scale, qk_norm) : at::Tensor();
   if (!a.defined()) {
+    qkv = qk_normed(att, qkv, st);
     auto parts = qkv.split_with_sizes({Hq * D, Hkv * D, Hkv * D}, -1);
     rope_of(st);
     auto q = fused::rope(parts[0].view({B, T, Hq, D}), st.cos, st.sin);

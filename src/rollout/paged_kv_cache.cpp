@@ -276,12 +276,13 @@ at::Tensor PagedKVCache::attend(int64_t layer, const at::Tensor& q, const at::Te
 }
 
 at::Tensor PagedKVCache::attend_rotating(int64_t layer, const at::Tensor& qkv, const at::Tensor& inv_freq,
-                                         int64_t q_heads, double scale) {
+                                         int64_t q_heads, double scale, [[maybe_unused]] const QkNorm& norm) {
 #if RLX_WITH_CUDA
   auto& kp = keys_.at(static_cast<size_t>(layer));
   auto& vp = values_.at(static_cast<size_t>(layer));
   if (!head_major_ || !write_slots_.defined() || !cuda::decode_attention_supported(qkv, kp)) return {};
-  auto q = cuda::rope_append(qkv.reshape({packed_, -1}), positions_.view({-1}), write_slots_, inv_freq, kp, vp, q_heads);
+  auto q = cuda::rope_append(qkv.reshape({packed_, -1}), positions_.view({-1}), write_slots_, inv_freq, kp, vp, q_heads,
+                             norm.q_weight, norm.k_weight, norm.eps);
   return attend_stored(layer, q.view({1, packed_, q_heads, kp.size(3)}), scale);
 #else
   return {};

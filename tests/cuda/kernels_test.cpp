@@ -284,11 +284,27 @@ TEST_CASE("cuda kernels: residual add + RMSNorm, SiLU-and-multiply, RoPE + KV ap
       Device dqkv(encode(qkv, dtype)), dpos(positions), dslot(slots), dfreq(inv_freq);
       Device q_out(static_cast<size_t>(rows) * q_heads * d * w), kp(encode(std::vector<float>(pool), dtype)),
           vp(encode(std::vector<float>(pool), dtype));
-      launch_ok(rlx::cuda::rope_append({.dtype = dtype, .qkv = dqkv.p, .positions = dpos.as<int64_t>(),
-                                        .slots = dslot.as<int64_t>(), .inv_freq = dfreq.as<float>(), .q_out = q_out.p,
-                                        .k_pool = kp.p, .v_pool = vp.p, .rows = rows, .q_heads = q_heads,
-                                        .kv_heads = kv_heads, .head_dim = d, .block_size = block_size},
-                                       nullptr));
+      // Qwen3's per-head q/k RMSNorm first when the weights are given.
+      auto rope_append = [&](const void* q_norm, const void* k_norm) {
+        return rlx::cuda::rope_append({.dtype = dtype,
+                                       .qkv = dqkv.p,
+                                       .positions = dpos.as<int64_t>(),
+                                       .slots = dslot.as<int64_t>(),
+                                       .inv_freq = dfreq.as<float>(),
+                                       .q_out = q_out.p,
+                                       .k_pool = kp.p,
+                                       .v_pool = vp.p,
+                                       .rows = rows,
+                                       .q_heads = q_heads,
+                                       .kv_heads = kv_heads,
+                                       .head_dim = d,
+                                       .block_size = block_size,
+                                       .q_norm = q_norm,
+                                       .k_norm = k_norm,
+                                       .norm_eps = 1e-6f},
+                                      nullptr);
+      };
+      launch_ok(rope_append(nullptr, nullptr));
       cuda_ok(cudaDeviceSynchronize());
       std::vector<float> want_q(static_cast<size_t>(rows) * q_heads * d), want_k(pool), want_v(pool);
       rlx::cuda::reference::rope_append(qkv.data(), positions.data(), slots.data(), inv_freq.data(), want_q.data(),
@@ -296,6 +312,21 @@ TEST_CASE("cuda kernels: residual add + RMSNorm, SiLU-and-multiply, RoPE + KV ap
       CHECK(max_abs_diff(decode(q_out.get<uint8_t>(), dtype), want_q) <= tolerance(dtype) * 8);
       CHECK(max_abs_diff(decode(kp.get<uint8_t>(), dtype), want_k) <= tolerance(dtype) * 8);
       CHECK(max_abs_diff(decode(vp.get<uint8_t>(), dtype), want_v) == 0.0);
+      // With the norms: values of rms ~1 times weights near 1, so the same bound holds (two
+      // more roundings of values under 6).
+      auto qw = randn(static_cast<size_t>(d), g, 0.2f), kw = randn(static_cast<size_t>(d), g, 0.2f);
+      for (auto* v : {&qw, &kw})
+        for (auto& x : *v) x += 1.0f;
+      qw = rounded(qw, dtype), kw = rounded(kw, dtype);
+      Device dqw(encode(qw, dtype)), dkw(encode(kw, dtype));
+      launch_ok(rope_append(dqw.p, dkw.p));
+      cuda_ok(cudaDeviceSynchronize());
+      rlx::cuda::reference::rope_append(qkv.data(), positions.data(), slots.data(), inv_freq.data(), want_q.data(),
+                                        want_k.data(), want_v.data(), rows, q_heads, kv_heads, d, block_size, qw.data(),
+                                        kw.data(), 1e-6f);
+      CHECK(max_abs_diff(decode(q_out.get<uint8_t>(), dtype), want_q) <= tolerance(dtype) * 8);
+      CHECK(max_abs_diff(decode(kp.get<uint8_t>(), dtype), want_k) <= tolerance(dtype) * 8);
+      CHECK(rope_append(dqw.p, nullptr) != 0);  // one of the two weights alone is refused
     }
   }
 }

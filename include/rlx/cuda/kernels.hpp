@@ -166,6 +166,8 @@ int silu_mul(DType dtype, const void* gate_up, void* out, int rows, int inter, v
 // For each new token r at `positions[r]`: the q heads of qkv[r] rotated into q_out[r]; its k
 // heads rotated and its v heads copied into the pools at `slots[r]` (block * block_size +
 // offset). qkv is the fused projection's output, [rows, (q_heads + 2 kv_heads) * head_dim].
+// With q_norm and k_norm (Qwen3's per-head RMSNorm, weights [head_dim] in the activation
+// dtype), each q and k head is normalised first, as HF's module rounds it.
 struct RopeAppendArgs {
   DType dtype = DType::bf16;
   const void* qkv = nullptr;
@@ -176,6 +178,9 @@ struct RopeAppendArgs {
   void* k_pool = nullptr;
   void* v_pool = nullptr;
   int rows = 0, q_heads = 0, kv_heads = 0, head_dim = 0, block_size = 16;
+  const void* q_norm = nullptr;  // both or neither
+  const void* k_norm = nullptr;
+  float norm_eps = 1e-6f;
 };
 int rope_append(const RopeAppendArgs& a, void* stream);
 

@@ -25,7 +25,9 @@ void add_rms_norm(float* residual, const float* x, const float* weight, float* o
 
 void silu_mul(const float* gate_up, float* out, int rows, int inter);
 
+// With q_norm and k_norm ([head_dim] each): every q and k head RMS-normalised first (Qwen3).
 void rope_append(const float* qkv, const int64_t* positions, const int64_t* slots, const float* inv_freq, float* q_out,
-                 float* k_pool, float* v_pool, int rows, int q_heads, int kv_heads, int head_dim, int block_size);
+                 float* k_pool, float* v_pool, int rows, int q_heads, int kv_heads, int head_dim, int block_size,
+                 const float* q_norm = nullptr, const float* k_norm = nullptr, float eps = 1e-6f);
 
 }  // namespace rlx::cuda::reference

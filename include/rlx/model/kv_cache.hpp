@@ -68,10 +68,15 @@ class KVCache {
                             double scale) = 0;
   // Optional, for caches that rotate and store keys themselves (the paged cache on CUDA,
   // one kernel): `qkv` [B, T, (q_heads + 2 Hkv) * D] is the fused projection's output before
-  // RoPE, `inv_freq` the model's fp32 RoPE frequencies. Returns attend()'s output, or an
-  // undefined tensor when this cache cannot (the caller rotates and calls attend()).
+  // RoPE (and before `norm`, Qwen3's per-head q/k RMSNorm, when its weights are defined),
+  // `inv_freq` the model's fp32 RoPE frequencies. Returns attend()'s output, or an undefined
+  // tensor when this cache cannot (the caller normalises, rotates and calls attend()).
+  struct QkNorm {
+    at::Tensor q_weight, k_weight;  // [D] each, or undefined: no norm
+    double eps = 1e-6;
+  };
   virtual at::Tensor attend_rotating(int64_t layer, const at::Tensor& qkv, const at::Tensor& inv_freq, int64_t q_heads,
-                                     double scale) {
+                                     double scale, const QkNorm& norm) {
     return {};
   }
   // After the last layer: the step's tokens become part of the cache.

@@ -81,7 +81,7 @@ class PagedKVCache final : public KVCache {
   at::Tensor attend(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                     double scale) override;
   at::Tensor attend_rotating(int64_t layer, const at::Tensor& qkv, const at::Tensor& inv_freq, int64_t q_heads,
-                             double scale) override;
+                             double scale, const QkNorm& norm) override;
   void end() override {}
 
  private:

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "rlx/cuda/reference.hpp"
+#include "rlx/model/fused_ops.hpp"
 
 namespace hd = rlx::hd;
 
@@ -110,4 +111,42 @@ TEST_CASE("attention math: paged split-K decode attention equals dense attention
       }
     }
   CHECK(worst < 1e-5);
+}
+
+// The rope-append kernel's reference with Qwen3's q/k norms equals the model's own path, its
+// RMSNorm of each head then RoPE (fused::rms_norm, fused::rope), in fp32; v copied as it is.
+TEST_CASE("attention math: the rope-append reference with q/k norms equals the model's RMSNorm then RoPE",
+          "[rollout]") {
+  const int rows = 3, q_heads = 4, kv_heads = 2, d = 16, block_size = 4, num_blocks = 4;
+  const float eps = 1e-6f;
+  at::manual_seed(3);
+  auto qkv = at::randn({rows, (q_heads + 2 * kv_heads) * d});
+  auto qw = 1 + 0.2 * at::randn({d}), kw = 1 + 0.2 * at::randn({d});
+  const std::vector<int64_t> positions{0, 9, 300}, slots{1, 6, 13};
+  std::vector<float> inv_freq(d / 2);
+  for (int i = 0; i < d / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(1e6f, -2.0f * i / d);
+  const size_t pool = static_cast<size_t>(num_blocks) * kv_heads * block_size * d;
+  std::vector<float> q_out(static_cast<size_t>(rows) * q_heads * d), k_pool(pool), v_pool(pool);
+  rlx::cuda::reference::rope_append(qkv.data_ptr<float>(), positions.data(), slots.data(), inv_freq.data(),
+                                    q_out.data(), k_pool.data(), v_pool.data(), rows, q_heads, kv_heads, d, block_size,
+                                    qw.data_ptr<float>(), kw.data_ptr<float>(), eps);
+  auto angles = at::tensor(std::vector<int64_t>(positions.begin(), positions.end())).to(at::kFloat).unsqueeze(1) *
+                at::tensor(inv_freq).unsqueeze(0);                    // [rows, d / 2]
+  auto cos = at::cat({angles.cos(), angles.cos()}, -1).unsqueeze(0);  // [1, rows, d]
+  auto sin = at::cat({angles.sin(), angles.sin()}, -1).unsqueeze(0);
+  auto parts = qkv.split_with_sizes({q_heads * d, kv_heads * d, kv_heads * d}, -1);
+  auto q = rlx::fused::rope(rlx::fused::rms_norm(parts[0].reshape({1, rows, q_heads, d}), qw, eps), cos, sin);
+  auto k = rlx::fused::rope(rlx::fused::rms_norm(parts[1].reshape({1, rows, kv_heads, d}), kw, eps), cos, sin);
+  CHECK((at::from_blob(q_out.data(), {1, rows, q_heads, d}) - q).abs().max().item<double>() <= 1e-5);
+  const hd::PagedLayout l{block_size, kv_heads, d};
+  double k_diff = 0, v_diff = 0;
+  for (int r = 0; r < rows; ++r)
+    for (int h = 0; h < kv_heads; ++h)
+      for (int i = 0; i < d; ++i) {
+        const auto at = static_cast<size_t>(hd::paged_slot_offset(l, slots[static_cast<size_t>(r)], h) + i);
+        k_diff = std::max(k_diff, std::abs(double{k_pool[at]} - k[0][r][h][i].item<double>()));
+        v_diff = std::max(v_diff, std::abs(double{v_pool[at]} - parts[2][r][h * d + i].item<double>()));
+      }
+  CHECK(k_diff <= 1e-5);
+  CHECK(v_diff == 0);
 }
