@@ -446,15 +446,18 @@ void ShardedTransformer::load_lora(const std::vector<std::pair<std::string, at::
   load_units(1 + static_cast<size_t>(cfg_.num_layers), units_.size(), adapters, "adapter");
 }
 
-std::vector<std::pair<std::string, at::Tensor>> ShardedTransformer::gather_units(size_t first, size_t end) {
+std::vector<std::pair<std::string, at::Tensor>> ShardedTransformer::gather_units(size_t first, size_t end,
+                                                                                 at::ScalarType dtype) {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (size_t i = first; i < end; ++i) {
     auto& u = units_[i];
     auto full = at::empty({u.padded}, u.shard.options().requires_grad(false));
     comm_.all_gather(full, u.shard.detach(), fmt::format("{} master weights", u.name))->wait();
     for (const auto& s : u.slots)
-      out.emplace_back(s.name, full.narrow(0, s.offset, s.numel).view(s.shape).to(at::kFloat, /*non_blocking=*/false,
-                                                                                    /*copy=*/true));
+      out.emplace_back(s.name, full.narrow(0, s.offset, s.numel)
+                                   .view(s.shape)
+                                   .to(dtype, /*non_blocking=*/false,
+                                       /*copy=*/true));
   }
   return out;
 }
@@ -483,8 +486,9 @@ std::vector<std::pair<std::string, at::Tensor>> ShardedTransformer::gather_lora_
   return gather_units(1 + static_cast<size_t>(cfg_.num_layers), units_.size());
 }
 
-std::vector<std::pair<std::string, at::Tensor>> ShardedTransformer::sync_parameters() {
-  return opt_.lora.enabled() ? gather_lora_parameters() : gather_parameters();
+std::vector<std::pair<std::string, at::Tensor>> ShardedTransformer::sync_parameters(at::ScalarType dtype) {
+  const auto base_end = 1 + static_cast<size_t>(cfg_.num_layers);  // with LoRA the adapters, else the base units
+  return opt_.lora.enabled() ? gather_units(base_end, units_.size(), dtype) : gather_units(0, base_end, dtype);
 }
 
 int64_t ShardedTransformer::local_numel() const {

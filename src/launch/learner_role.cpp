@@ -124,7 +124,8 @@ struct LeadOutputs {
                 },
             .on_batch = [this](int64_t s, const bus::BatchView& batch) { reports.samples(s, batch, tok); },
             .on_weights = [this](int64_t s, const auto& weights, json& line) { on_weights(s, weights, line); },
-            .on_step = [this](int64_t s, json& line) { on_step(s, line); }};
+            .on_step = [this](int64_t s, json& line) { on_step(s, line); },
+            .weights_dtype = to_scalar_type(cfg.model.dtype)};
   }
 };
 
@@ -153,8 +154,11 @@ int run_learner(const RoleContext& ctx) {
   }
   // Rank 0 talks to the hub and publishes weights; every rank trains its share.
   const bool lead = comm.rank() == 0;
-  // What a weight update carries: every weight, or with LoRA the adapters.
-  auto params = models.policy->model().sync_parameters();
+  // What a weight update carries (every weight, or with LoRA the adapters, in the engines'
+  // dtype): its layout, and at a resume the first version. A full copy of the model: released
+  // once published, not kept through the run.
+  const auto weights_dtype = to_scalar_type(cfg.model.dtype);
+  auto params = models.policy->model().sync_parameters(weights_dtype);
   // Colocated: the starting model becomes the rollout engine's (worker 0 runs in this process).
   std::unique_ptr<ColocatedRollout> rollout;
   if (colocated) {
@@ -167,6 +171,7 @@ int run_learner(const RoleContext& ctx) {
   start.reset();
   LeadLink link;
   if (lead) link = connect_lead(ctx, rollout.get(), step, params);
+  params = {};
   uint64_t trained_batch = 0;  // the hub's id of the last batch trained
   auto checkpoint = [&] { checkpointer.save(step, trained_batch, link.client.get()); };  // collective
 
@@ -208,7 +213,8 @@ int run_learner(const RoleContext& ctx) {
                           loaded,
                           "learner: the group re-formed, but there is no checkpoint to restore it from yet: the run "
                           "starts over");
-                      params = models.policy->model().sync_parameters();
+                      models.policy->model().sync_parameters(
+                          weights_dtype);  // the start's gather, as the replacement's
                       log::info("learner: the group re-formed (generation {}); restored step {} from {}",
                                 group.reformable->generation(), run_step(*loaded), loaded->dir.string());
                       return run_step(*loaded);

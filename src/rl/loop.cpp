@@ -322,7 +322,7 @@ std::optional<LearnerLoop::End> LearnerLoop::step_once(int64_t& step, const std:
   trace_span("train", t1_us);
   ++step;
   trained_batch_ = batch.batch_id;
-  const auto params = p_.models.policy.model().sync_parameters();  // collective; with LoRA the adapters
+  const auto params = p_.models.policy.model().sync_parameters(o_.weights_dtype);  // collective; with LoRA the adapters
   const double t2 = now_s();
   const int64_t t2_us = TraceWriter::now_us();
   const Published published = publish_weights(step, params, turn);

@@ -116,8 +116,9 @@ class ShardedTransformer {
   // The adapters by name (fp32, gathered on every rank); empty without LoRA.
   std::vector<std::pair<std::string, at::Tensor>> gather_lora_parameters();
   // What a weight update to rollout engines carries (collective): the adapters with LoRA,
-  // else every parameter (Transformer::sync_parameters()'s names and order).
-  std::vector<std::pair<std::string, at::Tensor>> sync_parameters();
+  // else every parameter (Transformer::sync_parameters()'s names and order), in `dtype`
+  // (the engines': a bf16 gather is half an fp32 one, and rounds as publishing would).
+  std::vector<std::pair<std::string, at::Tensor>> sync_parameters(at::ScalarType dtype = at::kFloat);
   // Trained mode LoRA: whether forward adds the adapters (off: the base weights, KL's
   // reference at no extra memory).
   void set_lora_active(bool on) { model_->set_lora_active(on); }
@@ -162,7 +163,8 @@ class ShardedTransformer {
   Communicator& comm_;
   FsdpOptions opt_;
   std::shared_ptr<Transformer> model_;
-  std::vector<std::pair<std::string, at::Tensor>> gather_units(size_t first, size_t end);
+  std::vector<std::pair<std::string, at::Tensor>> gather_units(size_t first, size_t end,
+                                                               at::ScalarType dtype = at::kFloat);
   // Units [first, end) from named full tensors (this rank's slice of each flat buffer).
   void load_units(size_t first, size_t end, const std::vector<std::pair<std::string, at::Tensor>>& named,
                   const char* what);

@@ -49,6 +49,9 @@ struct LoopOptions {
       on_weights;
   // Rank 0, after each step: the step's metrics (rlx's keys; add or write them).
   std::function<void(int64_t step, nlohmann::json& metrics)> on_step;
+  // The dtype a step's weights are gathered in for the publisher and on_weights: the
+  // engines' (the publisher converts to it anyway; a bf16 gather is half an fp32 copy).
+  at::ScalarType weights_dtype = at::kFloat;
 };
 
 struct LoopParts {

@@ -106,6 +106,14 @@ TEST_CASE("the sharded model computes what the plain model computes, gradients i
     auto params = sharded.gather_parameters();
     REQUIRE(params.size() == weights.size());
     for (auto& [n, p] : params) CHECK(at::equal(p, weights.at(n)));
+    // What a weight update carries, gathered in the engines' dtype: the masters rounded once.
+    auto bf16 = sharded.sync_parameters(at::kBFloat16);
+    REQUIRE(bf16.size() == params.size());
+    for (size_t i = 0; i < bf16.size(); ++i) {
+      CHECK(bf16[i].first == params[i].first);
+      CHECK(bf16[i].second.scalar_type() == at::kBFloat16);
+      CHECK(at::equal(bf16[i].second, params[i].second.to(at::kBFloat16)));
+    }
   }
 }
 
