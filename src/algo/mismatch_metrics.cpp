@@ -7,6 +7,8 @@
 #include <cmath>
 #include <limits>
 
+#include "rlx/core/device_copy.hpp"
+
 namespace rlx::algo {
 namespace {
 
@@ -27,7 +29,8 @@ const std::vector<std::string>& mismatch_bin_names() {
 }
 
 void add_mismatch_histogram(const at::Tensor& log_ratio, const at::Tensor& mask, MetricSums& sums) {
-  const auto edges = at::tensor(std::vector<double>(kEdges.begin(), kEdges.end()), at::kFloat).to(log_ratio.device());
+  const auto edges =
+      to_device_async(at::tensor(std::vector<double>(kEdges.begin(), kEdges.end()), at::kFloat), log_ratio.device());
   // bucketize: bin i holds edges[i - 1] < x <= edges[i].
   auto bins = at::bucketize(log_ratio.detach().to(at::kFloat).reshape({-1}), edges);
   auto counts =

@@ -34,6 +34,7 @@ void save_state(AutogradContext* ctx, const ForwardState& st) {
   if (!st.varlen.defined()) return;
   d["cu_q"] = st.varlen.cu_q;
   d["cu_k"] = st.varlen.cu_k;
+  if (st.varlen.kv_index.defined()) d["kv_index"] = st.varlen.kv_index;  // shared prefixes' keys
   d["q_lens"] = st.varlen.q_lens;
   d["k_lens"] = st.varlen.k_lens;
   d["max_q"] = st.varlen.max_q;
@@ -56,6 +57,7 @@ ForwardState load_state(AutogradContext* ctx) {
   if (d.count("cu_q") == 0) return st;
   st.varlen.cu_q = d["cu_q"].toTensor();
   st.varlen.cu_k = d["cu_k"].toTensor();
+  if (d.count("kv_index") != 0) st.varlen.kv_index = d["kv_index"].toTensor();
   st.varlen.q_lens = d["q_lens"].toIntVector();
   st.varlen.k_lens = d["k_lens"].toIntVector();
   st.varlen.max_q = d["max_q"].toInt();

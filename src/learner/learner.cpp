@@ -141,6 +141,18 @@ MicroBatch on_device(const MicroBatch& mb, at::Device device) {
   return d;
 }
 
+// What the model reads of a micro-batch: the device copies, but tokens (their range checked
+// on the host), segments, shared prefixes and the loss mask from the host, where attention's
+// layout and the trained positions are read.
+MicroBatch model_input(const MicroBatch& host, const MicroBatch& dev) {
+  MicroBatch in = dev;
+  in.tokens = host.tokens;
+  in.segments = host.segments;
+  in.prefix = host.prefix;
+  in.loss_mask = host.loss_mask;
+  return in;
+}
+
 // RLX_SYNC_DEBUG=warn|error: LibTorch's CUDA sync debug mode (torch.cuda.set_sync_debug_mode)
 // over the micro-batches' forwards, losses and backwards, where nothing should make the host
 // wait for the device: "error" throws at the operation that would, naming it.
@@ -217,7 +229,8 @@ StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_
     if (i < mbs.size()) {
       const auto& mb = mbs[i];
       const auto dmb = on_device(mb, opt_.fsdp.device);
-      loss = loss_fn(dmb, outputs(mb, opt_.entropy, /*trained_only=*/true, moe ? &trace : nullptr), ctx, metrics);
+      loss = loss_fn(dmb, outputs(model_input(mb, dmb), opt_.entropy, /*trained_only=*/true, moe ? &trace : nullptr),
+                     ctx, metrics);
       RLX_CHECK(loss.defined() && loss.numel() == 1, "loss function must return a scalar tensor");
       routing.add(trace, mb, opt_.routing_replay);
       r.tokens += (mb.segments > 0).sum().item<int64_t>();

@@ -377,7 +377,7 @@ at::Tensor Transformer::with_lora(const at::Tensor& y, std::initializer_list<con
         hash_name(fmt::format("lora-dropout/{}/{}", st.lora_key, site), lora_seed_));
     const double keep = 1.0 - lora_.dropout;
     auto mask = at::empty(x.sizes(), at::TensorOptions().dtype(at::kFloat)).bernoulli_(keep, gen).div_(keep);
-    in = x * mask.to(x.device(), x.scalar_type());
+    in = x * to_device_async(mask.to(x.scalar_type()), x.device());
   }
   const double s = lora_.scale();
   std::vector<at::Tensor> parts;

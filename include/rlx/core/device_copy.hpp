@@ -1,8 +1,9 @@
 // A host tensor's copy on a GPU that does not make the host wait. A blocking copy from
 // pageable memory returns only once the stream has run everything queued before it: in a
 // learner step that is a stall before each micro-batch's forward, the GPU idle while the
-// host queues the next kernels. Staged in pinned memory instead (LibTorch's caching host
-// allocator keeps the block until the copy has run), the copy is queued like a kernel.
+// host queues the next kernels. Staged in a fresh pinned block instead (contiguous, so no
+// pageable temporary; LibTorch's caching host allocator keeps it until the copy has run),
+// the copy is queued like a kernel, and the caller may change or free its tensor at once.
 //
 //   auto tokens = rlx::to_device_async(host_tokens, device);   // t.to(device) where it is not host -> GPU
 #pragma once
@@ -12,8 +13,11 @@
 namespace rlx {
 
 inline at::Tensor to_device_async(const at::Tensor& t, at::Device device) {
-  if (!t.defined() || !t.is_cpu() || !device.is_cuda()) return t.defined() ? t.to(device) : t;
-  return t.pin_memory().to(device, /*non_blocking=*/true);
+  if (!t.defined()) return t;
+  if (!t.is_cpu() || !device.is_cuda()) return t.to(device);
+  auto staged = at::empty(t.sizes(), t.options().pinned_memory(true));
+  staged.copy_(t);
+  return staged.to(device, /*non_blocking=*/true);
 }
 
 }  // namespace rlx

@@ -263,6 +263,44 @@ TEST_CASE("cuda: a learner step's micro-batches never make the host wait (RLX_SY
   }
 }
 
+// Groups of samples share their prompt (packed once: varlen attention reads it through the
+// prefix's key index). With activation checkpointing each block runs again in backward from
+// its saved state, the key index included: the same steps as without, in bf16.
+TEST_CASE("cuda: activation checkpointing with shared prompts through varlen attention gives the same steps (bf16)",
+          "[cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  std::vector<rlx::Sequence> batch;
+  for (int group = 0; group < 3; ++group)
+    for (int k = 0; k < 4; ++k) {
+      rlx::Sequence s;
+      for (int t = 0; t < 9 + 2 * group; ++t)
+        s.tokens.push_back((17 * t + 5 * group + 3) % 512), s.loss_mask.push_back(0);
+      for (int t = 0; t <= 2 + k; ++t) s.tokens.push_back((29 * t + 11 * k + group) % 512), s.loss_mask.push_back(1);
+      batch.push_back(std::move(s));
+    }
+  std::vector<rlx::StepResult> results;
+  for (bool checkpointing : {false, true}) {
+    auto comm = rlx::dist::single_process();
+    rlx::LearnerOptions o;
+    o.optimizer.lr = 1e-2;
+    o.packing.row_tokens = 64;
+    o.packing.micro_batch_tokens = 64;
+    o.fsdp.device = at::Device(at::kCUDA, 0);
+    o.fsdp.compute_dtype = at::kBFloat16;
+    o.fsdp.activation_checkpointing = checkpointing;
+    auto cfg = rlx::model_preset("tiny", rlx::Arch::qwen2);
+    rlx::Learner learner(cfg, *comm, o);
+    learner.init_weights(4);
+    for (int step = 0; step < 2; ++step) results.push_back(learner.step(batch, nll_loss));
+  }
+  CHECK(results[0].tokens < 12 * 14);  // the prompts ran once
+  for (int step = 0; step < 2; ++step) {
+    INFO("step " << step);
+    CHECK(results[2 + step].loss == Approx(results[step].loss).epsilon(1e-3));
+    CHECK(results[2 + step].grad_norm == Approx(results[step].grad_norm).epsilon(1e-2));
+  }
+}
+
 // What holds bitwise: attention (fixed splits) and the sampler (one block a row, integer
 // masses) do not depend on the batch. What does not: the GEMMs, whose kernels cuBLAS picks
 // by the batch's row count, so the logits of a row can differ in the last bits between a
