@@ -62,9 +62,9 @@ class RuleRow {
       if (z_[i] > m) m = z_[i], argmax_ = i;
     }
     w_.resize(z_.size());
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n; ++i) sum += w_[i] = std::exp(z_[i] - m);
-    log_total_ = std::log(sum);
+    uint64_t units = 0;
+    for (int64_t i = 0; i < n; ++i) units += hd::mass_units(w_[i] = std::exp(z_[i] - m));
+    log_total_ = hd::log_total_of_units(units);
     m_ = m;
     if (temperature == 0.0f) return;
     min_p_ = min_p;

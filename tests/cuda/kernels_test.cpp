@@ -183,55 +183,70 @@ TEST_CASE("cuda kernels: paged decode attention equals the reference, a row alon
   }
 }
 
+// Rows of Qwen's vocabulary (16-byte aligned: the sampler's vector loads) and rows of an odd
+// width and stride (element loads on misaligned rows, a short last vector on aligned ones),
+// where a row alone starts aligned but not inside the batch: its token and log-prob the same.
 TEST_CASE("cuda kernels: the sampler draws the CPU sampler's tokens, a row alone equals it in the batch", "[cuda]") {
   std::mt19937 g(5);
-  const int vocab = 151936, rows = 64;
-  for (DType dtype : {DType::f32, DType::bf16}) {
-    INFO(name(dtype));
-    auto logits = rounded(randn(static_cast<size_t>(rows) * vocab, g, 3.0f), dtype);
-    std::vector<float> temperature, min_p;
-    std::vector<int32_t> top_k;
-    std::vector<double> top_p, uniform;
-    std::vector<rlx::SamplingParams> params;
-    for (int r = 0; r < rows; ++r) {
-      rlx::SamplingParams p;
-      p.temperature = r % 8 == 0 ? 0.0 : 0.6 + 0.1 * (r % 7);
-      p.top_k = r % 3 == 0 ? 0 : 1 + (r * 37) % 200;
-      p.top_p = r % 4 == 0 ? 1.0 : 0.5 + 0.05 * (r % 10);
-      p.min_p = r % 5 == 0 ? 0.05 : 0.0;
-      params.push_back(p);
-      temperature.push_back(static_cast<float>(p.temperature));
-      top_k.push_back(static_cast<int32_t>(p.top_k));
-      top_p.push_back(p.top_p);
-      min_p.push_back(static_cast<float>(p.min_p));
-      uniform.push_back(rlx::sampling_uniform(9, "kernels", r, 0));
+  for (auto [vocab, stride, rows] : {std::tuple{151936, 151936, 64}, std::tuple{1001, 1003, 24}}) {
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      INFO(name(dtype) << " vocab " << vocab << " stride " << stride);
+      auto logits = rounded(randn(static_cast<size_t>(rows) * stride, g, 3.0f), dtype);
+      std::vector<float> temperature, min_p;
+      std::vector<int32_t> top_k;
+      std::vector<double> top_p, uniform;
+      std::vector<rlx::SamplingParams> params;
+      for (int r = 0; r < rows; ++r) {
+        rlx::SamplingParams p;
+        p.temperature = r % 8 == 0 ? 0.0 : 0.6 + 0.1 * (r % 7);
+        p.top_k = r % 3 == 0 ? 0 : 1 + (r * 37) % 200;
+        p.top_p = r % 4 == 0 ? 1.0 : 0.5 + 0.05 * (r % 10);
+        p.min_p = r % 5 == 0 ? 0.05 : 0.0;
+        params.push_back(p);
+        temperature.push_back(static_cast<float>(p.temperature));
+        top_k.push_back(static_cast<int32_t>(p.top_k));
+        top_p.push_back(p.top_p);
+        min_p.push_back(static_cast<float>(p.min_p));
+        uniform.push_back(rlx::sampling_uniform(9, "kernels", r, 0));
+      }
+      auto run = [&](int first, int n) {
+        Device x(encode(std::vector<float>(logits.begin() + static_cast<int64_t>(first) * stride,
+                                           logits.begin() + static_cast<int64_t>(first + n) * stride),
+                        dtype));
+        auto slice = [&](const auto& v) { return std::vector(v.begin() + first, v.begin() + first + n); };
+        Device dt(slice(temperature)), dk(slice(top_k)), dp(slice(top_p)), dm(slice(min_p)), du(slice(uniform));
+        Device tokens(static_cast<size_t>(n) * 8), logprobs(static_cast<size_t>(n) * 4);
+        rlx::cuda::SampleArgs a{.dtype = dtype,
+                                .logits = x.p,
+                                .row_stride = stride,
+                                .rows = n,
+                                .vocab = vocab,
+                                .temperature = dt.as<float>(),
+                                .top_k = dk.as<int32_t>(),
+                                .top_p = dp.as<double>(),
+                                .min_p = dm.as<float>(),
+                                .uniform = du.as<double>(),
+                                .tokens = tokens.as<int64_t>(),
+                                .logprobs = logprobs.as<float>()};
+        launch_ok(rlx::cuda::sample(a, nullptr));
+        cuda_ok(cudaDeviceSynchronize());
+        return std::pair{tokens.get<int64_t>(), logprobs.get<float>()};
+      };
+      auto [tokens, logprobs] = run(0, rows);
+      int differ = 0;
+      for (int r = 0; r < rows; ++r) {
+        auto cpu = rlx::sample_row(logits.data() + static_cast<int64_t>(r) * stride, vocab,
+                                   params[static_cast<size_t>(r)], uniform[static_cast<size_t>(r)]);
+        differ += cpu.token != tokens[static_cast<size_t>(r)];
+        CHECK(std::abs(cpu.logprob - logprobs[static_cast<size_t>(r)]) <= 1e-3);
+      }
+      CHECK(differ == 0);         // "up to ties": a tie needs an exp rounding right at a boundary
+      for (int r : {5, 9, 13}) {  // misaligned in the odd batch (aligned alone)
+        auto [one_token, one_logprob] = run(r, 1);
+        CHECK(one_token[0] == tokens[static_cast<size_t>(r)]);
+        CHECK(one_logprob[0] == logprobs[static_cast<size_t>(r)]);
+      }
     }
-    auto run = [&](int first, int n) {
-      Device x(encode(std::vector<float>(logits.begin() + static_cast<int64_t>(first) * vocab,
-                                         logits.begin() + static_cast<int64_t>(first + n) * vocab), dtype));
-      auto slice = [&](const auto& v) { return std::vector(v.begin() + first, v.begin() + first + n); };
-      Device dt(slice(temperature)), dk(slice(top_k)), dp(slice(top_p)), dm(slice(min_p)), du(slice(uniform));
-      Device tokens(static_cast<size_t>(n) * 8), logprobs(static_cast<size_t>(n) * 4);
-      rlx::cuda::SampleArgs a{.dtype = dtype, .logits = x.p, .row_stride = vocab, .rows = n, .vocab = vocab,
-                              .temperature = dt.as<float>(), .top_k = dk.as<int32_t>(), .top_p = dp.as<double>(),
-                              .min_p = dm.as<float>(), .uniform = du.as<double>(), .tokens = tokens.as<int64_t>(),
-                              .logprobs = logprobs.as<float>()};
-      launch_ok(rlx::cuda::sample(a, nullptr));
-      cuda_ok(cudaDeviceSynchronize());
-      return std::pair{tokens.get<int64_t>(), logprobs.get<float>()};
-    };
-    auto [tokens, logprobs] = run(0, rows);
-    int differ = 0;
-    for (int r = 0; r < rows; ++r) {
-      auto cpu = rlx::sample_row(logits.data() + static_cast<int64_t>(r) * vocab, vocab, params[static_cast<size_t>(r)],
-                                 uniform[static_cast<size_t>(r)]);
-      differ += cpu.token != tokens[static_cast<size_t>(r)];
-      CHECK(std::abs(cpu.logprob - logprobs[static_cast<size_t>(r)]) <= 1e-3);
-    }
-    CHECK(differ == 0);  // "up to ties": a tie needs an exp rounding right at a boundary
-    auto [one_token, one_logprob] = run(5, 1);
-    CHECK(one_token[0] == tokens[5]);
-    CHECK(one_logprob[0] == logprobs[5]);
   }
 }
 

@@ -29,6 +29,7 @@
 //   uint64_t need = rlx::hd::top_p_need(0.9, mass_of_top_k);
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #if !defined(__CUDA_ARCH__)
 #include <cstring>
@@ -61,6 +62,13 @@ RLX_HD uint32_t order_key(float x) {
 constexpr float kMassScale = 1099511627776.0f;  // 2^40: a vocabulary of 2^23 tokens sums below 2^64
 // A NaN w (a row outside the rule: inf - inf) has no mass, rather than an undefined conversion.
 RLX_HD uint64_t mass_units(float w) { return w > 0.0f ? static_cast<uint64_t>(w * kMassScale) : 0; }
+
+// log of the softmax's sum (over exp(z - max)) from the tokens' summed mass units: exact in
+// any order, so a row's log-probs do not depend on how a kernel splits it. Masses under one
+// unit (2^-40 of the maximum's) are dropped: at most vocab x 2^-40 of a sum >= 1.
+RLX_HD float log_total_of_units(uint64_t units) {
+  return static_cast<float>(::log(static_cast<double>(units) / static_cast<double>(kMassScale)));
+}
 
 // The mass the top-p set must reach out of `total`; at least 1, so the top token is kept.
 RLX_HD uint64_t top_p_need(double top_p, uint64_t total) {
