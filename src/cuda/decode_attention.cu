@@ -165,13 +165,18 @@ __global__ void __launch_bounds__(kWarps * 32) decode_split_kernel(DecodeAttenti
 // The split's block-table entries are read once, into shared memory. The warps then merge
 // in index order as above, and pass 2 is the same.
 template <class T, int D>
-__global__ void __launch_bounds__(kWarps * 32, D == 64 ? 4 : 3) decode_tile_kernel(DecodeAttentionArgs a, int max_splits) {
+__global__ void __launch_bounds__(kWarps * 32, 4) decode_tile_kernel(DecodeAttentionArgs a, int max_splits) {
   static_assert(sizeof(T) == 2, "the tiled kernel reads 16-bit keys and values");
   constexpr int kVec = 16 / sizeof(T);
   constexpr int kLanesPerToken = D / kVec;
   constexpr int kTokensPerRound = 32 / kLanesPerToken;
   constexpr int kTile = 32;
   constexpr int kRounds = kTile / kTokensPerRound;
+  // Key loads in flight a lane: 4 x 16 bytes (32 KB an SM at 4 blocks, twice what hides
+  // HBM's latency at full bandwidth). All of a tile's rounds at once (16 at head_dim 128)
+  // held 64 registers of keys and spilled 246 bytes at 168 registers; in fours: 111-128, none.
+  constexpr int kChunk = 4;
+  static_assert(kRounds % kChunk == 0);
   constexpr int kDims = D / 32;
   static_assert(D % kVec == 0 && 32 % kLanesPerToken == 0 && kDims >= 1 && (kDims == 2 || kDims == 4));
   using VecV = std::conditional_t<kDims == 2, uint32_t, uint2>;  // kDims values of T
@@ -222,27 +227,31 @@ __global__ void __launch_bounds__(kWarps * 32, D == 64 ? 4 : 3) decode_tile_kern
   }
 
   for (int tile0 = begin + warp * kTile; tile0 < end; tile0 += kWarps * kTile) {
-    // Scores.
-    uint4 kraw[kRounds];
+    // Scores, kChunk rounds of key loads at a time (all of them before their arithmetic).
 #pragma unroll
-    for (int r = 0; r < kRounds; ++r) {
-      const int t = tile0 + r * kTokensPerRound + sub;
-      kraw[r] = t < end ? *reinterpret_cast<const uint4*>(kpool + token_offset(t) + part * kVec) : make_uint4(0, 0, 0, 0);
-    }
-    for (int g = 0; g < heads; ++g) {
-      float qc[kVec];
+    for (int r0 = 0; r0 < kRounds; r0 += kChunk) {
+      uint4 kraw[kChunk];
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) qc[j] = s_q[g][part * kVec + j];
+      for (int r = 0; r < kChunk; ++r) {
+        const int t = tile0 + (r0 + r) * kTokensPerRound + sub;
+        kraw[r] =
+            t < end ? *reinterpret_cast<const uint4*>(kpool + token_offset(t) + part * kVec) : make_uint4(0, 0, 0, 0);
+      }
+      for (int g = 0; g < heads; ++g) {
+        float qc[kVec];
 #pragma unroll
-      for (int r = 0; r < kRounds; ++r) {
-        const T* kx = reinterpret_cast<const T*>(&kraw[r]);
-        float s = 0.0f;
+        for (int j = 0; j < kVec; ++j) qc[j] = s_q[g][part * kVec + j];
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) s += qc[j] * Num<T>::to(kx[j]);
+        for (int r = 0; r < kChunk; ++r) {
+          const T* kx = reinterpret_cast<const T*>(&kraw[r]);
+          float s = 0.0f;
 #pragma unroll
-        for (int offset = kLanesPerToken / 2; offset > 0; offset >>= 1) s += __shfl_xor_sync(0xffffffffu, s, offset);
-        const int tt = r * kTokensPerRound + sub;
-        if (part == 0) s_p[warp][g][tt] = tile0 + tt < end ? s : -__builtin_huge_valf();
+          for (int j = 0; j < kVec; ++j) s += qc[j] * Num<T>::to(kx[j]);
+#pragma unroll
+          for (int offset = kLanesPerToken / 2; offset > 0; offset >>= 1) s += __shfl_xor_sync(0xffffffffu, s, offset);
+          const int tt = (r0 + r) * kTokensPerRound + sub;
+          if (part == 0) s_p[warp][g][tt] = tile0 + tt < end ? s : -__builtin_huge_valf();
+        }
       }
     }
     __syncwarp();
