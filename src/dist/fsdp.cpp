@@ -311,6 +311,7 @@ void ShardedTransformer::release_all() {
 }
 
 void ShardedTransformer::abandon() {
+  reducing_.clear();
   for (auto& u : units_) {
     u.pending.reset();
     u.send = at::Tensor();
@@ -344,8 +345,26 @@ at::Tensor ShardedTransformer::reduce_gradients(size_t index, const std::vector<
     return flat;
   }
   auto shard = at::empty({u.shard_numel}, flat.options());
-  comm_.reduce_scatter(shard, flat, fmt::format("{} gradients", u.name))->wait();
-  return shard.to(at::kFloat);
+  auto work = comm_.reduce_scatter(shard, flat, fmt::format("{} gradients", u.name));
+  reducing_.push_back({.unit = index, .work = std::move(work), .flat = flat, .shard = shard});
+  while (reducing_.size() > kReducesInFlight) complete_reduce();
+  return {};
+}
+
+void ShardedTransformer::complete_reduce() {
+  auto r = std::move(reducing_.front());
+  reducing_.pop_front();
+  r.work->wait();
+  auto g = r.shard.to(at::kFloat);
+  auto& shard_grad = units_[r.unit].shard.mutable_grad();
+  if (shard_grad.defined())
+    shard_grad.add_(g);
+  else
+    shard_grad = g;
+}
+
+void ShardedTransformer::wait_reduces() {
+  while (!reducing_.empty()) complete_reduce();
 }
 
 at::Tensor ShardedTransformer::forward_hidden(const ForwardInput& in) {
@@ -382,6 +401,7 @@ at::Tensor ShardedTransformer::logits(const at::Tensor& hidden) {
 void ShardedTransformer::finish_backward() {
   auto& root = units_[0];
   if (!root.trained) {  // frozen (LoRA): its parameters have no gradient
+    wait_reduces();
     release(0);
     return;
   }
@@ -393,13 +413,16 @@ void ShardedTransformer::finish_backward() {
   }
   if (any) {
     auto g = reduce_gradients(0, grads);
-    auto& shard_grad = root.shard.mutable_grad();
-    if (shard_grad.defined())
-      shard_grad.add_(g);
-    else
-      shard_grad = g;
+    if (g.defined()) {  // one rank; with several it is queued below
+      auto& shard_grad = root.shard.mutable_grad();
+      if (shard_grad.defined())
+        shard_grad.add_(g);
+      else
+        shard_grad = g;
+    }
     for (auto& p : params_[0]) p.mutable_grad() = at::Tensor();
   }
+  wait_reduces();
   release(0);
 }
 

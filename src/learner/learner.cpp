@@ -211,6 +211,7 @@ StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_
   ctx.world_size = comm_.size();
 
   const auto trained = trained_tensors();
+  model_.wait_reduces();  // none in flight, unless a step before was cut short
   for (auto t : trained) t.mutable_grad() = at::Tensor();
   // Adapter dropout masks: a stream per (seed, rank, step), the same after a resume.
   model_.module().set_lora_dropout_seed(hash_name(fmt::format("lora-dropout/{}/{}", comm_.rank(), ctx.step), opt_.seed));
@@ -241,6 +242,7 @@ StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_
     }
     loss_sum += loss.detach().to(at::kDouble);  // read after the last backward: no host wait here
     loss.backward();
+    model_.wait_reduces();  // its last units' gradient shards (several ranks)
   }
   sync_debug.reset();
   model_.finish_backward();

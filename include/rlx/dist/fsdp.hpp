@@ -30,6 +30,7 @@
 
 #include <ATen/ATen.h>
 
+#include <deque>
 #include <memory>
 #include <string>
 #include <utility>
@@ -103,6 +104,9 @@ class ShardedTransformer {
   // After the last backward of a step: the root unit's gradients are reduce-scattered
   // into its shard's .grad and its full parameters freed.
   void finish_backward();
+  // After a backward (several ranks): waits for its reduce-scatters still in flight, each
+  // added to its unit's shard gradient in the order issued.
+  void wait_reduces();
   // Frees whatever is still gathered (after a forward without backward).
   void release_all();
   // After a collective of the group failed: drops the collectives in flight without waiting
@@ -152,12 +156,19 @@ class ShardedTransformer {
   void start_gather(size_t unit);
   void release(size_t unit);
   std::vector<at::Tensor> unit_parameters(size_t unit);
-  // Flattens the unit's parameter gradients and reduce-scatters them; returns the fp32 shard gradient.
+  // Flattens the unit's parameter gradients and reduce-scatters them into its shard's fp32
+  // gradient. One rank: returns that gradient (nothing to reduce). Several: the collective is
+  // queued and its result added to the shard's .grad when it lands, at most
+  // kReducesInFlight at a time (wait_reduces() waits for the rest), so backward runs on
+  // while it travels; returns an undefined tensor.
   at::Tensor reduce_gradients(size_t unit, const std::vector<at::Tensor>& grads);
+  static constexpr size_t kReducesInFlight = 2;
 
  private:
   void free_storage(ShardedUnit& u);
   void allocate_storage(ShardedUnit& u);
+  // Waits for the oldest reduce-scatter in flight and adds it to its unit's shard gradient.
+  void complete_reduce();
 
   ModelConfig cfg_;
   Communicator& comm_;
@@ -171,6 +182,12 @@ class ShardedTransformer {
 
   std::vector<ShardedUnit> units_;  // [0] root, [1 + l] layer l, then with LoRA [1 + L + l] layer l's adapters
   std::vector<std::vector<at::Tensor>> params_;  // the module's parameter tensors per unit, slot order
+  struct Reducing {
+    size_t unit = 0;
+    std::unique_ptr<Work> work;
+    at::Tensor flat, shard;  // the collective's input and output, alive until it lands
+  };
+  std::deque<Reducing> reducing_;  // reduce-scatters in flight, oldest first
 };
 
 }  // namespace rlx::dist
