@@ -1,7 +1,7 @@
 // The Jinja engine's syntax tree: what the parser (src/chat/jinja_parser.hpp) builds and
-// src/chat/jinja_render.cpp evaluates. Every node keeps its template line for errors; the
-// parser bounds the tree's height (ParseLimits), so that evaluating and destroying it
-// recurse a bounded number of levels.
+// src/chat/jinja_render_expr.cpp (expressions) and jinja_render.cpp (statements) evaluate.
+// Every node keeps its template line for errors; the parser bounds the tree's height
+// (ParseLimits), so that evaluating and destroying it recurse a bounded number of levels.
 #pragma once
 
 #include <memory>

@@ -1,8 +1,9 @@
 // The Jinja engine's evaluator state and the Python semantics its parts share: the renderer
 // (frames, control flow, the render's budget), value helpers (len, iteration, ordering, `in`, str
 // methods), and the entry points of the filters, tests and methods. Internal to src/chat:
-// jinja_python.cpp (values, methods), jinja_filters.cpp (filters, tests) and
-// jinja_render.cpp (expressions, statements, built-in functions).
+// jinja_python.cpp (values, dict and list methods), jinja_python_str.cpp (str and its methods),
+// jinja_filters.cpp and jinja_filters_seq.cpp (filters, tests), jinja_render_expr.cpp
+// (expressions) and jinja_render.cpp (statements, built-in functions).
 #pragma once
 
 #include <fmt/format.h>
@@ -95,7 +96,7 @@ class Renderer {
   bool call_test(const std::string& test, const Value& operand, Arguments& args);
 };
 
-// ---- Python's rules for values (jinja_python.cpp)
+// ---- Python's rules for values (jinja_python.cpp, str in jinja_python_str.cpp)
 std::string undefined_message(const Value& v);
 void require_defined(const Value& v);
 int64_t as_int(const Value& v, const char* what);
@@ -114,10 +115,14 @@ std::string capitalize(const std::string& s);
 std::string html_escape(const std::string& s);
 const std::string& need_string(const Value& v, const char* what);
 std::vector<int64_t> slice_indices(int64_t n, const Value& start_v, const Value& stop_v, const Value& step_v);
+// A method of a str, list or dict value, called with the value it is bound to.
+using MethodFn = Value (*)(const Value& self, Arguments& args);
+// `fn` bound to `self`: a function named "TYPE.NAME".
+Value bound_method(Value self, std::string name, MethodFn fn);
 // A str method bound to `self` (undefined when there is none of that name).
 Value string_method(const Value& self, const std::string& name);
 
-// A call's arguments, evaluated (jinja_render.cpp).
+// A call's arguments, evaluated (jinja_render_expr.cpp).
 Arguments evaluate_args(Renderer& r, const CallArgs& args, std::string callee);
 
 }  // namespace rlx::chat::jinja::detail

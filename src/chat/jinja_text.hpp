@@ -1,5 +1,6 @@
 // Python's text rules the Jinja engine needs: float repr, string repr, json.dumps options,
-// and UTF-8 code points (Python indexes and measures strings by code point).
+// and UTF-8 code points (Python indexes and measures strings by code point). Defined in
+// jinja_text.cpp.
 #pragma once
 
 #include <string>
@@ -13,6 +14,8 @@ class Value;
 
 std::string python_float(double d);
 std::string python_repr(std::string_view s);
+// python_repr(s) appended to `out`: repr() of a list or dict prints into one buffer.
+void python_repr_to(std::string& out, std::string_view s);
 
 // json.dumps' options as HF's `tojson` passes them through.
 struct JsonStyle {
