@@ -68,7 +68,8 @@ ForwardState load_state(AutogradContext* ctx) {
 // One transformer block as an autograd function of (its unit's shard, its input).
 // Forward gathers the block's weights, runs it and frees them; backward gathers
 // again, differentiates the block (recomputing it when checkpointing), and
-// returns the reduce-scattered shard gradient. `shard` is the block's trained shard (its
+// reduce-scatters the gradient into the shard's (returned on one rank; queued on
+// several: reduce_gradients). `shard` is the block's trained shard (its
 // adapters' with LoRA).
 struct BlockFunction : torch::autograd::Function<BlockFunction> {
   static Variable forward(AutogradContext* ctx, ShardedTransformer* self, int64_t layer, const ForwardState* st,

@@ -7,8 +7,10 @@
 // full parameters are all-gathered in the compute dtype (the next block's gather
 // is already in flight); after it runs they are freed. Backward gathers them
 // again, computes the block's gradients and reduce-scatters them (in the
-// reduce dtype) into the shard's .grad. The root unit stays gathered from the
-// start of forward to finish_backward().
+// reduce dtype) into the shard's .grad, the collective travelling while the next
+// blocks' backward runs (two in flight; wait_reduces() or finish_backward() waits
+// for the rest). The root unit stays gathered from the start of forward to
+// finish_backward().
 //
 // With activation checkpointing a block keeps only its input during forward and
 // recomputes itself in backward; without it the block's activations are kept.
