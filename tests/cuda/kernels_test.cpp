@@ -183,13 +183,15 @@ TEST_CASE("cuda kernels: paged decode attention equals the reference, a row alon
   }
 }
 
-// Rows of Qwen's vocabulary (16-byte aligned: the sampler's vector loads) and rows of an odd
-// width and stride (element loads on misaligned rows, a short last vector on aligned ones),
-// where a row alone starts aligned but not inside the batch: its token and log-prob the same.
+// Rows of Qwen's vocabulary (16-byte aligned: the sampler's vector loads) and rows of odd
+// widths and strides (element loads on misaligned rows, a short last vector on aligned ones;
+// at 10007 several units a thread in every pass and in the draw's chunks), where a row alone
+// starts aligned but not inside the batch: its token and log-prob the same.
 TEST_CASE("cuda kernels: the sampler draws the CPU sampler's tokens, a row alone equals it in the batch", "[cuda]") {
   std::mt19937 g(5);
-  for (auto [vocab, stride, rows] : {std::tuple{151936, 151936, 64}, std::tuple{1001, 1003, 24}}) {
-    for (DType dtype : {DType::f32, DType::bf16}) {
+  for (auto [vocab, stride, rows] :
+       {std::tuple{151936, 151936, 64}, std::tuple{1001, 1003, 24}, std::tuple{10007, 10011, 24}}) {
+    for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
       INFO(name(dtype) << " vocab " << vocab << " stride " << stride);
       auto logits = rounded(randn(static_cast<size_t>(rows) * stride, g, 3.0f), dtype);
       std::vector<float> temperature, min_p;

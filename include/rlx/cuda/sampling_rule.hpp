@@ -3,11 +3,12 @@
 //
 //   greedy (T = 0): the first index of the maximum; log-prob log_softmax(x)[token].
 //   otherwise (T >= kMinTemperature; SamplingParams::validate refuses anything between):
-//     z_i = x_i / T (fp32), m = max z, w_i = exp(z_i - m) in (0, 1] (fp32),
-//     log-prob of the drawn token = z_tok - m - log(sum_i w_i)   (before truncation).
+//     z_i = x_i / T (fp32), m = max z, w_i = exp(z_i - m) in (0, 1] (fp32).
 //     Each token's mass is an integer, q_i = floor(w_i * 2^40) (mass_units), so every sum
 //     below is exact and its order does not matter: the CPU's sequential loop and the
 //     kernel's parallel one give the same numbers for the same w.
+//     log-prob of the drawn token = z_tok - m - log(sum_i q_i / 2^40)   (before truncation;
+//     log_total_of_units: within vocab x 2^-40 of log(sum_i w_i), and the same in any order).
 //     Truncation keeps the tokens with z_i >= t_k, z_i >= t_p and w_i >= min_p, where
 //       t_k = the largest value with at least top_k tokens at or above it (the k-th
 //             largest z, ties at the boundary kept);          top_k = 0: no bound
