@@ -191,7 +191,10 @@ TEST_CASE("cuda kernels: the sampler draws the CPU sampler's tokens, a row alone
   std::mt19937 g(5);
   for (auto [vocab, stride, rows] :
        {std::tuple{151936, 151936, 64}, std::tuple{1001, 1003, 24}, std::tuple{10007, 10011, 24}}) {
+    // f16 at the small widths only: the sanitizers run this test too, the large rows twice is enough.
+    const bool large = vocab > 100000;
     for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+      if (large && dtype == DType::f16) continue;
       INFO(name(dtype) << " vocab " << vocab << " stride " << stride);
       auto logits = rounded(randn(static_cast<size_t>(rows) * stride, g, 3.0f), dtype);
       std::vector<float> temperature, min_p;
