@@ -128,6 +128,15 @@ struct BlockFunction : torch::autograd::Function<BlockFunction> {
 
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
+// A shard's gradient += g (the first one taken as it is).
+void accumulate_grad(at::Tensor shard, const at::Tensor& g) {
+  auto& grad = shard.mutable_grad();
+  if (grad.defined())
+    grad.add_(g);
+  else
+    grad = g;
+}
+
 }  // namespace
 
 ShardedTransformer::ShardedTransformer(const ModelConfig& cfg, Communicator& comm, FsdpOptions options)
@@ -356,12 +365,7 @@ void ShardedTransformer::complete_reduce() {
   auto r = std::move(reducing_.front());
   reducing_.pop_front();
   r.work->wait();
-  auto g = r.shard.to(at::kFloat);
-  auto& shard_grad = units_[r.unit].shard.mutable_grad();
-  if (shard_grad.defined())
-    shard_grad.add_(g);
-  else
-    shard_grad = g;
+  accumulate_grad(units_[r.unit].shard, r.shard.to(at::kFloat));
 }
 
 void ShardedTransformer::wait_reduces() {
@@ -414,13 +418,7 @@ void ShardedTransformer::finish_backward() {
   }
   if (any) {
     auto g = reduce_gradients(0, grads);
-    if (g.defined()) {  // one rank; with several it is queued below
-      auto& shard_grad = root.shard.mutable_grad();
-      if (shard_grad.defined())
-        shard_grad.add_(g);
-      else
-        shard_grad = g;
-    }
+    if (g.defined()) accumulate_grad(root.shard, g);  // one rank; with several it is queued below
     for (auto& p : params_[0]) p.mutable_grad() = at::Tensor();
   }
   wait_reduces();
@@ -480,10 +478,7 @@ std::vector<std::pair<std::string, at::Tensor>> ShardedTransformer::gather_units
     auto full = at::empty({u.padded}, u.shard.options().requires_grad(false));
     comm_.all_gather(full, u.shard.detach(), fmt::format("{} master weights", u.name))->wait();
     for (const auto& s : u.slots)
-      out.emplace_back(s.name, full.narrow(0, s.offset, s.numel)
-                                   .view(s.shape)
-                                   .to(dtype, /*non_blocking=*/false,
-                                       /*copy=*/true));
+      out.emplace_back(s.name, full.narrow(0, s.offset, s.numel).view(s.shape).to(dtype, false, /*copy=*/true));
   }
   return out;
 }

@@ -213,8 +213,8 @@ int run_learner(const RoleContext& ctx) {
                           loaded,
                           "learner: the group re-formed, but there is no checkpoint to restore it from yet: the run "
                           "starts over");
-                      models.policy->model().sync_parameters(
-                          weights_dtype);  // the start's gather, as the replacement's
+                      // The start's gather of the weights, as the replacement makes it (its result unused).
+                      models.policy->model().sync_parameters(weights_dtype);
                       log::info("learner: the group re-formed (generation {}); restored step {} from {}",
                                 group.reformable->generation(), run_step(*loaded), loaded->dir.string());
                       return run_step(*loaded);

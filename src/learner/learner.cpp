@@ -4,7 +4,6 @@
 #include <c10/core/GradMode.h>
 #include <algorithm>
 #include <cstdlib>
-#include <optional>
 
 #include "rlx/core/clock.hpp"
 #include "rlx/core/device_copy.hpp"
@@ -219,8 +218,8 @@ StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_
   MetricSums metrics;
   const bool moe = model_.config().num_experts > 0;
   RoutingStats routing;
-  std::optional<SyncDebugScope> sync_debug(std::in_place, opt_.fsdp.device);
   for (size_t i = 0; i < n_mbs; ++i) {
+    const SyncDebugScope sync_debug(opt_.fsdp.device);
     at::Tensor loss;
     RECORD_USER_SCOPE("rlx::learner::micro_batch");  // a named range for LibTorch's profiler
     // Lives until the micro-batch's backward, which reads it for the load-balancing loss
@@ -244,7 +243,6 @@ StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_
     loss.backward();
     model_.wait_reduces();  // its last units' gradient shards (several ranks)
   }
-  sync_debug.reset();
   model_.finish_backward();
   r.micro_batches = static_cast<int64_t>(mbs.size());
   if (value_head_.defined()) {
