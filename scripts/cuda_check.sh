@@ -233,7 +233,8 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
       # One GPU, the whole loop (train.placement = colocated): the throughput config (random
       # Qwen2.5-0.5B shape, 64 x 8 samples x 512 tokens a step), then generation alone and
       # training alone on its shapes; split placement with CUDA IPC weights; the quickstart's
-      # task from an SFT warm start.
+      # task from an SFT warm start. RLX_COLOCATED_ARGS (e.g. train.steps=4) overrides both
+      # throughput runs' config.
       have "$rlx" || return 0
       runs=$work/runs
       step colocated_throughput 400 "$rlx" run examples/configs/throughput_0.5b.yaml run.out_dir=$runs --force \
@@ -243,7 +244,7 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
       step colocated_train_alone 200 "$rlx" bench learner "${qwen05[@]}" "${bf16[@]}" --seq 576 --batch-seqs 512 \
         --micro-batch-tokens 16384 --steps 3 --ranks 1
       step split_throughput 400 "$rlx" run examples/configs/throughput_0.5b.yaml run.out_dir=$runs run.name=split_0.5b \
-        train.placement=split --force && cp $runs/split_0.5b/metrics.jsonl "$work/split_throughput.jsonl"
+        train.placement=split --force ${RLX_COLOCATED_ARGS:-} && cp $runs/split_0.5b/metrics.jsonl "$work/split_throughput.jsonl"
       step quickstart_sft 300 "$rlx" sft examples/configs/sft_arithmetic.yaml run.out_dir=$runs model.device=cuda
       step quickstart 400 "$rlx" run examples/configs/grpo_arithmetic_gpu.yaml run.out_dir=$runs \
         model.path=$runs/sft_arithmetic/final --force && cp $runs/grpo_arithmetic_gpu/metrics.jsonl "$work/quickstart.jsonl"
