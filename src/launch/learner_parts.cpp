@@ -28,9 +28,11 @@ LearnerGroup join_learner_group(const RunConfig& cfg) {
   // The ranks wait in collectives while rank 0 waits for a batch.
   auto ro = dist::rendezvous_from_env();
   ro.timeout_s = std::max(ro.timeout_s, cfg.train.batch_timeout_s + 60);
-  // Ranks on CUDA devices use NCCL where it is built, unless RLX_COMM_BACKEND says otherwise.
-  if (std::getenv("RLX_COMM_BACKEND") == nullptr)
-    ro.nccl = learner_options(cfg.learner, cfg.run.seed).fsdp.device.is_cuda() && dist::nccl_available();
+  // Ranks on CUDA devices use NCCL where it is built, unless RLX_COMM_BACKEND says otherwise;
+  // each rank's device is its current one (NCCL stages host tensors there).
+  const auto device = learner_device(cfg.model.device, ro.rank, ro.world_size, compat::cuda_device_count());
+  compat::set_current_device(device);
+  if (std::getenv("RLX_COMM_BACKEND") == nullptr) ro.nccl = device.is_cuda() && dist::nccl_available();
   if (const char* r = std::getenv(kLearnerReformEnv); r && std::string_view(r) == "1") {
     auto group = dist::connect_reformable(ro);
     if (group->finished()) {
@@ -69,8 +71,10 @@ void check_memory_plan(const RunConfig& cfg, const Transformer& start, const Lea
   if (rank == 0)
     log::info("learner: memory plan on {} ({} parameters{}):\n{}", cfg.model.device, parameters,
               colocated ? ", colocated with the rollout engine" : "", plan.describe());
-  const int64_t free = free_memory_bytes(cfg.model.device);
-  plan.check(free < 0 ? free : free + start_bytes, cfg.model.device);
+  // The starting model's bytes count as free where it sits on this rank's device.
+  const auto device = m.options.fsdp.device.str();
+  const int64_t free = free_memory_bytes(device);
+  plan.check(free < 0 ? free : free + (start.device() == m.options.fsdp.device ? start_bytes : 0), device);
 }
 
 // On-policy distillation: the teacher, frozen and sharded like the reference model.
@@ -97,12 +101,17 @@ LearnerModels build_models(const RunConfig& cfg, const Transformer& start, dist:
   algo::register_bundled_algorithms();
   LearnerModels m;
   m.algorithm = algo::make_algorithm(cfg.algorithm);
-  auto& lo = m.options = learner_options(cfg.learner, cfg.run.seed);
+  auto& lo = m.options =
+      learner_options(cfg.learner, cfg.run.seed,
+                      learner_device(cfg.model.device, comm.rank(), comm.size(), compat::cuda_device_count()));
   lo.fsdp.lora = cfg.model.lora;
   m.value_head = m.algorithm->needs_critic() && cfg.algorithm.critic == algo::CriticKind::head;
   lo.value_head = m.value_head;
   lo.entropy = true;  // the metric GRPO users watch most; in the loss when algorithm.entropy_coef > 0
   lo.routing_replay = cfg.algorithm.routing_replay;
+  if (lo.fsdp.device != start.device())
+    log::info("learner: rank {} trains on {} (the starting model is on {})", comm.rank(), lo.fsdp.device.str(),
+              start.device().str());
   check_memory_plan(cfg, start, m, comm.rank());
   m.policy = std::make_unique<Learner>(start.config(), comm, lo);
   m.policy->load_from(start);

@@ -95,7 +95,7 @@ int run_rm(const RunConfig& cfg) {
   auto start = initial_model(cfg, *tok);
   const int64_t end_token = std::max<int64_t>(start->config().eos_token_id, 0);
   auto comm = dist::single_process();
-  auto lo = learner_options(cfg.learner, cfg.run.seed);
+  auto lo = learner_options(cfg.learner, cfg.run.seed, at::Device(cfg.model.device));
   lo.optimizer.lr = cfg.rm.lr;
   lo.fsdp.lora = cfg.model.lora;
   lo.policy_head = false;  // the value head is the score head

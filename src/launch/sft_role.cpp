@@ -46,7 +46,7 @@ int run_sft(const RunConfig& cfg) {
   auto ao = cfg.algorithm;
   ao.name = "sft";
   auto sft = algo::make_algorithm(ao);
-  auto lo = learner_options(cfg.learner, cfg.run.seed);
+  auto lo = learner_options(cfg.learner, cfg.run.seed, at::Device(cfg.model.device));
   lo.optimizer.lr = cfg.sft.lr;
   lo.fsdp.lora = cfg.model.lora;
   Learner learner(model->config(), *comm, lo);

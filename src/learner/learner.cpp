@@ -288,8 +288,15 @@ StepResult Learner::step(const std::vector<Sequence>& batch, const LossFn& loss_
   return r;
 }
 
-LearnerOptions learner_options(const LearnerSection& s, uint64_t seed) {
+at::Device learner_device(const std::string& model_device, int rank, int world, int cuda_devices) {
+  const at::Device d(model_device);
+  if (!d.is_cuda() || d.has_index() || world <= 1 || cuda_devices <= 1) return d;
+  return {at::kCUDA, static_cast<c10::DeviceIndex>(rank % cuda_devices)};
+}
+
+LearnerOptions learner_options(const LearnerSection& s, uint64_t seed, at::Device device) {
   LearnerOptions o;
+  o.fsdp.device = device;
   o.optimizer = {.lr = s.lr, .beta1 = s.beta1, .beta2 = s.beta2, .eps = s.eps, .weight_decay = s.weight_decay};
   o.schedule = {.kind = s.schedule, .warmup_steps = s.warmup_steps, .total_steps = s.total_steps, .min_lr_ratio = s.min_lr_ratio};
   o.max_grad_norm = s.max_grad_norm;

@@ -80,6 +80,22 @@ inline int64_t device_free_bytes([[maybe_unused]] at::Device device) {
   return -1;
 }
 
+// CUDA devices this process sees (0 on a CPU build).
+inline int cuda_device_count() {
+#if RLX_WITH_CUDA
+  return static_cast<int>(c10::cuda::device_count());
+#else
+  return 0;
+#endif
+}
+
+// Makes a CUDA device this thread's current one (a no-op for the CPU).
+inline void set_current_device([[maybe_unused]] at::Device device) {
+#if RLX_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::set_device(device.has_index() ? device.index() : 0);
+#endif
+}
+
 // Waits for the work queued on `device` (a no-op on the CPU).
 inline void synchronize([[maybe_unused]] at::Device device) {
 #if RLX_WITH_CUDA

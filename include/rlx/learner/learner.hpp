@@ -144,8 +144,14 @@ void annotate_sequences(std::vector<Sequence>& seqs, const PackOptions& packing,
 // the whole vocabulary at once: logits [.., V], targets [..] -> [..].
 at::Tensor gather_logprobs(const at::Tensor& logits, const at::Tensor& targets);
 
-// The options a run config's `learner:` section describes (the learner's random stream
-// keyed by `seed`).
-LearnerOptions learner_options(const LearnerSection& section, uint64_t seed);
+// The options a run config's `learner:` section describes, on `device` (learner_device), the
+// learner's random stream keyed by `seed`.
+LearnerOptions learner_options(const LearnerSection& section, uint64_t seed, at::Device device);
+
+// The device of learner rank `rank` of `world` for a config's `model.device`: as written,
+// except that "cuda" without an index spreads a group of several ranks over the GPUs this
+// process sees (rank r on cuda:r mod count, the local rank where ranks fill each node's GPUs
+// in order, as torchrun's LOCAL_RANK does).
+at::Device learner_device(const std::string& model_device, int rank, int world, int cuda_devices);
 
 }  // namespace rlx
