@@ -26,7 +26,7 @@
 # end and rc), OUT/results.jsonl (one line a result: step, commit, device, clocks, seconds,
 # rc, the step's own JSON, never another step's), OUT/summary.txt (the figures against their
 # goals, printed last too) and OUT/bundle.tar.gz (each step's whole output, the kernel lists
-# and gzipped traces, ncu's CSVs, the profiles), rewritten after every step so a run cut short
+# and gzipped traces, ncu's CSVs, the profiles, the runs' logs and metrics), rewritten after every step so a run cut short
 # still returns what it did.
 set -uo pipefail
 out=${1:?usage: cuda_check.sh OUT [STEP...]}
@@ -52,7 +52,7 @@ say() { echo "== $(date +%T) +${SECONDS}s $*" | tee -a "$log"; }
 bundle() {
   flock "$work/.bundle" bash -c '
     pack() { tar czf "$2/bundle.tar.gz.part" -C "$1" --warning=no-file-changed --exclude="*.json" --exclude=.bundle \
-      --exclude=./runs --exclude="*.safetensors" --exclude="*.h5" "${@:3}" . 2>/dev/null; [ $? -le 1 ]; }
+      --exclude="./runs/*/final" --exclude="./runs/*/checkpoints" --exclude="./runs/*/step_*" --exclude="*.safetensors" --exclude="*.h5" "${@:3}" . 2>/dev/null; [ $? -le 1 ]; }
     pack "$1" "$2" || exit 0
     [ "$(stat -c %s "$2/bundle.tar.gz.part")" -gt $((15 << 20)) ] && { pack "$1" "$2" --exclude="*.gz" || exit 0; }
     mv "$2/bundle.tar.gz.part" "$2/bundle.tar.gz"' _ "$work" "$out"

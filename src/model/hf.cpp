@@ -97,7 +97,11 @@ ModelConfig model_config_from_hf(const json& j, std::string_view source) {
               where("sliding_window"), window, c.max_position_embeddings);
   }
   if (c.arch == Arch::qwen3_moe) {
-    c.num_experts = get.operator()<int64_t>("num_experts", 0, true);
+    // transformers >= 5 saves the count under its attribute_map's name (Mixtral's), the Hub's
+    // checkpoints under num_experts.
+    const char* experts =
+        j.contains("num_experts") || !j.contains("num_local_experts") ? "num_experts" : "num_local_experts";
+    c.num_experts = get.operator()<int64_t>(experts, 0, true);
     c.num_experts_per_tok = get.operator()<int64_t>("num_experts_per_tok", 0, true);
     c.moe_intermediate_size = get.operator()<int64_t>("moe_intermediate_size", 0, true);
     c.norm_topk_prob = get.operator()<bool>("norm_topk_prob", false, false);

@@ -5,6 +5,8 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
+
 #include "../helpers.hpp"
 #include "rlx/dist/comm.hpp"
 #include "rlx/algo/algorithm.hpp"
@@ -661,7 +663,7 @@ TEST_CASE(
       CHECK(engine.stats().graph_steps > 0);
       // The sampled tokens' log-probs against the CPU model's full forward of the same tokens.
       c10::NoGradGuard g;
-      double worst = 0;
+      std::vector<double> errors;
       for (size_t i = 0; i < reqs.size(); ++i) {
         const auto& s = results[i].samples.at(0);
         auto tokens = reqs[i].prompt;
@@ -669,11 +671,25 @@ TEST_CASE(
         auto ids = at::tensor(std::vector<int64_t>(tokens.begin(), tokens.end()), at::kLong).unsqueeze(0);
         auto logp = at::log_softmax(cpu->forward({.tokens = ids})[0], -1);
         for (size_t k = 0; k < s.tokens.size(); ++k)
-          worst = std::max(
-              worst, std::abs(logp[static_cast<int64_t>(reqs[i].prompt.size() + k) - 1][s.tokens[k]].item<double>() -
-                              s.logprobs[k]));
+          errors.push_back(std::abs(
+              logp[static_cast<int64_t>(reqs[i].prompt.size() + k) - 1][s.tokens[k]].item<double>() - s.logprobs[k]));
       }
-      CHECK(worst <= (dtype == at::kFloat ? 1e-3 : 0.15));
+      std::sort(errors.begin(), errors.end());
+      const double median = errors[errors.size() / 2], worst = errors.back();
+      const auto large = std::count_if(errors.begin(), errors.end(), [](double e) { return e > 0.05; });
+      INFO("median " << median << " worst " << worst << " over 0.05: " << large << " of " << errors.size());
+      if (dtype == at::kFloat) {
+        CHECK(worst <= 1e-3);
+      } else {
+        // bf16 weights and activations (a relative 2^-8 each) move a log-prob by about 0.004 here
+        // (the same model on the CPU in bf16 against fp32: median 0.004, 99th percentile 0.03); a
+        // router whose top 2 are within that of a tie picks another expert for its token, which
+        // moves that token's log-prob by far more (0.17 on the CPU at batch 12). So: the typical
+        // token tight, the large ones rare (a wrong gather or kernel would move most), none wild.
+        CHECK(median <= 0.02);
+        CHECK(large * 20 <= static_cast<int64_t>(errors.size()));
+        CHECK(worst <= 1.0);
+      }
     }
   }
 }

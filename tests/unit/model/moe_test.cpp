@@ -373,6 +373,13 @@ TEST_CASE("moe: configs from the Hub load; what rlx does not build is refused by
   CHECK(c.qk_norm);
   CHECK(c.sparse_layers() == std::vector<int64_t>{1});
   CHECK(c.num_active_parameters() < c.num_parameters());
+  // transformers >= 5 saves the expert count as num_local_experts (its attribute_map).
+  auto v5 = j;
+  v5.erase("num_experts");
+  v5["num_local_experts"] = 8;
+  CHECK(rlx::model_config_from_hf(v5, "config.json").num_experts == 8);
+  v5.erase("num_local_experts");
+  CHECK_THROWS_WITH(rlx::model_config_from_hf(v5, "config.json"), Contains("num_experts: required"));
   auto bad = j;
   bad["model_type"] = "qwen2_moe";
   CHECK_THROWS_WITH(rlx::model_config_from_hf(bad, "config.json"),
