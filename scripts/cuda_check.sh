@@ -166,6 +166,14 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
           --trace "$work/trace_decode_b$b" --trace-steps 5
         gzip -f "$work/trace_decode_b$b/trace.json" 2>/dev/null
       done
+      # The tensor-core attention kernel (decode_mma.cu; RLX_DECODE_ATTENTION=mma), the same
+      # runs, its kernel trace at batch 256.
+      for b in ${RLX_DECODE_BATCHES:-1 64 256}; do
+        local trace=(); [ "$b" = 256 ] && trace=(--trace "$work/trace_decode_b256_mma" --trace-steps 5)
+        step decode_b${b}_mma 120 env RLX_DECODE_ATTENTION=mma "$rlx" bench sampler "${qwen05[@]}" "${bf16[@]}" --batch $b \
+          --prompt 512 --new 128 --iters 1 --kv-cache-mb 4096 --max-batch-tokens 16384 --cuda-graphs 1 --overlap 1 "${trace[@]}"
+      done
+      gzip -f "$work/trace_decode_b256_mma/trace.json" 2>/dev/null
       bundle
       # With RLX_DECODE_VARIANTS=1: the previous attention kernel (RLX_DECODE_ATTENTION=split),
       # the sampler's filtered path, and cuBLAS for the small-batch projections (RLX_GEMV=0),
@@ -193,6 +201,8 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
       local ncu; ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
       step ncu_attention 120 "$ncu" --clock-control none --set full --kernel-name 'regex:decode_(tile|split)_kernel' --launch-skip 192 \
         --launch-count 1 --csv --page details --log-file "$work/ncu_attention.csv" "$rlx" bench sampler "${args[@]}"
+      step ncu_attention_mma 120 env RLX_DECODE_ATTENTION=mma "$ncu" --clock-control none --set full --kernel-name regex:decode_mma_kernel \
+        --launch-skip 192 --launch-count 1 --csv --page details --log-file "$work/ncu_attention_mma.csv" "$rlx" bench sampler "${args[@]}"
       step ncu_sampler 120 "$ncu" --clock-control none --set full --kernel-name regex:sample_kernel --launch-skip 20 \
         --launch-count 1 --csv --page details --log-file "$work/ncu_sampler.csv" "$rlx" bench sampler "${args[@]}" ;;
     learner)

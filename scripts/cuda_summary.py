@@ -55,6 +55,8 @@ def main():
         busy = t.get("busy_us_per_step", 0) / 1e3 / ms if t else 0
         split = result(f"decode_b{b}_split") or {}
         was = f"  split kernel {split['decode_step_ms']:.3f} ms" if "decode_step_ms" in split else ""
+        mma = result(f"decode_b{b}_mma") or {}
+        was += f"  mma kernel {mma['decode_step_ms']:.3f} ms" if "decode_step_ms" in mma else ""
         cublas = result(f"decode_b{b}_cublas") or {}
         was += f"  cuBLAS projections {cublas['decode_step_ms']:.3f} ms" if "decode_step_ms" in cublas else ""
         lines.append(f"  {b:>5} {ms:>8.3f} {roof:>11.3f} {roof / ms:>10.1%} {goal:>5.0%} {vs(comp):>11} {vs(hf):>7} "

@@ -10,47 +10,15 @@
 // Pass 2, grid (sequence, q_head): the splits merge in split order.
 //
 // Nothing depends on the batch: the split size is fixed, every reduction order is fixed.
-// decode_tile_kernel below is the default pass 1 for fp16 and bf16 (DecodeAttentionArgs::kernel).
+// decode_tile_kernel below is the default pass 1 for fp16 and bf16 (DecodeAttentionArgs::kernel);
+// decode_mma.cu has the tensor-core one.
 #include <cfloat>
 #include <type_traits>
 
-#include "common.cuh"
-#include "rlx/cuda/attention_math.hpp"
+#include "decode_attention.cuh"
 
 namespace rlx::cuda {
 namespace {
-
-constexpr int kWarps = 4;
-constexpr int kMaxGroup = 8;  // query heads per thread block; larger groups take several
-
-// Workspace per (sequence, q head, split): head_dim outputs (normalised), then m and l.
-__host__ __device__ inline int64_t partial_index(int seq, int head, int split, int q_heads, int max_splits, int d) {
-  return ((static_cast<int64_t>(seq) * q_heads + head) * max_splits + split) * (d + 2);
-}
-
-// The block's warps merge in index order; the block writes the split's (out / l, m, l) per
-// head to the workspace. Both pass-1 kernels end here, after a barrier.
-template <int D>
-__device__ void write_split(const DecodeAttentionArgs& a, const float (*s_acc)[kMaxGroup][D],
-                            const hd::SoftmaxState (*s_st)[kMaxGroup], int seq, int head0, int heads, int split,
-                            int max_splits) {
-  for (int i = threadIdx.x; i < heads * D; i += blockDim.x) {
-    const int g = i / D, d = i % D;
-    hd::SoftmaxState total = s_st[0][g];
-    float o = s_acc[0][g][d];
-    for (int w = 1; w < kWarps; ++w) {
-      float sa, sb;
-      hd::softmax_merge(total, s_st[w][g], sa, sb);
-      o = o * sa + s_acc[w][g][d] * sb;
-    }
-    float* dst = a.workspace + partial_index(seq, head0 + g, split, a.q_heads, max_splits, D);
-    dst[d] = total.l > 0.0f ? o / total.l : 0.0f;
-    if (d == 0) {
-      dst[D] = total.m;
-      dst[D + 1] = total.l;
-    }
-  }
-}
 
 template <class T, int D>
 __global__ void __launch_bounds__(kWarps * 32) decode_split_kernel(DecodeAttentionArgs a, int max_splits) {
@@ -59,17 +27,10 @@ __global__ void __launch_bounds__(kWarps * 32) decode_split_kernel(DecodeAttenti
   constexpr int kTokensPerWarp = 32 / kLanesPerToken;
   static_assert(D % kVec == 0 && 32 % kLanesPerToken == 0 && kTokensPerWarp >= 1);
 
-  const int seq = blockIdx.z, split = blockIdx.x;
-  const int len = a.context_lens[seq];
-  const int begin = split * hd::kDecodeSplitTokens;
-  if (begin >= len) return;
-  const int end = min(len, begin + hd::kDecodeSplitTokens);
-  const int group = a.q_heads / a.kv_heads;
-  const int chunks = (group + kMaxGroup - 1) / kMaxGroup;
-  const int kv_head = blockIdx.y / chunks;
-  const int g0 = (blockIdx.y % chunks) * kMaxGroup;
-  const int heads = min(kMaxGroup, group - g0);
-  const int head0 = kv_head * group + g0;
+  const SplitBlock w = split_block(a);
+  if (w.end <= w.begin) return;
+  const int seq = w.seq, split = w.split, begin = w.begin, end = w.end;
+  const int kv_head = w.kv_head, heads = w.heads, head0 = w.head0;
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int sub = lane / kLanesPerToken, part = lane % kLanesPerToken;
@@ -181,17 +142,10 @@ __global__ void __launch_bounds__(kWarps * 32, 4) decode_tile_kernel(DecodeAtten
   static_assert(D % kVec == 0 && 32 % kLanesPerToken == 0 && kDims >= 1 && (kDims == 2 || kDims == 4));
   using VecV = std::conditional_t<kDims == 2, uint32_t, uint2>;  // kDims values of T
 
-  const int seq = blockIdx.z, split = blockIdx.x;
-  const int len = a.context_lens[seq];
-  const int begin = split * hd::kDecodeSplitTokens;
-  if (begin >= len) return;
-  const int end = min(len, begin + hd::kDecodeSplitTokens);
-  const int group = a.q_heads / a.kv_heads;
-  const int chunks = (group + kMaxGroup - 1) / kMaxGroup;
-  const int kv_head = blockIdx.y / chunks;
-  const int g0 = (blockIdx.y % chunks) * kMaxGroup;
-  const int heads = min(kMaxGroup, group - g0);
-  const int head0 = kv_head * group + g0;
+  const SplitBlock w = split_block(a);
+  if (w.end <= w.begin) return;
+  const int seq = w.seq, split = w.split, begin = w.begin, end = w.end;
+  const int kv_head = w.kv_head, heads = w.heads, head0 = w.head0;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int sub = lane / kLanesPerToken, part = lane % kLanesPerToken;
 
@@ -334,7 +288,9 @@ int launch(const DecodeAttentionArgs& a, cudaStream_t stream) {
   const int chunks = (group + kMaxGroup - 1) / kMaxGroup;
   const dim3 grid(max_splits, a.kv_heads * chunks, a.batch);
   if constexpr (sizeof(T) == 2) {
-    if (a.kernel == DecodeAttentionKernel::tiled)
+    if (a.kernel == DecodeAttentionKernel::mma)
+      launch_decode_mma<T, D>(a, grid, max_splits, stream);
+    else if (a.kernel == DecodeAttentionKernel::tiled)
       decode_tile_kernel<T, D><<<grid, kWarps * 32, 0, stream>>>(a, max_splits);
     else
       decode_split_kernel<T, D><<<grid, kWarps * 32, 0, stream>>>(a, max_splits);

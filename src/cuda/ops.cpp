@@ -79,12 +79,14 @@ void head_backward_on_device(at::Tensor& z, const at::Tensor& targets, const at:
 }
 
 namespace {
-// RLX_DECODE_ATTENTION=split: the first pass-1 kernel, to compare against; else the tiled one.
+// RLX_DECODE_ATTENTION=split: the first pass-1 kernel, to compare against; =mma: the
+// tensor-core one; else the tiled one.
 DecodeAttentionKernel decode_attention_kernel() {
   static const DecodeAttentionKernel kernel = [] {
     const char* v = std::getenv("RLX_DECODE_ATTENTION");
     if (v == nullptr || std::strcmp(v, "tiled") == 0) return DecodeAttentionKernel::tiled;
-    RLX_CHECK(std::strcmp(v, "split") == 0, "RLX_DECODE_ATTENTION={:?}: expected tiled or split", v);
+    if (std::strcmp(v, "mma") == 0) return DecodeAttentionKernel::mma;
+    RLX_CHECK(std::strcmp(v, "split") == 0, "RLX_DECODE_ATTENTION={:?}: expected tiled, mma or split", v);
     return DecodeAttentionKernel::split;
   }();
   return kernel;

@@ -28,8 +28,10 @@ const char* error_string(int status);
 
 // Pass 1 of decode attention: `tiled` (fp16/bf16; fp32 takes `split`) computes each (token,
 // head) score once and updates the softmax once per 32 tokens; `split` is the first kernel,
-// one online-softmax update per token, kept to compare against (RLX_DECODE_ATTENTION=split).
-enum class DecodeAttentionKernel : int { tiled = 0, split = 1 };
+// one online-softmax update per token, kept to compare against (RLX_DECODE_ATTENTION=split);
+// `mma` (fp16/bf16, sm_80+) computes the scores and the weighted values on tensor cores
+// (RLX_DECODE_ATTENTION=mma).
+enum class DecodeAttentionKernel : int { tiled = 0, split = 1, mma = 2 };
 
 struct DecodeAttentionArgs {
   DType dtype = DType::bf16;

@@ -1,0 +1,69 @@
+// What the pass-1 kernels of paged decode attention share (decode_attention.cu: the split
+// and tiled kernels, pass 2 and the launcher; decode_mma.cu: the tensor-core kernel): the
+// block shape, the workspace of per-split partial results, and the warps' merge that ends
+// every pass 1.
+#pragma once
+
+#include "common.cuh"
+#include "rlx/cuda/attention_math.hpp"
+
+namespace rlx::cuda {
+
+constexpr int kWarps = 4;
+constexpr int kMaxGroup = 8;  // query heads per thread block; larger groups take several
+
+// Workspace per (sequence, q head, split): head_dim outputs (normalised), then m and l.
+__host__ __device__ inline int64_t partial_index(int seq, int head, int split, int q_heads, int max_splits, int d) {
+  return ((static_cast<int64_t>(seq) * q_heads + head) * max_splits + split) * (d + 2);
+}
+
+// A pass-1 block's work (grid: split, kv head x head chunk, sequence): split `split` of
+// sequence `seq`, its tokens [begin, end) (none where the sequence is shorter), for the query
+// heads [head0, head0 + heads) of kv head `kv_head`.
+struct SplitBlock {
+  int seq, split, begin, end, kv_head, head0, heads;
+};
+__device__ inline SplitBlock split_block(const DecodeAttentionArgs& a) {
+  SplitBlock w;
+  w.seq = blockIdx.z;
+  w.split = blockIdx.x;
+  w.begin = w.split * hd::kDecodeSplitTokens;
+  w.end = min(a.context_lens[w.seq], w.begin + hd::kDecodeSplitTokens);
+  const int group = a.q_heads / a.kv_heads, chunks = (group + kMaxGroup - 1) / kMaxGroup;
+  w.kv_head = blockIdx.y / chunks;
+  const int g0 = (blockIdx.y % chunks) * kMaxGroup;
+  w.heads = min(kMaxGroup, group - g0);
+  w.head0 = w.kv_head * group + g0;
+  return w;
+}
+
+// The block's warps merge in index order; the block writes the split's (out / l, m, l) per
+// head to the workspace. Both pass-1 kernels end here, after a barrier.
+template <int D>
+__device__ inline void write_split(const DecodeAttentionArgs& a, const float (*s_acc)[kMaxGroup][D],
+                                   const hd::SoftmaxState (*s_st)[kMaxGroup], int seq, int head0, int heads, int split,
+                                   int max_splits) {
+  for (int i = threadIdx.x; i < heads * D; i += blockDim.x) {
+    const int g = i / D, d = i % D;
+    hd::SoftmaxState total = s_st[0][g];
+    float o = s_acc[0][g][d];
+    for (int w = 1; w < kWarps; ++w) {
+      float sa, sb;
+      hd::softmax_merge(total, s_st[w][g], sa, sb);
+      o = o * sa + s_acc[w][g][d] * sb;
+    }
+    float* dst = a.workspace + partial_index(seq, head0 + g, split, a.q_heads, max_splits, D);
+    dst[d] = total.l > 0.0f ? o / total.l : 0.0f;
+    if (d == 0) {
+      dst[D] = total.m;
+      dst[D + 1] = total.l;
+    }
+  }
+}
+
+// Pass 1 on tensor cores (decode_mma.cu), fp16 and bf16, on the split kernel's grid and
+// workspace; sm_80 and newer.
+template <class T, int D>
+void launch_decode_mma(const DecodeAttentionArgs& a, dim3 grid, int max_splits, cudaStream_t stream);
+
+}  // namespace rlx::cuda

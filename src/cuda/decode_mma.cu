@@ -1,0 +1,215 @@
+// Paged decode attention, pass 1 on tensor cores (fp16 and bf16, sm_80 and newer). The grid,
+// the 128-token splits and the workspace are the other pass-1 kernels' (decode_attention.cu),
+// so pass 2 and batch invariance are theirs too. A block takes one split of one sequence for
+// the query heads (up to 8) that share a kv head; warp w takes the split's tokens
+// [32w, 32w + 32):
+//   load:    every lane issues all its 16-byte cp.async copies of the warp's keys and values
+//            before anything waits (zeros past the context), into shared memory swizzled so
+//            that ldmatrix's 8 rows of 16 bytes fall in 8 different bank groups;
+//   scores:  S[16 x 32] = Q K^T by mma.m16n8k16, the group's heads the rows (8 of the 16
+//            used), the tokens the columns: each (token, head) score once, with no conversion
+//            or multiply on the CUDA cores; Q's fragments come straight from global memory;
+//   softmax: a head's 32 scores sit in one lane quad: its max and sum are two shuffles each;
+//   values:  O[16 x D] = P V, P's fragments the score accumulators rounded to T (as flash
+//            attention rounds them), V's from ldmatrix.trans;
+// then the warps merge in index order (write_split), as in the other pass-1 kernels.
+#include <type_traits>
+
+#include "decode_attention.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "decode_mma.cu needs sm_80 or newer (RLX_CUDA_ARCHITECTURES)"
+#endif
+
+namespace rlx::cuda {
+namespace {
+
+constexpr int kTokensPerWarp = 32;
+static_assert(kWarps * kTokensPerWarp == hd::kDecodeSplitTokens);
+
+// c += A B on the tensor cores (m16n8k16, fp32 accumulators). A's rows 8-15 (a1, a3) are
+// zero: the group's heads fill rows 0-7.
+template <class T>
+__device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+  else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+
+// Two values rounded to T in one fragment register, `lo` in the low half.
+template <class T>
+__device__ __forceinline__ uint32_t pack(float lo, float hi) {
+  const T v[2] = {Num<T>::from(lo), Num<T>::from(hi)};
+  uint32_t r;
+  memcpy(&r, v, sizeof(r));
+  return r;
+}
+
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared without passing through registers; zeros where !valid.
+__device__ __forceinline__ void copy16_async(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// Four 8x8 matrices of 16-bit values, each row 16 bytes at the address its lane names
+// (lanes 8i..8i+7: matrix i); .trans hands each lane the transposed pairs.
+__device__ __forceinline__ void load_matrices(uint32_t (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(row)));
+}
+__device__ __forceinline__ void load_matrices_transposed(uint32_t (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(row)));
+}
+
+// Element index of 16-byte chunk `chunk` of row `row` in a [rows][D] tile whose chunks are
+// XOR-swizzled by the row's low 3 bits.
+template <int D>
+__device__ __forceinline__ int swizzled(int row, int chunk) {
+  return row * D + ((chunk ^ (row & 7)) << 3);
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(kWarps * 32) decode_mma_kernel(DecodeAttentionArgs a, int max_splits) {
+  static_assert(sizeof(T) == 2 && D % 32 == 0);
+  constexpr int kChunks = D / 8;              // 16-byte chunks of a row
+  constexpr int kTiles = kTokensPerWarp / 8;  // score tiles of 8 tokens
+  extern __shared__ __align__(16) unsigned char smem[];
+
+  const SplitBlock w = split_block(a);
+  if (w.end <= w.begin) return;
+  const int seq = w.seq, split = w.split, begin = w.begin, end = w.end;
+  const int kv_head = w.kv_head, heads = w.heads, head0 = w.head0;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int row = lane / 4, pair = lane % 4;  // a fragment's row (head) and column pair
+
+  // 1. The warp's keys and values, every copy in flight before any wait.
+  const int first = begin + warp * kTokensPerWarp;
+  const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks;
+  const hd::PagedLayout layout{a.block_size, a.kv_heads, D};
+  const T* kpool = static_cast<const T*>(a.k_pool);
+  const T* vpool = static_cast<const T*>(a.v_pool);
+  T* keys = reinterpret_cast<T*>(smem) + warp * kTokensPerWarp * D;
+  T* values = keys + hd::kDecodeSplitTokens * D;
+#pragma unroll
+  for (int i = lane; i < kTokensPerWarp * kChunks; i += 32) {
+    const int r = i / kChunks, c = i % kChunks, t = first + r;
+    const bool valid = t < end;
+    const int64_t at = valid ? hd::paged_token_offset(layout, table, t, kv_head) + c * 8 : 0;
+    copy16_async(keys + swizzled<D>(r, c), kpool + at, valid);
+    copy16_async(values + swizzled<D>(r, c), vpool + at, valid);
+  }
+  // Q's fragments while the copies land: row `row` is head head0 + row (zero past `heads`).
+  const T* q = static_cast<const T*>(a.q) + (static_cast<int64_t>(seq) * a.q_heads + head0 + row) * D + pair * 2;
+  uint32_t qf[D / 16][2];
+#pragma unroll
+  for (int k = 0; k < D / 16; ++k) {
+    qf[k][0] = row < heads ? *reinterpret_cast<const uint32_t*>(q + k * 16) : 0u;
+    qf[k][1] = row < heads ? *reinterpret_cast<const uint32_t*>(q + k * 16 + 8) : 0u;
+  }
+  wait_copies();
+  __syncwarp();
+
+  // 2. Scores: tile n holds tokens first + 8n .. +7; this lane's are 8n + 2 pair + {0, 1}.
+  const float qscale = a.scale * hd::kLog2e;
+  float s[kTiles][2];
+#pragma unroll
+  for (int n = 0; n < kTiles; ++n) {
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int k = 0; k < D / 32; ++k) {
+      uint32_t b[4];  // dims 32k .. 32k + 31 of the tile's 8 keys, 8 at a time
+      load_matrices(b, keys + swizzled<D>(n * 8 + lane % 8, k * 4 + lane / 8));
+      mma<T>(c, qf[2 * k][0], qf[2 * k][1], b[0], b[1]);
+      mma<T>(c, qf[2 * k + 1][0], qf[2 * k + 1][1], b[2], b[3]);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) s[n][j] = first + n * 8 + pair * 2 + j < end ? c[j] * qscale : -__builtin_huge_valf();
+  }
+
+  // 3. Softmax over the warp's 32 tokens, per head (the lane quad of its row).
+  float m = -__builtin_huge_valf();
+#pragma unroll
+  for (int n = 0; n < kTiles; ++n) m = fmaxf(m, fmaxf(s[n][0], s[n][1]));
+  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+  const float shift = m == -__builtin_huge_valf() ? 0.0f : m;  // a warp past the context: p = 0
+  float l = 0.0f;
+#pragma unroll
+  for (int n = 0; n < kTiles; ++n)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      s[n][j] = hd::hd_exp2(s[n][j] - shift);
+      l += s[n][j];
+    }
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+
+  // 4. Values: 16 tokens a step; each ldmatrix.trans gives two 8-dim tiles' fragments.
+  float o[D / 8][4];
+#pragma unroll
+  for (int d = 0; d < D / 8; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kTokensPerWarp / 16; ++k) {
+    const uint32_t p_lo = pack<T>(s[2 * k][0], s[2 * k][1]);
+    const uint32_t p_hi = pack<T>(s[2 * k + 1][0], s[2 * k + 1][1]);
+#pragma unroll
+    for (int d = 0; d < D / 16; ++d) {
+      uint32_t b[4];
+      load_matrices_transposed(b, values + swizzled<D>(k * 16 + (lane / 8 % 2) * 8 + lane % 8, d * 2 + lane / 16));
+      mma<T>(o[2 * d], p_lo, p_hi, b[0], b[1]);
+      mma<T>(o[2 * d + 1], p_lo, p_hi, b[2], b[3]);
+    }
+  }
+
+  // 5. Every warp is done with its keys and values: their space takes the partial results.
+  __syncthreads();
+  auto s_acc = reinterpret_cast<float(*)[kMaxGroup][D]>(smem);
+  auto s_st = reinterpret_cast<hd::SoftmaxState(*)[kMaxGroup]>(smem + sizeof(float) * kWarps * kMaxGroup * D);
+#pragma unroll
+  for (int d = 0; d < D / 8; ++d) {
+    s_acc[warp][row][d * 8 + pair * 2] = o[d][0];
+    s_acc[warp][row][d * 8 + pair * 2 + 1] = o[d][1];
+  }
+  if (pair == 0) s_st[warp][row] = hd::SoftmaxState{m, l};
+  __syncthreads();
+  write_split<D>(a, s_acc, s_st, seq, head0, heads, split, max_splits);
+}
+
+}  // namespace
+
+template <class T, int D>
+void launch_decode_mma(const DecodeAttentionArgs& a, dim3 grid, int max_splits, cudaStream_t stream) {
+  // Keys and values of a split; after them, the same space holds the warps' partial results.
+  constexpr size_t kShared = 2 * hd::kDecodeSplitTokens * D * sizeof(T);
+  static_assert(sizeof(float) * kWarps * kMaxGroup * D + sizeof(hd::SoftmaxState) * kWarps * kMaxGroup <= kShared);
+  // Over 48 KB (head_dim 128) a kernel must ask for it; a failure shows in the launch's status.
+  if constexpr (kShared > 48 * 1024)
+    (void)cudaFuncSetAttribute(decode_mma_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(kShared));
+  decode_mma_kernel<T, D><<<grid, kWarps * 32, kShared, stream>>>(a, max_splits);
+}
+
+template void launch_decode_mma<__half, 64>(const DecodeAttentionArgs&, dim3, int, cudaStream_t);
+template void launch_decode_mma<__half, 128>(const DecodeAttentionArgs&, dim3, int, cudaStream_t);
+template void launch_decode_mma<__nv_bfloat16, 64>(const DecodeAttentionArgs&, dim3, int, cudaStream_t);
+template void launch_decode_mma<__nv_bfloat16, 128>(const DecodeAttentionArgs&, dim3, int, cudaStream_t);
+
+}  // namespace rlx::cuda
