@@ -191,8 +191,9 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
         --batch 1 --prompt 512 --new 128 --iters 1 --kv-cache-mb 4096 --max-batch-tokens 16384
       bundle ;;
     ncu)
-      # One decode-attention launch and one sampler launch at batch 256, past the warm-up,
-      # every section (ncu --set full), each to its own CSV so a timeout keeps the other.
+      # One decode-attention launch (each pass-1 kernel) and one sampler launch at batch 256, and
+      # rlx's GEMV at batch 1, past the warm-up, every section (ncu --set full), each to its own
+      # CSV so a timeout keeps the others.
       have "$rlx" || return 0
       # --launch-skip counts the kernels the name matches: the warm-up request (4 tokens: 3
       # decode steps of 24 layers) and the batch's prefill steps are skipped, then 5 decode steps.
@@ -203,6 +204,11 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
         --launch-count 1 --csv --page details --log-file "$work/ncu_attention.csv" "$rlx" bench sampler "${args[@]}"
       step ncu_attention_mma 120 env RLX_DECODE_ATTENTION=mma "$ncu" --clock-control none --set full --kernel-name regex:decode_mma_kernel \
         --launch-skip 192 --launch-count 1 --csv --page details --log-file "$work/ncu_attention_mma.csv" "$rlx" bench sampler "${args[@]}"
+      # rlx's GEMV at batch 1: 4 consecutive launches (one layer's qkv, o, gate-up and down in
+      # some order) past the warm-up's 3 decode steps x 24 layers x 4.
+      step ncu_gemv 120 "$ncu" --clock-control none --set full --kernel-name regex:gemv_kernel --launch-skip 400 \
+        --launch-count 4 --csv --page details --log-file "$work/ncu_gemv.csv" "$rlx" bench sampler "${qwen05[@]}" "${bf16[@]}" \
+        --batch 1 --prompt 512 --new 24 --iters 1 --kv-cache-mb 4096 --max-batch-tokens 16384 --cuda-graphs 0 --overlap 0
       step ncu_sampler 120 "$ncu" --clock-control none --set full --kernel-name regex:sample_kernel --launch-skip 20 \
         --launch-count 1 --csv --page details --log-file "$work/ncu_sampler.csv" "$rlx" bench sampler "${args[@]}" ;;
     learner)
