@@ -176,7 +176,7 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
       gzip -f "$work/trace_decode_b256_mma/trace.json" 2>/dev/null
       bundle
       # With RLX_DECODE_VARIANTS=1: the previous attention kernel (RLX_DECODE_ATTENTION=split),
-      # the sampler's filtered path, and cuBLAS for the small-batch projections (RLX_GEMV=0),
+      # the sampler's filtered path, and rlx's GEMV for the small-batch projections (RLX_GEMV=1),
       # for the new kernels' gains (off by default: the lease's minutes go to the plan's later steps).
       [ "${RLX_DECODE_VARIANTS:-0}" = 1 ] || return 0
       for b in ${RLX_DECODE_V1_BATCHES:-1 256}; do
@@ -187,7 +187,7 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
       # candidates) against plain temperature sampling at batch 256 (decode_b256 above).
       step decode_b256_topp 120 "$rlx" bench sampler "${qwen05[@]}" "${bf16[@]}" --batch 256 --prompt 512 --new 128 \
         --iters 1 --kv-cache-mb 4096 --max-batch-tokens 16384 --temperature 0.7 --top-k 50 --top-p 0.9
-      step decode_b1_cublas 120 env RLX_GEMV=0 "$rlx" bench sampler "${qwen05[@]}" "${bf16[@]}" \
+      step decode_b1_gemv 120 env RLX_GEMV=1 "$rlx" bench sampler "${qwen05[@]}" "${bf16[@]}" \
         --batch 1 --prompt 512 --new 128 --iters 1 --kv-cache-mb 4096 --max-batch-tokens 16384
       bundle ;;
     ncu)
@@ -204,9 +204,9 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
         --launch-count 1 --csv --page details --log-file "$work/ncu_attention.csv" "$rlx" bench sampler "${args[@]}"
       step ncu_attention_mma 120 env RLX_DECODE_ATTENTION=mma "$ncu" --clock-control none --set full --kernel-name regex:decode_mma_kernel \
         --launch-skip 192 --launch-count 1 --csv --page details --log-file "$work/ncu_attention_mma.csv" "$rlx" bench sampler "${args[@]}"
-      # rlx's GEMV at batch 1: 4 consecutive launches (one layer's qkv, o, gate-up and down in
-      # some order) past the warm-up's 3 decode steps x 24 layers x 4.
-      step ncu_gemv 120 "$ncu" --clock-control none --set full --kernel-name regex:gemv_kernel --launch-skip 400 \
+      # rlx's GEMV at batch 1 (RLX_GEMV=1): 4 consecutive launches (one layer's qkv, o, gate-up
+      # and down in some order) past the warm-up's 3 decode steps x 24 layers x 4.
+      step ncu_gemv 120 env RLX_GEMV=1 "$ncu" --clock-control none --set full --kernel-name regex:gemv_kernel --launch-skip 400 \
         --launch-count 4 --csv --page details --log-file "$work/ncu_gemv.csv" "$rlx" bench sampler "${qwen05[@]}" "${bf16[@]}" \
         --batch 1 --prompt 512 --new 24 --iters 1 --kv-cache-mb 4096 --max-batch-tokens 16384 --cuda-graphs 0 --overlap 0
       step ncu_sampler 120 "$ncu" --clock-control none --set full --kernel-name regex:sample_kernel --launch-skip 20 \

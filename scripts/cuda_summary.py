@@ -57,8 +57,8 @@ def main():
         was = f"  split kernel {split['decode_step_ms']:.3f} ms" if "decode_step_ms" in split else ""
         mma = result(f"decode_b{b}_mma") or {}
         was += f"  mma kernel {mma['decode_step_ms']:.3f} ms" if "decode_step_ms" in mma else ""
-        cublas = result(f"decode_b{b}_cublas") or {}
-        was += f"  cuBLAS projections {cublas['decode_step_ms']:.3f} ms" if "decode_step_ms" in cublas else ""
+        gemv = result(f"decode_b{b}_gemv") or {}
+        was += f"  rlx GEMV projections {gemv['decode_step_ms']:.3f} ms" if "decode_step_ms" in gemv else ""
         lines.append(f"  {b:>5} {ms:>8.3f} {roof:>11.3f} {roof / ms:>10.1%} {goal:>5.0%} {vs(comp):>11} {vs(hf):>7} "
                      f"{t.get('launches_per_step', 0):>12.0f} {busy:>5.0%}  graphs {d.get('graph_steps')}"
                      f"  setup {d.get('setup_s', 0):.0f} s{was}")

@@ -65,9 +65,10 @@ std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& x, const a
                                                     const at::Tensor& inv_rms, const at::Tensor& grad);
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, double scale, bool transpose);
 at::Tensor silu_mul_backward(const at::Tensor& gate_up, const at::Tensor& grad);
-// x [..., K] w [N, K]^T (+ b [N]): the small-batch kernel (cuda::gemv: at most 8 rows, fp16/bf16,
-// K a multiple of 8, contiguous, 16-byte aligned) where it applies, else at::linear. No
-// autograd (decode only); RLX_GEMV=0 keeps at::linear everywhere (to compare).
+// x [..., K] w [N, K]^T (+ b [N]): at::linear, or with RLX_GEMV=1 the small-batch kernel
+// (cuda::gemv: at most 8 rows, fp16/bf16, K a multiple of 8, contiguous, 16-byte aligned) where
+// it applies (slower than cuBLAS at batch 1 on an H200; kept to improve and compare). No
+// autograd (decode only). MoE's expert-indexed projections (expert_linear) always use it.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 
 }  // namespace rlx::cuda

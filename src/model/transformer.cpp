@@ -243,8 +243,8 @@ void Transformer::fuse_projections() {
 }
 
 namespace {
-// A fused (no-grad) layer's projection: on a GPU at small batch the engine's GEMV kernel
-// (cuda::linear falls back to at::linear where it does not apply).
+// A fused (no-grad) layer's projection: on a GPU cuda::linear (cuBLAS, or with RLX_GEMV=1 the
+// engine's GEMV kernel at small batch).
 at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
 #if RLX_WITH_CUDA
   if (x.is_cuda()) return cuda::linear(x, w, b);
