@@ -5,6 +5,12 @@
 // top-p, and the inverse-CDF draw in vocabulary order (a scan of integer masses over
 // contiguous chunks, one per thread). Masses are integers, so the sums are exact and the
 // draw equals the CPU sampler's.
+// At small batch one block a row is one SM's work (108 us a draw at batch 1 on an H200): with
+// a workspace, slices of each row take the maximum and the sum first, many blocks a row
+// (slice_max_kernel, slice_mass_kernel), and the row's block reads them and scans only the
+// slice that holds its draw. The sums are the same integers, so the draw is too.
+#include <algorithm>
+
 #include "common.cuh"
 #include "rlx/cuda/sampling_rule.hpp"
 
@@ -88,8 +94,129 @@ __device__ uint32_t block_radix_select(const Row<T>& row, A need, KeyOf key_of, 
   return prefix;
 }
 
+// The block's maximum of `best` and the first index of it; every thread gets both. `s_float`
+// and `s_int` hold a value per warp.
+__device__ void block_argmax(float& best, int& best_i, float* s_float, int* s_int) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, offset);
+    const int oi = __shfl_xor_sync(0xffffffffu, best_i, offset);
+    if (ov > best || (ov == best && oi < best_i)) best = ov, best_i = oi;
+  }
+  if (threadIdx.x % 32 == 0) s_float[threadIdx.x / 32] = best, s_int[threadIdx.x / 32] = best_i;
+  __syncthreads();
+  best = s_float[0], best_i = s_int[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w)
+    if (s_float[w] > best || (s_float[w] == best && s_int[w] < best_i)) best = s_float[w], best_i = s_int[w];
+  __syncthreads();
+}
+
+// Inverse CDF over the units [lo_u, hi_u) in vocabulary order: thread j owns contiguous chunk
+// j. The token is the first whose running kept mass exceeds target_of(total kept mass in the
+// range); `fallback` where nothing has mass.
+template <class T, class Kept, class TargetOf>
+__device__ int inverse_cdf(const Row<T>& row, int lo_u, int hi_u, Kept kept_mass, TargetOf target_of, int fallback,
+                           unsigned long long* s_u64, int* s_token) {
+  if (threadIdx.x == 0) *s_token = fallback;  // the scan's barrier orders this write first
+  const int threads = static_cast<int>(blockDim.x);
+  const int chunk = (hi_u - lo_u + threads - 1) / threads;
+  const int lo = min(hi_u, lo_u + static_cast<int>(threadIdx.x) * chunk), hi = min(hi_u, lo + chunk);
+  unsigned long long mine = 0;
+  row.visit(lo, 1, hi, [&](int, float zi) { mine += kept_mass(zi); });
+  unsigned long long incl = mine;  // inclusive scan over the threads
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const unsigned long long o = __shfl_up_sync(0xffffffffu, incl, offset);
+    if (lane >= offset) incl += o;
+  }
+  if (lane == 31) s_u64[warp] = incl;
+  __syncthreads();
+  unsigned long long before_warp = 0, total = 0;
+  for (int w = 0; w < threads / 32; ++w) {
+    if (w < warp) before_warp += s_u64[w];
+    total += s_u64[w];
+  }
+  const unsigned long long excl = before_warp + incl - mine;
+  const unsigned long long target = target_of(total);
+  if (mine > 0 && excl <= target && target < excl + mine) {
+    unsigned long long run = excl;
+    row.visit(lo, 1, hi, [&](int i, float zi) {
+      if (run > target) return;  // found at an earlier element
+      run += kept_mass(zi);
+      if (run > target) *s_token = i;
+    });
+  }
+  __syncthreads();
+  return *s_token;
+}
+
+// A row's slice: its maximum and first index of it, then its mass in units of that row's
+// maximum (16 bytes a (row, slice) in the workspace).
+struct SliceStats {
+  float max;
+  int arg;
+  unsigned long long mass;
+};
+
 template <class T>
-__global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
+__device__ Row<T> row_of(const SampleArgs& a, int r) {
+  const float temperature = a.temperature[r];
+  return Row<T>(static_cast<const T*>(a.logits) + static_cast<int64_t>(r) * a.row_stride, a.vocab,
+                temperature == 0.0f ? 1.0f : temperature);
+}
+
+// Units [lo, hi) of slice s of a row cut into `slices`.
+__device__ void slice_range(int units, int slices, int s, int& lo, int& hi) {
+  const int per = (units + slices - 1) / slices;
+  lo = min(units, s * per);
+  hi = min(units, lo + per);
+}
+
+constexpr int kSliceThreads = 256;
+
+// grid (slices, rows): each slice's maximum and its first index.
+template <class T>
+__global__ void __launch_bounds__(kSliceThreads) slice_max_kernel(SampleArgs a, int slices) {
+  __shared__ float s_float[kSliceThreads / 32];
+  __shared__ int s_int[kSliceThreads / 32];
+  const int r = blockIdx.y, s = blockIdx.x;
+  const Row<T> row = row_of<T>(a, r);
+  int lo, hi;
+  slice_range(row.units, slices, s, lo, hi);
+  float best = -__builtin_huge_valf();
+  int best_i = a.vocab;
+  row.visit(lo + static_cast<int>(threadIdx.x), blockDim.x, hi, [&](int i, float v) {
+    if (v > best) best = v, best_i = i;
+  });
+  block_argmax(best, best_i, s_float, s_int);
+  if (threadIdx.x == 0) {
+    auto& out = static_cast<SliceStats*>(a.workspace)[static_cast<int64_t>(r) * slices + s];
+    out.max = best;
+    out.arg = best_i;
+  }
+}
+
+// grid (slices, rows): each slice's mass in units of the row's maximum (over every slice's).
+template <class T>
+__global__ void __launch_bounds__(kSliceThreads) slice_mass_kernel(SampleArgs a, int slices) {
+  __shared__ unsigned long long s_u64[kSliceThreads / 32];
+  const int r = blockIdx.y, s = blockIdx.x;
+  auto* stats = static_cast<SliceStats*>(a.workspace) + static_cast<int64_t>(r) * slices;
+  float m = -__builtin_huge_valf();
+  for (int j = 0; j < slices; ++j) m = fmaxf(m, stats[j].max);
+  const Row<T> row = row_of<T>(a, r);
+  int lo, hi;
+  slice_range(row.units, slices, s, lo, hi);
+  unsigned long long units = 0;
+  row.visit(lo + static_cast<int>(threadIdx.x), blockDim.x, hi,
+            [&](int, float zi) { units += hd::mass_units(expf(zi - m)); });
+  units = block_reduce(units, SumOp{}, s_u64);
+  if (threadIdx.x == 0) stats[s].mass = units;
+}
+
+// One block a row. `slices` > 1: the workspace holds the row's slices (above), which a row
+// without top-k, top-p or min-p uses instead of its own passes.
+template <class T>
+__global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a, int slices) {
   __shared__ float s_float[32];
   __shared__ int s_int[32];
   __shared__ unsigned long long s_u64[32];
@@ -99,10 +226,42 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
   __shared__ int s_token;
 
   const int row_index = blockIdx.x, n = a.vocab;
-  const float temperature = a.temperature[row_index];
-  const bool greedy = temperature == 0.0f;
-  const Row<T> row(static_cast<const T*>(a.logits) + static_cast<int64_t>(row_index) * a.row_stride, n,
-                   greedy ? 1.0f : temperature);
+  const bool greedy = a.temperature[row_index] == 0.0f;
+  const Row<T> row = row_of<T>(a, row_index);
+  const int top_k = a.top_k[row_index];
+  const double top_p = a.top_p[row_index];
+  const float min_p = a.min_p[row_index];
+
+  if (slices > 1 && !(top_k > 0 && top_k < n) && !(top_p < 1.0) && !(min_p > 0.0f)) {
+    // The slices' maximum (the first slice's on ties: its first index is the row's) and sum.
+    const auto* stats = static_cast<const SliceStats*>(a.workspace) + static_cast<int64_t>(row_index) * slices;
+    float m = stats[0].max;
+    int best_i = stats[0].arg;
+    unsigned long long total = 0;
+    for (int j = 0; j < slices; ++j) {
+      if (stats[j].max > m) m = stats[j].max, best_i = stats[j].arg;
+      total += stats[j].mass;
+    }
+    const float log_total = hd::log_total_of_units(total);
+    int token = best_i < n ? best_i : 0;
+    if (!greedy && total > 0) {
+      // The slice whose running mass passes the target, then that slice's units alone.
+      const unsigned long long target = hd::draw_target(a.uniform[row_index], total);
+      unsigned long long before = 0;
+      int s = 0;
+      while (s + 1 < slices && before + stats[s].mass <= target) before += stats[s++].mass;
+      int lo, hi;
+      slice_range(row.units, slices, s, lo, hi);
+      token = inverse_cdf(
+          row, lo, hi, [&](float zi) { return static_cast<unsigned long long>(hd::mass_units(expf(zi - m))); },
+          [&](unsigned long long) { return target - before; }, token, s_u64, &s_token);
+    }
+    if (threadIdx.x == 0) {
+      a.tokens[row_index] = token;
+      a.logprobs[row_index] = greedy ? -log_total : row.z(token) - m - log_total;
+    }
+    return;
+  }
 
   // The maximum and its first index.
   float best = -__builtin_huge_valf();
@@ -110,17 +269,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
   row.for_each([&](int i, float v) {
     if (v > best) best = v, best_i = i;  // i grows within a thread: the first of equal values stays
   });
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, best, offset);
-    const int oi = __shfl_xor_sync(0xffffffffu, best_i, offset);
-    if (ov > best || (ov == best && oi < best_i)) best = ov, best_i = oi;
-  }
-  if (threadIdx.x % 32 == 0) s_float[threadIdx.x / 32] = best, s_int[threadIdx.x / 32] = best_i;
-  __syncthreads();
-  best = s_float[0], best_i = s_int[0];
-  for (int w = 1; w < kThreads / 32; ++w)
-    if (s_float[w] > best || (s_float[w] == best && s_int[w] < best_i)) best = s_float[w], best_i = s_int[w];
-  __syncthreads();
+  block_argmax(best, best_i, s_float, s_int);
   const float m = best;
 
   // The softmax's sum in mass units: the same in any order, whichever units a row's
@@ -134,9 +283,6 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
     return;
   }
 
-  const int top_k = a.top_k[row_index];
-  const double top_p = a.top_p[row_index];
-  const float min_p = a.min_p[row_index];
   auto mass = [&](float zi) { return static_cast<unsigned long long>(hd::mass_units(expf(zi - m))); };
   uint32_t key_k = 0, key_p = 0;
   if (top_k > 0 && top_k < n) {
@@ -159,39 +305,12 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
     return hd::order_key(zi) >= key_min && w >= min_p ? hd::mass_units(w) : 0ull;
   };
 
-  // Inverse CDF in vocabulary order: thread j owns the contiguous chunk j of units. A row
-  // without mass (total 0) keeps the first maximum (the scan's barrier orders this write first).
-  if (threadIdx.x == 0) s_token = best_i < n ? best_i : 0;
-  const int chunk = (row.units + kThreads - 1) / kThreads;
-  const int lo = min(row.units, static_cast<int>(threadIdx.x) * chunk), hi = min(row.units, lo + chunk);
-  unsigned long long mine = 0;
-  row.visit(lo, 1, hi, [&](int, float zi) { mine += kept_mass(zi); });
-  unsigned long long incl = mine;  // inclusive scan over the threads
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int offset = 1; offset < 32; offset <<= 1) {
-    const unsigned long long o = __shfl_up_sync(0xffffffffu, incl, offset);
-    if (lane >= offset) incl += o;
-  }
-  if (lane == 31) s_u64[warp] = incl;
-  __syncthreads();
-  unsigned long long before_warp = 0, total = 0;
-  for (int w = 0; w < kThreads / 32; ++w) {
-    if (w < warp) before_warp += s_u64[w];
-    total += s_u64[w];
-  }
-  const unsigned long long excl = before_warp + incl - mine;
-  const unsigned long long target = hd::draw_target(a.uniform[row_index], total);
-  if (mine > 0 && excl <= target && target < excl + mine) {
-    unsigned long long run = excl;
-    row.visit(lo, 1, hi, [&](int i, float zi) {
-      if (run > target) return;  // found at an earlier element
-      run += kept_mass(zi);
-      if (run > target) s_token = i;
-    });
-  }
-  __syncthreads();
+  // Inverse CDF in vocabulary order. A row without mass (total 0) keeps the first maximum.
+  const int token = inverse_cdf(
+      row, 0, row.units, kept_mass,
+      [&](unsigned long long total) { return hd::draw_target(a.uniform[row_index], total); }, best_i < n ? best_i : 0,
+      s_u64, &s_token);
   if (threadIdx.x == 0) {
-    const int token = s_token;
     a.tokens[row_index] = token;
     a.logprobs[row_index] = row.z(token) - m - log_total;
   }
@@ -199,12 +318,32 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
 
 }  // namespace
 
+size_t sample_workspace_bytes(int rows) { return static_cast<size_t>(rows) * kSampleMaxSlices * sizeof(SliceStats); }
+
 int sample(const SampleArgs& a, void* stream) {
   if (a.rows <= 0) return 0;
-  if (a.vocab <= 0 || a.row_stride < a.vocab) return cudaErrorInvalidValue;
+  if (a.vocab <= 0 || a.row_stride < a.vocab || a.slices < 0 || a.slices > kSampleMaxSlices)
+    return cudaErrorInvalidValue;
+  int slices = 1;
+  if (a.workspace != nullptr) {
+    slices = a.slices;
+    if (slices == 0) {  // two blocks an SM over the device
+      int device = 0, sms = 0;
+      if (cudaGetDevice(&device) != cudaSuccess ||
+          cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+        return launch_status();
+      slices = std::max(1, std::min(kSampleMaxSlices, 2 * sms / a.rows));
+    }
+  }
+  const auto s = static_cast<cudaStream_t>(stream);
   return with_dtype(a.dtype, [&](auto tag) -> int {
     using T = typename decltype(tag)::type;
-    sample_kernel<T><<<a.rows, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(a);
+    if (slices > 1) {
+      const dim3 grid(static_cast<unsigned>(slices), static_cast<unsigned>(a.rows));
+      slice_max_kernel<T><<<grid, kSliceThreads, 0, s>>>(a, slices);
+      slice_mass_kernel<T><<<grid, kSliceThreads, 0, s>>>(a, slices);
+    }
+    sample_kernel<T><<<a.rows, kThreads, 0, s>>>(a, slices);
     return launch_status();
   });
 }

@@ -64,6 +64,9 @@ void SamplingParamsBuffer::sample(const at::Tensor& logits_in, at::Tensor& token
   RLX_ASSERT(rows <= max_rows_ && tokens.numel() == rows && logprobs.numel() == rows, "sample: {} rows", rows);
   const ParamsLayout l(max_rows_);
   const auto* base = device_.data_ptr<uint8_t>();
+  // The rows' slices (maximum and sum by many blocks a row: cuda::SampleArgs::workspace).
+  auto workspace = at::empty({static_cast<int64_t>(cuda::sample_workspace_bytes(static_cast<int>(rows)))},
+                             logits.options().dtype(at::kByte));
   SampleArgs a{.dtype = dtype_of(logits),
                .logits = logits.data_ptr(),
                .row_stride = logits.stride(0),
@@ -75,7 +78,8 @@ void SamplingParamsBuffer::sample(const at::Tensor& logits_in, at::Tensor& token
                .min_p = reinterpret_cast<const float*>(base + l.min_p),
                .uniform = reinterpret_cast<const double*>(base + l.uniform),
                .tokens = tokens.data_ptr<int64_t>(),
-               .logprobs = logprobs.data_ptr<float>()};
+               .logprobs = logprobs.data_ptr<float>(),
+               .workspace = workspace.data_ptr()};
   check_launch("sample", cuda::sample(a, c10::cuda::getCurrentCUDAStream().stream()));
 }
 

@@ -217,13 +217,19 @@ TEST_CASE("cuda kernels: the sampler draws the CPU sampler's tokens, a row alone
         min_p.push_back(static_cast<float>(p.min_p));
         uniform.push_back(rlx::sampling_uniform(9, "kernels", r, 0));
       }
-      auto run = [&](int first, int n) {
+      // Rows [first, first + n); `slices` < 0: one block a row, else the slices' path (0: as many
+      // as fill the device); `plain`: every row without top-k, top-p and min-p.
+      auto run = [&](int first, int n, int slices = -1, bool plain = false) {
         Device x(encode(std::vector<float>(logits.begin() + static_cast<int64_t>(first) * stride,
                                            logits.begin() + static_cast<int64_t>(first + n) * stride),
                         dtype));
         auto slice = [&](const auto& v) { return std::vector(v.begin() + first, v.begin() + first + n); };
-        Device dt(slice(temperature)), dk(slice(top_k)), dp(slice(top_p)), dm(slice(min_p)), du(slice(uniform));
+        Device dt(slice(temperature)), du(slice(uniform));
+        Device dk(plain ? std::vector<int32_t>(static_cast<size_t>(n), 0) : slice(top_k));
+        Device dp(plain ? std::vector<double>(static_cast<size_t>(n), 1.0) : slice(top_p));
+        Device dm(plain ? std::vector<float>(static_cast<size_t>(n), 0.0f) : slice(min_p));
         Device tokens(static_cast<size_t>(n) * 8), logprobs(static_cast<size_t>(n) * 4);
+        Device workspace(slices < 0 ? 1 : rlx::cuda::sample_workspace_bytes(n));
         rlx::cuda::SampleArgs a{.dtype = dtype,
                                 .logits = x.p,
                                 .row_stride = stride,
@@ -235,7 +241,9 @@ TEST_CASE("cuda kernels: the sampler draws the CPU sampler's tokens, a row alone
                                 .min_p = dm.as<float>(),
                                 .uniform = du.as<double>(),
                                 .tokens = tokens.as<int64_t>(),
-                                .logprobs = logprobs.as<float>()};
+                                .logprobs = logprobs.as<float>(),
+                                .workspace = slices < 0 ? nullptr : workspace.p,
+                                .slices = slices < 0 ? 0 : slices};
         launch_ok(rlx::cuda::sample(a, nullptr));
         cuda_ok(cudaDeviceSynchronize());
         return std::pair{tokens.get<int64_t>(), logprobs.get<float>()};
@@ -253,6 +261,36 @@ TEST_CASE("cuda kernels: the sampler draws the CPU sampler's tokens, a row alone
         auto [one_token, one_logprob] = run(r, 1);
         CHECK(one_token[0] == tokens[static_cast<size_t>(r)]);
         CHECK(one_logprob[0] == logprobs[static_cast<size_t>(r)]);
+      }
+      // The slices' path: the same bits for any number of slices (integer sums), the filtered
+      // rows unchanged, the plain rows (greedy ones included) the CPU sampler's.
+      // (the large rows at the automatic count only: the sanitizers run this test too)
+      const auto some = large ? std::vector<int>{0} : std::vector<int>{0, 1, 7, rlx::cuda::kSampleMaxSlices};
+      for (int slices : some) {
+        INFO("slices " << slices);
+        auto [t, l] = run(0, rows, slices);
+        CHECK(t == tokens);
+        CHECK(l == logprobs);
+      }
+      auto [plain_tokens, plain_logprobs] = run(0, rows, -1, true);
+      differ = 0;
+      for (int r = 0; r < rows; ++r) {
+        auto p = params[static_cast<size_t>(r)];
+        p.top_k = 0, p.top_p = 1.0, p.min_p = 0.0;
+        auto cpu = rlx::sample_row(logits.data() + static_cast<int64_t>(r) * stride, vocab, p,
+                                   uniform[static_cast<size_t>(r)]);
+        differ += cpu.token != plain_tokens[static_cast<size_t>(r)];
+        CHECK(std::abs(cpu.logprob - plain_logprobs[static_cast<size_t>(r)]) <= 1e-3);
+      }
+      CHECK(differ == 0);
+      for (int slices : large ? std::vector<int>{0} : std::vector<int>{0, 3, rlx::cuda::kSampleMaxSlices}) {
+        INFO("plain rows, slices " << slices);
+        auto [t, l] = run(0, rows, slices, true);
+        CHECK(t == plain_tokens);
+        CHECK(l == plain_logprobs);
+        auto [one_token, one_logprob] = run(9, 1, slices, true);  // misaligned in the batch, aligned alone
+        CHECK(one_token[0] == plain_tokens[9]);
+        CHECK(one_logprob[0] == plain_logprobs[9]);
       }
     }
   }

@@ -63,7 +63,15 @@ struct SampleArgs {
   const double* uniform = nullptr;       // [rows] in [0, 1): the philox draw of the row
   int64_t* tokens = nullptr;             // [rows] out
   float* logprobs = nullptr;             // [rows] out: log_softmax(x / T)[token]
+  // With a workspace (sample_workspace_bytes(rows)), each row's maximum and softmax sum are
+  // taken by `slices` blocks a row (0: as many as fill the device, at most kSampleMaxSlices)
+  // before the row's block draws; rows with top-k, top-p or min-p still take the one-block
+  // path. Every sum is in integer units: the tokens and log-probs are the same for any slices.
+  void* workspace = nullptr;
+  int slices = 0;
 };
+constexpr int kSampleMaxSlices = 64;
+size_t sample_workspace_bytes(int rows);
 int sample(const SampleArgs& a, void* stream);
 
 // residual <- residual + x (skipped when x is null); out <- RMSNorm(residual) * weight.
