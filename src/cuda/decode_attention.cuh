@@ -28,7 +28,8 @@ __device__ inline SplitBlock split_block(const DecodeAttentionArgs& a) {
   w.seq = blockIdx.z;
   w.split = blockIdx.x;
   w.begin = w.split * hd::kDecodeSplitTokens;
-  w.end = min(a.context_lens[w.seq], w.begin + hd::kDecodeSplitTokens);
+  // Clamped: a context over max_context (a caller's bug) must not read past its table row.
+  w.end = min(min(a.context_lens[w.seq], a.max_context), w.begin + hd::kDecodeSplitTokens);
   const int group = a.q_heads / a.kv_heads, chunks = (group + kMaxGroup - 1) / kMaxGroup;
   w.kv_head = blockIdx.y / chunks;
   const int g0 = (blockIdx.y % chunks) * kMaxGroup;

@@ -17,10 +17,6 @@
 
 #include "decode_attention.cuh"
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#error "decode_mma.cu needs sm_80 or newer (RLX_CUDA_ARCHITECTURES)"
-#endif
-
 namespace rlx::cuda {
 namespace {
 
@@ -86,9 +82,14 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
   return row * D + ((chunk ^ (row & 7)) << 3);
 }
 
+// The blocks an SM holds by shared memory (32 KB a block at head_dim 64, 64 KB at 128).
 template <class T, int D>
-__global__ void __launch_bounds__(kWarps * 32) decode_mma_kernel(DecodeAttentionArgs a, int max_splits) {
+__global__ void __launch_bounds__(kWarps * 32, D == 64 ? 6 : 3)
+    decode_mma_kernel(DecodeAttentionArgs a, int max_splits) {
   static_assert(sizeof(T) == 2 && D % 32 == 0);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // cp.async, ldmatrix and bf16 mma need sm_80 (RLX_CUDA_ARCHITECTURES)
+#else
   constexpr int kChunks = D / 8;              // 16-byte chunks of a row
   constexpr int kTiles = kTokensPerWarp / 8;  // score tiles of 8 tokens
   extern __shared__ __align__(16) unsigned char smem[];
@@ -108,11 +109,14 @@ __global__ void __launch_bounds__(kWarps * 32) decode_mma_kernel(DecodeAttention
   const T* vpool = static_cast<const T*>(a.v_pool);
   T* keys = reinterpret_cast<T*>(smem) + warp * kTokensPerWarp * D;
   T* values = keys + hd::kDecodeSplitTokens * D;
+  // Lane t finds token first + t in the block table; the copies take it from that lane.
+  const int64_t lane_token = first + lane < end ? hd::paged_token_offset(layout, table, first + lane, kv_head) : -1;
 #pragma unroll
   for (int i = lane; i < kTokensPerWarp * kChunks; i += 32) {
-    const int r = i / kChunks, c = i % kChunks, t = first + r;
-    const bool valid = t < end;
-    const int64_t at = valid ? hd::paged_token_offset(layout, table, t, kv_head) + c * 8 : 0;
+    const int r = i / kChunks, c = i % kChunks;
+    const int64_t token = __shfl_sync(0xffffffffu, lane_token, r);
+    const bool valid = token >= 0;
+    const int64_t at = valid ? token + c * 8 : 0;
     copy16_async(keys + swizzled<D>(r, c), kpool + at, valid);
     copy16_async(values + swizzled<D>(r, c), vpool + at, valid);
   }
@@ -151,12 +155,13 @@ __global__ void __launch_bounds__(kWarps * 32) decode_mma_kernel(DecodeAttention
   m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
   m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
   const float shift = m == -__builtin_huge_valf() ? 0.0f : m;  // a warp past the context: p = 0
+  // The weights as the values' product takes them (rounded to T), and l their sum.
   float l = 0.0f;
 #pragma unroll
   for (int n = 0; n < kTiles; ++n)
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      s[n][j] = hd::hd_exp2(s[n][j] - shift);
+      s[n][j] = round_to<T>(hd::hd_exp2(s[n][j] - shift));
       l += s[n][j];
     }
   l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -191,6 +196,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_mma_kernel(DecodeAttention
   if (pair == 0) s_st[warp][row] = hd::SoftmaxState{m, l};
   __syncthreads();
   write_split<D>(a, s_acc, s_st, seq, head0, heads, split, max_splits);
+#endif
 }
 
 }  // namespace

@@ -116,6 +116,7 @@ __device__ void block_argmax(float& best, int& best_i, float* s_float, int* s_in
 template <class T, class Kept, class TargetOf>
 __device__ int inverse_cdf(const Row<T>& row, int lo_u, int hi_u, Kept kept_mass, TargetOf target_of, int fallback,
                            unsigned long long* s_u64, int* s_token) {
+  __syncthreads();                            // s_u64 and s_token may still be read from before
   if (threadIdx.x == 0) *s_token = fallback;  // the scan's barrier orders this write first
   const int threads = static_cast<int>(blockDim.x);
   const int chunk = (hi_u - lo_u + threads - 1) / threads;
@@ -202,7 +203,7 @@ __global__ void __launch_bounds__(kSliceThreads) slice_mass_kernel(SampleArgs a,
   const int r = blockIdx.y, s = blockIdx.x;
   auto* stats = static_cast<SliceStats*>(a.workspace) + static_cast<int64_t>(r) * slices;
   float m = -__builtin_huge_valf();
-  for (int j = 0; j < slices; ++j) m = fmaxf(m, stats[j].max);
+  for (int j = 0; j < slices; ++j) m = stats[j].max > m ? stats[j].max : m;  // as the row's block combines them
   const Row<T> row = row_of<T>(a, r);
   int lo, hi;
   slice_range(row.units, slices, s, lo, hi);
@@ -279,7 +280,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a, int slic
   const float log_total = hd::log_total_of_units(block_reduce(units, SumOp{}, s_u64));
 
   if (greedy) {
-    if (threadIdx.x == 0) a.tokens[row_index] = best_i, a.logprobs[row_index] = -log_total;
+    if (threadIdx.x == 0) a.tokens[row_index] = best_i < n ? best_i : 0, a.logprobs[row_index] = -log_total;
     return;
   }
 
@@ -325,7 +326,7 @@ int sample(const SampleArgs& a, void* stream) {
   if (a.vocab <= 0 || a.row_stride < a.vocab || a.slices < 0 || a.slices > kSampleMaxSlices)
     return cudaErrorInvalidValue;
   int slices = 1;
-  if (a.workspace != nullptr) {
+  if (a.workspace != nullptr && a.rows <= 65535) {  // the slices' grid: (slices, rows)
     slices = a.slices;
     if (slices == 0) {  // two blocks an SM over the device
       int device = 0, sms = 0;
