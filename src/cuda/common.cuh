@@ -55,6 +55,9 @@ int with_dtype(DType d, Fn&& fn) {
   return cudaErrorInvalidValue;
 }
 
+// Whether p is 16-byte aligned: where 16-byte vector loads (uint4) may read it.
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 // The launch's status: an argument error found by the launcher, else cudaGetLastError().
 inline int launch_status() { return static_cast<int>(cudaGetLastError()); }
 

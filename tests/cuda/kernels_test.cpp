@@ -325,8 +325,9 @@ TEST_CASE("cuda kernels: residual add + RMSNorm, SiLU-and-multiply, RoPE + KV ap
       CHECK(dr.get<uint8_t>() == before);
       CHECK(max_abs_diff(decode(out.get<uint8_t>(), dtype), want) <= tolerance(dtype) * 8);
     }
-    {
-      const int rows = 3, inter = 4864;
+    for (int inter : {4864, 37}) {  // 16-byte vectors; element by element
+      INFO("silu_mul inter " << inter);
+      const int rows = 3;
       auto gu = rounded(randn(static_cast<size_t>(rows) * 2 * inter, g), dtype);
       Device dgu(encode(gu, dtype)), out(static_cast<size_t>(rows) * inter * w);
       launch_ok(rlx::cuda::silu_mul(dtype, dgu.p, out.p, rows, inter, nullptr));
