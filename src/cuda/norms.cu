@@ -35,6 +35,55 @@ __global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(AddRmsNormAr
   }
 }
 
+// The same, 16 bytes of each operand at a time, a row's vectors held in registers between the
+// two passes (V a thread; rows 16-byte aligned, hidden a multiple of the vector).
+template <class T, int V>
+__global__ void __launch_bounds__(kNormThreads) add_rms_norm_vec_kernel(AddRmsNormArgs a) {
+  constexpr int kVec = 16 / sizeof(T);
+  __shared__ float s_sum[kNormThreads / 32];
+  const int vecs = a.hidden / kVec;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * a.hidden;
+  auto* residual = reinterpret_cast<uint4*>(static_cast<T*>(a.residual) + row);
+  const auto* x = a.x ? reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + row) : nullptr;
+  const auto* weight = static_cast<const uint4*>(a.weight);
+  auto* out = reinterpret_cast<uint4*>(static_cast<T*>(a.out) + row);
+  float h[V][kVec];
+  float squares = 0.0f;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const int v = threadIdx.x + k * blockDim.x;
+    if (v >= vecs) break;
+    uint4 raw = residual[v];
+    T* e = reinterpret_cast<T*>(&raw);
+    if (x) {
+      const uint4 xraw = x[v];
+      const T* xe = reinterpret_cast<const T*>(&xraw);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) e[j] = Num<T>::from(Num<T>::to(e[j]) + Num<T>::to(xe[j]));
+      residual[v] = raw;
+    }
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      h[k][j] = Num<T>::to(e[j]);
+      squares += h[k][j] * h[k][j];
+    }
+  }
+  const float inv_rms = rsqrtf(block_reduce(squares, SumOp{}, s_sum) / a.hidden + a.eps);
+  if (a.inv_rms && threadIdx.x == 0) a.inv_rms[blockIdx.x] = inv_rms;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const int v = threadIdx.x + k * blockDim.x;
+    if (v >= vecs) break;
+    const uint4 wraw = weight[v];
+    const T* w = reinterpret_cast<const T*>(&wraw);
+    uint4 oraw;
+    T* o = reinterpret_cast<T*>(&oraw);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) o[j] = Num<T>::from(Num<T>::to(w[j]) * round_to<T>(h[k][j] * inv_rms));
+    out[v] = oraw;
+  }
+}
+
 // SiLU(gate) * up for one element, rounded as HF's module rounds SiLU's output.
 template <class T>
 __device__ __forceinline__ T silu_times(float g, float u) {
@@ -82,9 +131,23 @@ __global__ void silu_mul_kernel(const T* gate_up, T* out, int rows, int inter) {
 int add_rms_norm(const AddRmsNormArgs& a, void* stream) {
   if (a.rows <= 0) return 0;
   if (a.hidden <= 0 || !a.residual || !a.weight || !a.out) return cudaErrorInvalidValue;
+  const auto s = static_cast<cudaStream_t>(stream);
   return with_dtype(a.dtype, [&](auto tag) -> int {
     using T = typename decltype(tag)::type;
-    add_rms_norm_kernel<T><<<a.rows, kNormThreads, 0, static_cast<cudaStream_t>(stream)>>>(a);
+    constexpr int kVec = 16 / sizeof(T);
+    const int vecs = a.hidden / kVec;
+    const bool vector = a.hidden % kVec == 0 && aligned16(a.residual) && aligned16(a.weight) && aligned16(a.out) &&
+                        (!a.x || aligned16(a.x));
+    // A warp-multiple of threads for the row's vectors (Qwen2.5-0.5B's 896 values: 112 of 8).
+    const int threads = std::min(kNormThreads, (vecs + 31) / 32 * 32);
+    if (vector && vecs <= kNormThreads)
+      add_rms_norm_vec_kernel<T, 1><<<a.rows, threads, 0, s>>>(a);
+    else if (vector && vecs <= 2 * kNormThreads)
+      add_rms_norm_vec_kernel<T, 2><<<a.rows, kNormThreads, 0, s>>>(a);
+    else if (vector && vecs <= 4 * kNormThreads)
+      add_rms_norm_vec_kernel<T, 4><<<a.rows, kNormThreads, 0, s>>>(a);
+    else
+      add_rms_norm_kernel<T><<<a.rows, kNormThreads, 0, s>>>(a);
     return launch_status();
   });
 }
