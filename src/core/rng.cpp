@@ -13,14 +13,16 @@
 namespace rlx {
 
 namespace {
-// Word `i` of the stream: block i/4 of the counter space (block, stream).
-inline uint32_t word_at(const RngStream::State& s, uint64_t i) {
-  uint64_t block = i >> 2;
+// Block `block` of the counter space (block, stream): the stream's words 4 block .. 4 block + 3.
+inline PhiloxCounter block_at(const RngStream::State& s, uint64_t block) {
   PhiloxCounter c = {static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
                      static_cast<uint32_t>(s.stream), static_cast<uint32_t>(s.stream >> 32)};
   PhiloxKey k = {static_cast<uint32_t>(s.seed), static_cast<uint32_t>(s.seed >> 32)};
-  return philox4x32(c, k)[i & 3];
+  return philox4x32(c, k);
 }
+
+// Word `i` of the stream.
+inline uint32_t word_at(const RngStream::State& s, uint64_t i) { return block_at(s, i >> 2)[i & 3]; }
 }  // namespace
 
 // The generator itself is core/philox.hpp, which device code can call too.
@@ -59,10 +61,18 @@ double RngStream::normal() {
 }
 
 void RngStream::fill_normal(float* out, size_t n, float mean, float std) {
+  // The words next_u32() would give, each Philox block computed once for its four words.
+  uint64_t cached = UINT64_MAX;
+  PhiloxCounter block{};
+  auto next = [&] {
+    const uint64_t i = state_.counter++;
+    if ((i >> 2) != cached) block = block_at(state_, cached = i >> 2);
+    return block[i & 3];
+  };
   for (size_t i = 0; i < n; ++i) {
     // 32-bit uniforms are plenty for weight initialisation and twice as cheap.
-    double u1 = (static_cast<double>(next_u32()) + 0.5) * 0x1.0p-32;
-    double u2 = static_cast<double>(next_u32()) * 0x1.0p-32;
+    double u1 = (static_cast<double>(next()) + 0.5) * 0x1.0p-32;
+    double u2 = static_cast<double>(next()) * 0x1.0p-32;
     out[i] = mean + std * static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
   }
 }

@@ -4,10 +4,11 @@
 
 #include <c10/core/GradMode.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/Parallel.h>
 
+#include <atomic>
 #include <cmath>
 #include <numbers>
+#include <thread>
 
 #include "rlx/core/device_copy.hpp"
 #include "rlx/core/error.hpp"
@@ -506,17 +507,25 @@ void Transformer::init_weights(uint64_t seed, bool on_device) {
     auto host = at::empty({p.numel()}, at::TensorOptions().dtype(at::kFloat));
     float* data = host.data_ptr<float>();
     // Fixed-size chunks, each with its own stream: the values do not depend on the thread count.
+    // Threads of their own, every core: a role's LibTorch pool may have one thread (a GPU
+    // learner's did: 494M draws took 30 s, the whole start of a run).
     constexpr int64_t kChunk = 1 << 16;
     const uint64_t base = hash_name(name);
     const int64_t n = p.numel(), chunks = (n + kChunk - 1) / kChunk;
     const float std = static_cast<float>(cfg_.initializer_range);
-    at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t c = begin; c < end; ++c) {
+    std::atomic<int64_t> next{0};
+    auto fill = [&] {
+      for (int64_t c = next++; c < chunks; c = next++) {
         RngStream stream(seed, base + static_cast<uint64_t>(c));
         const int64_t lo = c * kChunk, len = std::min(kChunk, n - lo);
         stream.fill_normal(data + lo, static_cast<size_t>(len), 0.0f, std);
       }
-    });
+    };
+    const auto helpers = std::min<int64_t>(chunks, std::max(1u, std::thread::hardware_concurrency())) - 1;
+    std::vector<std::thread> threads;
+    for (int64_t t = 0; t < helpers; ++t) threads.emplace_back(fill);
+    fill();
+    for (auto& t : threads) t.join();
     p.copy_(host.view(p.sizes()));
   }
 }

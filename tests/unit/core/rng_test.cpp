@@ -1,5 +1,9 @@
 #include "rlx/core/rng.hpp"
 
+#include <cmath>
+#include <numbers>
+#include <vector>
+
 #include "../helpers.hpp"
 
 using rlx::RngStream;
@@ -85,4 +89,22 @@ TEST_CASE("rng: philox_uniform is addressed, not sequential", "[rng]") {
   CHECK(a != rlx::philox_uniform(2, 2, 3, 4));
   CHECK(a >= 0.0);
   CHECK(a < 1.0);
+}
+
+TEST_CASE("rng: fill_normal draws the stream's words in order, from any position, and leaves it after them", "[rng]") {
+  for (int skip : {0, 1, 3, 6}) {  // starts inside a Philox block of four words, or at one
+    INFO("skip " << skip);
+    RngStream a(11, 5), b(11, 5);
+    for (int i = 0; i < skip; ++i) a.next_u32(), b.next_u32();
+    std::vector<float> fast(9);
+    a.fill_normal(fast.data(), fast.size(), 0.5f, 2.0f);
+    for (float got : fast) {  // the rule word by word: Box-Muller on two 32-bit uniforms
+      const double u1 = (static_cast<double>(b.next_u32()) + 0.5) * 0x1.0p-32;
+      const double u2 = static_cast<double>(b.next_u32()) * 0x1.0p-32;
+      const float want =
+          0.5f + 2.0f * static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
+      CHECK(got == want);
+    }
+    CHECK(a.next_u32() == b.next_u32());
+  }
 }
