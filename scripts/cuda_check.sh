@@ -14,11 +14,12 @@
 #   2. once it is built, correctness steps side by side (no timing): the [cuda] and kernel
 #      tests, HF parity of the six model families, compute-sanitizer memcheck and racecheck;
 #   3. the timed steps one at a time: decode at batch 1/64/256 with a kernel trace of 5
-#      CUDA-graph steps each (and the previous attention kernel's), the learner and PyTorch's
-#      step with their operator tables and kernel lists, the decode peers (HF generate and its
-#      compiled static-cache loop: scripts/bench_hf_generate.py), ncu on one attention and one
-#      sampler launch at batch 256, weight sync by CUDA IPC, Qwen3 and Qwen3-MoE decode, the
-#      colocated throughput config and the quickstart's task, the unit suite; then the summary.
+#      CUDA-graph steps each (the tensor-core attention kernel too), the colocated throughput
+#      config and the quickstart's task, the learner and PyTorch's step with their operator
+#      tables and kernel lists, ncu on the attention kernels and the sampler at batch 256 and
+#      the GEMV at batch 1, Qwen3 and Qwen3-MoE decode, the decode peers (HF generate and its
+#      compiled static-cache loop: scripts/bench_hf_generate.py), weight sync by CUDA IPC, the
+#      unit suite; then the summary.
 # RLX_CUDA_DEADLINE (default 570 s after the script starts): no step starts within 20 s of
 # it and none runs past it, so the call returns inside the device tool's 600 s limit.
 #
@@ -249,18 +250,18 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
       # One GPU, the whole loop (train.placement = colocated): the throughput config (random
       # Qwen2.5-0.5B shape, 64 x 8 samples x 512 tokens a step), then generation alone and
       # training alone on its shapes; split placement with CUDA IPC weights; the quickstart's
-      # task from an SFT warm start. RLX_COLOCATED_ARGS (e.g. train.steps=4) overrides both
-      # throughput runs' config.
+      # task from an SFT warm start. RLX_COLOCATED_ARGS overrides both throughput runs' config
+      # (default train.steps=4: a step, generation and training, runs a few seconds).
       have "$rlx" || return 0
       runs=$work/runs
       step colocated_throughput 400 "$rlx" run examples/configs/throughput_0.5b.yaml run.out_dir=$runs --force \
-        ${RLX_COLOCATED_ARGS:-} && cp $runs/throughput_0.5b/metrics.jsonl "$work/colocated_throughput.jsonl"
+        ${RLX_COLOCATED_ARGS-train.steps=4} && cp $runs/throughput_0.5b/metrics.jsonl "$work/colocated_throughput.jsonl"
       step colocated_generate_alone 200 "$rlx" bench sampler "${qwen05[@]}" "${bf16[@]}" --batch 512 --prompt 64 \
         --new 512 --iters 1 --kv-cache-mb 6144 --max-batch-tokens 16384
       step colocated_train_alone 200 "$rlx" bench learner "${qwen05[@]}" "${bf16[@]}" --seq 576 --batch-seqs 512 \
         --micro-batch-tokens 16384 --steps 3 --ranks 1
       step split_throughput 400 "$rlx" run examples/configs/throughput_0.5b.yaml run.out_dir=$runs run.name=split_0.5b \
-        train.placement=split --force ${RLX_COLOCATED_ARGS:-} && cp $runs/split_0.5b/metrics.jsonl "$work/split_throughput.jsonl"
+        train.placement=split --force ${RLX_COLOCATED_ARGS-train.steps=4} && cp $runs/split_0.5b/metrics.jsonl "$work/split_throughput.jsonl"
       step quickstart_sft 300 "$rlx" sft examples/configs/sft_arithmetic.yaml run.out_dir=$runs model.device=cuda
       step quickstart 400 "$rlx" run examples/configs/grpo_arithmetic_gpu.yaml run.out_dir=$runs \
         model.path=$runs/sft_arithmetic/final --force && cp $runs/grpo_arithmetic_gpu/metrics.jsonl "$work/quickstart.jsonl"
@@ -307,8 +308,9 @@ run_step sanitizer
 wait $tests_lane
 # 3. The timed steps, one at a time, the peers among them (a peer timed beside a build or a
 # test would be slowed by it: HF generate at batch 1 is bound by its host).
-# Most wanted first: the decode and learner figures, the whole loop on a GPU (never run yet),
-# MoE decode, the peers' ratios, then the rest. RLX_CUDA_PLAN replaces this order.
-for s in ${RLX_CUDA_PLAN:-decode learner colocated models peers sync ncu unit}; do run_step "$s"; done
+# Most wanted first: decode (the tensor-core attention beside the default), the whole loop on a
+# GPU (never run to its end yet), the learner, the new kernels' profiles, MoE decode, the
+# peers' ratios, then the rest. RLX_CUDA_PLAN replaces this order.
+for s in ${RLX_CUDA_PLAN:-decode colocated learner ncu models peers sync unit}; do run_step "$s"; done
 run_step summary
 say "done"
