@@ -15,12 +15,14 @@ std::shared_ptr<const Tokenizer> run_tokenizer(const RunConfig& cfg) {
   return std::make_shared<CharTokenizer>(default_char_alphabet());
 }
 
-std::shared_ptr<Transformer> initial_model(const RunConfig& cfg, const Tokenizer& tokenizer) {
+std::shared_ptr<Transformer> initial_model(const RunConfig& cfg, const Tokenizer& tokenizer,
+                                           std::optional<at::Device> device) {
   const auto dtype = to_scalar_type(cfg.model.dtype);
-  if (!cfg.model.path.empty()) return load_hf(cfg.model.path, {.dtype = dtype, .device = at::Device(cfg.model.device)});
+  const at::Device on = device.value_or(at::Device(cfg.model.device));
+  if (!cfg.model.path.empty()) return load_hf(cfg.model.path, {.dtype = dtype, .device = on});
   auto mc = model_preset(cfg.model.preset, cfg.model.arch);
   mc.vocab_size = cfg.model.vocab_size > 0 ? cfg.model.vocab_size : tokenizer.vocab_size();
-  auto model = std::make_shared<Transformer>(mc, dtype, at::Device(cfg.model.device));
+  auto model = std::make_shared<Transformer>(mc, dtype, on);
   model->init_weights(cfg.run.seed);
   return model;
 }

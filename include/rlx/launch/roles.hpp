@@ -68,7 +68,9 @@ std::shared_ptr<const Tokenizer> run_tokenizer(const RunConfig& cfg);
 // tokenizer) initialised from run.seed. Every role builds the same one.
 // Writes the run's tokenizer as tokenizer.json (env servers and exported models load it).
 void write_tokenizer(const RunConfig& cfg, const std::filesystem::path& file);
-std::shared_ptr<Transformer> initial_model(const RunConfig& cfg, const Tokenizer& tokenizer);
+// `device`: where it goes (default model.device; a learner rank's own GPU, learner_device).
+std::shared_ptr<Transformer> initial_model(const RunConfig& cfg, const Tokenizer& tokenizer,
+                                           std::optional<at::Device> device = std::nullopt);
 // A rollout engine's model: with model.lora, `model` gets its adapters (zero: the base
 // model, version 0), merged or not as rollout.lora_merged says; the weight updates then
 // carry only the adapters.
