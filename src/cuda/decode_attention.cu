@@ -264,21 +264,8 @@ __global__ void __launch_bounds__(kWarps * 32, 4) decode_tile_kernel(DecodeAtten
 template <class T, int D>
 __global__ void decode_merge_kernel(DecodeAttentionArgs a, int max_splits) {
   const int seq = blockIdx.x, head = blockIdx.y;
-  // Clamped: a context longer than max_context (a caller's bug) must not read another head's partials.
-  const int splits = min(hd::decode_splits(a.context_lens[seq]), max_splits);
-  const float* part = a.workspace + partial_index(seq, head, 0, a.q_heads, max_splits, D);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    hd::SoftmaxState total = hd::softmax_empty();
-    float o = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-      const float* p = part + static_cast<int64_t>(s) * (D + 2);
-      float sa, sb;
-      hd::softmax_merge(total, hd::SoftmaxState{p[D], p[D + 1]}, sa, sb);
-      o = o * sa + p[d] * p[D + 1] * sb;
-    }
-    T* out = static_cast<T*>(a.out) + (static_cast<int64_t>(seq) * a.q_heads + head) * D;
-    out[d] = Num<T>::from(total.l > 0.0f ? o / total.l : 0.0f);
-  }
+  const int splits = sequence_splits(a, seq, max_splits);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) merge_value<T, D>(a, seq, head, d, splits, max_splits);
 }
 
 template <class T, int D>
@@ -288,9 +275,10 @@ int launch(const DecodeAttentionArgs& a, cudaStream_t stream) {
   const int chunks = (group + kMaxGroup - 1) / kMaxGroup;
   const dim3 grid(max_splits, a.kv_heads * chunks, a.batch);
   if constexpr (sizeof(T) == 2) {
-    if (a.kernel == DecodeAttentionKernel::mma)
+    if (a.kernel == DecodeAttentionKernel::mma) {
       launch_decode_mma<T, D>(a, grid, max_splits, stream);
-    else if (a.kernel == DecodeAttentionKernel::tiled)
+      if (a.merge_counters) return launch_status();  // its blocks merged the splits
+    } else if (a.kernel == DecodeAttentionKernel::tiled)
       decode_tile_kernel<T, D><<<grid, kWarps * 32, 0, stream>>>(a, max_splits);
     else
       decode_split_kernel<T, D><<<grid, kWarps * 32, 0, stream>>>(a, max_splits);
@@ -305,6 +293,11 @@ int launch(const DecodeAttentionArgs& a, cudaStream_t stream) {
 
 size_t decode_attention_workspace(int batch, int q_heads, int head_dim, int max_context) {
   return static_cast<size_t>(batch) * q_heads * hd::decode_splits(max_context) * (head_dim + 2);
+}
+
+size_t decode_attention_counters(int batch, int q_heads, int kv_heads) {
+  const int group = kv_heads > 0 ? q_heads / kv_heads : 0;
+  return static_cast<size_t>(batch) * kv_heads * ((group + kMaxGroup - 1) / kMaxGroup);
 }
 
 int decode_attention(const DecodeAttentionArgs& a, void* stream) {

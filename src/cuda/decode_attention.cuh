@@ -62,6 +62,52 @@ __device__ inline void write_split(const DecodeAttentionArgs& a, const float (*s
   }
 }
 
+// Pass 2 for one value: dim d of head `head` of sequence `seq`, its `splits` partial results
+// merged in split order. Loads bypass L1: a pass-1 block that merges reads what other blocks
+// of the same kernel wrote.
+template <class T, int D>
+__device__ inline void merge_value(const DecodeAttentionArgs& a, int seq, int head, int d, int splits, int max_splits) {
+  const float* part = a.workspace + partial_index(seq, head, 0, a.q_heads, max_splits, D);
+  hd::SoftmaxState total = hd::softmax_empty();
+  float o = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    const float* p = part + static_cast<int64_t>(s) * (D + 2);
+    const float l = __ldcg(p + D + 1);
+    float sa, sb;
+    hd::softmax_merge(total, hd::SoftmaxState{__ldcg(p + D), l}, sa, sb);
+    o = o * sa + __ldcg(p + d) * l * sb;
+  }
+  T* out = static_cast<T*>(a.out) + (static_cast<int64_t>(seq) * a.q_heads + head) * D;
+  out[d] = Num<T>::from(total.l > 0.0f ? o / total.l : 0.0f);
+}
+
+// The splits a sequence's context takes (clamped: a context over max_context, a caller's bug,
+// must not read another head's partials).
+__device__ inline int sequence_splits(const DecodeAttentionArgs& a, int seq, int max_splits) {
+  return min(hd::decode_splits(min(a.context_lens[seq], a.max_context)), max_splits);
+}
+
+// After write_split, with a.merge_counters: the block that finishes its (sequence, head chunk)'s
+// last split merges them all, in split order as pass 2 does (the same values), and zeroes the
+// counter for the next call.
+template <class T, int D>
+__device__ inline void merge_if_last(const DecodeAttentionArgs& a, const SplitBlock& w, int max_splits) {
+  __shared__ int s_last;
+  const int splits = sequence_splits(a, w.seq, max_splits);
+  __threadfence();  // this block's partial results, before its count
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* counter = a.merge_counters + static_cast<int64_t>(w.seq) * gridDim.y + blockIdx.y;
+    s_last = atomicAdd(counter, 1) + 1 == splits;
+    if (s_last) *counter = 0;  // every other split has counted
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();  // the other blocks' partial results, after their counts
+  for (int i = threadIdx.x; i < w.heads * D; i += blockDim.x)
+    merge_value<T, D>(a, w.seq, w.head0 + i / D, i % D, splits, max_splits);
+}
+
 // Pass 1 on tensor cores (decode_mma.cu), fp16 and bf16, on the split kernel's grid and
 // workspace; sm_80 and newer.
 template <class T, int D>

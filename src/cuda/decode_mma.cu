@@ -196,6 +196,7 @@ __global__ void __launch_bounds__(kWarps * 32, D == 64 ? 6 : 3)
   if (pair == 0) s_st[warp][row] = hd::SoftmaxState{m, l};
   __syncthreads();
   write_split<D>(a, s_acc, s_st, seq, head0, heads, split, max_splits);
+  if (a.merge_counters) merge_if_last<T, D>(a, w, max_splits);
 #endif
 }
 

@@ -101,7 +101,7 @@ bool decode_attention_supported(const at::Tensor& q, const at::Tensor& k_pool) {
 
 at::Tensor decode_attention_on_device(const at::Tensor& q_in, const at::Tensor& k_pool, const at::Tensor& v_pool,
                                       const at::Tensor& block_tables, const at::Tensor& context_lens,
-                                      int64_t max_context, double scale) {
+                                      int64_t max_context, double scale, const at::Tensor& merge_counters) {
   const c10::cuda::CUDAGuard guard(q_in.device());
   RLX_ASSERT(q_in.dim() == 3 && k_pool.dim() == 4 && k_pool.is_contiguous() && v_pool.is_contiguous() &&
                  block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt,
@@ -131,6 +131,10 @@ at::Tensor decode_attention_on_device(const at::Tensor& q_in, const at::Tensor& 
                         .max_context = static_cast<int>(max_context),
                         .scale = static_cast<float>(scale),
                         .kernel = decode_attention_kernel()};
+  const auto counters = decode_attention_counters(a.batch, a.q_heads, a.kv_heads);
+  if (a.kernel == DecodeAttentionKernel::mma && merge_counters.defined() &&
+      merge_counters.numel() >= static_cast<int64_t>(counters))
+    a.merge_counters = merge_counters.data_ptr<int32_t>();
   check_launch("decode_attention", decode_attention(a, c10::cuda::getCurrentCUDAStream().stream()));
   return out;
 }

@@ -32,9 +32,11 @@ bool decode_attention_supported(const at::Tensor& q, const at::Tensor& k_pool);
 // q [seqs, q_heads, head_dim] (one new token a sequence, its key already in the pool),
 // block tables int32 [seqs, max_blocks], context lengths int32 [seqs] (<= max_context).
 // Returns [seqs, q_heads, head_dim] in q's dtype.
+// `merge_counters` (int32 zeros, decode_attention_counters(...) of them, used by one stream
+// at a time): the tensor-core pass 1 merges its splits itself; undefined: pass 2 does.
 at::Tensor decode_attention_on_device(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                                       const at::Tensor& block_tables, const at::Tensor& context_lens,
-                                      int64_t max_context, double scale);
+                                      int64_t max_context, double scale, const at::Tensor& merge_counters = {});
 
 // residual <- residual + x; returns RMSNorm(residual) * weight (one kernel). residual is
 // [..., hidden] contiguous, x and weight of its dtype.

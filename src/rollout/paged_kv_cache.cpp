@@ -23,6 +23,13 @@ PagedKVCache::PagedKVCache(const ModelConfig& cfg, int32_t num_blocks, int32_t b
   RLX_CHECK(num_blocks >= 1 && block_size >= 1, "PagedKVCache: num_blocks ({}) and block_size ({}) must be >= 1",
             num_blocks, block_size);
   allocate();
+#if RLX_WITH_CUDA
+  // A decode batch holds at most one sequence a block: enough for any step of this cache.
+  if (device.is_cuda())
+    merge_counters_ = at::zeros({static_cast<int64_t>(cuda::decode_attention_counters(
+                                    num_blocks, static_cast<int>(cfg.num_heads), static_cast<int>(cfg.num_kv_heads)))},
+                                at::TensorOptions().dtype(at::kInt).device(device));
+#endif
 }
 
 void PagedKVCache::allocate() {
@@ -298,7 +305,7 @@ at::Tensor PagedKVCache::attend_stored(int64_t layer, const at::Tensor& q, doubl
 #if RLX_WITH_CUDA
   if (tables_.defined() && cuda::decode_attention_supported(q, kp))
     return cuda::decode_attention_on_device(q.reshape({packed_, Hq, D}), kp, vp, tables_, context_lens_, max_ctx_,
-                                            scale)
+                                            scale, merge_counters_)
         .view({1, packed_, Hq, D});
 #endif
   if (static_step_) {

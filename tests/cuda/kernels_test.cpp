@@ -95,9 +95,10 @@ struct AttentionCase {
 };
 
 // Runs decode attention for the sequences `rows` of a case; returns the output as floats.
-std::vector<float> run_decode(DType dtype, const AttentionCase& c, const std::vector<float>& q,
-                              const Device& kp, const Device& vp, const std::vector<int32_t>& tables, int max_blocks,
-                              int block_size, const std::vector<int>& rows, rlx::cuda::DecodeAttentionKernel kernel) {
+std::vector<float> run_decode(DType dtype, const AttentionCase& c, const std::vector<float>& q, const Device& kp,
+                              const Device& vp, const std::vector<int32_t>& tables, int max_blocks, int block_size,
+                              const std::vector<int>& rows, rlx::cuda::DecodeAttentionKernel kernel,
+                              bool merge_in_pass1 = false) {
   const int d = c.head_dim;
   std::vector<float> qs;
   std::vector<int32_t> ts, ls;
@@ -117,8 +118,12 @@ std::vector<float> run_decode(DType dtype, const AttentionCase& c, const std::ve
                                    .max_blocks = max_blocks, .max_context = max_context,
                                    .scale = 1.0f / std::sqrt(static_cast<float>(d)),
                                    .kernel = kernel};
+  const size_t counters = rlx::cuda::decode_attention_counters(batch, c.q_heads, c.kv_heads);
+  Device dc(std::vector<int32_t>(counters, 0));
+  if (merge_in_pass1) a.merge_counters = dc.as<int32_t>();
   launch_ok(rlx::cuda::decode_attention(a, nullptr));
   cuda_ok(cudaDeviceSynchronize());
+  CHECK(dc.get<int32_t>() == std::vector<int32_t>(counters, 0));  // left zero for the next call
   return decode(out.get<uint8_t>(), dtype);
 }
 
@@ -171,6 +176,10 @@ TEST_CASE("cuda kernels: paged decode attention equals the reference, a row alon
           // Row 0 alone: the same bits as inside the batch.
           auto alone = run_decode(dtype, c, q, kp, vp, tables, max_blocks, block_size, {0}, kernel);
           CHECK(std::equal(alone.begin(), alone.end(), got.begin()));
+          if (kernel == Kernel::mma) {  // the splits merged by pass 1's last block: pass 2's values
+            CHECK(run_decode(dtype, c, q, kp, vp, tables, max_blocks, block_size, all, kernel, true) == got);
+            CHECK(run_decode(dtype, c, q, kp, vp, tables, max_blocks, block_size, {0}, kernel, true) == alone);
+          }
           outs.push_back(std::move(got));
         }
         // The tiled and split kernels differ in their fp32 sums' order only: within 2 units in the last

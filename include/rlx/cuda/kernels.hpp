@@ -47,8 +47,13 @@ struct DecodeAttentionArgs {
   int max_context = 0;                   // bound on context_lens: sizes the grid (a graph's capacity)
   float scale = 0;                       // softmax scale, usually 1/sqrt(head_dim)
   DecodeAttentionKernel kernel = DecodeAttentionKernel::tiled;
+  // With `mma`: decode_attention_counters(...) ints, zero before the call and left zero after
+  // it. The last of a sequence's split blocks to finish then merges the splits itself, and pass
+  // 2 is not launched. One set per stream: calls on one stream run one after another.
+  int* merge_counters = nullptr;
 };
 size_t decode_attention_workspace(int batch, int q_heads, int head_dim, int max_context);
+size_t decode_attention_counters(int batch, int q_heads, int kv_heads);
 int decode_attention(const DecodeAttentionArgs& a, void* stream);
 
 struct SampleArgs {

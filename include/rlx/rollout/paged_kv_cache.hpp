@@ -104,6 +104,7 @@ class PagedKVCache final : public KVCache {
   at::Tensor write_slots_; // head-major: block * block_size + offset of each new token (RoPE + append kernel)
   // The context a step gathers, one of three ways:
   at::Tensor tables_, context_lens_;  // GPU decode steps read in place: int32 [seqs, table width], [seqs]
+  at::Tensor merge_counters_;  // CUDA: zeros the tensor-core decode kernel counts its splits in (this cache's stream)
   VarlenSeqs varlen_;                 // head-major: ragged, ctx_rows_ sequence after sequence, no padding
   at::Tensor ctx_rows_;    // of each context position (token-major: [seqs * max_ctx], block 0 past the end)
   // Static decode (enable_static): one host staging buffer (pinned on CUDA) and its device
