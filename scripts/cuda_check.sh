@@ -235,6 +235,9 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
       have "$rlx" || return 0
       step decode_qwen3_0.6b 120 "$rlx" bench sampler --preset qwen3-0.6b --arch qwen3 "${bf16[@]}" --batch 64 \
         --prompt 512 --new 128 --iters 1 --kv-cache-mb 8192 --max-batch-tokens 16384
+      # Its head_dim 128 through the tensor-core attention kernel.
+      step decode_qwen3_0.6b_mma 120 env RLX_DECODE_ATTENTION=mma "$rlx" bench sampler --preset qwen3-0.6b --arch qwen3 \
+        "${bf16[@]}" --batch 64 --prompt 512 --new 128 --iters 1 --kv-cache-mb 8192 --max-batch-tokens 16384
       step decode_qwen3_30b_a3b 180 "$rlx" bench sampler --preset qwen3-30b-a3b --arch qwen3_moe "${bf16[@]}" \
         --batch 64 --prompt 256 --new 64 --iters 1 --kv-cache-mb 8192 --max-batch-tokens 16384
       # Batch 8: 64 routings <= 128 experts, the gathered path (the expert-indexed GEMV reads
