@@ -95,7 +95,15 @@ __global__ void __launch_bounds__(kWarps * 32, D == 64 ? 6 : 3)
   extern __shared__ __align__(16) unsigned char smem[];
 
   const SplitBlock w = split_block(a);
-  if (w.end <= w.begin) return;
+  if (w.end <= w.begin) {
+    // A sequence without context (never the engine's: a row holds at least its new token) gets
+    // zeros, as pass 2 gives it, where no pass 2 runs.
+    if (a.merge_counters && w.split == 0)
+      for (int i = threadIdx.x; i < w.heads * D; i += blockDim.x)
+        static_cast<T*>(a.out)[(static_cast<int64_t>(w.seq) * a.q_heads + w.head0 + i / D) * D + i % D] =
+            Num<T>::from(0.0f);
+    return;
+  }
   const int seq = w.seq, split = w.split, begin = w.begin, end = w.end;
   const int kv_head = w.kv_head, heads = w.heads, head0 = w.head0;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;

@@ -564,60 +564,66 @@ TEST_CASE("cuda: the learner's fused RMSNorm, RoPE and SiLU-mul give the CPU's v
   REQUIRE(torch::cuda::is_available());
   const at::Device gpu(at::kCUDA, 0);
   at::manual_seed(43);
-  // 300 rows: two full blocks of the weight gradient's partial sums and a partial one; a row of
-  // 600: more than one pass of a 256-thread block, three column tiles of the weight gradient.
-  const int64_t B = 3, T = 100, D = 64, Hq = 4, Hkv = 2, I = 96, W = 600;
-  const auto x = at::randn({B, T, W}), w = at::rand({W}) + 0.5, gnorm = at::randn({B, T, W});
-  const auto qkv = at::randn({B, T, (Hq + 2 * Hkv) * D}), grope = at::randn({B, T, Hq, D});
-  const auto angles = at::arange(T).to(at::kFloat).view({1, T, 1}) * at::rand({1, 1, D / 2});
-  const auto cos = at::cat({angles.cos(), angles.cos()}, -1).expand({B, T, D}).contiguous();
-  const auto sin = at::cat({angles.sin(), angles.sin()}, -1).expand({B, T, D}).contiguous();
-  const auto gu = at::randn({B, T, 2 * I}) * 2, gsilu = at::randn({B, T, I});
-  // The autograd node of a result: the fused function's, not the composite form's.
-  auto fused_node = [](const at::Tensor& y, const char* fn) {
-    INFO(y.grad_fn()->name());
-    CHECK(y.grad_fn()->name().find(fn) != std::string::npos);
-  };
-  // Values then gradients of each op, fp32 on the CPU. detach(): to() of a CPU fp32 tensor
-  // to the CPU in fp32 is the tensor itself, which must not become a leaf of the graph.
-  auto run = [&](at::Device d, at::ScalarType t) {
-    std::vector<at::Tensor> r;
-    auto xd = x.to(d, t).detach().requires_grad_(true), wd = w.to(d, t).detach().requires_grad_(true);
-    auto y = rlx::fused::rms_norm(xd, wd, 1e-6);
-    fused_node(y, "RmsNormFn");
-    (y.to(at::kFloat) * gnorm.to(d)).sum().backward();
-    r.insert(r.end(), {y, xd.grad(), wd.grad()});
-    // q as the transformer takes it: a strided view of the fused projection's output; the
-    // gradient arrives transposed (last dimension contiguous, the others not), as attention's does.
-    auto qd = qkv.to(d, t).detach().requires_grad_(true);
-    auto q = rlx::fused::rope(qd.narrow(-1, 0, Hq * D).view({B, T, Hq, D}), cos.to(d, t), sin.to(d, t), 0.125);
-    fused_node(q, "RopeFn");
-    (q.transpose(1, 2).to(at::kFloat) * grope.transpose(1, 2).to(d)).sum().backward();
-    r.insert(r.end(), {q, qd.grad()});
-    auto gd = gu.to(d, t).detach().requires_grad_(true);
-    auto a = rlx::fused::silu_mul(gd);
-    fused_node(a, "SiluMulFn");
-    (a.to(at::kFloat) * gsilu.to(d)).sum().backward();
-    r.insert(r.end(), {a, gd.grad()});
-    for (auto& v : r) v = v.detach().cpu().to(at::kFloat);
-    return r;
-  };
-  const auto cpu = run(at::kCPU, at::kFloat);
-  const auto f32 = run(gpu, at::kFloat);
-  const auto b16 = run(gpu, at::kBFloat16);
-  const auto f16 = run(gpu, at::kHalf);  // a dtype the CPU rows do not take: against fp32
-  const char* names[] = {"rms_norm", "rms_norm dx", "rms_norm dw", "rope", "rope dx", "silu_mul", "silu_mul dgate_up"};
-  for (size_t i = 0; i < cpu.size(); ++i) {
-    INFO(names[i]);
-    const double scale = std::max(cpu[i].abs().max().item<double>(), 1.0);
-    // fp32: the same formulas, sums in another order (rows of 160, 300 rows for dw).
-    CHECK(max_abs(f32[i], cpu[i]) <= 2e-5 * scale);
-    // bf16 inputs and outputs (8 bits of mantissa): within a few roundings of the fp32 values.
-    CHECK((b16[i] - cpu[i]).norm().item<double>() <= 2e-2 * cpu[i].norm().item<double>());
-    CHECK((f16[i] - cpu[i]).norm().item<double>() <= 5e-3 * cpu[i].norm().item<double>());
+  // 300 rows: two full blocks of the weight gradient's partial sums and a partial one; rows of
+  // 600 and 602: more than one pass of a 256-thread block, three column tiles of the weight
+  // gradient. Widths of whole 16-byte vectors (600, SiLU's 96) take the norm's and SiLU-mul's
+  // vector kernels, the others (602, 97) their element-by-element ones.
+  const int64_t B = 3, T = 100, D = 64, Hq = 4, Hkv = 2;
+  for (const auto& [W, I] : {std::pair<int64_t, int64_t>{600, 96}, std::pair<int64_t, int64_t>{602, 97}}) {
+    INFO("row " << W << ", SiLU width " << I);
+    const auto x = at::randn({B, T, W}), w = at::rand({W}) + 0.5, gnorm = at::randn({B, T, W});
+    const auto qkv = at::randn({B, T, (Hq + 2 * Hkv) * D}), grope = at::randn({B, T, Hq, D});
+    const auto angles = at::arange(T).to(at::kFloat).view({1, T, 1}) * at::rand({1, 1, D / 2});
+    const auto cos = at::cat({angles.cos(), angles.cos()}, -1).expand({B, T, D}).contiguous();
+    const auto sin = at::cat({angles.sin(), angles.sin()}, -1).expand({B, T, D}).contiguous();
+    const auto gu = at::randn({B, T, 2 * I}) * 2, gsilu = at::randn({B, T, I});
+    // The autograd node of a result: the fused function's, not the composite form's.
+    auto fused_node = [](const at::Tensor& y, const char* fn) {
+      INFO(y.grad_fn()->name());
+      CHECK(y.grad_fn()->name().find(fn) != std::string::npos);
+    };
+    // Values then gradients of each op, fp32 on the CPU. detach(): to() of a CPU fp32 tensor
+    // to the CPU in fp32 is the tensor itself, which must not become a leaf of the graph.
+    auto run = [&](at::Device d, at::ScalarType t) {
+      std::vector<at::Tensor> r;
+      auto xd = x.to(d, t).detach().requires_grad_(true), wd = w.to(d, t).detach().requires_grad_(true);
+      auto y = rlx::fused::rms_norm(xd, wd, 1e-6);
+      fused_node(y, "RmsNormFn");
+      (y.to(at::kFloat) * gnorm.to(d)).sum().backward();
+      r.insert(r.end(), {y, xd.grad(), wd.grad()});
+      // q as the transformer takes it: a strided view of the fused projection's output; the
+      // gradient arrives transposed (last dimension contiguous, the others not), as attention's does.
+      auto qd = qkv.to(d, t).detach().requires_grad_(true);
+      auto q = rlx::fused::rope(qd.narrow(-1, 0, Hq * D).view({B, T, Hq, D}), cos.to(d, t), sin.to(d, t), 0.125);
+      fused_node(q, "RopeFn");
+      (q.transpose(1, 2).to(at::kFloat) * grope.transpose(1, 2).to(d)).sum().backward();
+      r.insert(r.end(), {q, qd.grad()});
+      auto gd = gu.to(d, t).detach().requires_grad_(true);
+      auto a = rlx::fused::silu_mul(gd);
+      fused_node(a, "SiluMulFn");
+      (a.to(at::kFloat) * gsilu.to(d)).sum().backward();
+      r.insert(r.end(), {a, gd.grad()});
+      for (auto& v : r) v = v.detach().cpu().to(at::kFloat);
+      return r;
+    };
+    const auto cpu = run(at::kCPU, at::kFloat);
+    const auto f32 = run(gpu, at::kFloat);
+    const auto b16 = run(gpu, at::kBFloat16);
+    const auto f16 = run(gpu, at::kHalf);  // a dtype the CPU rows do not take: against fp32
+    const char* names[] = {"rms_norm", "rms_norm dx", "rms_norm dw",      "rope",
+                           "rope dx",  "silu_mul",    "silu_mul dgate_up"};
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      INFO(names[i]);
+      const double scale = std::max(cpu[i].abs().max().item<double>(), 1.0);
+      // fp32: the same formulas, sums in another order (rows of 160, 300 rows for dw).
+      CHECK(max_abs(f32[i], cpu[i]) <= 2e-5 * scale);
+      // bf16 inputs and outputs (8 bits of mantissa): within a few roundings of the fp32 values.
+      CHECK((b16[i] - cpu[i]).norm().item<double>() <= 2e-2 * cpu[i].norm().item<double>());
+      CHECK((f16[i] - cpu[i]).norm().item<double>() <= 5e-3 * cpu[i].norm().item<double>());
+    }
+    // The rope's gradient reaches only q's columns of the fused projection.
+    CHECK(f32[4].narrow(-1, Hq * D, 2 * Hkv * D).abs().max().item<double>() == 0.0);
   }
-  // The rope's gradient reaches only q's columns of the fused projection.
-  CHECK(f32[4].narrow(-1, Hq * D, 2 * Hkv * D).abs().max().item<double>() == 0.0);
 }
 
 TEST_CASE(
