@@ -150,6 +150,9 @@ __device__ int inverse_cdf(const Row<T>& row, int lo_u, int hi_u, Kept kept_mass
   return *s_token;
 }
 
+// A logit's mass in units (sampling_rule.hpp), z relative to its row's maximum m.
+__device__ __forceinline__ unsigned long long mass_of(float z, float m) { return hd::mass_units(expf(z - m)); }
+
 // A row's slice: its maximum and first index of it, then its mass in units of that row's
 // maximum (16 bytes a (row, slice) in the workspace).
 struct SliceStats {
@@ -208,8 +211,7 @@ __global__ void __launch_bounds__(kSliceThreads) slice_mass_kernel(SampleArgs a,
   int lo, hi;
   slice_range(row.units, slices, s, lo, hi);
   unsigned long long units = 0;
-  row.visit(lo + static_cast<int>(threadIdx.x), blockDim.x, hi,
-            [&](int, float zi) { units += hd::mass_units(expf(zi - m)); });
+  row.visit(lo + static_cast<int>(threadIdx.x), blockDim.x, hi, [&](int, float zi) { units += mass_of(zi, m); });
   units = block_reduce(units, SumOp{}, s_u64);
   if (threadIdx.x == 0) stats[s].mass = units;
 }
@@ -254,8 +256,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a, int slic
       int lo, hi;
       slice_range(row.units, slices, s, lo, hi);
       token = inverse_cdf(
-          row, lo, hi, [&](float zi) { return static_cast<unsigned long long>(hd::mass_units(expf(zi - m))); },
-          [&](unsigned long long) { return target - before; }, token, s_u64, &s_token);
+          row, lo, hi, [&](float zi) { return mass_of(zi, m); }, [&](unsigned long long) { return target - before; },
+          token, s_u64, &s_token);
     }
     if (threadIdx.x == 0) {
       a.tokens[row_index] = token;
@@ -276,7 +278,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a, int slic
   // The softmax's sum in mass units: the same in any order, whichever units a row's
   // alignment gives (a float sum's order would tie a row's log-prob to its place in the batch).
   unsigned long long units = 0;
-  row.for_each([&](int, float zi) { units += hd::mass_units(expf(zi - m)); });
+  row.for_each([&](int, float zi) { units += mass_of(zi, m); });
   const float log_total = hd::log_total_of_units(block_reduce(units, SumOp{}, s_u64));
 
   if (greedy) {
@@ -284,7 +286,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a, int slic
     return;
   }
 
-  auto mass = [&](float zi) { return static_cast<unsigned long long>(hd::mass_units(expf(zi - m))); };
+  auto mass = [&](float zi) { return mass_of(zi, m); };
   uint32_t key_k = 0, key_p = 0;
   if (top_k > 0 && top_k < n) {
     key_k = block_radix_select(

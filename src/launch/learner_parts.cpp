@@ -19,7 +19,12 @@ namespace rlx::launch {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-LearnerGroup join_learner_group(const RunConfig& cfg) {
+at::Device learner_rank_device(const RunConfig& cfg) {
+  const auto ro = cfg.train.learner_ranks > 1 ? dist::rendezvous_from_env() : dist::RendezvousOptions{};
+  return learner_device(cfg.model.device, ro.rank, ro.world_size, compat::cuda_device_count());
+}
+
+LearnerGroup join_learner_group(const RunConfig& cfg, at::Device device) {
   LearnerGroup g;
   if (cfg.train.learner_ranks <= 1) {
     g.comm = dist::single_process();
@@ -30,7 +35,6 @@ LearnerGroup join_learner_group(const RunConfig& cfg) {
   ro.timeout_s = std::max(ro.timeout_s, cfg.train.batch_timeout_s + 60);
   // Ranks on CUDA devices use NCCL where it is built, unless RLX_COMM_BACKEND says otherwise;
   // each rank's device is its current one (NCCL stages host tensors there).
-  const auto device = learner_device(cfg.model.device, ro.rank, ro.world_size, compat::cuda_device_count());
   compat::set_current_device(device);
   if (std::getenv("RLX_COMM_BACKEND") == nullptr) ro.nccl = device.is_cuda() && dist::nccl_available();
   if (const char* r = std::getenv(kLearnerReformEnv); r && std::string_view(r) == "1") {
@@ -71,10 +75,10 @@ void check_memory_plan(const RunConfig& cfg, const Transformer& start, const Lea
   if (rank == 0)
     log::info("learner: memory plan on {} ({} parameters{}):\n{}", cfg.model.device, parameters,
               colocated ? ", colocated with the rollout engine" : "", plan.describe());
-  // The starting model's bytes count as free where it sits on this rank's device.
-  const auto device = m.options.fsdp.device.str();
+  // The starting model is already on this rank's device: its bytes count as free.
+  const auto device = start.device().str();
   const int64_t free = free_memory_bytes(device);
-  plan.check(free < 0 ? free : free + (start.device() == m.options.fsdp.device ? start_bytes : 0), device);
+  plan.check(free < 0 ? free : free + start_bytes, device);
 }
 
 // On-policy distillation: the teacher, frozen and sharded like the reference model.
@@ -101,17 +105,12 @@ LearnerModels build_models(const RunConfig& cfg, const Transformer& start, dist:
   algo::register_bundled_algorithms();
   LearnerModels m;
   m.algorithm = algo::make_algorithm(cfg.algorithm);
-  auto& lo = m.options =
-      learner_options(cfg.learner, cfg.run.seed,
-                      learner_device(cfg.model.device, comm.rank(), comm.size(), compat::cuda_device_count()));
+  auto& lo = m.options = learner_options(cfg.learner, cfg.run.seed, start.device());
   lo.fsdp.lora = cfg.model.lora;
   m.value_head = m.algorithm->needs_critic() && cfg.algorithm.critic == algo::CriticKind::head;
   lo.value_head = m.value_head;
   lo.entropy = true;  // the metric GRPO users watch most; in the loss when algorithm.entropy_coef > 0
   lo.routing_replay = cfg.algorithm.routing_replay;
-  if (lo.fsdp.device != start.device())
-    log::info("learner: rank {} trains on {} (the starting model is on {})", comm.rank(), lo.fsdp.device.str(),
-              start.device().str());
   check_memory_plan(cfg, start, m, comm.rank());
   m.policy = std::make_unique<Learner>(start.config(), comm, lo);
   m.policy->load_from(start);

@@ -34,7 +34,10 @@ struct LearnerGroup {
   dist::ReformableGroup* reformable = nullptr;
   bool finished = false;  // a replacement started as the others ended: nothing left to train
 };
-LearnerGroup join_learner_group(const RunConfig& cfg);
+// This learner rank's device (learner_device over the launcher's rank and world size).
+at::Device learner_rank_device(const RunConfig& cfg);
+// `device`: the rank's (learner_rank_device), made current before NCCL connects.
+LearnerGroup join_learner_group(const RunConfig& cfg, at::Device device);
 
 // The models a learner trains and scores with, built from the starting model `start`.
 struct LearnerModels {
@@ -50,8 +53,8 @@ struct LearnerModels {
   // After a collective failed (a rank died): every model lets go of the broken group.
   void abandon();
 };
-// Checks the memory plan against the device first (the starting model, already there, stays
-// as a colocated engine's weights).
+// Checks the memory plan against the device first (the starting model, already there on the
+// rank's device, stays as a colocated engine's weights). The learners train on start's device.
 LearnerModels build_models(const RunConfig& cfg, const Transformer& start, dist::Communicator& comm);
 
 // The policy's (and critic's) checkpoints under run_dir/checkpoints[-critic], each with the

@@ -15,9 +15,7 @@
 #include "rlx/core/log.hpp"
 #include "rlx/core/status.hpp"
 #include "rlx/core/torch_compat.hpp"
-#include "rlx/dist/rendezvous.hpp"
 #include "rlx/launch/hooks.hpp"
-#include "rlx/learner/learner.hpp"
 #include "rlx/rl/loop.hpp"
 
 namespace rlx::launch {
@@ -140,12 +138,11 @@ int run_learner(const RoleContext& ctx) {
   set_threads(cfg);
   status::set("loading the model");
   auto tok = run_tokenizer(cfg);
-  // On this rank's device (a group's ranks on their own GPUs), not all on model.device's.
-  const auto rdv = cfg.train.learner_ranks > 1 ? dist::rendezvous_from_env() : dist::RendezvousOptions{};
-  auto start =
-      initial_model(cfg, *tok, learner_device(cfg.model.device, rdv.rank, rdv.world_size, compat::cuda_device_count()));
+  // On this rank's device (a group's ranks on their own GPUs), where its learners train.
+  const auto device = learner_rank_device(cfg);
+  auto start = initial_model(cfg, *tok, device);
   const bool colocated = cfg.train.placement == Placement::colocated;
-  auto group = join_learner_group(cfg);
+  auto group = join_learner_group(cfg, device);
   if (group.finished) return 0;
   auto& comm = *group.comm;
   auto models = build_models(cfg, *start, comm);
