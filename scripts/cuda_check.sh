@@ -148,7 +148,10 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
     gpu_tests)
       have "$build/tests/rlx_cuda_kernel_tests" &&
         step kernel_tests 60 "$build/tests/rlx_cuda_kernel_tests" -d yes
-      have "$build/tests/rlx_tests" && step cuda_tests 150 "$build/tests/rlx_tests" "[cuda]" -d yes ;;
+      have "$build/tests/rlx_tests" && step cuda_tests 150 "$build/tests/rlx_tests" "[cuda]" -d yes
+      # The decode tests again with programmatic dependent launch (RLX_PDL=1: the graphs' kernels
+      # against the eager ones, the GEMV's against cuBLAS).
+      have "$build/tests/rlx_tests" && step cuda_tests_pdl 60 env RLX_PDL=1 "$build/tests/rlx_tests" "cuda: decode*" -d yes ;;
     parity)
       have "$rlx" && step parity 150 python3 scripts/hf_parity.py --rlx "$rlx" --out "$work/parity" --device cuda ;;
     sanitizer)
@@ -175,6 +178,23 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
           --prompt 512 --new 128 --iters 1 --kv-cache-mb 4096 --max-batch-tokens 16384 --cuda-graphs 1 --overlap 1 "${trace[@]}"
       done
       gzip -f "$work/trace_decode_b256_mma/trace.json" 2>/dev/null
+      # Batch 1 (and 8) with rlx's GEMV for the projections, the norms and SiLU-mul folded into it
+      # (RLX_GEMV=1: 6 kernels a layer with mma where cuBLAS makes 10-11), traced at batch 1.
+      for b in 1 8; do
+        local trace=(); [ "$b" = 1 ] && trace=(--trace "$work/trace_decode_b1_gemv_mma" --trace-steps 5)
+        step decode_b${b}_gemv_mma 120 env RLX_GEMV=1 RLX_DECODE_ATTENTION=mma "$rlx" bench sampler "${qwen05[@]}" \
+          "${bf16[@]}" --batch $b --prompt 512 --new 128 --iters 1 --kv-cache-mb 4096 --max-batch-tokens 16384 \
+          --cuda-graphs 1 --overlap 1 "${trace[@]}"
+      done
+      gzip -f "$work/trace_decode_b1_gemv_mma/trace.json" 2>/dev/null
+      # And with programmatic dependent launch (RLX_PDL=1: each rlx kernel begins while the one
+      # before it ends), at batch 1 (all of a layer's kernels rlx's) and 256.
+      step decode_b1_gemv_mma_pdl 120 env RLX_GEMV=1 RLX_DECODE_ATTENTION=mma RLX_PDL=1 "$rlx" bench sampler \
+        "${qwen05[@]}" "${bf16[@]}" --batch 1 --prompt 512 --new 128 --iters 1 --kv-cache-mb 4096 \
+        --max-batch-tokens 16384 --cuda-graphs 1 --overlap 1
+      step decode_b256_mma_pdl 120 env RLX_DECODE_ATTENTION=mma RLX_PDL=1 "$rlx" bench sampler "${qwen05[@]}" \
+        "${bf16[@]}" --batch 256 --prompt 512 --new 128 --iters 1 --kv-cache-mb 4096 --max-batch-tokens 16384 \
+        --cuda-graphs 1 --overlap 1
       bundle
       # With RLX_DECODE_VARIANTS=1: the previous attention kernel (RLX_DECODE_ATTENTION=split),
       # the sampler's filtered path, and rlx's GEMV for the small-batch projections (RLX_GEMV=1),

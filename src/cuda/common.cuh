@@ -9,6 +9,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "rlx/cuda/kernels.hpp"
@@ -39,6 +41,32 @@ __device__ __forceinline__ float round_to(float x) {
   return Num<T>::to(Num<T>::from(x));
 }
 
+// The layer ops' element rules, rounded where HF's modules store in T (one definition for the
+// norm and SiLU-mul kernels and for the GEMV that takes them on its way in):
+// the residual sum, h + x, stored in T;
+template <class T>
+__device__ __forceinline__ T add_rounded(T h, T x) {
+  return Num<T>::from(Num<T>::to(h) + Num<T>::to(x));
+}
+// RMSNorm's output for h (the stored sum, as float): the normalised value stored, times the weight;
+template <class T>
+__device__ __forceinline__ T rms_scaled(T weight, float h, float inv_rms) {
+  return Num<T>::from(Num<T>::to(weight) * round_to<T>(h * inv_rms));
+}
+// SiLU(gate) * up, SiLU's output stored.
+template <class T>
+__device__ __forceinline__ T silu_times(float g, float u) {
+  return Num<T>::from(round_to<T>(g / (1.0f + expf(-g))) * u);
+}
+
+// add_rms_norm's threads for a row of `vecs` 16-byte vectors (a warp multiple, at most 256): its
+// sum of squares is each thread's vectors t, t + threads, ... in order, then block_reduce. The
+// GEMV's norm takes the same order, so its normalised rows equal the norm kernel's bit for bit.
+constexpr int kNormThreads = 256;
+__host__ __device__ constexpr int norm_threads(int vecs) {
+  return vecs >= kNormThreads ? kNormThreads : (vecs + 31) / 32 * 32;
+}
+
 template <class T>
 struct TypeTag {
   using type = T;
@@ -60,6 +88,58 @@ inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 1
 
 // The launch's status: an argument error found by the launcher, else cudaGetLastError().
 inline int launch_status() { return static_cast<int>(cudaGetLastError()); }
+
+// Programmatic dependent launch (sm_90; RLX_PDL=1): a kernel launched by launch_kernel may
+// begin while the stream's previous kernel ends, its blocks resident and waiting, which hides
+// the launch latency between decode's small kernels. Every kernel of the decode step begins
+// with pdl_begin(): it lets the next kernel launch now, then waits until the previous one has
+// finished and its writes are visible, before touching memory. (A kernel can launch only once
+// every block of the one before has begun, so waiting blocks never hold back an earlier grid.)
+// Launched without the attribute, or before sm_90, both instructions are no-ops.
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Whether launch_kernel asks for programmatic dependent launch: RLX_PDL=1 on a device of
+// compute capability 9 (the sm_90a code, whose kernels wait; a later device runs the sm_80
+// code, whose pdl_begin is empty), runtime and driver 12.3 or later (PDL in captured graphs).
+// Read once a process.
+inline bool pdl_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("RLX_PDL");
+    int device = 0, major = 0, runtime = 0, driver = 0;
+    return v != nullptr && std::strcmp(v, "1") == 0 && cudaGetDevice(&device) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major == 9 &&
+           cudaRuntimeGetVersion(&runtime) == cudaSuccess && runtime >= 12030 &&
+           cudaDriverGetVersion(&driver) == cudaSuccess && driver >= 12030;
+  }();
+  return on;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), with programmatic dependent launch where
+// pdl_enabled() and the stream is not the legacy default one (a CUDA graph's capture, the
+// engine's own streams; the kernel must begin with pdl_begin()); returns the launch's status (as
+// launch_status(), which it leaves clear).
+template <class... Params, class... Args>
+int launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                  const Args&... args) {
+  cudaLaunchAttribute pdl{};
+  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &pdl;
+  config.numAttrs = pdl_enabled() && stream != nullptr && stream != cudaStreamLegacy ? 1 : 0;
+  const cudaError_t launched = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+  const int last = launch_status();  // clears the launch's error
+  return launched != cudaSuccess ? static_cast<int>(launched) : last;
+}
 
 struct SumOp {
   template <class T>

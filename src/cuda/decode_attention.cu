@@ -26,6 +26,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_split_kernel(DecodeAttenti
   constexpr int kLanesPerToken = D / kVec;
   constexpr int kTokensPerWarp = 32 / kLanesPerToken;
   static_assert(D % kVec == 0 && 32 % kLanesPerToken == 0 && kTokensPerWarp >= 1);
+  pdl_begin();
 
   const SplitBlock w = split_block(a);
   if (w.end <= w.begin) return;
@@ -128,6 +129,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_split_kernel(DecodeAttenti
 template <class T, int D>
 __global__ void __launch_bounds__(kWarps * 32, 4) decode_tile_kernel(DecodeAttentionArgs a, int max_splits) {
   static_assert(sizeof(T) == 2, "the tiled kernel reads 16-bit keys and values");
+  pdl_begin();
   constexpr int kVec = 16 / sizeof(T);
   constexpr int kLanesPerToken = D / kVec;
   constexpr int kTokensPerRound = 32 / kLanesPerToken;
@@ -263,6 +265,7 @@ __global__ void __launch_bounds__(kWarps * 32, 4) decode_tile_kernel(DecodeAtten
 
 template <class T, int D>
 __global__ void decode_merge_kernel(DecodeAttentionArgs a, int max_splits) {
+  pdl_begin();
   const int seq = blockIdx.x, head = blockIdx.y;
   const int splits = sequence_splits(a, seq, max_splits);
   for (int d = threadIdx.x; d < D; d += blockDim.x) merge_value<T, D>(a, seq, head, d, splits, max_splits);
@@ -274,19 +277,21 @@ int launch(const DecodeAttentionArgs& a, cudaStream_t stream) {
   const int group = a.q_heads / a.kv_heads;
   const int chunks = (group + kMaxGroup - 1) / kMaxGroup;
   const dim3 grid(max_splits, a.kv_heads * chunks, a.batch);
+  int status = 0;
   if constexpr (sizeof(T) == 2) {
     if (a.kernel == DecodeAttentionKernel::mma) {
-      launch_decode_mma<T, D>(a, grid, max_splits, stream);
-      if (a.merge_counters) return launch_status();  // its blocks merged the splits
-    } else if (a.kernel == DecodeAttentionKernel::tiled)
-      decode_tile_kernel<T, D><<<grid, kWarps * 32, 0, stream>>>(a, max_splits);
-    else
-      decode_split_kernel<T, D><<<grid, kWarps * 32, 0, stream>>>(a, max_splits);
+      status = launch_decode_mma<T, D>(a, grid, max_splits, stream);
+      if (status != 0 || a.merge_counters) return status;  // its blocks merged the splits
+    } else if (a.kernel == DecodeAttentionKernel::tiled) {
+      status = launch_kernel(decode_tile_kernel<T, D>, grid, kWarps * 32, 0, stream, a, max_splits);
+    } else {
+      status = launch_kernel(decode_split_kernel<T, D>, grid, kWarps * 32, 0, stream, a, max_splits);
+    }
   } else {
-    decode_split_kernel<T, D><<<grid, kWarps * 32, 0, stream>>>(a, max_splits);  // fp32: the split kernel
+    status = launch_kernel(decode_split_kernel<T, D>, grid, kWarps * 32, 0, stream, a, max_splits);  // fp32
   }
-  decode_merge_kernel<T, D><<<dim3(a.batch, a.q_heads), D, 0, stream>>>(a, max_splits);
-  return launch_status();
+  if (status != 0) return status;
+  return launch_kernel(decode_merge_kernel<T, D>, dim3(a.batch, a.q_heads), D, 0, stream, a, max_splits);
 }
 
 }  // namespace

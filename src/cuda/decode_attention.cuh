@@ -111,6 +111,6 @@ __device__ inline void merge_if_last(const DecodeAttentionArgs& a, const SplitBl
 // Pass 1 on tensor cores (decode_mma.cu), fp16 and bf16, on the split kernel's grid and
 // workspace; sm_80 and newer.
 template <class T, int D>
-void launch_decode_mma(const DecodeAttentionArgs& a, dim3 grid, int max_splits, cudaStream_t stream);
+int launch_decode_mma(const DecodeAttentionArgs& a, dim3 grid, int max_splits, cudaStream_t stream);
 
 }  // namespace rlx::cuda

@@ -87,6 +87,7 @@ template <class T, int D>
 __global__ void __launch_bounds__(kWarps * 32, D == 64 ? 6 : 3)
     decode_mma_kernel(DecodeAttentionArgs a, int max_splits) {
   static_assert(sizeof(T) == 2 && D % 32 == 0);
+  pdl_begin();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // cp.async, ldmatrix and bf16 mma need sm_80 (RLX_CUDA_ARCHITECTURES)
 #else
@@ -211,7 +212,7 @@ __global__ void __launch_bounds__(kWarps * 32, D == 64 ? 6 : 3)
 }  // namespace
 
 template <class T, int D>
-void launch_decode_mma(const DecodeAttentionArgs& a, dim3 grid, int max_splits, cudaStream_t stream) {
+int launch_decode_mma(const DecodeAttentionArgs& a, dim3 grid, int max_splits, cudaStream_t stream) {
   // Keys and values of a split; after them, the same space holds the warps' partial results.
   constexpr size_t kShared = 2 * hd::kDecodeSplitTokens * D * sizeof(T);
   static_assert(sizeof(float) * kWarps * kMaxGroup * D + sizeof(hd::SoftmaxState) * kWarps * kMaxGroup <= kShared);
@@ -219,12 +220,12 @@ void launch_decode_mma(const DecodeAttentionArgs& a, dim3 grid, int max_splits, 
   if constexpr (kShared > 48 * 1024)
     (void)cudaFuncSetAttribute(decode_mma_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(kShared));
-  decode_mma_kernel<T, D><<<grid, kWarps * 32, kShared, stream>>>(a, max_splits);
+  return launch_kernel(decode_mma_kernel<T, D>, grid, kWarps * 32, kShared, stream, a, max_splits);
 }
 
-template void launch_decode_mma<__half, 64>(const DecodeAttentionArgs&, dim3, int, cudaStream_t);
-template void launch_decode_mma<__half, 128>(const DecodeAttentionArgs&, dim3, int, cudaStream_t);
-template void launch_decode_mma<__nv_bfloat16, 64>(const DecodeAttentionArgs&, dim3, int, cudaStream_t);
-template void launch_decode_mma<__nv_bfloat16, 128>(const DecodeAttentionArgs&, dim3, int, cudaStream_t);
+template int launch_decode_mma<__half, 64>(const DecodeAttentionArgs&, dim3, int, cudaStream_t);
+template int launch_decode_mma<__half, 128>(const DecodeAttentionArgs&, dim3, int, cudaStream_t);
+template int launch_decode_mma<__nv_bfloat16, 64>(const DecodeAttentionArgs&, dim3, int, cudaStream_t);
+template int launch_decode_mma<__nv_bfloat16, 128>(const DecodeAttentionArgs&, dim3, int, cudaStream_t);
 
 }  // namespace rlx::cuda

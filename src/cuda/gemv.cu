@@ -1,21 +1,108 @@
-// y = x w^T (+ bias) for a few rows of x (decode at small batch: at batch 1 cuBLAS's GEMMs ran
-// at about 30% of the copy bandwidth on an H200): each warp takes R rows of w, reads them once
-// with 16-byte loads, multiplies them by the M rows of x (read from L1: every warp shares
-// them) and sums over its lanes by butterfly; fp32 accumulation, one rounding at the end.
-// Expert-indexed, the same with each row of the output against its own expert's matrix.
+// y = x w^T (+ bias) for a few rows of x: decode's projections at small batch (at batch 1
+// cuBLAS's GEMMs ran at about 30% of the copy bandwidth on an H200), with the layer's
+// RMSNorm or SiLU-mul optionally taken on the way in so that its kernel goes (GemvInput).
+//
+// A team of `team` threads (16 to 256, chosen by k alone) owns R rows of w. Its thread t reads
+// the 16-byte chunks t, t + team, ... of each of those rows, a batch of them in flight at once
+// (all of them for k up to 6 team chunks), multiplies them by the same chunks of the M rows of
+// x (read from L1, or from shared memory once normalised), and the team sums by butterfly,
+// then across its warps in index order. Every sum is ordered by k alone: a row of x alone gives
+// the bits it gives among others. Expert-indexed: each row of out against its own expert's
+// matrix.
+#include <type_traits>
+
 #include "common.cuh"
 
 namespace rlx::cuda {
 namespace {
 
-constexpr int kGemvWarps = 8;
+constexpr int kGemvThreads = 256;
+constexpr int kVec = 8;            // 16-bit values in 16 bytes
+constexpr int kChunksAThread = 6;  // a team takes k's chunks 6 a thread (team_for)
 
-template <class T, int M, int R>
-__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(GemvArgs a) {
-  constexpr int kVec = 8;  // 16-bit values in 16 bytes
-  const int lane = threadIdx.x % 32;
-  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / 32) * R;
-  if (n0 >= a.n) return;
+// Threads a row of w for `chunks` 16-byte chunks: the fewest (at least 16) that leave each at
+// most kChunksAThread, at most the block.
+int team_for(int64_t chunks) {
+  int team = 16;
+  while (team < kGemvThreads && chunks > kChunksAThread * team) team *= 2;
+  return team;
+}
+
+// A thread's chunks of its R rows loaded together: all kChunksAThread with one row, fewer with
+// more rows (the registers; more rows run where the grid has many blocks to hide latency).
+__host__ __device__ constexpr int batch_for(int rows) { return rows == 1 ? kChunksAThread : rows == 2 ? 3 : 2; }
+
+// The rows of RMSNorm(x + add) * norm_weight into s ([rows, k] in T) exactly as
+// add_rms_norm_vec_kernel computes them: the same threads take the same vectors in the same
+// order, and the block's other warps add zeros to the sum. Block (0, 0) writes x + add to
+// residual_out. `s_sum`: kGemvThreads / 32 floats.
+template <class T>
+__device__ void stage_norm(const GemvArgs& a, int rows, uint4* s, float* s_sum) {
+  const int vecs = static_cast<int>(a.k / kVec);
+  const int threads = norm_threads(vecs);
+  const bool writer = a.add && blockIdx.x == 0 && blockIdx.y == 0;
+  const auto* weight = static_cast<const uint4*>(a.norm_weight);
+  for (int m = 0; m < rows; ++m) {
+    const int64_t at = static_cast<int64_t>(m) * vecs;
+    const auto* h = static_cast<const uint4*>(a.x) + at;
+    const auto* add = a.add ? static_cast<const uint4*>(a.add) + at : nullptr;
+    uint4* row = s + at;
+    float squares = 0.0f;
+    if (static_cast<int>(threadIdx.x) < threads) {
+      for (int v = threadIdx.x; v < vecs; v += threads) {
+        uint4 raw = h[v];
+        T* e = reinterpret_cast<T*>(&raw);
+        if (add) {
+          const uint4 araw = add[v];
+          const T* ae = reinterpret_cast<const T*>(&araw);
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) e[j] = add_rounded<T>(e[j], ae[j]);
+          if (writer) static_cast<uint4*>(a.residual_out)[at + v] = raw;
+        }
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float f = Num<T>::to(e[j]);
+          squares += f * f;
+        }
+        row[v] = raw;
+      }
+    }
+    const float inv_rms = rsqrtf(block_reduce(squares, SumOp{}, s_sum) / static_cast<int>(a.k) + a.eps);
+    for (int v = threadIdx.x; v < vecs; v += blockDim.x) {  // block_reduce's barriers order the stores
+      uint4 raw = row[v];
+      const uint4 wraw = weight[v];
+      T* e = reinterpret_cast<T*>(&raw);
+      const T* we = reinterpret_cast<const T*>(&wraw);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) e[j] = rms_scaled<T>(we[j], Num<T>::to(e[j]), inv_rms);
+      row[v] = raw;
+    }
+  }
+  __syncthreads();
+}
+
+// Chunk c of row m of the product's input, as floats: x's own, or SiLU-mul of gate_up's row.
+template <class T, bool Silu>
+__device__ __forceinline__ void input_chunk(const uint4* x, int64_t chunks, int m, int64_t c, float (&f)[kVec]) {
+  if constexpr (Silu) {
+    const uint4 graw = x[2 * m * chunks + c], uraw = x[(2 * m + 1) * chunks + c];
+    const T* g = reinterpret_cast<const T*>(&graw);
+    const T* u = reinterpret_cast<const T*>(&uraw);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) f[j] = Num<T>::to(silu_times<T>(Num<T>::to(g[j]), Num<T>::to(u[j])));
+  } else {
+    const uint4 raw = x[m * chunks + c];
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) f[j] = Num<T>::to(e[j]);
+  }
+}
+
+template <class T, int M, int R, bool Silu>
+__global__ void __launch_bounds__(kGemvThreads, 1) gemv_kernel(GemvArgs a, int team) {
+  extern __shared__ uint4 s_x[];  // the normalised rows (GemvInput::add_rms_norm)
+  __shared__ float s_red[kGemvThreads / 32][R * M];
+  pdl_begin();
   const int64_t chunks = a.k / kVec;
   const auto* w = static_cast<const uint4*>(a.w);
   const auto* x = static_cast<const uint4*>(a.x);
@@ -28,34 +115,75 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(GemvArgs a) {
     out += static_cast<int64_t>(i) * a.n;
     rows = 1;
   }
+  if (a.input == GemvInput::add_rms_norm) {
+    stage_norm<T>(a, rows, s_x, &s_red[0][0]);
+    x = s_x;
+  }
+  const int t = threadIdx.x & (team - 1);
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * (kGemvThreads / team) + threadIdx.x / team) * R;
   float acc[R][M];
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
-#pragma unroll 4
-  for (int64_t c = lane; c < chunks; c += 32) {
-    uint4 wv[R];
+  if (n0 < a.n) {
+    constexpr int B = batch_for(R);
+    for (int64_t base = t; base < chunks; base += static_cast<int64_t>(B) * team) {
+      uint4 wv[B][R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) wv[r] = n0 + r < a.n ? w[(n0 + r) * chunks + c] : make_uint4(0, 0, 0, 0);
+      for (int b = 0; b < B; ++b) {
+        const int64_t c = base + static_cast<int64_t>(b) * team;
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      if (m >= rows) break;
-      const uint4 xv = x[m * chunks + c];
-      const T* xs = reinterpret_cast<const T*>(&xv);
+        for (int r = 0; r < R; ++r)
+          wv[b][r] = c < chunks && n0 + r < a.n ? w[(n0 + r) * chunks + c] : make_uint4(0, 0, 0, 0);
+      }
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const T* ws = reinterpret_cast<const T*>(&wv[r]);
+      for (int b = 0; b < B; ++b) {
+        const int64_t c = base + static_cast<int64_t>(b) * team;
+        if (c >= chunks) break;
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) acc[r][m] += Num<T>::to(ws[j]) * Num<T>::to(xs[j]);
+        for (int m = 0; m < M; ++m) {
+          if (m >= rows) break;
+          float xf[kVec];
+          input_chunk<T, Silu>(x, chunks, m, c, xf);
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            const T* ws = reinterpret_cast<const T*>(&wv[b][r]);
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) acc[r][m] += Num<T>::to(ws[j]) * xf[j];
+          }
+        }
       }
     }
   }
+  // The team's sum: a butterfly over its lanes (every lane ends with the same bits), then, for
+  // a team of several warps, their sums in index order.
+  const int lanes = team < 32 ? team : 32;
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int m = 0; m < M; ++m) acc[r][m] = warp_reduce(acc[r][m], SumOp{});
-  if (lane != 0) return;
+    for (int m = 0; m < M; ++m)
+      for (int offset = lanes / 2; offset > 0; offset >>= 1)
+        acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], offset);
+  if (team > 32) {
+    const int warp = threadIdx.x / 32;
+    if (threadIdx.x % 32 == 0)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int m = 0; m < M; ++m) s_red[warp][r * M + m] = acc[r][m];
+    __syncthreads();
+    if (t == 0)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          float v = s_red[warp][r * M + m];
+          for (int i = 1; i < team / 32; ++i) v += s_red[warp + i][r * M + m];
+          acc[r][m] = v;
+        }
+  }
+  if (t != 0 || n0 >= a.n) return;
   const T* bias = static_cast<const T*>(a.bias);
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -67,40 +195,57 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(GemvArgs a) {
   }
 }
 
-template <class T, int M>
-int launch_rows(const GemvArgs& a, cudaStream_t stream) {
-  // Rows of w a warp: enough warps to fill the device for the small projections, fewer
-  // reductions for the large ones (the LM head). Expert-indexed: one grid row per row of out.
+template <class T, int M, bool Silu>
+int launch(const GemvArgs& a, cudaStream_t stream) {
+  const int team = team_for(a.k / kVec);
+  const int64_t groups = kGemvThreads / team;  // row groups a block
+  const int64_t blocks1 = (a.n + groups - 1) / groups;
   const unsigned ys = a.experts ? static_cast<unsigned>(a.m) : 1u;
-  const auto blocks = [&](int r) {
-    return dim3(static_cast<unsigned>((a.n + kGemvWarps * r - 1) / (kGemvWarps * r)), ys);
+  const size_t smem = a.input == GemvInput::add_rms_norm ? static_cast<size_t>(a.m) * a.k * sizeof(T) : 0;
+  const auto go = [&](auto r) {
+    constexpr int R = decltype(r)::value;
+    const dim3 grid(static_cast<unsigned>((a.n + groups * R - 1) / (groups * R)), ys);
+    return launch_kernel(gemv_kernel<T, M, R, Silu>, grid, kGemvThreads, smem, stream, a, team);
   };
-  if (a.n <= 4096)
-    gemv_kernel<T, M, 1><<<blocks(1), kGemvWarps * 32, 0, stream>>>(a);
-  else if (a.n <= 16384)
-    gemv_kernel<T, M, 2><<<blocks(2), kGemvWarps * 32, 0, stream>>>(a);
-  else
-    gemv_kernel<T, M, 4><<<blocks(4), kGemvWarps * 32, 0, stream>>>(a);
-  return launch_status();
+  // More rows a team where the grid is large (the LM head), or where x's rows are many (each w
+  // chunk then meets fewer reads of x from L1 for its products).
+  if (blocks1 >= 4096) return go(std::integral_constant<int, 4>{});
+  if (blocks1 >= 1024 || M >= 4) return go(std::integral_constant<int, 2>{});
+  return go(std::integral_constant<int, 1>{});
+}
+
+template <class T, bool Silu>
+int launch_rows(const GemvArgs& a, cudaStream_t stream) {
+  if (a.m == 1 || a.experts) return launch<T, 1, Silu>(a, stream);
+  if (a.m <= 4) return launch<T, 4, Silu>(a, stream);
+  return launch<T, kGemvMaxRows, Silu>(a, stream);
+}
+
+bool valid(const GemvArgs& a) {
+  if (a.m > (a.experts ? kGemvMaxExpertRows : kGemvMaxRows) || a.n > INT32_MAX || a.k <= 0 || a.k % kVec != 0 || !a.x ||
+      !a.w || !a.out || a.dtype == DType::f32 || !aligned16(a.x) || !aligned16(a.w))
+    return false;
+  if (a.experts) return a.input == GemvInput::plain && !a.bias && a.x_share >= 1;
+  if (a.input != GemvInput::add_rms_norm) return true;
+  // residual_out is written by one block while the others read x and add: never their memory.
+  return a.norm_weight && aligned16(a.norm_weight) && a.k <= 8192 &&
+         static_cast<int64_t>(a.m) * a.k * 2 <= kGemvNormBytes &&
+         (!a.add || (aligned16(a.add) && a.residual_out && aligned16(a.residual_out) && a.residual_out != a.x &&
+                     a.residual_out != a.add));
 }
 
 }  // namespace
 
 int gemv(const GemvArgs& a, void* stream) {
   if (a.m <= 0 || a.n <= 0) return 0;
-  if (a.m > (a.experts ? kGemvMaxExpertRows : kGemvMaxRows) || a.k <= 0 || a.k % 8 != 0 || !a.x || !a.w || !a.out ||
-      a.dtype == DType::f32 || (a.experts && (a.bias || a.x_share < 1)))
-    return cudaErrorInvalidValue;
+  if (!valid(a)) return cudaErrorInvalidValue;
   const auto s = static_cast<cudaStream_t>(stream);
   return with_dtype(a.dtype, [&](auto tag) -> int {
     using T = typename decltype(tag)::type;
     if constexpr (sizeof(T) != 2) {
       return cudaErrorInvalidValue;
     } else {
-      if (a.m == 1 || a.experts) return launch_rows<T, 1>(a, s);
-      if (a.m == 2) return launch_rows<T, 2>(a, s);
-      if (a.m <= 4) return launch_rows<T, 4>(a, s);
-      return launch_rows<T, 8>(a, s);
+      return a.input == GemvInput::silu_mul ? launch_rows<T, true>(a, s) : launch_rows<T, false>(a, s);
     }
   });
 }

@@ -8,11 +8,10 @@
 namespace rlx::cuda {
 namespace {
 
-constexpr int kNormThreads = 256;
-
 template <class T>
 __global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(AddRmsNormArgs a) {
   __shared__ float s_sum[kNormThreads / 32];
+  pdl_begin();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * a.hidden;
   T* residual = static_cast<T*>(a.residual) + row;
   const T* x = a.x ? static_cast<const T*>(a.x) + row : nullptr;
@@ -20,18 +19,19 @@ __global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(AddRmsNormAr
   T* out = static_cast<T*>(a.out) + row;
   float squares = 0.0f;
   for (int i = threadIdx.x; i < a.hidden; i += blockDim.x) {
-    float h = Num<T>::to(residual[i]);
+    T r = residual[i];
     if (x) {
-      h = round_to<T>(h + Num<T>::to(x[i]));
-      residual[i] = Num<T>::from(h);
+      r = add_rounded<T>(r, x[i]);
+      residual[i] = r;
     }
+    const float h = Num<T>::to(r);
     squares += h * h;
   }
   const float inv_rms = rsqrtf(block_reduce(squares, SumOp{}, s_sum) / a.hidden + a.eps);
   if (a.inv_rms && threadIdx.x == 0) a.inv_rms[blockIdx.x] = inv_rms;  // the learner's, for backward
   for (int i = threadIdx.x; i < a.hidden; i += blockDim.x) {
     const float h = Num<T>::to(residual[i]);  // this thread's own store above
-    out[i] = Num<T>::from(Num<T>::to(weight[i]) * round_to<T>(h * inv_rms));
+    out[i] = rms_scaled<T>(weight[i], h, inv_rms);
   }
 }
 
@@ -43,6 +43,7 @@ template <class T, int V>
 __global__ void __launch_bounds__(kNormThreads) add_rms_norm_vec_kernel(AddRmsNormArgs a) {
   constexpr int kVec = 16 / sizeof(T);
   __shared__ float s_sum[kNormThreads / 32];
+  pdl_begin();
   const int vecs = a.hidden / kVec;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * a.hidden;
   auto* residual = reinterpret_cast<uint4*>(static_cast<T*>(a.residual) + row);
@@ -61,7 +62,7 @@ __global__ void __launch_bounds__(kNormThreads) add_rms_norm_vec_kernel(AddRmsNo
       const uint4 xraw = x[v];
       const T* xe = reinterpret_cast<const T*>(&xraw);
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) e[j] = Num<T>::from(Num<T>::to(e[j]) + Num<T>::to(xe[j]));
+      for (int j = 0; j < kVec; ++j) e[j] = add_rounded<T>(e[j], xe[j]);
       residual[v] = raw;
     }
 #pragma unroll
@@ -81,21 +82,16 @@ __global__ void __launch_bounds__(kNormThreads) add_rms_norm_vec_kernel(AddRmsNo
     uint4 oraw;
     T* o = reinterpret_cast<T*>(&oraw);
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) o[j] = Num<T>::from(Num<T>::to(w[j]) * round_to<T>(h[k][j] * inv_rms));
+    for (int j = 0; j < kVec; ++j) o[j] = rms_scaled<T>(w[j], h[k][j], inv_rms);
     out[v] = oraw;
   }
-}
-
-// SiLU(gate) * up for one element, rounded as HF's module rounds SiLU's output.
-template <class T>
-__device__ __forceinline__ T silu_times(float g, float u) {
-  return Num<T>::from(round_to<T>(g / (1.0f + expf(-g))) * u);
 }
 
 // 16 bytes of each operand a thread (gate, up and out rows 16-byte aligned, inter a multiple
 // of the vector): grid (column blocks, rows), no division per element.
 template <class T>
 __global__ void silu_mul_vec_kernel(const T* gate_up, T* out, int rows, int inter) {
+  pdl_begin();
   constexpr int kVec = 16 / sizeof(T);
   const int vecs = inter / kVec;
   for (int r = blockIdx.y; r < rows; r += gridDim.y) {
@@ -118,6 +114,7 @@ __global__ void silu_mul_vec_kernel(const T* gate_up, T* out, int rows, int inte
 // Any width and alignment: element by element.
 template <class T>
 __global__ void silu_mul_kernel(const T* gate_up, T* out, int rows, int inter) {
+  pdl_begin();
   const int64_t n = static_cast<int64_t>(rows) * inter;
   for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n;
        k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -141,16 +138,13 @@ int add_rms_norm(const AddRmsNormArgs& a, void* stream) {
     const bool vector = a.hidden % kVec == 0 && aligned16(a.residual) && aligned16(a.weight) && aligned16(a.out) &&
                         (!a.x || aligned16(a.x));
     // A warp-multiple of threads for the row's vectors (Qwen2.5-0.5B's 896 values: 112 of 8).
-    const int threads = std::min(kNormThreads, (vecs + 31) / 32 * 32);
-    if (vector && vecs <= kNormThreads)
-      add_rms_norm_vec_kernel<T, 1><<<a.rows, threads, 0, s>>>(a);
-    else if (vector && vecs <= 2 * kNormThreads)
-      add_rms_norm_vec_kernel<T, 2><<<a.rows, kNormThreads, 0, s>>>(a);
-    else if (vector && vecs <= 4 * kNormThreads)
-      add_rms_norm_vec_kernel<T, 4><<<a.rows, kNormThreads, 0, s>>>(a);
-    else
-      add_rms_norm_kernel<T><<<a.rows, kNormThreads, 0, s>>>(a);
-    return launch_status();
+    const int threads = norm_threads(vecs);
+    if (vector && vecs <= kNormThreads) return launch_kernel(add_rms_norm_vec_kernel<T, 1>, a.rows, threads, 0, s, a);
+    if (vector && vecs <= 2 * kNormThreads)
+      return launch_kernel(add_rms_norm_vec_kernel<T, 2>, a.rows, kNormThreads, 0, s, a);
+    if (vector && vecs <= 4 * kNormThreads)
+      return launch_kernel(add_rms_norm_vec_kernel<T, 4>, a.rows, kNormThreads, 0, s, a);
+    return launch_kernel(add_rms_norm_kernel<T>, a.rows, kNormThreads, 0, s, a);
   });
 }
 
@@ -167,12 +161,11 @@ int silu_mul(DType dtype, const void* gate_up, void* out, int rows, int inter, v
       const int vecs = inter / kVec;
       const dim3 grid(static_cast<unsigned>((vecs + threads - 1) / threads),
                       static_cast<unsigned>(std::min(rows, 65535)));
-      silu_mul_vec_kernel<T>
-          <<<grid, threads, 0, s>>>(static_cast<const T*>(gate_up), static_cast<T*>(out), rows, inter);
-    } else {
-      silu_mul_kernel<T><<<blocks, threads, 0, s>>>(static_cast<const T*>(gate_up), static_cast<T*>(out), rows, inter);
+      return launch_kernel(silu_mul_vec_kernel<T>, grid, threads, 0, s, static_cast<const T*>(gate_up),
+                           static_cast<T*>(out), rows, inter);
     }
-    return launch_status();
+    return launch_kernel(silu_mul_kernel<T>, blocks, threads, 0, s, static_cast<const T*>(gate_up),
+                         static_cast<T*>(out), rows, inter);
   });
 }
 

@@ -294,21 +294,32 @@ at::Tensor rope_append(const at::Tensor& qkv_in, const at::Tensor& positions, co
   return q;
 }
 
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+bool gemv_enabled() {
   // Opt-in: on an H200 (2026-11-28) cuBLAS's projections made a batch-1 decode step 1.706 ms
-  // where this kernel made it 1.879 ms (docs/PERF.md).
-  static const bool off = [] {
-    const char* v = std::getenv("RLX_GEMV");
-    return v == nullptr || std::strcmp(v, "1") != 0;
-  }();
+  // where the GEMV of that day made it 1.879 ms (docs/PERF.md). Read at each call, about
+  // 0.2 us (a [cuda] test compares both paths in one process; a graph's replay calls nothing).
+  const char* v = std::getenv("RLX_GEMV");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
+namespace {
+bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+// Whether the GEMV takes x [..., k] (with `silu`, gate_up [..., 2 k]) against w [n, k] (+ b):
+// fp16/bf16 on CUDA, k a multiple of 8, at most kGemvMaxRows rows, x and w contiguous and
+// 16-byte aligned.
+bool gemv_fits(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool silu = false) {
   const auto t = x.scalar_type();
-  const int64_t k = x.size(-1), rows = k > 0 ? x.numel() / k : 0;
-  const auto aligned = [](const at::Tensor& u) { return reinterpret_cast<uintptr_t>(u.data_ptr()) % 16 == 0; };
-  if (off || !x.is_cuda() || (t != at::kHalf && t != at::kBFloat16) || w.scalar_type() != t || w.dim() != 2 ||
-      w.size(1) != k || k % 8 != 0 || rows < 1 || rows > kGemvMaxRows || !x.is_contiguous() || !w.is_contiguous() ||
-      !aligned(x) || !aligned(w) || (b.defined() && (b.scalar_type() != t || !b.is_contiguous())))
-    return at::linear(x, w, b);
-  const c10::cuda::CUDAGuard guard(x.device());
+  if (!x.is_cuda() || x.dim() < 1 || w.dim() != 2 || (t != at::kHalf && t != at::kBFloat16) || w.scalar_type() != t)
+    return false;
+  const int64_t k = w.size(1), width = silu ? 2 * k : k, rows = width > 0 ? x.numel() / width : 0;
+  return x.size(-1) == width && k > 0 && k % 8 == 0 && rows >= 1 && rows <= kGemvMaxRows && x.is_contiguous() &&
+         w.is_contiguous() && aligned16(x) && aligned16(w) &&
+         (!b.defined() || (b.scalar_type() == t && b.is_contiguous() && b.numel() == w.size(0)));
+}
+
+// The GEMV's output for x's rows against w, and the arguments that fill it.
+std::pair<at::Tensor, GemvArgs> gemv_out(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   auto sizes = x.sizes().vec();
   sizes.back() = w.size(0);
   auto out = at::empty(sizes, x.options());
@@ -317,21 +328,57 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b)
              .w = w.data_ptr(),
              .bias = b.defined() ? b.data_ptr() : nullptr,
              .out = out.data_ptr(),
-             .m = static_cast<int>(rows),
+             .m = static_cast<int>(x.numel() / x.size(-1)),
              .n = w.size(0),
-             .k = k};
+             .k = w.size(1)};
+  return {out, a};
+}
+}  // namespace
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  if (!gemv_enabled() || !gemv_fits(x, w, b)) return at::linear(x, w, b);
+  const c10::cuda::CUDAGuard guard(x.device());
+  auto [out, a] = gemv_out(x, w, b);
   check_launch("gemv", gemv(a, c10::cuda::getCurrentCUDAStream().stream()));
+  return out;
+}
+
+std::pair<at::Tensor, at::Tensor> norm_linear(const at::Tensor& h, const at::Tensor& add, const at::Tensor& weight,
+                                              double eps, const at::Tensor& w, const at::Tensor& b) {
+  const int64_t k = h.size(-1);
+  if (!gemv_fits(h, w, b) || k > 8192 || h.numel() * 2 > kGemvNormBytes || weight.scalar_type() != h.scalar_type() ||
+      weight.numel() != k || !weight.is_contiguous() || !aligned16(weight) ||
+      (add.defined() &&
+       (add.sizes() != h.sizes() || add.scalar_type() != h.scalar_type() || !add.is_contiguous() || !aligned16(add))))
+    return {};
+  const c10::cuda::CUDAGuard guard(h.device());
+  auto [out, a] = gemv_out(h, w, b);
+  at::Tensor sum = add.defined() ? at::empty_like(h) : h;  // not h's memory: other blocks still read h
+  a.input = GemvInput::add_rms_norm;
+  a.add = add.defined() ? add.data_ptr() : nullptr;
+  a.norm_weight = weight.data_ptr();
+  a.residual_out = add.defined() ? sum.data_ptr() : nullptr;
+  a.eps = static_cast<float>(eps);
+  check_launch("gemv (add + RMSNorm)", gemv(a, c10::cuda::getCurrentCUDAStream().stream()));
+  return {out, sum};
+}
+
+at::Tensor silu_linear(const at::Tensor& gate_up, const at::Tensor& w, const at::Tensor& b) {
+  if (!gemv_fits(gate_up, w, b, /*silu=*/true)) return {};
+  const c10::cuda::CUDAGuard guard(gate_up.device());
+  auto [out, a] = gemv_out(gate_up, w, b);
+  a.input = GemvInput::silu_mul;
+  check_launch("gemv (SiLU-mul)", gemv(a, c10::cuda::getCurrentCUDAStream().stream()));
   return out;
 }
 
 at::Tensor expert_linear(const at::Tensor& x, const at::Tensor& w_all, const at::Tensor& experts) {
   const auto t = x.scalar_type();
   const int64_t k = x.size(-1), pairs = experts.numel();
-  const auto aligned = [](const at::Tensor& u) { return reinterpret_cast<uintptr_t>(u.data_ptr()) % 16 == 0; };
   if (!x.is_cuda() || (t != at::kHalf && t != at::kBFloat16) || x.dim() != 2 || w_all.dim() != 3 ||
       w_all.scalar_type() != t || w_all.size(2) != k || k % 8 != 0 || experts.dim() != 2 ||
       experts.size(0) != x.size(0) || experts.scalar_type() != at::kLong || pairs < 1 || pairs > kGemvMaxExpertRows ||
-      !x.is_contiguous() || !w_all.is_contiguous() || !aligned(x) || !aligned(w_all))
+      !x.is_contiguous() || !w_all.is_contiguous() || !aligned16(x) || !aligned16(w_all))
     return {};
   const c10::cuda::CUDAGuard guard(x.device());
   const auto e = experts.contiguous();

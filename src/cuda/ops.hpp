@@ -67,10 +67,24 @@ std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& x, const a
                                                     const at::Tensor& inv_rms, const at::Tensor& grad);
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, double scale, bool transpose);
 at::Tensor silu_mul_backward(const at::Tensor& gate_up, const at::Tensor& grad);
-// x [..., K] w [N, K]^T (+ b [N]): at::linear, or with RLX_GEMV=1 the small-batch kernel
-// (cuda::gemv: at most 8 rows, fp16/bf16, K a multiple of 8, contiguous, 16-byte aligned) where
-// it applies (slower than cuBLAS at batch 1 on an H200; kept to improve and compare). No
-// autograd (decode only). MoE's expert-indexed projections (expert_linear) always use it.
+// Whether decode's dense projections of at most 8 rows take rlx's GEMV (RLX_GEMV=1), with the
+// norm or the SiLU-mul before them folded in (norm_linear, silu_linear); cuBLAS otherwise
+// (faster at batch 1 on an H200 than the GEMV of 2026-11-28).
+bool gemv_enabled();
+// x [..., K] w [N, K]^T (+ b [N]): at::linear, or where gemv_enabled() the small-batch kernel
+// (cuda::gemv: at most 8 rows, fp16/bf16, K a multiple of 8, contiguous, 16-byte aligned)
+// where it applies. No autograd (decode only). MoE's expert-indexed projections
+// (expert_linear) always use it.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
+// RMSNorm(h + add) * norm_weight, times w^T (+ b), in one kernel (the GEMV; whatever
+// gemv_enabled() says): returns (the product, h + add in a new tensor, or h itself with no
+// add), bit for bit what add_rms_norm (or rms_norm) and the GEMV give. The product undefined
+// where the kernel does not apply (the GEMV's rules, hidden at most 8192, at most 40 KiB of
+// rows): the caller runs add_rms_norm and linear.
+std::pair<at::Tensor, at::Tensor> norm_linear(const at::Tensor& h, const at::Tensor& add, const at::Tensor& norm_weight,
+                                              double eps, const at::Tensor& w, const at::Tensor& b);
+// silu_mul(gate_up) w^T (+ b) in one kernel (the GEMV), bit for bit what the two give; undefined
+// where it does not apply.
+at::Tensor silu_linear(const at::Tensor& gate_up, const at::Tensor& w, const at::Tensor& b);
 
 }  // namespace rlx::cuda

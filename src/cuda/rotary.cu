@@ -31,6 +31,7 @@ __device__ void head_inv_rms(const T* src, int heads, int d, float eps, float* i
 template <class T>
 __global__ void __launch_bounds__(kRopeThreads) rope_append_kernel(RopeAppendArgs a) {
   extern __shared__ float s_inv_rms[];  // [q_heads + kv_heads] with norms, else empty
+  pdl_begin();
   const int r = blockIdx.x, d = a.head_dim, half = d / 2;
   const T* src = static_cast<const T*>(a.qkv) + static_cast<int64_t>(r) * (a.q_heads + 2 * a.kv_heads) * d;
   const bool normed = a.q_norm != nullptr;
@@ -77,8 +78,7 @@ int rope_append(const RopeAppendArgs& a, void* stream) {
   if (smem > 48 * 1024) return cudaErrorInvalidValue;
   return with_dtype(a.dtype, [&](auto tag) -> int {
     using T = typename decltype(tag)::type;
-    rope_append_kernel<T><<<a.rows, kRopeThreads, smem, static_cast<cudaStream_t>(stream)>>>(a);
-    return launch_status();
+    return launch_kernel(rope_append_kernel<T>, a.rows, kRopeThreads, smem, static_cast<cudaStream_t>(stream), a);
   });
 }
 

@@ -182,6 +182,7 @@ template <class T>
 __global__ void __launch_bounds__(kSliceThreads) slice_max_kernel(SampleArgs a, int slices) {
   __shared__ float s_float[kSliceThreads / 32];
   __shared__ int s_int[kSliceThreads / 32];
+  pdl_begin();
   const int r = blockIdx.y, s = blockIdx.x;
   const Row<T> row = row_of<T>(a, r);
   int lo, hi;
@@ -203,6 +204,7 @@ __global__ void __launch_bounds__(kSliceThreads) slice_max_kernel(SampleArgs a, 
 template <class T>
 __global__ void __launch_bounds__(kSliceThreads) slice_mass_kernel(SampleArgs a, int slices) {
   __shared__ unsigned long long s_u64[kSliceThreads / 32];
+  pdl_begin();
   const int r = blockIdx.y, s = blockIdx.x;
   auto* stats = static_cast<SliceStats*>(a.workspace) + static_cast<int64_t>(r) * slices;
   float m = -__builtin_huge_valf();
@@ -227,6 +229,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a, int slic
   __shared__ unsigned long long s_mass[hd::kRadixBins];
   __shared__ uint32_t s_prefix;
   __shared__ int s_token;
+  pdl_begin();
 
   const int row_index = blockIdx.x, n = a.vocab;
   const bool greedy = a.temperature[row_index] == 0.0f;
@@ -343,11 +346,10 @@ int sample(const SampleArgs& a, void* stream) {
     using T = typename decltype(tag)::type;
     if (slices > 1) {
       const dim3 grid(static_cast<unsigned>(slices), static_cast<unsigned>(a.rows));
-      slice_max_kernel<T><<<grid, kSliceThreads, 0, s>>>(a, slices);
-      slice_mass_kernel<T><<<grid, kSliceThreads, 0, s>>>(a, slices);
+      if (int status = launch_kernel(slice_max_kernel<T>, grid, kSliceThreads, 0, s, a, slices)) return status;
+      if (int status = launch_kernel(slice_mass_kernel<T>, grid, kSliceThreads, 0, s, a, slices)) return status;
     }
-    sample_kernel<T><<<a.rows, kThreads, 0, s>>>(a, slices);
-    return launch_status();
+    return launch_kernel(sample_kernel<T>, a.rows, kThreads, 0, s, a, slices);
   });
 }
 

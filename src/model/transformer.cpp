@@ -9,6 +9,7 @@
 #include <cmath>
 #include <numbers>
 #include <thread>
+#include <tuple>
 
 #include "rlx/core/device_copy.hpp"
 #include "rlx/core/error.hpp"
@@ -259,11 +260,26 @@ at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, con
   const int64_t B = st.batch, T = st.time, Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const auto& att = *blk.self_attn;
-  at::Tensor x;
+  // Unmerged adapters add to each GEMM's output, as in layer().
+  const bool lora = lora_on();
+  const uint64_t site = static_cast<uint64_t>(index) * 4;
+  // h_res: the residual stream with the previous layer's MLP output added (that output waits in
+  // st.pending to be added by this norm).
+  at::Tensor x, qkv, h_res = h_in;
 #if RLX_WITH_CUDA
-  if (h_in.is_cuda() && h_in.scalar_type() == blk.input_layernorm->weight.scalar_type()) {
+  // rlx's GEMV at small batch (RLX_GEMV=1): the add and norm inside the qkv projection.
+  const bool gemv = h_in.is_cuda() && !lora && cuda::gemv_enabled();
+  if (gemv) {
+    const auto& norm = *blk.input_layernorm;
+    std::tie(qkv, h_res) = cuda::norm_linear(h_in, st.pending, norm.weight, norm.eps, att.qkv_weight, att.qkv_bias);
+    if (qkv.defined())
+      st.pending = at::Tensor();
+    else
+      h_res = h_in;
+  }
+  if (!qkv.defined() && h_in.is_cuda() && h_in.scalar_type() == blk.input_layernorm->weight.scalar_type()) {
     // The previous layer's MLP output added here, with this norm: one kernel.
-    auto& norm = *blk.input_layernorm;
+    const auto& norm = *blk.input_layernorm;
     if (st.pending.defined()) {
       x = cuda::add_rms_norm(const_cast<at::Tensor&>(h_in), st.pending, norm.weight, norm.eps);
       st.pending = at::Tensor();
@@ -272,12 +288,17 @@ at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, con
     }
   }
 #endif
-  if (!x.defined()) x = (*blk.input_layernorm)(h_in);
-  // Unmerged adapters add to each GEMM's output, as in layer().
-  const bool lora = lora_on();
-  const uint64_t site = static_cast<uint64_t>(index) * 4;
-  auto qkv = project(x, att.qkv_weight, att.qkv_bias);
-  if (lora) qkv = with_lora(qkv, {att.q_proj.get(), att.k_proj.get(), att.v_proj.get()}, x, st, site);
+  if (!qkv.defined()) {
+    if (!x.defined()) {
+      if (st.pending.defined()) {  // a CUDA norm weight of another dtype: the sum in tensor ops
+        h_res = h_in + st.pending;
+        st.pending = at::Tensor();
+      }
+      x = (*blk.input_layernorm)(h_res);
+    }
+    qkv = project(x, att.qkv_weight, att.qkv_bias);
+    if (lora) qkv = with_lora(qkv, {att.q_proj.get(), att.k_proj.get(), att.v_proj.get()}, x, st, site);
+  }
   // A cache that rotates and stores keys itself (q/k norms + RoPE + KV append in one kernel)
   // takes qkv as it is.
   KVCache::QkNorm qk_norm;
@@ -297,9 +318,22 @@ at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, con
   if (lora) attn_out = with_lora(attn_out, {att.o_proj.get()}, a, st, site + 1);
   at::Tensor h, normed;
 #if RLX_WITH_CUDA
+  if (gemv && !blk.moe) {
+    // The add and norm inside the gate/up projection, SiLU-mul inside the down projection.
+    const auto& mlp = *blk.mlp;
+    const auto& post = *blk.post_attention_layernorm;
+    at::Tensor gu;
+    std::tie(gu, h) = cuda::norm_linear(attn_out, h_res, post.weight, post.eps, mlp.gate_up_weight, mlp.gate_up_bias);
+    if (gu.defined()) {
+      st.pending = cuda::silu_linear(gu, mlp.down_proj->weight, mlp.down_proj->bias);
+      if (!st.pending.defined()) st.pending = project(cuda::silu_mul(gu), mlp.down_proj->weight, mlp.down_proj->bias);
+      return h;  // st.pending added by the next norm
+    }
+  }
   if (h_in.is_cuda()) {
-    // h = h_in + attn_out, in attn_out's storage; normed = RMSNorm(h): one kernel.
-    normed = cuda::add_rms_norm(attn_out, h_in, blk.post_attention_layernorm->weight, blk.post_attention_layernorm->eps);
+    // h = h_res + attn_out, in attn_out's storage; normed = RMSNorm(h): one kernel.
+    normed =
+        cuda::add_rms_norm(attn_out, h_res, blk.post_attention_layernorm->weight, blk.post_attention_layernorm->eps);
     h = attn_out;
     if (blk.moe) {
       st.pending = sparse_mlp(blk, normed, st, site);  // added by the next norm
@@ -314,7 +348,7 @@ at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, con
     return h;
   }
 #endif
-  h = h_in + attn_out;
+  h = h_res + attn_out;
   normed = (*blk.post_attention_layernorm)(h);
   if (blk.moe) return h + sparse_mlp(blk, normed, st, site);
   const auto& mlp = *blk.mlp;

@@ -14,6 +14,7 @@
 #include <numeric>
 #include <random>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "rlx/cuda/attention_math.hpp"
@@ -412,9 +413,12 @@ TEST_CASE("cuda kernels: the small-batch projection equals the reference, a row 
   std::mt19937 g(9);
   for (DType dtype : {DType::f16, DType::bf16}) {
     for (int m : {1, 2, 3, 5, 8}) {
-      // n past a multiple of the rows a warp takes (1, 2 and 4 by size): partial row groups.
-      for (auto [n, k, bias] : {std::tuple{17, 64, true}, std::tuple{1152, 896, true}, std::tuple{5001, 4864, false},
-                                std::tuple{20001, 128, false}}) {
+      // n past a multiple of the rows a block takes (partial row groups); k giving teams of
+      // 16 (64, 128), 32 (896), 64 (2048), 128 (4864) and 256 threads, the last with chunks
+      // past one batch (12296: 1537 chunks).
+      for (auto [n, k, bias] :
+           {std::tuple{17, 64, true}, std::tuple{1152, 896, true}, std::tuple{5001, 4864, false},
+            std::tuple{20001, 128, false}, std::tuple{333, 2048, true}, std::tuple{300, 12296, true}}) {
         INFO(name(dtype) << " m " << m << " n " << n << " k " << k);
         auto x = rounded(randn(static_cast<size_t>(m) * k, g), dtype);
         auto w = rounded(randn(static_cast<size_t>(n) * k, g, 0.125f), dtype);
@@ -485,4 +489,102 @@ TEST_CASE("cuda kernels: the expert-indexed projection gives each row its own ex
             (dtype == DType::bf16 ? 8e-3 : 1e-3) * std::max(scale, 1.0));
     }
   }
+}
+
+// The GEMV with the layer op before it taken on the way in (decode at small batch, RLX_GEMV=1):
+// its product is the separate kernels' (add_rms_norm or silu_mul, then the GEMV), bit for bit,
+// and the residual it writes is add_rms_norm's. Widths give the norm kernel's threads 32, 128
+// and 256 with one vector a thread, and 2 (3584, Qwen2.5-7B) and 4 (8192) vectors a thread.
+TEST_CASE("cuda kernels: the GEMV with the norm or SiLU-mul on the way in equals the kernels it replaces", "[cuda]") {
+  std::mt19937 g(13);
+  const auto bytes_of = [](const Device& d) { return d.get<uint8_t>(); };
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    for (int m : {1, 3, 8}) {
+      for (auto [n, k] :
+           {std::pair{1152, 896}, std::pair{37, 64}, std::pair{500, 2048}, std::pair{70, 3584}, std::pair{40, 8192}}) {
+        if (m * k * 2 > rlx::cuda::kGemvNormBytes) continue;  // refused (checked below)
+        INFO(name(dtype) << " norm m " << m << " n " << n << " k " << k);
+        const size_t mk = static_cast<size_t>(m) * k;
+        const auto h = encode(randn(mk, g), dtype), add = encode(randn(mk, g), dtype);
+        const auto weight = encode(randn(static_cast<size_t>(k), g, 0.5f), dtype);
+        const auto w = encode(randn(static_cast<size_t>(n) * k, g, 0.125f), dtype);
+        const auto b = encode(randn(static_cast<size_t>(n), g), dtype);
+        Device dw(w), db(b), dweight(weight), dadd(add);
+        for (bool with_add : {true, false}) {
+          INFO("with add " << with_add);
+          // The kernels it replaces: add_rms_norm in place, then the GEMV on its output.
+          Device residual(h), normed(mk * 2), want(static_cast<size_t>(m) * n * 2);
+          launch_ok(rlx::cuda::add_rms_norm({.dtype = dtype,
+                                             .residual = residual.p,
+                                             .x = with_add ? dadd.p : nullptr,
+                                             .weight = dweight.p,
+                                             .out = normed.p,
+                                             .rows = m,
+                                             .hidden = k},
+                                            nullptr));
+          launch_ok(rlx::cuda::gemv(
+              {.dtype = dtype, .x = normed.p, .w = dw.p, .bias = db.p, .out = want.p, .m = m, .n = n, .k = k},
+              nullptr));
+          // In one.
+          Device x(h), sum(mk * 2), got(static_cast<size_t>(m) * n * 2);
+          launch_ok(rlx::cuda::gemv({.dtype = dtype,
+                                     .x = x.p,
+                                     .w = dw.p,
+                                     .bias = db.p,
+                                     .out = got.p,
+                                     .m = m,
+                                     .n = n,
+                                     .k = k,
+                                     .input = rlx::cuda::GemvInput::add_rms_norm,
+                                     .add = with_add ? dadd.p : nullptr,
+                                     .norm_weight = dweight.p,
+                                     .residual_out = with_add ? sum.p : nullptr},
+                                    nullptr));
+          cuda_ok(cudaDeviceSynchronize());
+          CHECK(bytes_of(got) == bytes_of(want));
+          CHECK(bytes_of(x) == h);  // its input is not written
+          if (with_add) CHECK(bytes_of(sum) == bytes_of(residual));
+        }
+      }
+      for (auto [n, k] : {std::pair{896, 4864}, std::pair{37, 64}, std::pair{300, 12296}}) {
+        INFO(name(dtype) << " silu m " << m << " n " << n << " k " << k);
+        const auto gate_up = encode(randn(static_cast<size_t>(m) * 2 * k, g, 2.0f), dtype);
+        const auto w = encode(randn(static_cast<size_t>(n) * k, g, 0.125f), dtype);
+        Device dgu(gate_up), dw(w), act(static_cast<size_t>(m) * k * 2), want(static_cast<size_t>(m) * n * 2),
+            got(static_cast<size_t>(m) * n * 2);
+        launch_ok(rlx::cuda::silu_mul(dtype, dgu.p, act.p, m, k, nullptr));
+        launch_ok(
+            rlx::cuda::gemv({.dtype = dtype, .x = act.p, .w = dw.p, .out = want.p, .m = m, .n = n, .k = k}, nullptr));
+        launch_ok(rlx::cuda::gemv({.dtype = dtype,
+                                   .x = dgu.p,
+                                   .w = dw.p,
+                                   .out = got.p,
+                                   .m = m,
+                                   .n = n,
+                                   .k = k,
+                                   .input = rlx::cuda::GemvInput::silu_mul},
+                                  nullptr));
+        cuda_ok(cudaDeviceSynchronize());
+        CHECK(bytes_of(got) == bytes_of(want));
+      }
+    }
+  }
+  // Refused: rows past the shared memory, an add with nowhere to write the sum or with the sum
+  // written over x.
+  Device big(8 * 4096 * 2), w(64 * 4096 * 2), out(8 * 64 * 2), weight(4096 * 2);
+  const rlx::cuda::GemvArgs norm{.x = big.p,
+                                 .w = w.p,
+                                 .out = out.p,
+                                 .m = 1,
+                                 .n = 64,
+                                 .k = 4096,
+                                 .input = rlx::cuda::GemvInput::add_rms_norm,
+                                 .norm_weight = weight.p};
+  launch_ok(rlx::cuda::gemv(norm, nullptr));
+  auto eight_rows = norm, no_sum = norm, sum_over_x = norm;
+  eight_rows.m = 8;  // 64 KiB of rows
+  no_sum.add = big.p;
+  sum_over_x.add = weight.p;
+  sum_over_x.residual_out = big.p;
+  for (const auto& a : {eight_rows, no_sum, sum_over_x}) CHECK(rlx::cuda::gemv(a, nullptr) != 0);
 }

@@ -11,6 +11,7 @@
 //   add_rms_norm       residual add + RMSNorm;  silu_mul: SiLU(gate) * up
 //   rope_append        RoPE on q and k, k and v written into the paged pool
 //   rms_norm_backward, rope, silu_mul_backward: the learner's fused ops (fused_grad.cu)
+//   gemv               small-batch projections, the norm or SiLU-mul before them folded in
 //
 //   rlx::cuda::DecodeAttentionArgs a{.dtype = rlx::cuda::DType::bf16, .q = q, ...};
 //   if (int st = rlx::cuda::decode_attention(a, stream)) throw ... rlx::cuda::error_string(st);
@@ -156,11 +157,22 @@ struct HeadBackwardArgs {
 int head_backward(const HeadBackwardArgs& a, void* stream);
 
 // out [m, n] = x [m, k] w [n, k]^T (+ bias [n]) for m <= kGemvMaxRows, fp16/bf16, k a
-// multiple of 8, x and w 16-byte aligned and contiguous: decode's projections at small batch.
+// multiple of 8, x, w and the norm's operands 16-byte aligned and contiguous: decode's
+// projections at small batch. The layer op before a projection can be taken on the way in
+// (`input`), its own kernel then skipped; the product equals that kernel's output times w^T,
+// bit for bit:
+//   add_rms_norm  x is the residual stream [m, k]: RMSNorm(x + add) * norm_weight, as
+//                 add_rms_norm computes it; x + add is written to residual_out ([m, k], not
+//                 x's or add's memory). No add: RMSNorm(x), nothing written. k at most 8192,
+//                 m k 2 bytes at most kGemvNormBytes (the normalised rows sit in shared memory).
+//   silu_mul      x is gate_up [m, 2 k]: SiLU(gate) * up, as silu_mul computes it.
 constexpr int kGemvMaxRows = 8;
-// Expert-indexed (a mixture of experts' decode, `experts` set): w is [E, n, k], the stacked
-// weights of E experts, and each of the m rows of out has its own: out[i] = x[i / x_share]
-// w[experts[i]]^T (m up to kGemvMaxExpertRows; no bias). Only the chosen experts' weights are read.
+constexpr int kGemvNormBytes = 40 * 1024;
+enum class GemvInput : int { plain = 0, add_rms_norm = 1, silu_mul = 2 };
+// Expert-indexed (a mixture of experts' decode, `experts` set; plain input): w is [E, n, k],
+// the stacked weights of E experts, and each of the m rows of out has its own: out[i] =
+// x[i / x_share] w[experts[i]]^T (m up to kGemvMaxExpertRows; no bias). Only the chosen
+// experts' weights are read.
 constexpr int kGemvMaxExpertRows = 65535;
 struct GemvArgs {
   DType dtype = DType::bf16;
@@ -172,6 +184,11 @@ struct GemvArgs {
   int64_t n = 0, k = 0;
   const int64_t* experts = nullptr;  // [m], each in [0, E), or null
   int x_share = 1;                   // rows of out per row of x (the top-k slots of a token)
+  GemvInput input = GemvInput::plain;
+  const void* add = nullptr;          // add_rms_norm: [m, k] or null
+  const void* norm_weight = nullptr;  // add_rms_norm: [k]
+  void* residual_out = nullptr;       // add_rms_norm with add: [m, k]
+  float eps = 1e-6f;                  // add_rms_norm
 };
 int gemv(const GemvArgs& a, void* stream);
 

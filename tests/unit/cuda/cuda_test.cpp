@@ -329,6 +329,45 @@ TEST_CASE("cuda: a request's tokens alone equal its tokens inside a batch of 64"
     CHECK(std::abs(it->samples[0].logprobs[t] - alone[0].samples[0].logprobs[t]) <= 1e-4);
 }
 
+// RLX_GEMV=1: decode's projections of at most 8 rows by rlx's GEMV, the norms and SiLU-mul
+// folded into it (cuda::norm_linear, silu_linear), against cuBLAS and the separate kernels. fp16
+// (the sums differ in order only: log-probs within 5e-3 of each other, peaked logits so that
+// greedy choices are not near-ties), eager and in CUDA graphs.
+TEST_CASE("cuda: decode with rlx's GEMV and the norms folded into it gives cuBLAS's tokens and log-probs", "[cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  auto cpu = tiny(6, at::kCPU);
+  auto gpu = copy_to(*cpu, at::kHalf, at::Device(at::kCUDA, 0));
+  std::vector<rlx::GenerationRequest> reqs;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<TokenId> prompt;
+    for (int t = 0; t < 5 + 7 * i; ++t) prompt.push_back(static_cast<TokenId>((23 * t + 11 * i + 2) % 512));
+    reqs.push_back({.id = "m" + std::to_string(i),
+                    .prompt = prompt,
+                    .params = {.temperature = 0.0, .max_new_tokens = 16},
+                    .seed = 1});
+  }
+  struct Unset {
+    ~Unset() { ::unsetenv("RLX_GEMV"); }
+  } unset;
+  for (bool graphs : {false, true}) {
+    INFO("CUDA graphs " << graphs);
+    ::unsetenv("RLX_GEMV");
+    rlx::Engine cublas(gpu, {.block_size = 4, .cuda_graphs = graphs});
+    const auto want = cublas.generate(reqs);
+    ::setenv("RLX_GEMV", "1", 1);
+    rlx::Engine gemv(gpu, {.block_size = 4, .cuda_graphs = graphs});
+    const auto got = gemv.generate(reqs);
+    ::unsetenv("RLX_GEMV");
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      INFO("request " << i);
+      CHECK(got[i].samples[0].tokens == want[i].samples[0].tokens);
+      for (size_t t = 0; t < std::min(got[i].samples[0].logprobs.size(), want[i].samples[0].logprobs.size()); ++t)
+        CHECK(std::abs(got[i].samples[0].logprobs[t] - want[i].samples[0].logprobs[t]) <= 5e-3);
+    }
+  }
+}
+
 // Issue 33 item 2 and issue 34 item 1: LibTorch's varlen flash kernel, as the engine's
 // prefill/extend steps and the learner's packed rows call it, against the reference
 // (each sequence under its mask, fp32), values and gradients, with a GQA group of 7.
