@@ -14,10 +14,12 @@
 #   2. once it is built, correctness steps side by side (no timing): the [cuda] and kernel
 #      tests, HF parity of the six model families, compute-sanitizer memcheck and racecheck;
 #   3. the timed steps one at a time: decode at batch 1/64/256 with a kernel trace of 5
-#      CUDA-graph steps each (the tensor-core attention kernel too), the colocated throughput
-#      config and the quickstart's task, the learner and PyTorch's step with their operator
-#      tables and kernel lists, ncu on the attention kernels and the sampler at batch 256 and
-#      the GEMV at batch 1, Qwen3 and Qwen3-MoE decode, the decode peers (HF generate and its
+#      CUDA-graph steps each (the tensor-core attention kernel too; rlx's GEMV with the folded
+#      norms at batch 1 and 8, its tensor-core GEMM at 64 and 256, programmatic dependent
+#      launch), the colocated throughput config and the quickstart's task, the learner and
+#      PyTorch's step with their operator tables and kernel lists, ncu on the attention
+#      kernels and the sampler at batch 256, the GEMV at batch 1 and the GEMM at 64, Qwen3
+#      and Qwen3-MoE decode, the decode peers (HF generate and its
 #      compiled static-cache loop: scripts/bench_hf_generate.py), weight sync by CUDA IPC, the
 #      unit suite; then the summary.
 # RLX_CUDA_DEADLINE (default 570 s after the script starts): no step starts within 20 s of
@@ -187,14 +189,23 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
           --cuda-graphs 1 --overlap 1 "${trace[@]}"
       done
       gzip -f "$work/trace_decode_b1_gemv_mma/trace.json" 2>/dev/null
+      # Batches 64 and 256 with rlx's tensor-core GEMM for the projections (RLX_DECODE_GEMM=1,
+      # decode_gemm.cu; cuBLAS's ran at a quarter of the copy bandwidth), traced at 64.
+      for b in 64 256; do
+        local trace=(); [ "$b" = 64 ] && trace=(--trace "$work/trace_decode_b64_gemm_mma" --trace-steps 5)
+        step decode_b${b}_gemm_mma 120 env RLX_DECODE_GEMM=1 RLX_DECODE_ATTENTION=mma "$rlx" bench sampler \
+          "${qwen05[@]}" "${bf16[@]}" --batch $b --prompt 512 --new 128 --iters 1 --kv-cache-mb 4096 \
+          --max-batch-tokens 16384 --cuda-graphs 1 --overlap 1 "${trace[@]}"
+      done
+      gzip -f "$work/trace_decode_b64_gemm_mma/trace.json" 2>/dev/null
       # And with programmatic dependent launch (RLX_PDL=1: each rlx kernel begins while the one
-      # before it ends), at batch 1 (all of a layer's kernels rlx's) and 256.
+      # before it ends), at batch 1 (all of a layer's kernels rlx's) and 64.
       step decode_b1_gemv_mma_pdl 120 env RLX_GEMV=1 RLX_DECODE_ATTENTION=mma RLX_PDL=1 "$rlx" bench sampler \
         "${qwen05[@]}" "${bf16[@]}" --batch 1 --prompt 512 --new 128 --iters 1 --kv-cache-mb 4096 \
         --max-batch-tokens 16384 --cuda-graphs 1 --overlap 1
-      step decode_b256_mma_pdl 120 env RLX_DECODE_ATTENTION=mma RLX_PDL=1 "$rlx" bench sampler "${qwen05[@]}" \
-        "${bf16[@]}" --batch 256 --prompt 512 --new 128 --iters 1 --kv-cache-mb 4096 --max-batch-tokens 16384 \
-        --cuda-graphs 1 --overlap 1
+      step decode_b64_gemm_mma_pdl 120 env RLX_DECODE_GEMM=1 RLX_DECODE_ATTENTION=mma RLX_PDL=1 "$rlx" bench sampler \
+        "${qwen05[@]}" "${bf16[@]}" --batch 64 --prompt 512 --new 128 --iters 1 --kv-cache-mb 4096 \
+        --max-batch-tokens 16384 --cuda-graphs 1 --overlap 1
       bundle
       # With RLX_DECODE_VARIANTS=1: the previous attention kernel (RLX_DECODE_ATTENTION=split),
       # the sampler's filtered path, and rlx's GEMV for the small-batch projections (RLX_GEMV=1),
@@ -230,6 +241,12 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
       step ncu_gemv 120 env RLX_GEMV=1 "$ncu" --clock-control none --set full --kernel-name regex:gemv_kernel --launch-skip 400 \
         --launch-count 4 --csv --page details --log-file "$work/ncu_gemv.csv" "$rlx" bench sampler "${qwen05[@]}" "${bf16[@]}" \
         --batch 1 --prompt 512 --new 24 --iters 1 --kv-cache-mb 4096 --max-batch-tokens 16384 --cuda-graphs 0 --overlap 0
+      # rlx's tensor-core GEMM at batch 64 (RLX_DECODE_GEMM=1): a layer's 4 launches past the
+      # warm-up (its prefill and 3 decode steps, 24 layers x 4 each).
+      step ncu_decode_gemm 120 env RLX_DECODE_GEMM=1 "$ncu" --clock-control none --set full --kernel-name regex:decode_gemm_kernel \
+        --launch-skip 400 --launch-count 4 --csv --page details --log-file "$work/ncu_decode_gemm.csv" "$rlx" bench sampler \
+        "${qwen05[@]}" "${bf16[@]}" --batch 64 --prompt 512 --new 24 --iters 1 --kv-cache-mb 4096 --max-batch-tokens 16384 \
+        --cuda-graphs 0 --overlap 0
       step ncu_sampler 120 "$ncu" --clock-control none --set full --kernel-name regex:sample_kernel --launch-skip 20 \
         --launch-count 1 --csv --page details --log-file "$work/ncu_sampler.csv" "$rlx" bench sampler "${args[@]}" ;;
     learner)

@@ -53,15 +53,20 @@ def main():
         vs = lambda p: f"{p / ms:.2f}x" if isinstance(p, float) else "-"
         t = d.get("trace") or {}
         busy = t.get("busy_us_per_step", 0) / 1e3 / ms if t else 0
-        split = result(f"decode_b{b}_split") or {}
-        was = f"  split kernel {split['decode_step_ms']:.3f} ms" if "decode_step_ms" in split else ""
-        mma = result(f"decode_b{b}_mma") or {}
-        was += f"  mma kernel {mma['decode_step_ms']:.3f} ms" if "decode_step_ms" in mma else ""
-        gemv = result(f"decode_b{b}_gemv") or {}
-        was += f"  rlx GEMV projections {gemv['decode_step_ms']:.3f} ms" if "decode_step_ms" in gemv else ""
         lines.append(f"  {b:>5} {ms:>8.3f} {roof:>11.3f} {roof / ms:>10.1%} {goal:>5.0%} {vs(comp):>11} {vs(hf):>7} "
                      f"{t.get('launches_per_step', 0):>12.0f} {busy:>5.0%}  graphs {d.get('graph_steps')}"
-                     f"  setup {d.get('setup_s', 0):.0f} s{was}")
+                     f"  setup {d.get('setup_s', 0):.0f} s")
+        # The variants at this batch (decode_bB_mma, _gemv_mma, _gemm_mma_pdl, ...): the same row.
+        for step in sorted(k for k in by_step if k.startswith(f"decode_b{b}_")):
+            v = result(step) or {}
+            if "decode_step_ms" not in v:
+                lines.append(f"        {step[len(f'decode_b{b}_'):]}: (no result)")
+                continue
+            vt = v.get("trace") or {}
+            vms = v["decode_step_ms"]
+            lines.append(f"        {step[len(f'decode_b{b}_'):]:<16} {vms:>8.3f} ms {roof / vms:>6.1%} of the roofline, "
+                         f"{ms / vms:.2f}x the default" +
+                         (f", {vt.get('launches_per_step', 0):.0f} kernels a step" if vt else ""))
     for (peer, b), v in sorted(peers.items()):
         lines.append(f"  peer {peer} batch {b}: " + (f"{v:.3f} ms a step" if isinstance(v, float) else str(v)[:200]))
 
@@ -82,6 +87,7 @@ def main():
     keys = ("output_tokens_per_s", "decode_step_ms", "graph_steps", "sampling", "tokens_per_s", "step_s", "ok",
             "failed", "gbs", "ms_per_version", "reward_mean", "accuracy", "passed", "error")
     shown = {"ceilings", "peers", "learner_torch", "learner", "learner_aten_ops"} | {f"decode_b{b}" for b in DECODE_GOALS}
+    shown |= {k for k in by_step for b in DECODE_GOALS if k.startswith(f"decode_b{b}_") and result(f"decode_b{b}")}
     for name in by_step:
         r = result(name)
         if name in shown or not r:

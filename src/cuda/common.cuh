@@ -83,6 +83,17 @@ int with_dtype(DType d, Fn&& fn) {
   return cudaErrorInvalidValue;
 }
 
+// The same for the 16-bit dtypes only (f32 is cudaErrorInvalidValue).
+template <class Fn>
+int with_16bit_dtype(DType d, Fn&& fn) {
+  return with_dtype(d, [&](auto tag) -> int {
+    if constexpr (sizeof(typename decltype(tag)::type) != 2)
+      return cudaErrorInvalidValue;
+    else
+      return fn(tag);
+  });
+}
+
 // Whether p is 16-byte aligned: where 16-byte vector loads (uint4) may read it.
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 

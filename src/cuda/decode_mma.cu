@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "decode_attention.cuh"
+#include "mma.cuh"
 
 namespace rlx::cuda {
 namespace {
@@ -23,22 +24,11 @@ namespace {
 constexpr int kTokensPerWarp = 32;
 static_assert(kWarps * kTokensPerWarp == hd::kDecodeSplitTokens);
 
-// c += A B on the tensor cores (m16n8k16, fp32 accumulators). A's rows 8-15 (a1, a3) are
-// zero: the group's heads fill rows 0-7.
+// c += A B on the tensor cores (mma.cuh), A's rows 8-15 (a1, a3) zero: the group's heads fill
+// rows 0-7.
 template <class T>
 __device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
-  else
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+  mma_16816<T>(c, a0, 0u, a2, 0u, b0, b1);
 }
 
 // Two values rounded to T in one fragment register, `lo` in the low half.

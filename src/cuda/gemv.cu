@@ -223,7 +223,7 @@ int launch_rows(const GemvArgs& a, cudaStream_t stream) {
 
 bool valid(const GemvArgs& a) {
   if (a.m > (a.experts ? kGemvMaxExpertRows : kGemvMaxRows) || a.n > INT32_MAX || a.k <= 0 || a.k % kVec != 0 || !a.x ||
-      !a.w || !a.out || a.dtype == DType::f32 || !aligned16(a.x) || !aligned16(a.w))
+      !a.w || !a.out || !aligned16(a.x) || !aligned16(a.w))
     return false;
   if (a.experts) return a.input == GemvInput::plain && !a.bias && a.x_share >= 1;
   if (a.input != GemvInput::add_rms_norm) return true;
@@ -240,13 +240,9 @@ int gemv(const GemvArgs& a, void* stream) {
   if (a.m <= 0 || a.n <= 0) return 0;
   if (!valid(a)) return cudaErrorInvalidValue;
   const auto s = static_cast<cudaStream_t>(stream);
-  return with_dtype(a.dtype, [&](auto tag) -> int {
+  return with_16bit_dtype(a.dtype, [&](auto tag) -> int {
     using T = typename decltype(tag)::type;
-    if constexpr (sizeof(T) != 2) {
-      return cudaErrorInvalidValue;
-    } else {
-      return a.input == GemvInput::silu_mul ? launch_rows<T, true>(a, s) : launch_rows<T, false>(a, s);
-    }
+    return a.input == GemvInput::silu_mul ? launch_rows<T, true>(a, s) : launch_rows<T, false>(a, s);
   });
 }
 

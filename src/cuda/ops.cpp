@@ -294,26 +294,33 @@ at::Tensor rope_append(const at::Tensor& qkv_in, const at::Tensor& positions, co
   return q;
 }
 
-bool gemv_enabled() {
-  // Opt-in: on an H200 (2026-11-28) cuBLAS's projections made a batch-1 decode step 1.706 ms
-  // where the GEMV of that day made it 1.879 ms (docs/PERF.md). Read at each call, about
-  // 0.2 us (a [cuda] test compares both paths in one process; a graph's replay calls nothing).
-  const char* v = std::getenv("RLX_GEMV");
+namespace {
+// Whether the environment variable is "1". Read at each call, about 0.2 us (a [cuda] test
+// compares both paths in one process; a graph's replay calls nothing).
+bool switched_on(const char* name) {
+  const char* v = std::getenv(name);
   return v != nullptr && std::strcmp(v, "1") == 0;
 }
+}  // namespace
+
+// Opt-in: on an H200 (2026-11-28) cuBLAS's projections made a batch-1 decode step 1.706 ms
+// where the GEMV of that day made it 1.879 ms (docs/PERF.md).
+bool gemv_enabled() { return switched_on("RLX_GEMV"); }
+bool decode_gemm_enabled() { return switched_on("RLX_DECODE_GEMM"); }
 
 namespace {
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
 // Whether the GEMV takes x [..., k] (with `silu`, gate_up [..., 2 k]) against w [n, k] (+ b):
-// fp16/bf16 on CUDA, k a multiple of 8, at most kGemvMaxRows rows, x and w contiguous and
+// fp16/bf16 on CUDA, k a multiple of 8, at most `max_rows` rows, x and w contiguous and
 // 16-byte aligned.
-bool gemv_fits(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool silu = false) {
+bool gemv_fits(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool silu = false,
+               int64_t max_rows = kGemvMaxRows) {
   const auto t = x.scalar_type();
   if (!x.is_cuda() || x.dim() < 1 || w.dim() != 2 || (t != at::kHalf && t != at::kBFloat16) || w.scalar_type() != t)
     return false;
   const int64_t k = w.size(1), width = silu ? 2 * k : k, rows = width > 0 ? x.numel() / width : 0;
-  return x.size(-1) == width && k > 0 && k % 8 == 0 && rows >= 1 && rows <= kGemvMaxRows && x.is_contiguous() &&
+  return x.size(-1) == width && k > 0 && k % 8 == 0 && rows >= 1 && rows <= max_rows && x.is_contiguous() &&
          w.is_contiguous() && aligned16(x) && aligned16(w) &&
          (!b.defined() || (b.scalar_type() == t && b.is_contiguous() && b.numel() == w.size(0)));
 }
@@ -336,11 +343,20 @@ std::pair<at::Tensor, GemvArgs> gemv_out(const at::Tensor& x, const at::Tensor& 
 }  // namespace
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  if (!gemv_enabled() || !gemv_fits(x, w, b)) return at::linear(x, w, b);
-  const c10::cuda::CUDAGuard guard(x.device());
-  auto [out, a] = gemv_out(x, w, b);
-  check_launch("gemv", gemv(a, c10::cuda::getCurrentCUDAStream().stream()));
-  return out;
+  if (gemv_enabled() && gemv_fits(x, w, b)) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    auto [out, a] = gemv_out(x, w, b);
+    check_launch("gemv", gemv(a, c10::cuda::getCurrentCUDAStream().stream()));
+    return out;
+  }
+  if (decode_gemm_enabled() && gemv_fits(x, w, b, false, kDecodeGemmMaxRows) && w.size(1) % 64 == 0 &&
+      w.size(0) <= int64_t{65535} * 16) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    auto [out, a] = gemv_out(x, w, b);
+    check_launch("decode_gemm", decode_gemm(a, c10::cuda::getCurrentCUDAStream().stream()));
+    return out;
+  }
+  return at::linear(x, w, b);
 }
 
 std::pair<at::Tensor, at::Tensor> norm_linear(const at::Tensor& h, const at::Tensor& add, const at::Tensor& weight,

@@ -71,9 +71,13 @@ at::Tensor silu_mul_backward(const at::Tensor& gate_up, const at::Tensor& grad);
 // norm or the SiLU-mul before them folded in (norm_linear, silu_linear); cuBLAS otherwise
 // (faster at batch 1 on an H200 than the GEMV of 2026-11-28).
 bool gemv_enabled();
+// Whether they take rlx's tensor-core decode GEMM up to 256 rows past the GEMV's (or from one
+// row without it), RLX_DECODE_GEMM=1 (cuda::decode_gemm: k a multiple of 64).
+bool decode_gemm_enabled();
 // x [..., K] w [N, K]^T (+ b [N]): at::linear, or where gemv_enabled() the small-batch kernel
 // (cuda::gemv: at most 8 rows, fp16/bf16, K a multiple of 8, contiguous, 16-byte aligned)
-// where it applies. No autograd (decode only). MoE's expert-indexed projections
+// where it applies, or where decode_gemm_enabled() the tensor-core one up to 256 rows. No
+// autograd (decode only). MoE's expert-indexed projections
 // (expert_linear) always use it.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 // RMSNorm(h + add) * norm_weight, times w^T (+ b), in one kernel (the GEMV; whatever

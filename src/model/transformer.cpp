@@ -246,7 +246,7 @@ void Transformer::fuse_projections() {
 
 namespace {
 // A fused (no-grad) layer's projection: on a GPU cuda::linear (cuBLAS, or with RLX_GEMV=1 the
-// engine's GEMV kernel at small batch).
+// engine's GEMV kernel at small batch, with RLX_DECODE_GEMM=1 its tensor-core GEMM to 256 rows).
 at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
 #if RLX_WITH_CUDA
   if (x.is_cuda()) return cuda::linear(x, w, b);

@@ -406,9 +406,43 @@ TEST_CASE("cuda kernels: residual add + RMSNorm, SiLU-and-multiply, RoPE + KV ap
   }
 }
 
-// The small-batch projection (decode at batch <= 8): each row of the product against an fp64
-// sum of the same rounded inputs; bf16/fp16 outputs round once (2^-8 / 2^-11 of |y|, |y| up
-// to ~4 sqrt(k) / 8 here), and a row alone gives the bits it gives inside the rows.
+// A projection kernel (gemv or decode_gemm) on x [m, k], w [n, k] and b [n] drawn and rounded
+// to dtype: its output against the fp64 sum of those rounded inputs (bf16/fp16 round once: 2^-8
+// / 2^-11 of |y|, |y| up to ~4 sqrt(k) / 8 here), and row `alone` of x by itself giving the bits
+// it gives among the rows.
+void check_projection(int (*kernel)(const rlx::cuda::GemvArgs&, void*), int m, int n, int k, bool bias, int alone,
+                      DType dtype, std::mt19937& g) {
+  const auto x = rounded(randn(static_cast<size_t>(m) * k, g), dtype);
+  const auto w = rounded(randn(static_cast<size_t>(n) * k, g, 0.125f), dtype);
+  const auto b = rounded(randn(static_cast<size_t>(n), g), dtype);
+  std::vector<float> want(static_cast<size_t>(m) * n);
+  double scale = 0;
+  for (int r = 0; r < m; ++r)
+    for (int c = 0; c < n; ++c) {
+      double s = bias ? b[static_cast<size_t>(c)] : 0.0;
+      for (int j = 0; j < k; ++j)
+        s += static_cast<double>(x[static_cast<size_t>(r) * k + j]) * w[static_cast<size_t>(c) * k + j];
+      want[static_cast<size_t>(r) * n + c] = static_cast<float>(s);
+      scale = std::max(scale, std::abs(s));
+    }
+  Device dw(encode(w, dtype)), db(encode(b, dtype));
+  auto run = [&](int rows, const std::vector<float>& xs) {
+    Device dx(encode(xs, dtype)), out(static_cast<size_t>(rows) * n * 2);
+    launch_ok(kernel(
+        {.dtype = dtype, .x = dx.p, .w = dw.p, .bias = bias ? db.p : nullptr, .out = out.p, .m = rows, .n = n, .k = k},
+        nullptr));
+    cuda_ok(cudaDeviceSynchronize());
+    return decode(out.get<uint8_t>(), dtype);
+  };
+  const auto got = run(m, x);
+  CHECK(max_abs_diff(got, want) <= (dtype == DType::bf16 ? 8e-3 : 1e-3) * std::max(scale, 1.0));
+  const auto row =
+      std::vector<float>(x.begin() + static_cast<int64_t>(alone) * k, x.begin() + (alone + 1) * int64_t{k});
+  const auto one = run(1, row);
+  CHECK(std::equal(one.begin(), one.end(), got.begin() + static_cast<int64_t>(alone) * n));
+}
+
+// The small-batch projection (decode at batch <= 8), by check_projection.
 TEST_CASE("cuda kernels: the small-batch projection equals the reference, a row alone equals it among the rows", "[cuda]") {
   std::mt19937 g(9);
   for (DType dtype : {DType::f16, DType::bf16}) {
@@ -420,35 +454,30 @@ TEST_CASE("cuda kernels: the small-batch projection equals the reference, a row 
            {std::tuple{17, 64, true}, std::tuple{1152, 896, true}, std::tuple{5001, 4864, false},
             std::tuple{20001, 128, false}, std::tuple{333, 2048, true}, std::tuple{300, 12296, true}}) {
         INFO(name(dtype) << " m " << m << " n " << n << " k " << k);
-        auto x = rounded(randn(static_cast<size_t>(m) * k, g), dtype);
-        auto w = rounded(randn(static_cast<size_t>(n) * k, g, 0.125f), dtype);
-        auto b = rounded(randn(static_cast<size_t>(n), g), dtype);
-        std::vector<float> want(static_cast<size_t>(m) * n);
-        double scale = 0;
-        for (int r = 0; r < m; ++r)
-          for (int c = 0; c < n; ++c) {
-            double s = bias ? b[static_cast<size_t>(c)] : 0.0;
-            for (int j = 0; j < k; ++j) s += static_cast<double>(x[static_cast<size_t>(r) * k + j]) * w[static_cast<size_t>(c) * k + j];
-            want[static_cast<size_t>(r) * n + c] = static_cast<float>(s);
-            scale = std::max(scale, std::abs(s));
-          }
-        Device dx(encode(x, dtype)), dw(encode(w, dtype)), db(encode(b, dtype));
-        auto run = [&](int rows, const Device& xs) {
-          Device out(static_cast<size_t>(rows) * n * 2);
-          rlx::cuda::GemvArgs a{.dtype = dtype, .x = xs.p, .w = dw.p, .bias = bias ? db.p : nullptr, .out = out.p,
-                                .m = rows, .n = n, .k = k};
-          launch_ok(rlx::cuda::gemv(a, nullptr));
-          cuda_ok(cudaDeviceSynchronize());
-          return decode(out.get<uint8_t>(), dtype);
-        };
-        const auto got = run(m, dx);
-        CHECK(max_abs_diff(got, want) <= (dtype == DType::bf16 ? 8e-3 : 1e-3) * std::max(scale, 1.0));
-        Device x0(encode(std::vector<float>(x.begin(), x.begin() + k), dtype));
-        const auto alone = run(1, x0);
-        CHECK(std::equal(alone.begin(), alone.end(), got.begin()));
+        check_projection(rlx::cuda::gemv, m, n, k, bias, m - 1, dtype, g);
       }
     }
   }
+}
+
+// The tensor-core projection for decode's larger batches (9 to 256 rows), by check_projection: m
+// past a tile (8 rows) and past a block (64); n past a 16-row tile; k of 1, 14 and 76 chunks
+// (Qwen2.5-0.5B's 896 and 4864).
+TEST_CASE("cuda kernels: the tensor-core decode projection equals the reference, a row alone equals it among the rows",
+          "[cuda]") {
+  std::mt19937 g(17);
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    for (int m : {9, 16, 33, 64, 100, 256}) {
+      for (auto [n, k, bias] : {std::tuple{37, 64, true}, std::tuple{1152, 896, true}, std::tuple{900, 4864, false},
+                                std::tuple{4100, 896, false}}) {
+        INFO(name(dtype) << " m " << m << " n " << n << " k " << k);
+        check_projection(rlx::cuda::decode_gemm, m, n, k, bias, m - 1, dtype, g);  // the last row: a partial tile
+      }
+    }
+  }
+  Device x(64 * 2), w(64 * 2), out(64 * 2);
+  CHECK(rlx::cuda::decode_gemm({.x = x.p, .w = w.p, .out = out.p, .m = 1, .n = 1, .k = 56}, nullptr) != 0);  // k % 64
+  CHECK(rlx::cuda::decode_gemm({.x = x.p, .w = w.p, .out = out.p, .m = 257, .n = 1, .k = 64}, nullptr) != 0);
 }
 
 TEST_CASE("cuda kernels: the expert-indexed projection gives each row its own expert's product", "[cuda]") {

@@ -12,6 +12,7 @@
 //   rope_append        RoPE on q and k, k and v written into the paged pool
 //   rms_norm_backward, rope, silu_mul_backward: the learner's fused ops (fused_grad.cu)
 //   gemv               small-batch projections, the norm or SiLU-mul before them folded in
+//   decode_gemm        the same on tensor cores for 9 to 256 rows
 //
 //   rlx::cuda::DecodeAttentionArgs a{.dtype = rlx::cuda::DType::bf16, .q = q, ...};
 //   if (int st = rlx::cuda::decode_attention(a, stream)) throw ... rlx::cuda::error_string(st);
@@ -191,6 +192,12 @@ struct GemvArgs {
   float eps = 1e-6f;                  // add_rms_norm
 };
 int gemv(const GemvArgs& a, void* stream);
+
+// The same product on tensor cores for decode's batches past the GEMV's: m up to
+// kDecodeGemmMaxRows, k a multiple of 64, plain input, no experts (sm_80 and newer). Each row's
+// sum is ordered by k alone: a row of x gives the same bits in any batch.
+constexpr int kDecodeGemmMaxRows = 256;
+int decode_gemm(const GemvArgs& a, void* stream);
 
 // out[r, i] = SiLU(gate_up[r, i]) * gate_up[r, inter + i]  (the gate/up GEMM's output halves).
 int silu_mul(DType dtype, const void* gate_up, void* out, int rows, int inter, void* stream);

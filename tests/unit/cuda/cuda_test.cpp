@@ -330,10 +330,11 @@ TEST_CASE("cuda: a request's tokens alone equal its tokens inside a batch of 64"
 }
 
 // RLX_GEMV=1: decode's projections of at most 8 rows by rlx's GEMV, the norms and SiLU-mul
-// folded into it (cuda::norm_linear, silu_linear), against cuBLAS and the separate kernels. fp16
-// (the sums differ in order only: log-probs within 5e-3 of each other, peaked logits so that
-// greedy choices are not near-ties), eager and in CUDA graphs.
-TEST_CASE("cuda: decode with rlx's GEMV and the norms folded into it gives cuBLAS's tokens and log-probs", "[cuda]") {
+// folded into it (cuda::norm_linear, silu_linear); RLX_DECODE_GEMM=1: to 256 rows by its
+// tensor-core GEMM; each against cuBLAS and the separate kernels. fp16 (the sums differ in order
+// only: log-probs within 5e-3 of each other, peaked logits so that greedy choices are not
+// near-ties), eager and in CUDA graphs.
+TEST_CASE("cuda: decode with rlx's GEMV (norms folded in) or its GEMM gives cuBLAS's tokens and log-probs", "[cuda]") {
   REQUIRE(torch::cuda::is_available());
   auto cpu = tiny(6, at::kCPU);
   auto gpu = copy_to(*cpu, at::kHalf, at::Device(at::kCUDA, 0));
@@ -347,17 +348,17 @@ TEST_CASE("cuda: decode with rlx's GEMV and the norms folded into it gives cuBLA
                     .seed = 1});
   }
   struct Unset {
-    ~Unset() { ::unsetenv("RLX_GEMV"); }
+    ~Unset() { ::unsetenv("RLX_GEMV"), ::unsetenv("RLX_DECODE_GEMM"); }
   } unset;
-  for (bool graphs : {false, true}) {
-    INFO("CUDA graphs " << graphs);
-    ::unsetenv("RLX_GEMV");
+  for (auto [graphs, variable] : {std::pair{false, "RLX_GEMV"}, std::pair{true, "RLX_GEMV"},
+                                  std::pair{false, "RLX_DECODE_GEMM"}, std::pair{true, "RLX_DECODE_GEMM"}}) {
+    INFO("CUDA graphs " << graphs << ", " << variable << "=1");
     rlx::Engine cublas(gpu, {.block_size = 4, .cuda_graphs = graphs});
     const auto want = cublas.generate(reqs);
-    ::setenv("RLX_GEMV", "1", 1);
-    rlx::Engine gemv(gpu, {.block_size = 4, .cuda_graphs = graphs});
-    const auto got = gemv.generate(reqs);
-    ::unsetenv("RLX_GEMV");
+    ::setenv(variable, "1", 1);
+    rlx::Engine ours(gpu, {.block_size = 4, .cuda_graphs = graphs});
+    const auto got = ours.generate(reqs);
+    ::unsetenv(variable);
     REQUIRE(got.size() == want.size());
     for (size_t i = 0; i < got.size(); ++i) {
       INFO("request " << i);
