@@ -6,12 +6,13 @@
 // the blocks that share a w tile run together and its later reads hit L2). Its 8 warps split
 // k: warp (tile, split) takes the tile's 64-wide k chunks split, split + G, ... (G = 8 / WR),
 // its w chunks two ahead. Nothing passes through shared memory on the way to the tensor
-// cores: lane l (g = l / 4, q = l % 4) loads 32 bytes from each of its rows (w rows g and
-// g + 8, x row g of each 8-row tile) at k = 64 c + 16 q, and the chunk's mma slice s takes
-// values 4s .. 4s+3 of them as its k 2q, 2q+1, 2q+8, 2q+9 (the fragments of mma.cuh). A and B
-// take the same order of k, so each slice sums 16 distinct k and the 4 slices the chunk's 64.
-// The warps' sums are added in split order through shared memory. That order depends on k
-// alone: a row of x gives the same bits alone or among others.
+// cores: lane l (g = l / 4, q = l % 4) loads 16 bytes twice from each of its rows (w rows g
+// and g + 8, x row g of each 8-row tile), at k = 64 c + 8 q and 64 c + 32 + 8 q (a row's 4
+// lanes read 64 contiguous bytes a load), and the chunk's mma slice s takes values 4s .. 4s+3
+// of those 16 as its k 2q, 2q+1, 2q+8, 2q+9 (the fragments of mma.cuh). A and B take the same
+// order of k, so each slice sums 16 distinct k and the 4 slices the chunk's 64. The warps' sums
+// are added in split order through shared memory. That order depends on k and n alone (WR by
+// n): a row of x gives the same bits alone or among others in any batch this kernel takes.
 #include <type_traits>
 
 #include "mma.cuh"
@@ -28,7 +29,10 @@ template <class T, int MT, int WR>
 __global__ void __launch_bounds__(kGemmThreads, 1) decode_gemm_kernel(GemvArgs a) {
   constexpr int G = kGemmWarps / WR;  // warps splitting a tile's k
   constexpr int kCols = 8 * MT;       // x rows a block
-  __shared__ float s_part[kGemmWarps][16 * kCols];
+  // A warp's sums, column (x row) by column, 20 floats a column: the fragments' stores and the
+  // epilogue's loads meet at most 2 a bank.
+  constexpr int kStride = 20;
+  __shared__ float s_part[kGemmWarps][kCols * kStride];
   pdl_begin();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int tile = warp / G, split = warp % G;
@@ -40,8 +44,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1) decode_gemm_kernel(GemvArgs a
   const uint4 zero = make_uint4(0, 0, 0, 0);
   const bool w0_ok = n0 + g < a.n, w1_ok = n0 + g + 8 < a.n;
   const auto* w = static_cast<const uint4*>(a.w);
-  const uint4* w0 = w + (w0_ok ? n0 + g : 0) * vecs + 2 * q;
-  const uint4* w1 = w + (w1_ok ? n0 + g + 8 : 0) * vecs + 2 * q;
+  const uint4* w0 = w + (w0_ok ? n0 + g : 0) * vecs + q;
+  const uint4* w1 = w + (w1_ok ? n0 + g + 8 : 0) * vecs + q;
   const auto* x = static_cast<const uint4*>(a.x);
 
   float acc[MT][4];
@@ -54,9 +58,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1) decode_gemm_kernel(GemvArgs a
   const auto load_w = [&](int64_t i, uint4(&d)[4]) {
     const int64_t at = (split + i * G) * (kChunk / 8);
     d[0] = w0_ok ? w0[at] : zero;
-    d[1] = w0_ok ? w0[at + 1] : zero;
+    d[1] = w0_ok ? w0[at + 4] : zero;
     d[2] = w1_ok ? w1[at] : zero;
-    d[3] = w1_ok ? w1[at + 1] : zero;
+    d[3] = w1_ok ? w1[at + 4] : zero;
   };
   uint4 wbuf[kAhead][4];
 #pragma unroll
@@ -72,9 +76,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1) decode_gemm_kernel(GemvArgs a
       for (int t = 0; t < MT; ++t) {
         const int row = m0 + 8 * t + g;
         const bool ok = t < tiles && row < a.m;
-        const uint4* xp = x + (ok ? row : 0) * vecs + 2 * q + at;
+        const uint4* xp = x + (ok ? row : 0) * vecs + q + at;
         xv[t][0] = ok ? xp[0] : zero;
-        xv[t][1] = ok ? xp[1] : zero;
+        xv[t][1] = ok ? xp[4] : zero;
       }
       const auto* wa = reinterpret_cast<const uint32_t*>(&wbuf[p][0]);  // row g: 8 words
       const auto* wb = reinterpret_cast<const uint32_t*>(&wbuf[p][2]);  // row g + 8
@@ -89,16 +93,16 @@ __global__ void __launch_bounds__(kGemmThreads, 1) decode_gemm_kernel(GemvArgs a
       if (i + p + kAhead < mine) load_w(i + p + kAhead, wbuf[p]);
     }
   }
-  // The warp's sums, [16 w rows][kCols x rows], then each output the sum of its tile's splits
-  // in order, plus the bias, rounded once.
+  // The warp's sums, [kCols x rows][16 w rows] (stride kStride), then each output the sum of
+  // its tile's splits in order, plus the bias, rounded once.
   float* part = s_part[warp];
 #pragma unroll
   for (int t = 0; t < MT; ++t) {
     const int col = 8 * t + 2 * q;
-    part[g * kCols + col] = acc[t][0];
-    part[g * kCols + col + 1] = acc[t][1];
-    part[(g + 8) * kCols + col] = acc[t][2];
-    part[(g + 8) * kCols + col + 1] = acc[t][3];
+    part[col * kStride + g] = acc[t][0];
+    part[(col + 1) * kStride + g] = acc[t][1];
+    part[col * kStride + g + 8] = acc[t][2];
+    part[(col + 1) * kStride + g + 8] = acc[t][3];
   }
   __syncthreads();
   const T* bias = static_cast<const T*>(a.bias);
@@ -108,8 +112,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1) decode_gemm_kernel(GemvArgs a
     const int64_t n = (static_cast<int64_t>(blockIdx.y) * WR + tl) * 16 + r;
     const int m = m0 + col;
     if (n >= a.n || m >= a.m) continue;
-    float v = s_part[tl * G][r * kCols + col];
-    for (int sp = 1; sp < G; ++sp) v += s_part[tl * G + sp][r * kCols + col];
+    float v = s_part[tl * G][col * kStride + r];
+    for (int sp = 1; sp < G; ++sp) v += s_part[tl * G + sp][col * kStride + r];
     if (bias) v += Num<T>::to(bias[n]);
     out[static_cast<int64_t>(m) * a.n + n] = Num<T>::from(v);
   }
@@ -124,10 +128,11 @@ int launch(const GemvArgs& a, cudaStream_t stream) {
     const dim3 grid(xs, static_cast<unsigned>((tiles + WR - 1) / WR));
     return launch_kernel(decode_gemm_kernel<T, MT, WR>, grid, kGemmThreads, 0, stream, a);
   };
-  // More w tiles a block (fewer reads of x from L2 for each byte of w) while that leaves about
-  // two blocks an SM of the largest devices.
-  if (tiles * xs >= 4 * 256) return go(std::integral_constant<int, 4>{});
-  if (tiles * xs >= 2 * 256) return go(std::integral_constant<int, 2>{});
+  // More w tiles a block (fewer reads of x from L2 for each byte of w) where n leaves 256 blocks
+  // a block of x rows at least. By n alone: WR sets the warps that split k (the sums' order),
+  // which must not change with the batch.
+  if (tiles >= 4 * 256) return go(std::integral_constant<int, 4>{});
+  if (tiles >= 2 * 256) return go(std::integral_constant<int, 2>{});
   return go(std::integral_constant<int, 1>{});
 }
 

@@ -2,6 +2,7 @@
 
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -309,6 +310,15 @@ bool gemv_enabled() { return switched_on("RLX_GEMV"); }
 bool decode_gemm_enabled() { return switched_on("RLX_DECODE_GEMM"); }
 
 namespace {
+// Whether the current device runs the tensor-core kernels (sm_80 and newer; the build's code).
+bool has_mma() {
+  int device = 0, major = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 8;
+}
+}  // namespace
+
+namespace {
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
 // Whether the GEMV takes x [..., k] (with `silu`, gate_up [..., 2 k]) against w [n, k] (+ b):
@@ -352,6 +362,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b)
   if (decode_gemm_enabled() && gemv_fits(x, w, b, false, kDecodeGemmMaxRows) && w.size(1) % 64 == 0 &&
       w.size(0) <= int64_t{65535} * 16) {
     const c10::cuda::CUDAGuard guard(x.device());
+    if (!has_mma()) return at::linear(x, w, b);
     auto [out, a] = gemv_out(x, w, b);
     check_launch("decode_gemm", decode_gemm(a, c10::cuda::getCurrentCUDAStream().stream()));
     return out;

@@ -468,8 +468,10 @@ TEST_CASE("cuda kernels: the tensor-core decode projection equals the reference,
   std::mt19937 g(17);
   for (DType dtype : {DType::f16, DType::bf16}) {
     for (int m : {9, 16, 33, 64, 100, 256}) {
-      for (auto [n, k, bias] : {std::tuple{37, 64, true}, std::tuple{1152, 896, true}, std::tuple{900, 4864, false},
-                                std::tuple{4100, 896, false}}) {
+      // n of 1, 2 and 4 w tiles a block (below 8192, to 16384, past).
+      for (auto [n, k, bias] :
+           {std::tuple{37, 64, true}, std::tuple{1152, 896, true}, std::tuple{900, 4864, false},
+            std::tuple{4100, 896, false}, std::tuple{8200, 128, true}, std::tuple{16400, 64, false}}) {
         INFO(name(dtype) << " m " << m << " n " << n << " k " << k);
         check_projection(rlx::cuda::decode_gemm, m, n, k, bias, m - 1, dtype, g);  // the last row: a partial tile
       }

@@ -195,7 +195,7 @@ int gemv(const GemvArgs& a, void* stream);
 
 // The same product on tensor cores for decode's batches past the GEMV's: m up to
 // kDecodeGemmMaxRows, k a multiple of 64, plain input, no experts (sm_80 and newer). Each row's
-// sum is ordered by k alone: a row of x gives the same bits in any batch.
+// sum is ordered by k and n alone: a row of x gives the same bits in any batch this kernel takes.
 constexpr int kDecodeGemmMaxRows = 256;
 int decode_gemm(const GemvArgs& a, void* stream);
 

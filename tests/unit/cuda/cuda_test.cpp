@@ -6,6 +6,7 @@
 #include <torch/cuda.h>
 
 #include <algorithm>
+#include <tuple>
 
 #include "../helpers.hpp"
 #include "rlx/dist/comm.hpp"
@@ -336,23 +337,34 @@ TEST_CASE("cuda: a request's tokens alone equal its tokens inside a batch of 64"
 // near-ties), eager and in CUDA graphs.
 TEST_CASE("cuda: decode with rlx's GEMV (norms folded in) or its GEMM gives cuBLAS's tokens and log-probs", "[cuda]") {
   REQUIRE(torch::cuda::is_available());
-  auto cpu = tiny(6, at::kCPU);
-  auto gpu = copy_to(*cpu, at::kHalf, at::Device(at::kCUDA, 0));
-  std::vector<rlx::GenerationRequest> reqs;
-  for (int i = 0; i < 3; ++i) {
-    std::vector<TokenId> prompt;
-    for (int t = 0; t < 5 + 7 * i; ++t) prompt.push_back(static_cast<TokenId>((23 * t + 11 * i + 2) % 512));
-    reqs.push_back({.id = "m" + std::to_string(i),
-                    .prompt = prompt,
-                    .params = {.temperature = 0.0, .max_new_tokens = 16},
-                    .seed = 1});
-  }
+  auto c = rlx::model_preset("tiny", rlx::Arch::qwen2);
+  c.head_dim = 64;
+  c.intermediate_size = 192;  // the down projection's k a multiple of 64: the GEMM takes every projection
+  c.initializer_range = 0.08;
+  rlx::Transformer cpu(c);
+  cpu.init_weights(6);
+  auto gpu = copy_to(cpu, at::kHalf, at::Device(at::kCUDA, 0));
+  // 3 requests (the GEMV's batch) or 12 (the GEMM's: past 8 rows).
+  const auto requests = [](int count) {
+    std::vector<rlx::GenerationRequest> reqs;
+    for (int i = 0; i < count; ++i) {
+      std::vector<TokenId> prompt;
+      for (int t = 0; t < 5 + 7 * (i % 3); ++t) prompt.push_back(static_cast<TokenId>((23 * t + 11 * i + 2) % 512));
+      reqs.push_back({.id = "m" + std::to_string(i),
+                      .prompt = prompt,
+                      .params = {.temperature = 0.0, .max_new_tokens = 16},
+                      .seed = 1});
+    }
+    return reqs;
+  };
   struct Unset {
     ~Unset() { ::unsetenv("RLX_GEMV"), ::unsetenv("RLX_DECODE_GEMM"); }
   } unset;
-  for (auto [graphs, variable] : {std::pair{false, "RLX_GEMV"}, std::pair{true, "RLX_GEMV"},
-                                  std::pair{false, "RLX_DECODE_GEMM"}, std::pair{true, "RLX_DECODE_GEMM"}}) {
-    INFO("CUDA graphs " << graphs << ", " << variable << "=1");
+  for (auto [graphs, variable, count] :
+       {std::tuple{false, "RLX_GEMV", 3}, std::tuple{true, "RLX_GEMV", 3}, std::tuple{false, "RLX_DECODE_GEMM", 12},
+        std::tuple{true, "RLX_DECODE_GEMM", 12}}) {
+    INFO("CUDA graphs " << graphs << ", " << variable << "=1, " << count << " requests");
+    const auto reqs = requests(count);
     rlx::Engine cublas(gpu, {.block_size = 4, .cuda_graphs = graphs});
     const auto want = cublas.generate(reqs);
     ::setenv(variable, "1", 1);
