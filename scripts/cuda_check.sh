@@ -180,6 +180,7 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
           --prompt 512 --new 128 --iters 1 --kv-cache-mb 4096 --max-batch-tokens 16384 --cuda-graphs 1 --overlap 1 "${trace[@]}"
       done
       gzip -f "$work/trace_decode_b256_mma/trace.json" 2>/dev/null
+      # The variants below run at fixed batches (RLX_DECODE_BATCHES sets only the loops above).
       # Batch 1 (and 8) with rlx's GEMV for the projections, the norms and SiLU-mul folded into it
       # (RLX_GEMV=1: 6 kernels a layer with mma where cuBLAS makes 10-11), traced at batch 1.
       for b in 1 8; do
@@ -223,9 +224,9 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
         --batch 1 --prompt 512 --new 128 --iters 1 --kv-cache-mb 4096 --max-batch-tokens 16384
       bundle ;;
     ncu)
-      # One decode-attention launch (each pass-1 kernel) and one sampler launch at batch 256, and
-      # rlx's GEMV at batch 1, past the warm-up, every section (ncu --set full), each to its own
-      # CSV so a timeout keeps the others.
+      # One decode-attention launch (each pass-1 kernel) and one sampler launch at batch 256,
+      # rlx's GEMV at batch 1 and its tensor-core GEMM at batch 64, past the warm-up, every
+      # section (ncu --set full), each to its own CSV so a timeout keeps the others.
       have "$rlx" || return 0
       # --launch-skip counts the kernels the name matches: the warm-up request (4 tokens: 3
       # decode steps of 24 layers) and the batch's prefill steps are skipped, then 5 decode steps.

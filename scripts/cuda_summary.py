@@ -60,7 +60,7 @@ def main():
         for step in sorted(k for k in by_step if k.startswith(f"decode_b{b}_")):
             v = result(step) or {}
             if "decode_step_ms" not in v:
-                lines.append(f"        {step[len(f'decode_b{b}_'):]}: (no result)")
+                lines.append(f"        {step[len(f'decode_b{b}_'):]}: {str(v.get('error', 'no result'))[:200]}")
                 continue
             vt = v.get("trace") or {}
             vms = v["decode_step_ms"]
@@ -87,7 +87,9 @@ def main():
     keys = ("output_tokens_per_s", "decode_step_ms", "graph_steps", "sampling", "tokens_per_s", "step_s", "ok",
             "failed", "gbs", "ms_per_version", "reward_mean", "accuracy", "passed", "error")
     shown = {"ceilings", "peers", "learner_torch", "learner", "learner_aten_ops"} | {f"decode_b{b}" for b in DECODE_GOALS}
-    shown |= {k for k in by_step for b in DECODE_GOALS if k.startswith(f"decode_b{b}_") and result(f"decode_b{b}")}
+    # The variants listed under their batch above (where its default has a step time).
+    shown |= {k for k in by_step for b in DECODE_GOALS
+              if k.startswith(f"decode_b{b}_") and "decode_step_ms" in (result(f"decode_b{b}") or {})}
     for name in by_step:
         r = result(name)
         if name in shown or not r:

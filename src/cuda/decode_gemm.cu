@@ -1,4 +1,5 @@
-// y = x w^T (+ bias) on tensor cores for decode's batches past the GEMV's (9 to 256 rows),
+// y = x w^T (+ bias) on tensor cores for decode's batches past the GEMV's (up to 256 rows; from
+// 9 with the GEMV on, from 1 without it),
 // where cuBLAS's GEMMs ran at about a quarter of the copy bandwidth (H200, batch 64: 663 us a
 // step for 0.7 GB of weights).
 //
@@ -22,18 +23,22 @@ namespace {
 
 constexpr int kGemmWarps = 8;
 constexpr int kGemmThreads = kGemmWarps * 32;
-constexpr int kChunk = 64;  // k values a chunk: 4 mma slices
+constexpr int kChunk = kDecodeGemmWidthStep;  // k values a chunk: 4 mma slices
+static_assert(kChunk == 64);
 constexpr int kAhead = 2;   // a warp's w chunks in flight
 
 template <class T, int MT, int WR>
 __global__ void __launch_bounds__(kGemmThreads, 1) decode_gemm_kernel(GemvArgs a) {
+  pdl_begin();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // bf16 mma needs sm_80 (RLX_CUDA_ARCHITECTURES); ops.cpp takes cuBLAS there
+#else
   constexpr int G = kGemmWarps / WR;  // warps splitting a tile's k
   constexpr int kCols = 8 * MT;       // x rows a block
   // A warp's sums, column (x row) by column, 20 floats a column: the fragments' stores and the
   // epilogue's loads meet at most 2 a bank.
   constexpr int kStride = 20;
   __shared__ float s_part[kGemmWarps][kCols * kStride];
-  pdl_begin();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int tile = warp / G, split = warp % G;
   const int64_t n0 = (static_cast<int64_t>(blockIdx.y) * WR + tile) * 16;
@@ -117,6 +122,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1) decode_gemm_kernel(GemvArgs a
     if (bias) v += Num<T>::to(bias[n]);
     out[static_cast<int64_t>(m) * a.n + n] = Num<T>::from(v);
   }
+#endif
 }
 
 template <class T, int MT>
@@ -140,8 +146,8 @@ int launch(const GemvArgs& a, cudaStream_t stream) {
 
 int decode_gemm(const GemvArgs& a, void* stream) {
   if (a.m <= 0 || a.n <= 0) return 0;
-  if (a.m > kDecodeGemmMaxRows || a.n > int64_t{65535} * 16 || a.k <= 0 || a.k % kChunk != 0 || !a.x || !a.w ||
-      !a.out || !aligned16(a.x) || !aligned16(a.w) || a.experts || a.input != GemvInput::plain)
+  if (a.m > kDecodeGemmMaxRows || a.n > kDecodeGemmMaxCols || a.k <= 0 || a.k % kChunk != 0 || !a.x || !a.w || !a.out ||
+      !aligned16(a.x) || !aligned16(a.w) || a.experts || a.input != GemvInput::plain)
     return cudaErrorInvalidValue;
   const auto s = static_cast<cudaStream_t>(stream);
   return with_16bit_dtype(a.dtype, [&](auto tag) -> int {

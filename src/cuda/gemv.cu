@@ -228,7 +228,7 @@ bool valid(const GemvArgs& a) {
   if (a.experts) return a.input == GemvInput::plain && !a.bias && a.x_share >= 1;
   if (a.input != GemvInput::add_rms_norm) return true;
   // residual_out is written by one block while the others read x and add: never their memory.
-  return a.norm_weight && aligned16(a.norm_weight) && a.k <= 8192 &&
+  return a.norm_weight && aligned16(a.norm_weight) && a.k <= kGemvNormMaxWidth &&
          static_cast<int64_t>(a.m) * a.k * 2 <= kGemvNormBytes &&
          (!a.add || (aligned16(a.add) && a.residual_out && aligned16(a.residual_out) && a.residual_out != a.x &&
                      a.residual_out != a.add));

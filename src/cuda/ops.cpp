@@ -5,6 +5,8 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -302,23 +304,20 @@ bool switched_on(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr && std::strcmp(v, "1") == 0;
 }
-}  // namespace
 
-// Opt-in: on an H200 (2026-11-28) cuBLAS's projections made a batch-1 decode step 1.706 ms
-// where the GEMV of that day made it 1.879 ms (docs/PERF.md).
-bool gemv_enabled() { return switched_on("RLX_GEMV"); }
-bool decode_gemm_enabled() { return switched_on("RLX_DECODE_GEMM"); }
-
-namespace {
-// Whether the current device runs the tensor-core kernels (sm_80 and newer; the build's code).
-bool has_mma() {
-  int device = 0, major = 0;
-  return cudaGetDevice(&device) == cudaSuccess &&
-         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 8;
+// Whether the device runs the tensor-core kernels (sm_80 and newer), asked once a device.
+bool has_mma(at::Device device) {
+  static std::array<std::atomic<int>, 64> known{};  // 0 not asked, 1 no, 2 yes
+  const int i = device.index() < 0 ? 0 : device.index();
+  if (i >= static_cast<int>(known.size())) return false;
+  if (known[static_cast<size_t>(i)].load() == 0) {
+    int major = 0;
+    const bool yes = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, i) == cudaSuccess && major >= 8;
+    known[static_cast<size_t>(i)].store(yes ? 2 : 1);
+  }
+  return known[static_cast<size_t>(i)].load() == 2;
 }
-}  // namespace
 
-namespace {
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
 // Whether the GEMV takes x [..., k] (with `silu`, gate_up [..., 2 k]) against w [n, k] (+ b):
@@ -352,6 +351,11 @@ std::pair<at::Tensor, GemvArgs> gemv_out(const at::Tensor& x, const at::Tensor& 
 }
 }  // namespace
 
+// Opt-in: on an H200 (2026-11-28, fa07f15) cuBLAS's projections made a batch-1 decode step
+// 1.706 ms where the GEMV before its rebuild made it 1.879 ms (docs/PERF.md).
+bool gemv_enabled() { return switched_on("RLX_GEMV"); }
+bool decode_gemm_enabled() { return switched_on("RLX_DECODE_GEMM"); }
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   if (gemv_enabled() && gemv_fits(x, w, b)) {
     const c10::cuda::CUDAGuard guard(x.device());
@@ -359,10 +363,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b)
     check_launch("gemv", gemv(a, c10::cuda::getCurrentCUDAStream().stream()));
     return out;
   }
-  if (decode_gemm_enabled() && gemv_fits(x, w, b, false, kDecodeGemmMaxRows) && w.size(1) % 64 == 0 &&
-      w.size(0) <= int64_t{65535} * 16) {
+  if (decode_gemm_enabled() && gemv_fits(x, w, b, false, kDecodeGemmMaxRows) && w.size(1) % kDecodeGemmWidthStep == 0 &&
+      w.size(0) <= kDecodeGemmMaxCols && has_mma(x.device())) {
     const c10::cuda::CUDAGuard guard(x.device());
-    if (!has_mma()) return at::linear(x, w, b);
     auto [out, a] = gemv_out(x, w, b);
     check_launch("decode_gemm", decode_gemm(a, c10::cuda::getCurrentCUDAStream().stream()));
     return out;
@@ -373,8 +376,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b)
 std::pair<at::Tensor, at::Tensor> norm_linear(const at::Tensor& h, const at::Tensor& add, const at::Tensor& weight,
                                               double eps, const at::Tensor& w, const at::Tensor& b) {
   const int64_t k = h.size(-1);
-  if (!gemv_fits(h, w, b) || k > 8192 || h.numel() * 2 > kGemvNormBytes || weight.scalar_type() != h.scalar_type() ||
-      weight.numel() != k || !weight.is_contiguous() || !aligned16(weight) ||
+  if (!gemv_fits(h, w, b) || k > kGemvNormMaxWidth || h.numel() * 2 > kGemvNormBytes ||
+      weight.scalar_type() != h.scalar_type() || weight.numel() != k || !weight.is_contiguous() || !aligned16(weight) ||
       (add.defined() &&
        (add.sizes() != h.sizes() || add.scalar_type() != h.scalar_type() || !add.is_contiguous() || !aligned16(add))))
     return {};

@@ -69,10 +69,10 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
 at::Tensor silu_mul_backward(const at::Tensor& gate_up, const at::Tensor& grad);
 // Whether decode's dense projections of at most 8 rows take rlx's GEMV (RLX_GEMV=1), with the
 // norm or the SiLU-mul before them folded in (norm_linear, silu_linear); cuBLAS otherwise
-// (faster at batch 1 on an H200 than the GEMV of 2026-11-28).
+// (faster at batch 1 on an H200 than the GEMV before its rebuild, fa07f15).
 bool gemv_enabled();
 // Whether they take rlx's tensor-core decode GEMM up to 256 rows past the GEMV's (or from one
-// row without it), RLX_DECODE_GEMM=1 (cuda::decode_gemm: k a multiple of 64).
+// row without it), RLX_DECODE_GEMM=1 (cuda::decode_gemm: k a multiple of 64, sm_80 and newer).
 bool decode_gemm_enabled();
 // x [..., K] w [N, K]^T (+ b [N]): at::linear, or where gemv_enabled() the small-batch kernel
 // (cuda::gemv: at most 8 rows, fp16/bf16, K a multiple of 8, contiguous, 16-byte aligned)
@@ -84,7 +84,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b)
 // gemv_enabled() says): returns (the product, h + add in a new tensor, or h itself with no
 // add), bit for bit what add_rms_norm (or rms_norm) and the GEMV give. The product undefined
 // where the kernel does not apply (the GEMV's rules, hidden at most 8192, at most 40 KiB of
-// rows): the caller runs add_rms_norm and linear.
+// rows): the caller runs add_rms_norm and linear. (fused_layer does not ask with unmerged LoRA
+// adapters, nor for a MoE layer's MLP.)
 std::pair<at::Tensor, at::Tensor> norm_linear(const at::Tensor& h, const at::Tensor& add, const at::Tensor& norm_weight,
                                               double eps, const at::Tensor& w, const at::Tensor& b);
 // silu_mul(gate_up) w^T (+ b) in one kernel (the GEMV), bit for bit what the two give; undefined

@@ -406,6 +406,8 @@ TEST_CASE("cuda kernels: residual add + RMSNorm, SiLU-and-multiply, RoPE + KV ap
   }
 }
 
+namespace {
+
 // A projection kernel (gemv or decode_gemm) on x [m, k], w [n, k] and b [n] drawn and rounded
 // to dtype: its output against the fp64 sum of those rounded inputs (bf16/fp16 round once: 2^-8
 // / 2^-11 of |y|, |y| up to ~4 sqrt(k) / 8 here), and row `alone` of x by itself giving the bits
@@ -441,6 +443,8 @@ void check_projection(int (*kernel)(const rlx::cuda::GemvArgs&, void*), int m, i
   const auto one = run(1, row);
   CHECK(std::equal(one.begin(), one.end(), got.begin() + static_cast<int64_t>(alone) * n));
 }
+
+}  // namespace
 
 // The small-batch projection (decode at batch <= 8), by check_projection.
 TEST_CASE("cuda kernels: the small-batch projection equals the reference, a row alone equals it among the rows", "[cuda]") {

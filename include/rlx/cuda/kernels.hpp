@@ -12,7 +12,7 @@
 //   rope_append        RoPE on q and k, k and v written into the paged pool
 //   rms_norm_backward, rope, silu_mul_backward: the learner's fused ops (fused_grad.cu)
 //   gemv               small-batch projections, the norm or SiLU-mul before them folded in
-//   decode_gemm        the same on tensor cores for 9 to 256 rows
+//   decode_gemm        plain projections on tensor cores, up to 256 rows
 //
 //   rlx::cuda::DecodeAttentionArgs a{.dtype = rlx::cuda::DType::bf16, .q = q, ...};
 //   if (int st = rlx::cuda::decode_attention(a, stream)) throw ... rlx::cuda::error_string(st);
@@ -164,11 +164,13 @@ int head_backward(const HeadBackwardArgs& a, void* stream);
 // bit for bit:
 //   add_rms_norm  x is the residual stream [m, k]: RMSNorm(x + add) * norm_weight, as
 //                 add_rms_norm computes it; x + add is written to residual_out ([m, k], not
-//                 x's or add's memory). No add: RMSNorm(x), nothing written. k at most 8192,
-//                 m k 2 bytes at most kGemvNormBytes (the normalised rows sit in shared memory).
+//                 x's or add's memory). No add: RMSNorm(x), nothing written. k at most
+//                 kGemvNormMaxWidth, m k 2 bytes at most kGemvNormBytes (the normalised rows
+//                 sit in shared memory).
 //   silu_mul      x is gate_up [m, 2 k]: SiLU(gate) * up, as silu_mul computes it.
 constexpr int kGemvMaxRows = 8;
 constexpr int kGemvNormBytes = 40 * 1024;
+constexpr int kGemvNormMaxWidth = 8192;
 enum class GemvInput : int { plain = 0, add_rms_norm = 1, silu_mul = 2 };
 // Expert-indexed (a mixture of experts' decode, `experts` set; plain input): w is [E, n, k],
 // the stacked weights of E experts, and each of the m rows of out has its own: out[i] =
@@ -193,10 +195,13 @@ struct GemvArgs {
 };
 int gemv(const GemvArgs& a, void* stream);
 
-// The same product on tensor cores for decode's batches past the GEMV's: m up to
-// kDecodeGemmMaxRows, k a multiple of 64, plain input, no experts (sm_80 and newer). Each row's
-// sum is ordered by k and n alone: a row of x gives the same bits in any batch this kernel takes.
+// The plain product (no folded input, no experts) on tensor cores for decode's batches past the
+// GEMV's: m up to kDecodeGemmMaxRows, k a multiple of kDecodeGemmWidthStep, n at most
+// kDecodeGemmMaxCols, sm_80 and newer. Each row's sum is ordered by k and n alone: a row of x
+// gives the same bits in any batch this kernel takes.
 constexpr int kDecodeGemmMaxRows = 256;
+constexpr int kDecodeGemmWidthStep = 64;
+constexpr int64_t kDecodeGemmMaxCols = int64_t{65535} * 16;
 int decode_gemm(const GemvArgs& a, void* stream);
 
 // out[r, i] = SiLU(gate_up[r, i]) * gate_up[r, inter + i]  (the gate/up GEMM's output halves).

@@ -358,7 +358,12 @@ TEST_CASE("cuda: decode with rlx's GEMV (norms folded in) or its GEMM gives cuBL
     return reqs;
   };
   struct Unset {
-    ~Unset() { ::unsetenv("RLX_GEMV"), ::unsetenv("RLX_DECODE_GEMM"); }
+    Unset() { clear(); }  // an exported RLX_GEMV would make the baseline the GEMV
+    ~Unset() { clear(); }
+    static void clear() {
+      ::unsetenv("RLX_GEMV");
+      ::unsetenv("RLX_DECODE_GEMM");
+    }
   } unset;
   for (auto [graphs, variable, count] :
        {std::tuple{false, "RLX_GEMV", 3}, std::tuple{true, "RLX_GEMV", 3}, std::tuple{false, "RLX_DECODE_GEMM", 12},
