@@ -15,11 +15,11 @@
 #      tests, HF parity of the six model families, compute-sanitizer memcheck and racecheck;
 #   3. the timed steps one at a time: decode at batch 1/64/256 with a kernel trace of 5
 #      CUDA-graph steps each (the tensor-core attention kernel too; rlx's GEMV with the folded
-#      norms at batch 1 and 8, its tensor-core GEMM at 64 and 256, programmatic dependent
-#      launch), the colocated throughput config and the quickstart's task, the learner and
-#      PyTorch's step with their operator tables and kernel lists, ncu on the attention
-#      kernels and the sampler at batch 256, the GEMV at batch 1 and the GEMM at 64, Qwen3
-#      and Qwen3-MoE decode, the decode peers (HF generate and its
+#      norms at batch 1, its tensor-core GEMM at 64 and 256), the colocated throughput config
+#      and the quickstart's task, the learner and PyTorch's step with their operator tables and
+#      kernel lists, then decode's other new cases (batch 8, programmatic dependent launch),
+#      ncu on the attention kernels and the sampler at batch 256, the GEMV at batch 1 and the
+#      GEMM at 64, Qwen3 and Qwen3-MoE decode, the decode peers (HF generate and its
 #      compiled static-cache loop: scripts/bench_hf_generate.py), weight sync by CUDA IPC, the
 #      unit suite; then the summary.
 # RLX_CUDA_DEADLINE (default 570 s after the script starts): no step starts within 20 s of
@@ -181,14 +181,11 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
       done
       gzip -f "$work/trace_decode_b256_mma/trace.json" 2>/dev/null
       # The variants below run at fixed batches (RLX_DECODE_BATCHES sets only the loops above).
-      # Batch 1 (and 8) with rlx's GEMV for the projections, the norms and SiLU-mul folded into it
-      # (RLX_GEMV=1: 6 kernels a layer with mma where cuBLAS makes 10-11), traced at batch 1.
-      for b in 1 8; do
-        local trace=(); [ "$b" = 1 ] && trace=(--trace "$work/trace_decode_b1_gemv_mma" --trace-steps 5)
-        step decode_b${b}_gemv_mma 120 env RLX_GEMV=1 RLX_DECODE_ATTENTION=mma "$rlx" bench sampler "${qwen05[@]}" \
-          "${bf16[@]}" --batch $b --prompt 512 --new 128 --iters 1 --kv-cache-mb 4096 --max-batch-tokens 16384 \
-          --cuda-graphs 1 --overlap 1 "${trace[@]}"
-      done
+      # Batch 1 with rlx's GEMV for the projections, the norms and SiLU-mul folded into it
+      # (RLX_GEMV=1: 6 kernels a layer with mma where cuBLAS makes 10-11), traced.
+      step decode_b1_gemv_mma 120 env RLX_GEMV=1 RLX_DECODE_ATTENTION=mma "$rlx" bench sampler "${qwen05[@]}" \
+        "${bf16[@]}" --batch 1 --prompt 512 --new 128 --iters 1 --kv-cache-mb 4096 --max-batch-tokens 16384 \
+        --cuda-graphs 1 --overlap 1 --trace "$work/trace_decode_b1_gemv_mma" --trace-steps 5
       gzip -f "$work/trace_decode_b1_gemv_mma/trace.json" 2>/dev/null
       # Batches 64 and 256 with rlx's tensor-core GEMM for the projections (RLX_DECODE_GEMM=1,
       # decode_gemm.cu; cuBLAS's ran at a quarter of the copy bandwidth), traced at 64.
@@ -199,8 +196,16 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
           --max-batch-tokens 16384 --cuda-graphs 1 --overlap 1 "${trace[@]}"
       done
       gzip -f "$work/trace_decode_b64_gemm_mma/trace.json" 2>/dev/null
-      # And with programmatic dependent launch (RLX_PDL=1: each rlx kernel begins while the one
-      # before it ends), at batch 1 (all of a layer's kernels rlx's) and 64.
+      bundle ;;
+    decode_more)
+      # After the whole loop's steps (colocated, learner): the new kernels' other cases.
+      have "$rlx" || return 0
+      # Batch 8, the GEMV's largest (RLX_GEMV=1, with mma).
+      step decode_b8_gemv_mma 120 env RLX_GEMV=1 RLX_DECODE_ATTENTION=mma "$rlx" bench sampler "${qwen05[@]}" \
+        "${bf16[@]}" --batch 8 --prompt 512 --new 128 --iters 1 --kv-cache-mb 4096 --max-batch-tokens 16384 \
+        --cuda-graphs 1 --overlap 1
+      # Programmatic dependent launch (RLX_PDL=1: each rlx kernel begins while the one before it
+      # ends), at batch 1 (all of a layer's kernels rlx's) and 64.
       step decode_b1_gemv_mma_pdl 120 env RLX_GEMV=1 RLX_DECODE_ATTENTION=mma RLX_PDL=1 "$rlx" bench sampler \
         "${qwen05[@]}" "${bf16[@]}" --batch 1 --prompt 512 --new 128 --iters 1 --kv-cache-mb 4096 \
         --max-batch-tokens 16384 --cuda-graphs 1 --overlap 1
@@ -349,9 +354,9 @@ run_step sanitizer
 wait $tests_lane
 # 3. The timed steps, one at a time, the peers among them (a peer timed beside a build or a
 # test would be slowed by it: HF generate at batch 1 is bound by its host).
-# Most wanted first: decode (the tensor-core attention beside the default), the whole loop on a
-# GPU (never run to its end yet), the learner, the new kernels' profiles, MoE decode, the
-# peers' ratios, then the rest. RLX_CUDA_PLAN replaces this order.
-for s in ${RLX_CUDA_PLAN:-decode colocated learner ncu models peers sync unit}; do run_step "$s"; done
+# Most wanted first: decode (the defaults, the tensor-core attention, the GEMV and the GEMM), the
+# whole loop on a GPU (never run to its end yet), the learner, the new kernels' other cases and
+# profiles, MoE decode, the peers' ratios, then the rest. RLX_CUDA_PLAN replaces this order.
+for s in ${RLX_CUDA_PLAN:-decode colocated learner decode_more ncu models peers sync unit}; do run_step "$s"; done
 run_step summary
 say "done"
