@@ -476,6 +476,8 @@ TEST_CASE("cuda kernels: the tensor-core decode projection equals the reference,
       for (auto [n, k, bias] :
            {std::tuple{37, 64, true}, std::tuple{1152, 896, true}, std::tuple{900, 4864, false},
             std::tuple{4100, 896, false}, std::tuple{8200, 128, true}, std::tuple{16400, 64, false}}) {
+        // The fp64 reference's cost bounded (the binary also runs under compute-sanitizer twice).
+        if (static_cast<double>(m) * n * k > 3e8) continue;
         INFO(name(dtype) << " m " << m << " n " << n << " k " << k);
         check_projection(rlx::cuda::decode_gemm, m, n, k, bias, m - 1, dtype, g);  // the last row: a partial tile
       }
