@@ -45,13 +45,7 @@ struct Row {
   __device__ void visit(int first, int step, int end, F&& f) const {
     // At temperature 1 (RL's usual) x / 1 is x: the pass skips the division, an IEEE divide
     // that is about half of a pass's instructions (the sampler is bound by them, not by memory).
-    if (t == 1.0f)
-      visit_scaled<false>(first, step, end, f);
-    else
-      visit_scaled<true>(first, step, end, f);
-  }
-  template <bool Divide, class F>
-  __device__ void visit_scaled(int first, int step, int end, F&& f) const {
+    const bool divide = t != 1.0f;
     for (int u0 = first; u0 < end; u0 += kBatch * step) {
       uint4 raw[kBatch];
 #pragma unroll
@@ -66,7 +60,7 @@ struct Row {
         if (vector(u)) {
           const T* e = reinterpret_cast<const T*>(&raw[b]);
 #pragma unroll
-          for (int j = 0; j < kVec; ++j) f(u * kVec + j, Divide ? Num<T>::to(e[j]) / t : Num<T>::to(e[j]));
+          for (int j = 0; j < kVec; ++j) f(u * kVec + j, divide ? Num<T>::to(e[j]) / t : Num<T>::to(e[j]));
         } else {
           for (int i = u * width; i < min(n, (u + 1) * width); ++i) f(i, z(i));
         }
