@@ -59,6 +59,37 @@ __device__ __forceinline__ T silu_times(float g, float u) {
   return Num<T>::from(round_to<T>(g / (1.0f + expf(-g))) * u);
 }
 
+// add_rms_norm's two passes on one 16-byte vector, shared by its vector kernel and the GEMV's
+// norm so that the two give the same bits. First: the residual's values plus x's (x null: as
+// they are), stored rounded, their squares added to `squares` in element order.
+template <class T>
+__device__ __forceinline__ uint4 add_and_square(uint4 raw, const uint4* x, float& squares) {
+  constexpr int kVec = 16 / sizeof(T);
+  T* e = reinterpret_cast<T*>(&raw);
+  if (x) {
+    const uint4 xraw = *x;
+    const T* xe = reinterpret_cast<const T*>(&xraw);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) e[j] = add_rounded<T>(e[j], xe[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const float f = Num<T>::to(e[j]);
+    squares += f * f;
+  }
+  return raw;
+}
+// Second: RMSNorm's output for each stored sum, times the weight.
+template <class T>
+__device__ __forceinline__ uint4 rms_scaled_vector(uint4 sums, uint4 weight, float inv_rms) {
+  constexpr int kVec = 16 / sizeof(T);
+  T* e = reinterpret_cast<T*>(&sums);
+  const T* w = reinterpret_cast<const T*>(&weight);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) e[j] = rms_scaled<T>(w[j], Num<T>::to(e[j]), inv_rms);
+  return sums;
+}
+
 // add_rms_norm's threads for a row of `vecs` 16-byte vectors (a warp multiple, at most 256): its
 // sum of squares is each thread's vectors t, t + threads, ... in order, then block_reduce. The
 // GEMV's norm takes the same order, so its normalised rows equal the norm kernel's bit for bit.

@@ -33,8 +33,8 @@ int team_for(int64_t chunks) {
 __host__ __device__ constexpr int batch_for(int rows) { return rows == 1 ? kChunksAThread : rows == 2 ? 3 : 2; }
 
 // The rows of RMSNorm(x + add) * norm_weight into s ([rows, k] in T) exactly as
-// add_rms_norm_vec_kernel computes them: the same threads take the same vectors in the same
-// order, and the block's other warps add zeros to the sum. Block (0, 0) writes x + add to
+// add_rms_norm_vec_kernel computes them: its vector passes (common.cuh), the same threads on
+// the same vectors in the same order, and the block's other warps add zeros to the sum. Block (0, 0) writes x + add to
 // residual_out. `s_sum`: kGemvThreads / 32 floats.
 template <class T>
 __device__ void stage_norm(const GemvArgs& a, int rows, uint4* s, float* s_sum) {
@@ -50,33 +50,14 @@ __device__ void stage_norm(const GemvArgs& a, int rows, uint4* s, float* s_sum) 
     float squares = 0.0f;
     if (static_cast<int>(threadIdx.x) < threads) {
       for (int v = threadIdx.x; v < vecs; v += threads) {
-        uint4 raw = h[v];
-        T* e = reinterpret_cast<T*>(&raw);
-        if (add) {
-          const uint4 araw = add[v];
-          const T* ae = reinterpret_cast<const T*>(&araw);
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) e[j] = add_rounded<T>(e[j], ae[j]);
-          if (writer) static_cast<uint4*>(a.residual_out)[at + v] = raw;
-        }
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          const float f = Num<T>::to(e[j]);
-          squares += f * f;
-        }
-        row[v] = raw;
+        const uint4 sum = add_and_square<T>(h[v], add ? add + v : nullptr, squares);
+        row[v] = sum;
+        if (writer) static_cast<uint4*>(a.residual_out)[at + v] = sum;
       }
     }
     const float inv_rms = rsqrtf(block_reduce(squares, SumOp{}, s_sum) / static_cast<int>(a.k) + a.eps);
-    for (int v = threadIdx.x; v < vecs; v += blockDim.x) {  // block_reduce's barriers order the stores
-      uint4 raw = row[v];
-      const uint4 wraw = weight[v];
-      T* e = reinterpret_cast<T*>(&raw);
-      const T* we = reinterpret_cast<const T*>(&wraw);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) e[j] = rms_scaled<T>(we[j], Num<T>::to(e[j]), inv_rms);
-      row[v] = raw;
-    }
+    for (int v = threadIdx.x; v < vecs; v += blockDim.x)  // block_reduce's barriers order the stores
+      row[v] = rms_scaled_vector<T>(row[v], weight[v], inv_rms);
   }
   __syncthreads();
 }

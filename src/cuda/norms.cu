@@ -35,10 +35,10 @@ __global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(AddRmsNormAr
   }
 }
 
-// The same, 16 bytes of each operand at a time, a row's vectors held in registers between the
-// two passes (V a thread; rows 16-byte aligned, hidden a multiple of the vector). Its sum of
-// squares goes in another order than the element kernel's: a row's bits depend on which of the
-// two its tensors' alignment picks (rlx's own tensors, learner's and engine's, always take this).
+// The same, 16 bytes of each operand at a time (add_and_square, rms_scaled_vector), a row's
+// sums held in registers between the two passes (V a thread; rows 16-byte aligned, hidden a multiple of the vector).
+// Its sum of squares goes in another order than the element kernel's: a row's bits depend on which of the two its
+// tensors' alignment picks (rlx's own tensors, learner's and engine's, always take this).
 template <class T, int V>
 __global__ void __launch_bounds__(kNormThreads) add_rms_norm_vec_kernel(AddRmsNormArgs a) {
   constexpr int kVec = 16 / sizeof(T);
@@ -50,26 +50,14 @@ __global__ void __launch_bounds__(kNormThreads) add_rms_norm_vec_kernel(AddRmsNo
   const auto* x = a.x ? reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + row) : nullptr;
   const auto* weight = static_cast<const uint4*>(a.weight);
   auto* out = reinterpret_cast<uint4*>(static_cast<T*>(a.out) + row);
-  float h[V][kVec];
+  uint4 sums[V];
   float squares = 0.0f;
 #pragma unroll
   for (int k = 0; k < V; ++k) {
     const int v = threadIdx.x + k * blockDim.x;
     if (v >= vecs) break;
-    uint4 raw = residual[v];
-    T* e = reinterpret_cast<T*>(&raw);
-    if (x) {
-      const uint4 xraw = x[v];
-      const T* xe = reinterpret_cast<const T*>(&xraw);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) e[j] = add_rounded<T>(e[j], xe[j]);
-      residual[v] = raw;
-    }
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      h[k][j] = Num<T>::to(e[j]);
-      squares += h[k][j] * h[k][j];
-    }
+    sums[k] = add_and_square<T>(residual[v], x ? x + v : nullptr, squares);
+    if (x) residual[v] = sums[k];
   }
   const float inv_rms = rsqrtf(block_reduce(squares, SumOp{}, s_sum) / a.hidden + a.eps);
   if (a.inv_rms && threadIdx.x == 0) a.inv_rms[blockIdx.x] = inv_rms;
@@ -77,13 +65,7 @@ __global__ void __launch_bounds__(kNormThreads) add_rms_norm_vec_kernel(AddRmsNo
   for (int k = 0; k < V; ++k) {
     const int v = threadIdx.x + k * blockDim.x;
     if (v >= vecs) break;
-    const uint4 wraw = weight[v];
-    const T* w = reinterpret_cast<const T*>(&wraw);
-    uint4 oraw;
-    T* o = reinterpret_cast<T*>(&oraw);
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) o[j] = rms_scaled<T>(w[j], h[k][j], inv_rms);
-    out[v] = oraw;
+    out[v] = rms_scaled_vector<T>(sums[k], weight[v], inv_rms);
   }
 }
 

@@ -77,8 +77,7 @@ bool decode_gemm_enabled();
 // x [..., K] w [N, K]^T (+ b [N]): at::linear, or where gemv_enabled() the small-batch kernel
 // (cuda::gemv: at most 8 rows, fp16/bf16, K a multiple of 8, contiguous, 16-byte aligned)
 // where it applies, or where decode_gemm_enabled() the tensor-core one up to 256 rows. No
-// autograd (decode only). MoE's expert-indexed projections
-// (expert_linear) always use it.
+// autograd (decode only). MoE's expert-indexed projections (expert_linear) always use the GEMV.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 // RMSNorm(h + add) * norm_weight, times w^T (+ b), in one kernel (the GEMV; whatever
 // gemv_enabled() says): returns (the product, h + add in a new tensor, or h itself with no
