@@ -7,13 +7,21 @@ check newer than these headers is not seen; everything else that would break the
 machine fails here first.
 
     scripts/check_cuda_sources.py BUILD_DIR        (ctest runs it: cuda_sources_compile)
+
+A source that passed is not checked again while its inputs are the same: the compiler (its path,
+size and time), the command (this checkout's and build directory's paths made relative) and the
+contents of every file the compiler read for it (its `-MD` list). The verdicts are kept under
+$RLX_CHECK_CACHE (default ~/.cache/rlx/cuda-sources), the way ccache keeps objects, so a fresh
+clone of unchanged code passes without compiling; RLX_CHECK_CACHE=off checks every source.
 """
 import concurrent.futures
+import hashlib
 import json
 import os
 import pathlib
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,6 +35,60 @@ def unity_members(path: pathlib.Path):
     if "/rlx_unity/unity_" not in str(path):
         return None
     return [(path.parent / m).resolve() for m in re.findall(r'^#include "([^"]+)"', path.read_text(), re.M)]
+
+
+class Verdicts:
+    """Passes remembered by their inputs: a job's key (compiler, command, source) names a record
+    of the files it read and the hash of their contents when it passed."""
+
+    def __init__(self, build: pathlib.Path, stub: pathlib.Path):
+        where = os.environ.get("RLX_CHECK_CACHE", str(pathlib.Path.home() / ".cache/rlx/cuda-sources"))
+        self.dir = None if where == "off" else pathlib.Path(where)
+        self.places = [(str(stub), "@STUB"), (str(build), "@BUILD"), (str(ROOT), "@ROOT")]
+
+    def relative(self, text: str) -> str:
+        for path, name in self.places:
+            text = text.replace(path, name)
+        return text
+
+    def absolute(self, text: str) -> str:
+        for path, name in self.places:
+            text = text.replace(name, path)
+        return text
+
+    def key(self, args, path) -> str:
+        compiler = pathlib.Path(args[0])
+        found = compiler if compiler.is_absolute() else pathlib.Path(shutil.which(args[0]) or args[0])
+        st = found.resolve().stat()
+        words = [str(found.resolve()), str(st.st_size), str(st.st_mtime_ns)] + [self.relative(a) for a in args]
+        return hashlib.sha256("\0".join(words + [self.relative(str(path))]).encode()).hexdigest()
+
+    def contents(self, files) -> str:
+        h = hashlib.sha256()
+        for f in files:
+            h.update(self.relative(f).encode() + b"\0" + pathlib.Path(f).read_bytes())
+        return h.hexdigest()
+
+    def passed(self, key: str) -> bool:
+        if self.dir is None:
+            return False
+        try:
+            record = json.loads((self.dir / key).read_text())
+            return self.contents([self.absolute(f) for f in record["files"]]) == record["hash"]
+        except (OSError, ValueError, KeyError):
+            return False  # never checked, a file gone, a torn record: compile
+
+    def remember(self, key: str, depfile: pathlib.Path, directory: str):
+        if self.dir is None:
+            return
+        # make's syntax: "target: a b \" lines; paths with spaces are escaped "\ " (none here)
+        words = depfile.read_text().replace("\\\n", " ").split(":", 1)[1].split()
+        files = sorted({str((pathlib.Path(directory) / w).resolve()) for w in words})
+        record = {"files": [self.relative(f) for f in files], "hash": self.contents(files)}
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / f"{key}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(record))
+        tmp.replace(self.dir / key)
 
 
 def main() -> int:
@@ -86,18 +148,27 @@ def main() -> int:
                     a = f"-D{s}=1"
             out.append(a)
         out += ["-fsyntax-only", f"-I{stub}", f"-I{cuda_include}", f"-I{ROOT / 'src'}", str(path)]
-        r = subprocess.run(out, cwd=c["directory"], capture_output=True, text=True)
-        return path, r.returncode, r.stderr
+        key = verdicts.key(out, path)
+        if verdicts.passed(key):
+            return path, 0, "", True
+        depfile = stub / f"{key}.d"
+        r = subprocess.run(out + ["-MD", "-MF", str(depfile)], cwd=c["directory"], capture_output=True, text=True)
+        if r.returncode == 0:
+            verdicts.remember(key, depfile, c["directory"])
+        return path, r.returncode, r.stderr, False
 
-    failed = 0
+    verdicts = Verdicts(build, stub)
+    failed = remembered = 0
     with concurrent.futures.ThreadPoolExecutor(max_workers=int(os.environ.get("RLX_JOBS", "2"))) as pool:
-        for path, rc, err in pool.map(check, jobs):
-            rel = path.relative_to(ROOT)
-            print(f"{'ok  ' if rc == 0 else 'FAIL'} {rel}")
+        for path, rc, err, cached in pool.map(check, jobs):
+            rel = path.relative_to(ROOT) if ROOT in path.parents else path
+            print(f"{'ok  ' if rc == 0 else 'FAIL'} {rel}{' (inputs unchanged since it passed)' if cached else ''}")
+            remembered += cached
             if rc != 0:
                 failed += 1
                 print(err[-6000:])
-    print(f"{len(jobs) - failed} of {len(jobs)} sources and unity batches compile with RLX_WITH_CUDA=1 RLX_WITH_NCCL=1")
+    print(f"{len(jobs) - failed} of {len(jobs)} sources and unity batches compile with RLX_WITH_CUDA=1 RLX_WITH_NCCL=1"
+          f" ({remembered} unchanged since they passed, not compiled again)")
     return 1 if failed or not jobs else 0
 
 
