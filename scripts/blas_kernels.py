@@ -3,7 +3,7 @@
 OpenBLAS picks its kernels by CPU model when it loads. Debian 12's 0.3.21 does not know some
 newer CPUs (Intel family 6 model 207) and falls back to its generic Prescott kernels; `rlx`
 then re-executes itself with OPENBLAS_CORETYPE set from the CPU's features
-(src/core/threads.cpp, use_blas_kernels_for_this_cpu). A peer that compares its speed with
+(src/core/threads.cpp, prepare_blas). A peer that compares its speed with
 rlx's must run the same kernels: import this module before torch.
 
     import blas_kernels  # noqa: F401  (may re-execute this script once)

@@ -4,7 +4,7 @@
 #include "rlx/version.hpp"
 
 int main(int argc, char** argv) {
-  rlx::use_blas_kernels_for_this_cpu(argv);  // may re-execute this process once
+  rlx::prepare_blas(argv);  // may re-execute this process once
   CLI::App app{"rlx: reinforcement-learning post-training of language models, natively", "rlx"};
   app.require_subcommand(1);
   // The OpenBLAS kernels in use on a second line: scripts/test.sh exports them once, so the

@@ -40,6 +40,7 @@ std::string blas_core_name() {
   return name ? std::string(name()) : std::string();
 }
 
+namespace {
 void use_blas_kernels_for_this_cpu(char** argv) {
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr || blas_core_name() != "Prescott") return;
 #if defined(__x86_64__)
@@ -58,6 +59,13 @@ void use_blas_kernels_for_this_cpu(char** argv) {
 #else
   (void)argv;
 #endif
+}
+}  // namespace
+
+void prepare_blas(char** argv) {
+  use_blas_kernels_for_this_cpu(argv);
+  // After the re-execution above, so this process keeps OpenBLAS's own thread count.
+  ::setenv("OPENBLAS_NUM_THREADS", "1", /*overwrite=*/0);
 }
 
 }  // namespace rlx

@@ -398,7 +398,7 @@ void add_trainer_commands(CLI::App& app, Action& action) {
 }
 
 int trainer_main(int argc, char** argv, const std::string& name, const std::function<void()>& register_parts) {
-  use_blas_kernels_for_this_cpu(argv);  // may re-execute this process once
+  prepare_blas(argv);  // may re-execute this process once
   if (register_parts) register_parts();
   env::register_bundled();
   algo::register_bundled_algorithms();

@@ -291,7 +291,7 @@ int run_subscriber(const std::string& name, const std::string& tcp, const std::s
 }  // namespace
 
 int main(int argc, char** argv) {
-  rlx::use_blas_kernels_for_this_cpu(argv);
+  rlx::prepare_blas(argv);
   rlx::set_compute_threads(1);
   CLI::App app("rlx distributed-learner test rank");
   std::string mode = "sharded", out, ckpt, crash_at;

@@ -5,7 +5,7 @@
 #include "rlx/core/threads.hpp"
 
 int main(int argc, char** argv) {
-  rlx::use_blas_kernels_for_this_cpu(argv);  // the kernels `rlx` itself uses on this CPU
+  rlx::prepare_blas(argv);  // the kernels `rlx` itself uses on this CPU
   rlx::set_compute_threads(1);
   return Catch::Session().run(argc, argv);
 }

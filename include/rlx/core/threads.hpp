@@ -22,14 +22,19 @@ struct ThreadPlan {
 // Applies the plan for `threads` (0: all cores) and returns it.
 ThreadPlan set_compute_threads(int threads);
 
-// OpenBLAS picks its kernels by CPU model when it loads, before main. A CPU newer than its
-// table (Debian 12's 0.3.21 does not know Intel's family 6 model 207) gets the generic
-// Prescott kernels, SSE3 only. Then this re-executes the process once, with
-// OPENBLAS_CORETYPE naming the kernels the CPU's features run (SkylakeX with AVX-512,
-// Haswell with AVX2 and FMA). It returns, doing nothing, when OpenBLAS is not loaded, knew
-// the CPU, or OPENBLAS_CORETYPE is set (so children inherit the choice). Call it first
-// thing in main, with main's argv.
-void use_blas_kernels_for_this_cpu(char** argv);
+// OpenBLAS sets itself up when it loads, before main; this sets up what a process starts
+// with. Call it first thing in main, with main's argv.
+// - Its kernels: picked by CPU model. A CPU newer than OpenBLAS's table (Debian 12's 0.3.21
+//   does not know Intel's family 6 model 207) gets the generic Prescott kernels, SSE3 only.
+//   Then this re-executes the process once, with OPENBLAS_CORETYPE naming the kernels the
+//   CPU's features run (SkylakeX with AVX-512, Haswell with AVX2 and FMA). Nothing happens
+//   when OpenBLAS is not loaded, knew the CPU, or OPENBLAS_CORETYPE is set (so children
+//   inherit the choice).
+// - Its threads in the processes this one starts: OPENBLAS_NUM_THREADS=1 unless set. At load
+//   OpenBLAS starts a thread a core, which spin before they sleep (0.1-0.2 s of CPU a
+//   process start, measured); a process that computes asks for its threads
+//   (set_compute_threads), which OpenBLAS then starts. This process keeps its own.
+void prepare_blas(char** argv);
 // OpenBLAS's kernel family ("SkylakeX", "Haswell", "Prescott"), or "" without OpenBLAS.
 std::string blas_core_name();
 
