@@ -1,18 +1,21 @@
 #!/usr/bin/env python3
 """The CUDA-only C++ code, checked where there is no GPU: every source (or unity batch of
 sources) of a CPU build that has `#if RLX_WITH_CUDA` / `RLX_WITH_NCCL` paths, the sources only
-a CUDA build compiles, and the [cuda] test file are compiled syntax-only with both switches on,
-against this machine's LibTorch headers and the CUDA toolkit's. Code behind a LibTorch version
-check newer than these headers is not seen; everything else that would break the build on a CUDA
-machine fails here first.
+a CUDA build compiles, and the [cuda] test file are compiled with both switches on (-O0, to
+objects), against this machine's LibTorch headers and the CUDA toolkit's. Then the link: every
+rlx function those objects call must be defined by one of them, by the CUDA kernels' objects
+nvcc built here (rlx_cuda_kernels) or by librlx, or a CUDA build would fail to link. Code behind
+a LibTorch version check newer than these headers is not seen; everything else that would break
+the build on a CUDA machine fails here first.
 
     scripts/check_cuda_sources.py BUILD_DIR        (ctest runs it: cuda_sources_compile)
 
-A source that passed is not checked again while its inputs are the same: the compiler (its path,
-size and time), the command (this checkout's and build directory's paths made relative) and the
-contents of every file the compiler read for it (its `-MD` list). The verdicts are kept under
-$RLX_CHECK_CACHE (default ~/.cache/rlx/cuda-sources), the way ccache keeps objects, so a fresh
-clone of unchanged code passes without compiling; RLX_CHECK_CACHE=off checks every source.
+A source that passed is not compiled again while its inputs are the same: the compiler (its
+path, size and time), the command (this checkout's and build directory's paths made relative)
+and the contents of every file the compiler read for it (its `-MD` list). The verdicts, with
+the rlx symbols each object defines and calls, are kept under $RLX_CHECK_CACHE (default
+~/.cache/rlx/cuda-sources), the way ccache keeps objects, so a fresh clone of unchanged code
+passes without compiling; RLX_CHECK_CACHE=off compiles every source.
 """
 import concurrent.futures
 import hashlib
@@ -37,9 +40,23 @@ def unity_members(path: pathlib.Path):
     return [(path.parent / m).resolve() for m in re.findall(r'^#include "([^"]+)"', path.read_text(), re.M)]
 
 
+def rlx_symbols(binary: pathlib.Path, *extra):
+    """(defined, undefined): the demangled rlx symbols of an object or library."""
+    listing = subprocess.run(["nm", "-C", *extra, str(binary)], capture_output=True, text=True, check=True).stdout
+    defined, undefined = set(), set()
+    for line in listing.splitlines():
+        # "ADDRESS TYPE NAME", or "         U NAME" for an undefined one
+        kind, _, name = line[17:].partition(" ") if line[:1] != " " else line.strip().partition(" ")
+        if "rlx::" not in name:
+            continue
+        (undefined if kind == "U" else defined).add(name)
+    return defined, undefined
+
+
 class Verdicts:
     """Passes remembered by their inputs: a job's key (compiler, command, source) names a record
-    of the files it read and the hash of their contents when it passed."""
+    of the files it read, the hash of their contents when it passed, and its object's rlx
+    symbols."""
 
     def __init__(self, build: pathlib.Path, stub: pathlib.Path):
         where = os.environ.get("RLX_CHECK_CACHE", str(pathlib.Path.home() / ".cache/rlx/cuda-sources"))
@@ -69,22 +86,26 @@ class Verdicts:
             h.update(self.relative(f).encode() + b"\0" + pathlib.Path(f).read_bytes())
         return h.hexdigest()
 
-    def passed(self, key: str) -> bool:
+    def passed(self, key: str):
+        """The symbols (defined, undefined) of a pass with these inputs, or None."""
         if self.dir is None:
-            return False
+            return None
         try:
             record = json.loads((self.dir / key).read_text())
-            return self.contents([self.absolute(f) for f in record["files"]]) == record["hash"]
+            if self.contents([self.absolute(f) for f in record["files"]]) == record["hash"]:
+                return set(record["defined"]), set(record["undefined"])
         except (OSError, ValueError, KeyError):
-            return False  # never checked, a file gone, a torn record: compile
+            pass  # never checked, a file gone, a torn or older record: compile
+        return None
 
-    def remember(self, key: str, depfile: pathlib.Path, directory: str):
+    def remember(self, key: str, depfile: pathlib.Path, directory: str, symbols):
         if self.dir is None:
             return
         # make's syntax: "target: a b \" lines; paths with spaces are escaped "\ " (none here)
         words = depfile.read_text().replace("\\\n", " ").split(":", 1)[1].split()
         files = sorted({str((pathlib.Path(directory) / w).resolve()) for w in words})
-        record = {"files": [self.relative(f) for f in files], "hash": self.contents(files)}
+        record = {"files": [self.relative(f) for f in files], "hash": self.contents(files),
+                  "defined": sorted(symbols[0]), "undefined": sorted(symbols[1])}
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = self.dir / f"{key}.{os.getpid()}.tmp"
         tmp.write_text(json.dumps(record))
@@ -147,29 +168,57 @@ def main() -> int:
                 if a == f"-D{s}=0":
                     a = f"-D{s}=1"
             out.append(a)
-        out += ["-fsyntax-only", f"-I{stub}", f"-I{cuda_include}", f"-I{ROOT / 'src'}", str(path)]
+        out += ["-O0", f"-I{stub}", f"-I{cuda_include}", f"-I{ROOT / 'src'}", str(path)]
         key = verdicts.key(out, path)
-        if verdicts.passed(key):
-            return path, 0, "", True
-        depfile = stub / f"{key}.d"
-        r = subprocess.run(out + ["-MD", "-MF", str(depfile)], cwd=c["directory"], capture_output=True, text=True)
-        if r.returncode == 0:
-            verdicts.remember(key, depfile, c["directory"])
-        return path, r.returncode, r.stderr, False
+        symbols = verdicts.passed(key)
+        if symbols is not None:
+            return path, 0, "", symbols, True
+        depfile, obj = stub / f"{key}.d", stub / f"{key}.o"
+        r = subprocess.run(out + ["-c", "-o", str(obj), "-MD", "-MF", str(depfile)], cwd=c["directory"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            return path, r.returncode, r.stderr, (set(), set()), False
+        symbols = rlx_symbols(obj)
+        obj.unlink()
+        verdicts.remember(key, depfile, c["directory"], symbols)
+        return path, 0, "", symbols, False
 
     verdicts = Verdicts(build, stub)
     failed = remembered = 0
+    defined, undefined = set(), set()
     with concurrent.futures.ThreadPoolExecutor(max_workers=int(os.environ.get("RLX_JOBS", "2"))) as pool:
-        for path, rc, err, cached in pool.map(check, jobs):
+        for path, rc, err, symbols, cached in pool.map(check, jobs):
             rel = path.relative_to(ROOT) if ROOT in path.parents else path
             print(f"{'ok  ' if rc == 0 else 'FAIL'} {rel}{' (inputs unchanged since it passed)' if cached else ''}")
             remembered += cached
+            defined |= symbols[0]
+            undefined |= symbols[1]
             if rc != 0:
                 failed += 1
                 print(err[-6000:])
     print(f"{len(jobs) - failed} of {len(jobs)} sources and unity batches compile with RLX_WITH_CUDA=1 RLX_WITH_NCCL=1"
           f" ({remembered} unchanged since they passed, not compiled again)")
-    return 1 if failed or not jobs else 0
+    if failed or not jobs:
+        return 1
+    return link(build, defined, undefined)
+
+
+def link(build: pathlib.Path, defined, undefined) -> int:
+    """Every rlx symbol the objects call is defined by them, the kernels' objects or librlx."""
+    kernels = sorted(build.glob("CMakeFiles/rlx_cuda_kernels.dir/**/*.o"))
+    libraries = sorted(p for p in build.glob("librlx.so*") if not p.is_symlink())
+    if not kernels or not libraries:
+        print(f"the link is not checked: build the CUDA kernels (rlx_cuda_kernels) and librlx in {build} first")
+        return 1
+    for binary in kernels:
+        defined |= rlx_symbols(binary)[0]
+    defined |= rlx_symbols(libraries[0], "-D")[0]
+    missing = sorted(undefined - defined)
+    for name in missing:
+        print(f"FAIL undefined in a CUDA build: {name}")
+    print(f"the link: {len(undefined)} rlx functions called, {len(missing)} defined nowhere "
+          f"({len(kernels)} kernel objects, {libraries[0].name})")
+    return 1 if missing else 0
 
 
 if __name__ == "__main__":
