@@ -300,17 +300,23 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
       # (default train.steps=4: a step, generation and training, runs a few seconds).
       have "$rlx" || return 0
       runs=$work/runs
+      # Each run's metrics in one JSON line (scripts/run_metrics_summary.py: busy share, step,
+      # generation and training seconds, weight hand-over, graph captures), a step of its own.
+      metrics() { [ -f "$2" ] && cp "$2" "$work/$1.jsonl" && step "$1_metrics" 20 python3 scripts/run_metrics_summary.py "$2" "$1"; }
       step colocated_throughput 400 "$rlx" run examples/configs/throughput_0.5b.yaml run.out_dir=$runs --force \
-        ${RLX_COLOCATED_ARGS-train.steps=4} && cp $runs/throughput_0.5b/metrics.jsonl "$work/colocated_throughput.jsonl"
+        ${RLX_COLOCATED_ARGS-train.steps=4}
+      metrics colocated_throughput $runs/throughput_0.5b/metrics.jsonl
       step colocated_generate_alone 200 "$rlx" bench sampler "${qwen05[@]}" "${bf16[@]}" --batch 512 --prompt 64 \
         --new 512 --iters 1 --kv-cache-mb 6144 --max-batch-tokens 16384
       step colocated_train_alone 200 "$rlx" bench learner "${qwen05[@]}" "${bf16[@]}" --seq 576 --batch-seqs 512 \
         --micro-batch-tokens 16384 --steps 3 --ranks 1
       step split_throughput 400 "$rlx" run examples/configs/throughput_0.5b.yaml run.out_dir=$runs run.name=split_0.5b \
-        train.placement=split --force ${RLX_COLOCATED_ARGS-train.steps=4} && cp $runs/split_0.5b/metrics.jsonl "$work/split_throughput.jsonl"
+        train.placement=split --force ${RLX_COLOCATED_ARGS-train.steps=4}
+      metrics split_throughput $runs/split_0.5b/metrics.jsonl
       step quickstart_sft 300 "$rlx" sft examples/configs/sft_arithmetic.yaml run.out_dir=$runs model.device=cuda
       step quickstart 400 "$rlx" run examples/configs/grpo_arithmetic_gpu.yaml run.out_dir=$runs \
-        model.path=$runs/sft_arithmetic/final --force && cp $runs/grpo_arithmetic_gpu/metrics.jsonl "$work/quickstart.jsonl"
+        model.path=$runs/sft_arithmetic/final --force
+      metrics quickstart $runs/grpo_arithmetic_gpu/metrics.jsonl
       step quickstart_eval 120 "$rlx" eval examples/configs/grpo_arithmetic_gpu.yaml run.out_dir=$runs \
         model.path=$runs/grpo_arithmetic_gpu/final ;;
     unit)

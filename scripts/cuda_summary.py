@@ -55,6 +55,7 @@ def main():
         busy = t.get("busy_us_per_step", 0) / 1e3 / ms if t else 0
         lines.append(f"  {b:>5} {ms:>8.3f} {roof:>11.3f} {roof / ms:>10.1%} {goal:>5.0%} {vs(comp):>11} {vs(hf):>7} "
                      f"{t.get('launches_per_step', 0):>12.0f} {busy:>5.0%}  graphs {d.get('graph_steps')}"
+                     f" ({d.get('graph_captures')} captured in {d.get('graph_capture_s', 0):.2f} s)"
                      f"  setup {d.get('setup_s', 0):.0f} s")
         # The variants at this batch (decode_bB_mma, _gemv_mma, _gemm_mma_pdl, ...): the same row.
         for step in sorted(k for k in by_step if k.startswith(f"decode_b{b}_")):
@@ -84,8 +85,9 @@ def main():
         lines.append(f"learner: torch {json.dumps(torch_l)[:300]} rlx {json.dumps(rlx_l)[:300]}")
 
     # The other steps' headline figures, a line each (their whole JSON is in results.jsonl).
-    keys = ("output_tokens_per_s", "decode_step_ms", "graph_steps", "sampling", "tokens_per_s", "step_s", "ok",
-            "failed", "gbs", "ms_per_version", "reward_mean", "accuracy", "passed", "error")
+    keys = ("output_tokens_per_s", "decode_step_ms", "graph_steps", "graph_captures", "graph_capture_s", "sampling",
+            "tokens_per_s", "step_s", "ok", "failed", "gbs", "ms_per_version", "reward_mean", "accuracy", "passed",
+            "error")
     shown = {"ceilings", "peers", "learner_torch", "learner", "learner_aten_ops"} | {f"decode_b{b}" for b in DECODE_GOALS}
     # The variants listed under their batch above (where its default has a step time).
     shown |= {k for k in by_step for b in DECODE_GOALS
@@ -93,6 +95,12 @@ def main():
     for name in by_step:
         r = result(name)
         if name in shown or not r:
+            continue
+        if r.get("bench") == "run_metrics":  # a run's metrics (run_metrics_summary.py): the colocated goals
+            m = r.get("mean_after_first", {})
+            figures = [f"{k} {m[k]:.3g}" for k in ("step_s", "generate_s", "train_s", "busy_device", "weight_copy_s",
+                                                   "graph_captures", "graph_capture_s", "reward_mean") if k in m]
+            lines.append(f"  {name}: {r.get('steps')} steps; a step after the first: " + ", ".join(figures))
             continue
         picked = {k: r[k] for k in keys if k in r}
         lines.append(f"  {name}: " + json.dumps(picked or r)[:240])

@@ -240,6 +240,8 @@ int bench_sampler(const SamplerArgs& a) {
            (1 << 20)},
       {"preemptions", st.preemptions},
       {"graph_steps", st.graph_steps},
+      {"graph_captures", st.graph_captures},  // the warm-up's included
+      {"graph_capture_s", st.graph_capture_s},
       {"overlap", a.overlap},
       {"overlapped_steps", st.overlapped_steps},
       {"discarded_rows", st.discarded_rows},

@@ -46,7 +46,13 @@ void ColocatedRollout::start(std::atomic<bool>& stop) {
       auto options = worker_options(ctx_, who, engine_->model_config().vocab_size);
       options.turns = turns();
       rl::Worker* self = nullptr;
-      options.after_round = [this, &self] { generated_s_ = self->busy_s(); };
+      options.after_round = [this, &self] {
+        generated_s_ = self->busy_s();
+        const auto st = engine_->stats();
+        graph_steps_ = st.graph_steps;
+        graph_captures_ = st.graph_captures;
+        graph_capture_s_ = st.graph_capture_s;
+      };
       rl::Worker worker(std::move(options), *engine_, envs.source(), client, weights_);
       self = &worker;
       static const std::atomic<bool> never{false};  // a colocated worker does not leave on its own
@@ -89,6 +95,14 @@ void ColocatedRollout::add_metrics(json& line) {
   line["busy_rollout"] = std::min(1.0, generate / wall);
   line["weight_copy_s"] = weights_.last_copy_s();
   line["kv_pool_mb"] = static_cast<double>(engine_->kv_pool_bytes()) / (1024.0 * 1024.0);
+  const int64_t steps = graph_steps_, captures = graph_captures_;
+  const double capture_s = graph_capture_s_;
+  line["graph_steps"] = steps - last_graph_steps_;
+  line["graph_captures"] = captures - last_graph_captures_;
+  line["graph_capture_s"] = capture_s - last_graph_capture_s_;
+  last_graph_steps_ = steps;
+  last_graph_captures_ = captures;
+  last_graph_capture_s_ = capture_s;
   last_ = now;
   last_at_ = t;
 }

@@ -45,7 +45,9 @@ class ColocatedRollout {
 
   // The step's rollout and device figures (since the previous call): generate_s (the worker
   // held the device: generation and env steps), busy_device (the share of the step the
-  // device was held), busy_worker_0 / busy_rollout, weight_copy_s, kv_pool_mb.
+  // device was held), busy_worker_0 / busy_rollout, weight_copy_s, kv_pool_mb, and the
+  // engine's CUDA graphs: graph_steps (decode steps replayed), graph_captures and
+  // graph_capture_s (captured again after each sleep: what dropping them with the KV pool costs).
   void add_metrics(nlohmann::json& line);
 
  private:
@@ -61,6 +63,11 @@ class ColocatedRollout {
   DeviceTurns::Totals last_;
   std::atomic<double> generated_s_{0};  // the worker's seconds rolling out (after each grant)
   double last_generated_s_ = 0, last_at_ = 0;
+  // The engine's graph counters, read on the worker's thread after each round (EngineStats).
+  std::atomic<int64_t> graph_steps_{0}, graph_captures_{0};
+  std::atomic<double> graph_capture_s_{0};
+  int64_t last_graph_steps_ = 0, last_graph_captures_ = 0;
+  double last_graph_capture_s_ = 0;
 };
 
 }  // namespace rlx::launch

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "rlx/core/clock.hpp"
 #include "rlx/core/error.hpp"
 #include "rlx/core/torch_compat.hpp"
 
@@ -73,8 +74,8 @@ DecodeGraphs::Result DecodeGraphs::step(std::span<const PagedKVCache::Entry> ent
   return wait();
 }
 
-void DecodeGraphs::launch(std::span<const PagedKVCache::Entry> entries, std::span<const int64_t> tokens,
-                          const SamplingBatch& batch) {
+double DecodeGraphs::launch(std::span<const PagedKVCache::Entry> entries, std::span<const int64_t> tokens,
+                            const SamplingBatch& batch) {
   const int64_t seqs = static_cast<int64_t>(entries.size());
   const bool chained = tokens.empty();
   RLX_ASSERT(seqs >= 1 && seqs <= max_seqs_ && (chained || tokens.size() == entries.size()) &&
@@ -107,7 +108,9 @@ void DecodeGraphs::launch(std::span<const PagedKVCache::Entry> entries, std::spa
 
   const auto key = std::pair{rows, context_cap};
   auto it = graphs_.find(key);
+  double capture_s = 0;
   if (it == graphs_.end()) {
+    const double t0 = now_s();
     // Capture on a side stream (capture cannot run on the legacy default stream), after one
     // eager run of the same step there: it initialises cuBLAS and the allocator's blocks, and
     // its writes are the ones the replay below repeats.
@@ -134,6 +137,7 @@ void DecodeGraphs::launch(std::span<const PagedKVCache::Entry> entries, std::spa
     captured.record(side);
     captured.block(stream);
     it = graphs_.emplace(key, std::move(graph)).first;
+    capture_s = now_s() - t0;
   }
   it->second->replay();
   // Two host buffers in turn: wait() has read this one's last result (at most two pending).
@@ -143,6 +147,7 @@ void DecodeGraphs::launch(std::span<const PagedKVCache::Entry> entries, std::spa
   copied_[static_cast<size_t>(b)]->record(stream);
   pending_.push_back({b, seqs});
   last_rows_ = rows;
+  return capture_s;
 }
 
 DecodeGraphs::Result DecodeGraphs::wait() {

@@ -54,9 +54,12 @@ class DecodeGraphs {
   // step() in two halves, so the CPU can plan step k+1 while the GPU runs step k. launch()
   // enqueues a step and returns; with `tokens` empty the step's input tokens are the tokens
   // the previous launch samples (same rows, same order), copied on the device. wait() returns
-  // the oldest launched step's result. At most two launches wait at once.
-  void launch(std::span<const PagedKVCache::Entry> entries, std::span<const int64_t> tokens,
-              const SamplingBatch& batch);
+  // the oldest launched step's result. At most two launches wait at once. launch() returns
+  // the host seconds it spent capturing the step's graph (its bucket's first step), else 0:
+  // a colocated engine's graphs are dropped with the KV pool at every sleep(), so this is
+  // what capturing them again costs each round (EngineStats::graph_capture_s).
+  double launch(std::span<const PagedKVCache::Entry> entries, std::span<const int64_t> tokens,
+                const SamplingBatch& batch);
   Result wait();
   size_t pending() const { return pending_.size(); }
 

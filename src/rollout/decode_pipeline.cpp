@@ -70,6 +70,10 @@ void EngineCore::launch_decode(bool chained) {
   for (Sequence* s : rows) ++s->computed;
   stats_.forward_tokens += static_cast<int64_t>(rows.size());
   if (launched.on_graph) ++stats_.graph_steps;
+  if (launched.capture_s > 0) {
+    ++stats_.graph_captures;
+    stats_.graph_capture_s += launched.capture_s;
+  }
   if (chained) ++stats_.overlapped_steps;
 }
 
@@ -129,7 +133,8 @@ ModelRunner::Launched ModelRunner::launch_decode(std::vector<Sequence*> rows,
   cache_.copy_blocks(copies);
 #if RLX_WITH_CUDA
   if (f.on_graph) {
-    graphs_->launch(entries, chained ? std::span<const int64_t>{} : std::span<const int64_t>(tokens), batch);
+    out.capture_s =
+        graphs_->launch(entries, chained ? std::span<const int64_t>{} : std::span<const int64_t>(tokens), batch);
     inflight_.push_back(std::move(f));
     return out;
   }

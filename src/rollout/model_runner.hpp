@@ -95,6 +95,7 @@ class ModelRunner {
   // the device. Returns whether it runs on a graph, and an eager step's routing.
   struct Launched {
     bool on_graph = false;
+    double capture_s = 0;          // host seconds capturing its graph (0: replayed, or eager)
     std::vector<int16_t> routing;  // eager, with routing recorded: [rows][routing_width]
   };
   Launched launch_decode(std::vector<Sequence*> rows, const std::vector<std::pair<BlockId, BlockId>>& copies,

@@ -56,6 +56,7 @@ for x in m:  # (a step's generation may land in the line before it: each line co
     assert x["generate_s"] >= 0 and x["train_s"] > 0 and x["sync_s"] >= 0 and x["wait_s"] >= 0, x
     assert x["step_s"] >= x["train_s"], x
     assert x["peak_mem_mb_learner"] > 0 and x["kv_pool_mb"] > 0 and x["weight_copy_s"] >= 0, x
+    assert x["graph_steps"] == x["graph_captures"] == x["graph_capture_s"] == 0, x  # no CUDA graphs on a CPU
 t = json.load(open(run + "/trace.json"))
 names = {e["args"]["name"] for e in t if e["name"] == "process_name"}
 assert sum(x["generate_s"] for x in m) > 0 and sum(x["busy_rollout"] for x in m) > 0, m

@@ -158,6 +158,8 @@ struct EngineStats {
   int32_t free_blocks = 0, total_blocks = 0;
   int64_t weight_version = 0;
   int64_t graph_steps = 0;  // decode steps replayed from a CUDA graph
+  int64_t graph_captures = 0;    // graphs captured (a bucket's first step; again after every sleep())
+  double graph_capture_s = 0;    // host seconds those captures took
   int64_t overlapped_steps = 0;  // decode steps launched before the previous step's tokens came back
   int64_t discarded_rows = 0;    // rows of such steps whose sequence had stopped (computed, thrown away)
 };
