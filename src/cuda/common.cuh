@@ -59,6 +59,20 @@ __device__ __forceinline__ T silu_times(float g, float u) {
   return Num<T>::from(round_to<T>(g / (1.0f + expf(-g))) * u);
 }
 
+// SiLU-mul on one 16-byte vector of gate and the same of up: silu_mul's vector kernel and the
+// decode GEMM that takes it on the way in.
+template <class T>
+__device__ __forceinline__ uint4 silu_times_vector(uint4 gate, uint4 up) {
+  constexpr int kVec = 16 / sizeof(T);
+  const T* g = reinterpret_cast<const T*>(&gate);
+  const T* u = reinterpret_cast<const T*>(&up);
+  uint4 out;
+  T* y = reinterpret_cast<T*>(&out);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) y[j] = silu_times<T>(Num<T>::to(g[j]), Num<T>::to(u[j]));
+  return out;
+}
+
 // add_rms_norm's two passes on one 16-byte vector, shared by its vector kernel and the GEMV's
 // norm so that the two give the same bits. First: the residual's values plus x's (x null: as
 // they are), stored rounded, their squares added to `squares` in element order.

@@ -14,6 +14,9 @@
 // order of k, so each slice sums 16 distinct k and the 4 slices the chunk's 64. The warps' sums
 // are added in split order through shared memory. That order depends on k and n alone (WR by
 // n): a row of x gives the same bits alone or among others in any batch this kernel takes.
+// With GemvInput::silu_mul, x is the gate/up projection's output [m, 2k] and each operand vector
+// is SiLU(gate) * up computed as it is loaded (silu_times_vector, silu_mul's own), so the
+// down projection equals silu_mul then this GEMM bit for bit, one kernel fewer a layer.
 #include <type_traits>
 
 #include "mma.cuh"
@@ -27,7 +30,7 @@ constexpr int kChunk = kDecodeGemmWidthStep;  // k values a chunk: 4 mma slices
 static_assert(kChunk == 64);
 constexpr int kAhead = 2;   // a warp's w chunks in flight
 
-template <class T, int MT, int WR>
+template <class T, int MT, int WR, bool Silu>
 __global__ void __launch_bounds__(kGemmThreads, 1) decode_gemm_kernel(GemvArgs a) {
   pdl_begin();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
@@ -43,7 +46,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1) decode_gemm_kernel(GemvArgs a
   const int tile = warp / G, split = warp % G;
   const int64_t n0 = (static_cast<int64_t>(blockIdx.y) * WR + tile) * 16;
   const int m0 = blockIdx.x * kCols;
-  const int64_t vecs = a.k / 8;  // 16-byte vectors a row
+  const int64_t vecs = a.k / 8;                   // 16-byte vectors a row of w
+  const int64_t x_vecs = Silu ? 2 * vecs : vecs;  // a row of x: with Silu, gate's then up's
   const int64_t chunks = a.k / kChunk;
   const int tiles = (a.m - m0 + 7) / 8 < MT ? (a.m - m0 + 7) / 8 : MT;  // x tiles with rows
   const uint4 zero = make_uint4(0, 0, 0, 0);
@@ -77,13 +81,25 @@ __global__ void __launch_bounds__(kGemmThreads, 1) decode_gemm_kernel(GemvArgs a
       if (i + p >= mine) break;
       const int64_t at = (split + (i + p) * G) * (kChunk / 8);
       uint4 xv[MT][2];  // every tile's x loads in flight together
+      uint4 up[Silu ? MT : 1][2];
 #pragma unroll
       for (int t = 0; t < MT; ++t) {
         const int row = m0 + 8 * t + g;
         const bool ok = t < tiles && row < a.m;
-        const uint4* xp = x + (ok ? row : 0) * vecs + q + at;
+        const uint4* xp = x + (ok ? row : 0) * x_vecs + q + at;
         xv[t][0] = ok ? xp[0] : zero;
         xv[t][1] = ok ? xp[4] : zero;
+        if constexpr (Silu) {
+          up[t][0] = ok ? xp[vecs] : zero;
+          up[t][1] = ok ? xp[vecs + 4] : zero;
+        }
+      }
+      if constexpr (Silu) {
+#pragma unroll
+        for (int t = 0; t < MT; ++t) {
+          xv[t][0] = silu_times_vector<T>(xv[t][0], up[t][0]);
+          xv[t][1] = silu_times_vector<T>(xv[t][1], up[t][1]);
+        }
       }
       const auto* wa = reinterpret_cast<const uint32_t*>(&wbuf[p][0]);  // row g: 8 words
       const auto* wb = reinterpret_cast<const uint32_t*>(&wbuf[p][2]);  // row g + 8
@@ -125,14 +141,14 @@ __global__ void __launch_bounds__(kGemmThreads, 1) decode_gemm_kernel(GemvArgs a
 #endif
 }
 
-template <class T, int MT>
+template <class T, int MT, bool Silu>
 int launch(const GemvArgs& a, cudaStream_t stream) {
   const unsigned xs = static_cast<unsigned>((a.m + 8 * MT - 1) / (8 * MT));
   const int64_t tiles = (a.n + 15) / 16;
   const auto go = [&](auto wr) {
     constexpr int WR = decltype(wr)::value;
     const dim3 grid(xs, static_cast<unsigned>((tiles + WR - 1) / WR));
-    return launch_kernel(decode_gemm_kernel<T, MT, WR>, grid, kGemmThreads, 0, stream, a);
+    return launch_kernel(decode_gemm_kernel<T, MT, WR, Silu>, grid, kGemmThreads, 0, stream, a);
   };
   // More w tiles a block (fewer reads of x from L2 for each byte of w) where n leaves 256 blocks
   // a block of x rows at least. By n alone: WR sets the warps that split k (the sums' order),
@@ -147,14 +163,19 @@ int launch(const GemvArgs& a, cudaStream_t stream) {
 int decode_gemm(const GemvArgs& a, void* stream) {
   if (a.m <= 0 || a.n <= 0) return 0;
   if (a.m > kDecodeGemmMaxRows || a.n > kDecodeGemmMaxCols || a.k <= 0 || a.k % kChunk != 0 || !a.x || !a.w || !a.out ||
-      !aligned16(a.x) || !aligned16(a.w) || a.experts || a.input != GemvInput::plain)
+      !aligned16(a.x) || !aligned16(a.w) || a.experts ||
+      (a.input != GemvInput::plain && a.input != GemvInput::silu_mul))
     return cudaErrorInvalidValue;
   const auto s = static_cast<cudaStream_t>(stream);
   return with_16bit_dtype(a.dtype, [&](auto tag) -> int {
     using T = typename decltype(tag)::type;
-    if (a.m <= 16) return launch<T, 2>(a, s);
-    if (a.m <= 32) return launch<T, 4>(a, s);
-    return launch<T, 8>(a, s);
+    if (a.input == GemvInput::silu_mul) {  // up's loads too: at most 4 x tiles a block (registers)
+      if (a.m <= 16) return launch<T, 2, true>(a, s);
+      return launch<T, 4, true>(a, s);
+    }
+    if (a.m <= 16) return launch<T, 2, false>(a, s);
+    if (a.m <= 32) return launch<T, 4, false>(a, s);
+    return launch<T, 8, false>(a, s);
   });
 }
 

@@ -82,13 +82,7 @@ __global__ void silu_mul_vec_kernel(const T* gate_up, T* out, int rows, int inte
     for (int v = blockIdx.x * blockDim.x + threadIdx.x; v < vecs; v += gridDim.x * blockDim.x) {
       const uint4 graw = *reinterpret_cast<const uint4*>(gate + v * kVec);
       const uint4 uraw = *reinterpret_cast<const uint4*>(gate + inter + v * kVec);
-      const T* g = reinterpret_cast<const T*>(&graw);
-      const T* u = reinterpret_cast<const T*>(&uraw);
-      uint4 oraw;
-      T* y = reinterpret_cast<T*>(&oraw);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) y[j] = silu_times<T>(Num<T>::to(g[j]), Num<T>::to(u[j]));
-      *reinterpret_cast<uint4*>(o + v * kVec) = oraw;
+      *reinterpret_cast<uint4*>(o + v * kVec) = silu_times_vector<T>(graw, uraw);
     }
   }
 }

@@ -356,6 +356,14 @@ std::pair<at::Tensor, GemvArgs> gemv_out(const at::Tensor& x, const at::Tensor& 
 bool gemv_enabled() { return switched_on("RLX_GEMV"); }
 bool decode_gemm_enabled() { return switched_on("RLX_DECODE_GEMM"); }
 
+namespace {
+// Whether decode_gemm_enabled() and the tensor-core GEMM takes x (with `silu`, gate_up) against w.
+bool decode_gemm_fits(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool silu) {
+  return decode_gemm_enabled() && gemv_fits(x, w, b, silu, kDecodeGemmMaxRows) &&
+         w.size(1) % kDecodeGemmWidthStep == 0 && w.size(0) <= kDecodeGemmMaxCols && has_mma(x.device());
+}
+}  // namespace
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   if (gemv_enabled() && gemv_fits(x, w, b)) {
     const c10::cuda::CUDAGuard guard(x.device());
@@ -363,8 +371,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b)
     check_launch("gemv", gemv(a, c10::cuda::getCurrentCUDAStream().stream()));
     return out;
   }
-  if (decode_gemm_enabled() && gemv_fits(x, w, b, false, kDecodeGemmMaxRows) && w.size(1) % kDecodeGemmWidthStep == 0 &&
-      w.size(0) <= kDecodeGemmMaxCols && has_mma(x.device())) {
+  if (decode_gemm_fits(x, w, b, /*silu=*/false)) {
     const c10::cuda::CUDAGuard guard(x.device());
     auto [out, a] = gemv_out(x, w, b);
     check_launch("decode_gemm", decode_gemm(a, c10::cuda::getCurrentCUDAStream().stream()));
@@ -394,11 +401,16 @@ std::pair<at::Tensor, at::Tensor> norm_linear(const at::Tensor& h, const at::Ten
 }
 
 at::Tensor silu_linear(const at::Tensor& gate_up, const at::Tensor& w, const at::Tensor& b) {
-  if (!gemv_fits(gate_up, w, b, /*silu=*/true)) return {};
+  const bool small = gemv_enabled() && gemv_fits(gate_up, w, b, /*silu=*/true);
+  if (!small && !decode_gemm_fits(gate_up, w, b, /*silu=*/true)) return {};
   const c10::cuda::CUDAGuard guard(gate_up.device());
   auto [out, a] = gemv_out(gate_up, w, b);
   a.input = GemvInput::silu_mul;
-  check_launch("gemv (SiLU-mul)", gemv(a, c10::cuda::getCurrentCUDAStream().stream()));
+  const auto stream = c10::cuda::getCurrentCUDAStream().stream();
+  if (small)
+    check_launch("gemv (SiLU-mul)", gemv(a, stream));
+  else
+    check_launch("decode_gemm (SiLU-mul)", decode_gemm(a, stream));
   return out;
 }
 

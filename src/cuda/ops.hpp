@@ -87,8 +87,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b)
 // adapters, nor for a MoE layer's MLP.)
 std::pair<at::Tensor, at::Tensor> norm_linear(const at::Tensor& h, const at::Tensor& add, const at::Tensor& norm_weight,
                                               double eps, const at::Tensor& w, const at::Tensor& b);
-// silu_mul(gate_up) w^T (+ b) in one kernel (the GEMV), bit for bit what the two give; undefined
-// where it does not apply.
+// silu_mul(gate_up) w^T (+ b) in one kernel, bit for bit what silu_mul and linear() give: the
+// GEMV where gemv_enabled() and it fits, else the decode GEMM where decode_gemm_enabled() and it
+// fits (9 to 256 rows with the GEMV on); undefined otherwise.
 at::Tensor silu_linear(const at::Tensor& gate_up, const at::Tensor& w, const at::Tensor& b);
 
 }  // namespace rlx::cuda

@@ -342,6 +342,10 @@ at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, con
     const auto& mlp = *blk.mlp;
     auto gu = project(normed, mlp.gate_up_weight, mlp.gate_up_bias);
     if (lora) gu = with_lora(gu, {mlp.gate_proj.get(), mlp.up_proj.get()}, normed, st, site + 2);
+    if (!lora) {  // SiLU-mul inside the down projection where rlx's GEMV or decode GEMM is on
+      st.pending = cuda::silu_linear(gu, mlp.down_proj->weight, mlp.down_proj->bias);
+      if (st.pending.defined()) return h;  // added by the next norm
+    }
     auto act = cuda::silu_mul(gu);
     st.pending = project(act, mlp.down_proj->weight, mlp.down_proj->bias);  // added by the next norm
     if (lora) st.pending = with_lora(st.pending, {mlp.down_proj.get()}, act, st, site + 3);

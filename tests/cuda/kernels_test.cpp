@@ -444,6 +444,29 @@ void check_projection(int (*kernel)(const rlx::cuda::GemvArgs&, void*), int m, i
   CHECK(std::equal(one.begin(), one.end(), got.begin() + static_cast<int64_t>(alone) * n));
 }
 
+// A projection kernel with SiLU-mul on the way in (gate_up [m, 2 k] drawn), against silu_mul and
+// then the same kernel on its output: the same bytes, and gate_up not written.
+void check_silu_fold(int (*kernel)(const rlx::cuda::GemvArgs&, void*), int m, int n, int k, bool bias, DType dtype,
+                     std::mt19937& g) {
+  const auto gate_up = encode(randn(static_cast<size_t>(m) * 2 * k, g, 2.0f), dtype);
+  const auto w = encode(randn(static_cast<size_t>(n) * k, g, 0.125f), dtype);
+  const auto b = encode(randn(static_cast<size_t>(n), g), dtype);
+  Device dgu(gate_up), dw(w), db(b), act(static_cast<size_t>(m) * k * 2), want(static_cast<size_t>(m) * n * 2),
+      got(static_cast<size_t>(m) * n * 2);
+  const rlx::cuda::GemvArgs a{
+      .dtype = dtype, .x = act.p, .w = dw.p, .bias = bias ? db.p : nullptr, .out = want.p, .m = m, .n = n, .k = k};
+  auto folded = a;
+  folded.x = dgu.p;
+  folded.out = got.p;
+  folded.input = rlx::cuda::GemvInput::silu_mul;
+  launch_ok(rlx::cuda::silu_mul(dtype, dgu.p, act.p, m, k, nullptr));
+  launch_ok(kernel(a, nullptr));
+  launch_ok(kernel(folded, nullptr));
+  cuda_ok(cudaDeviceSynchronize());
+  CHECK(got.get<uint8_t>() == want.get<uint8_t>());
+  CHECK(dgu.get<uint8_t>() == gate_up);
+}
+
 }  // namespace
 
 // The small-batch projection (decode at batch <= 8), by check_projection.
@@ -486,6 +509,31 @@ TEST_CASE("cuda kernels: the tensor-core decode projection equals the reference,
   Device x(64 * 2), w(64 * 2), out(64 * 2);
   CHECK(rlx::cuda::decode_gemm({.x = x.p, .w = w.p, .out = out.p, .m = 1, .n = 1, .k = 56}, nullptr) != 0);  // k % 64
   CHECK(rlx::cuda::decode_gemm({.x = x.p, .w = w.p, .out = out.p, .m = 257, .n = 1, .k = 64}, nullptr) != 0);
+}
+
+// The decode GEMM with SiLU-mul on the way in (the down projection at 9 to 256 rows): silu_mul,
+// then the GEMM, bit for bit. m within a tile, past one x tile block of 4 tiles (the fold takes
+// at most 4) and to 256; k of 1 and 76 chunks; n past a 16-row tile. A norm it refuses.
+TEST_CASE("cuda kernels: the decode GEMM with SiLU-mul on the way in equals silu_mul then the GEMM", "[cuda]") {
+  std::mt19937 g(19);
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    for (int m : {9, 17, 40, 64, 200, 256}) {
+      for (auto [n, k, bias] : {std::tuple{896, 4864, false}, std::tuple{37, 64, true}, std::tuple{1100, 128, true}}) {
+        INFO(name(dtype) << " m " << m << " n " << n << " k " << k);
+        check_silu_fold(rlx::cuda::decode_gemm, m, n, k, bias, dtype, g);
+      }
+    }
+  }
+  Device x(64 * 2), w(64 * 2), out(64 * 2), weight(64 * 2);
+  CHECK(rlx::cuda::decode_gemm({.x = x.p,
+                                .w = w.p,
+                                .out = out.p,
+                                .m = 9,
+                                .n = 1,
+                                .k = 64,
+                                .input = rlx::cuda::GemvInput::add_rms_norm,
+                                .norm_weight = weight.p},
+                               nullptr) != 0);
 }
 
 TEST_CASE("cuda kernels: the expert-indexed projection gives each row its own expert's product", "[cuda]") {
@@ -585,24 +633,7 @@ TEST_CASE("cuda kernels: the GEMV with the norm or SiLU-mul on the way in equals
       }
       for (auto [n, k] : {std::pair{896, 4864}, std::pair{37, 64}, std::pair{300, 12296}}) {
         INFO(name(dtype) << " silu m " << m << " n " << n << " k " << k);
-        const auto gate_up = encode(randn(static_cast<size_t>(m) * 2 * k, g, 2.0f), dtype);
-        const auto w = encode(randn(static_cast<size_t>(n) * k, g, 0.125f), dtype);
-        Device dgu(gate_up), dw(w), act(static_cast<size_t>(m) * k * 2), want(static_cast<size_t>(m) * n * 2),
-            got(static_cast<size_t>(m) * n * 2);
-        launch_ok(rlx::cuda::silu_mul(dtype, dgu.p, act.p, m, k, nullptr));
-        launch_ok(
-            rlx::cuda::gemv({.dtype = dtype, .x = act.p, .w = dw.p, .out = want.p, .m = m, .n = n, .k = k}, nullptr));
-        launch_ok(rlx::cuda::gemv({.dtype = dtype,
-                                   .x = dgu.p,
-                                   .w = dw.p,
-                                   .out = got.p,
-                                   .m = m,
-                                   .n = n,
-                                   .k = k,
-                                   .input = rlx::cuda::GemvInput::silu_mul},
-                                  nullptr));
-        cuda_ok(cudaDeviceSynchronize());
-        CHECK(bytes_of(got) == bytes_of(want));
+        check_silu_fold(rlx::cuda::gemv, m, n, k, /*bias=*/n == 37, dtype, g);
       }
     }
   }

@@ -195,10 +195,10 @@ struct GemvArgs {
 };
 int gemv(const GemvArgs& a, void* stream);
 
-// The plain product (no folded input, no experts) on tensor cores for decode's batches past the
-// GEMV's: m up to kDecodeGemmMaxRows, k a multiple of kDecodeGemmWidthStep, n at most
-// kDecodeGemmMaxCols, sm_80 and newer. Each row's sum is ordered by k and n alone: a row of x
-// gives the same bits in any batch this kernel takes.
+// The product on tensor cores for decode's batches past the GEMV's: m up to kDecodeGemmMaxRows,
+// k a multiple of kDecodeGemmWidthStep, n at most kDecodeGemmMaxCols, sm_80 and newer; plain or
+// GemvInput::silu_mul (x is then gate_up [m, 2 k]), no norm, no experts. Each row's sum is
+// ordered by k and n alone: a row of x gives the same bits in any batch this kernel takes.
 constexpr int kDecodeGemmMaxRows = 256;
 constexpr int kDecodeGemmWidthStep = 64;
 constexpr int64_t kDecodeGemmMaxCols = int64_t{65535} * 16;
