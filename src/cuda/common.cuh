@@ -73,19 +73,25 @@ __device__ __forceinline__ uint4 silu_times_vector(uint4 gate, uint4 up) {
   return out;
 }
 
+// The residual's values plus x's, stored rounded (add_rounded on each of a 16-byte vector's).
+template <class T>
+__device__ __forceinline__ uint4 add_rounded_vector(uint4 h, uint4 x) {
+  constexpr int kVec = 16 / sizeof(T);
+  T* e = reinterpret_cast<T*>(&h);
+  const T* xe = reinterpret_cast<const T*>(&x);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) e[j] = add_rounded<T>(e[j], xe[j]);
+  return h;
+}
+
 // add_rms_norm's two passes on one 16-byte vector, shared by its vector kernel and the GEMV's
-// norm so that the two give the same bits. First: the residual's values plus x's (x null: as
-// they are), stored rounded, their squares added to `squares` in element order.
+// and decode GEMM's norms so that they give the same bits. First: the residual's values plus
+// x's (x null: as they are), stored rounded, their squares added to `squares` in element order.
 template <class T>
 __device__ __forceinline__ uint4 add_and_square(uint4 raw, const uint4* x, float& squares) {
   constexpr int kVec = 16 / sizeof(T);
-  T* e = reinterpret_cast<T*>(&raw);
-  if (x) {
-    const uint4 xraw = *x;
-    const T* xe = reinterpret_cast<const T*>(&xraw);
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) e[j] = add_rounded<T>(e[j], xe[j]);
-  }
+  if (x) raw = add_rounded_vector<T>(raw, *x);
+  const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
   for (int j = 0; j < kVec; ++j) {
     const float f = Num<T>::to(e[j]);

@@ -14,9 +14,14 @@
 // order of k, so each slice sums 16 distinct k and the 4 slices the chunk's 64. The warps' sums
 // are added in split order through shared memory. That order depends on k and n alone (WR by
 // n): a row of x gives the same bits alone or among others in any batch this kernel takes.
-// With GemvInput::silu_mul, x is the gate/up projection's output [m, 2k] and each operand vector
-// is SiLU(gate) * up computed as it is loaded (silu_times_vector, silu_mul's own), so the
-// down projection equals silu_mul then this GEMM bit for bit, one kernel fewer a layer.
+// The layer op before a projection taken on the way in, one kernel fewer a layer each, bit for bit
+// the separate kernel then this GEMM (at most 4 x tiles a block: the second operand's registers):
+// - GemvInput::silu_mul: x is the gate/up projection's output [m, 2k]; each operand vector is
+//   SiLU(gate) * up as it is loaded (silu_times_vector, silu_mul's own).
+// - GemvInput::add_rms_norm: first each of the block's rows' 1 / rms, a warp a row, reproducing
+//   add_rms_norm_vec_kernel's sum of squares (norm_squares); blocks of the first column of w
+//   tiles write x + add to residual_out. Then each operand vector is the rounded sum scaled
+//   (add_rounded_vector, rms_scaled_vector: the norm kernel's own).
 #include <type_traits>
 
 #include "mma.cuh"
@@ -30,7 +35,28 @@ constexpr int kChunk = kDecodeGemmWidthStep;  // k values a chunk: 4 mma slices
 static_assert(kChunk == 64);
 constexpr int kAhead = 2;   // a warp's w chunks in flight
 
-template <class T, int MT, int WR, bool Silu>
+// add_rms_norm_vec_kernel's sum of squares of row `row` (vecs 16-byte vectors, at most 1024)
+// by one warp: its threads t < norm_threads(vecs), each summing vectors t, t + threads, ... in
+// order, are this warp's lanes in turn (lane l is thread 32 w + l of its warp w), each warp's
+// sums added by the same butterfly, then the warps in index order, as block_reduce does. With
+// `residual` the rounded sums x + add are written there.
+template <class T>
+__device__ float norm_squares(const uint4* x, const uint4* add, uint4* residual, int64_t vecs) {
+  const int lane = threadIdx.x % 32, threads = norm_threads(static_cast<int>(vecs));
+  float total = 0.0f;
+  for (int w = 0; w < threads / 32; ++w) {
+    float squares = 0.0f;
+    for (int64_t v = 32 * w + lane; v < vecs; v += threads) {
+      const uint4 sum = add_and_square<T>(x[v], add ? add + v : nullptr, squares);
+      if (residual) residual[v] = sum;
+    }
+    squares = warp_reduce(squares, SumOp{});
+    total = w == 0 ? squares : total + squares;
+  }
+  return total;
+}
+
+template <class T, int MT, int WR, GemvInput In>
 __global__ void __launch_bounds__(kGemmThreads, 1) decode_gemm_kernel(GemvArgs a) {
   pdl_begin();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
@@ -46,6 +72,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1) decode_gemm_kernel(GemvArgs a
   const int tile = warp / G, split = warp % G;
   const int64_t n0 = (static_cast<int64_t>(blockIdx.y) * WR + tile) * 16;
   const int m0 = blockIdx.x * kCols;
+  constexpr bool Silu = In == GemvInput::silu_mul, Norm = In == GemvInput::add_rms_norm;
   const int64_t vecs = a.k / 8;                   // 16-byte vectors a row of w
   const int64_t x_vecs = Silu ? 2 * vecs : vecs;  // a row of x: with Silu, gate's then up's
   const int64_t chunks = a.k / kChunk;
@@ -56,6 +83,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1) decode_gemm_kernel(GemvArgs a
   const uint4* w0 = w + (w0_ok ? n0 + g : 0) * vecs + q;
   const uint4* w1 = w + (w1_ok ? n0 + g + 8 : 0) * vecs + q;
   const auto* x = static_cast<const uint4*>(a.x);
+  const auto* add = static_cast<const uint4*>(a.add);
+  const auto* norm_weight = static_cast<const uint4*>(a.norm_weight);
 
   float acc[MT][4];
 #pragma unroll
@@ -75,13 +104,30 @@ __global__ void __launch_bounds__(kGemmThreads, 1) decode_gemm_kernel(GemvArgs a
 #pragma unroll
   for (int p = 0; p < kAhead; ++p)
     if (p < mine) load_w(p, wbuf[p]);
+  // Norm (while the first w chunks load): each of the block's rows' 1 / rms, a warp a row; the
+  // lane's row of each x tile kept.
+  __shared__ float s_inv[Norm ? 8 * MT : 1];
+  float inv_rms[Norm ? MT : 1];
+  if constexpr (Norm) {
+    auto* residual = a.add && blockIdx.y == 0 ? static_cast<uint4*>(a.residual_out) : nullptr;
+    for (int r = warp; r < 8 * tiles; r += kGemmWarps) {
+      const int64_t row = m0 + r;
+      if (row >= a.m) break;
+      const float squares = norm_squares<T>(x + row * vecs, add ? add + row * vecs : nullptr,
+                                            residual ? residual + row * vecs : nullptr, vecs);
+      if (lane == 0) s_inv[r] = rsqrtf(squares / static_cast<int>(a.k) + a.eps);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int t = 0; t < MT; ++t) inv_rms[t] = t < tiles && m0 + 8 * t + g < a.m ? s_inv[8 * t + g] : 0.0f;
+  }
   for (int64_t i = 0; i < mine; i += kAhead) {
 #pragma unroll
     for (int p = 0; p < kAhead; ++p) {
       if (i + p >= mine) break;
       const int64_t at = (split + (i + p) * G) * (kChunk / 8);
       uint4 xv[MT][2];  // every tile's x loads in flight together
-      uint4 up[Silu ? MT : 1][2];
+      uint4 up[Silu || Norm ? MT : 1][2];  // Silu: up's; Norm: add's
 #pragma unroll
       for (int t = 0; t < MT; ++t) {
         const int row = m0 + 8 * t + g;
@@ -93,12 +139,28 @@ __global__ void __launch_bounds__(kGemmThreads, 1) decode_gemm_kernel(GemvArgs a
           up[t][0] = ok ? xp[vecs] : zero;
           up[t][1] = ok ? xp[vecs + 4] : zero;
         }
+        if constexpr (Norm) {
+          up[t][0] = up[t][1] = zero;
+          if (ok && add) {
+            const uint4* ap = add + row * vecs + q + at;
+            up[t][0] = ap[0];
+            up[t][1] = ap[4];
+          }
+        }
       }
       if constexpr (Silu) {
 #pragma unroll
         for (int t = 0; t < MT; ++t) {
           xv[t][0] = silu_times_vector<T>(xv[t][0], up[t][0]);
           xv[t][1] = silu_times_vector<T>(xv[t][1], up[t][1]);
+        }
+      }
+      if constexpr (Norm) {
+        const uint4 nw0 = norm_weight[q + at], nw1 = norm_weight[q + at + 4];
+#pragma unroll
+        for (int t = 0; t < MT; ++t) {  // rows past m: zeros in, zeros out (their 1 / rms is 0)
+          xv[t][0] = rms_scaled_vector<T>(add ? add_rounded_vector<T>(xv[t][0], up[t][0]) : xv[t][0], nw0, inv_rms[t]);
+          xv[t][1] = rms_scaled_vector<T>(add ? add_rounded_vector<T>(xv[t][1], up[t][1]) : xv[t][1], nw1, inv_rms[t]);
         }
       }
       const auto* wa = reinterpret_cast<const uint32_t*>(&wbuf[p][0]);  // row g: 8 words
@@ -141,14 +203,14 @@ __global__ void __launch_bounds__(kGemmThreads, 1) decode_gemm_kernel(GemvArgs a
 #endif
 }
 
-template <class T, int MT, bool Silu>
+template <class T, int MT, GemvInput In>
 int launch(const GemvArgs& a, cudaStream_t stream) {
   const unsigned xs = static_cast<unsigned>((a.m + 8 * MT - 1) / (8 * MT));
   const int64_t tiles = (a.n + 15) / 16;
   const auto go = [&](auto wr) {
     constexpr int WR = decltype(wr)::value;
     const dim3 grid(xs, static_cast<unsigned>((tiles + WR - 1) / WR));
-    return launch_kernel(decode_gemm_kernel<T, MT, WR, Silu>, grid, kGemmThreads, 0, stream, a);
+    return launch_kernel(decode_gemm_kernel<T, MT, WR, In>, grid, kGemmThreads, 0, stream, a);
   };
   // More w tiles a block (fewer reads of x from L2 for each byte of w) where n leaves 256 blocks
   // a block of x rows at least. By n alone: WR sets the warps that split k (the sums' order),
@@ -158,24 +220,44 @@ int launch(const GemvArgs& a, cudaStream_t stream) {
   return go(std::integral_constant<int, 1>{});
 }
 
+bool valid(const GemvArgs& a) {
+  if (a.m > kDecodeGemmMaxRows || a.n > kDecodeGemmMaxCols || a.k <= 0 || a.k % kChunk != 0 || !a.x || !a.w || !a.out ||
+      !aligned16(a.x) || !aligned16(a.w) || a.experts)
+    return false;
+  if (a.input != GemvInput::add_rms_norm) return true;
+  // The norm kernel's vector path (k at most 8192); residual_out written while other blocks
+  // read x and add: never their memory.
+  return a.norm_weight && aligned16(a.norm_weight) && a.k <= kGemvNormMaxWidth &&
+         (!a.add || (aligned16(a.add) && a.residual_out && aligned16(a.residual_out) && a.residual_out != a.x &&
+                     a.residual_out != a.add));
+}
+
+template <class T, GemvInput In>
+int launch_rows(const GemvArgs& a, cudaStream_t stream) {
+  if (a.m <= 16) return launch<T, 2, In>(a, stream);
+  if constexpr (In == GemvInput::plain) {
+    if (a.m > 32) return launch<T, 8, In>(a, stream);
+  }
+  return launch<T, 4, In>(a, stream);  // a fold's second operand: at most 4 tiles (registers)
+}
+
 }  // namespace
 
 int decode_gemm(const GemvArgs& a, void* stream) {
   if (a.m <= 0 || a.n <= 0) return 0;
-  if (a.m > kDecodeGemmMaxRows || a.n > kDecodeGemmMaxCols || a.k <= 0 || a.k % kChunk != 0 || !a.x || !a.w || !a.out ||
-      !aligned16(a.x) || !aligned16(a.w) || a.experts ||
-      (a.input != GemvInput::plain && a.input != GemvInput::silu_mul))
-    return cudaErrorInvalidValue;
+  if (!valid(a)) return cudaErrorInvalidValue;
   const auto s = static_cast<cudaStream_t>(stream);
   return with_16bit_dtype(a.dtype, [&](auto tag) -> int {
     using T = typename decltype(tag)::type;
-    if (a.input == GemvInput::silu_mul) {  // up's loads too: at most 4 x tiles a block (registers)
-      if (a.m <= 16) return launch<T, 2, true>(a, s);
-      return launch<T, 4, true>(a, s);
+    switch (a.input) {
+      case GemvInput::silu_mul:
+        return launch_rows<T, GemvInput::silu_mul>(a, s);
+      case GemvInput::add_rms_norm:
+        return launch_rows<T, GemvInput::add_rms_norm>(a, s);
+      case GemvInput::plain:
+        break;
     }
-    if (a.m <= 16) return launch<T, 2, false>(a, s);
-    if (a.m <= 32) return launch<T, 4, false>(a, s);
-    return launch<T, 8, false>(a, s);
+    return launch_rows<T, GemvInput::plain>(a, s);
   });
 }
 

@@ -383,11 +383,14 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b)
 std::pair<at::Tensor, at::Tensor> norm_linear(const at::Tensor& h, const at::Tensor& add, const at::Tensor& weight,
                                               double eps, const at::Tensor& w, const at::Tensor& b) {
   const int64_t k = h.size(-1);
-  if (!gemv_fits(h, w, b) || k > kGemvNormMaxWidth || h.numel() * 2 > kGemvNormBytes ||
-      weight.scalar_type() != h.scalar_type() || weight.numel() != k || !weight.is_contiguous() || !aligned16(weight) ||
+  if (k > kGemvNormMaxWidth || weight.scalar_type() != h.scalar_type() || weight.numel() != k ||
+      !weight.is_contiguous() || !aligned16(weight) ||
       (add.defined() &&
        (add.sizes() != h.sizes() || add.scalar_type() != h.scalar_type() || !add.is_contiguous() || !aligned16(add))))
     return {};
+  // The GEMV stages the normalised rows in shared memory (at most kGemvNormBytes of them).
+  const bool small = gemv_enabled() && gemv_fits(h, w, b) && h.numel() * 2 <= kGemvNormBytes;
+  if (!small && !decode_gemm_fits(h, w, b, /*silu=*/false)) return {};
   const c10::cuda::CUDAGuard guard(h.device());
   auto [out, a] = gemv_out(h, w, b);
   at::Tensor sum = add.defined() ? at::empty_like(h) : h;  // not h's memory: other blocks still read h
@@ -396,7 +399,11 @@ std::pair<at::Tensor, at::Tensor> norm_linear(const at::Tensor& h, const at::Ten
   a.norm_weight = weight.data_ptr();
   a.residual_out = add.defined() ? sum.data_ptr() : nullptr;
   a.eps = static_cast<float>(eps);
-  check_launch("gemv (add + RMSNorm)", gemv(a, c10::cuda::getCurrentCUDAStream().stream()));
+  const auto stream = c10::cuda::getCurrentCUDAStream().stream();
+  if (small)
+    check_launch("gemv (add + RMSNorm)", gemv(a, stream));
+  else
+    check_launch("decode_gemm (add + RMSNorm)", decode_gemm(a, stream));
   return {out, sum};
 }
 

@@ -72,19 +72,20 @@ at::Tensor silu_mul_backward(const at::Tensor& gate_up, const at::Tensor& grad);
 // (faster at batch 1 on an H200 than the GEMV before its rebuild, fa07f15).
 bool gemv_enabled();
 // Whether they take rlx's tensor-core decode GEMM up to 256 rows past the GEMV's (or from one
-// row without it), RLX_DECODE_GEMM=1 (cuda::decode_gemm: k a multiple of 64, sm_80 and newer).
+// row without it), RLX_DECODE_GEMM=1 (cuda::decode_gemm: k a multiple of 64, sm_80 and newer),
+// with the norms and SiLU-mul folded in as the GEMV's are (norm_linear, silu_linear).
 bool decode_gemm_enabled();
 // x [..., K] w [N, K]^T (+ b [N]): at::linear, or where gemv_enabled() the small-batch kernel
 // (cuda::gemv: at most 8 rows, fp16/bf16, K a multiple of 8, contiguous, 16-byte aligned)
 // where it applies, or where decode_gemm_enabled() the tensor-core one up to 256 rows. No
 // autograd (decode only). MoE's expert-indexed projections (expert_linear) always use the GEMV.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
-// RMSNorm(h + add) * norm_weight, times w^T (+ b), in one kernel (the GEMV; whatever
-// gemv_enabled() says): returns (the product, h + add in a new tensor, or h itself with no
-// add), bit for bit what add_rms_norm (or rms_norm) and the GEMV give. The product undefined
-// where the kernel does not apply (the GEMV's rules, hidden at most 8192, at most 40 KiB of
-// rows): the caller runs add_rms_norm and linear. (fused_layer does not ask with unmerged LoRA
-// adapters, nor for a MoE layer's MLP.)
+// RMSNorm(h + add) * norm_weight, times w^T (+ b), in one kernel: returns (the product, h + add
+// in a new tensor, or h itself with no add), bit for bit what add_rms_norm (or rms_norm) and
+// linear() give. The GEMV where gemv_enabled() and it fits (at most 40 KiB of rows), else the
+// decode GEMM where decode_gemm_enabled() and it fits; hidden at most 8192. The product undefined
+// where neither applies: the caller runs add_rms_norm and linear. (fused_layer does not ask with
+// unmerged LoRA adapters, nor for a MoE layer's MLP.)
 std::pair<at::Tensor, at::Tensor> norm_linear(const at::Tensor& h, const at::Tensor& add, const at::Tensor& norm_weight,
                                               double eps, const at::Tensor& w, const at::Tensor& b);
 // silu_mul(gate_up) w^T (+ b) in one kernel, bit for bit what silu_mul and linear() give: the

@@ -267,9 +267,10 @@ at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, con
   // st.pending to be added by this norm).
   at::Tensor x, qkv, h_res = h_in;
 #if RLX_WITH_CUDA
-  // rlx's GEMV at small batch (RLX_GEMV=1): the add and norm inside the qkv projection.
-  const bool use_gemv = h_in.is_cuda() && !lora && cuda::gemv_enabled();
-  if (use_gemv) {
+  // rlx's GEMV at small batch (RLX_GEMV=1) or its decode GEMM (RLX_DECODE_GEMM=1): the add and
+  // norm inside the qkv projection.
+  const bool fold = h_in.is_cuda() && !lora && (cuda::gemv_enabled() || cuda::decode_gemm_enabled());
+  if (fold) {
     const auto& norm = *blk.input_layernorm;
     std::tie(qkv, h_res) = cuda::norm_linear(h_in, st.pending, norm.weight, norm.eps, att.qkv_weight, att.qkv_bias);
     if (qkv.defined())
@@ -318,7 +319,7 @@ at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, con
   if (lora) attn_out = with_lora(attn_out, {att.o_proj.get()}, a, st, site + 1);
   at::Tensor h, normed;
 #if RLX_WITH_CUDA
-  if (use_gemv && !blk.moe) {
+  if (fold && !blk.moe) {
     // The add and norm inside the gate/up projection, SiLU-mul inside the down projection.
     const auto& mlp = *blk.mlp;
     const auto& post = *blk.post_attention_layernorm;

@@ -467,6 +467,73 @@ void check_silu_fold(int (*kernel)(const rlx::cuda::GemvArgs&, void*), int m, in
   CHECK(dgu.get<uint8_t>() == gate_up);
 }
 
+// A projection kernel with the add + RMSNorm on the way in, against add_rms_norm (in place) and
+// then the same kernel on its output, with the add and without: the same bytes; the residual it
+// writes is add_rms_norm's, and x is not written.
+void check_norm_fold(int (*kernel)(const rlx::cuda::GemvArgs&, void*), int m, int n, int k, DType dtype,
+                     std::mt19937& g) {
+  const size_t mk = static_cast<size_t>(m) * k;
+  const auto h = encode(randn(mk, g), dtype), add = encode(randn(mk, g), dtype);
+  const auto weight = encode(randn(static_cast<size_t>(k), g, 0.5f), dtype);
+  const auto w = encode(randn(static_cast<size_t>(n) * k, g, 0.125f), dtype);
+  const auto b = encode(randn(static_cast<size_t>(n), g), dtype);
+  Device dw(w), db(b), dweight(weight), dadd(add);
+  for (bool with_add : {true, false}) {
+    INFO("with add " << with_add);
+    Device residual(h), normed(mk * 2), want(static_cast<size_t>(m) * n * 2);
+    launch_ok(rlx::cuda::add_rms_norm({.dtype = dtype,
+                                       .residual = residual.p,
+                                       .x = with_add ? dadd.p : nullptr,
+                                       .weight = dweight.p,
+                                       .out = normed.p,
+                                       .rows = m,
+                                       .hidden = k},
+                                      nullptr));
+    const rlx::cuda::GemvArgs a{
+        .dtype = dtype, .x = normed.p, .w = dw.p, .bias = db.p, .out = want.p, .m = m, .n = n, .k = k};
+    launch_ok(kernel(a, nullptr));
+    Device x(h), sum(mk * 2), got(static_cast<size_t>(m) * n * 2);
+    auto folded = a;
+    folded.x = x.p;
+    folded.out = got.p;
+    folded.input = rlx::cuda::GemvInput::add_rms_norm;
+    folded.add = with_add ? dadd.p : nullptr;
+    folded.norm_weight = dweight.p;
+    folded.residual_out = with_add ? sum.p : nullptr;
+    launch_ok(kernel(folded, nullptr));
+    cuda_ok(cudaDeviceSynchronize());
+    CHECK(got.get<uint8_t>() == want.get<uint8_t>());
+    CHECK(x.get<uint8_t>() == h);
+    if (with_add) CHECK(sum.get<uint8_t>() == residual.get<uint8_t>());
+  }
+}
+
+// A projection kernel taking the norm on the way in takes `ok` (x, w, out and norm_weight
+// allocated for `rows` rows of `width`) and refuses: `width` grown past its limit or `rows`
+// past its rows, an add with nowhere to write the sum, the sum written over x.
+void check_norm_refusals(int (*kernel)(const rlx::cuda::GemvArgs&, void*), int rows, int width, bool wider) {
+  Device x(static_cast<size_t>(rows) * (width + 64) * 2), w(static_cast<size_t>(64) * (width + 64) * 2),
+      out(static_cast<size_t>(rows) * 64 * 2), weight(static_cast<size_t>(width + 64) * 2);
+  const rlx::cuda::GemvArgs ok{.x = x.p,
+                               .w = w.p,
+                               .out = out.p,
+                               .m = 1,
+                               .n = 64,
+                               .k = width,
+                               .input = rlx::cuda::GemvInput::add_rms_norm,
+                               .norm_weight = weight.p};
+  launch_ok(kernel(ok, nullptr));
+  auto too_big = ok, no_sum = ok, sum_over_x = ok;
+  if (wider)
+    too_big.k = width + 64;
+  else
+    too_big.m = rows;
+  no_sum.add = w.p;
+  sum_over_x.add = w.p;
+  sum_over_x.residual_out = x.p;
+  for (const auto& a : {too_big, no_sum, sum_over_x}) CHECK(kernel(a, nullptr) != 0);
+}
+
 }  // namespace
 
 // The small-batch projection (decode at batch <= 8), by check_projection.
@@ -514,26 +581,26 @@ TEST_CASE("cuda kernels: the tensor-core decode projection equals the reference,
 // The decode GEMM with SiLU-mul on the way in (the down projection at 9 to 256 rows): silu_mul,
 // then the GEMM, bit for bit. m within a tile, past one x tile block of 4 tiles (the fold takes
 // at most 4) and to 256; k of 1 and 76 chunks; n past a 16-row tile. A norm it refuses.
-TEST_CASE("cuda kernels: the decode GEMM with SiLU-mul on the way in equals silu_mul then the GEMM", "[cuda]") {
+TEST_CASE("cuda kernels: the decode GEMM with the norm or SiLU-mul on the way in equals the kernels it replaces",
+          "[cuda]") {
   std::mt19937 g(19);
   for (DType dtype : {DType::f16, DType::bf16}) {
-    for (int m : {9, 17, 40, 64, 200, 256}) {
+    for (int m : {9, 17, 40, 256}) {  // 2 x tiles a block, 4 (partly filled), 2 blocks, 8
       for (auto [n, k, bias] : {std::tuple{896, 4864, false}, std::tuple{37, 64, true}, std::tuple{1100, 128, true}}) {
-        INFO(name(dtype) << " m " << m << " n " << n << " k " << k);
+        INFO(name(dtype) << " silu m " << m << " n " << n << " k " << k);
         check_silu_fold(rlx::cuda::decode_gemm, m, n, k, bias, dtype, g);
+      }
+      // The norm kernel's threads 32, 128 and 256 with one vector a thread, and 2 (3584) and 4
+      // (8192) vectors a thread.
+      for (auto [n, k] :
+           {std::pair{1152, 896}, std::pair{37, 64}, std::pair{500, 2048}, std::pair{70, 3584}, std::pair{40, 8192}}) {
+        INFO(name(dtype) << " norm m " << m << " n " << n << " k " << k);
+        check_norm_fold(rlx::cuda::decode_gemm, m, n, k, dtype, g);
       }
     }
   }
-  Device x(64 * 2), w(64 * 2), out(64 * 2), weight(64 * 2);
-  CHECK(rlx::cuda::decode_gemm({.x = x.p,
-                                .w = w.p,
-                                .out = out.p,
-                                .m = 9,
-                                .n = 1,
-                                .k = 64,
-                                .input = rlx::cuda::GemvInput::add_rms_norm,
-                                .norm_weight = weight.p},
-                               nullptr) != 0);
+  // Refused: a norm wider than the norm kernel's vector path (8192), and the add's errors.
+  check_norm_refusals(rlx::cuda::decode_gemm, 9, 8192, /*wider=*/true);
 }
 
 TEST_CASE("cuda kernels: the expert-indexed projection gives each row its own expert's product", "[cuda]") {
@@ -582,54 +649,13 @@ TEST_CASE("cuda kernels: the expert-indexed projection gives each row its own ex
 // and 256 with one vector a thread, and 2 (3584, Qwen2.5-7B) and 4 (8192) vectors a thread.
 TEST_CASE("cuda kernels: the GEMV with the norm or SiLU-mul on the way in equals the kernels it replaces", "[cuda]") {
   std::mt19937 g(13);
-  const auto bytes_of = [](const Device& d) { return d.get<uint8_t>(); };
   for (DType dtype : {DType::f16, DType::bf16}) {
     for (int m : {1, 3, 8}) {
       for (auto [n, k] :
            {std::pair{1152, 896}, std::pair{37, 64}, std::pair{500, 2048}, std::pair{70, 3584}, std::pair{40, 8192}}) {
         if (m * k * 2 > rlx::cuda::kGemvNormBytes) continue;  // refused (checked below)
         INFO(name(dtype) << " norm m " << m << " n " << n << " k " << k);
-        const size_t mk = static_cast<size_t>(m) * k;
-        const auto h = encode(randn(mk, g), dtype), add = encode(randn(mk, g), dtype);
-        const auto weight = encode(randn(static_cast<size_t>(k), g, 0.5f), dtype);
-        const auto w = encode(randn(static_cast<size_t>(n) * k, g, 0.125f), dtype);
-        const auto b = encode(randn(static_cast<size_t>(n), g), dtype);
-        Device dw(w), db(b), dweight(weight), dadd(add);
-        for (bool with_add : {true, false}) {
-          INFO("with add " << with_add);
-          // The kernels it replaces: add_rms_norm in place, then the GEMV on its output.
-          Device residual(h), normed(mk * 2), want(static_cast<size_t>(m) * n * 2);
-          launch_ok(rlx::cuda::add_rms_norm({.dtype = dtype,
-                                             .residual = residual.p,
-                                             .x = with_add ? dadd.p : nullptr,
-                                             .weight = dweight.p,
-                                             .out = normed.p,
-                                             .rows = m,
-                                             .hidden = k},
-                                            nullptr));
-          launch_ok(rlx::cuda::gemv(
-              {.dtype = dtype, .x = normed.p, .w = dw.p, .bias = db.p, .out = want.p, .m = m, .n = n, .k = k},
-              nullptr));
-          // In one.
-          Device x(h), sum(mk * 2), got(static_cast<size_t>(m) * n * 2);
-          launch_ok(rlx::cuda::gemv({.dtype = dtype,
-                                     .x = x.p,
-                                     .w = dw.p,
-                                     .bias = db.p,
-                                     .out = got.p,
-                                     .m = m,
-                                     .n = n,
-                                     .k = k,
-                                     .input = rlx::cuda::GemvInput::add_rms_norm,
-                                     .add = with_add ? dadd.p : nullptr,
-                                     .norm_weight = dweight.p,
-                                     .residual_out = with_add ? sum.p : nullptr},
-                                    nullptr));
-          cuda_ok(cudaDeviceSynchronize());
-          CHECK(bytes_of(got) == bytes_of(want));
-          CHECK(bytes_of(x) == h);  // its input is not written
-          if (with_add) CHECK(bytes_of(sum) == bytes_of(residual));
-        }
+        check_norm_fold(rlx::cuda::gemv, m, n, k, dtype, g);
       }
       for (auto [n, k] : {std::pair{896, 4864}, std::pair{37, 64}, std::pair{300, 12296}}) {
         INFO(name(dtype) << " silu m " << m << " n " << n << " k " << k);
@@ -637,22 +663,6 @@ TEST_CASE("cuda kernels: the GEMV with the norm or SiLU-mul on the way in equals
       }
     }
   }
-  // Refused: rows past the shared memory, an add with nowhere to write the sum or with the sum
-  // written over x.
-  Device big(8 * 4096 * 2), w(64 * 4096 * 2), out(8 * 64 * 2), weight(4096 * 2);
-  const rlx::cuda::GemvArgs norm{.x = big.p,
-                                 .w = w.p,
-                                 .out = out.p,
-                                 .m = 1,
-                                 .n = 64,
-                                 .k = 4096,
-                                 .input = rlx::cuda::GemvInput::add_rms_norm,
-                                 .norm_weight = weight.p};
-  launch_ok(rlx::cuda::gemv(norm, nullptr));
-  auto eight_rows = norm, no_sum = norm, sum_over_x = norm;
-  eight_rows.m = 8;  // 64 KiB of rows
-  no_sum.add = big.p;
-  sum_over_x.add = weight.p;
-  sum_over_x.residual_out = big.p;
-  for (const auto& a : {eight_rows, no_sum, sum_over_x}) CHECK(rlx::cuda::gemv(a, nullptr) != 0);
+  // Refused: 8 rows of 4096 (64 KiB, past the shared memory), and the add's errors.
+  check_norm_refusals(rlx::cuda::gemv, 8, 4096, /*wider=*/false);
 }
