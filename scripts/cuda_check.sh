@@ -188,7 +188,8 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
         --cuda-graphs 1 --overlap 1 --trace "$work/trace_decode_b1_gemv_mma" --trace-steps 5
       gzip -f "$work/trace_decode_b1_gemv_mma/trace.json" 2>/dev/null
       # Batches 64 and 256 with rlx's tensor-core GEMM for the projections (RLX_DECODE_GEMM=1,
-      # decode_gemm.cu; cuBLAS's ran at a quarter of the copy bandwidth), traced at 64.
+      # decode_gemm.cu, the norms and SiLU-mul folded in: 6 kernels a layer with mma; cuBLAS's ran
+      # at a quarter of the copy bandwidth), traced at 64.
       for b in 64 256; do
         local trace=(); [ "$b" = 64 ] && trace=(--trace "$work/trace_decode_b64_gemm_mma" --trace-steps 5)
         step decode_b${b}_gemm_mma 120 env RLX_DECODE_GEMM=1 RLX_DECODE_ATTENTION=mma "$rlx" bench sampler \
