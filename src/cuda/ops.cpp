@@ -388,9 +388,12 @@ std::pair<at::Tensor, at::Tensor> norm_linear(const at::Tensor& h, const at::Ten
       (add.defined() &&
        (add.sizes() != h.sizes() || add.scalar_type() != h.scalar_type() || !add.is_contiguous() || !aligned16(add))))
     return {};
-  // The GEMV stages the normalised rows in shared memory (at most kGemvNormBytes of them).
-  const bool small = gemv_enabled() && gemv_fits(h, w, b) && h.numel() * 2 <= kGemvNormBytes;
-  if (!small && !decode_gemm_fits(h, w, b, /*silu=*/false)) return {};
+  // The GEMV stages the normalised rows in shared memory (at most kGemvNormBytes of them); rows
+  // the GEMV takes but cannot fold are refused, not sent to the decode GEMM (linear() would
+  // take the GEMV for them: another sum order).
+  const bool gemv_rows = gemv_enabled() && gemv_fits(h, w, b);
+  const bool small = gemv_rows && h.numel() * 2 <= kGemvNormBytes;
+  if (!small && (gemv_rows || !decode_gemm_fits(h, w, b, /*silu=*/false))) return {};
   const c10::cuda::CUDAGuard guard(h.device());
   auto [out, a] = gemv_out(h, w, b);
   at::Tensor sum = add.defined() ? at::empty_like(h) : h;  // not h's memory: other blocks still read h

@@ -470,7 +470,7 @@ void check_silu_fold(int (*kernel)(const rlx::cuda::GemvArgs&, void*), int m, in
 // A projection kernel with the add + RMSNorm on the way in, against add_rms_norm (in place) and
 // then the same kernel on its output, with the add and without: the same bytes; the residual it
 // writes is add_rms_norm's, and x is not written.
-void check_norm_fold(int (*kernel)(const rlx::cuda::GemvArgs&, void*), int m, int n, int k, DType dtype,
+void check_norm_fold(int (*kernel)(const rlx::cuda::GemvArgs&, void*), int m, int n, int k, bool bias, DType dtype,
                      std::mt19937& g) {
   const size_t mk = static_cast<size_t>(m) * k;
   const auto h = encode(randn(mk, g), dtype), add = encode(randn(mk, g), dtype);
@@ -490,7 +490,7 @@ void check_norm_fold(int (*kernel)(const rlx::cuda::GemvArgs&, void*), int m, in
                                        .hidden = k},
                                       nullptr));
     const rlx::cuda::GemvArgs a{
-        .dtype = dtype, .x = normed.p, .w = dw.p, .bias = db.p, .out = want.p, .m = m, .n = n, .k = k};
+        .dtype = dtype, .x = normed.p, .w = dw.p, .bias = bias ? db.p : nullptr, .out = want.p, .m = m, .n = n, .k = k};
     launch_ok(kernel(a, nullptr));
     Device x(h), sum(mk * 2), got(static_cast<size_t>(m) * n * 2);
     auto folded = a;
@@ -585,17 +585,22 @@ TEST_CASE("cuda kernels: the decode GEMM with the norm or SiLU-mul on the way in
           "[cuda]") {
   std::mt19937 g(19);
   for (DType dtype : {DType::f16, DType::bf16}) {
-    for (int m : {9, 17, 40, 256}) {  // 2 x tiles a block, 4 (partly filled), 2 blocks, 8
-      for (auto [n, k, bias] : {std::tuple{896, 4864, false}, std::tuple{37, 64, true}, std::tuple{1100, 128, true}}) {
+    // x tiles a block: 1 (the GEMV's rows, with it off), 2, 4 (partly filled), 2 blocks, 8.
+    for (int m : {3, 9, 17, 40, 256}) {
+      // n of 1, 2 and 4 w tiles a block (to 8192, to 16384, past: the blocks of later columns
+      // write no residual).
+      for (auto [n, k, bias] : {std::tuple{896, 4864, false}, std::tuple{37, 64, true}, std::tuple{1100, 128, true},
+                                std::tuple{8200, 64, false}, std::tuple{16400, 64, true}}) {
         INFO(name(dtype) << " silu m " << m << " n " << n << " k " << k);
         check_silu_fold(rlx::cuda::decode_gemm, m, n, k, bias, dtype, g);
       }
       // The norm kernel's threads 32, 128 and 256 with one vector a thread, and 2 (3584) and 4
       // (8192) vectors a thread.
-      for (auto [n, k] :
-           {std::pair{1152, 896}, std::pair{37, 64}, std::pair{500, 2048}, std::pair{70, 3584}, std::pair{40, 8192}}) {
+      for (auto [n, k, bias] : {std::tuple{1152, 896, true}, std::tuple{37, 64, false}, std::tuple{500, 2048, true},
+                                std::tuple{70, 3584, false}, std::tuple{40, 8192, true}, std::tuple{8200, 128, false},
+                                std::tuple{16400, 64, true}}) {
         INFO(name(dtype) << " norm m " << m << " n " << n << " k " << k);
-        check_norm_fold(rlx::cuda::decode_gemm, m, n, k, dtype, g);
+        check_norm_fold(rlx::cuda::decode_gemm, m, n, k, bias, dtype, g);
       }
     }
   }
@@ -655,7 +660,7 @@ TEST_CASE("cuda kernels: the GEMV with the norm or SiLU-mul on the way in equals
            {std::pair{1152, 896}, std::pair{37, 64}, std::pair{500, 2048}, std::pair{70, 3584}, std::pair{40, 8192}}) {
         if (m * k * 2 > rlx::cuda::kGemvNormBytes) continue;  // refused (checked below)
         INFO(name(dtype) << " norm m " << m << " n " << n << " k " << k);
-        check_norm_fold(rlx::cuda::gemv, m, n, k, dtype, g);
+        check_norm_fold(rlx::cuda::gemv, m, n, k, /*bias=*/true, dtype, g);
       }
       for (auto [n, k] : {std::pair{896, 4864}, std::pair{37, 64}, std::pair{300, 12296}}) {
         INFO(name(dtype) << " silu m " << m << " n " << n << " k " << k);

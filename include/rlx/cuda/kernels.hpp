@@ -196,8 +196,9 @@ struct GemvArgs {
 int gemv(const GemvArgs& a, void* stream);
 
 // The product on tensor cores for decode's batches past the GEMV's: m up to kDecodeGemmMaxRows,
-// k a multiple of kDecodeGemmWidthStep, n at most kDecodeGemmMaxCols, sm_80 and newer; plain or
-// GemvInput::silu_mul (x is then gate_up [m, 2 k]), no norm, no experts. Each row's sum is
+// k a multiple of kDecodeGemmWidthStep, n at most kDecodeGemmMaxCols, sm_80 and newer; plain,
+// GemvInput::silu_mul (x is then gate_up [m, 2 k]) or GemvInput::add_rms_norm (k at most
+// kGemvNormMaxWidth; the GEMV's rules for add and residual_out); no experts. Each row's sum is
 // ordered by k and n alone: a row of x gives the same bits in any batch this kernel takes.
 constexpr int kDecodeGemmMaxRows = 256;
 constexpr int kDecodeGemmWidthStep = 64;
