@@ -591,6 +591,7 @@ TEST_CASE("cuda kernels: the decode GEMM with the norm or SiLU-mul on the way in
       // write no residual).
       for (auto [n, k, bias] : {std::tuple{896, 4864, false}, std::tuple{37, 64, true}, std::tuple{1100, 128, true},
                                 std::tuple{8200, 64, false}, std::tuple{16400, 64, true}}) {
+        if (n > 8192 && m != 17 && m != 256) continue;  // the wide cases at two batches (the sanitizers' time)
         INFO(name(dtype) << " silu m " << m << " n " << n << " k " << k);
         check_silu_fold(rlx::cuda::decode_gemm, m, n, k, bias, dtype, g);
       }
@@ -599,6 +600,7 @@ TEST_CASE("cuda kernels: the decode GEMM with the norm or SiLU-mul on the way in
       for (auto [n, k, bias] : {std::tuple{1152, 896, true}, std::tuple{37, 64, false}, std::tuple{500, 2048, true},
                                 std::tuple{70, 3584, false}, std::tuple{40, 8192, true}, std::tuple{8200, 128, false},
                                 std::tuple{16400, 64, true}}) {
+        if (n > 8192 && m != 17 && m != 256) continue;
         INFO(name(dtype) << " norm m " << m << " n " << n << " k " << k);
         check_norm_fold(rlx::cuda::decode_gemm, m, n, k, bias, dtype, g);
       }
