@@ -106,10 +106,13 @@ class Verdicts:
         files = sorted({str((pathlib.Path(directory) / w).resolve()) for w in words})
         record = {"files": [self.relative(f) for f in files], "hash": self.contents(files),
                   "defined": sorted(symbols[0]), "undefined": sorted(symbols[1])}
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.dir / f"{key}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(record))
-        tmp.replace(self.dir / key)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.dir / f"{key}.{os.getpid()}.tmp"
+            tmp.write_text(json.dumps(record))
+            tmp.replace(self.dir / key)
+        except OSError as e:  # a cache it cannot write: the check is the same, only slower next time
+            print(f"(not kept: {e})", file=sys.stderr)
 
 
 def main() -> int:
