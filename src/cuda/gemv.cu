@@ -34,8 +34,8 @@ __host__ __device__ constexpr int batch_for(int rows) { return rows == 1 ? kChun
 
 // The rows of RMSNorm(x + add) * norm_weight into s ([rows, k] in T) exactly as
 // add_rms_norm_vec_kernel computes them: its vector passes (common.cuh), the same threads on
-// the same vectors in the same order, and the block's other warps add zeros to the sum. Block (0, 0) writes x + add to
-// residual_out. `s_sum`: kGemvThreads / 32 floats.
+// the same vectors in the same order, and the block's other warps add zeros to the sum. Block
+// (0, 0) writes x + add to residual_out. `s_sum`: kGemvThreads / 32 floats.
 template <class T>
 __device__ void stage_norm(const GemvArgs& a, int rows, uint4* s, float* s_sum) {
   const int vecs = static_cast<int>(a.k / kVec);

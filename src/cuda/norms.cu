@@ -36,9 +36,10 @@ __global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(AddRmsNormAr
 }
 
 // The same, 16 bytes of each operand at a time (add_and_square, rms_scaled_vector), a row's
-// sums held in registers between the two passes (V a thread; rows 16-byte aligned, hidden a multiple of the vector).
-// Its sum of squares goes in another order than the element kernel's: a row's bits depend on which of the two its
-// tensors' alignment picks (rlx's own tensors, learner's and engine's, always take this).
+// sums held in registers between the two passes (V a thread; rows 16-byte aligned, hidden a
+// multiple of the vector). Its sum of squares goes in another order than the element kernel's:
+// a row's bits depend on which of the two its tensors' alignment picks (rlx's own tensors,
+// learner's and engine's, always take this).
 template <class T, int V>
 __global__ void __launch_bounds__(kNormThreads) add_rms_norm_vec_kernel(AddRmsNormArgs a) {
   constexpr int kVec = 16 / sizeof(T);

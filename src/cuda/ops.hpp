@@ -84,9 +84,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b)
 // in a new tensor, or h itself with no add), bit for bit what add_rms_norm (or rms_norm) and
 // linear() give. The GEMV where gemv_enabled() and it fits (at most 40 KiB of rows), else the
 // decode GEMM where decode_gemm_enabled() and it fits, for rows the GEMV does not take (as
-// linear() chooses); hidden at most 8192. The product undefined
-// where neither applies: the caller runs add_rms_norm and linear. (fused_layer does not ask with
-// unmerged LoRA adapters, nor for a MoE layer's MLP.)
+// linear() chooses); hidden at most 8192. The product undefined where neither applies: the
+// caller runs add_rms_norm and linear. (fused_layer does not ask with unmerged LoRA adapters,
+// nor for a MoE layer's MLP.)
 std::pair<at::Tensor, at::Tensor> norm_linear(const at::Tensor& h, const at::Tensor& add, const at::Tensor& norm_weight,
                                               double eps, const at::Tensor& w, const at::Tensor& b);
 // silu_mul(gate_up) w^T (+ b) in one kernel, bit for bit what silu_mul and linear() give: the

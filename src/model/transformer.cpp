@@ -343,7 +343,7 @@ at::Tensor Transformer::fused_layer(const detail::Block& blk, int64_t index, con
     const auto& mlp = *blk.mlp;
     auto gu = project(normed, mlp.gate_up_weight, mlp.gate_up_bias);
     if (lora) gu = with_lora(gu, {mlp.gate_proj.get(), mlp.up_proj.get()}, normed, st, site + 2);
-    if (!lora) {  // SiLU-mul inside the down projection where rlx's GEMV or decode GEMM is on
+    if (fold) {  // SiLU-mul inside the down projection where rlx's GEMV or decode GEMM takes it
       st.pending = cuda::silu_linear(gu, mlp.down_proj->weight, mlp.down_proj->bias);
       if (st.pending.defined()) return h;  // added by the next norm
     }
