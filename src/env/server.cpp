@@ -239,6 +239,7 @@ void EnvServerProcess::start() {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the server dies with its supervisor
     if (::getppid() != parent) ::_exit(127);
     if (::dup2(out[1], 1) < 0 || ::dup2(out[1], 2) < 0) ::_exit(127);
+    ::signal(SIGPIPE, SIG_DFL);  // the worker ignores it; the server's program should not inherit that
     ::execvp(args[0], args.data());
     ::_exit(127);
   }

@@ -19,6 +19,10 @@ namespace rlx::launch {
 int run_role(const RoleArgs& a) {
   // A role dies with its launcher (SIGTERM: the learner checkpoints, the hub saves).
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  // A peer that dies mid-write (a learner rank killed in a collective) is an EPIPE for the
+  // caller to report and recover from, not a SIGPIPE that kills this process too: gloo's
+  // TCP pairs write without MSG_NOSIGNAL (Python ignores SIGPIPE at start; a C++ main must).
+  ::signal(SIGPIPE, SIG_IGN);
   bus::keep_frame_memory();  // before any thread starts: M_ARENA_MAX binds only threads yet to allocate
   if (launcher_gone()) return 1;  // it died before the line above took effect
   RoleContext ctx{.cfg = config::load_file<RunConfig>(a.config), .run_dir = RunDir(a.run_dir), .weights = a.weights, .exe = a.exe};

@@ -177,6 +177,15 @@ wait $pid; rc=$?
 pid=$!
 wait_steps orphans 2 || fail "orphans: no progress"
 [ "$(pgrep -f -- "$PWD/runs/orphans" | wc -l)" -ge 6 ] || fail "orphans: not every role found: $(pgrep -af -- runs/orphans)"
+# Every role ignores SIGPIPE (bit 13 of SigIgn): a peer killed mid-write is an error to recover from.
+ignoring=0 roles=0
+for p in $(pgrep -f -- "role .*$PWD/runs/orphans"); do
+  mask=$(awk '/^SigIgn:/ {print $2}' /proc/$p/status 2>/dev/null)
+  [ -n "$mask" ] || continue
+  roles=$((roles + 1)); (( 0x$mask & 0x1000 )) && ignoring=$((ignoring + 1))
+done
+[ $roles -ge 3 ] && [ $ignoring = $roles ] && ok "orphans: every role ignores SIGPIPE" \
+  || fail "orphans: $ignoring of $roles roles ignore SIGPIPE"
 kill -KILL $pid; wait $pid 2>/dev/null
 for _ in $(seq 1 300); do [ -z "$(pgrep -f -- "$PWD/runs/orphans")" ] && break; sleep 0.1; done
 left=$(pgrep -af -- "$PWD/runs/orphans")

@@ -1,7 +1,10 @@
 // The sandbox's ordinary behaviour: exit codes, stdin, files, environment, output
 // capture, the isolation it reports, and clear errors. The attacks are in
 // tests/adversarial/.
+#include <signal.h>
 #include <unistd.h>
+
+#include <cstdio>
 
 #include <catch2/catch.hpp>
 
@@ -52,6 +55,30 @@ TEST_CASE("sandbox: reports its isolation, inside it is alone", "[sandbox]") {
   CHECK_THAT(r.stdout_text, Catch::Contains("NoNewPrivs:\t1"));
   CHECK_THAT(r.stdout_text, Catch::Contains("Seccomp:\t2"));
   CHECK(r.isolation == sb.layers());
+}
+
+TEST_CASE("sandbox: the command starts with default signal dispositions, nothing blocked", "[sandbox]") {
+  // As in a role: SIGPIPE and SIGINT ignored, SIGUSR1 blocked. None of it may reach the command.
+  struct sigaction ign{}, old_pipe{}, old_int{};
+  ign.sa_handler = SIG_IGN;
+  ::sigaction(SIGPIPE, &ign, &old_pipe);
+  ::sigaction(SIGINT, &ign, &old_int);
+  sigset_t usr1, old_mask;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  ::pthread_sigmask(SIG_BLOCK, &usr1, &old_mask);
+  Sandbox sb({.limits = {.wall_s = 10}});
+  auto r = sb.run({.argv = {"sh", "-c", "grep -E '^Sig(Ign|Blk):' /proc/self/status"}});
+  ::pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+  ::sigaction(SIGPIPE, &old_pipe, nullptr);
+  ::sigaction(SIGINT, &old_int, nullptr);
+  REQUIRE(r.ok());
+  // The masks of signals 1-31 (bit n-1 for signal n); glibc's own real-time signals (32, 33)
+  // are its business.
+  unsigned long long blocked = 0, ignored = 0;
+  REQUIRE(std::sscanf(r.stdout_text.c_str(), "SigBlk:\t%llx\nSigIgn:\t%llx", &blocked, &ignored) == 2);
+  CHECK((blocked & 0x7fffffffULL) == 0);
+  CHECK((ignored & 0x7fffffffULL) == 0);
 }
 
 TEST_CASE("sandbox: bad requests and missing commands are clear errors", "[sandbox]") {
