@@ -1,10 +1,12 @@
 // rlx: the command-line entry point (the trainer commands with every bundled part, and the tools).
 #include "commands.hpp"
+#include "rlx/core/signals.hpp"
 #include "rlx/core/threads.hpp"
 #include "rlx/version.hpp"
 
 int main(int argc, char** argv) {
   rlx::prepare_blas(argv);  // may re-execute this process once
+  rlx::report_crashes();    // a SIGSEGV prints its stack to the log before the process ends
   CLI::App app{"rlx: reinforcement-learning post-training of language models, natively", "rlx"};
   app.require_subcommand(1);
   // The OpenBLAS kernels in use on a second line: scripts/test.sh exports them once, so the

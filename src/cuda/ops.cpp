@@ -82,17 +82,26 @@ void head_backward_on_device(at::Tensor& z, const at::Tensor& targets, const at:
 }
 
 namespace {
-// RLX_DECODE_ATTENTION=split: the first pass-1 kernel, to compare against; =mma: the
-// tensor-core one; else the tiled one.
-DecodeAttentionKernel decode_attention_kernel() {
-  static const DecodeAttentionKernel kernel = [] {
+bool has_mma(at::Device device);
+
+// The tensor-core kernel where the device has tensor cores for it (sm_80 and newer): on an
+// H200 (2026-11-28, 27b1eeb) it made the decode step 1.43x / 1.65x / 1.97x the tiled kernel's
+// at batch 1 / 64 / 256 (docs/PERF.md). RLX_DECODE_ATTENTION=tiled, mma or split chooses.
+DecodeAttentionKernel decode_attention_kernel(at::Device device) {
+  static const char* const chosen = [] {
     const char* v = std::getenv("RLX_DECODE_ATTENTION");
-    if (v == nullptr || std::strcmp(v, "tiled") == 0) return DecodeAttentionKernel::tiled;
-    if (std::strcmp(v, "mma") == 0) return DecodeAttentionKernel::mma;
-    RLX_CHECK(std::strcmp(v, "split") == 0, "RLX_DECODE_ATTENTION={:?}: expected tiled, mma or split", v);
-    return DecodeAttentionKernel::split;
+    RLX_CHECK(
+        v == nullptr || std::strcmp(v, "tiled") == 0 || std::strcmp(v, "mma") == 0 || std::strcmp(v, "split") == 0,
+        "RLX_DECODE_ATTENTION={:?}: expected tiled, mma or split", v);
+    return v;
   }();
-  return kernel;
+  if (chosen == nullptr) return has_mma(device) ? DecodeAttentionKernel::mma : DecodeAttentionKernel::tiled;
+  if (std::strcmp(chosen, "mma") == 0) {
+    RLX_CHECK(has_mma(device), "RLX_DECODE_ATTENTION=mma: {} has no sm_80 tensor cores (tiled or split run there)",
+              device.str());
+    return DecodeAttentionKernel::mma;
+  }
+  return std::strcmp(chosen, "split") == 0 ? DecodeAttentionKernel::split : DecodeAttentionKernel::tiled;
 }
 }  // namespace
 
@@ -133,7 +142,7 @@ at::Tensor decode_attention_on_device(const at::Tensor& q_in, const at::Tensor& 
                         .max_blocks = static_cast<int>(tables.size(1)),
                         .max_context = static_cast<int>(max_context),
                         .scale = static_cast<float>(scale),
-                        .kernel = decode_attention_kernel()};
+                        .kernel = decode_attention_kernel(q.device())};
   const auto counters = decode_attention_counters(a.batch, a.q_heads, a.kv_heads);
   if (a.kernel == DecodeAttentionKernel::mma && merge_counters.defined() &&
       merge_counters.numel() >= static_cast<int64_t>(counters))

@@ -399,6 +399,7 @@ void add_trainer_commands(CLI::App& app, Action& action) {
 
 int trainer_main(int argc, char** argv, const std::string& name, const std::function<void()>& register_parts) {
   prepare_blas(argv);  // may re-execute this process once
+  report_crashes();    // a SIGSEGV prints its stack to the log before the process ends
   if (register_parts) register_parts();
   env::register_bundled();
   algo::register_bundled_algorithms();

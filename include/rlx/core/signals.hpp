@@ -3,6 +3,10 @@
 //
 //   std::atomic<bool> g_stop{false};
 //   rlx::on_stop_signals([](int) { g_stop = true; });   // SIGINT and SIGTERM
+//
+// And the fatal ones: report_crashes() (every rlx main calls it first) makes a SIGSEGV,
+// SIGBUS, SIGFPE, SIGILL or SIGABRT print its name, the faulting address and the stack to
+// stderr (a role's log) before the process ends with the same signal.
 #pragma once
 
 #include <signal.h>
@@ -17,5 +21,9 @@ inline void on_stop_signals(void (*handler)(int), std::initializer_list<int> sig
   sigemptyset(&sa.sa_mask);
   for (const int s : signals) ::sigaction(s, &sa, nullptr);
 }
+
+// Installs the fatal signals' report (idempotent; the main thread's reports run on an
+// alternate stack, so a stack overflow there is reported too).
+void report_crashes();
 
 }  // namespace rlx
