@@ -57,7 +57,7 @@ def main():
                      f"{t.get('launches_per_step', 0):>12.0f} {busy:>5.0%}  graphs {d.get('graph_steps')}"
                      f" ({d.get('graph_captures')} captured in {d.get('graph_capture_s', 0):.2f} s)"
                      f"  setup {d.get('setup_s', 0):.0f} s")
-        # The variants at this batch (decode_bB_mma, _gemv_mma, _gemm_mma_pdl, ...): the same row.
+        # The variants at this batch (decode_bB_gemv, _tiled, _pdl, ...): the same row.
         for step in sorted(k for k in by_step if k.startswith(f"decode_b{b}_")):
             v = result(step) or {}
             if "decode_step_ms" not in v:
