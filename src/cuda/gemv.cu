@@ -62,30 +62,63 @@ __device__ void stage_norm(const GemvArgs& a, int rows, uint4* s, float* s_sum) 
   __syncthreads();
 }
 
-// Chunk c of row m of the product's input, as floats: x's own, or SiLU-mul of gate_up's row.
+// The raw 16-byte chunks of one row of the product's input at one chunk index: x's own, or
+// gate's and up's (SiLU-mul).
+template <bool Silu>
+struct InputChunk {
+  uint4 raw[Silu ? 2 : 1];
+};
+template <bool Silu>
+__device__ __forceinline__ InputChunk<Silu> load_input(const uint4* x, int64_t chunks, int m, int64_t c) {
+  if constexpr (Silu)
+    return {{x[2 * m * chunks + c], x[(2 * m + 1) * chunks + c]}};
+  else
+    return {{x[m * chunks + c]}};
+}
+// As floats: x's values, or SiLU(gate) * up rounded to T as silu_mul rounds it.
 template <class T, bool Silu>
-__device__ __forceinline__ void input_chunk(const uint4* x, int64_t chunks, int m, int64_t c, float (&f)[kVec]) {
+__device__ __forceinline__ void input_floats(const InputChunk<Silu>& in, float (&f)[kVec]) {
   if constexpr (Silu) {
-    const uint4 graw = x[2 * m * chunks + c], uraw = x[(2 * m + 1) * chunks + c];
-    const T* g = reinterpret_cast<const T*>(&graw);
-    const T* u = reinterpret_cast<const T*>(&uraw);
+    const T* g = reinterpret_cast<const T*>(&in.raw[0]);
+    const T* u = reinterpret_cast<const T*>(&in.raw[1]);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) f[j] = Num<T>::to(silu_times<T>(Num<T>::to(g[j]), Num<T>::to(u[j])));
   } else {
-    const uint4 raw = x[m * chunks + c];
-    const T* e = reinterpret_cast<const T*>(&raw);
+    const T* e = reinterpret_cast<const T*>(&in.raw[0]);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) f[j] = Num<T>::to(e[j]);
   }
 }
 
+// Latency, not bandwidth, bounds these small products (an H200 trace, 2026-11-28: 0.5-1.7 TB/s
+// of its 4.3), so every load a thread needs goes out before it uses any: the first batch of
+// weight chunks before the kernel waits for the one launched before it (weights are no
+// kernel's output; with programmatic dependent launch they stream in while that kernel ends)
+// and before the norm is staged, and with one row of x that row's chunks of the batch too.
+// The arithmetic and its order are the same whatever is prefetched.
 template <class T, int M, int R, bool Silu>
 __global__ void __launch_bounds__(kGemvThreads, 1) gemv_kernel(GemvArgs a, int team) {
   extern __shared__ uint4 s_x[];  // the normalised rows (GemvInput::add_rms_norm)
   __shared__ float s_red[kGemvThreads / 32][R * M];
-  pdl_begin();
   const int64_t chunks = a.k / kVec;
   const auto* w = static_cast<const uint4*>(a.w);
+  const int t = threadIdx.x & (team - 1);
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * (kGemvThreads / team) + threadIdx.x / team) * R;
+  const bool active = n0 < a.n;
+  constexpr int B = batch_for(R);
+  uint4 wv[B][R];
+  // A batch of chunks of the team's rows (zeros past k's and n's ends), issued together.
+  const auto load_w = [&](int64_t base) {
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      const int64_t c = base + static_cast<int64_t>(b) * team;
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        wv[b][r] = active && c < chunks && n0 + r < a.n ? w[(n0 + r) * chunks + c] : make_uint4(0, 0, 0, 0);
+    }
+  };
+  if (!a.experts) load_w(t);  // (the chosen experts are the kernel before's output)
+  pdl_begin();
   const auto* x = static_cast<const uint4*>(a.x);
   T* out = static_cast<T*>(a.out);
   int rows = a.m;
@@ -95,28 +128,28 @@ __global__ void __launch_bounds__(kGemvThreads, 1) gemv_kernel(GemvArgs a, int t
     x += static_cast<int64_t>(i / a.x_share) * chunks;
     out += static_cast<int64_t>(i) * a.n;
     rows = 1;
+    load_w(t);
   }
   if (a.input == GemvInput::add_rms_norm) {
     stage_norm<T>(a, rows, s_x, &s_red[0][0]);
     x = s_x;
   }
-  const int t = threadIdx.x & (team - 1);
-  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * (kGemvThreads / team) + threadIdx.x / team) * R;
   float acc[R][M];
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
-  if (n0 < a.n) {
-    constexpr int B = batch_for(R);
+  if (active) {
+    constexpr bool kPrefetchX = M == 1;  // (registers: B chunks of one row; of eight, too many)
     for (int64_t base = t; base < chunks; base += static_cast<int64_t>(B) * team) {
-      uint4 wv[B][R];
+      if (base != t) load_w(base);
+      InputChunk<Silu> xv[kPrefetchX ? B : 1];
+      if constexpr (kPrefetchX) {
 #pragma unroll
-      for (int b = 0; b < B; ++b) {
-        const int64_t c = base + static_cast<int64_t>(b) * team;
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-          wv[b][r] = c < chunks && n0 + r < a.n ? w[(n0 + r) * chunks + c] : make_uint4(0, 0, 0, 0);
+        for (int b = 0; b < B; ++b) {
+          const int64_t c = base + static_cast<int64_t>(b) * team;
+          if (c < chunks) xv[b] = load_input<Silu>(x, chunks, 0, c);
+        }
       }
 #pragma unroll
       for (int b = 0; b < B; ++b) {
@@ -126,7 +159,10 @@ __global__ void __launch_bounds__(kGemvThreads, 1) gemv_kernel(GemvArgs a, int t
         for (int m = 0; m < M; ++m) {
           if (m >= rows) break;
           float xf[kVec];
-          input_chunk<T, Silu>(x, chunks, m, c, xf);
+          if constexpr (kPrefetchX)
+            input_floats<T, Silu>(xv[b], xf);
+          else
+            input_floats<T, Silu>(load_input<Silu>(x, chunks, m, c), xf);
 #pragma unroll
           for (int r = 0; r < R; ++r) {
             const T* ws = reinterpret_cast<const T*>(&wv[b][r]);
