@@ -55,8 +55,9 @@ def main():
         busy = t.get("busy_us_per_step", 0) / 1e3 / ms if t else 0
         lines.append(f"  {b:>5} {ms:>8.3f} {roof:>11.3f} {roof / ms:>10.1%} {goal:>5.0%} {vs(comp):>11} {vs(hf):>7} "
                      f"{t.get('launches_per_step', 0):>12.0f} {busy:>5.0%}  graphs {d.get('graph_steps')}"
-                     f" ({d.get('graph_captures')} captured in {d.get('graph_capture_s', 0):.2f} s)"
-                     f"  setup {d.get('setup_s', 0):.0f} s")
+                     f" ({d.get('graph_captures')} captured in {d.get('graph_capture_s', 0):.2f} s"
+                     + (f"; {d['capture_steps']} steps that captured, not in the step time)" if "capture_steps" in d else ")")
+                     + f"  setup {d.get('setup_s', 0):.0f} s")
         # The variants at this batch (decode_bB_gemv, _tiled, _pdl, ...): the same row.
         for step in sorted(k for k in by_step if k.startswith(f"decode_b{b}_")):
             v = result(step) or {}

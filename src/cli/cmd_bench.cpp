@@ -122,12 +122,14 @@ std::pair<double, int64_t> time_lora_updates(Transformer& model, Engine& engine,
 
 // The engine's timed iterations, summed.
 struct EngineTimes {
-  double total_s = 0, decode_s = 0, prefill_s = 0;
-  int64_t decode_steps = 0, prefill_tokens = 0, out_tokens = 0, peak_blocks = 0;
+  double total_s = 0, decode_s = 0, prefill_s = 0, capture_steps_s = 0;
+  int64_t decode_steps = 0, capture_steps = 0, prefill_tokens = 0, out_tokens = 0, peak_blocks = 0;
 };
 
 // Each iteration: every request from an empty engine; steps are timed one by one and
-// split into decode-only steps and steps that prefill.
+// split into decode-only steps, decode steps that captured a CUDA graph (a new batch or
+// context bucket's first step: tens of ms once a run, which in 128 steps would be a third of
+// the mean), and steps that prefill.
 EngineTimes time_engine(Engine& engine, const std::vector<GenerationRequest>& requests, const SamplerArgs& a) {
   EngineTimes e;
   for (int it = 0; it < a.iters; ++it) {
@@ -140,7 +142,10 @@ EngineTimes time_engine(Engine& engine, const std::vector<GenerationRequest>& re
       const double dt = seconds_since(t0);
       const auto after = engine.stats();
       e.peak_blocks = std::max<int64_t>(e.peak_blocks, after.total_blocks - after.free_blocks);
-      if (after.prefill_tokens == before.prefill_tokens) {
+      if (after.prefill_tokens == before.prefill_tokens && after.graph_captures != before.graph_captures) {
+        e.capture_steps_s += dt;
+        ++e.capture_steps;
+      } else if (after.prefill_tokens == before.prefill_tokens) {
         e.decode_s += dt;
         ++e.decode_steps;
       } else {
@@ -232,6 +237,9 @@ int bench_sampler(const SamplerArgs& a) {
       {"new_tokens", a.new_tokens},
       {"output_tokens_per_s", tokens_per_s},
       {"decode_step_ms", e.decode_steps ? e.decode_s * 1e3 / static_cast<double>(e.decode_steps) : 0.0},
+      {"decode_steps", e.decode_steps},
+      {"capture_steps", e.capture_steps},  // decode steps that captured a graph: not in decode_step_ms
+      {"capture_step_ms", e.capture_steps ? e.capture_steps_s * 1e3 / static_cast<double>(e.capture_steps) : 0.0},
       {"prefill_tokens_per_s", e.prefill_s > 0 ? static_cast<double>(e.prefill_tokens) / e.prefill_s : 0.0},
       {"kv_block_bytes", PagedKVCache::block_bytes(cfg, static_cast<int32_t>(a.block_size), dtype)},
       {"kv_blocks_peak", e.peak_blocks},
