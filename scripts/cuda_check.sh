@@ -15,11 +15,11 @@
 #      tests, HF parity of the six model families, compute-sanitizer memcheck and racecheck;
 #   3. the timed steps one at a time: decode at batch 1/64/256 with a kernel trace of 5
 #      CUDA-graph steps each, rlx's GEMV with the folded norms at batch 1 and 8, the tiled
-#      attention kernel (the default before) at 1 and 256; the colocated throughput config,
+#      attention kernel (the default before) at 1 and 256; ncu on the attention kernel and the
+#      sampler at batch 256 and the GEMV at batch 1; the colocated throughput config,
 #      generation and training alone on its shapes, and the quickstart's task; the learner and
 #      PyTorch's step with their operator tables and kernel lists; split placement; decode's
-#      other cases (programmatic dependent launch, top-p); ncu on the attention kernel and the
-#      sampler at batch 256 and the GEMV at batch 1; Qwen3 and Qwen3-MoE decode; the decode
+#      other cases (programmatic dependent launch, top-p); Qwen3 and Qwen3-MoE decode; the decode
 #      peers (HF generate and its compiled static-cache loop: scripts/bench_hf_generate.py);
 #      weight sync by CUDA IPC; the unit suite; then the summary.
 # RLX_CUDA_DEADLINE (default 570 s after the script starts): no step starts within 20 s of
@@ -348,9 +348,10 @@ run_step sanitizer
 wait $tests_lane
 # 3. The timed steps, one at a time, the peers among them (a peer timed beside a build or a
 # test would be slowed by it: HF generate at batch 1 is bound by its host).
-# Most wanted first: decode (the defaults, the tensor-core attention, the GEMV and the GEMM), the
-# whole loop on a GPU (never run to its end yet), the learner, the new kernels' other cases and
-# profiles, MoE decode, the peers' ratios, then the rest. RLX_CUDA_PLAN replaces this order.
-for s in ${RLX_CUDA_PLAN:-decode colocated learner split decode_more ncu models peers sync unit}; do run_step "$s"; done
+# Most wanted first: decode (the defaults, the GEMV), ncu on the kernels that decode's time goes
+# to (the attention kernel, the GEMV, the sampler: never profiled yet), the whole loop on a GPU
+# (the quickstart never run to its end yet), the learner, then the rest. RLX_CUDA_PLAN replaces
+# this order.
+for s in ${RLX_CUDA_PLAN:-decode ncu colocated learner split decode_more models peers sync unit}; do run_step "$s"; done
 run_step summary
 say "done"
