@@ -241,8 +241,8 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
         --micro-batch-tokens 16384 --steps 5 --ranks 1 --profile 2 --trace "$work/profile_learner"
       gzip -f "$work/profile_learner/trace.json" 2>/dev/null
       # The same step with LibTorch's ops in the log-prob head and in RMSNorm, RoPE and SiLU-mul
-      # (the gain of rlx's learner kernels: logprob_head.cu, fused_grad.cu).
-      [ "${RLX_LEARNER_VARIANTS:-1}" = 1 ] && step learner_aten_ops 150 env RLX_LOGPROB_HEAD=aten RLX_FUSED_OPS=aten "$rlx" bench learner "${qwen05[@]}" \
+      # (the gain of rlx's learner kernels: logprob_head.cu, fused_grad.cu), with RLX_LEARNER_VARIANTS=1.
+      [ "${RLX_LEARNER_VARIANTS:-0}" = 1 ] && step learner_aten_ops 150 env RLX_LOGPROB_HEAD=aten RLX_FUSED_OPS=aten "$rlx" bench learner "${qwen05[@]}" \
         "${bf16[@]}" --seq 2048 --batch-seqs 8 --micro-batch-tokens 16384 --steps 5 --ranks 1
       # A GRPO-shaped batch (RLX_LEARNER_GRPO=1): 2 prompts x 8 samples, 1536 prompt + 512
       # completion tokens each, the prompt packed once and the policy head at the completions only.
@@ -279,9 +279,9 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
     colocated)
       # One GPU, the whole loop (train.placement = colocated): the throughput config (random
       # Qwen2.5-0.5B shape, 64 x 8 samples x 512 tokens a step), then generation alone and
-      # training alone on its shapes; the quickstart's task from an SFT warm start.
-      # RLX_COLOCATED_ARGS overrides the throughput runs' config (here and in `split`; default
-      # train.steps=4: a step, generation and training, runs a few seconds).
+      # training alone on its shapes. RLX_COLOCATED_ARGS overrides the throughput runs' config
+      # (here and in `split`; default train.steps=4: a step, generation and training, runs a
+      # few seconds).
       have "$rlx" || return 0
       runs=$work/runs
       # Each run's metrics in one JSON line (scripts/run_metrics_summary.py: busy share, step,
@@ -294,17 +294,25 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
         --new 512 --iters 1 --kv-cache-mb 6144 --max-batch-tokens 16384
       step colocated_train_alone 200 "$rlx" bench learner "${qwen05[@]}" "${bf16[@]}" --seq 576 --batch-seqs 512 \
         --micro-batch-tokens 16384 --steps 3 --ranks 1
+      true ;;
+    quickstart)
+      # The quickstart's task on one GPU: SFT warm start, GRPO from it (colocated,
+      # examples/configs/grpo_arithmetic_gpu.yaml; RLX_QUICKSTART_ARGS overrides, default 60 of
+      # its 300 steps), then the held-out accuracy of its final model.
+      have "$rlx" || return 0
+      runs=$work/runs
       step quickstart_sft 300 "$rlx" sft examples/configs/sft_arithmetic.yaml run.out_dir=$runs model.device=cuda
-      step quickstart 400 "$rlx" run examples/configs/grpo_arithmetic_gpu.yaml run.out_dir=$runs \
-        model.path=$runs/sft_arithmetic/final --force
+      step quickstart 300 "$rlx" run examples/configs/grpo_arithmetic_gpu.yaml run.out_dir=$runs \
+        model.path=$runs/sft_arithmetic/final --force ${RLX_QUICKSTART_ARGS-train.steps=60}
       local qrc=$?
       # It ended with a signal at its start on 2026-11-28 (rc 139, nothing printed): its log now
       # holds the stack (report_crashes), and a second try skips the launcher's checks.
       if [ $qrc -gt 128 ] && [ $qrc -ne 137 ]; then
-        step quickstart_nopreflight 400 "$rlx" run examples/configs/grpo_arithmetic_gpu.yaml run.out_dir=$runs \
-          model.path=$runs/sft_arithmetic/final run.preflight=false --force
+        step quickstart_nopreflight 300 "$rlx" run examples/configs/grpo_arithmetic_gpu.yaml run.out_dir=$runs \
+          model.path=$runs/sft_arithmetic/final run.preflight=false --force ${RLX_QUICKSTART_ARGS-train.steps=60}
       fi
-      metrics quickstart $runs/grpo_arithmetic_gpu/metrics.jsonl
+      [ -f $runs/grpo_arithmetic_gpu/metrics.jsonl ] && cp $runs/grpo_arithmetic_gpu/metrics.jsonl "$work/quickstart.jsonl" &&
+        step quickstart_metrics 20 python3 scripts/run_metrics_summary.py $runs/grpo_arithmetic_gpu/metrics.jsonl quickstart
       step quickstart_eval 120 "$rlx" eval examples/configs/grpo_arithmetic_gpu.yaml run.out_dir=$runs \
         model.path=$runs/grpo_arithmetic_gpu/final ;;
     unit)
@@ -348,10 +356,10 @@ run_step sanitizer
 wait $tests_lane
 # 3. The timed steps, one at a time, the peers among them (a peer timed beside a build or a
 # test would be slowed by it: HF generate at batch 1 is bound by its host).
-# Most wanted first: decode (the defaults, the GEMV), ncu on the kernels that decode's time goes
-# to (the attention kernel, the GEMV, the sampler: never profiled yet), the whole loop on a GPU
-# (the quickstart never run to its end yet), the learner, then the rest. RLX_CUDA_PLAN replaces
-# this order.
-for s in ${RLX_CUDA_PLAN:-decode ncu colocated learner split decode_more models peers sync unit}; do run_step "$s"; done
+# Most wanted first: decode (the defaults, the GEMV), the learner against PyTorch (not measured
+# since the first lease), the quickstart's task (never run to its end on a GPU), ncu on the
+# kernels that decode's time goes to (never profiled yet), the colocated throughput config (its
+# goals met on 2026-11-28), then the rest. RLX_CUDA_PLAN replaces this order.
+for s in ${RLX_CUDA_PLAN:-decode learner quickstart ncu colocated split decode_more models peers sync unit}; do run_step "$s"; done
 run_step summary
 say "done"
