@@ -356,10 +356,10 @@ run_step sanitizer
 wait $tests_lane
 # 3. The timed steps, one at a time, the peers among them (a peer timed beside a build or a
 # test would be slowed by it: HF generate at batch 1 is bound by its host).
-# Most wanted first: decode (the defaults, the GEMV), the learner against PyTorch (not measured
-# since the first lease), the quickstart's task (never run to its end on a GPU), ncu on the
-# kernels that decode's time goes to (never profiled yet), the colocated throughput config (its
-# goals met on 2026-11-28), then the rest. RLX_CUDA_PLAN replaces this order.
-for s in ${RLX_CUDA_PLAN:-decode learner quickstart ncu colocated split decode_more models peers sync unit}; do run_step "$s"; done
+# Most wanted first: decode (the defaults, the GEMV: its roofline goals are the ones not met),
+# the quickstart's task (never run to its end on a GPU), ncu on the kernels that decode's time
+# goes to (never profiled yet), the colocated throughput config and the learner (their goals met
+# on 2026-11-28), then the rest. RLX_CUDA_PLAN replaces this order.
+for s in ${RLX_CUDA_PLAN:-decode quickstart ncu colocated learner split decode_more models peers sync unit}; do run_step "$s"; done
 run_step summary
 say "done"
