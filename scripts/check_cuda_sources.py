@@ -144,13 +144,14 @@ def main() -> int:
         if any(s in text for s in SWITCHES):
             jobs.setdefault(path, c)
     # Sources only a CUDA build compiles (CMakeLists.txt: target_sources under RLX_CUDA_ENABLED),
-    # with a library source's flags, and the [cuda] tests with a test's.
+    # with a library source's flags, and the [cuda] and kernel tests with a test's.
     cuda_only = [ROOT / "src/rollout/decode_graphs.cpp", ROOT / "src/rollout/sampling_device.cpp"]
     for path in sorted((ROOT / "src/cuda").glob("*.cpp")) + cuda_only:
         if path not in jobs and src_template is not None:
             jobs[path] = src_template
     if test_template is not None:
         jobs[ROOT / "tests/unit/cuda/cuda_test.cpp"] = test_template
+        jobs[ROOT / "tests/cuda/kernels_test.cpp"] = test_template  # rlx_cuda_kernel_tests
     jobs = list(jobs.items())
 
     def check(job):

@@ -184,10 +184,18 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
       gzip -f "$work/trace_decode_b1_gemv/trace.json" 2>/dev/null
       step decode_b8 120 "$rlx" bench sampler "${dec[@]}" --batch 8
       step decode_b8_gemv 120 env RLX_GEMV=1 "$rlx" bench sampler "${dec[@]}" --batch 8
+      # The tensor-core attention a block a sequence's kv head, its splits in turn (new, not yet
+      # run: the same bits, no workspace, no merge), where batch x kv heads fills the device.
+      for b in 64 256; do
+        step decode_b${b}_mmaseq 120 env RLX_DECODE_ATTENTION=mma-sequence "$rlx" bench sampler "${dec[@]}" --batch $b
+      done
       # The tiled attention kernel, the default before (its ratio to the tensor-core one).
       for b in 1 256; do
         step decode_b${b}_tiled 120 env RLX_DECODE_ATTENTION=tiled "$rlx" bench sampler "${dec[@]}" --batch $b
       done
+      # The sampler's filtered path (temperature < 1 with top-k and top-p: radix selects over
+      # each row) against plain temperature sampling at batch 256 (decode_b256 above).
+      step decode_b256_topp 120 "$rlx" bench sampler "${dec[@]}" --batch 256 --temperature 0.7 --top-k 50 --top-p 0.9
       bundle ;;
     decode_more)
       # After the whole loop's steps (colocated, learner): the new kernels' other cases.
@@ -198,9 +206,6 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
       # ends), at batch 1 (all of a layer's kernels rlx's) and 64.
       step decode_b1_gemv_pdl 120 env RLX_GEMV=1 RLX_PDL=1 "$rlx" bench sampler "${dec[@]}" --batch 1
       step decode_b64_pdl 120 env RLX_PDL=1 "$rlx" bench sampler "${dec[@]}" --batch 64
-      # The sampler's filtered path (temperature < 1 with top-k and top-p: a sort of each row's
-      # candidates) against plain temperature sampling at batch 256 (decode_b256 above).
-      step decode_b256_topp 120 "$rlx" bench sampler "${dec[@]}" --batch 256 --temperature 0.7 --top-k 50 --top-p 0.9
       bundle
       # With RLX_DECODE_VARIANTS=1: rlx's tensor-core GEMM for the projections at 64 and 256
       # (RLX_DECODE_GEMM=1; 0.53x and 0.32x cuBLAS's step on 2026-11-28) and the first
@@ -225,6 +230,9 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
       local ncu; ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
       step ncu_attention 120 "$ncu" --clock-control none --set full --kernel-name regex:decode_mma_kernel --launch-skip 192 \
         --launch-count 1 --csv --page details --log-file "$work/ncu_attention.csv" "$rlx" bench sampler "${args[@]}"
+      step ncu_attention_sequence 120 env RLX_DECODE_ATTENTION=mma-sequence "$ncu" --clock-control none --set full \
+        --kernel-name regex:decode_mma_sequence_kernel --launch-skip 192 --launch-count 1 --csv --page details \
+        --log-file "$work/ncu_attention_sequence.csv" "$rlx" bench sampler "${args[@]}"
       step ncu_sampler 120 "$ncu" --clock-control none --set full --kernel-name regex:sample_kernel --launch-skip 20 \
         --launch-count 1 --csv --page details --log-file "$work/ncu_sampler.csv" "$rlx" bench sampler "${args[@]}"
       # rlx's GEMV at batch 1 (RLX_GEMV=1): 4 consecutive launches (one layer's qkv, o, gate-up

@@ -38,6 +38,22 @@ __device__ inline SplitBlock split_block(const DecodeAttentionArgs& a) {
   return w;
 }
 
+// Value (g, d) of a split: the block's warps' partial results merged in index order; the state
+// (m, l) into `total`, the output normalised by l.
+template <int D>
+__device__ __forceinline__ float merge_warps(const float (*s_acc)[kMaxGroup][D],
+                                             const hd::SoftmaxState (*s_st)[kMaxGroup], int g, int d,
+                                             hd::SoftmaxState& total) {
+  total = s_st[0][g];
+  float o = s_acc[0][g][d];
+  for (int w = 1; w < kWarps; ++w) {
+    float sa, sb;
+    hd::softmax_merge(total, s_st[w][g], sa, sb);
+    o = o * sa + s_acc[w][g][d] * sb;
+  }
+  return total.l > 0.0f ? o / total.l : 0.0f;
+}
+
 // The block's warps merge in index order; the block writes the split's (out / l, m, l) per
 // head to the workspace. Both pass-1 kernels end here, after a barrier.
 template <int D>
@@ -46,20 +62,24 @@ __device__ inline void write_split(const DecodeAttentionArgs& a, const float (*s
                                    int max_splits) {
   for (int i = threadIdx.x; i < heads * D; i += blockDim.x) {
     const int g = i / D, d = i % D;
-    hd::SoftmaxState total = s_st[0][g];
-    float o = s_acc[0][g][d];
-    for (int w = 1; w < kWarps; ++w) {
-      float sa, sb;
-      hd::softmax_merge(total, s_st[w][g], sa, sb);
-      o = o * sa + s_acc[w][g][d] * sb;
-    }
+    hd::SoftmaxState total;
+    const float o = merge_warps<D>(s_acc, s_st, g, d, total);
     float* dst = a.workspace + partial_index(seq, head0 + g, split, a.q_heads, max_splits, D);
-    dst[d] = total.l > 0.0f ? o / total.l : 0.0f;
+    dst[d] = o;
     if (d == 0) {
       dst[D] = total.m;
       dst[D + 1] = total.l;
     }
   }
+}
+
+// Pass 2's step: the next split's partial result (its normalised value and state) into a
+// running merge of the splits before it.
+__device__ __forceinline__ void fold_split(hd::SoftmaxState& total, float& o, const hd::SoftmaxState& split,
+                                           float value) {
+  float sa, sb;
+  hd::softmax_merge(total, split, sa, sb);
+  o = o * sa + value * split.l * sb;
 }
 
 // Pass 2 for one value: dim d of head `head` of sequence `seq`, its `splits` partial results
@@ -72,10 +92,7 @@ __device__ inline void merge_value(const DecodeAttentionArgs& a, int seq, int he
   float o = 0.0f;
   for (int s = 0; s < splits; ++s) {
     const float* p = part + static_cast<int64_t>(s) * (D + 2);
-    const float l = __ldcg(p + D + 1);
-    float sa, sb;
-    hd::softmax_merge(total, hd::SoftmaxState{__ldcg(p + D), l}, sa, sb);
-    o = o * sa + __ldcg(p + d) * l * sb;
+    fold_split(total, o, hd::SoftmaxState{__ldcg(p + D), __ldcg(p + D + 1)}, __ldcg(p + d));
   }
   T* out = static_cast<T*>(a.out) + (static_cast<int64_t>(seq) * a.q_heads + head) * D;
   out[d] = Num<T>::from(total.l > 0.0f ? o / total.l : 0.0f);
@@ -112,5 +129,9 @@ __device__ inline void merge_if_last(const DecodeAttentionArgs& a, const SplitBl
 // workspace; sm_80 and newer.
 template <class T, int D>
 int launch_decode_mma(const DecodeAttentionArgs& a, dim3 grid, int max_splits, cudaStream_t stream);
+// The same splits' arithmetic, a block a (sequence, head chunk) taking its splits in turn and
+// merging them as pass 2 does (the same bits; no workspace, no pass 2).
+template <class T, int D>
+int launch_decode_mma_sequence(const DecodeAttentionArgs& a, int max_splits, cudaStream_t stream);
 
 }  // namespace rlx::cuda

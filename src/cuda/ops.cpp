@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <limits>
 
 #include "rlx/core/error.hpp"
@@ -86,22 +87,23 @@ bool has_mma(at::Device device);
 
 // The tensor-core kernel where the device has tensor cores for it (sm_80 and newer): on an
 // H200 (2026-11-28, 27b1eeb) it made the decode step 1.43x / 1.65x / 1.97x the tiled kernel's
-// at batch 1 / 64 / 256 (docs/PERF.md). RLX_DECODE_ATTENTION=tiled, mma or split chooses.
+// at batch 1 / 64 / 256 (docs/PERF.md). RLX_DECODE_ATTENTION=tiled, mma, mma-sequence or split
+// chooses.
 DecodeAttentionKernel decode_attention_kernel(at::Device device) {
-  static const char* const chosen = [] {
+  using K = DecodeAttentionKernel;
+  static const std::optional<K> chosen = []() -> std::optional<K> {
     const char* v = std::getenv("RLX_DECODE_ATTENTION");
-    RLX_CHECK(
-        v == nullptr || std::strcmp(v, "tiled") == 0 || std::strcmp(v, "mma") == 0 || std::strcmp(v, "split") == 0,
-        "RLX_DECODE_ATTENTION={:?}: expected tiled, mma or split", v);
-    return v;
+    if (v == nullptr) return std::nullopt;
+    for (const auto& [name, kernel] : {std::pair{"tiled", K::tiled}, std::pair{"split", K::split},
+                                       std::pair{"mma", K::mma}, std::pair{"mma-sequence", K::mma_sequence}})
+      if (std::strcmp(v, name) == 0) return kernel;
+    throw Error(fmt::format("RLX_DECODE_ATTENTION={:?}: expected tiled, mma, mma-sequence or split", v));
   }();
-  if (chosen == nullptr) return has_mma(device) ? DecodeAttentionKernel::mma : DecodeAttentionKernel::tiled;
-  if (std::strcmp(chosen, "mma") == 0) {
-    RLX_CHECK(has_mma(device), "RLX_DECODE_ATTENTION=mma: {} has no sm_80 tensor cores (tiled or split run there)",
-              device.str());
-    return DecodeAttentionKernel::mma;
-  }
-  return std::strcmp(chosen, "split") == 0 ? DecodeAttentionKernel::split : DecodeAttentionKernel::tiled;
+  if (!chosen) return has_mma(device) ? K::mma : K::tiled;
+  RLX_CHECK((*chosen != K::mma && *chosen != K::mma_sequence) || has_mma(device),
+            "RLX_DECODE_ATTENTION: {} has no sm_80 tensor cores for the tensor-core kernels (tiled or split run there)",
+            device.str());
+  return *chosen;
 }
 }  // namespace
 

@@ -183,6 +183,10 @@ TEST_CASE("cuda kernels: paged decode attention equals the reference, a row alon
           }
           outs.push_back(std::move(got));
         }
+        // The sequence kernel: the tensor-core kernel's splits merged as pass 2 merges them, bit for bit.
+        CHECK(run_decode(dtype, c, q, kp, vp, tables, max_blocks, block_size, all, Kernel::mma_sequence) == outs[2]);
+        CHECK(run_decode(dtype, c, q, kp, vp, tables, max_blocks, block_size, {0}, Kernel::mma_sequence) ==
+              std::vector<float>(outs[2].begin(), outs[2].begin() + static_cast<int64_t>(c.q_heads) * d));
         // The tiled and split kernels differ in their fp32 sums' order only: within 2 units in the last
         // place of the output's dtype, relative to its largest value.
         double top = 0;

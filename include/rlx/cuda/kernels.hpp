@@ -32,8 +32,11 @@ const char* error_string(int status);
 // head) score once and updates the softmax once per 32 tokens; `split` is the first kernel,
 // one online-softmax update per token, kept to compare against (RLX_DECODE_ATTENTION=split);
 // `mma` (fp16/bf16, sm_80+) computes the scores and the weighted values on tensor cores
-// (RLX_DECODE_ATTENTION=mma).
-enum class DecodeAttentionKernel : int { tiled = 0, split = 1, mma = 2 };
+// (RLX_DECODE_ATTENTION=mma, the default there); `mma_sequence` does the same arithmetic a
+// block a sequence's kv head, its splits in turn with the next one's keys and values loading,
+// and merges them itself (the same bits as `mma` and pass 2; RLX_DECODE_ATTENTION=mma-sequence,
+// for large batches).
+enum class DecodeAttentionKernel : int { tiled = 0, split = 1, mma = 2, mma_sequence = 3 };
 
 struct DecodeAttentionArgs {
   DType dtype = DType::bf16;
