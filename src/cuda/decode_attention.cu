@@ -279,8 +279,11 @@ int launch(const DecodeAttentionArgs& a, cudaStream_t stream) {
   const dim3 grid(max_splits, a.kv_heads * chunks, a.batch);
   int status = 0;
   if constexpr (sizeof(T) == 2) {
-    if (a.kernel == DecodeAttentionKernel::mma_sequence) return launch_decode_mma_sequence<T, D>(a, max_splits, stream);
-    if (a.kernel == DecodeAttentionKernel::mma) {
+    if (a.kernel == DecodeAttentionKernel::mma_sequence) {
+      status = launch_decode_mma_sequence<T, D>(a, max_splits, stream);
+      if (status != kSequenceDoesNotFit) return status;
+    }
+    if (a.kernel == DecodeAttentionKernel::mma || a.kernel == DecodeAttentionKernel::mma_sequence) {
       status = launch_decode_mma<T, D>(a, grid, max_splits, stream);
       if (status != 0 || a.merge_counters) return status;  // its blocks merged the splits
     } else if (a.kernel == DecodeAttentionKernel::tiled) {

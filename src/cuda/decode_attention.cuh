@@ -38,6 +38,19 @@ __device__ inline SplitBlock split_block(const DecodeAttentionArgs& a) {
   return w;
 }
 
+// One step of a merge: state b and its accumulator value vb (scaled as the caller's sum needs)
+// into (a, va), every rounding fixed (__fmaf_rn, __fmul_rn) rather than left to nvcc's
+// contraction of x * s + y * t, which chose differently in pass 2 and in the sequence kernel
+// (a review's PTX reading): both now give the same bits. Both states empty: a and va unchanged.
+__device__ __forceinline__ void merge_step(hd::SoftmaxState& a, float& va, const hd::SoftmaxState& b, float vb) {
+  const float m = a.m > b.m ? a.m : b.m;
+  if (m == -__builtin_huge_valf()) return;
+  const float sa = hd::hd_exp2(a.m - m), sb = hd::hd_exp2(b.m - m);
+  a.l = __fmaf_rn(a.l, sa, __fmul_rn(b.l, sb));
+  a.m = m;
+  va = __fmaf_rn(vb, sb, __fmul_rn(va, sa));
+}
+
 // Value (g, d) of a split: the block's warps' partial results merged in index order; the state
 // (m, l) into `total`, the output normalised by l.
 template <int D>
@@ -46,11 +59,7 @@ __device__ __forceinline__ float merge_warps(const float (*s_acc)[kMaxGroup][D],
                                              hd::SoftmaxState& total) {
   total = s_st[0][g];
   float o = s_acc[0][g][d];
-  for (int w = 1; w < kWarps; ++w) {
-    float sa, sb;
-    hd::softmax_merge(total, s_st[w][g], sa, sb);
-    o = o * sa + s_acc[w][g][d] * sb;
-  }
+  for (int w = 1; w < kWarps; ++w) merge_step(total, o, s_st[w][g], s_acc[w][g][d]);
   return total.l > 0.0f ? o / total.l : 0.0f;
 }
 
@@ -77,9 +86,7 @@ __device__ inline void write_split(const DecodeAttentionArgs& a, const float (*s
 // running merge of the splits before it.
 __device__ __forceinline__ void fold_split(hd::SoftmaxState& total, float& o, const hd::SoftmaxState& split,
                                            float value) {
-  float sa, sb;
-  hd::softmax_merge(total, split, sa, sb);
-  o = o * sa + value * split.l * sb;
+  merge_step(total, o, split, __fmul_rn(value, split.l));
 }
 
 // Pass 2 for one value: dim d of head `head` of sequence `seq`, its `splits` partial results
@@ -130,7 +137,9 @@ __device__ inline void merge_if_last(const DecodeAttentionArgs& a, const SplitBl
 template <class T, int D>
 int launch_decode_mma(const DecodeAttentionArgs& a, dim3 grid, int max_splits, cudaStream_t stream);
 // The same splits' arithmetic, a block a (sequence, head chunk) taking its splits in turn and
-// merging them as pass 2 does (the same bits; no workspace, no pass 2).
+// merging them as pass 2 does (the same bits; no workspace, no pass 2). kSequenceDoesNotFit,
+// launching nothing, where the device cannot give a block its shared memory.
+constexpr int kSequenceDoesNotFit = -1;
 template <class T, int D>
 int launch_decode_mma_sequence(const DecodeAttentionArgs& a, int max_splits, cudaStream_t stream);
 

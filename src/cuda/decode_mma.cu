@@ -334,6 +334,12 @@ int launch_decode_mma(const DecodeAttentionArgs& a, dim3 grid, int max_splits, c
 template <class T, int D>
 int launch_decode_mma_sequence(const DecodeAttentionArgs& a, int max_splits, cudaStream_t stream) {
   constexpr size_t kShared = sequence_shared_bytes<T, D>();
+  // 144 KB at head_dim 128: more than sm_86/89/120 give a block (99 KB).
+  int device = 0, optin = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
+    return launch_status();
+  if (static_cast<size_t>(optin) < kShared) return kSequenceDoesNotFit;
   if constexpr (kShared > 48 * 1024)
     (void)cudaFuncSetAttribute(decode_mma_sequence_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(kShared));

@@ -92,8 +92,9 @@ __device__ __forceinline__ void input_floats(const InputChunk<Silu>& in, float (
 
 // Latency, not bandwidth, bounds these small products (an H200 trace, 2026-11-28: 0.5-1.7 TB/s
 // of its 4.3), so every load a thread needs goes out before it uses any: the first batch of
-// weight chunks before the kernel waits for the one launched before it (weights are no
-// kernel's output; with programmatic dependent launch they stream in while that kernel ends)
+// weight chunks before the kernel waits for the ones launched before it (weights are no
+// decode kernel's output, kernels.hpp; with programmatic dependent launch they stream in while
+// those end)
 // and before the norm is staged, and with one row of x that row's chunks of the batch too.
 // The arithmetic and its order are the same whatever is prefetched.
 template <class T, int M, int R, bool Silu>

@@ -113,19 +113,32 @@ __device__ void block_argmax(float& best, int& best_i, float* s_float, int* s_in
   __syncthreads();
 }
 
+// Thread j's contiguous chunk [lo, hi) of the units [lo_u, hi_u): the inverse CDF's scan order.
+__device__ __forceinline__ void thread_chunk(int lo_u, int hi_u, int& lo, int& hi) {
+  const int threads = static_cast<int>(blockDim.x);
+  const int chunk = (hi_u - lo_u + threads - 1) / threads;
+  lo = min(hi_u, lo_u + static_cast<int>(threadIdx.x) * chunk);
+  hi = min(hi_u, lo + chunk);
+}
+
 // Inverse CDF over the units [lo_u, hi_u) in vocabulary order: thread j owns contiguous chunk
 // j. The token is the first whose running kept mass exceeds target_of(total kept mass in the
-// range); `fallback` where nothing has mass.
+// range); `fallback` where nothing has mass. `known`: this thread's chunk's kept mass where the
+// caller has it (the pass over the row is then skipped), else kUnknownMass.
+constexpr unsigned long long kUnknownMass = ~0ull;  // above any row's sum (2^23 tokens x 2^40 units)
 template <class T, class Kept, class TargetOf>
 __device__ int inverse_cdf(const Row<T>& row, int lo_u, int hi_u, Kept kept_mass, TargetOf target_of, int fallback,
-                           unsigned long long* s_u64, int* s_token) {
+                           unsigned long long* s_u64, int* s_token, unsigned long long known = kUnknownMass) {
   __syncthreads();                            // s_u64 and s_token may still be read from before
   if (threadIdx.x == 0) *s_token = fallback;  // the scan's barrier orders this write first
   const int threads = static_cast<int>(blockDim.x);
-  const int chunk = (hi_u - lo_u + threads - 1) / threads;
-  const int lo = min(hi_u, lo_u + static_cast<int>(threadIdx.x) * chunk), hi = min(hi_u, lo + chunk);
-  unsigned long long mine = 0;
-  row.visit(lo, 1, hi, [&](int, float zi) { mine += kept_mass(zi); });
+  int lo, hi;
+  thread_chunk(lo_u, hi_u, lo, hi);
+  unsigned long long mine = known;
+  if (known == kUnknownMass) {
+    mine = 0;
+    row.visit(lo, 1, hi, [&](int, float zi) { mine += kept_mass(zi); });
+  }
   unsigned long long incl = mine;  // inclusive scan over the threads
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int offset = 1; offset < 32; offset <<= 1) {
@@ -283,8 +296,15 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a, int slic
 
   // The softmax's sum in mass units: the same in any order, whichever units a row's
   // alignment gives (a float sum's order would tie a row's log-prob to its place in the batch).
+  // Summed over the inverse CDF's chunks: a row without top-k, top-p or min-p keeps every
+  // unit's mass, so its draw scans these sums instead of a third pass over the row.
   unsigned long long units = 0;
-  row.for_each([&](int, float zi) { units += mass_of(zi, m); });
+  {
+    int lo, hi;
+    thread_chunk(0, row.units, lo, hi);
+    row.visit(lo, 1, hi, [&](int, float zi) { units += mass_of(zi, m); });
+  }
+  const unsigned long long chunk_units = units;
   const float log_total = hd::log_total_of_units(block_reduce(units, SumOp{}, s_u64));
 
   if (greedy) {
@@ -315,10 +335,11 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a, int slic
   };
 
   // Inverse CDF in vocabulary order. A row without mass (total 0) keeps the first maximum.
+  const bool keeps_all = key_min == 0 && !(min_p > 0.0f);  // kept_mass is mass_of: the chunks' sums above
   const int token = inverse_cdf(
       row, 0, row.units, kept_mass,
       [&](unsigned long long total) { return hd::draw_target(a.uniform[row_index], total); }, best_i < n ? best_i : 0,
-      s_u64, &s_token);
+      s_u64, &s_token, keeps_all ? chunk_units : kUnknownMass);
   if (threadIdx.x == 0) {
     a.tokens[row_index] = token;
     a.logprobs[row_index] = row.z(token) - m - log_total;

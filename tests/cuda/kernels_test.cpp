@@ -200,6 +200,39 @@ TEST_CASE("cuda kernels: paged decode attention equals the reference, a row alon
   }
 }
 
+TEST_CASE("cuda kernels: decode attention a block a sequence equals the two passes bit for bit, long contexts",
+          "[cuda]") {
+  // Many splits a sequence (up to 32), so that the merges' roundings are exercised: the
+  // per-sequence kernel folds the same partial results in the same order with the same
+  // roundings as pass 2 (merge_step), and a row alone gives its bits in the batch.
+  std::mt19937 g(11);
+  const std::vector<AttentionCase> cases{AttentionCase{14, 2, 64, {4096, 2000, 129, 1, 3000, 640, 2500, 1024}},
+                                         AttentionCase{16, 2, 128, {4096, 1500, 257, 3333}}};
+  for (const AttentionCase& c : cases) {
+    for (DType dtype : {DType::f16, DType::bf16}) {
+      INFO(name(dtype) << " q_heads " << c.q_heads << " head_dim " << c.head_dim);
+      const int batch = static_cast<int>(c.lens.size()), d = c.head_dim, block_size = 16;
+      const int max_blocks = (*std::max_element(c.lens.begin(), c.lens.end()) + block_size - 1) / block_size;
+      const int num_blocks = batch * max_blocks;
+      std::vector<int32_t> tables(static_cast<size_t>(num_blocks));
+      std::iota(tables.begin(), tables.end(), 0);
+      std::shuffle(tables.begin(), tables.end(), g);
+      const size_t pool = static_cast<size_t>(num_blocks) * c.kv_heads * block_size * d;
+      auto k = rounded(randn(pool, g), dtype), v = rounded(randn(pool, g), dtype);
+      auto q = rounded(randn(static_cast<size_t>(batch) * c.q_heads * d, g, 4.0f), dtype);
+      Device kp(encode(k, dtype)), vp(encode(v, dtype));
+      std::vector<int> all(static_cast<size_t>(batch));
+      std::iota(all.begin(), all.end(), 0);
+      using Kernel = rlx::cuda::DecodeAttentionKernel;
+      const auto two_pass = run_decode(dtype, c, q, kp, vp, tables, max_blocks, block_size, all, Kernel::mma);
+      CHECK(run_decode(dtype, c, q, kp, vp, tables, max_blocks, block_size, all, Kernel::mma_sequence) == two_pass);
+      const auto row = static_cast<int64_t>(c.q_heads) * d;
+      CHECK(run_decode(dtype, c, q, kp, vp, tables, max_blocks, block_size, {2}, Kernel::mma_sequence) ==
+            std::vector<float>(two_pass.begin() + 2 * row, two_pass.begin() + 3 * row));
+    }
+  }
+}
+
 // Rows of Qwen's vocabulary (16-byte aligned: the sampler's vector loads) and rows of odd
 // widths and strides (element loads on misaligned rows, a short last vector on aligned ones;
 // at 10007 several units a thread in every pass and in the draw's chunks), where a row alone

@@ -171,8 +171,10 @@ int head_backward(const HeadBackwardArgs& a, void* stream);
 //                 kGemvNormMaxWidth, m k 2 bytes at most kGemvNormBytes (the normalised rows
 //                 sit in shared memory).
 //   silu_mul      x is gate_up [m, 2 k]: SiLU(gate) * up, as silu_mul computes it.
-// w is read before the kernel waits for the one launched before it on the stream (with
-// programmatic dependent launch, while that one ends): it must not be that kernel's output.
+// w is read before the kernel waits for the kernels launched before it on the stream (with
+// programmatic dependent launch several may still run): no kernel since the stream's last
+// launch without it may write w. Model weights qualify (they change by copies between decode
+// steps); the experts' indices, a router's output, are read after the wait.
 constexpr int kGemvMaxRows = 8;
 constexpr int kGemvNormBytes = 40 * 1024;
 constexpr int kGemvNormMaxWidth = 8192;
