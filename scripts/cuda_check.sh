@@ -118,7 +118,7 @@ run_step() {
         -DRLX_BUILD_EXAMPLES=OFF -DCatch2_DIR=$c2/usr/lib/cmake/Catch2 -DRLX_TENSORBOARD=${RLX_CUDA_TENSORBOARD:-OFF} || return 1
       # -k 0: what builds is built, so one broken target leaves the others' steps to run.
       PIN=$build_cores step build 420 cmake --build "$build" -j"${RLX_CUDA_JOBS:-$((cores - 2))}" \
-        --target rlx_cli rlx_tests rlx_cuda_kernel_tests -- -k 0 ||
+        --target ${RLX_CUDA_TARGETS:-rlx_cli rlx_tests rlx_cuda_kernel_tests} -- -k 0 ||
         grep -E -A4 "error:|FAILED|undefined reference" "$work/build.log" | head -300 > "$work/build_errors.txt" ;;
     ceilings)
       # This device's ceilings, measured in the run: device-to-device copy bandwidth (bytes read
