@@ -29,6 +29,7 @@
 #include "common.hpp"
 #include "rlx/chat/chat_template.hpp"
 #include "rlx/chat/tool_calls.hpp"
+#include "rlx/core/files.hpp"
 #include "rlx/core/log.hpp"
 #include "rlx/env/sandbox.hpp"
 #include "rlx/serve/gateway.hpp"
@@ -90,7 +91,7 @@ class AgentProgram final : public TextEnv {
     stop_program();
     gateway_.reset();
     std::error_code ec;
-    if (!socket_dir_.empty()) std::filesystem::remove_all(socket_dir_, ec);
+    if (!socket_dir_.empty()) rlx::remove_tree(socket_dir_, ec);
   }
 
   std::vector<TokenId> reset(const nlohmann::json& task) override {

@@ -9,6 +9,8 @@ private headers). A file may include
   - a private header (OTHER/x.hpp, under src/) of another module only where INTERNAL lists it.
 algorithms/ and envs/ are plug-ins: public headers only, as a user's own would be.
 
+And calls that must not appear in rlx's C++ (BANNED, tests/ and examples/ included).
+
   check_includes.py [--graph]     exit 1 naming each include that crosses the graph
 """
 import re
@@ -75,6 +77,27 @@ def module_of(path: Path):
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]')
 
+# pattern -> why, and what to use instead.
+BANNED = {
+    re.compile(r"\bremove_all\s*\("): "std::filesystem::remove_all: PyTorch wheels' libtorch.so interposes a copy "
+    "that crashed rlx run on the CUDA machine; use rlx::remove_tree (rlx/core/files.hpp)",
+}
+
+
+def banned_calls():
+    """Each use of a BANNED call, outside comments."""
+    found = []
+    for d in ("src", "include/rlx", "algorithms", "envs", "tests", "examples"):
+        for path in sorted((ROOT / d).rglob("*")):
+            if path.suffix not in (".cpp", ".hpp", ".cu", ".cuh", ".h"):
+                continue
+            for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                code = line.split("//", 1)[0]
+                for pattern, why in BANNED.items():
+                    if pattern.search(code):
+                        found.append(f"{path.relative_to(ROOT)}:{lineno}: {why}")
+    return found
+
 
 def main():
     if "--graph" in sys.argv:
@@ -125,6 +148,12 @@ def main():
         print(b)
     if bad:
         print(f"FAIL: {len(bad)} include(s) cross the module graph (scripts/check_includes.py)")
+        return 1
+    banned = banned_calls()
+    for b in banned:
+        print(b)
+    if banned:
+        print(f"FAIL: {len(banned)} banned call(s) (scripts/check_includes.py, BANNED)")
         return 1
     print(f"ok: {len(files)} files follow the module graph ({len(DEPENDS)} modules)")
     return 0

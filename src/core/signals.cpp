@@ -3,6 +3,7 @@
 #include "rlx/core/signals.hpp"
 
 #include <execinfo.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include <array>
@@ -32,7 +33,7 @@ void put_number(std::array<char, N>& buf, size_t& n, uintptr_t v, unsigned base)
   while (d > 0 && n < N) buf[n++] = digits[--d];
 }
 
-void on_fatal(int sig, siginfo_t* info, void*) {
+void on_fatal(int sig, siginfo_t* info, void* context) {
   std::array<char, 256> line{};
   size_t n = 0;
   put(line, n, "rlx: fatal signal ");
@@ -51,6 +52,19 @@ void on_fatal(int sig, siginfo_t* info, void*) {
   put_number(line, n, static_cast<uintptr_t>(::getpid()), 10);
   put(line, n, "; the stack (addr2line -e LIBRARY OFFSET names a frame):\n");
   (void)!::write(STDERR_FILENO, line.data(), n);
+#if defined(__x86_64__)
+  // A call through a null pointer (pc 0) leaves no frame to unwind from: the word at the stack
+  // pointer is the caller's return address. (Read only then: after a stack overflow it faults.)
+  if (context) {
+    const auto& regs = static_cast<const ucontext_t*>(context)->uc_mcontext.gregs;
+    if (regs[REG_RIP] == 0) {
+      void* caller = *reinterpret_cast<void* const*>(regs[REG_RSP]);
+      constexpr char kCaller[] = "pc 0: called through a null pointer from\n";
+      (void)!::write(STDERR_FILENO, kCaller, sizeof kCaller - 1);
+      ::backtrace_symbols_fd(&caller, 1, STDERR_FILENO);
+    }
+  }
+#endif
   void* frames[64];
   const int depth = ::backtrace(frames, 64);
   ::backtrace_symbols_fd(frames, depth, STDERR_FILENO);

@@ -220,6 +220,7 @@ void EnvServerProcess::start() {
             "--open-files", std::to_string(L.open_files), "--scratch-mb", std::to_string(L.scratch_mb)};
     for (const auto& p : o_.sandbox.readonly_paths) argv.insert(argv.end(), {"--ro", p});
     for (const auto& p : o_.writable) argv.insert(argv.end(), {"--rw", p});
+    for (const auto& e : o_.env) argv.insert(argv.end(), {"--env", e});
     argv.push_back("--");
   }
   argv.insert(argv.end(), o_.argv.begin(), o_.argv.end());

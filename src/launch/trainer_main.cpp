@@ -137,7 +137,7 @@ void add_sandbox_run(CLI::App& app, Action& action) {
 
   struct RunArgs {
     env::SandboxOptions options;
-    std::vector<std::string> readonly, writable, files, command;
+    std::vector<std::string> readonly, writable, files, env, command;
     std::string stdin_file;
     bool warn = false, json = false, stream = false;
   };
@@ -155,6 +155,7 @@ void add_sandbox_run(CLI::App& app, Action& action) {
   run->add_option("--ro", a->readonly, "host path visible read-only (repeat; replaces the default set)")->allow_extra_args(false);
   run->add_option("--rw", a->writable, "host path visible and writable (repeat; e.g. a socket directory)")->allow_extra_args(false);
   run->add_option("--file", a->files, "NAME=HOSTPATH: copy a host file into /scratch/NAME first (repeat)")->allow_extra_args(false);
+  run->add_option("--env", a->env, "NAME=VALUE in the command's environment (repeat)")->allow_extra_args(false);
   run->add_option("--stdin", a->stdin_file, "feed this file to the command's stdin");
   run->add_flag("--warn-missing", a->warn, "run even where the kernel refuses namespaces (loudly, without isolation)");
   run->add_flag("--json", a->json, "print the whole result (output included) as one JSON line instead");
@@ -167,7 +168,7 @@ void add_sandbox_run(CLI::App& app, Action& action) {
       if (!a->readonly.empty()) a->options.readonly_paths = a->readonly;
       a->options.writable_paths = a->writable;
       if (a->warn) a->options.missing_layer = env::MissingLayer::warn;
-      env::SandboxRequest req{.argv = a->command};
+      env::SandboxRequest req{.argv = a->command, .env = a->env};
       if (!a->stdin_file.empty()) req.stdin_data = read_host_file(a->stdin_file);
       for (const auto& f : a->files) {
         const auto eq = f.find('=');

@@ -1,11 +1,12 @@
 // A rollout worker's parts (worker_envs.hpp).
 #include "worker_envs.hpp"
 
-#include <dlfcn.h>
+#include <link.h>
 
 #include <algorithm>
 
 #include "rlx/core/error.hpp"
+#include "rlx/core/files.hpp"
 #include "rlx/core/log.hpp"
 #include "rlx/model/reward_model.hpp"
 
@@ -15,11 +16,30 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The directory of librlx (a trainer's binary may live elsewhere; its servers load it).
-fs::path library_dir() {
-  Dl_info info{};
-  if (::dladdr(reinterpret_cast<const void*>(&library_dir), &info) == 0 || !info.dli_fname) return {};
-  return fs::canonical(info.dli_fname).parent_path();
+// The directories of the shared libraries this process loaded (librlx, LibTorch, ...): the
+// server is this binary, so it needs them inside its sandbox too. A pip-installed PyTorch's
+// lie outside the sandbox's system directories (on the CUDA machine the server could not
+// start: libtorch.so not found).
+std::vector<fs::path> loaded_library_dirs() {
+  std::vector<fs::path> dirs;
+  ::dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* out) {
+        if (info->dlpi_name && info->dlpi_name[0] == '/') {
+          std::error_code ec;
+          const auto dir = fs::canonical(info->dlpi_name, ec).parent_path();
+          auto& v = *static_cast<std::vector<fs::path>*>(out);
+          if (!ec && std::find(v.begin(), v.end(), dir) == v.end()) v.push_back(dir);
+        }
+        return 0;
+      },
+      &dirs);
+  return dirs;
+}
+
+// Whether `path` is `dir` or lies under it.
+bool under(const fs::path& path, const fs::path& dir) {
+  const auto rel = path.lexically_relative(dir);
+  return !rel.empty() && *rel.begin() != "..";
 }
 
 // Whether the run's environment runs code: it then gets a sandbox of its own inside the
@@ -58,12 +78,23 @@ EnvServerPlan env_server_plan(const RoleContext& ctx, const std::string& name) {
   sandbox.limits.open_files = static_cast<uint32_t>(
       std::min<uint64_t>(1 << 20, std::max<uint64_t>(sandbox.limits.open_files, 64 + 2 * per_server)));
   const auto bin = fs::path(ctx.exe).parent_path();
-  for (const auto& dir : {bin, bin.parent_path() / "lib", library_dir()})
-    if (!dir.empty() && fs::exists(dir) && std::find(sandbox.readonly_paths.begin(), sandbox.readonly_paths.end(), dir.string()) ==
-                               sandbox.readonly_paths.end())
+  std::vector<fs::path> dirs{bin, bin.parent_path() / "lib"};
+  for (const auto& d : loaded_library_dirs()) dirs.push_back(d);
+  for (const auto& dir : dirs)
+    if (!dir.empty() && fs::exists(dir) &&
+        std::none_of(sandbox.readonly_paths.begin(), sandbox.readonly_paths.end(),
+                     [&](const std::string& p) { return under(dir, p); }))
       sandbox.readonly_paths.push_back(dir.string());
-  plan.process = {.argv = argv, .rlx = ctx.exe, .sandboxed = !runs_code(ctx.cfg), .sandbox = sandbox,
-                  .writable = {sock_dir.string()}, .max_restarts = e.max_restarts};
+  // Libraries found through LD_LIBRARY_PATH here are found the same way there.
+  std::vector<std::string> env;
+  if (const char* ld = std::getenv("LD_LIBRARY_PATH"); ld && *ld) env.push_back(std::string("LD_LIBRARY_PATH=") + ld);
+  plan.process = {.argv = argv,
+                  .rlx = ctx.exe,
+                  .sandboxed = !runs_code(ctx.cfg),
+                  .sandbox = sandbox,
+                  .writable = {sock_dir.string()},
+                  .env = env,
+                  .max_restarts = e.max_restarts};
   return plan;
 }
 
@@ -74,7 +105,7 @@ std::string check_env_server(const RoleContext& ctx, double timeout_s) {
   plan.process.argv.insert(plan.process.argv.end(), {"--check", ctx.cfg.env.name});
   auto why = env::EnvServerProcess::trial(std::move(plan.process), timeout_s);
   std::error_code ec;
-  fs::remove_all(ctx.run_dir.env_server_dir("check"), ec);
+  (void)remove_tree(ctx.run_dir.env_server_dir("check"), ec);  // (never fs::remove_all: files.hpp)
   return why;
 }
 

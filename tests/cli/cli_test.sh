@@ -106,6 +106,8 @@ expect "sandbox run: the host is read-only" 2 'Read-only file system' -- "$rlx" 
 echo "in" > input.txt
 expect "sandbox run: --file and --stdin" 0 '^in$' -- "$rlx" sandbox run --file a.txt=input.txt -- cat a.txt
 expect "sandbox run --json" 0 '^\{.*"verdict":"ok"' -- "$rlx" sandbox run --json -- true
+# --env: what an env server's sandbox gets from its worker (LD_LIBRARY_PATH); nothing else leaks in.
+expect "sandbox run --env" 0 '^bar:$' -- env LEAK=1 "$rlx" sandbox run --env FOO=bar -- sh -c 'echo "$FOO:$LEAK"'
 expect "sandbox run: a missing program is exit 125" 125 'sandbox: setup_error.*execute the command' -- "$rlx" sandbox run -- /no/such
 expect "sandbox run: a bad limit is named" 1 'limits.wall_s = 0 is not in' -- "$rlx" sandbox run --wall-s 0 -- true
 expect "sandbox check lists the layers" 0 '"layers":\[.*"seccomp"' -- "$rlx" sandbox check

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "rlx/core/error.hpp"
+#include "rlx/core/files.hpp"
 
 namespace fs = std::filesystem;
 
@@ -19,7 +20,7 @@ TEST_CASE("tensorboard: CRC-32C and TFRecord's mask", "[tensorboard]") {
 
 TEST_CASE("tensorboard: scalars round-trip through an event file; corruption is reported with its offset", "[tensorboard]") {
   const fs::path dir = fs::temp_directory_path() / "rlx_tensorboard_test";
-  fs::remove_all(dir);
+  rlx::remove_tree(dir);
   fs::path file;
   {
     rlx::TensorBoardWriter w(dir);
@@ -56,12 +57,12 @@ TEST_CASE("tensorboard: scalars round-trip through an event file; corruption is 
   CHECK_THROWS_WITH(rlx::read_tensorboard_events(file), Catch::Contains("cut short"));
   write(bytes);
   CHECK(rlx::read_tensorboard_events(file).size() == 4);
-  fs::remove_all(dir);
+  rlx::remove_tree(dir);
 }
 
 TEST_CASE("tensorboard: text for the text plugin round-trips; a scalar of 0 is on the wire", "[tensorboard]") {
   const fs::path dir = fs::temp_directory_path() / "rlx_tensorboard_text_test";
-  fs::remove_all(dir);
+  rlx::remove_tree(dir);
   fs::path file;
   const std::string text = "**sample 1** reward 1\n\n    prompt: 2+2=\n\u00e9";
   {
@@ -87,5 +88,5 @@ TEST_CASE("tensorboard: text for the text plugin round-trips; a scalar of 0 is o
   CHECK(bytes.find(std::string("zero\x15\0\0\0\0", 9)) != std::string::npos);
   // The text value names its plugin and holds a DT_STRING (7) tensor.
   CHECK(bytes.find("text") != std::string::npos);
-  fs::remove_all(dir);
+  rlx::remove_tree(dir);
 }

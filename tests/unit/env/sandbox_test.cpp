@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include "../helpers.hpp"
+#include "rlx/core/files.hpp"
 #include "rlx/env/sandbox.hpp"
 
 using rlx::env::Sandbox;
@@ -145,7 +146,7 @@ TEST_CASE("sandbox: paths under a directory only its owner may enter are reachab
 
   // A path gone by the time of the run: the set-up error names it (the reason is the
   // kernel's: no such file, or, as root, that the sandbox's user may not look for it).
-  std::filesystem::remove_all(parent / "ro");
+  rlx::remove_tree(parent / "ro");
   r = sb.run({.argv = {"true"}});
   CHECK(r.verdict == SandboxVerdict::setup_error);
   CHECK_THAT(r.detail, Catch::Contains("bind a read-only path' " + ro + ": "));

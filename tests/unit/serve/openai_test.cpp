@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "rlx/core/files.hpp"
 #include "test_paths.hpp"
 
 using namespace rlx::serve;
@@ -252,5 +253,5 @@ TEST_CASE("openai: the chat template renders under the request's deadline", "[se
   }
   // Stopped by the deadline, long before the loop's other limits (10 million iterations).
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
-  fs::remove_all(dir);
+  rlx::remove_tree(dir);
 }
