@@ -47,7 +47,22 @@ std::pair<std::string, int> crash_in_child(F fault) {
   return n == 0 ? pad[0] : recurse(n + 1) + pad[0];
 }
 
+[[gnu::noinline]] void call_through_null() {  // pc 0: no frame to unwind from
+  volatile uintptr_t address = 0;
+  reinterpret_cast<void (*)()>(address)();
+}
+
 }  // namespace
+
+TEST_CASE("report_crashes: a call through a null pointer names its caller", "[signals]") {
+  const auto [text, status] = crash_in_child([] { call_through_null(); });
+  REQUIRE(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGSEGV);
+  CHECK_THAT(text, Catch::Contains("at address 0x0 in pid "));
+  // The return address into call_through_null's caller, in the test binary.
+  CHECK_THAT(text, Catch::Contains("pc 0: called through a null pointer from\n") &&
+                       Catch::Contains("rlx_tests"));
+}
 
 TEST_CASE("report_crashes: a fault prints its signal, address and stack; the process still dies of it", "[signals]") {
   const auto [text, status] = crash_in_child([] { write_through_null(); });
