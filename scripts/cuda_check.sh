@@ -302,7 +302,7 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
       step colocated_generate_alone 200 "$rlx" bench sampler "${qwen05[@]}" "${bf16[@]}" --batch 512 --prompt 64 \
         --new 512 --iters 1 --kv-cache-mb 6144 --max-batch-tokens 16384
       step colocated_train_alone 200 "$rlx" bench learner "${qwen05[@]}" "${bf16[@]}" --seq 576 --batch-seqs 512 \
-        --micro-batch-tokens 16384 --steps 3 --ranks 1
+        --micro-batch-tokens 16384 --steps 3 --ranks 1 --activation-checkpointing  # as the config trains
       true ;;
     quickstart)
       # The quickstart's task on one GPU: SFT warm start, GRPO from it (colocated,
