@@ -67,16 +67,16 @@ std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& x, const a
                                                     const at::Tensor& inv_rms, const at::Tensor& grad);
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, double scale, bool transpose);
 at::Tensor silu_mul_backward(const at::Tensor& gate_up, const at::Tensor& grad);
-// Whether decode's dense projections of at most 8 rows take rlx's GEMV (RLX_GEMV=1), with the
-// norm or the SiLU-mul before them folded in (norm_linear, silu_linear); cuBLAS otherwise
-// (faster at batch 1 on an H200 than the GEMV before its rebuild, fa07f15).
+// Whether decode's dense projections of one row take rlx's GEMV (RLX_GEMV=1), with the norm or
+// the SiLU-mul before them folded in (norm_linear, silu_linear); cuBLAS otherwise (on an H200
+// the GEMV's step was 1.01x cuBLAS's at batch 1, 0.38x at 8: a3976e4).
 bool gemv_enabled();
 // Whether they take rlx's tensor-core decode GEMM up to 256 rows past the GEMV's (or from one
 // row without it), RLX_DECODE_GEMM=1 (cuda::decode_gemm: k a multiple of 64, sm_80 and newer),
 // with the norms and SiLU-mul folded in as the GEMV's are (norm_linear, silu_linear).
 bool decode_gemm_enabled();
 // x [..., K] w [N, K]^T (+ b [N]): at::linear, or where gemv_enabled() the small-batch kernel
-// (cuda::gemv: at most 8 rows, fp16/bf16, K a multiple of 8, contiguous, 16-byte aligned)
+// (cuda::gemv: one row, fp16/bf16, K a multiple of 8, contiguous, 16-byte aligned)
 // where it applies, or where decode_gemm_enabled() the tensor-core one up to 256 rows. No
 // autograd (decode only). MoE's expert-indexed projections (expert_linear) always use the GEMV.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
@@ -91,7 +91,7 @@ std::pair<at::Tensor, at::Tensor> norm_linear(const at::Tensor& h, const at::Ten
                                               double eps, const at::Tensor& w, const at::Tensor& b);
 // silu_mul(gate_up) w^T (+ b) in one kernel, bit for bit what silu_mul and linear() give: the
 // GEMV where gemv_enabled() and it fits, else the decode GEMM where decode_gemm_enabled() and it
-// fits (9 to 256 rows with the GEMV on); undefined otherwise.
+// fits (2 to 256 rows with the GEMV on); undefined otherwise.
 at::Tensor silu_linear(const at::Tensor& gate_up, const at::Tensor& w, const at::Tensor& b);
 
 }  // namespace rlx::cuda

@@ -330,7 +330,7 @@ TEST_CASE("cuda: a request's tokens alone equal its tokens inside a batch of 64"
     CHECK(std::abs(it->samples[0].logprobs[t] - alone[0].samples[0].logprobs[t]) <= 1e-4);
 }
 
-// RLX_GEMV=1: decode's projections of at most 8 rows by rlx's GEMV, the norms and SiLU-mul
+// RLX_GEMV=1: decode's projections of one row by rlx's GEMV, the norms and SiLU-mul
 // folded into it (cuda::norm_linear, silu_linear); RLX_DECODE_GEMM=1: to 256 rows by its
 // tensor-core GEMM; each against cuBLAS and the separate kernels. fp16 (the sums differ in order
 // only: log-probs within 5e-3 of each other, peaked logits so that greedy choices are not
@@ -344,7 +344,7 @@ TEST_CASE("cuda: decode with rlx's GEMV (norms folded in) or its GEMM gives cuBL
   rlx::Transformer cpu(c);
   cpu.init_weights(6);
   auto gpu = copy_to(cpu, at::kHalf, at::Device(at::kCUDA, 0));
-  // 3 requests (the GEMV's batch) or 12 (the GEMM's: past 8 rows).
+  // 1 request (the GEMV's row) or 12 (the GEMM's rows).
   const auto requests = [](int count) {
     std::vector<rlx::GenerationRequest> reqs;
     for (int i = 0; i < count; ++i) {
@@ -366,7 +366,7 @@ TEST_CASE("cuda: decode with rlx's GEMV (norms folded in) or its GEMM gives cuBL
     }
   } unset;
   for (auto [graphs, variable, count] :
-       {std::tuple{false, "RLX_GEMV", 3}, std::tuple{true, "RLX_GEMV", 3}, std::tuple{false, "RLX_DECODE_GEMM", 12},
+       {std::tuple{false, "RLX_GEMV", 1}, std::tuple{true, "RLX_GEMV", 1}, std::tuple{false, "RLX_DECODE_GEMM", 12},
         std::tuple{true, "RLX_DECODE_GEMM", 12}}) {
     INFO("CUDA graphs " << graphs << ", " << variable << "=1, " << count << " requests");
     const auto reqs = requests(count);
