@@ -14,14 +14,14 @@
 #   2. once it is built, correctness steps side by side (no timing): the [cuda] and kernel
 #      tests, HF parity of the six model families, compute-sanitizer memcheck and racecheck;
 #   3. the timed steps one at a time: decode at batch 1/64/256 with a kernel trace of 5
-#      CUDA-graph steps each, rlx's GEMV with the folded norms at batch 1 and 8, the tiled
-#      attention kernel (the default before) at 1 and 256; ncu on the attention kernel and the
-#      sampler at batch 256 and the GEMV at batch 1; the colocated throughput config,
-#      generation and training alone on its shapes, and the quickstart's task; the learner and
-#      PyTorch's step with their operator tables and kernel lists; split placement; decode's
-#      other cases (programmatic dependent launch, top-p); Qwen3 and Qwen3-MoE decode; the decode
-#      peers (HF generate and its compiled static-cache loop: scripts/bench_hf_generate.py);
-#      weight sync by CUDA IPC; the unit suite; then the summary.
+#      CUDA-graph steps each, rlx's GEMV with the folded norms at batch 1, the per-sequence
+#      attention at 64 and 256, the tiled attention (the default before) at 1 and 256, top-p at
+#      256; the quickstart's task on one GPU; ncu on the attention kernels and the sampler at
+#      batch 256 and the GEMV at batch 1; the colocated throughput config, generation and
+#      training alone on its shapes; the learner and PyTorch's step with their operator tables
+#      and kernel lists; split placement; programmatic dependent launch; Qwen3 and Qwen3-MoE
+#      decode; the decode peers (HF generate and its compiled static-cache loop:
+#      scripts/bench_hf_generate.py); weight sync by CUDA IPC; the unit suite; then the summary.
 # RLX_CUDA_DEADLINE (default 570 s after the script starts): no step starts within 20 s of
 # it and none runs past it, so the call returns inside the device tool's 600 s limit.
 #
@@ -178,13 +178,11 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
         gzip -f "$work/trace_decode_b$b/trace.json" 2>/dev/null
       done
       # The variants below run at fixed batches (RLX_DECODE_BATCHES sets only the loop above).
-      # rlx's GEMV for the projections, the norms and SiLU-mul folded into it (RLX_GEMV=1: 6
-      # kernels a layer where cuBLAS makes 10-11), at batch 1 (traced) and 8, its largest.
+      # rlx's GEMV for the projections of one row, the norms and SiLU-mul folded into it
+      # (RLX_GEMV=1: 6 kernels a layer where cuBLAS makes 10-11), traced.
       step decode_b1_gemv 120 env RLX_GEMV=1 "$rlx" bench sampler "${dec[@]}" --batch 1 \
         --trace "$work/trace_decode_b1_gemv" --trace-steps 5
       gzip -f "$work/trace_decode_b1_gemv/trace.json" 2>/dev/null
-      step decode_b8 120 "$rlx" bench sampler "${dec[@]}" --batch 8
-      step decode_b8_gemv 120 env RLX_GEMV=1 "$rlx" bench sampler "${dec[@]}" --batch 8
       # The tensor-core attention a block a sequence's kv head, its splits in turn (new, not yet
       # run: the same bits, no workspace, no merge), where batch x kv heads fills the device.
       for b in 64 256; do
