@@ -228,6 +228,14 @@ void build_root(const Plan& plan, size_t nbinds, const int* tree_fd, int sfd) {
 [[noreturn]] void exec_command(Plan& plan, Fds fds, int efd) {
   if (::dup2(fds.in, 0) < 0 || ::dup2(fds.out, 1) < 0 || ::dup2(fds.err, 2) < 0) fail(efd, kStepStdio);
   ::setsid();
+  // Default dispositions and no blocked signals, whatever the caller had (a role ignores
+  // SIGPIPE and SIGINT, and an ignored signal stays ignored across execve): `yes | head` in a
+  // sandbox ends as in a shell. (The helper is started so too; without it this is the only reset.)
+  for (int sig = 1; sig < NSIG; ++sig)
+    if (sig != SIGKILL && sig != SIGSTOP) ::signal(sig, SIG_DFL);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
   ::syscall(SYS_close_range, 3u, ~0u, CLOSE_RANGE_CLOEXEC);  // nothing else reaches the command
   const std::pair<int, const rlimit*> limits[] = {{RLIMIT_CPU, &plan.cpu},       {RLIMIT_AS, &plan.as},
                                                   {RLIMIT_NPROC, &plan.nproc},   {RLIMIT_FSIZE, &plan.fsize},

@@ -77,17 +77,27 @@ EnvServerPlan env_server_plan(const RoleContext& ctx, const std::string& name) {
   const uint64_t per_server = (episodes + std::max(1u, e.servers) - 1) / std::max(1u, e.servers);
   sandbox.limits.open_files = static_cast<uint32_t>(
       std::min<uint64_t>(1 << 20, std::max<uint64_t>(sandbox.limits.open_files, 64 + 2 * per_server)));
+  // Visible read-only: the binary's directory and its ../lib, and the directory of each
+  // library this process loaded that the sandbox's own paths do not hold. Those directories
+  // also lead LD_LIBRARY_PATH: a RUNPATH may name them another way (a pip PyTorch's reads
+  // torch/share/../lib, and share is not mounted); the parent's LD_LIBRARY_PATH follows.
+  const auto system = sandbox.readonly_paths;
+  const auto visible = [](const std::vector<std::string>& paths, const fs::path& dir) {
+    return std::any_of(paths.begin(), paths.end(), [&](const std::string& p) { return under(dir, p); });
+  };
   const auto bin = fs::path(ctx.exe).parent_path();
-  std::vector<fs::path> dirs{bin, bin.parent_path() / "lib"};
-  for (const auto& d : loaded_library_dirs()) dirs.push_back(d);
-  for (const auto& dir : dirs)
-    if (!dir.empty() && fs::exists(dir) &&
-        std::none_of(sandbox.readonly_paths.begin(), sandbox.readonly_paths.end(),
-                     [&](const std::string& p) { return under(dir, p); }))
-      sandbox.readonly_paths.push_back(dir.string());
-  // Libraries found through LD_LIBRARY_PATH here are found the same way there.
+  for (const auto& dir : {bin, bin.parent_path() / "lib"})
+    if (fs::exists(dir) && !visible(sandbox.readonly_paths, dir)) sandbox.readonly_paths.push_back(dir.string());
+  std::string library_path;
+  for (const auto& dir : loaded_library_dirs()) {
+    if (visible(system, dir)) continue;
+    if (!visible(sandbox.readonly_paths, dir)) sandbox.readonly_paths.push_back(dir.string());
+    library_path += (library_path.empty() ? "" : ":") + dir.string();
+  }
+  if (const char* ld = std::getenv("LD_LIBRARY_PATH"); ld && *ld)
+    library_path += (library_path.empty() ? "" : ":") + std::string(ld);
   std::vector<std::string> env;
-  if (const char* ld = std::getenv("LD_LIBRARY_PATH"); ld && *ld) env.push_back(std::string("LD_LIBRARY_PATH=") + ld);
+  if (!library_path.empty()) env.push_back("LD_LIBRARY_PATH=" + library_path);
   plan.process = {.argv = argv,
                   .rlx = ctx.exe,
                   .sandboxed = !runs_code(ctx.cfg),
