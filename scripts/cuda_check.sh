@@ -15,13 +15,13 @@
 #      tests, HF parity of the six model families, compute-sanitizer memcheck and racecheck;
 #   3. the timed steps one at a time: decode at batch 1/64/256 with a kernel trace of 5
 #      CUDA-graph steps each, rlx's GEMV with the folded norms at batch 1, the per-sequence
-#      attention at 64 and 256, the tiled attention (the default before) at 1 and 256, top-p at
-#      256; the quickstart's task on one GPU; ncu on the attention kernels and the sampler at
-#      batch 256 and the GEMV at batch 1; the colocated throughput config, generation and
-#      training alone on its shapes; the learner and PyTorch's step with their operator tables
-#      and kernel lists; split placement; programmatic dependent launch; Qwen3 and Qwen3-MoE
-#      decode; the decode peers (HF generate and its compiled static-cache loop:
-#      scripts/bench_hf_generate.py); weight sync by CUDA IPC; the unit suite; then the summary.
+#      attention at 64 and 256, programmatic dependent launch at 1 and 64, the tiled attention
+#      (the default before) at 1 and 256, top-p at 256; the quickstart's task on one GPU; ncu
+#      on the attention kernels and the sampler at batch 256 and the GEMV at batch 1; the
+#      colocated throughput config, generation and training alone on its shapes; the learner
+#      and PyTorch's step with their operator tables and kernel lists; split placement; Qwen3
+#      and Qwen3-MoE decode; the decode peers (HF generate and its compiled static-cache loop:
+#      scripts/bench_hf_generate.py); weight sync by CUDA IPC; the unit suite; the summary.
 # RLX_CUDA_DEADLINE (default 570 s after the script starts): no step starts within 20 s of
 # it and none runs past it, so the call returns inside the device tool's 600 s limit.
 #
@@ -183,6 +183,11 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
       step decode_b1_gemv 120 env RLX_GEMV=1 "$rlx" bench sampler "${dec[@]}" --batch 1 \
         --trace "$work/trace_decode_b1_gemv" --trace-steps 5
       gzip -f "$work/trace_decode_b1_gemv/trace.json" 2>/dev/null
+      # Programmatic dependent launch (RLX_PDL=1: each rlx kernel begins while the one before it
+      # ends; the GEMV's weights load before its wait), at batch 1 (all of a layer's kernels
+      # rlx's with the GEMV) and 64.
+      step decode_b1_gemv_pdl 120 env RLX_GEMV=1 RLX_PDL=1 "$rlx" bench sampler "${dec[@]}" --batch 1
+      step decode_b64_pdl 120 env RLX_PDL=1 "$rlx" bench sampler "${dec[@]}" --batch 64
       # The tensor-core attention a block a sequence's kv head, its splits in turn (new, not yet
       # run: the same bits, no workspace, no merge), where batch x kv heads fills the device.
       for b in 64 256; do
@@ -197,18 +202,14 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
       step decode_b256_topp 120 "$rlx" bench sampler "${dec[@]}" --batch 256 --temperature 0.7 --top-k 50 --top-p 0.9
       bundle ;;
     decode_more)
-      # After the whole loop's steps (colocated, learner): the new kernels' other cases.
+      # After the whole loop's steps (colocated, learner), with RLX_DECODE_VARIANTS=1: the
+      # opt-in kernels that lost.
       have "$rlx" || return 0
       local dec=("${qwen05[@]}" "${bf16[@]}" --prompt 512 --new 128 --iters 1 --kv-cache-mb 4096 --max-batch-tokens 16384
         --cuda-graphs 1 --overlap 1)
-      # Programmatic dependent launch (RLX_PDL=1: each rlx kernel begins while the one before it
-      # ends), at batch 1 (all of a layer's kernels rlx's) and 64.
-      step decode_b1_gemv_pdl 120 env RLX_GEMV=1 RLX_PDL=1 "$rlx" bench sampler "${dec[@]}" --batch 1
-      step decode_b64_pdl 120 env RLX_PDL=1 "$rlx" bench sampler "${dec[@]}" --batch 64
-      bundle
-      # With RLX_DECODE_VARIANTS=1: rlx's tensor-core GEMM for the projections at 64 and 256
-      # (RLX_DECODE_GEMM=1; 0.53x and 0.32x cuBLAS's step on 2026-11-28) and the first
-      # attention kernel (RLX_DECODE_ATTENTION=split).
+      # rlx's tensor-core GEMM for the projections at 64 and 256 (RLX_DECODE_GEMM=1; 0.53x and
+      # 0.32x cuBLAS's step on 2026-11-28) and the first attention kernel
+      # (RLX_DECODE_ATTENTION=split).
       [ "${RLX_DECODE_VARIANTS:-0}" = 1 ] || return 0
       for b in 64 256; do
         step decode_b${b}_gemm 120 env RLX_DECODE_GEMM=1 "$rlx" bench sampler "${dec[@]}" --batch $b
