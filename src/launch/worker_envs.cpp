@@ -16,24 +16,30 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The directories of the shared libraries this process loaded (librlx, LibTorch, ...): the
-// server is this binary, so it needs them inside its sandbox too. A pip-installed PyTorch's
-// lie outside the sandbox's system directories (on the CUDA machine the server could not
-// start: libtorch.so not found).
-std::vector<fs::path> loaded_library_dirs() {
-  std::vector<fs::path> dirs;
+// The shared libraries this process loaded (librlx, LibTorch, ...): the server is this binary,
+// so its sandbox must show their directories (a pip-installed PyTorch's lie outside the
+// sandbox's system directories: on the CUDA machine the server could not find libtorch.so), and
+// its address-space limit must leave room for their segments (a CUDA build maps gigabytes).
+struct LoadedLibraries {
+  std::vector<fs::path> dirs;  // canonical, each once
+  uint64_t mapped_bytes = 0;   // the loadable segments' sizes
+};
+LoadedLibraries loaded_libraries() {
+  LoadedLibraries out;
   ::dl_iterate_phdr(
-      [](dl_phdr_info* info, size_t, void* out) {
+      [](dl_phdr_info* info, size_t, void* data) {
+        auto& libs = *static_cast<LoadedLibraries*>(data);
+        for (int i = 0; i < info->dlpi_phnum; ++i)
+          if (info->dlpi_phdr[i].p_type == PT_LOAD) libs.mapped_bytes += info->dlpi_phdr[i].p_memsz + 4096;
         if (info->dlpi_name && info->dlpi_name[0] == '/') {
           std::error_code ec;
           const auto dir = fs::canonical(info->dlpi_name, ec).parent_path();
-          auto& v = *static_cast<std::vector<fs::path>*>(out);
-          if (!ec && std::find(v.begin(), v.end(), dir) == v.end()) v.push_back(dir);
+          if (!ec && std::find(libs.dirs.begin(), libs.dirs.end(), dir) == libs.dirs.end()) libs.dirs.push_back(dir);
         }
         return 0;
       },
-      &dirs);
-  return dirs;
+      &out);
+  return out;
 }
 
 // Whether `path` is `dir` or lies under it.
@@ -88,8 +94,12 @@ EnvServerPlan env_server_plan(const RoleContext& ctx, const std::string& name) {
   const auto bin = fs::path(ctx.exe).parent_path();
   for (const auto& dir : {bin, bin.parent_path() / "lib"})
     if (fs::exists(dir) && !visible(sandbox.readonly_paths, dir)) sandbox.readonly_paths.push_back(dir.string());
+  const LoadedLibraries libs = loaded_libraries();
+  // The limit is on address space (RLIMIT_AS): the configured amount for the server's own
+  // memory, plus what its libraries map.
+  sandbox.limits.memory_mb += (libs.mapped_bytes >> 20) + 1;
   std::string library_path;
-  for (const auto& dir : loaded_library_dirs()) {
+  for (const auto& dir : libs.dirs) {
     if (visible(system, dir)) continue;
     if (!visible(sandbox.readonly_paths, dir)) sandbox.readonly_paths.push_back(dir.string());
     library_path += (library_path.empty() ? "" : ":") + dir.string();

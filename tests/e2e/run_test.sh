@@ -154,6 +154,10 @@ wait_steps killenv 3 || fail "killenv: no progress"
 # The server's own output reaches its worker's log while it runs (streamed through the sandbox).
 grep -q "env server: serving" runs/killenv/logs/worker-*/rank-0.err && ok "killenv: the env server's log is live in its worker's" \
   || fail "killenv: no env server output in the worker's log while it runs"
+# Its sandbox's address-space limit: env.sandbox.memory_mb (1024) plus what its libraries map.
+mb=$(pgrep -af -- "sandbox run.*killenv" | grep -o -- "--memory-mb [0-9]*" | head -1 | cut -d' ' -f2)
+[ "${mb:-0}" -gt 1024 ] && ok "killenv: the server's memory limit leaves room for its libraries ($mb MiB)" \
+  || fail "killenv: the server's --memory-mb is ${mb:-not found}"
 victim=$(pgrep -f -- "env serve --address ipc://[^ ]*killenv" | tail -1)  # run_dir/env-sockets, or /tmp/rlx-killenv-HASH
 [ -n "$victim" ] && kill -KILL "$victim" || fail "killenv: no env server to kill"
 wait $pid; rc=$?
