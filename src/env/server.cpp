@@ -215,9 +215,14 @@ void EnvServerProcess::start() {
   std::vector<std::string> argv;
   if (o_.sandboxed) {
     const auto& L = o_.sandbox.limits;
-    argv = {o_.rlx, "sandbox", "run", "--stream", "--wall-s", fmt::format("{}", L.wall_s), "--cpu-s", fmt::format("{}", L.cpu_s),
-            "--memory-mb", std::to_string(L.memory_mb), "--processes", std::to_string(L.processes),
-            "--open-files", std::to_string(L.open_files), "--scratch-mb", std::to_string(L.scratch_mb)};
+    argv = {o_.rlx,         "sandbox",
+            "run",          "--stream",
+            "--wall-s",     fmt::format("{}", L.wall_s),
+            "--cpu-s",      fmt::format("{}", L.cpu_s),
+            "--memory-mb",  std::to_string(L.memory_mb + o_.library_mb),
+            "--processes",  std::to_string(L.processes),
+            "--open-files", std::to_string(L.open_files),
+            "--scratch-mb", std::to_string(L.scratch_mb)};
     for (const auto& p : o_.sandbox.readonly_paths) argv.insert(argv.end(), {"--ro", p});
     for (const auto& p : o_.writable) argv.insert(argv.end(), {"--rw", p});
     for (const auto& e : o_.env) argv.insert(argv.end(), {"--env", e});
@@ -254,9 +259,11 @@ std::string EnvServerProcess::describe_end(int status) const {
   const auto how = WIFSIGNALED(status) ? fmt::format("signal {}", WTERMSIG(status)) : fmt::format("exit {}", WEXITSTATUS(status));
   const auto said = output_ ? output_->last_lines(1.0) : std::string();
   const auto& L = o_.sandbox.limits;
-  const auto limits = o_.sandboxed ? fmt::format(" [its sandbox: memory_mb {}, processes {}, open_files {}, scratch_mb {}]",
-                                                 L.memory_mb, L.processes, L.open_files, L.scratch_mb)
-                                   : "";
+  const auto libraries = o_.library_mb ? fmt::format(" (+ {} MiB its libraries map)", o_.library_mb) : std::string();
+  const auto limits = o_.sandboxed
+                          ? fmt::format(" [its sandbox: memory_mb {}{}, processes {}, open_files {}, scratch_mb {}]",
+                                        L.memory_mb, libraries, L.processes, L.open_files, L.scratch_mb)
+                          : "";
   return said.empty() ? how + limits : fmt::format("{}; its last output: {}{}", how, said, limits);
 }
 

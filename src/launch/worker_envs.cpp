@@ -95,9 +95,6 @@ EnvServerPlan env_server_plan(const RoleContext& ctx, const std::string& name) {
   for (const auto& dir : {bin, bin.parent_path() / "lib"})
     if (fs::exists(dir) && !visible(sandbox.readonly_paths, dir)) sandbox.readonly_paths.push_back(dir.string());
   const LoadedLibraries libs = loaded_libraries();
-  // The limit is on address space (RLIMIT_AS): the configured amount for the server's own
-  // memory, plus what its libraries map.
-  sandbox.limits.memory_mb += (libs.mapped_bytes >> 20) + 1;
   std::string library_path;
   for (const auto& dir : libs.dirs) {
     if (visible(system, dir)) continue;
@@ -114,6 +111,9 @@ EnvServerPlan env_server_plan(const RoleContext& ctx, const std::string& name) {
                   .sandbox = sandbox,
                   .writable = {sock_dir.string()},
                   .env = env,
+                  // The limit is on address space (RLIMIT_AS): env.sandbox's memory_mb for the
+                  // server's own memory, and what its libraries map.
+                  .library_mb = (libs.mapped_bytes >> 20) + 1,
                   .max_restarts = e.max_restarts};
   return plan;
 }

@@ -68,13 +68,14 @@ cannot() {  # cannot NAME EXPECT_REGEX... -- OVERRIDES: exits non-zero within ER
     && ok "$name: exit $rc within $ERROR_BOUND_S s, the cause on stderr" \
     || fail "$name: rc $rc after $took s, missing$missing: $(tail -4 "$name.log")"
 }
-# The env server's memory limit is too small for it to load: caught before any role starts.
-cannot memory "cannot start: the env server does not start" "failed to map segment" "memory_mb 16" \
+# The env server's memory limit (on top of what its libraries map) is too small for it to start:
+# caught before any role starts (the loader or the allocator fails first).
+cannot memory "cannot start: the env server does not start" "failed to map segment|std::bad_alloc" "memory_mb 16 \(\+ [0-9]+ MiB its libraries map\)" \
   -- env.servers=1 env.sandbox.limits.memory_mb=16
 [ ! -d runs/memory/logs/hub-0 ] && ok "memory: no role was started" || fail "memory: roles were started"
 # The same with the checks off: the worker's env server fails twice at start; the worker
 # reports it, and the launcher stops the run instead of restarting anything.
-cannot memory_running "worker [01] cannot run: env server .* cannot start" "failed to map segment" "memory_mb 16" \
+cannot memory_running "worker [01] cannot run: env server .* cannot start" "failed to map segment|std::bad_alloc" "memory_mb 16 \(\+ [0-9]+" \
   "stopping the run" -- env.servers=1 env.sandbox.limits.memory_mb=16 run.preflight=false
 grep -q "restarting" memory_running.log && fail "memory_running: something was restarted" || ok "memory_running: nothing restarted"
 # A sandbox that lacks the binary's system paths: the sandbox's own message, naming the command.

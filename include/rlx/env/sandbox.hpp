@@ -59,7 +59,8 @@ struct SandboxLimits {
   void visit(V& v) {
     v("wall_s", wall_s, "wall-clock limit of one run; every process of the sandbox is killed", config::in_range(0.01, 86400));
     v("cpu_s", cpu_s, "CPU seconds per process", config::in_range(0.01, 86400));
-    v("memory_mb", memory_mb, "address space per process, MiB", config::in_range(16, 1 << 20));
+    v("memory_mb", memory_mb, "address space per process, MiB (an env server's: beyond what its libraries map)",
+      config::in_range(16, 1 << 20));
     v("processes", processes, "processes (and threads) the sandbox may have at once", config::in_range(1, 100000));
     v("file_mb", file_mb, "largest file the sandbox may write, MiB", config::in_range(0, 1 << 20));
     v("open_files", open_files, "open file descriptors per process", config::in_range(8, 1 << 20));

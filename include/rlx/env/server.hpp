@@ -51,6 +51,7 @@ class EnvServerProcess {
     SandboxOptions sandbox;         // limits of the server's sandbox (wall_s: its whole life)
     std::vector<std::string> writable;  // host paths writable inside (the ipc socket's directory)
     std::vector<std::string> env;       // NAME=VALUE for the server inside its sandbox
+    uint64_t library_mb = 0;            // address space its libraries map, on top of sandbox.limits.memory_mb
     uint32_t max_restarts = 5;
     // Ends in a row before its first answer (a server that cannot start) that make
     // ensure_running() throw FatalError: the run cannot work, restarting will not help.
