@@ -187,21 +187,10 @@ pid_t spawn_helper(const std::string& helper, const Plan& plan, Fds fds, std::st
   posix_spawn_file_actions_t fa;
   ::posix_spawn_file_actions_init(&fa);
   for (int i = 0; i < 6; ++i) ::posix_spawn_file_actions_adddup2(&fa, high[i], 3 + i);
-  // Default dispositions and no blocked signals, whatever the caller has (a role ignores
-  // SIGPIPE and SIGINT): `yes | head` in a sandbox ends the way it ends in a shell.
-  posix_spawnattr_t attr;
-  ::posix_spawnattr_init(&attr);
-  sigset_t all, none;
-  sigfillset(&all);
-  sigemptyset(&none);
-  ::posix_spawnattr_setsigdefault(&attr, &all);
-  ::posix_spawnattr_setsigmask(&attr, &none);
-  ::posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
   char* argv[] = {const_cast<char*>(helper.c_str()), nullptr};
   char* envp[] = {nullptr};
   pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, helper.c_str(), &fa, &attr, argv, envp);
-  ::posix_spawnattr_destroy(&attr);
+  const int rc = ::posix_spawn(&pid, helper.c_str(), &fa, nullptr, argv, envp);
   ::posix_spawn_file_actions_destroy(&fa);
   for (int h : high) ::close(h);
   ::close(plan_p[0]);

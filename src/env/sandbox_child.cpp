@@ -230,7 +230,7 @@ void build_root(const Plan& plan, size_t nbinds, const int* tree_fd, int sfd) {
   ::setsid();
   // Default dispositions and no blocked signals, whatever the caller had (a role ignores
   // SIGPIPE and SIGINT, and an ignored signal stays ignored across execve): `yes | head` in a
-  // sandbox ends as in a shell. (The helper is started so too; without it this is the only reset.)
+  // sandbox ends as in a shell. Here, with or without the helper, the one reset either needs.
   for (int sig = 1; sig < NSIG; ++sig)
     if (sig != SIGKILL && sig != SIGSTOP) ::signal(sig, SIG_DFL);
   sigset_t none;

@@ -95,6 +95,30 @@ struct AttentionCase {
   std::vector<int32_t> lens;
 };
 
+// A case's paged pool in `dtype`, on the host and the device: block tables a shuffled
+// permutation of the pool (neighbours far apart; `spare` blocks no sequence uses), keys and
+// values N(0, 1), queries x 4 (scores of spread ~4, a peaked softmax, outputs of the values'
+// magnitude: not the near-zero mean of a flat softmax, under which a dropped split would hide).
+struct AttentionInputs {
+  int max_blocks;
+  std::vector<int32_t> tables;
+  std::vector<float> k, v, q;
+  Device kp, vp;
+};
+AttentionInputs attention_inputs(const AttentionCase& c, int block_size, DType dtype, int spare, std::mt19937& g) {
+  const int batch = static_cast<int>(c.lens.size()), d = c.head_dim;
+  const int max_blocks = (*std::max_element(c.lens.begin(), c.lens.end()) + block_size - 1) / block_size;
+  const int num_blocks = batch * max_blocks + spare;
+  std::vector<int32_t> tables(static_cast<size_t>(num_blocks));
+  std::iota(tables.begin(), tables.end(), 0);
+  std::shuffle(tables.begin(), tables.end(), g);
+  tables.resize(static_cast<size_t>(batch) * max_blocks);
+  const size_t pool = static_cast<size_t>(num_blocks) * c.kv_heads * block_size * d;
+  auto k = rounded(randn(pool, g), dtype), v = rounded(randn(pool, g), dtype);
+  auto q = rounded(randn(static_cast<size_t>(batch) * c.q_heads * d, g, 4.0f), dtype);
+  return {max_blocks, std::move(tables), k, v, std::move(q), Device(encode(k, dtype)), Device(encode(v, dtype))};
+}
+
 // Runs decode attention for the sequences `rows` of a case; returns the output as floats.
 std::vector<float> run_decode(DType dtype, const AttentionCase& c, const std::vector<float>& q, const Device& kp,
                               const Device& vp, const std::vector<int32_t>& tables, int max_blocks, int block_size,
@@ -145,19 +169,11 @@ TEST_CASE("cuda kernels: paged decode attention equals the reference, a row alon
         INFO(name(dtype) << " q_heads " << c.q_heads << " kv_heads " << c.kv_heads << " head_dim " << c.head_dim
                          << " block_size " << block_size);
         const int batch = static_cast<int>(c.lens.size()), d = c.head_dim;
-        const int max_blocks = (*std::max_element(c.lens.begin(), c.lens.end()) + block_size - 1) / block_size;
-        const int num_blocks = batch * max_blocks + 3;
-        // Block tables: a shuffled permutation of the pool, so neighbours are far apart.
-        std::vector<int32_t> perm(static_cast<size_t>(num_blocks));
-        std::iota(perm.begin(), perm.end(), 0);
-        std::shuffle(perm.begin(), perm.end(), g);
-        std::vector<int32_t> tables(perm.begin(), perm.begin() + batch * max_blocks);
-        const size_t pool = static_cast<size_t>(num_blocks) * c.kv_heads * block_size * d;
-        auto k = rounded(randn(pool, g), dtype), v = rounded(randn(pool, g), dtype);
-        // q x 4: scores of spread ~4, a peaked softmax, outputs of the values' magnitude (not
-        // the near-zero mean of a flat softmax, under which a dropped split would hide).
-        auto q = rounded(randn(static_cast<size_t>(batch) * c.q_heads * d, g, 4.0f), dtype);
-        Device kp(encode(k, dtype)), vp(encode(v, dtype));
+        const auto in = attention_inputs(c, block_size, dtype, 3, g);
+        const int max_blocks = in.max_blocks;
+        const auto& tables = in.tables;
+        const auto &k = in.k, &v = in.v, &q = in.q;
+        const Device &kp = in.kp, &vp = in.vp;
 
         std::vector<int> all(static_cast<size_t>(batch));
         std::iota(all.begin(), all.end(), 0);
@@ -212,15 +228,11 @@ TEST_CASE("cuda kernels: decode attention a block a sequence equals the two pass
     for (DType dtype : {DType::f16, DType::bf16}) {
       INFO(name(dtype) << " q_heads " << c.q_heads << " head_dim " << c.head_dim);
       const int batch = static_cast<int>(c.lens.size()), d = c.head_dim, block_size = 16;
-      const int max_blocks = (*std::max_element(c.lens.begin(), c.lens.end()) + block_size - 1) / block_size;
-      const int num_blocks = batch * max_blocks;
-      std::vector<int32_t> tables(static_cast<size_t>(num_blocks));
-      std::iota(tables.begin(), tables.end(), 0);
-      std::shuffle(tables.begin(), tables.end(), g);
-      const size_t pool = static_cast<size_t>(num_blocks) * c.kv_heads * block_size * d;
-      auto k = rounded(randn(pool, g), dtype), v = rounded(randn(pool, g), dtype);
-      auto q = rounded(randn(static_cast<size_t>(batch) * c.q_heads * d, g, 4.0f), dtype);
-      Device kp(encode(k, dtype)), vp(encode(v, dtype));
+      const auto in = attention_inputs(c, block_size, dtype, 0, g);
+      const int max_blocks = in.max_blocks;
+      const auto& tables = in.tables;
+      const auto& q = in.q;
+      const Device &kp = in.kp, &vp = in.vp;
       std::vector<int> all(static_cast<size_t>(batch));
       std::iota(all.begin(), all.end(), 0);
       using Kernel = rlx::cuda::DecodeAttentionKernel;
