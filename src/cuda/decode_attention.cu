@@ -7,7 +7,7 @@
 // at a time, each with kLanesPerToken lanes and one 16-byte load per lane. Each lane group
 // keeps an online softmax per head; groups merge by a fixed butterfly, warps in index
 // order, and the block writes (m, l, out / l) per head to the workspace.
-// Pass 2, grid (sequence, q_head): the splits merge in split order.
+// Pass 2, grid (sequence, kv head x head chunk): the splits merge in split order.
 //
 // Nothing depends on the batch: the split size is fixed, every reduction order is fixed.
 // decode_tile_kernel below is the default pass 1 for fp16 and bf16 (DecodeAttentionArgs::kernel);
@@ -263,12 +263,14 @@ __global__ void __launch_bounds__(kWarps * 32, 4) decode_tile_kernel(DecodeAtten
   write_split<D>(a, s_acc, s_st, seq, head0, heads, split, max_splits);
 }
 
+// Pass 2, grid (sequence, kv head x head chunk): pass 1's grid without its splits.
 template <class T, int D>
-__global__ void decode_merge_kernel(DecodeAttentionArgs a, int max_splits) {
+__global__ void __launch_bounds__(kWarps * 32) decode_merge_kernel(DecodeAttentionArgs a, int max_splits) {
   pdl_begin();
-  const int seq = blockIdx.x, head = blockIdx.y;
-  const int splits = sequence_splits(a, seq, max_splits);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) merge_value<T, D>(a, seq, head, d, splits, max_splits);
+  SplitBlock w;
+  w.seq = static_cast<int>(blockIdx.x);
+  head_chunk(a, static_cast<int>(blockIdx.y), w);
+  merge_splits<T, D>(a, w.seq, w.head0, w.heads, sequence_splits(a, w.seq, max_splits), max_splits);
 }
 
 template <class T, int D>
@@ -295,7 +297,8 @@ int launch(const DecodeAttentionArgs& a, cudaStream_t stream) {
     status = launch_kernel(decode_split_kernel<T, D>, grid, kWarps * 32, 0, stream, a, max_splits);  // fp32
   }
   if (status != 0) return status;
-  return launch_kernel(decode_merge_kernel<T, D>, dim3(a.batch, a.q_heads), D, 0, stream, a, max_splits);
+  return launch_kernel(decode_merge_kernel<T, D>, dim3(a.batch, a.kv_heads * chunks), kWarps * 32, 0, stream, a,
+                       max_splits);
 }
 
 }  // namespace

@@ -23,6 +23,14 @@ __host__ __device__ inline int64_t partial_index(int seq, int head, int split, i
 struct SplitBlock {
   int seq, split, begin, end, kv_head, head0, heads;
 };
+// Head chunk `chunk` (a grid's kv head x head chunk index): its kv head and query heads.
+__device__ inline void head_chunk(const DecodeAttentionArgs& a, int chunk, SplitBlock& w) {
+  const int group = a.q_heads / a.kv_heads, chunks = (group + kMaxGroup - 1) / kMaxGroup;
+  w.kv_head = chunk / chunks;
+  const int g0 = (chunk % chunks) * kMaxGroup;
+  w.heads = min(kMaxGroup, group - g0);
+  w.head0 = w.kv_head * group + g0;
+}
 __device__ inline SplitBlock split_block(const DecodeAttentionArgs& a) {
   SplitBlock w;
   w.seq = blockIdx.z;
@@ -30,25 +38,31 @@ __device__ inline SplitBlock split_block(const DecodeAttentionArgs& a) {
   w.begin = w.split * hd::kDecodeSplitTokens;
   // Clamped: a context over max_context (a caller's bug) must not read past its table row.
   w.end = min(min(a.context_lens[w.seq], a.max_context), w.begin + hd::kDecodeSplitTokens);
-  const int group = a.q_heads / a.kv_heads, chunks = (group + kMaxGroup - 1) / kMaxGroup;
-  w.kv_head = blockIdx.y / chunks;
-  const int g0 = (blockIdx.y % chunks) * kMaxGroup;
-  w.heads = min(kMaxGroup, group - g0);
-  w.head0 = w.kv_head * group + g0;
+  head_chunk(a, static_cast<int>(blockIdx.y), w);
   return w;
 }
 
-// One step of a merge: state b and its accumulator value vb (scaled as the caller's sum needs)
-// into (a, va), every rounding fixed (__fmaf_rn, __fmul_rn) rather than left to nvcc's
-// contraction of x * s + y * t, which chose differently in pass 2 and in the sequence kernel
-// (a review's PTX reading): both now give the same bits. Both states empty: a and va unchanged.
-__device__ __forceinline__ void merge_step(hd::SoftmaxState& a, float& va, const hd::SoftmaxState& b, float vb) {
+// One step of a merge: state b and its accumulator values vb (scaled as the caller's sum needs)
+// into (a, va), N values that share the states, every rounding fixed (__fmaf_rn, __fmul_rn)
+// rather than left to nvcc's contraction of x * s + y * t, which chose differently in pass 2
+// and in the sequence kernel (a review's PTX reading): both now give the same bits. Both
+// states empty: a and va unchanged.
+template <int N>
+__device__ __forceinline__ void merge_step(hd::SoftmaxState& a, float (&va)[N], const hd::SoftmaxState& b,
+                                           const float (&vb)[N]) {
   const float m = a.m > b.m ? a.m : b.m;
   if (m == -__builtin_huge_valf()) return;
   const float sa = hd::hd_exp2(a.m - m), sb = hd::hd_exp2(b.m - m);
   a.l = __fmaf_rn(a.l, sa, __fmul_rn(b.l, sb));
   a.m = m;
-  va = __fmaf_rn(vb, sb, __fmul_rn(va, sa));
+#pragma unroll
+  for (int j = 0; j < N; ++j) va[j] = __fmaf_rn(vb[j], sb, __fmul_rn(va[j], sa));
+}
+__device__ __forceinline__ void merge_step(hd::SoftmaxState& a, float& va, const hd::SoftmaxState& b, float vb) {
+  float v[1] = {va};
+  const float w[1] = {vb};
+  merge_step(a, v, b, w);
+  va = v[0];
 }
 
 // Value (g, d) of a split: the block's warps' partial results merged in index order; the state
@@ -89,20 +103,50 @@ __device__ __forceinline__ void fold_split(hd::SoftmaxState& total, float& o, co
   merge_step(total, o, split, __fmul_rn(value, split.l));
 }
 
-// Pass 2 for one value: dim d of head `head` of sequence `seq`, its `splits` partial results
-// merged in split order. Loads bypass L1: a pass-1 block that merges reads what other blocks
-// of the same kernel wrote.
+// Pass 2 for one (sequence, head chunk), by a block of kWarps * 32 threads: each of the heads
+// [head0, head0 + heads) merged over the sequence's `splits` partial results in split order,
+// fold_split's operations for each value (the sequence kernel's bits). A thread takes kDims
+// adjacent dims of one head, and loads kChunk splits' partial results before it folds them:
+// one round trip to L2 a chunk of splits, where a value at a time made one a split and a value
+// (4 x 5 of them in a row at a 576-token context). Loads bypass L1: a pass-1 block that merges
+// reads what other blocks of the same kernel wrote.
 template <class T, int D>
-__device__ inline void merge_value(const DecodeAttentionArgs& a, int seq, int head, int d, int splits, int max_splits) {
-  const float* part = a.workspace + partial_index(seq, head, 0, a.q_heads, max_splits, D);
+__device__ inline void merge_splits(const DecodeAttentionArgs& a, int seq, int head0, int heads, int splits,
+                                    int max_splits) {
+  constexpr int kDims = kMaxGroup * D / (kWarps * 32);  // 4 at head_dim 64, 8 at 128
+  constexpr int kChunk = 32 / kDims;                    // 6 or 10 registers a split
+  static_assert(kDims % 2 == 0 && D % kDims == 0);
+  const int g = static_cast<int>(threadIdx.x) / (D / kDims), d0 = static_cast<int>(threadIdx.x) % (D / kDims) * kDims;
+  if (g >= heads) return;
+  // A split's record is D + 2 floats: 8-byte aligned, so its values and (m, l) load as float2.
+  const float* part = a.workspace + partial_index(seq, head0 + g, 0, a.q_heads, max_splits, D);
   hd::SoftmaxState total = hd::softmax_empty();
-  float o = 0.0f;
-  for (int s = 0; s < splits; ++s) {
-    const float* p = part + static_cast<int64_t>(s) * (D + 2);
-    fold_split(total, o, hd::SoftmaxState{__ldcg(p + D), __ldcg(p + D + 1)}, __ldcg(p + d));
+  float o[kDims] = {};
+  for (int s0 = 0; s0 < splits; s0 += kChunk) {
+    float2 ml[kChunk], v[kChunk][kDims / 2];
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) {
+      const float* p = part + static_cast<int64_t>(min(s0 + i, splits - 1)) * (D + 2);
+      ml[i] = __ldcg(reinterpret_cast<const float2*>(p + D));
+#pragma unroll
+      for (int j = 0; j < kDims / 2; ++j) v[i][j] = __ldcg(reinterpret_cast<const float2*>(p + d0) + j);
+    }
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) {
+      if (s0 + i >= splits) break;
+      const hd::SoftmaxState st{ml[i].x, ml[i].y};
+      float vb[kDims];
+#pragma unroll
+      for (int j = 0; j < kDims / 2; ++j) {
+        vb[2 * j] = __fmul_rn(v[i][j].x, st.l);
+        vb[2 * j + 1] = __fmul_rn(v[i][j].y, st.l);
+      }
+      merge_step(total, o, st, vb);
+    }
   }
-  T* out = static_cast<T*>(a.out) + (static_cast<int64_t>(seq) * a.q_heads + head) * D;
-  out[d] = Num<T>::from(total.l > 0.0f ? o / total.l : 0.0f);
+  T* out = static_cast<T*>(a.out) + (static_cast<int64_t>(seq) * a.q_heads + head0 + g) * D + d0;
+#pragma unroll
+  for (int j = 0; j < kDims; ++j) out[j] = Num<T>::from(total.l > 0.0f ? o[j] / total.l : 0.0f);
 }
 
 // The splits a sequence's context takes (clamped: a context over max_context, a caller's bug,
@@ -128,8 +172,7 @@ __device__ inline void merge_if_last(const DecodeAttentionArgs& a, const SplitBl
   __syncthreads();
   if (!s_last) return;
   __threadfence();  // the other blocks' partial results, after their counts
-  for (int i = threadIdx.x; i < w.heads * D; i += blockDim.x)
-    merge_value<T, D>(a, w.seq, w.head0 + i / D, i % D, splits, max_splits);
+  merge_splits<T, D>(a, w.seq, w.head0, w.heads, splits, max_splits);
 }
 
 // Pass 1 on tensor cores (decode_mma.cu), fp16 and bf16, on the split kernel's grid and
