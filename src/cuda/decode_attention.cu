@@ -314,8 +314,9 @@ size_t decode_attention_counters(int batch, int q_heads, int kv_heads) {
 
 int decode_attention(const DecodeAttentionArgs& a, void* stream) {
   if (a.batch <= 0) return 0;
+  // The workspace's partial results are read as float2 (merge_splits): 8-byte aligned.
   if (a.kv_heads <= 0 || a.q_heads % a.kv_heads != 0 || a.max_context <= 0 || a.block_size <= 0 ||
-      a.max_blocks * a.block_size < a.max_context)
+      a.max_blocks * a.block_size < a.max_context || reinterpret_cast<uintptr_t>(a.workspace) % 8 != 0)
     return cudaErrorInvalidValue;
   auto s = static_cast<cudaStream_t>(stream);
   return with_dtype(a.dtype, [&](auto tag) -> int {

@@ -103,7 +103,8 @@ __device__ __forceinline__ void fold_split(hd::SoftmaxState& total, float& o, co
   merge_step(total, o, split, __fmul_rn(value, split.l));
 }
 
-// Pass 2 for one (sequence, head chunk), by a block of kWarps * 32 threads: each of the heads
+// Pass 2 for one (sequence, head chunk), by a block of exactly kWarps * 32 threads (the thread
+// mapping assumes it): each of the heads
 // [head0, head0 + heads) merged over the sequence's `splits` partial results in split order,
 // fold_split's operations for each value (the sequence kernel's bits). A thread takes kDims
 // adjacent dims of one head, and loads kChunk splits' partial results before it folds them:

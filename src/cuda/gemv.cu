@@ -109,9 +109,8 @@ __device__ __forceinline__ void input_floats(const InputChunk<Silu>& in, float (
 // of its 4.3), so every load a thread needs goes out before it uses any: the first batch of
 // weight chunks before the kernel waits for the ones launched before it (weights are no
 // decode kernel's output, kernels.hpp; with programmatic dependent launch they stream in while
-// those end)
-// and before the norm is staged, and with one row of x (not SiLU-mul's) that row's chunks of
-// the batch too.
+// those end) and before the norm or SiLU-mul is staged, and with one row of x (staged, or
+// plain) that row's chunks of the batch too.
 // The arithmetic and its order are the same whatever is prefetched.
 template <class T, int M, int R, bool Silu>
 __global__ void __launch_bounds__(kGemvThreads, 1) gemv_kernel(GemvArgs a, int team) {
@@ -160,9 +159,9 @@ __global__ void __launch_bounds__(kGemvThreads, 1) gemv_kernel(GemvArgs a, int t
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
   if (active) {
-    // One row's chunks of x prefetched (registers: of eight rows, too many). Not SiLU-mul's
-    // gate and up: twice the registers, fewer blocks an SM, and the down projection took 13.1 us
-    // a launch against 11.6 us without (H200, batch 1, 2026-11-28).
+    // One row's chunks of x prefetched (registers: of eight rows, too many). Not unstaged
+    // SiLU-mul's gate and up: twice the registers, fewer blocks an SM, and the down projection
+    // took 13.1 us a launch against 11.6 us without (H200, batch 1, 2026-11-28).
     constexpr bool kPrefetchX = M == 1 && !Silu;
     for (int64_t base = t; base < chunks; base += static_cast<int64_t>(B) * team) {
       if (base != t) load_w(base);

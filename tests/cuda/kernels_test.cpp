@@ -398,8 +398,11 @@ TEST_CASE("cuda kernels: residual add + RMSNorm, SiLU-and-multiply, RoPE + KV ap
       rlx::cuda::reference::silu_mul(gu.data(), want.data(), rows, inter);
       CHECK(max_abs_diff(decode(out.get<uint8_t>(), dtype), want) <= tolerance(dtype) * 8);
     }
-    {
-      const int rows = 4, q_heads = 14, kv_heads = 2, d = 64, block_size = 16, num_blocks = 6;
+    // Qwen2.5-0.5B's heads (a thread a rotated pair, 512); Qwen3-32B-like (2048 pairs: two a
+    // thread, fewer warps than heads for the norms); the fewest (32 threads, 4 pairs).
+    for (auto [q_heads, kv_heads, d] : {std::tuple{14, 2, 64}, std::tuple{28, 4, 128}, std::tuple{1, 1, 8}}) {
+      INFO("rope_append q heads " << q_heads << " kv heads " << kv_heads << " head_dim " << d);
+      const int rows = 4, block_size = 16, num_blocks = 6;
       auto qkv = rounded(randn(static_cast<size_t>(rows) * (q_heads + 2 * kv_heads) * d, g), dtype);
       std::vector<int64_t> positions{0, 17, 511, 4000}, slots{5, 16 * 3 + 2, 16 * 5 + 15, 1};
       std::vector<float> inv_freq(d / 2);
@@ -713,7 +716,9 @@ TEST_CASE("cuda kernels: the GEMV with the norm or SiLU-mul on the way in equals
         INFO(name(dtype) << " norm m " << m << " n " << n << " k " << k);
         check_norm_fold(rlx::cuda::gemv, m, n, k, /*bias=*/true, dtype, g);
       }
-      for (auto [n, k] : {std::pair{896, 4864}, std::pair{37, 64}, std::pair{300, 12296}}) {
+      // Staged in shared memory where m k 2 bytes fit in kGemvNormBytes, else from gate and up
+      // as the products need them (20488 at one row: past it).
+      for (auto [n, k] : {std::pair{896, 4864}, std::pair{37, 64}, std::pair{300, 12296}, std::pair{64, 20488}}) {
         INFO(name(dtype) << " silu m " << m << " n " << n << " k " << k);
         check_silu_fold(rlx::cuda::gemv, m, n, k, /*bias=*/n == 37, dtype, g);
       }

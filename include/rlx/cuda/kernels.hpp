@@ -46,7 +46,7 @@ struct DecodeAttentionArgs {
   const int32_t* block_tables = nullptr; // [batch, max_blocks]
   const int32_t* context_lens = nullptr; // [batch], >= 1, the new token's key included
   void* out = nullptr;                   // [batch, q_heads, head_dim]
-  float* workspace = nullptr;            // decode_attention_workspace(...) floats
+  float* workspace = nullptr;            // decode_attention_workspace(...) floats, 8-byte aligned
   int batch = 0, q_heads = 0, kv_heads = 0, head_dim = 0;  // head_dim 64 or 128
   int block_size = 16, max_blocks = 0;
   int max_context = 0;                   // bound on context_lens: sizes the grid (a graph's capacity)
