@@ -6,6 +6,7 @@
 #include <torch/autograd.h>
 
 #include <cmath>
+#include <numeric>
 #include <cstdlib>
 #include <string_view>
 #include <type_traits>
@@ -322,7 +323,50 @@ struct SiluMulFn : torch::autograd::Function<SiluMulFn> {
   }
 };
 
+// ---- Rows joined -----------------------------------------------------------------------
+
+// Whether `parts` lie back to back in one storage, each contiguous, with one dtype and
+// trailing shape: their concatenation is then a view of that storage.
+bool back_to_back(std::initializer_list<at::Tensor> parts) {
+  const at::Tensor* prev = nullptr;
+  for (const auto& p : parts) {
+    if (!p.defined() || !p.is_contiguous()) return false;
+    if (prev != nullptr &&
+        (p.scalar_type() != prev->scalar_type() || p.device() != prev->device() ||
+         !p.storage().is_alias_of(prev->storage()) || p.storage_offset() != prev->storage_offset() + prev->numel() ||
+         p.sizes().slice(1) != prev->sizes().slice(1)))
+      return false;
+    prev = &p;
+  }
+  return true;
+}
+
+// The view of back-to-back parts as one tensor; backward hands each part its rows of the
+// gradient (views of it, no copy).
+struct JoinRowsFn : torch::autograd::Function<JoinRowsFn> {
+  static at::Tensor forward(AutogradContext* ctx, at::TensorList parts) {
+    std::vector<int64_t> rows;
+    for (const auto& p : parts) rows.push_back(p.size(0));
+    auto shape = parts[0].sizes().vec();
+    shape[0] = std::accumulate(rows.begin(), rows.end(), int64_t{0});
+    ctx->saved_data["rows"] = rows;
+    return at::empty({0}, parts[0].options())
+        .set_(parts[0].storage(), parts[0].storage_offset(), shape, c10::contiguous_strides(shape));
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return grads[0].split_with_sizes(ctx->saved_data["rows"].toIntVector(), 0);
+  }
+};
+
 }  // namespace
+
+at::Tensor join_rows(std::initializer_list<at::Tensor> parts) {
+  RLX_ASSERT(parts.size() >= 1, "join_rows: no parts");
+  if (!parts.begin()->defined()) return at::Tensor();
+  if (parts.size() > 1 && back_to_back(parts)) return JoinRowsFn::apply(at::TensorList(parts.begin(), parts.size()));
+  return at::cat(parts, 0);
+}
 
 at::Tensor rms_norm_reference(const at::Tensor& x, const at::Tensor& weight, double eps) {
   auto xf = x.to(at::kFloat);

@@ -84,7 +84,7 @@ struct AuxLossGrad : torch::autograd::Function<AuxLossGrad> {
 
 // The expert's SwiGLU over its rows x [n, H], with its adapters (gate and up as one GEMM).
 at::Tensor run_expert(const Mlp& m, const at::Tensor& x, const LoraHook& lora, uint64_t site) {
-  auto w = m.gate_up_weight.defined() ? m.gate_up_weight : at::cat({m.gate_proj->weight, m.up_proj->weight}, 0);
+  auto w = m.gate_up_weight.defined() ? m.gate_up_weight : fused::join_rows({m.gate_proj->weight, m.up_proj->weight});
   auto gu = lora(at::linear(x, w), {m.gate_proj.get(), m.up_proj.get()}, x, site);
   auto act = fused::silu_mul(gu);
   return lora(at::linear(act, m.down_proj->weight), {m.down_proj.get()}, act, site + 1);

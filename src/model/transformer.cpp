@@ -81,12 +81,6 @@ at::Tensor sequence_attention(const at::Tensor& q, const at::Tensor& k, const at
       .view({B, T, q.size(2), D});
 }
 
-// A module's projections joined along their outputs, one GEMM's operand: a copy of the
-// weights (small next to the activations) that autograd splits back into their gradients.
-at::Tensor joined(std::initializer_list<at::Tensor> parts) {
-  if (!parts.begin()->defined()) return at::Tensor();
-  return at::cat(parts, 0);
-}
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& cfg, at::ScalarType dtype, at::Device device)
@@ -378,8 +372,8 @@ at::Tensor Transformer::layer(int64_t index, const at::Tensor& h_in, const Forwa
   const bool lora = lora_on();
   const uint64_t site = static_cast<uint64_t>(index) * 4;
   auto x = (*blk.input_layernorm)(h_in);
-  auto qkv = at::linear(x, joined({att.q_proj->weight, att.k_proj->weight, att.v_proj->weight}),
-                        joined({att.q_proj->bias, att.k_proj->bias, att.v_proj->bias}));
+  auto qkv = at::linear(x, fused::join_rows({att.q_proj->weight, att.k_proj->weight, att.v_proj->weight}),
+                        fused::join_rows({att.q_proj->bias, att.k_proj->bias, att.v_proj->bias}));
   if (lora) qkv = with_lora(qkv, {att.q_proj.get(), att.k_proj.get(), att.v_proj.get()}, x, st, site);
   qkv = qk_normed(att, qkv, st);
   auto parts = qkv.split_with_sizes({Hq * D, Hkv * D, Hkv * D}, -1);
@@ -395,8 +389,8 @@ at::Tensor Transformer::layer(int64_t index, const at::Tensor& h_in, const Forwa
   auto normed = (*blk.post_attention_layernorm)(h);
   if (blk.moe) return h + sparse_mlp(blk, normed, st, site);
   const auto& mlp = *blk.mlp;
-  auto gu = at::linear(normed, joined({mlp.gate_proj->weight, mlp.up_proj->weight}),
-                       joined({mlp.gate_proj->bias, mlp.up_proj->bias}));
+  auto gu = at::linear(normed, fused::join_rows({mlp.gate_proj->weight, mlp.up_proj->weight}),
+                       fused::join_rows({mlp.gate_proj->bias, mlp.up_proj->bias}));
   if (lora) gu = with_lora(gu, {mlp.gate_proj.get(), mlp.up_proj.get()}, normed, st, site + 2);
   auto act = fused::silu_mul(gu);
   auto down = (*mlp.down_proj)(act);

@@ -105,3 +105,44 @@ TEST_CASE("fused silu_mul: values and gradients equal silu(gate) * up", "[model]
     check_close(b.grad(), a.grad(), dtype);
   }
 }
+
+TEST_CASE("fused join_rows: parts back to back are one view, apart a copy; gradients to each part", "[model]") {
+  at::manual_seed(5);
+  auto x = at::randn({6, 8});
+  auto g = at::randn({6, 4 + 2 + 2});
+  // What the gradients of [q; k; v] are through a copy: the reference.
+  std::vector<at::Tensor> apart{at::randn({4, 8}).requires_grad_(true), at::randn({2, 8}).requires_grad_(true),
+                                at::randn({2, 8}).requires_grad_(true)};
+  auto copied = rlx::fused::join_rows({apart[0], apart[1], apart[2]});
+  CHECK(copied.data_ptr() != apart[0].data_ptr());
+  at::linear(x, copied).backward(g);
+  // The same values as views of one buffer (as an FSDP unit lays a block's projections out).
+  auto flat = at::empty({8 * 8}).requires_grad_(false);
+  std::vector<at::Tensor> views;
+  int64_t offset = 0;
+  for (const auto& p : apart) {
+    auto v = at::empty({0}).set_(flat.storage(), offset, p.sizes(), c10::contiguous_strides(p.sizes()));
+    {
+      c10::NoGradGuard no_grad;
+      v.copy_(p);
+    }
+    views.push_back(v.requires_grad_(true));
+    offset += p.numel();
+  }
+  auto joined = rlx::fused::join_rows({views[0], views[1], views[2]});
+  CHECK(joined.data_ptr() == flat.data_ptr());  // no copy
+  REQUIRE(joined.sizes() == copied.sizes());
+  CHECK(at::equal(joined, copied));
+  at::linear(x, joined).backward(g);
+  for (size_t i = 0; i < views.size(); ++i) {
+    INFO("part " << i);
+    REQUIRE(views[i].grad().defined());
+    CHECK(at::equal(views[i].grad(), apart[i].grad()));
+  }
+  // Out of order, or with a gap, they are apart: a copy, the same values.
+  auto swapped = rlx::fused::join_rows({views[1], views[0]});
+  CHECK(swapped.data_ptr() != flat.data_ptr());
+  CHECK(at::equal(swapped, at::cat({views[1], views[0]}, 0)));
+  CHECK(rlx::fused::join_rows({views[0], views[2]}).data_ptr() != flat.data_ptr());
+  CHECK_FALSE(rlx::fused::join_rows({at::Tensor(), at::Tensor()}).defined());
+}
