@@ -281,9 +281,11 @@ print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "
         step split_throughput_metrics 20 python3 scripts/run_metrics_summary.py $work/runs/split_0.5b/metrics.jsonl split_throughput ;;
     sync)
       # Weight sync by CUDA IPC (a subscriber process, device-to-device copies, every version's
-      # values checked). NCCL's broadcast needs a GPU per rank: not on a one-GPU lease.
+      # values checked), then the broadcast over NCCL, which needs a GPU per rank: on a one-GPU
+      # lease it refuses in a second, saying so.
       have "$rlx" || return 0
-      step sync_cuda_ipc 120 "$rlx" bench sync --path cuda-ipc --mb 1000 --versions 10 ;;
+      step sync_cuda_ipc 120 "$rlx" bench sync --path cuda-ipc --mb 1000 --versions 10
+      step sync_nccl 120 "$rlx" bench sync --path nccl --mb 1000 --versions 10 ;;
     colocated)
       # One GPU, the whole loop (train.placement = colocated): the throughput config (random
       # Qwen2.5-0.5B shape, 64 x 8 samples x 512 tokens a step), then generation alone and

@@ -16,9 +16,13 @@ namespace rlx::cli {
 
 namespace {
 
-// The same bytes as one Gloo broadcast per bucket from rank 0 to `ranks - 1` others, each
-// rank a thread with its own group member; seconds per version, until every rank has it.
-std::vector<double> raw_broadcast(int64_t bytes, int ranks, int64_t bucket_bytes, int64_t versions) {
+// Where rank r's buffers live: the CPU, or with NCCL cuda:r (made the thread's device, as
+// NCCL's barrier takes it).
+at::Device rank_device(int r, bool nccl) { return nccl ? at::Device(at::kCUDA, static_cast<int8_t>(r)) : at::kCPU; }
+
+// The same bytes as one broadcast per bucket from rank 0 to `ranks - 1` others, each rank a
+// thread with its own group member; seconds per version, until every rank has it.
+std::vector<double> raw_broadcast(int64_t bytes, int ranks, int64_t bucket_bytes, int64_t versions, bool nccl) {
   dist::StoreServer store("127.0.0.1", 0);
   std::vector<double> out;
   std::vector<std::thread> threads;
@@ -30,8 +34,10 @@ std::vector<double> raw_broadcast(int64_t bytes, int ranks, int64_t bucket_bytes
       ro.store_port = store.port();
       ro.prefix = "raw";
       ro.timeout_s = 120;
+      ro.nccl = nccl;
+      dist::use_device_for_collectives(rank_device(r, nccl));
       auto comm = dist::connect(ro);
-      auto buf = at::full({bytes}, r == 0 ? 7 : 0, at::kByte);
+      auto buf = at::full({bytes}, r == 0 ? 7 : 0, at::TensorOptions().dtype(at::kByte).device(rank_device(r, nccl)));
       for (int64_t v = 0; v <= versions; ++v) {  // the first is a warm-up
         comm->barrier("start");
         const double t0 = now_s();
@@ -50,14 +56,22 @@ std::vector<double> raw_broadcast(int64_t bytes, int ranks, int64_t bucket_bytes
 }  // namespace
 
 nlohmann::json broadcast_versions(std::vector<std::pair<std::string, at::Tensor>>& w, const dist::WeightLayout& layout,
-                                  int64_t versions, int subscribers, int64_t bucket_mb) {
-  dist::BroadcastSyncOptions o{.bind = "tcp://127.0.0.1:0", .advertise_host = "127.0.0.1", .bucket_mb = bucket_mb,
-                               .timeout_s = 120};
+                                  int64_t versions, int subscribers, int64_t bucket_mb, bool nccl) {
+  dist::BroadcastSyncOptions o{.bind = "tcp://127.0.0.1:0",
+                               .advertise_host = "127.0.0.1",
+                               .bucket_mb = bucket_mb,
+                               .timeout_s = 120,
+                               .nccl = nccl,
+                               .device = rank_device(0, nccl).str()};
+  dist::use_device_for_collectives(rank_device(0, nccl));  // publish() runs on this thread
   dist::BroadcastWeightPublisher pub(o, layout);
   std::vector<std::unique_ptr<dist::BroadcastWeightSubscriber>> subs;
-  auto so = o;
-  so.endpoint = pub.endpoint();
-  for (int i = 0; i < subscribers; ++i) subs.push_back(std::make_unique<dist::BroadcastWeightSubscriber>(so));
+  for (int i = 0; i < subscribers; ++i) {
+    auto so = o;
+    so.endpoint = pub.endpoint();
+    so.device = rank_device(i + 1, nccl).str();
+    subs.push_back(std::make_unique<dist::BroadcastWeightSubscriber>(so));
+  }
   int64_t v = 0;
   // Every subscriber holds version v (a timeout is an error).
   auto delivered = [&](int64_t version) {
@@ -89,8 +103,9 @@ nlohmann::json broadcast_versions(std::vector<std::pair<std::string, at::Tensor>
     total_s.push_back(now_s() - t0);
   }
   const double bytes = static_cast<double>(layout.bytes());
-  const double raw = median(raw_broadcast(layout.bytes(), subscribers + 1, bucket_mb << 20, versions));
-  return {{"subscribers", subscribers},
+  const double raw = median(raw_broadcast(layout.bytes(), subscribers + 1, bucket_mb << 20, versions, nccl));
+  return {{"data_plane", nccl ? "nccl" : "gloo"},
+          {"subscribers", subscribers},
           {"bucket_mb", bucket_mb},
           {"generation", pub.generation()},
           {"publish_ms", median(pub_s) * 1e3},

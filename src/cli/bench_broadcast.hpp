@@ -1,6 +1,7 @@
-// `rlx bench sync --path broadcast`: the broadcast weight-sync path (a publisher and N
-// subscribers in this process, Gloo as the data plane) against the raw collective moving
-// the same bytes between the same number of ranks, in the same run.
+// `rlx bench sync --path broadcast|nccl`: the broadcast weight-sync path (a publisher and N
+// subscribers in this process; Gloo as the data plane, or NCCL with the publisher's buffers on
+// cuda:0 and subscriber i's on cuda:i+1) against the raw collective moving the same bytes
+// between the same number of ranks, in the same run.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -15,8 +16,9 @@
 
 namespace rlx::cli {
 
-// Fields of the bench's JSON line: ms per version of each, GB/s, and their ratio.
+// Fields of the bench's JSON line: ms per version of each, GB/s, and their ratio. With `nccl`
+// the tensors `w` are on cuda:0 and the machine has subscribers + 1 devices.
 nlohmann::json broadcast_versions(std::vector<std::pair<std::string, at::Tensor>>& w, const dist::WeightLayout& layout,
-                                  int64_t versions, int subscribers, int64_t bucket_mb);
+                                  int64_t versions, int subscribers, int64_t bucket_mb, bool nccl = false);
 
 }  // namespace rlx::cli

@@ -1,5 +1,5 @@
-// rlx bench sync --path shm|tcp|cuda-ipc|broadcast   each weight-sync path against its
-//                                                  ceiling, measured in the same run
+// rlx bench sync --path shm|tcp|cuda-ipc|broadcast|nccl   each weight-sync path against its
+//                                                       ceiling, measured in the same run
 #include <sys/wait.h>
 #include <csignal>
 #include <torch/cuda.h>
@@ -21,6 +21,7 @@
 #include "rlx/core/config.hpp"
 #include "rlx/core/torch_compat.hpp"
 #include "rlx/model/transformer.hpp"
+#include "rlx/dist/comm.hpp"
 #include "rlx/dist/weight_sync.hpp"
 
 namespace rlx::cli {
@@ -212,8 +213,17 @@ json cuda_ipc_versions(int64_t tensors, int64_t per, at::ScalarType dtype, int64
 int bench_sync(const SyncBenchArgs& a) {
   RLX_CHECK(a.mb > 0 && a.mb <= 65536 && a.tensors >= 1 && a.tensors <= 4096 && a.versions >= 2,
             "bench sync: --mb in (0, 65536], --tensors in [1, 4096], --versions >= 2");
-  RLX_CHECK(a.path == "shm" || a.path == "tcp" || a.path == "cuda-ipc" || a.path == "broadcast",
-            "bench sync: --path {:?} is not shm, tcp, cuda-ipc or broadcast", a.path);
+  RLX_CHECK(a.path == "shm" || a.path == "tcp" || a.path == "cuda-ipc" || a.path == "broadcast" || a.path == "nccl",
+            "bench sync: --path {:?} is not shm, tcp, cuda-ipc, broadcast or nccl", a.path);
+  if (a.path == "nccl") {
+    RLX_CHECK(dist::nccl_available(), "bench sync --path nccl needs a build of rlx with NCCL (RLX_CUDA, RLX_NCCL)");
+    // NCCL refuses two ranks of a group on one device (the leases so far had one GPU).
+    const auto devices = static_cast<int>(torch::cuda::device_count());
+    RLX_CHECK(devices >= 2,
+              "bench sync --path nccl needs 2 CUDA devices: the publisher on cuda:0 and a subscriber on each other "
+              "one (NCCL refuses two ranks on one device); this machine has {}",
+              devices);
+  }
   bus::keep_frame_memory();  // as the roles do: frames from malloc's heap, not a fresh mmap each
   const auto dtype = to_scalar_type(config::parse_enum<DType>(a.dtype, "bench sync --dtype"));
   const int64_t per = std::max<int64_t>(1, static_cast<int64_t>(a.mb * 1e6) / a.tensors /
@@ -225,7 +235,8 @@ int bench_sync(const SyncBenchArgs& a) {
     return 0;
   }
   std::vector<std::pair<std::string, at::Tensor>> w;
-  for (int64_t i = 0; i < a.tensors; ++i) w.emplace_back(fmt::format("t{}", i), at::zeros({per}, dtype));
+  const auto where = at::TensorOptions().dtype(dtype).device(a.path == "nccl" ? at::Device("cuda:0") : at::kCPU);
+  for (int64_t i = 0; i < a.tensors; ++i) w.emplace_back(fmt::format("t{}", i), at::zeros({per}, where));
   const auto layout = dist::WeightLayout::of(w, dtype);
   const double bytes = static_cast<double>(layout.bytes());
   // The ceiling: memcpy of the same bytes between two buffers already touched.
@@ -237,14 +248,23 @@ int bench_sync(const SyncBenchArgs& a) {
     copy_s.push_back(now_s() - t0);
   }
   json runs = json::array();
-  if (a.path == "broadcast") {
-    json j = {{"bench", "sync"}, {"path", "broadcast"}, {"bytes_per_version", bytes}, {"tensors", a.tensors},
-              {"dtype", a.dtype}, {"versions", a.versions}, {"memcpy_gbps", bytes / median(copy_s) / 1e9}};
-    j.update(cli::broadcast_versions(w, layout, a.versions, /*subscribers=*/2, a.bucket_mb));
-    std::cout << fmt::format("broadcast to 2 subscribers (Gloo): {:.1f} ms per version, the raw broadcast {:.1f} ms "
-                             "({:.2f}x)\n",
-                             j["ms_per_version"].get<double>(), j["raw_broadcast_ms"].get<double>(),
-                             j["vs_raw_broadcast"].get<double>());
+  if (a.path == "broadcast" || a.path == "nccl") {
+    const bool nccl = a.path == "nccl";
+    // Two subscribers; with NCCL one a device past the publisher's, as many as there are.
+    const int subscribers = nccl ? std::min(2, static_cast<int>(torch::cuda::device_count()) - 1) : 2;
+    json j = {{"bench", "sync"},
+              {"path", a.path},
+              {"bytes_per_version", bytes},
+              {"tensors", a.tensors},
+              {"dtype", a.dtype},
+              {"versions", a.versions},
+              {"memcpy_gbps", bytes / median(copy_s) / 1e9}};
+    j.update(cli::broadcast_versions(w, layout, a.versions, subscribers, a.bucket_mb, nccl));
+    std::cout << fmt::format(
+        "broadcast to {} subscribers ({}): {:.1f} ms per version, the raw broadcast {:.1f} ms "
+        "({:.2f}x)\n",
+        subscribers, nccl ? "NCCL" : "Gloo", j["ms_per_version"].get<double>(), j["raw_broadcast_ms"].get<double>(),
+        j["vs_raw_broadcast"].get<double>());
     std::cout << j.dump() << std::endl;
     return 0;
   }
@@ -316,7 +336,9 @@ int bench_sync(const SyncBenchArgs& a) {
 void add_sync_bench(CLI::App& app, Action& action) {
   auto sa = std::make_shared<SyncBenchArgs>();
   auto* bs = app.get_subcommand("bench")->add_subcommand(
-      "sync", "Weight sync (shared memory, tcp, CUDA IPC or broadcast): GB/s and ms per version, full and delta, against the path's ceiling");
+      "sync",
+      "Weight sync (shared memory, tcp, CUDA IPC, broadcast over Gloo or NCCL): GB/s and ms per version, full and "
+      "delta, against the path's ceiling");
   bs->add_option("--mb", sa->mb, "megabytes per version");
   bs->add_option("--tensors", sa->tensors, "tensors per version");
   bs->add_option("--versions", sa->versions, "timed versions per mode");
@@ -324,7 +346,8 @@ void add_sync_bench(CLI::App& app, Action& action) {
   bs->add_option("--changed", sa->changed, "delta mode: the fraction of tensors changed per version");
   bs->add_option("--path", sa->path,
                  "shm (memcpy ceiling), tcp (loopback; raw ZeroMQ ceiling), cuda-ipc (a CUDA build; device copy "
-                 "ceiling) or broadcast (2 subscribers over Gloo; raw broadcast ceiling)");
+                 "ceiling), broadcast (2 subscribers over Gloo; raw broadcast ceiling) or nccl (the same over NCCL, "
+                 "a device each: 2 GPUs or more)");
   bs->add_option("--bucket-mb", sa->bucket_mb, "broadcast: megabytes per collective");
   bs->callback([sa, &action] { action = [sa] { return bench_sync(*sa); }; });
 }

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "rlx/dist/comm.hpp"
 #include "rlx/dist/rendezvous.hpp"
 #include "rlx/dist/weight_broadcast.hpp"
 
@@ -62,6 +63,11 @@ inline std::string interface_of(const BroadcastSyncOptions& o) {
   return o.advertise_host.empty() ? host_name() : o.advertise_host;
 }
 
-
+// A thread of either end that runs the group's collectives makes the buffers' device its own
+// (use_device_for_collectives), so a publisher or subscriber on cuda:N does not touch cuda:0
+// from its helper threads.
+inline void use_buffers_device(const BroadcastSyncOptions& o) {
+  if (o.nccl) use_device_for_collectives(at::Device(o.device));
+}
 
 }  // namespace rlx::dist::broadcast

@@ -445,6 +445,14 @@ std::unique_ptr<Communicator> single_process() { return std::make_unique<SingleP
 
 bool nccl_available() { return RLX_WITH_NCCL != 0; }
 
+void use_device_for_collectives(const at::Device& device) {
+#if RLX_WITH_NCCL
+  if (device.is_cuda() && device.has_index()) c10::cuda::set_device(device.index());
+#else
+  (void)device;
+#endif
+}
+
 std::unique_ptr<Communicator> connect(const RendezvousOptions& options) {
   // A group of one needs no collectives (nor Gloo), whether or not a store was named.
   if (options.world_size == 1 && !options.host_store) return single_process();

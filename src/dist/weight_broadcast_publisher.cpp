@@ -244,6 +244,7 @@ struct BroadcastWeightPublisher::Impl {
   // Members that said hello after the last version are sent it without waiting for the
   // next one (a restarted worker must not wait a whole step, or forever in synchronous mode).
   void catch_up() {
+    use_buffers_device(o);
     while (!stop) {
       std::this_thread::sleep_for(std::chrono::milliseconds(kPollMs * 5));
       // `group` is publish()'s: read it only while publish() is not running. A publish in

@@ -176,6 +176,7 @@ struct BroadcastWeightSubscriber::Impl {
 
   void run() {
     try {
+      use_buffers_device(o);
       hello();
       while (!stop) {
         std::string to;

@@ -73,6 +73,11 @@ std::unique_ptr<Communicator> single_process();
 // Whether this rlx was built with NCCL (RendezvousOptions::nccl).
 bool nccl_available();
 
+// Makes `device` the calling thread's current CUDA device, which an NCCL group takes for what
+// names no tensor (its barrier): a thread running collectives on cuda:N calls it first. A CPU
+// device, or a build without NCCL: nothing.
+void use_device_for_collectives(const at::Device& device);
+
 // Joins the group described by `options` (blocking until every rank has joined,
 // bounded by options.connect_timeout_s). One rank per process.
 std::unique_ptr<Communicator> connect(const RendezvousOptions& options);
