@@ -5,6 +5,8 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
+
 #include "rlx/core/error.hpp"
 #include "rlx/core/torch_compat.hpp"
 
@@ -162,6 +164,10 @@ ShardedTransformer::ShardedTransformer(const ModelConfig& cfg, Communicator& com
   for (auto& u : units_) u.trained = !opt_.frozen && (!lora || u.name.ends_with(".lora"));
   auto named = model_->hf_parameters();
   for (auto& a : model_->lora_parameters()) named.push_back(a);
+  // A unit's matrices and norms first, its biases after, each in the module's order: a
+  // block's q, k and v weights (and gate and up's) then lie back to back, one GEMM's operand
+  // without a copy (fused::join_rows), as do their biases. Checkpoints record the order.
+  std::stable_partition(named.begin(), named.end(), [](const auto& np) { return !np.first.ends_with(".bias"); });
   for (auto& [name, p] : named) {
     size_t u = 0;
     if (name.rfind(kLayerPrefix, 0) == 0)

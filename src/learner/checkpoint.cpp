@@ -2,6 +2,8 @@
 
 #include <c10/core/GradMode.h>
 #include <cstdlib>
+#include <algorithm>
+#include <functional>
 #include <map>
 
 #include "rlx/core/error.hpp"
@@ -38,9 +40,30 @@ void remove_partials(const fs::path& root) {
 
 json units_json(Learner& l) {
   json units = json::array();
-  for (auto* u : l.model().trained_units())
-    units.push_back({{"name", u->name}, {"numel", u->numel}, {"padded", u->padded}, {"shard_numel", u->shard_numel}});
+  for (auto* u : l.model().trained_units()) {
+    json slots = json::array();
+    for (const auto& s : u->slots) slots.push_back(s.name);
+    units.push_back({{"name", u->name},
+                     {"numel", u->numel},
+                     {"padded", u->padded},
+                     {"shard_numel", u->shard_numel},
+                     {"slots", slots}});
+  }
   return units;
+}
+
+// The order of a saved unit's parameters in its flat tensors: its "slots", or for a checkpoint
+// written before units laid their biases last (none recorded), the module's order.
+std::vector<std::string> saved_slot_order(const json& saved, dist::ShardedTransformer& model,
+                                          const dist::ShardedUnit& u) {
+  if (saved.contains("slots")) return saved.at("slots").get<std::vector<std::string>>();
+  std::map<std::string, size_t> place;
+  for (auto& [name, p] : model.module().hf_parameters()) place.emplace(name, place.size());
+  for (auto& [name, p] : model.module().lora_parameters()) place.emplace(name, place.size());
+  std::vector<std::string> names;
+  for (const auto& s : u.slots) names.push_back(s.name);
+  std::stable_sort(names.begin(), names.end(), [&](const auto& a, const auto& b) { return place.at(a) < place.at(b); });
+  return names;
 }
 
 // The adapters a checkpoint's units belong to (null without LoRA).
@@ -49,22 +72,48 @@ json lora_json(const LoraSpec& lora) {
   return {{"rank", lora.rank}, {"alpha", lora.alpha}, {"dropout", lora.dropout}, {"targets", lora.targets}};
 }
 
-// Restores one unit's three flat tensors from the saved shards, resharding when the
-// group size differs. `shards(k)` returns old rank k's [param, exp_avg, exp_avg_sq].
+// Restores one unit's three flat tensors from the saved shards: each parameter's elements from
+// where the checkpoint's flat layout had them (`saved_order`: its parameters' names in flat
+// order), resharding when the group size differs. `shards(k)` returns old rank k's [param,
+// exp_avg, exp_avg_sq].
 void restore_unit(dist::ShardedUnit& u, AdamW::Slot& slot, int rank, int old_world, int64_t old_shard,
-                  const std::function<std::vector<at::Tensor>(int)>& shards) {
+                  const std::vector<std::string>& saved_order,
+                  const std::function<std::vector<at::Tensor>(int)>& shards, const fs::path& dir) {
   c10::NoGradGuard no_grad;
+  std::map<std::string, int64_t> numel, saved_at;
+  for (const auto& s : u.slots) numel.emplace(s.name, s.numel);
+  int64_t at = 0;
+  for (const auto& name : saved_order) {
+    auto it = numel.find(name);
+    RLX_CHECK(it != numel.end(), "checkpoint {}: unit {} holds {}, which this model's unit has not", dir.string(),
+              u.name, name);
+    RLX_CHECK(!saved_at.contains(name), "checkpoint {}: unit {} lists {} twice", dir.string(), u.name, name);
+    saved_at.emplace(name, at);
+    at += it->second;
+  }
+  RLX_CHECK(saved_at.size() == u.slots.size(), "checkpoint {}: unit {} holds {} parameters, this model's {}",
+            dir.string(), u.name, saved_at.size(), u.slots.size());
   std::vector<at::Tensor> targets{u.shard, slot.exp_avg, slot.exp_avg_sq};
-  const int64_t begin = static_cast<int64_t>(rank) * u.shard_numel;
   for (auto& t : targets) t.zero_();
-  // Old rank k held flat elements [k * old_shard, (k + 1) * old_shard).
-  for (int k = 0; k < old_world; ++k) {
-    const int64_t lo = std::max(begin, static_cast<int64_t>(k) * old_shard);
-    const int64_t hi = std::min({begin + u.shard_numel, static_cast<int64_t>(k + 1) * old_shard, u.numel});
-    if (lo >= hi) continue;
-    auto src = shards(k);
-    for (size_t i = 0; i < targets.size(); ++i)
-      targets[i].narrow(0, lo - begin, hi - lo).copy_(src[i].narrow(0, lo - static_cast<int64_t>(k) * old_shard, hi - lo));
+  std::map<int, std::vector<at::Tensor>> old;  // old rank k's three tensors, read once
+  const int64_t begin = static_cast<int64_t>(rank) * u.shard_numel, end = begin + u.shard_numel;
+  for (const auto& s : u.slots) {
+    // This rank's part of the parameter, [lo, hi) of the flat, from the saved flat's
+    // [from, from + hi - lo), which old rank k held within [k old_shard, (k + 1) old_shard).
+    const int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
+    for (int64_t x = lo; x < hi;) {
+      const int64_t from = saved_at.at(s.name) + (x - s.offset);
+      const int k = static_cast<int>(from / old_shard);
+      RLX_CHECK(k < old_world, "checkpoint {}: unit {} past its shards", dir.string(), u.name);
+      const int64_t n = std::min(hi - x, static_cast<int64_t>(k + 1) * old_shard - from);
+      auto it = old.find(k);
+      if (it == old.end()) it = old.emplace(k, shards(k)).first;
+      for (size_t i = 0; i < targets.size(); ++i)
+        targets[i]
+            .narrow(0, x - begin, n)
+            .copy_(it->second[i].narrow(0, from - static_cast<int64_t>(k) * old_shard, n));
+      x += n;
+    }
   }
 }
 
@@ -264,11 +313,14 @@ std::optional<LoadedCheckpoint> load_latest_checkpoint(Learner& learner, const C
     for (size_t i = 0; i < units.size(); ++i) {
       const int64_t old_shard = saved_units[i].at("shard_numel").get<int64_t>();
       const auto& name = units[i]->name;
-      restore_unit(*units[i], slots[i], rank, old_world, old_shard, [&](int k) {
-        auto& f = file(k);
-        return std::vector<at::Tensor>{f.tensor(name + ".param"), f.tensor(name + ".exp_avg"),
-                                       f.tensor(name + ".exp_avg_sq")};
-      });
+      restore_unit(
+          *units[i], slots[i], rank, old_world, old_shard, saved_slot_order(saved_units[i], learner.model(), *units[i]),
+          [&](int k) {
+            auto& f = file(k);
+            return std::vector<at::Tensor>{f.tensor(name + ".param"), f.tensor(name + ".exp_avg"),
+                                           f.tensor(name + ".exp_avg_sq")};
+          },
+          dir);
     }
     const bool saved_head = lj.value("value_head", false);
     RLX_CHECK(saved_head == learner.value_head().defined(), "checkpoint {}: {} a value head, this learner {}",

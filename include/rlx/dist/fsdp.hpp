@@ -1,7 +1,8 @@
 // FSDP-style sharding of rlx's transformer across the ranks of a Communicator.
 //
 // The parameters are grouped into units: one per transformer block, plus a root
-// unit (embeddings, final norm, LM head). Each unit is one flat fp32 buffer,
+// unit (embeddings, final norm, LM head). Each unit is one flat fp32 buffer (its matrices and
+// norms, then its biases, so that a block's q, k, v and gate, up weights lie back to back),
 // padded to a multiple of the group size and split evenly: a rank owns only its
 // shard (the master copy, which the optimizer updates). Before a block runs, its
 // full parameters are all-gathered in the compute dtype (the next block's gather

@@ -162,21 +162,29 @@ TEST_CASE("one bf16 rank keeps its cast weights until the shards change", "[dist
 }
 
 TEST_CASE("a unit lays a block's q, k and v weights, and gate and up, back to back", "[dist]") {
-  // The training forward's GEMM operands are then views of the unit (fused::join_rows), not copies.
-  auto cfg = rlx::test::test_model({.vocab = 29, .hidden = 16, .heads = 2, .head_dim = 8, .intermediate = 23});
-  auto comm = rlx::dist::single_process();
-  rlx::dist::ShardedTransformer sharded(cfg, *comm, {});
-  std::map<std::string, at::Tensor> p;
-  for (auto& [n, t] : sharded.module().hf_parameters()) p[n] = t;
-  const auto after = [&](const std::string& a, const std::string& b) {
-    const auto &x = p.at(a), &y = p.at(b);
-    return x.storage().is_alias_of(y.storage()) && y.storage_offset() == x.storage_offset() + x.numel();
-  };
-  for (int l = 0; l < cfg.num_layers; ++l) {
-    const auto layer = "model.layers." + std::to_string(l) + ".";
-    INFO("layer " << l);
-    CHECK(after(layer + "self_attn.q_proj.weight", layer + "self_attn.k_proj.weight"));
-    CHECK(after(layer + "self_attn.k_proj.weight", layer + "self_attn.v_proj.weight"));
-    CHECK(after(layer + "mlp.gate_proj.weight", layer + "mlp.up_proj.weight"));
+  // The training forward's GEMM operands are then views of the unit (fused::join_rows), not
+  // copies; with Qwen2's biases too (the unit keeps them after its matrices).
+  for (bool qwen2 : {false, true}) {
+    INFO("qwen2 " << qwen2);
+    auto cfg = rlx::test::test_model(
+        {.vocab = 29, .hidden = 16, .heads = 2, .head_dim = 8, .intermediate = 23, .qwen2 = qwen2});
+    auto comm = rlx::dist::single_process();
+    rlx::dist::ShardedTransformer sharded(cfg, *comm, {});
+    std::map<std::string, at::Tensor> p;
+    for (auto& [n, t] : sharded.module().hf_parameters()) p[n] = t;
+    const auto after = [&](const std::string& a, const std::string& b) {
+      const auto &x = p.at(a), &y = p.at(b);
+      return x.storage().is_alias_of(y.storage()) && y.storage_offset() == x.storage_offset() + x.numel();
+    };
+    for (int l = 0; l < cfg.num_layers; ++l) {
+      const auto layer = "model.layers." + std::to_string(l) + ".";
+      INFO("layer " << l);
+      for (const char* part : {"weight", "bias"}) {
+        if (std::string(part) == "bias" && !qwen2) continue;
+        CHECK(after(layer + "self_attn.q_proj." + part, layer + "self_attn.k_proj." + part));
+        CHECK(after(layer + "self_attn.k_proj." + part, layer + "self_attn.v_proj." + part));
+      }
+      CHECK(after(layer + "mlp.gate_proj.weight", layer + "mlp.up_proj.weight"));
+    }
   }
 }

@@ -1,11 +1,16 @@
 #include "rlx/learner/checkpoint.hpp"
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
 #include <fstream>
 
 #include "../helpers.hpp"
 #include "../test_models.hpp"
+#include "rlx/core/files.hpp"
 #include "rlx/model/hf.hpp"
+#include "rlx/model/safetensors.hpp"
 
 namespace fs = std::filesystem;
 
@@ -151,4 +156,73 @@ TEST_CASE("a learner with a value head: the head trains, is checkpointed, and mu
   // A learner without a value head refuses the checkpoint, saying why.
   rlx::Learner c(small(), *comm, {});
   CHECK_THROWS_WITH(rlx::load_latest_checkpoint(c, co), Catch::Contains("value head"));
+}
+
+TEST_CASE("a checkpoint from before units laid biases last loads into today's layout exactly",
+          "[learner][checkpoint]") {
+  // Qwen2's q/k/v biases: a unit's flat order was the module's (q weight, q bias, k weight, ...);
+  // today the biases come after the matrices (fsdp.hpp). A checkpoint without "slots" is read
+  // in the module's order and each parameter lands where today's unit keeps it.
+  rlx::test::TempDir dir;
+  auto comm = rlx::dist::single_process();
+  const auto cfg = rlx::test::test_model({.qwen2 = true});
+  rlx::Learner a(cfg, *comm, {});
+  a.init_weights(3);
+  train_step(a);
+  const rlx::CheckpointOptions co{.root = dir / "ckpt"};
+  const auto saved = rlx::save_checkpoint(a, co, {});
+  auto lj = nlohmann::json::parse(rlx::test::read_file(saved / "learner.json"));
+  // Today's checkpoints name their order: a block's q and k weights next to each other.
+  REQUIRE(lj["units"][1].contains("slots"));
+  CHECK(lj["units"][1]["slots"][0] == "model.layers.0.self_attn.q_proj.weight");
+  CHECK(lj["units"][1]["slots"][1] == "model.layers.0.self_attn.k_proj.weight");
+  // Rewrite it as the old layout: each unit's three flat tensors in the module's order, no "slots".
+  std::map<std::string, size_t> place;
+  for (auto& [name, p] : a.model().module().hf_parameters()) place.emplace(name, place.size());
+  const auto shard = saved / "rank-00000-of-00001.safetensors";
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  std::map<std::string, std::string> metadata;
+  bool reordered = false;
+  {
+    auto f = rlx::SafetensorsFile::open(shard);
+    metadata = f.header().metadata;
+    for (const auto& u : a.model().units()) {
+      auto slots = u.slots;
+      std::stable_sort(slots.begin(), slots.end(),
+                       [&](const auto& x, const auto& y) { return place.at(x.name) < place.at(y.name); });
+      reordered = reordered || !std::equal(slots.begin(), slots.end(), u.slots.begin(),
+                                           [](const auto& x, const auto& y) { return x.name == y.name; });
+      for (const char* part : {".param", ".exp_avg", ".exp_avg_sq"}) {
+        const auto now = f.tensor(u.name + part);
+        auto old = at::zeros_like(now);
+        int64_t at = 0;
+        for (const auto& s : slots) {
+          old.narrow(0, at, s.numel).copy_(now.narrow(0, s.offset, s.numel));
+          at += s.numel;
+        }
+        tensors.emplace_back(u.name + part, old);
+      }
+    }
+  }
+  REQUIRE(reordered);  // the biases did move
+  rlx::save_safetensors(shard, tensors, metadata);
+  for (auto& u : lj["units"]) u.erase("slots");
+  rlx::test::write_file(saved / "learner.json", lj.dump(2));
+  auto manifest = nlohmann::json::parse(rlx::test::read_file(saved / "MANIFEST.json"));
+  for (auto& f : manifest["files"]) {
+    const auto p = saved / f["name"].get<std::string>();
+    f["bytes"] = fs::file_size(p);
+    f["xxh64"] = fmt::format("{:016x}", rlx::file_xxh64(p));
+  }
+  rlx::test::write_file(saved / "MANIFEST.json", manifest.dump(2));
+  REQUIRE(rlx::verify_checkpoint(saved).ok);
+
+  rlx::Learner b(cfg, *comm, {});
+  REQUIRE(rlx::load_latest_checkpoint(b, co));
+  for (size_t u = 0; u < a.model().units().size(); ++u) {
+    INFO("unit " << a.model().units()[u].name);
+    CHECK(at::equal(a.model().units()[u].shard, b.model().units()[u].shard));
+    CHECK(at::equal(a.optimizer().slots()[u].exp_avg, b.optimizer().slots()[u].exp_avg));
+    CHECK(at::equal(a.optimizer().slots()[u].exp_avg_sq, b.optimizer().slots()[u].exp_avg_sq));
+  }
 }
