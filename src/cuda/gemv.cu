@@ -8,7 +8,9 @@
 // x (read from L1, or from shared memory once normalised), and the team sums by butterfly,
 // then across its warps in index order. Every sum is ordered by k alone: a row of x alone gives
 // the bits it gives among others. Expert-indexed: each row of out against its own expert's
-// matrix.
+// matrix. The grid is no larger than the device holds at once; a block takes its groups of
+// rows in turn, its norm or SiLU-mul staged once.
+#include <algorithm>
 #include <type_traits>
 
 #include "common.cuh"
@@ -112,15 +114,23 @@ __device__ __forceinline__ void input_floats(const InputChunk<Silu>& in, float (
 // those end) and before the norm or SiLU-mul is staged, and with one row of x (staged, or
 // plain) that row's chunks of the batch too.
 // The arithmetic and its order are the same whatever is prefetched.
+// One row of x (decode's, and the experts'): three blocks an SM (at most 80 registers), where
+// a free choice took 88-101 and held two; more rows: two (94-128; three would spill). nvcc 13
+// sm_90a spills none.
 template <class T, int M, int R, bool Silu>
-__global__ void __launch_bounds__(kGemvThreads, 1) gemv_kernel(GemvArgs a, int team) {
+__global__ void __launch_bounds__(kGemvThreads, M == 1 ? 3 : 2)
+    gemv_kernel(GemvArgs a, int team, int64_t groups_of_rows) {
   extern __shared__ uint4 s_x[];  // the normalised rows, or SiLU-mul's (staged: Silu false)
   __shared__ float s_red[kGemvThreads / 32][R * M];
   const int64_t chunks = a.k / kVec;
   const auto* w = static_cast<const uint4*>(a.w);
   const int t = threadIdx.x & (team - 1);
-  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * (kGemvThreads / team) + threadIdx.x / team) * R;
-  const bool active = n0 < a.n;
+  // The grid is at most what the device holds at once: a block takes groups of rows g =
+  // blockIdx.x, + gridDim.x, ... (its team the rows n0 .. n0 + R - 1 of each), and stages the
+  // norm or SiLU-mul once for all of them.
+  const auto first_row = [&](int64_t g) { return (g * (kGemvThreads / team) + threadIdx.x / team) * R; };
+  int64_t n0 = first_row(blockIdx.x);
+  bool active = n0 < a.n;
   constexpr int B = batch_for(R);
   uint4 wv[B][R];
   // A batch of chunks of the team's rows (zeros past k's and n's ends), issued together.
@@ -153,84 +163,93 @@ __global__ void __launch_bounds__(kGemvThreads, 1) gemv_kernel(GemvArgs a, int t
     stage_silu<T>(a, rows, s_x);
     x = s_x;
   }
-  float acc[R][M];
+  const T* bias = static_cast<const T*>(a.bias);
+  for (int64_t g = blockIdx.x; g < groups_of_rows; g += gridDim.x) {
+    if (g != blockIdx.x) {  // the next group's rows (the first group's were loaded above)
+      n0 = first_row(g);
+      active = n0 < a.n;
+      load_w(t);
+    }
+    float acc[R][M];
 #pragma unroll
-  for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
-  if (active) {
-    // One row's chunks of x prefetched (registers: of eight rows, too many). Not unstaged
-    // SiLU-mul's gate and up: twice the registers, fewer blocks an SM, and the down projection
-    // took 13.1 us a launch against 11.6 us without (H200, batch 1, 2026-11-28).
-    constexpr bool kPrefetchX = M == 1 && !Silu;
-    for (int64_t base = t; base < chunks; base += static_cast<int64_t>(B) * team) {
-      if (base != t) load_w(base);
-      InputChunk<Silu> xv[kPrefetchX ? B : 1];
-      if constexpr (kPrefetchX) {
+      for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
+    if (active) {
+      // One row's chunks of x prefetched (registers: of eight rows, too many). Not unstaged
+      // SiLU-mul's gate and up: twice the registers, fewer blocks an SM, and the down projection
+      // took 13.1 us a launch against 11.6 us without (H200, batch 1, 2026-11-28).
+      constexpr bool kPrefetchX = M == 1 && !Silu;
+      for (int64_t base = t; base < chunks; base += static_cast<int64_t>(B) * team) {
+        if (base != t) load_w(base);
+        InputChunk<Silu> xv[kPrefetchX ? B : 1];
+        if constexpr (kPrefetchX) {
+#pragma unroll
+          for (int b = 0; b < B; ++b) {
+            const int64_t c = base + static_cast<int64_t>(b) * team;
+            if (c < chunks) xv[b] = load_input<Silu>(x, chunks, 0, c);
+          }
+        }
 #pragma unroll
         for (int b = 0; b < B; ++b) {
           const int64_t c = base + static_cast<int64_t>(b) * team;
-          if (c < chunks) xv[b] = load_input<Silu>(x, chunks, 0, c);
-        }
-      }
+          if (c >= chunks) break;
 #pragma unroll
-      for (int b = 0; b < B; ++b) {
-        const int64_t c = base + static_cast<int64_t>(b) * team;
-        if (c >= chunks) break;
+          for (int m = 0; m < M; ++m) {
+            if (m >= rows) break;
+            float xf[kVec];
+            if constexpr (kPrefetchX)
+              input_floats<T, Silu>(xv[b], xf);
+            else
+              input_floats<T, Silu>(load_input<Silu>(x, chunks, m, c), xf);
 #pragma unroll
-        for (int m = 0; m < M; ++m) {
-          if (m >= rows) break;
-          float xf[kVec];
-          if constexpr (kPrefetchX)
-            input_floats<T, Silu>(xv[b], xf);
-          else
-            input_floats<T, Silu>(load_input<Silu>(x, chunks, m, c), xf);
+            for (int r = 0; r < R; ++r) {
+              const T* ws = reinterpret_cast<const T*>(&wv[b][r]);
 #pragma unroll
-          for (int r = 0; r < R; ++r) {
-            const T* ws = reinterpret_cast<const T*>(&wv[b][r]);
-#pragma unroll
-            for (int j = 0; j < kVec; ++j) acc[r][m] += Num<T>::to(ws[j]) * xf[j];
+              for (int j = 0; j < kVec; ++j) acc[r][m] += Num<T>::to(ws[j]) * xf[j];
+            }
           }
         }
       }
     }
-  }
-  // The team's sum: a butterfly over its lanes (every lane ends with the same bits), then, for
-  // a team of several warps, their sums in index order.
-  const int lanes = team < 32 ? team : 32;
+    // The team's sum: a butterfly over its lanes (every lane ends with the same bits), then, for
+    // a team of several warps, their sums in index order.
+    const int lanes = team < 32 ? team : 32;
 #pragma unroll
-  for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int m = 0; m < M; ++m)
-      for (int offset = lanes / 2; offset > 0; offset >>= 1)
-        acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], offset);
-  if (team > 32) {
-    const int warp = threadIdx.x / 32;
-    if (threadIdx.x % 32 == 0)
+      for (int m = 0; m < M; ++m)
+        for (int offset = lanes / 2; offset > 0; offset >>= 1)
+          acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], offset);
+    if (team > 32) {
+      const int warp = threadIdx.x / 32;
+      if (threadIdx.x % 32 == 0)
 #pragma unroll
-      for (int r = 0; r < R; ++r)
+        for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int m = 0; m < M; ++m) s_red[warp][r * M + m] = acc[r][m];
-    __syncthreads();
-    if (t == 0)
+          for (int m = 0; m < M; ++m) s_red[warp][r * M + m] = acc[r][m];
+      __syncthreads();
+      if (t == 0)
 #pragma unroll
-      for (int r = 0; r < R; ++r)
+        for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int m = 0; m < M; ++m) {
-          float v = s_red[warp][r * M + m];
-          for (int i = 1; i < team / 32; ++i) v += s_red[warp + i][r * M + m];
-          acc[r][m] = v;
-        }
-  }
-  if (t != 0 || n0 >= a.n) return;
-  const T* bias = static_cast<const T*>(a.bias);
+          for (int m = 0; m < M; ++m) {
+            float v = s_red[warp][r * M + m];
+            for (int i = 1; i < team / 32; ++i) v += s_red[warp + i][r * M + m];
+            acc[r][m] = v;
+          }
+      __syncthreads();  // s_red read before the next group's sums go in
+    }
+    if (t == 0 && n0 < a.n) {
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    if (n0 + r >= a.n) break;
-    const float b = bias ? Num<T>::to(bias[n0 + r]) : 0.0f;
+      for (int r = 0; r < R; ++r) {
+        if (n0 + r >= a.n) break;
+        const float b = bias ? Num<T>::to(bias[n0 + r]) : 0.0f;
 #pragma unroll
-    for (int m = 0; m < M; ++m)
-      if (m < rows) out[m * a.n + n0 + r] = Num<T>::from(acc[r][m] + b);
+        for (int m = 0; m < M; ++m)
+          if (m < rows) out[m * a.n + n0 + r] = Num<T>::from(acc[r][m] + b);
+      }
+    }
   }
 }
 
@@ -250,8 +269,22 @@ int launch(const GemvArgs& a, cudaStream_t stream) {
   const size_t smem = staged ? static_cast<size_t>(a.m) * a.k * sizeof(T) : 0;
   const auto go = [&](auto r) {
     constexpr int R = decltype(r)::value;
-    const dim3 grid(static_cast<unsigned>((a.n + groups * R - 1) / (groups * R)), ys);
-    return launch_kernel(gemv_kernel<T, M, R, Silu>, grid, kGemvThreads, smem, stream, a, team);
+    const int64_t groups_of_rows = (a.n + groups * R - 1) / (groups * R);
+    // At most the blocks the device holds at once (a second partial wave would stage the norm
+    // or SiLU-mul again and wait a whole block's latency): the blocks loop over the groups.
+    // Expert-indexed rows (many, no staging) keep a block a group.
+    int64_t blocks = groups_of_rows;
+    int device = 0, sms = 0, per_sm = 0;
+    const bool known = !a.experts && cudaGetDevice(&device) == cudaSuccess &&
+                       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
+                       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_kernel<T, M, R, Silu>, kGemvThreads,
+                                                                     smem) == cudaSuccess;
+    if (!known && !a.experts)
+      (void)cudaGetLastError();  // the grid stays whole, and the query's error is not the launch's
+    else if (known && per_sm > 0)
+      blocks = std::min(blocks, static_cast<int64_t>(sms) * per_sm);
+    const dim3 grid(static_cast<unsigned>(blocks), ys);
+    return launch_kernel(gemv_kernel<T, M, R, Silu>, grid, kGemvThreads, smem, stream, a, team, groups_of_rows);
   };
   // More rows a team where the grid is large (the LM head), or where x's rows are many (each w
   // chunk then meets fewer reads of x from L1 for its products).

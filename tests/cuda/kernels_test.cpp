@@ -711,14 +711,16 @@ TEST_CASE("cuda kernels: the GEMV with the norm or SiLU-mul on the way in equals
   for (DType dtype : {DType::f16, DType::bf16}) {
     for (int m : {1, 3, 8}) {
       for (auto [n, k] :
-           {std::pair{1152, 896}, std::pair{37, 64}, std::pair{500, 2048}, std::pair{70, 3584}, std::pair{40, 8192}}) {
+           {std::pair{1152, 896}, std::pair{37, 64}, std::pair{500, 2048}, std::pair{70, 3584}, std::pair{40, 8192},
+            std::pair{8200, 896}}) {                          // the last: more groups of rows than the grid's blocks
         if (m * k * 2 > rlx::cuda::kGemvNormBytes) continue;  // refused (checked below)
         INFO(name(dtype) << " norm m " << m << " n " << n << " k " << k);
         check_norm_fold(rlx::cuda::gemv, m, n, k, /*bias=*/true, dtype, g);
       }
       // Staged in shared memory where m k 2 bytes fit in kGemvNormBytes, else from gate and up
-      // as the products need them (20488 at one row: past it).
-      for (auto [n, k] : {std::pair{896, 4864}, std::pair{37, 64}, std::pair{300, 12296}, std::pair{64, 20488}}) {
+      // as the products need them (20488 at one row: past it; 1100 rows: more groups of rows
+      // than the grid's blocks).
+      for (auto [n, k] : {std::pair{896, 4864}, std::pair{37, 64}, std::pair{300, 12296}, std::pair{1100, 20488}}) {
         INFO(name(dtype) << " silu m " << m << " n " << n << " k " << k);
         check_silu_fold(rlx::cuda::gemv, m, n, k, /*bias=*/n == 37, dtype, g);
       }
