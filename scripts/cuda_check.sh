@@ -134,7 +134,13 @@ def t(f, n):
     e.record(); torch.cuda.synchronize(); return s.elapsed_time(e) / 1e3 / n
 c = t(lambda: y.copy_(x), 20); g = t(lambda: a @ b, 20)
 print(json.dumps({"bench": "ceilings", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                  "copy_gbs": 2 * x.numel() / c / 1e9, "bf16_gemm_tflops": 2 * 8192**3 / g / 1e12}))' ;;
+                  "copy_gbs": 2 * x.numel() / c / 1e9, "bf16_gemm_tflops": 2 * 8192**3 / g / 1e12}))'
+      # The std::filesystem functions this PyTorch's libraries export over libstdc++'s (its
+      # remove_all crashed rlx through a null pointer, pytorch#133437): rlx must not call them.
+      local lib
+      lib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))' 2>/dev/null)
+      [ -d "$lib" ] && nm -D --defined-only "$lib"/lib*.so 2>/dev/null | c++filt | grep -F "std::filesystem" | sort -u \
+        > "$work/torch_filesystem_exports.txt" ;;
     tensorboard)
       # TensorBoard's own reader (the image's tensorboard package) on a CPU run's event files.
       step tensorboard 60 python3 scripts/read_tensorboard.py .device/tb .device/tb.expected.jsonl ;;
