@@ -80,6 +80,8 @@ void restore_unit(dist::ShardedUnit& u, AdamW::Slot& slot, int rank, int old_wor
                   const std::vector<std::string>& saved_order,
                   const std::function<std::vector<at::Tensor>(int)>& shards, const fs::path& dir) {
   c10::NoGradGuard no_grad;
+  RLX_CHECK(old_shard > 0 && old_world > 0, "checkpoint {}: unit {} has {} ranks' shards of {} elements", dir.string(),
+            u.name, old_world, old_shard);
   std::map<std::string, int64_t> numel, saved_at;
   for (const auto& s : u.slots) numel.emplace(s.name, s.numel);
   int64_t at = 0;
