@@ -208,9 +208,9 @@ json cuda_ipc_versions(int64_t tensors, int64_t per, at::ScalarType dtype, int64
           {"gbps", gbps},
           {"full_vs_ceiling", gbps / ceiling}};
 }
-}  // namespace
 
-int bench_sync(const SyncBenchArgs& a) {
+// The arguments' bounds, and what the path needs of this build and machine.
+void check_sync_args(const SyncBenchArgs& a) {
   RLX_CHECK(a.mb > 0 && a.mb <= 65536 && a.tensors >= 1 && a.tensors <= 4096 && a.versions >= 2,
             "bench sync: --mb in (0, 65536], --tensors in [1, 4096], --versions >= 2");
   RLX_CHECK(a.path == "shm" || a.path == "tcp" || a.path == "cuda-ipc" || a.path == "broadcast" || a.path == "nccl",
@@ -224,6 +224,61 @@ int bench_sync(const SyncBenchArgs& a) {
               "one (NCCL refuses two ranks on one device); this machine has {}",
               devices);
   }
+}
+
+// The host paths' ceiling: memcpy of `bytes` between two buffers already touched, GB/s.
+double memcpy_gbps(size_t bytes, int64_t versions) {
+  std::vector<char> src(bytes, 1), dst(bytes, 2);
+  std::vector<double> copy_s;
+  for (int64_t i = 0; i < versions; ++i) {
+    const double t0 = now_s();
+    std::memcpy(dst.data(), src.data(), src.size());
+    copy_s.push_back(now_s() - t0);
+  }
+  return static_cast<double>(bytes) / median(copy_s) / 1e9;
+}
+
+// The shared-memory path, full versions and deltas (a.changed of the tensors): publish, then
+// the subscriber's poll, each timed.
+json shm_runs(std::vector<std::pair<std::string, at::Tensor>>& w, const dist::WeightLayout& layout,
+              const SyncBenchArgs& a) {
+  const double bytes = static_cast<double>(layout.bytes());
+  json runs = json::array();
+  for (const bool delta : {false, true}) {
+    const std::string name = fmt::format("rlx-bench-sync-{}", ::getpid());
+    dist::ShmWeightPublisher pub({.name = name, .delta = delta, .full_every = 1000}, layout);
+    pub.publish(1, w);
+    dist::ShmWeightSubscriber sub({.name = name});
+    sub.poll();
+    std::vector<double> pub_s, sub_s;
+    int64_t moved = 0;
+    for (int64_t v = 2; v < 2 + a.versions; ++v) {
+      const auto n_changed = delta ? std::max<int64_t>(1, static_cast<int64_t>(a.changed * a.tensors)) : a.tensors;
+      for (int64_t i = 0; i < n_changed; ++i)
+        w[static_cast<size_t>((v + i) % a.tensors)].second.fill_(static_cast<double>(v));
+      double t0 = now_s();
+      moved += pub.publish(v, w);
+      pub_s.push_back(now_s() - t0);
+      t0 = now_s();
+      auto u = sub.poll();
+      sub_s.push_back(now_s() - t0);
+      RLX_CHECK(u && u->version == v, "bench sync: the subscriber did not get version {}", v);
+    }
+    runs.push_back({{"mode", delta ? "delta" : "full"},
+                    {"changed_fraction", delta ? a.changed : 1.0},
+                    {"publish_ms", median(pub_s) * 1e3},
+                    {"subscribe_ms", median(sub_s) * 1e3},
+                    {"ms_per_version", (median(pub_s) + median(sub_s)) * 1e3},
+                    {"bytes_written_per_version", static_cast<double>(moved) / static_cast<double>(a.versions)},
+                    {"publish_gbps", bytes / median(pub_s) / 1e9},
+                    {"subscribe_gbps", bytes / median(sub_s) / 1e9}});
+  }
+  return runs;
+}
+}  // namespace
+
+int bench_sync(const SyncBenchArgs& a) {
+  check_sync_args(a);
   bus::keep_frame_memory();  // as the roles do: frames from malloc's heap, not a fresh mmap each
   const auto dtype = to_scalar_type(config::parse_enum<DType>(a.dtype, "bench sync --dtype"));
   const int64_t per = std::max<int64_t>(1, static_cast<int64_t>(a.mb * 1e6) / a.tensors /
@@ -239,26 +294,13 @@ int bench_sync(const SyncBenchArgs& a) {
   for (int64_t i = 0; i < a.tensors; ++i) w.emplace_back(fmt::format("t{}", i), at::zeros({per}, where));
   const auto layout = dist::WeightLayout::of(w, dtype);
   const double bytes = static_cast<double>(layout.bytes());
-  // The ceiling: memcpy of the same bytes between two buffers already touched.
-  std::vector<char> src(static_cast<size_t>(bytes), 1), dst(static_cast<size_t>(bytes), 2);
-  std::vector<double> copy_s;
-  for (int64_t i = 0; i < a.versions; ++i) {
-    const double t0 = now_s();
-    std::memcpy(dst.data(), src.data(), src.size());
-    copy_s.push_back(now_s() - t0);
-  }
-  json runs = json::array();
   if (a.path == "broadcast" || a.path == "nccl") {
     const bool nccl = a.path == "nccl";
     // Two subscribers; with NCCL one a device past the publisher's, as many as there are.
     const int subscribers = nccl ? std::min(2, static_cast<int>(torch::cuda::device_count()) - 1) : 2;
-    json j = {{"bench", "sync"},
-              {"path", a.path},
-              {"bytes_per_version", bytes},
-              {"tensors", a.tensors},
-              {"dtype", a.dtype},
-              {"versions", a.versions},
-              {"memcpy_gbps", bytes / median(copy_s) / 1e9}};
+    json j = {{"bench", "sync"},      {"path", a.path},   {"bytes_per_version", bytes},
+              {"tensors", a.tensors}, {"dtype", a.dtype}, {"versions", a.versions}};
+    if (!nccl) j["memcpy_gbps"] = memcpy_gbps(layout.bytes(), a.versions);
     j.update(cli::broadcast_versions(w, layout, a.versions, subscribers, a.bucket_mb, nccl));
     std::cout << fmt::format(
         "broadcast to {} subscribers ({}): {:.1f} ms per version, the raw broadcast {:.1f} ms "
@@ -270,6 +312,7 @@ int bench_sync(const SyncBenchArgs& a) {
   }
   if (a.path == "tcp") {
     const double ceiling = bytes / median(raw_zmq_tcp(w, a.versions)) / 1e9;
+    json runs = json::array();
     for (const bool delta : {false, true}) {
       int64_t moved = 0;
       const auto [pub_s, total_s] = tcp_versions(w, layout, delta, a, moved);
@@ -291,35 +334,8 @@ int bench_sync(const SyncBenchArgs& a) {
     std::cout << j.dump() << std::endl;
     return 0;
   }
-  for (const bool delta : {false, true}) {
-    const std::string name = fmt::format("rlx-bench-sync-{}", ::getpid());
-    dist::ShmWeightPublisher pub({.name = name, .delta = delta, .full_every = 1000}, layout);
-    pub.publish(1, w);
-    dist::ShmWeightSubscriber sub({.name = name});
-    sub.poll();
-    std::vector<double> pub_s, sub_s;
-    int64_t moved = 0;
-    for (int64_t v = 2; v < 2 + a.versions; ++v) {
-      const auto n_changed = delta ? std::max<int64_t>(1, static_cast<int64_t>(a.changed * a.tensors)) : a.tensors;
-      for (int64_t i = 0; i < n_changed; ++i) w[static_cast<size_t>((v + i) % a.tensors)].second.fill_(static_cast<double>(v));
-      double t0 = now_s();
-      moved += pub.publish(v, w);
-      pub_s.push_back(now_s() - t0);
-      t0 = now_s();
-      auto u = sub.poll();
-      sub_s.push_back(now_s() - t0);
-      RLX_CHECK(u && u->version == v, "bench sync: the subscriber did not get version {}", v);
-    }
-    runs.push_back({{"mode", delta ? "delta" : "full"},
-                    {"changed_fraction", delta ? a.changed : 1.0},
-                    {"publish_ms", median(pub_s) * 1e3},
-                    {"subscribe_ms", median(sub_s) * 1e3},
-                    {"ms_per_version", (median(pub_s) + median(sub_s)) * 1e3},
-                    {"bytes_written_per_version", static_cast<double>(moved) / static_cast<double>(a.versions)},
-                    {"publish_gbps", bytes / median(pub_s) / 1e9},
-                    {"subscribe_gbps", bytes / median(sub_s) / 1e9}});
-  }
-  const double ceiling = bytes / median(copy_s) / 1e9;
+  const double ceiling = memcpy_gbps(layout.bytes(), a.versions);
+  const json runs = shm_runs(w, layout, a);
   json j = {{"bench", "sync"},
             {"path", "shm"},
             {"bytes_per_version", bytes},
